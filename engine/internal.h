@@ -1,0 +1,179 @@
+/*
+ * internal.h — private structures of the engine and the backend table.
+ *
+ * Not part of the public API. engine/ (plain C11) and cuda/ (the CUDA
+ * backend, compiled as C++ by nvcc) both include it; it includes no Lua and
+ * no CUDA header.
+ *
+ * Backends: each device type has one lucid_backend table of function
+ * pointers. The dispatch layer (engine/core/ops.c) checks arguments, expands
+ * broadcasts into stride-0 views and then calls the table of the device the
+ * tensors live on, so backend functions receive tensors that already have
+ * the same shape (out's shape) and valid dtypes/devices.
+ *
+ * Errors: a backend function that fails calls lucid_seterr() and returns its
+ * status. Nothing calls exit()/abort() on a recoverable error.
+ */
+#ifndef LUCID_INTERNAL_H
+#define LUCID_INTERNAL_H
+
+#include "lucid.h"
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ error helpers */
+
+/* Store a printf-formatted message and status in ctx; returns status.
+ * ctx may be NULL (then the message is dropped). */
+lucid_status lucid_seterr(lucid_ctx *ctx, lucid_status status, const char *fmt,
+                          ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+lucid_status lucid_vseterr(lucid_ctx *ctx, lucid_status status,
+                           const char *fmt, va_list ap);
+
+/* Propagate a failed status. */
+#define LUCID_TRY(expr)                                                       \
+    do {                                                                      \
+        lucid_status lucid_try_s_ = (expr);                                   \
+        if (lucid_try_s_ != LUCID_OK) return lucid_try_s_;                    \
+    } while (0)
+
+/* Format a shape as "[2,3,4]" into buf (returns buf). */
+const char *lucid_shape_str(int ndim, const int64_t *shape, char *buf,
+                            size_t buflen);
+
+/* ---------------------------------------------------------------- backend */
+
+typedef struct lucid_backend {
+    const char *name;
+
+    /* Lifetime of the per-context state of this backend (streams, handles,
+     * allocator). init stores its state in ctx->backend_state. */
+    lucid_status (*init)(lucid_ctx *ctx, int device_index);
+    void (*shutdown)(lucid_ctx *ctx);
+    lucid_status (*synchronize)(lucid_ctx *ctx);
+
+    /* Device memory (through the backend's caching allocator). */
+    lucid_status (*alloc)(lucid_ctx *ctx, size_t nbytes, void **ptr);
+    void (*free)(lucid_ctx *ctx, void *ptr, size_t nbytes);
+    /* Page-locked host memory (NULL when unsupported). */
+    lucid_status (*host_alloc_pinned)(lucid_ctx *ctx, size_t nbytes,
+                                      void **ptr);
+    void (*host_free_pinned)(lucid_ctx *ctx, void *ptr);
+    lucid_status (*memory_stats)(lucid_ctx *ctx, lucid_memory_stats *out);
+    lucid_status (*empty_cache)(lucid_ctx *ctx);
+    lucid_status (*reset_peak)(lucid_ctx *ctx);
+
+    /* Ops. Shapes already checked and broadcast by the dispatch layer. */
+    /* copy: dst and src have the same shape; either may be on the CPU when
+     * this is the CUDA backend (host<->device copies), any dtypes. */
+    lucid_status (*copy)(lucid_ctx *ctx, lucid_tensor *dst,
+                         const lucid_tensor *src);
+    lucid_status (*fill)(lucid_ctx *ctx, lucid_tensor *dst, double value);
+    /* out, a, b same shape (a/b may carry stride-0 dims). */
+    lucid_status (*binary)(lucid_ctx *ctx, lucid_binary_op op,
+                           lucid_tensor *out, const lucid_tensor *a,
+                           const lucid_tensor *b);
+    lucid_status (*binary_scalar)(lucid_ctx *ctx, lucid_binary_op op,
+                                  lucid_tensor *out, const lucid_tensor *a,
+                                  double scalar, int reverse);
+    lucid_status (*unary)(lucid_ctx *ctx, lucid_unary_op op, lucid_tensor *out,
+                          const lucid_tensor *a);
+    lucid_status (*axpy)(lucid_ctx *ctx, lucid_tensor *y, double alpha,
+                         const lucid_tensor *x);
+    /* out has one element. */
+    lucid_status (*reduce_all)(lucid_ctx *ctx, lucid_reduce_op op,
+                               lucid_tensor *out, const lucid_tensor *a);
+    /* out has a's shape with dim set to 1 (keepdim form). */
+    lucid_status (*reduce_dim)(lucid_ctx *ctx, lucid_reduce_op op,
+                               lucid_tensor *out, const lucid_tensor *a,
+                               int dim);
+    /* Shapes checked; batch = product of leading dims. */
+    lucid_status (*matmul)(lucid_ctx *ctx, lucid_tensor *out,
+                           const lucid_tensor *a, const lucid_tensor *b,
+                           int trans_a, int trans_b, double alpha,
+                           double beta);
+    lucid_status (*rand_uniform)(lucid_ctx *ctx, lucid_tensor *dst,
+                                 uint64_t seed, uint64_t offset, double lo,
+                                 double hi);
+    lucid_status (*rand_normal)(lucid_ctx *ctx, lucid_tensor *dst,
+                                uint64_t seed, uint64_t offset, double mean,
+                                double std);
+} lucid_backend;
+
+/* The CPU backend (engine/cpu/). Always present. */
+const lucid_backend *lucid_cpu_backend(void);
+/* The CUDA backend (cuda/), or NULL in a build without CUDA. */
+const lucid_backend *lucid_cuda_backend(void);
+/* Devices visible to the CUDA backend (0 in a build without CUDA). */
+int lucid_cuda_backend_device_count(void);
+
+/* Backend for a device of this context: the CPU table for LUCID_CPU, the
+ * CUDA table when dev is the context's CUDA device; else NULL and an error
+ * is set in ctx. */
+const lucid_backend *lucid_backend_for(lucid_ctx *ctx, lucid_device dev);
+
+/* ---------------------------------------------------------------- structs */
+
+struct lucid_ctx {
+    int refcount;                 /* atomic ops via __atomic builtins */
+    lucid_device device;          /* accelerator driven by this context */
+    const lucid_backend *accel;   /* backend of `device` (NULL for cpu) */
+    void *backend_state;          /* owned by accel (streams, allocator, ...) */
+    int cpu_threads;
+    uint64_t rng_seed, rng_offset;
+    lucid_memory_stats cpu_stats; /* CPU storage accounting */
+    lucid_status last_status;
+    char errmsg[2048];
+};
+
+struct lucid_storage {
+    int refcount;
+    lucid_ctx *ctx;      /* owning reference */
+    lucid_device device;
+    void *data;
+    size_t nbytes;
+    int pinned;          /* CPU page-locked memory */
+    int external;        /* data not owned (wrapping caller memory) */
+    uint64_t version;
+};
+
+/* Wrap caller-owned memory as a storage (never freed by lucid). */
+lucid_status lucid_storage_wrap(lucid_ctx *ctx, lucid_device dev, void *data,
+                                size_t nbytes, lucid_storage **out);
+
+/* Elements covered by a view: 1 + sum((shape-1)*|stride|), 0 if empty. */
+int64_t lucid_tensor_span(const lucid_tensor *t);
+/* A view of t with its shape broadcast to (ndim, shape) by NumPy rules
+ * (missing leading dims and size-1 dims get stride 0). Fills *view in place
+ * (no refcount taken on the storage: the view must not outlive t). */
+lucid_status lucid_tensor_broadcast_view(lucid_ctx *ctx, const lucid_tensor *t,
+                                         int ndim, const int64_t *shape,
+                                         lucid_tensor *view);
+/* Row-major contiguous strides for shape. */
+void lucid_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* Philox-4x32-10 block function over a full 4-word counter and 2-word key
+ * (Random123's philox4x32_R(10, ctr, key)); lucid_philox4x32 is this with
+ * ctr = (lo32(counter), hi32(counter), 0, 0), key = (lo32(seed), hi32(seed)). */
+void lucid_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
+                         uint32_t out[4]);
+
+/* Read element at linear (row-major logical) index i of any CPU tensor as
+ * double; write likewise. Slow paths for reference code and tests. */
+double lucid_cpu_get(const lucid_tensor *t, int64_t i);
+void lucid_cpu_set(lucid_tensor *t, int64_t i, double v);
+/* Byte offset of logical index i (row-major over shape) in t's storage
+ * data, element units. */
+int64_t lucid_tensor_elem_offset(const lucid_tensor *t, int64_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUCID_INTERNAL_H */
