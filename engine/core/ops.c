@@ -8,6 +8,7 @@
  */
 #include "internal.h"
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static int same_device(lucid_device a, lucid_device b) {
