@@ -27,10 +27,21 @@ CUDNN_HOME ?= $(shell \
 LUA_CFLAGS := $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
 LUA_LIBS := $(shell pkg-config --libs luajit 2>/dev/null || echo -lluajit-5.1)
 
+# A packed runtime (make gpu-pack) supplies headers and libraries on machines
+# that lack the Debian packages (the GPU machine).
+RUNTIME := $(wildcard $(CURDIR)/.runtime/include)
+ifneq ($(RUNTIME),)
+  RT := $(CURDIR)/.runtime
+  LUA_CFLAGS := -I$(RT)/include/luajit-2.1
+  LUA_LIBS := -L$(RT)/lib -Wl,-rpath,$(RT)/lib -lluajit-5.1
+  RT_CFLAGS := -I$(RT)/include
+  RT_LIBS := -L$(RT)/lib -Wl,-rpath,$(RT)/lib
+endif
+
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
-CFLAGS_COMMON := $(OPT) -fPIC -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iengine -MMD -MP
+CFLAGS_COMMON := $(OPT) -fPIC -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iengine -MMD -MP $(RT_CFLAGS)
 CFLAGS := -std=c11 $(CFLAGS_COMMON)
-LIBS := -lopenblas -lpng -ljpeg -lyaml -lcjson -lm -lpthread -ldl
+LIBS := $(RT_LIBS) -lopenblas -lpng -ljpeg -lyaml -lcjson -lm -lpthread -ldl
 
 ENGINE_SRC := $(filter-out engine/core/cuda_absent.c,$(shell find engine -name '*.c' | sort))
 CUDA_SRC := $(sort $(wildcard cuda/*.cu))
@@ -114,8 +125,7 @@ deps:
 	else echo "deps: all Debian packages present"; fi
 
 gpu-pack:
-	../shared/tools/pack-lua-runtime .runtime
-	rm -rf .data && mkdir -p .data && cp -r ../shared/datasets/coco-pose-mini .data/
+	tools/gpu-pack.sh
 
 clean:
 	rm -rf build bin lucid.so
