@@ -351,10 +351,20 @@ void lucid_cpu_set(lucid_tensor *t, int64_t i, double v) {
     case LUCID_BF16: ((uint16_t *)base)[off] = lucid_f32_to_bf16((float)v); break;
     case LUCID_F16: ((uint16_t *)base)[off] = lucid_f32_to_f16((float)v); break;
     case LUCID_U8:
-        ((uint8_t *)base)[off] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        ((uint8_t *)base)[off] = (uint8_t)(v != v || v < 0 ? 0 : v > 255 ? 255 : v);
         break;
-    case LUCID_I32: ((int32_t *)base)[off] = (int32_t)v; break;
-    case LUCID_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+    /* saturate, NaN -> 0 (a plain cast is undefined out of range) */
+    case LUCID_I32:
+        ((int32_t *)base)[off] = v != v ? 0
+                               : v >= 2147483647.0 ? INT32_MAX
+                               : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+        break;
+    case LUCID_I64:
+        ((int64_t *)base)[off] = v != v ? 0
+                               : v >= 9223372036854775807.0 ? INT64_MAX
+                               : v <= -9223372036854775808.0 ? INT64_MIN
+                                                             : (int64_t)v;
+        break;
     default: break;
     }
 }
