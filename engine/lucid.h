@@ -222,8 +222,11 @@ lucid_status lucid_tensor_clone(lucid_ctx *ctx, const lucid_tensor *t,
 lucid_status lucid_tensor_to(lucid_ctx *ctx, const lucid_tensor *t,
                              lucid_device dev, lucid_dtype dt,
                              lucid_tensor **out);
-/* Format "tensor(shape=[2,3], dtype=f32, device=cpu)" plus values summary
- * into buf; returns the number of characters written (like snprintf). */
+/* Format t the way PyTorch prints a tensor ("tensor([[1.0000, 2.0000]],
+ * dtype=f32, device=cpu)"; 4 decimals, scientific when the range asks for
+ * it, summarised with "..." beyond 1000 elements; rules in
+ * engine/core/format.c) into buf; CUDA tensors are copied to the host first.
+ * Returns the number of characters needed (like snprintf). */
 int lucid_tensor_format(lucid_ctx *ctx, const lucid_tensor *t, char *buf,
                         size_t buflen);
 

@@ -1,0 +1,256 @@
+/*
+ * lua_common.c — shared helpers of the Lua binding: userdata checkers and
+ * pushers, the per-lua_State default context, option and shape parsing, and
+ * the one place that turns an engine status into a Lua error.
+ *
+ * Userdata layout: a Tensor userdata is one `lucid_tensor *` slot, a Context
+ * userdata one `lucid_ctx *` slot, each holding one reference. `:free()`
+ * releases the reference and stores NULL; the checkers below refuse a NULL
+ * slot ("tensor was freed"), and __gc releases only a non-NULL slot, so a
+ * double free is harmless.
+ *
+ * Error rule (style_anchors Absorb 15): every function here raises only
+ * after the caller's C temporaries are released — callers must release them
+ * before calling a helper that may raise (lucid_lua_raise, the checkers).
+ */
+#include "lua_common.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Registry key of the default Context userdata of this lua_State. */
+#define DEFAULT_CTX_KEY "lucid.default_ctx"
+
+/* -------------------------------------------------------------- type names */
+
+/* "lucid.Tensor" / "lucid.Context" for our userdata, else the Lua type. */
+static const char *value_type_name(lua_State *L, int idx) {
+    if (lua_type(L, idx) == LUA_TUSERDATA && lua_getmetatable(L, idx)) {
+        lua_getfield(L, -1, "__name");
+        const char *name = lua_tostring(L, -1);
+        lua_pop(L, 2);
+        /* __name strings live in the metatable, which the registry keeps. */
+        if (name) return name;
+    }
+    return luaL_typename(L, idx);
+}
+
+/* ------------------------------------------------------------------ errors */
+
+int lucid_lua_raise(lua_State *L, lucid_ctx *ctx, lucid_status s) {
+    luaL_where(L, 1);
+    lua_pushfstring(L, "lucid %s: %s", lucid_status_name(s),
+                    ctx ? lucid_ctx_error(ctx) : "no context");
+    lua_concat(L, 2);
+    if (ctx) lucid_ctx_clear_error(ctx);
+    return lua_error(L);
+}
+
+/* ----------------------------------------------------------------- tensors */
+
+lucid_tensor *lucid_lua_to_tensor(lua_State *L, int idx) {
+    lucid_tensor **box = luaL_testudata(L, idx, LUCID_LUA_TENSOR_MT);
+    return box ? *box : NULL;
+}
+
+lucid_tensor *lucid_lua_check_tensor(lua_State *L, int idx,
+                                     const char *argname) {
+    lucid_tensor **box = luaL_testudata(L, idx, LUCID_LUA_TENSOR_MT);
+    if (!box) {
+        const char *msg = lua_pushfstring(L, "%s: expected lucid.Tensor, got %s",
+                                          argname, value_type_name(L, idx));
+        luaL_argerror(L, idx, msg);
+        return NULL;
+    }
+    if (!*box) {
+        const char *msg = lua_pushfstring(L, "%s: tensor was freed", argname);
+        luaL_argerror(L, idx, msg);
+        return NULL;
+    }
+    return *box;
+}
+
+void lucid_lua_push_tensor(lua_State *L, lucid_tensor *t) {
+    if (!t) {
+        lua_pushnil(L);
+        return;
+    }
+    luaL_getmetatable(L, LUCID_LUA_TENSOR_MT);
+    if (lua_isnil(L, -1)) {
+        lucid_tensor_release(t);
+        luaL_error(L, "lucid: the module is not open in this lua_State "
+                      "(call require \"lucid\" before pushing tensors)");
+    }
+    /* lua_newuserdata raises only when the Lua allocator fails, which
+     * leaves the state unusable anyway; the reference then leaks. */
+    lucid_tensor **box = lua_newuserdata(L, sizeof *box);
+    *box = t;
+    lua_insert(L, -2);
+    lua_setmetatable(L, -2);
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+/* The context inside a Context userdata at idx, NULL if idx holds none;
+ * raises when the context was freed. */
+static lucid_ctx *ctx_from_value(lua_State *L, int idx, int argidx) {
+    lucid_ctx **box = luaL_testudata(L, idx, LUCID_LUA_CONTEXT_MT);
+    if (!box) return NULL;
+    if (!*box) luaL_argerror(L, argidx, "ctx: context was freed");
+    return *box;
+}
+
+/* Create the default context (device "auto") and store it in the registry;
+ * leaves nothing on the stack. */
+static lucid_ctx *default_ctx(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, DEFAULT_CTX_KEY);
+    lucid_ctx **box = luaL_testudata(L, -1, LUCID_LUA_CONTEXT_MT);
+    if (box && *box) {
+        lua_pop(L, 1);
+        return *box;
+    }
+    lua_pop(L, 1);
+    lucid_ctx_options opt = lucid_ctx_options_default();
+    lucid_device_parse("auto", &opt.device);
+    box = lua_newuserdata(L, sizeof *box);
+    *box = NULL;
+    luaL_getmetatable(L, LUCID_LUA_CONTEXT_MT);
+    lua_setmetatable(L, -2);
+    char err[512];
+    lucid_status s = lucid_ctx_create(&opt, box, err, sizeof err);
+    if (s != LUCID_OK) {
+        luaL_error(L, "lucid %s: default context: %s", lucid_status_name(s),
+                   err);
+        return NULL;
+    }
+    lua_setfield(L, LUA_REGISTRYINDEX, DEFAULT_CTX_KEY);
+    return *box;
+}
+
+lucid_ctx *lucid_lua_ctx(lua_State *L, int idx) {
+    if (idx != 0) {
+        if (idx < 0 && idx > LUA_REGISTRYINDEX) idx = lua_gettop(L) + idx + 1;
+        lucid_ctx *c = ctx_from_value(L, idx, idx);
+        if (c) return c;
+        if (lua_istable(L, idx)) {
+            lua_getfield(L, idx, "ctx");
+            if (!lua_isnil(L, -1)) {
+                c = ctx_from_value(L, -1, idx);
+                if (!c) {
+                    const char *msg = lua_pushfstring(
+                        L, "ctx: expected lucid.Context, got %s",
+                        value_type_name(L, -1));
+                    luaL_argerror(L, idx, msg);
+                }
+                lua_pop(L, 1);
+                return c;
+            }
+            lua_pop(L, 1);
+        }
+    }
+    return default_ctx(L);
+}
+
+/* ----------------------------------------------------------------- options */
+
+static const char DTYPE_LIST[] = "f32, f64, bf16, f16, u8, i32, i64";
+
+lucid_dtype lucid_lua_opt_dtype(lua_State *L, int idx, const char *field,
+                                lucid_dtype def) {
+    if (idx == 0 || !lua_istable(L, idx)) return def;
+    lua_getfield(L, idx, field);
+    lucid_dtype dt = def;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            const char *msg = lua_pushfstring(L, "%s: expected a dtype name, got %s",
+                                              field, value_type_name(L, -1));
+            luaL_argerror(L, idx, msg);
+        }
+        const char *name = lua_tostring(L, -1);
+        if (lucid_dtype_parse(name, &dt) != 0) {
+            const char *msg = lua_pushfstring(
+                L, "unknown dtype '%s' (expected one of %s)", name, DTYPE_LIST);
+            luaL_argerror(L, idx, msg);
+        }
+    }
+    lua_pop(L, 1);
+    return dt;
+}
+
+lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
+                                  lucid_device def) {
+    if (idx == 0 || !lua_istable(L, idx)) return def;
+    lua_getfield(L, idx, field);
+    lucid_device dev = def;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            const char *msg = lua_pushfstring(L, "%s: expected a device name, got %s",
+                                              field, value_type_name(L, -1));
+            luaL_argerror(L, idx, msg);
+        }
+        const char *name = lua_tostring(L, -1);
+        if (lucid_device_parse(name, &dev) != 0) {
+            const char *msg = lua_pushfstring(
+                L, "unknown device '%s' (expected cpu, cuda, cuda:N or auto)",
+                name);
+            luaL_argerror(L, idx, msg);
+        }
+    }
+    lua_pop(L, 1);
+    return dev;
+}
+
+/* ------------------------------------------------------------------- shape */
+
+/* One shape entry at stack index v (position pos, 1-based, for messages). */
+static int64_t shape_entry(lua_State *L, int v, int argidx, const char *argname,
+                           int pos) {
+    if (lua_type(L, v) == LUA_TNUMBER) {
+        lua_Number x = lua_tonumber(L, v);
+        if (x >= 1 && x == (lua_Number)(int64_t)x && x < 9.2e18)
+            return (int64_t)x;
+        const char *msg = lua_pushfstring(
+            L, "%s[%d]: expected a positive integer, got %s", argname, pos,
+            lua_tostring(L, v) ? lua_tostring(L, v) : "?");
+        luaL_argerror(L, argidx, msg);
+    }
+    const char *msg = lua_pushfstring(L, "%s[%d]: expected a positive integer, got %s",
+                                      argname, pos, value_type_name(L, v));
+    luaL_argerror(L, argidx, msg);
+    return 0;
+}
+
+int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
+                          const char *argname) {
+    if (idx < 0 && idx > LUA_REGISTRYINDEX) idx = lua_gettop(L) + idx + 1;
+    if (lua_type(L, idx) == LUA_TNUMBER) {
+        /* varargs form: zeros(2, 3, opts) */
+        int n = 0;
+        while (lua_type(L, idx + n) == LUA_TNUMBER) {
+            if (n == LUCID_MAX_DIMS)
+                luaL_argerror(L, idx + n,
+                              lua_pushfstring(L, "%s: expected at most %d dims",
+                                              argname, LUCID_MAX_DIMS));
+            shape[n] = shape_entry(L, idx + n, idx + n, argname, n + 1);
+            n++;
+        }
+        return n;
+    }
+    if (!lua_istable(L, idx)) {
+        const char *msg = lua_pushfstring(L, "%s: expected a table of sizes, got %s",
+                                          argname, value_type_name(L, idx));
+        luaL_argerror(L, idx, msg);
+    }
+    int n = (int)lua_objlen(L, idx);
+    if (n > LUCID_MAX_DIMS) {
+        const char *msg = lua_pushfstring(L, "%s: expected at most %d dims, got %d",
+                                          argname, LUCID_MAX_DIMS, n);
+        luaL_argerror(L, idx, msg);
+    }
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, idx, i + 1);
+        shape[i] = shape_entry(L, lua_gettop(L), idx, argname, i + 1);
+        lua_pop(L, 1);
+    }
+    return n;
+}

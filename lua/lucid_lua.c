@@ -1,0 +1,99 @@
+/*
+ * lucid_lua.c — luaopen_lucid, the entry point of the Lua module.
+ *
+ * `local lucid = require "lucid"` returns a new table and sets no globals
+ * (style_anchors Absorb 16, Avoid 5): the metatables go to the registry, the
+ * default context of the lua_State lives in the registry too. Opening also
+ * prepends <root>/lua/?.lua;<root>/lua/?/init.lua to package.path, where
+ * <root> is the directory of the object that holds luaopen_lucid (lucid.so,
+ * or the host executable's parent directory for bin/lucid), so the Lua
+ * library (require "lucid.trainer", ...) is found from any working dir.
+ */
+#include "lua_common.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int luaopen_lucid(lua_State *L);
+
+/* Bindings written alongside this one (lua/lua_data.c, lua/lua_nn.c) are
+ * optional at link time: weak references are NULL when absent. */
+__attribute__((weak)) int lucid_lua_open_data(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_nn(lua_State *L);
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Root of the Lua library: the first of dir, dir/.., dir/../.. (dir = the
+ * directory of the object holding luaopen_lucid) that has lua/lucid/. Fills
+ * root and returns 1, or 0 when it cannot be found. */
+static int find_root(char *root, size_t n) {
+    Dl_info info;
+    char path[PATH_MAX], real[PATH_MAX];
+    path[0] = '\0';
+    if (dladdr((void *)luaopen_lucid, &info) && info.dli_fname &&
+        strchr(info.dli_fname, '/'))
+        snprintf(path, sizeof path, "%s", info.dli_fname);
+    if (!path[0] || !realpath(path, real)) {
+        /* the main program: dladdr may give argv[0] without a directory */
+        ssize_t k = readlink("/proc/self/exe", real, sizeof real - 1);
+        if (k <= 0) return 0;
+        real[k] = '\0';
+    }
+    char *slash = strrchr(real, '/');
+    if (!slash) return 0;
+    *slash = '\0';
+    for (int up = 0; up < 3; up++) {
+        char probe[PATH_MAX + 16];
+        snprintf(probe, sizeof probe, "%s/lua/lucid", real);
+        if (is_dir(probe)) {
+            snprintf(root, n, "%s", real);
+            return 1;
+        }
+        slash = strrchr(real, '/');
+        if (!slash || slash == real) break;
+        *slash = '\0';
+    }
+    return 0;
+}
+
+/* Prepend root's Lua library to package.path (once per lua_State). */
+static void add_package_path(lua_State *L) {
+    char root[PATH_MAX];
+    if (!find_root(root, sizeof root)) return;
+    lua_getglobal(L, "package");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_getfield(L, -1, "path");
+    const char *old = lua_isstring(L, -1) ? lua_tostring(L, -1) : "";
+    lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", root, root);
+    const char *prefix = lua_tostring(L, -1);
+    if (strstr(old, prefix) == NULL) {
+        lua_pushstring(L, old);
+        lua_concat(L, 2);
+        lua_setfield(L, -3, "path");
+        lua_pop(L, 2);
+    } else {
+        lua_pop(L, 3);
+    }
+}
+
+int luaopen_lucid(lua_State *L) {
+    lua_newtable(L);
+    lua_pushliteral(L, LUCID_VERSION);
+    lua_setfield(L, -2, "version");
+    lucid_lua_open_tensor(L);
+    lucid_lua_open_context(L);
+    if (lucid_lua_open_nn) lucid_lua_open_nn(L);
+    if (lucid_lua_open_data) lucid_lua_open_data(L);
+    add_package_path(L);
+    return 1;
+}

@@ -1,0 +1,167 @@
+-- binding_spec.lua — the Lua binding as a module: no globals, contexts,
+-- lifetimes (free, double free, use after free, GC), identity, errors.
+local lucid = require "lucid"
+
+describe("lucid module", function()
+  it("require returns a table and sets no globals", function()
+    local before = {}
+    for k in pairs(_G) do before[k] = true end
+    package.loaded.lucid = nil
+    local m = require "lucid"
+    assert.are.equal("table", type(m))
+    for k in pairs(_G) do
+      assert.is_true(before[k], "require 'lucid' set the global " .. tostring(k))
+    end
+    for k in pairs(before) do assert.is_not_nil(rawget(_G, k)) end
+    assert.is_nil(rawget(_G, "lucid"))
+  end)
+
+  it("has a version and the documented functions", function()
+    assert.matches("^%d+%.%d+%.%d+", lucid.version)
+    for _, name in ipairs({"Context", "default_context", "cuda_available", "cuda_device_count",
+        "memory_stats", "empty_cache", "manual_seed", "zeros", "ones", "empty", "full",
+        "tensor", "rand", "randn", "arange", "matmul", "is_tensor"}) do
+      assert.are.equal("function", type(lucid[name]), name)
+    end
+    assert.are.equal("boolean", type(lucid.cuda_available()))
+    assert.are.equal("number", type(lucid.cuda_device_count()))
+  end)
+
+  it("exposes the Tensor method table for extension", function()
+    lucid.Tensor.twice = function(self) return self * 2 end
+    assert.are.same({2, 4}, lucid.tensor({1, 2}):twice():totable())
+    lucid.Tensor.twice = nil
+  end)
+
+  it("prepends the Lua library next to lucid.so to package.path", function()
+    -- only when lucid.so sits in a tree with lua/lucid/ (the repository)
+    local so = package.searchpath and package.searchpath("lucid", package.cpath)
+    if not so then return end
+    local dir = so:match("^(.*)/[^/]*$") or "."
+    local probe = io.open(dir .. "/lua/lucid/", "r")
+    if not probe then return end
+    probe:close()
+    assert.matches("%w/lua/%?%.lua;", package.path)
+    assert.matches("%w/lua/%?/init%.lua;", package.path)
+  end)
+end)
+
+describe("lucid contexts", function()
+  it("default context is shared and reported", function()
+    local d = lucid.default_context()
+    assert.is_true(rawequal(d, lucid.default_context()))
+    assert.are.equal(lucid.cuda_available() and "cuda:0" or "cpu", d:device())
+    assert.matches("^lucid%.Context%(device=", tostring(d))
+  end)
+
+  it("Context{} creates an independent context", function()
+    local c = lucid.Context({device = "cpu", seed = 3})
+    assert.are.equal("cpu", c:device())
+    c:synchronize()
+    c:empty_cache()
+    local st = c:memory_stats()
+    for _, k in ipairs({"allocated", "reserved", "peak_allocated", "peak_reserved", "num_allocs",
+        "num_device_allocs"}) do
+      assert.are.equal("number", type(st[k]), k)
+    end
+    assert.are.equal("table", type(lucid.memory_stats()))
+    assert.are.equal("table", type(lucid.memory_stats("cpu")))
+    c:free()
+  end)
+
+  it("rejects unknown options and devices", function()
+    assert.has_error(function() lucid.Context({devcie = "cpu"}) end,
+      "bad argument #1 to 'Context' (unknown option 'devcie' (expected device, seed, threads))")
+    assert.has_error(function() lucid.Context({device = "tpu"}) end,
+      "bad argument #1 to 'Context' (unknown device 'tpu' (expected cpu, cuda, cuda:N or auto))")
+    assert.has_error(function() lucid.zeros({2}, {ctx = 5}) end,
+      "bad argument #2 to 'zeros' (ctx: expected lucid.Context, got number)")
+  end)
+
+  it("two contexts keep separate generators and memory accounting", function()
+    local c1 = lucid.Context({seed = 1})
+    local c2 = lucid.Context({seed = 1})
+    local a = lucid.rand({64}, {ctx = c1})
+    local b = lucid.rand({64}, {ctx = c2})
+    assert.are.same(a:totable(), b:totable())
+    c2:manual_seed(2)
+    local d = lucid.rand({64}, {ctx = c2})
+    assert.are_not.same(lucid.rand({64}, {ctx = c1}):totable(), d:totable())
+    local before2 = c2:memory_stats().allocated
+    local big = lucid.zeros({1024}, {ctx = c1})
+    assert.are.equal(before2, c2:memory_stats().allocated)
+    assert.is_true(c1:memory_stats().allocated >= 4096)
+    -- tensors from two cpu contexts combine
+    assert.are.same(((a + b) / 2):totable(), a:totable())
+    big:free()
+    c1:free()
+    c2:free()
+  end)
+
+  it("tensors keep their context alive after ctx:free()", function()
+    local c = lucid.Context({})
+    local t = lucid.ones({3}, {ctx = c})
+    c:free()
+    c:free() -- double free is a no-op
+    assert.has_error(function() c:device() end, "calling 'device' on bad self (context was freed)")
+    assert.are.equal("lucid.Context(freed)", tostring(c))
+    assert.are.same({2, 2, 2}, (t + t):totable())
+    assert.are.equal(3, t:sum():item())
+  end)
+end)
+
+describe("lucid tensor lifetimes", function()
+  it("free drops the storage now; later use raises", function()
+    local c = lucid.Context({})
+    local t = lucid.zeros({256}, {ctx = c})
+    local used = c:memory_stats().allocated
+    assert.is_true(used >= 1024)
+    t:free()
+    assert.are.equal(used - 1024, c:memory_stats().allocated)
+    assert.has_error(function() t:numel() end, "calling 'numel' on bad self (self: tensor was freed)")
+    assert.has_error(function() return t + 1 end)
+    assert.has_error(function() lucid.ones({256}):add(t) end,
+      "bad argument #1 to 'add' (other: tensor was freed)")
+    assert.are.equal("lucid.Tensor(freed)", tostring(t))
+    t:free() -- double free is a no-op
+    assert.is_true(lucid.is_tensor(t))
+    c:free()
+  end)
+
+  it("a view keeps the storage after its base is freed", function()
+    local t = lucid.arange(6)
+    local v = t:view(2, 3)
+    t:free()
+    assert.are.same({{0, 1, 2}, {3, 4, 5}}, v:totable())
+  end)
+
+  it("__gc releases collected tensors (and tolerates freed ones)", function()
+    local c = lucid.Context({})
+    collectgarbage()
+    local base = c:memory_stats().allocated
+    for i = 1, 200 do
+      local t = lucid.zeros({1000}, {ctx = c})
+      if i % 2 == 0 then t:free() end
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.are.equal(base, c:memory_stats().allocated)
+    c:free()
+  end)
+
+  it("== is identity", function()
+    local t = lucid.ones({2})
+    assert.is_true(t == t)
+    assert.is_false(t == t:clone())
+    assert.is_true(t == t:to("cpu"))
+    assert.is_false(t == 1)
+  end)
+
+  it("errors carry the caller's position", function()
+    local ok, err = pcall(function() local x = lucid.zeros({-1}); return x end)
+    assert.is_false(ok)
+    assert.matches("^spec/binding_spec%.lua:%d+: bad argument", err)
+    ok, err = pcall(function() local x = lucid.zeros({2}):view({3}); return x end)
+    assert.matches("^spec/binding_spec%.lua:%d+: lucid argument error:", err)
+  end)
+end)
