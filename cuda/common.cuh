@@ -1,0 +1,366 @@
+/*
+ * common.cuh — shared internals of the CUDA backend (the .cu files of cuda/ only).
+ *
+ * Contract
+ *   - Every CUDA / cuBLAS / cuDNN call is wrapped in a CHECK macro that, on
+ *     failure, stores "<call> failed at <file>:<line>: <name>: <string>" in
+ *     the context through lucid_seterr() and returns LUCID_ERR_DEVICE (or
+ *     LUCID_ERR_OOM for an allocation failure) from the enclosing function.
+ *     Nothing here aborts or exits.
+ *   - Per-context state (lucid_cuda_state) lives in ctx->backend_state: the
+ *     device ordinal, the compute stream every op is queued on, a side stream
+ *     for copies that overlap compute, library handles and the allocator.
+ *     Every entry point calls cuda_enter(ctx) first, which makes the
+ *     context's device current, so two contexts on two GPUs work from one
+ *     host thread.
+ *   - Ops are asynchronous: they queue work on the compute stream and never
+ *     synchronize the host (synchronize() is the only sync), except a copy
+ *     into pageable host memory that needs host-side unpacking (see
+ *     elementwise.cu).
+ */
+#ifndef LUCID_CUDA_COMMON_CUH
+#define LUCID_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+#if defined(LUCID_HAVE_CUDNN)
+#include <cudnn.h>
+#endif
+#include <stdint.h>
+#include <stddef.h>
+
+#include "internal.h"
+
+/* ------------------------------------------------------------ error checks */
+
+lucid_status lucid_cuda_err(lucid_ctx *ctx, cudaError_t e, const char *call,
+                            const char *file, int line);
+lucid_status lucid_cublas_err(lucid_ctx *ctx, cublasStatus_t e,
+                              const char *call, const char *file, int line);
+#if defined(LUCID_HAVE_CUDNN)
+lucid_status lucid_cudnn_err(lucid_ctx *ctx, cudnnStatus_t e, const char *call,
+                             const char *file, int line);
+#endif
+
+/* Run a CUDA runtime call; on failure set the context's error and return. */
+#define CUDA_CHECK(ctx, call)                                                 \
+    do {                                                                      \
+        cudaError_t cuda_e_ = (call);                                         \
+        if (cuda_e_ != cudaSuccess)                                           \
+            return lucid_cuda_err((ctx), cuda_e_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+#define CUBLAS_CHECK(ctx, call)                                               \
+    do {                                                                      \
+        cublasStatus_t cublas_e_ = (call);                                    \
+        if (cublas_e_ != CUBLAS_STATUS_SUCCESS)                               \
+            return lucid_cublas_err((ctx), cublas_e_, #call, __FILE__,        \
+                                    __LINE__);                                \
+    } while (0)
+
+#if defined(LUCID_HAVE_CUDNN)
+#define CUDNN_CHECK(ctx, call)                                                \
+    do {                                                                      \
+        cudnnStatus_t cudnn_e_ = (call);                                      \
+        if (cudnn_e_ != CUDNN_STATUS_SUCCESS)                                 \
+            return lucid_cudnn_err((ctx), cudnn_e_, #call, __FILE__,          \
+                                   __LINE__);                                 \
+    } while (0)
+#endif
+
+/* Check the launch of the kernel just queued (bad configuration, missing
+ * image for this architecture). Asynchronous faults surface at the next
+ * synchronizing call. */
+#define CUDA_CHECK_LAUNCH(ctx, what)                                          \
+    do {                                                                      \
+        cudaError_t cuda_e_ = cudaGetLastError();                             \
+        if (cuda_e_ != cudaSuccess)                                           \
+            return lucid_cuda_err((ctx), cuda_e_, "launch of " what,          \
+                                  __FILE__, __LINE__);                        \
+    } while (0)
+
+/* ------------------------------------------------------------ allocator */
+
+typedef struct lucid_cuda_allocator lucid_cuda_allocator;
+
+/* Create / destroy the caching allocator of one device (alloc.cu). */
+lucid_status lucid_cuda_allocator_create(lucid_ctx *ctx, int device,
+                                         cudaStream_t default_stream,
+                                         lucid_cuda_allocator **out);
+/* Frees every cached segment and pinned block; live blocks are freed too
+ * (called at context shutdown after a device synchronize). */
+void lucid_cuda_allocator_destroy(lucid_cuda_allocator *a);
+
+/* Device memory, tagged with the stream it will be used on. A block freed
+ * goes back to the cache of that stream and is reused by later work queued
+ * on the same stream (stream order makes the reuse safe). */
+lucid_status lucid_cuda_malloc(lucid_ctx *ctx, lucid_cuda_allocator *a,
+                               size_t nbytes, cudaStream_t stream, void **ptr);
+void lucid_cuda_free(lucid_cuda_allocator *a, void *ptr);
+void lucid_cuda_stats(lucid_cuda_allocator *a, lucid_memory_stats *out);
+lucid_status lucid_cuda_empty_cache(lucid_ctx *ctx, lucid_cuda_allocator *a);
+void lucid_cuda_reset_peak(lucid_cuda_allocator *a);
+
+/* Page-locked host memory, cached. A freed block records an event on
+ * `stream` and is handed out again only after that event has completed, so
+ * an asynchronous copy still reading it is never overwritten. */
+lucid_status lucid_cuda_host_malloc(lucid_ctx *ctx, lucid_cuda_allocator *a,
+                                    size_t nbytes, void **ptr);
+void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
+                          cudaStream_t stream);
+
+/* ------------------------------------------------------------ state */
+
+typedef struct lucid_cuda_state {
+    int device;                 /* CUDA ordinal */
+    int sm_count;               /* multiprocessors (launch sizing only) */
+    cudaStream_t stream;        /* compute stream: every op is queued here */
+    cudaStream_t copy_stream;   /* side stream for overlapping copies */
+    cublasHandle_t cublas;      /* bound to `stream` */
+    void *cublas_ws;            /* cuBLAS workspace, from the allocator */
+    size_t cublas_ws_bytes;
+#if defined(LUCID_HAVE_CUDNN)
+    cudnnHandle_t cudnn;        /* bound to `stream` */
+#endif
+    lucid_cuda_allocator *alloc;
+} lucid_cuda_state;
+
+/* The context's CUDA state after making its device current; NULL (with the
+ * error set in ctx) when the device cannot be selected. */
+lucid_cuda_state *lucid_cuda_enter(lucid_ctx *ctx);
+
+#define CUDA_ENTER(ctx, st)                                                   \
+    lucid_cuda_state *st = lucid_cuda_enter(ctx);                             \
+    if (!st) return (ctx)->last_status
+
+/* Scratch device memory on the compute stream (freed back to the cache;
+ * stream order makes the immediate free safe for later work). */
+static inline lucid_status lucid_cuda_scratch(lucid_ctx *ctx,
+                                              lucid_cuda_state *st,
+                                              size_t nbytes, void **ptr) {
+    return lucid_cuda_malloc(ctx, st->alloc, nbytes, st->stream, ptr);
+}
+static inline void lucid_cuda_scratch_free(lucid_cuda_state *st, void *ptr) {
+    if (ptr) lucid_cuda_free(st->alloc, ptr);
+}
+
+/* ------------------------------------------------------------ op entry points
+ * (the lucid_backend table in backend.cu points at these) */
+
+extern "C" {
+lucid_status lucid_cuda_copy(lucid_ctx *ctx, lucid_tensor *dst,
+                             const lucid_tensor *src);
+lucid_status lucid_cuda_fill(lucid_ctx *ctx, lucid_tensor *dst, double value);
+lucid_status lucid_cuda_binary(lucid_ctx *ctx, lucid_binary_op op,
+                               lucid_tensor *out, const lucid_tensor *a,
+                               const lucid_tensor *b);
+lucid_status lucid_cuda_binary_scalar(lucid_ctx *ctx, lucid_binary_op op,
+                                      lucid_tensor *out, const lucid_tensor *a,
+                                      double scalar, int reverse);
+lucid_status lucid_cuda_unary(lucid_ctx *ctx, lucid_unary_op op,
+                              lucid_tensor *out, const lucid_tensor *a);
+lucid_status lucid_cuda_axpy(lucid_ctx *ctx, lucid_tensor *y, double alpha,
+                             const lucid_tensor *x);
+lucid_status lucid_cuda_reduce_all(lucid_ctx *ctx, lucid_reduce_op op,
+                                   lucid_tensor *out, const lucid_tensor *a);
+lucid_status lucid_cuda_reduce_dim(lucid_ctx *ctx, lucid_reduce_op op,
+                                   lucid_tensor *out, const lucid_tensor *a,
+                                   int dim);
+lucid_status lucid_cuda_matmul(lucid_ctx *ctx, lucid_tensor *out,
+                               const lucid_tensor *a, const lucid_tensor *b,
+                               int trans_a, int trans_b, double alpha,
+                               double beta);
+lucid_status lucid_cuda_rand_uniform(lucid_ctx *ctx, lucid_tensor *dst,
+                                     uint64_t seed, uint64_t offset, double lo,
+                                     double hi);
+lucid_status lucid_cuda_rand_normal(lucid_ctx *ctx, lucid_tensor *dst,
+                                    uint64_t seed, uint64_t offset,
+                                    double mean, double std);
+}
+
+/* ------------------------------------------------------------ dtype helpers */
+
+/* Device dtypes the float ops compute on (f64 tensors are CPU-only). */
+static inline int lucid_cuda_is_op_dtype(lucid_dtype dt) {
+    return dt == LUCID_F32 || dt == LUCID_BF16 || dt == LUCID_F16;
+}
+
+static inline cudaDataType_t lucid_cuda_datatype(lucid_dtype dt) {
+    switch (dt) {
+    case LUCID_F32: return CUDA_R_32F;
+    case LUCID_F64: return CUDA_R_64F;
+    case LUCID_BF16: return CUDA_R_16BF;
+    case LUCID_F16: return CUDA_R_16F;
+    case LUCID_U8: return CUDA_R_8U;
+    case LUCID_I32: return CUDA_R_32I;
+    default: return CUDA_R_64I;
+    }
+}
+
+/* Load element `off` of a buffer of runtime dtype `dt` as float (one
+ * rounding, as the CPU reference's cpu_load_f32). */
+__device__ __forceinline__ float lucid_load_f32(const void *p, int dt,
+                                                int64_t off) {
+    switch (dt) {
+    case LUCID_F32: return ((const float *)p)[off];
+    case LUCID_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[off]);
+    case LUCID_F16: return __half2float(((const __half *)p)[off]);
+    case LUCID_F64: return (float)((const double *)p)[off];
+    case LUCID_U8: return (float)((const uint8_t *)p)[off];
+    case LUCID_I32: return (float)((const int32_t *)p)[off];
+    case LUCID_I64: return (float)((const int64_t *)p)[off];
+    default: return 0.0f;
+    }
+}
+
+/* f64 -> f32 rounding to odd: truncate, then set the last bit when the
+ * conversion was inexact. A second rounding to bf16/f16 (>= 2 bits shorter)
+ * is then the correctly rounded f64 -> bf16/f16 result, the same bits as the
+ * CPU reference's cpu_f64_to_bf16 / cpu_f64_to_f16. */
+__device__ __forceinline__ float lucid_f64_to_f32_odd(double x) {
+    if (x != x) return (float)x;
+    float f = __double2float_rz(x);
+    if ((double)f != x) f = __uint_as_float(__float_as_uint(f) | 1u);
+    return f;
+}
+
+/* Load any dtype as double (integers exactly up to 2^53). */
+__device__ __forceinline__ double lucid_load_f64(const void *p, int dt,
+                                                 int64_t off) {
+    switch (dt) {
+    case LUCID_F32: return ((const float *)p)[off];
+    case LUCID_F64: return ((const double *)p)[off];
+    case LUCID_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[off]);
+    case LUCID_F16: return __half2float(((const __half *)p)[off]);
+    case LUCID_U8: return ((const uint8_t *)p)[off];
+    case LUCID_I32: return ((const int32_t *)p)[off];
+    case LUCID_I64: return (double)((const int64_t *)p)[off];
+    default: return 0.0;
+    }
+}
+
+/* Store a double into any dtype with one rounding, as the CPU reference's
+ * cpu_store_f64: f32 round to nearest even; bf16/f16 correctly rounded from
+ * f64 (through round-to-odd); integers truncate toward zero and saturate,
+ * NaN -> 0 (u8: everything <= 0 -> 0, >= 255 -> 255). PTX float-to-int
+ * conversions saturate and map NaN to 0, so the i32/i64 casts do it. */
+__device__ __forceinline__ void lucid_store_f64(void *p, int dt, int64_t off,
+                                                double v) {
+    switch (dt) {
+    case LUCID_F32: ((float *)p)[off] = (float)v; break;
+    case LUCID_F64: ((double *)p)[off] = v; break;
+    case LUCID_BF16:
+        ((__nv_bfloat16 *)p)[off] = __float2bfloat16_rn(lucid_f64_to_f32_odd(v));
+        break;
+    case LUCID_F16:
+        ((__half *)p)[off] = __float2half_rn(lucid_f64_to_f32_odd(v));
+        break;
+    case LUCID_U8:
+        ((uint8_t *)p)[off] =
+            (v != v || v <= 0.0) ? 0 : v >= 255.0 ? 255 : (uint8_t)(int)v;
+        break;
+    case LUCID_I32: ((int32_t *)p)[off] = __double2int_rz(v); break;
+    case LUCID_I64: ((int64_t *)p)[off] = __double2ll_rz(v); break;
+    default: break;
+    }
+}
+
+/* Store a float into a float dtype with one rounding (round to nearest
+ * even): the same bits as lucid_f32_to_bf16 / lucid_f32_to_f16 on the CPU
+ * for every non-NaN input. */
+__device__ __forceinline__ void lucid_store_f32(void *p, int dt, int64_t off,
+                                                float v) {
+    switch (dt) {
+    case LUCID_F32: ((float *)p)[off] = v; break;
+    case LUCID_BF16: ((__nv_bfloat16 *)p)[off] = __float2bfloat16_rn(v); break;
+    case LUCID_F16: ((__half *)p)[off] = __float2half_rn(v); break;
+    case LUCID_F64: ((double *)p)[off] = (double)v; break;
+    default: break;
+    }
+}
+
+/* Typed element access for kernels templated on the storage type. */
+template <typename T> struct lucid_elem;
+template <> struct lucid_elem<float> {
+    static __device__ __forceinline__ float load(const float *p, int64_t i) {
+        return p[i];
+    }
+    static __device__ __forceinline__ void store(float *p, int64_t i, float v) {
+        p[i] = v;
+    }
+};
+template <> struct lucid_elem<__nv_bfloat16> {
+    static __device__ __forceinline__ float load(const __nv_bfloat16 *p,
+                                                 int64_t i) {
+        return __bfloat162float(p[i]);
+    }
+    static __device__ __forceinline__ void store(__nv_bfloat16 *p, int64_t i,
+                                                 float v) {
+        p[i] = __float2bfloat16_rn(v);
+    }
+};
+template <> struct lucid_elem<__half> {
+    static __device__ __forceinline__ float load(const __half *p, int64_t i) {
+        return __half2float(p[i]);
+    }
+    static __device__ __forceinline__ void store(__half *p, int64_t i,
+                                                 float v) {
+        p[i] = __float2half_rn(v);
+    }
+};
+
+/* ------------------------------------------------------------ strided iteration
+ * A tensor view as the kernels see it: base pointer of element [0,..,0],
+ * dtype, and per-dim strides in elements. Shapes are shared by all operands
+ * of one launch (the dispatch layer already broadcast them). */
+
+#define LUCID_CUDA_MAX_OPERANDS 3
+
+typedef struct lucid_iter {
+    int ndim;                                         /* after collapsing */
+    int64_t numel;
+    int64_t shape[LUCID_MAX_DIMS];
+    int64_t strides[LUCID_CUDA_MAX_OPERANDS][LUCID_MAX_DIMS];
+} lucid_iter;
+
+/* Build an iterator over `n` tensors of one shape: drops size-1 dims and
+ * merges neighbouring dims that are contiguous in every operand. The
+ * element order stays row-major over the original shape. */
+void lucid_iter_init(lucid_iter *it, int n, const lucid_tensor *const *ts);
+
+/* 1 when every operand of the iterator is contiguous (one dim, stride 1). */
+static inline int lucid_iter_contiguous(const lucid_iter *it, int n) {
+    if (it->ndim == 0) return 1;
+    if (it->ndim != 1) return 0;
+    for (int k = 0; k < n; k++)
+        if (it->strides[k][0] != 1) return 0;
+    return 1;
+}
+
+/* Element offsets (in elements) of logical index i for operand k. */
+template <int N, typename IndexT>
+__device__ __forceinline__ void lucid_iter_offsets(const lucid_iter &it,
+                                                   IndexT i, int64_t *off) {
+#pragma unroll
+    for (int k = 0; k < N; k++) off[k] = 0;
+    for (int d = it.ndim - 1; d >= 0; d--) {
+        IndexT sz = (IndexT)it.shape[d];
+        IndexT c = i % sz;
+        i /= sz;
+#pragma unroll
+        for (int k = 0; k < N; k++) off[k] += (int64_t)c * it.strides[k][d];
+    }
+}
+
+/* Launch geometry: 1-D grid of `threads` per block covering n elements with
+ * a grid-stride loop (capped so huge tensors reuse blocks). */
+static inline unsigned lucid_cuda_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > (int64_t)1 << 20) b = (int64_t)1 << 20;
+    return (unsigned)b;
+}
+
+#endif /* LUCID_CUDA_COMMON_CUH */
