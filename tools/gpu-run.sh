@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (device tool), from the repository root, with
+# .runtime/ and .data/ carried (make gpu-pack). Builds with nvcc, then runs
+# what is asked: test (make test-gpu), bench (make bench), or both.
+# Logs go to $OUT (or build/gpu-logs when OUT is unset).
+set -uo pipefail
+what=${1:-test}
+out=${OUT:-build/gpu-logs}
+mkdir -p "$out"
+source .runtime/env.sh
+export LUCID_DATASETS=$PWD/.data
+{
+  echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -1; nproc
+  python3 -c 'import torch;print("torch", torch.__version__)' 2>/dev/null
+} 2>&1 | tee "$out/env.log"
+make -j"$(nproc)" all 2>&1 | tail -5 | tee "$out/build.log" || { echo BUILD FAILED; exit 1; }
+rc=0
+if [ "$what" = test ] || [ "$what" = all ]; then
+  make -j"$(nproc)" test-gpu > "$out/test.log" 2>&1; rc=$?
+  cp -r build/test-logs "$out/" 2>/dev/null
+  grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$out/test.log"
+  grep -E '^    ' "$out/test.log" | head -40
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  make bench > "$out/bench.log" 2>&1 || rc=1
+  tail -40 "$out/bench.log"
+fi
+exit $rc
