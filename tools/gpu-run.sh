@@ -17,8 +17,8 @@ export LUCID_DATASETS=$PWD/.data
 make -j"$(nproc)" all 2>&1 | tail -5 | tee "$out/build.log" || { echo BUILD FAILED; exit 1; }
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
-  make -j"$(nproc)" test-gpu > "$out/test.log" 2>&1; rc=$?
-  cp -r build/test-logs "$out/" 2>/dev/null
+  timeout "${TEST_TIMEOUT:-420}" make -j"$(nproc)" test-gpu > "$out/test.log" 2>&1; rc=$?
+  tar czf "$out/test-logs.tgz" build/test-logs 2>/dev/null
   grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$out/test.log"
   grep -E '^    ' "$out/test.log" | head -40
 fi

@@ -149,6 +149,80 @@ double lucid_compute_ap(const double *recall, const double *precision, int n,
 /* IoU/OKS thresholds 0.50, 0.55, ..., 0.95 as f32 (torch.linspace). */
 extern const float lucid_eval_thresholds[LUCID_EVAL_NTHR];
 
+/* ------------------------------------------------------ pose validator
+ * Accumulates box and pose metrics over a validation set, one batch of head
+ * outputs at a time (Ultralytics PoseValidator: update_metrics with
+ * _process_batch for boxes (IoU) and keypoints (OKS, area = box w*h*0.53)).
+ */
+typedef struct lucid_pose_val_config {
+    int nc;        /* classes */
+    int nkpt;      /* K (0 = detection only) */
+    int reg_max;   /* 16 */
+    int nlevels;
+    lucid_anchor_level levels[4];
+    const float *sigmas; /* [K]; NULL = COCO sigmas (K = 17) or 1/K */
+    lucid_nms_opts nms;
+    lucid_ap_method ap_method;
+} lucid_pose_val_config;
+
+typedef struct lucid_pose_val lucid_pose_val;
+
+lucid_status lucid_pose_val_create(lucid_ctx *ctx,
+                                   const lucid_pose_val_config *cfg,
+                                   lucid_pose_val **out);
+void lucid_pose_val_free(lucid_pose_val *v);
+void lucid_pose_val_reset(lucid_pose_val *v);
+
+/* One batch. Head outputs on the CPU in f32, contiguous:
+ *   pred_box [B, 4*reg_max, A], pred_cls [B, nc, A], pred_kpt [B, K*3, A]
+ *   (NULL when K = 0).
+ * Targets (the loader's fixed layout), f32 on the CPU, normalised to the
+ * network input of img_w x img_h pixels: cls [B, G], boxes [B, G, 4] (cx cy
+ * w h), kpts [B, G, K, 3] (x y v), mask [B, G] (nonzero = valid row).
+ * crowd (may be NULL): [B, C, 4] normalised xyxy crowd regions with
+ * ncrowd[B] valid rows each. Only the first n_images images are used.
+ * The detections of the batch stay readable with lucid_pose_val_dets until
+ * the next add_batch. */
+typedef struct lucid_pose_val_batch {
+    const lucid_tensor *pred_box, *pred_cls, *pred_kpt;
+    const lucid_tensor *cls, *boxes, *kpts, *mask;
+    const float *crowd; const int *ncrowd; int max_crowd;
+    int n_images;
+    float img_w, img_h;
+} lucid_pose_val_batch;
+
+lucid_status lucid_pose_val_add_batch(lucid_ctx *ctx, lucid_pose_val *v,
+                                      const lucid_pose_val_batch *b);
+
+/* Detections of image i (0-based) of the last batch; *n gets their count. */
+const lucid_det *lucid_pose_val_dets(const lucid_pose_val *v, int i, int *n);
+
+typedef struct lucid_pose_metrics {
+    lucid_ap_result box, pose;
+    int64_t images;
+    double fitness; /* box mAP50-95 + pose mAP50-95 (Ultralytics 8.4) */
+} lucid_pose_metrics;
+
+lucid_status lucid_pose_val_compute(lucid_ctx *ctx, const lucid_pose_val *v,
+                                    lucid_pose_metrics *out);
+
+/* Write detections in the COCO results format (a JSON array of
+ * {image_id, category_id, bbox [x, y, w, h], score, keypoints [x, y, v]*K})
+ * atomically to path. Coordinates are mapped back to the original image:
+ * x_orig = (x - pad_x) / ratio. One entry per image: its id, detections,
+ * ratio and padding. category_id = category_ids[cls] (COCO person = 1). */
+typedef struct lucid_coco_image_dets {
+    int64_t image_id;
+    const lucid_det *dets;
+    int n;
+    float ratio, pad_x, pad_y;
+} lucid_coco_image_dets;
+
+lucid_status lucid_coco_results_write(lucid_ctx *ctx, const char *path,
+                                      const lucid_coco_image_dets *images,
+                                      int n_images, int nkpt,
+                                      const int *category_ids);
+
 #ifdef __cplusplus
 }
 #endif
