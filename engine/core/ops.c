@@ -261,8 +261,10 @@ lucid_status lucid_tensor_item(lucid_ctx *ctx, const lucid_tensor *t,
         *out = lucid_cpu_get(t, 0);
         return LUCID_OK;
     }
+    /* a 0-d view of element [0,...,0] */
     lucid_tensor *one = NULL, *host = NULL;
-    LUCID_TRY(lucid_tensor_narrow(ctx, t, 0, 0, t->ndim ? 1 : 0, &one));
+    LUCID_TRY(lucid_tensor_from_storage(ctx, t->storage, t->dtype, 0, NULL,
+                                        NULL, t->offset, &one));
     lucid_device cpu = {LUCID_CPU, 0};
     lucid_status s = lucid_tensor_to(ctx, one, cpu, t->dtype, &host);
     lucid_tensor_release(one);

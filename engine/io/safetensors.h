@@ -1,0 +1,122 @@
+/*
+ * safetensors.h — safetensors checkpoints (reader, writer) and atomic file
+ * writes (DESIGN.md decisions 7 and 8).
+ *
+ * Format (https://github.com/huggingface/safetensors): 8-byte little-endian
+ * header length N; N bytes of UTF-8 JSON: an object mapping each tensor
+ * name to {"dtype": "F32"|"F64"|"BF16"|"F16"|"U8"|"I32"|"I64", "shape":
+ * [..], "data_offsets": [begin, end]} (offsets relative to the data
+ * section, end exclusive) plus an optional "__metadata__" object of string
+ * values; then the data section of raw little-endian bytes.
+ *
+ * Contract
+ *   - The reader validates every field before any tensor is used: header
+ *     length inside the file, JSON object, known dtype, integer shape
+ *     (<= 8 dims, non-negative), offsets inside the data section,
+ *     end - begin == numel * dtype size, no overlaps, no holes, no duplicate
+ *     names, metadata values strings. Errors are LUCID_ERR_FORMAT (or
+ *     LUCID_ERR_IO for open/read) and name the file and the tensor.
+ *   - The writer snapshots tensors when they are added (copied to host
+ *     memory, any device, contiguous) and saves through the atomic writer:
+ *     a failed or interrupted save never replaces an existing good file.
+ *     Tensors are laid out in the order added; the header is padded with
+ *     spaces to a multiple of 8 bytes.
+ *   - Little-endian hosts only (x86-64, aarch64).
+ */
+#ifndef LUCID_IO_SAFETENSORS_H
+#define LUCID_IO_SAFETENSORS_H
+
+#include "lucid.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ atomic file */
+
+typedef struct lucid_atomic_file lucid_atomic_file;
+
+/* Temp file in the target's directory. */
+lucid_status lucid_atomic_file_open(lucid_ctx *ctx, const char *path,
+                                    lucid_atomic_file **out);
+lucid_status lucid_atomic_file_write(lucid_ctx *ctx, lucid_atomic_file *f,
+                                     const void *data, size_t n);
+/* fsync, close, rename over the target, fsync the directory; frees f
+ * (on failure too, removing the temp file). */
+lucid_status lucid_atomic_file_commit(lucid_ctx *ctx, lucid_atomic_file *f);
+/* Drop the temp file; the target is untouched. Frees f. */
+void lucid_atomic_file_abort(lucid_atomic_file *f);
+/* open + write + commit of one buffer. */
+lucid_status lucid_atomic_write(lucid_ctx *ctx, const char *path,
+                                const void *data, size_t n);
+/* Tests: hook asked before each stage ("open", "write", "fsync",
+ * "rename"); non-zero fails it with EIO. NULL removes it. Process-wide. */
+void lucid_atomic_file_set_fail_hook(int (*hook)(const char *stage, void *ud),
+                                     void *ud);
+
+/* ------------------------------------------------------------ reader */
+
+typedef struct lucid_st_info {
+    const char *name;
+    lucid_dtype dtype;
+    int ndim;
+    int64_t shape[LUCID_MAX_DIMS];
+    uint64_t begin, end;       /* byte offsets in the data section */
+} lucid_st_info;
+
+typedef struct lucid_safetensors lucid_safetensors;
+
+/* Read and validate the whole file. */
+lucid_status lucid_safetensors_open(lucid_ctx *ctx, const char *path,
+                                    lucid_safetensors **out);
+void lucid_safetensors_close(lucid_safetensors *f);
+const char *lucid_safetensors_path(const lucid_safetensors *f);
+int lucid_safetensors_count(const lucid_safetensors *f);
+/* Tensors in data-offset order. */
+const lucid_st_info *lucid_safetensors_info(const lucid_safetensors *f, int i);
+/* Index of a tensor name, or -1. */
+int lucid_safetensors_find(const lucid_safetensors *f, const char *name);
+/* Raw bytes of tensor i (end - begin bytes; may be unaligned). */
+const void *lucid_safetensors_bytes(const lucid_safetensors *f, int i);
+/* Copy tensor `name` into dst (any device; dst's shape must equal the
+ * stored shape, or both be contiguous with equal numel; float dtypes are
+ * converted, other dtypes must match). Errors name the file and tensor. */
+lucid_status lucid_safetensors_load(lucid_ctx *ctx, lucid_safetensors *f,
+                                    const char *name, lucid_tensor *dst);
+/* Metadata map. */
+int lucid_safetensors_metadata_count(const lucid_safetensors *f);
+const char *lucid_safetensors_metadata_key(const lucid_safetensors *f, int i);
+/* Value of key, or NULL. */
+const char *lucid_safetensors_metadata_get(const lucid_safetensors *f,
+                                           const char *key);
+
+/* ------------------------------------------------------------ writer */
+
+typedef struct lucid_st_writer lucid_st_writer;
+
+lucid_status lucid_st_writer_create(lucid_ctx *ctx, lucid_st_writer **out);
+void lucid_st_writer_free(lucid_st_writer *w);
+/* Snapshot t (any device/dtype of the seven; copied now). Names must be
+ * unique, non-empty and not "__metadata__". */
+lucid_status lucid_st_writer_add(lucid_ctx *ctx, lucid_st_writer *w,
+                                 const char *name, const lucid_tensor *t);
+/* Raw little-endian bytes of a tensor (copied). */
+lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
+                                     const char *name, lucid_dtype dt,
+                                     int ndim, const int64_t *shape,
+                                     const void *data);
+/* Set (or replace) one metadata string. */
+lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
+                                          const char *key, const char *value);
+/* Write everything atomically to path. The writer stays usable. */
+lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
+                                  const char *path);
+
+/* "F32", "F64", "BF16", "F16", "U8", "I32", "I64"; parse returns 0 / -1. */
+const char *lucid_st_dtype_name(lucid_dtype dt);
+int lucid_st_dtype_parse(const char *s, lucid_dtype *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUCID_IO_SAFETENSORS_H */

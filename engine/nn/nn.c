@@ -1,0 +1,672 @@
+/*
+ * nn.c — the checked entry points of the nn kernels and the CPU table.
+ *
+ * Each lucid_nn_<op>_<pass>() validates its arguments (presence, rank,
+ * shape, dtype, device, contiguity), picks the kernel table of the device
+ * the tensors live on and calls it; written tensors get their storage
+ * version bumped (what recorded steps watch), as in engine/core/ops.c.
+ * Kernel functions therefore receive only well-formed arguments.
+ */
+#include "nn/nn_cpu.h"
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// tables
+
+static const lucid_nn_kernels cpu_table = {
+    .name = "cpu",
+    .conv2d_forward = cpu_conv2d_forward,
+    .conv2d_backward_input = cpu_conv2d_backward_input,
+    .conv2d_backward_params = cpu_conv2d_backward_params,
+    .batchnorm2d_forward = cpu_batchnorm2d_forward,
+    .batchnorm2d_backward = cpu_batchnorm2d_backward,
+    .silu_forward = cpu_silu_forward,
+    .silu_backward = cpu_silu_backward,
+    .maxpool2d_forward = cpu_maxpool2d_forward,
+    .maxpool2d_backward = cpu_maxpool2d_backward,
+    .upsample_nearest2d_forward = cpu_upsample_nearest2d_forward,
+    .upsample_nearest2d_backward = cpu_upsample_nearest2d_backward,
+    .channel_copy = cpu_channel_copy,
+    .add_forward = cpu_add_forward,
+    .softmax_forward = cpu_softmax_forward,
+    .softmax_backward = cpu_softmax_backward,
+    .dfl_forward = cpu_dfl_forward,
+    .dfl_backward = cpu_dfl_backward,
+};
+
+const lucid_nn_kernels *lucid_nn_cpu_kernels(void) { return &cpu_table; }
+
+const lucid_nn_kernels *lucid_nn_kernels_for(lucid_ctx *ctx, lucid_device dev) {
+    if (dev.type == LUCID_CPU) return &cpu_table;
+    const lucid_nn_kernels *k = NULL;
+    if (lucid_nn_cuda_kernels) k = lucid_nn_cuda_kernels();
+    if (!k) {
+        lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                     "nn kernels for cuda:%d are not in this build (CPU-only "
+                     "build or cuda/ without the nn table)",
+                     dev.index);
+        return NULL;
+    }
+    if (!lucid_backend_for(ctx, dev)) return NULL;
+    return k;
+}
+
+int64_t lucid_nn_conv_out_size(int64_t in, int k, int stride, int pad,
+                               int dilation) {
+    if (stride < 1) return 0;
+    int64_t span = in + 2 * (int64_t)pad - (int64_t)dilation * (k - 1) - 1;
+    if (span < 0) return 0;
+    return span / stride + 1;
+}
+
+// ----------------------------------------------------------------------------
+// argument checks
+
+static int same_dev(const lucid_tensor *a, const lucid_tensor *b) {
+    lucid_device x = lucid_tensor_device(a), y = lucid_tensor_device(b);
+    return x.type == y.type && x.index == y.index;
+}
+
+/* t present (or optional), contiguous, rank ndim (-1: >= 1), on ref's
+ * device. */
+static lucid_status chk(lucid_ctx *ctx, const char *op, const char *arg,
+                        const lucid_tensor *t, int ndim, const lucid_tensor *ref) {
+    if (!t) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %s is NULL", op, arg);
+    if (ndim >= 0 && t->ndim != ndim) {
+        char b[128];
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: %s must have rank %d, has shape %s", op, arg,
+                            ndim, lucid_shape_str(t->ndim, t->shape, b, sizeof b));
+    }
+    if (ndim < 0 && t->ndim < 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %s is a scalar", op, arg);
+    if (!lucid_tensor_is_contiguous(t))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: %s must be contiguous (clone() it first)", op,
+                            arg);
+    if (ref && !same_dev(t, ref))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: %s is on another device than the input", op,
+                            arg);
+    return LUCID_OK;
+}
+
+/* activation dtype: float, equal to the reference dtype */
+static lucid_status chk_act(lucid_ctx *ctx, const char *op, const char *arg,
+                            const lucid_tensor *t, const lucid_tensor *ref) {
+    if (!lucid_dtype_is_float(t->dtype))
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "%s: %s has dtype %s; expected f32, bf16, f16 or "
+                            "f64",
+                            op, arg, lucid_dtype_name(t->dtype));
+    if (ref && t->dtype != ref->dtype)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: %s has dtype %s but the input has %s", op, arg,
+                            lucid_dtype_name(t->dtype),
+                            lucid_dtype_name(ref->dtype));
+    return LUCID_OK;
+}
+
+static lucid_status chk_param(lucid_ctx *ctx, const char *op, const char *arg,
+                              const lucid_tensor *t) {
+    if (t->dtype != LUCID_F32 && t->dtype != LUCID_F64)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "%s: %s has dtype %s; parameters are f32 (f64 on "
+                            "the cpu)",
+                            op, arg, lucid_dtype_name(t->dtype));
+    return LUCID_OK;
+}
+
+static lucid_status chk_shape(lucid_ctx *ctx, const char *op, const char *arg,
+                              const lucid_tensor *t, int ndim,
+                              const int64_t *shape) {
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char a[128], b[128];
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %s has shape %s, expected %s",
+                            op, arg, lucid_shape_str(t->ndim, t->shape, a, sizeof a),
+                            lucid_shape_str(ndim, shape, b, sizeof b));
+    }
+    return LUCID_OK;
+}
+
+static void bump(lucid_tensor *t) {
+    if (t) lucid_storage_bump_version(t->storage);
+}
+
+#define KT(ctx, x)                                                            \
+    const lucid_nn_kernels *kt_ = lucid_nn_kernels_for(ctx, lucid_tensor_device(x)); \
+    if (!kt_) return lucid_ctx_last_status(ctx)
+
+// ----------------------------------------------------------------------------
+// Conv2d
+
+static lucid_status chk_conv(lucid_ctx *ctx, const char *op,
+                             const lucid_tensor *x, const lucid_tensor *w,
+                             const lucid_conv2d_params *p, int64_t yshape[4]) {
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk(ctx, op, "weight", w, 4, x));
+    LUCID_TRY(chk_param(ctx, op, "weight", w));
+    if (!p) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: params is NULL", op);
+    if (p->groups < 1 || p->stride_h < 1 || p->stride_w < 1 ||
+        p->dilation_h < 1 || p->dilation_w < 1 || p->pad_h < 0 || p->pad_w < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: need groups, stride, dilation >= 1 and "
+                            "padding >= 0 (got groups %d stride %dx%d "
+                            "dilation %dx%d padding %dx%d)",
+                            op, p->groups, p->stride_h, p->stride_w,
+                            p->dilation_h, p->dilation_w, p->pad_h, p->pad_w);
+    int64_t Cin = x->shape[1], Cout = w->shape[0];
+    if (Cin % p->groups || Cout % p->groups || w->shape[1] != Cin / p->groups)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: input has %lld channels, weight is "
+                            "[%lld,%lld,%lld,%lld], groups %d: need C_in and "
+                            "C_out divisible by groups and weight dim 1 = "
+                            "C_in/groups",
+                            op, (long long)Cin, (long long)w->shape[0],
+                            (long long)w->shape[1], (long long)w->shape[2],
+                            (long long)w->shape[3], p->groups);
+    yshape[0] = x->shape[0];
+    yshape[1] = Cout;
+    yshape[2] = lucid_nn_conv_out_size(x->shape[2], (int)w->shape[2], p->stride_h,
+                                       p->pad_h, p->dilation_h);
+    yshape[3] = lucid_nn_conv_out_size(x->shape[3], (int)w->shape[3], p->stride_w,
+                                       p->pad_w, p->dilation_w);
+    if (yshape[2] < 1 || yshape[3] < 1 || w->shape[2] < 1 || w->shape[3] < 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: input %lldx%lld is too small for kernel "
+                            "%lldx%lld (dilation %d, padding %d)",
+                            op, (long long)x->shape[2], (long long)x->shape[3],
+                            (long long)w->shape[2], (long long)w->shape[3],
+                            p->dilation_h, p->pad_h);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                     lucid_tensor *y, const lucid_tensor *w,
+                                     const lucid_tensor *b,
+                                     const lucid_conv2d_params *p) {
+    const char *op = "conv2d_forward";
+    int64_t ys[4];
+    LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
+    LUCID_TRY(chk(ctx, op, "y", y, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "y", y, x));
+    LUCID_TRY(chk_shape(ctx, op, "y", y, 4, ys));
+    if (b) {
+        LUCID_TRY(chk(ctx, op, "bias", b, 1, x));
+        LUCID_TRY(chk_param(ctx, op, "bias", b));
+        LUCID_TRY(chk_shape(ctx, op, "bias", b, 1, &ys[1]));
+    }
+    KT(ctx, x);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->conv2d_forward(ctx, x, y, w, b, p));
+    bump(y);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
+                                            const lucid_tensor *x,
+                                            const lucid_tensor *dy,
+                                            lucid_tensor *dx,
+                                            const lucid_tensor *w,
+                                            const lucid_conv2d_params *p,
+                                            double beta) {
+    const char *op = "conv2d_backward_input";
+    int64_t ys[4];
+    LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, 4, ys));
+    LUCID_TRY(chk(ctx, op, "grad_input", dx, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_input", dx, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_input", dx, 4, x->shape));
+    KT(ctx, x);
+    if (lucid_tensor_numel(dx) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->conv2d_backward_input(ctx, x, dy, dx, w, p, beta));
+    bump(dx);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
+                                             const lucid_tensor *x,
+                                             const lucid_tensor *dy,
+                                             lucid_tensor *dw, lucid_tensor *db,
+                                             const lucid_conv2d_params *p,
+                                             double beta) {
+    const char *op = "conv2d_backward_params";
+    if (!dw && !db)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: grad_weight and grad_bias are both NULL", op);
+    int64_t ys[4];
+    if (dw) {
+        LUCID_TRY(chk_conv(ctx, op, x, dw, p, ys));
+    } else {
+        /* bias only: a 1x1 stand-in gives C_out; the spatial check uses dy */
+        LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+        LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+        LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+        ys[0] = x->shape[0]; ys[1] = dy->shape[1];
+        ys[2] = dy->shape[2]; ys[3] = dy->shape[3];
+        if (!p || p->groups < 1 || x->shape[1] % p->groups ||
+            dy->shape[1] % p->groups)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: bad groups", op);
+    }
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, 4, ys));
+    if (dw) LUCID_TRY(chk(ctx, op, "grad_weight", dw, 4, x));
+    if (db) {
+        LUCID_TRY(chk(ctx, op, "grad_bias", db, 1, x));
+        LUCID_TRY(chk_param(ctx, op, "grad_bias", db));
+        LUCID_TRY(chk_shape(ctx, op, "grad_bias", db, 1, &ys[1]));
+    }
+    KT(ctx, x);
+    LUCID_TRY(kt_->conv2d_backward_params(ctx, x, dy, dw, db, p, beta));
+    bump(dw);
+    bump(db);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// BatchNorm2d
+
+static lucid_status chk_chan(lucid_ctx *ctx, const char *op, const char *arg,
+                             const lucid_tensor *t, const lucid_tensor *x) {
+    LUCID_TRY(chk(ctx, op, arg, t, 1, x));
+    LUCID_TRY(chk_param(ctx, op, arg, t));
+    return chk_shape(ctx, op, arg, t, 1, &x->shape[1]);
+}
+
+lucid_status lucid_nn_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    const char *op = "batchnorm2d_forward";
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk(ctx, op, "y", y, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "y", y, x));
+    LUCID_TRY(chk_shape(ctx, op, "y", y, 4, x->shape));
+    if (weight) LUCID_TRY(chk_chan(ctx, op, "weight", weight, x));
+    if (bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
+    if (running_mean) LUCID_TRY(chk_chan(ctx, op, "running_mean", running_mean, x));
+    if (running_var) LUCID_TRY(chk_chan(ctx, op, "running_var", running_var, x));
+    LUCID_TRY(chk_chan(ctx, op, "save_mean", save_mean, x));
+    LUCID_TRY(chk_chan(ctx, op, "save_invstd", save_invstd, x));
+    if (num_batches_tracked) {
+        if (!same_dev(num_batches_tracked, x))
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: num_batches_tracked is on another device",
+                                op);
+        if (lucid_tensor_numel(num_batches_tracked) != 1)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: num_batches_tracked must have one element",
+                                op);
+    }
+    if (!training && (!running_mean || !running_var))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: eval mode needs running_mean and running_var",
+                            op);
+    int64_t M = x->shape[0] * x->shape[2] * x->shape[3];
+    if (training && M < 2)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: expected more than 1 value per channel when "
+                            "training, got input %lldx%lldx%lldx%lld",
+                            op, (long long)x->shape[0], (long long)x->shape[1],
+                            (long long)x->shape[2], (long long)x->shape[3]);
+    if (!(eps > 0) || !(momentum >= 0 && momentum <= 1))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: need eps > 0 and momentum in [0, 1] (got %g, "
+                            "%g)",
+                            op, eps, momentum);
+    KT(ctx, x);
+    LUCID_TRY(kt_->batchnorm2d_forward(ctx, x, y, weight, bias, running_mean,
+                                       running_var, num_batches_tracked,
+                                       save_mean, save_invstd, training,
+                                       momentum, eps));
+    bump(y);
+    bump(save_mean);
+    bump(save_invstd);
+    if (training) {
+        bump(running_mean);
+        bump(running_var);
+        bump(num_batches_tracked);
+    }
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    const char *op = "batchnorm2d_backward";
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, 4, x->shape));
+    if (dx) {
+        LUCID_TRY(chk(ctx, op, "grad_input", dx, 4, x));
+        LUCID_TRY(chk_act(ctx, op, "grad_input", dx, x));
+        LUCID_TRY(chk_shape(ctx, op, "grad_input", dx, 4, x->shape));
+    }
+    if (weight) LUCID_TRY(chk_chan(ctx, op, "weight", weight, x));
+    LUCID_TRY(chk_chan(ctx, op, "save_mean", save_mean, x));
+    LUCID_TRY(chk_chan(ctx, op, "save_invstd", save_invstd, x));
+    if (dweight) LUCID_TRY(chk_chan(ctx, op, "grad_weight", dweight, x));
+    if (dbias) LUCID_TRY(chk_chan(ctx, op, "grad_bias", dbias, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->batchnorm2d_backward(ctx, x, dy, dx, weight, save_mean,
+                                        save_invstd, dweight, dbias, training,
+                                        beta_input, beta_params));
+    bump(dx);
+    bump(dweight);
+    bump(dbias);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// SiLU
+
+static lucid_status chk_same(lucid_ctx *ctx, const char *op, const char *arg,
+                             const lucid_tensor *t, const lucid_tensor *x) {
+    LUCID_TRY(chk(ctx, op, arg, t, x->ndim, x));
+    LUCID_TRY(chk_act(ctx, op, arg, t, x));
+    return chk_shape(ctx, op, arg, t, x->ndim, x->shape);
+}
+
+lucid_status lucid_nn_silu_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                   lucid_tensor *y) {
+    const char *op = "silu_forward";
+    LUCID_TRY(chk(ctx, op, "x", x, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk_same(ctx, op, "y", y, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->silu_forward(ctx, x, y));
+    bump(y);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_silu_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                    const lucid_tensor *dy, lucid_tensor *dx,
+                                    double beta) {
+    const char *op = "silu_backward";
+    LUCID_TRY(chk(ctx, op, "x", x, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk_same(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_same(ctx, op, "grad_input", dx, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->silu_backward(ctx, x, dy, dx, beta));
+    bump(dx);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// MaxPool2d
+
+static lucid_status chk_pool(lucid_ctx *ctx, const char *op,
+                             const lucid_tensor *x,
+                             const lucid_pool2d_params *p, int64_t ys[4]) {
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    if (!p) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: params is NULL", op);
+    if (p->kernel_h < 1 || p->kernel_w < 1 || p->stride_h < 1 ||
+        p->stride_w < 1 || p->pad_h < 0 || p->pad_w < 0 ||
+        2 * p->pad_h > p->kernel_h || 2 * p->pad_w > p->kernel_w)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: need kernel, stride >= 1 and 0 <= pad <= "
+                            "kernel/2 (kernel %dx%d stride %dx%d pad %dx%d)",
+                            op, p->kernel_h, p->kernel_w, p->stride_h,
+                            p->stride_w, p->pad_h, p->pad_w);
+    ys[0] = x->shape[0];
+    ys[1] = x->shape[1];
+    ys[2] = lucid_nn_conv_out_size(x->shape[2], p->kernel_h, p->stride_h, p->pad_h, 1);
+    ys[3] = lucid_nn_conv_out_size(x->shape[3], p->kernel_w, p->stride_w, p->pad_w, 1);
+    if (ys[2] < 1 || ys[3] < 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: input %lldx%lld too small for kernel %dx%d",
+                            op, (long long)x->shape[2], (long long)x->shape[3],
+                            p->kernel_h, p->kernel_w);
+    if (x->shape[2] * x->shape[3] > INT32_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: plane too large for i32 "
+                            "indices", op);
+    return LUCID_OK;
+}
+
+static lucid_status chk_indices(lucid_ctx *ctx, const char *op,
+                                const lucid_tensor *idx, const lucid_tensor *x,
+                                const int64_t ys[4]) {
+    LUCID_TRY(chk(ctx, op, "indices", idx, 4, x));
+    if (idx->dtype != LUCID_I32)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: indices must be i32, is %s",
+                            op, lucid_dtype_name(idx->dtype));
+    return chk_shape(ctx, op, "indices", idx, 4, ys);
+}
+
+lucid_status lucid_nn_maxpool2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                        lucid_tensor *y, lucid_tensor *indices,
+                                        const lucid_pool2d_params *p) {
+    const char *op = "maxpool2d_forward";
+    int64_t ys[4];
+    LUCID_TRY(chk_pool(ctx, op, x, p, ys));
+    LUCID_TRY(chk(ctx, op, "y", y, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "y", y, x));
+    LUCID_TRY(chk_shape(ctx, op, "y", y, 4, ys));
+    if (indices) LUCID_TRY(chk_indices(ctx, op, indices, x, ys));
+    KT(ctx, x);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->maxpool2d_forward(ctx, x, y, indices, p));
+    bump(y);
+    bump(indices);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_maxpool2d_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                         const lucid_tensor *dy,
+                                         lucid_tensor *dx,
+                                         const lucid_tensor *indices,
+                                         const lucid_pool2d_params *p,
+                                         double beta) {
+    const char *op = "maxpool2d_backward";
+    int64_t ys[4];
+    LUCID_TRY(chk_pool(ctx, op, x, p, ys));
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, 4, ys));
+    LUCID_TRY(chk_same(ctx, op, "grad_input", dx, x));
+    if (indices) LUCID_TRY(chk_indices(ctx, op, indices, x, ys));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->maxpool2d_backward(ctx, x, dy, dx, indices, p, beta));
+    bump(dx);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// Upsample
+
+lucid_status lucid_nn_upsample_nearest2d_forward(lucid_ctx *ctx,
+                                                 const lucid_tensor *x,
+                                                 lucid_tensor *y, int scale) {
+    const char *op = "upsample_nearest2d_forward";
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    if (scale < 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: scale %d < 1", op, scale);
+    int64_t ys[4] = {x->shape[0], x->shape[1], x->shape[2] * scale,
+                     x->shape[3] * scale};
+    LUCID_TRY(chk(ctx, op, "y", y, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "y", y, x));
+    LUCID_TRY(chk_shape(ctx, op, "y", y, 4, ys));
+    KT(ctx, x);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->upsample_nearest2d_forward(ctx, x, y, scale));
+    bump(y);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_upsample_nearest2d_backward(lucid_ctx *ctx,
+                                                  const lucid_tensor *x,
+                                                  const lucid_tensor *dy,
+                                                  lucid_tensor *dx, int scale,
+                                                  double beta) {
+    const char *op = "upsample_nearest2d_backward";
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    if (scale < 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: scale %d < 1", op, scale);
+    int64_t ys[4] = {x->shape[0], x->shape[1], x->shape[2] * scale,
+                     x->shape[3] * scale};
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, 4, ys));
+    LUCID_TRY(chk_same(ctx, op, "grad_input", dx, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->upsample_nearest2d_backward(ctx, x, dy, dx, scale, beta));
+    bump(dx);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// channel copy, Add
+
+lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
+                                   int64_t dst_c0, const lucid_tensor *src,
+                                   int64_t src_c0, int64_t nch, double beta) {
+    const char *op = "channel_copy";
+    LUCID_TRY(chk(ctx, op, "src", src, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "src", src, NULL));
+    LUCID_TRY(chk(ctx, op, "dst", dst, src->ndim, src));
+    LUCID_TRY(chk_act(ctx, op, "dst", dst, NULL));
+    if (src->ndim < 2)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: need rank >= 2 (N, C, ...)",
+                            op);
+    int ok = dst->shape[0] == src->shape[0];
+    for (int i = 2; ok && i < src->ndim; i++) ok = dst->shape[i] == src->shape[i];
+    if (!ok) {
+        char a[128], b[128];
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: dst %s and src %s differ outside dim 1", op,
+                            lucid_shape_str(dst->ndim, dst->shape, a, sizeof a),
+                            lucid_shape_str(src->ndim, src->shape, b, sizeof b));
+    }
+    if (nch < 0 || dst_c0 < 0 || src_c0 < 0 || dst_c0 + nch > dst->shape[1] ||
+        src_c0 + nch > src->shape[1])
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: channels [%lld, %lld) of src (%lld) into "
+                            "[%lld, %lld) of dst (%lld) out of range",
+                            op, (long long)src_c0, (long long)(src_c0 + nch),
+                            (long long)src->shape[1], (long long)dst_c0,
+                            (long long)(dst_c0 + nch), (long long)dst->shape[1]);
+    KT(ctx, src);
+    if (nch == 0 || lucid_tensor_numel(dst) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->channel_copy(ctx, dst, dst_c0, src, src_c0, nch, beta));
+    bump(dst);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_add_forward(lucid_ctx *ctx, const lucid_tensor *a,
+                                  const lucid_tensor *b, lucid_tensor *y) {
+    const char *op = "add_forward";
+    LUCID_TRY(chk(ctx, op, "a", a, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "a", a, NULL));
+    LUCID_TRY(chk_same(ctx, op, "b", b, a));
+    LUCID_TRY(chk_same(ctx, op, "y", y, a));
+    KT(ctx, a);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->add_forward(ctx, a, b, y));
+    bump(y);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// softmax
+
+lucid_status lucid_nn_softmax_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                      lucid_tensor *y) {
+    const char *op = "softmax_forward";
+    LUCID_TRY(chk(ctx, op, "x", x, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk_same(ctx, op, "y", y, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->softmax_forward(ctx, x, y));
+    bump(y);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_softmax_backward(lucid_ctx *ctx, const lucid_tensor *y,
+                                       const lucid_tensor *dy,
+                                       lucid_tensor *dx, double beta) {
+    const char *op = "softmax_backward";
+    LUCID_TRY(chk(ctx, op, "y", y, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "y", y, NULL));
+    LUCID_TRY(chk_same(ctx, op, "grad_output", dy, y));
+    LUCID_TRY(chk_same(ctx, op, "grad_input", dx, y));
+    KT(ctx, y);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->softmax_backward(ctx, y, dy, dx, beta));
+    bump(dx);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// DFL
+
+static lucid_status chk_dfl(lucid_ctx *ctx, const char *op,
+                            const lucid_tensor *x, int reg_max,
+                            int64_t ys[LUCID_MAX_DIMS]) {
+    LUCID_TRY(chk(ctx, op, "x", x, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    if (reg_max < 1 || x->ndim < 2 || x->shape[1] != 4 * (int64_t)reg_max)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: x must be [B, 4*reg_max, ...] with reg_max "
+                            "%d, has %d dims and %lld channels",
+                            op, reg_max, x->ndim,
+                            (long long)(x->ndim > 1 ? x->shape[1] : 0));
+    memcpy(ys, x->shape, sizeof(int64_t) * LUCID_MAX_DIMS);
+    ys[1] = 4;
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_dfl_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                  lucid_tensor *y, int reg_max) {
+    const char *op = "dfl_forward";
+    int64_t ys[LUCID_MAX_DIMS];
+    LUCID_TRY(chk_dfl(ctx, op, x, reg_max, ys));
+    LUCID_TRY(chk(ctx, op, "y", y, x->ndim, x));
+    LUCID_TRY(chk_act(ctx, op, "y", y, x));
+    LUCID_TRY(chk_shape(ctx, op, "y", y, x->ndim, ys));
+    KT(ctx, x);
+    if (lucid_tensor_numel(y) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->dfl_forward(ctx, x, y, reg_max));
+    bump(y);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_dfl_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                   const lucid_tensor *dy, lucid_tensor *dx,
+                                   int reg_max, double beta) {
+    const char *op = "dfl_backward";
+    int64_t ys[LUCID_MAX_DIMS];
+    LUCID_TRY(chk_dfl(ctx, op, x, reg_max, ys));
+    LUCID_TRY(chk(ctx, op, "grad_output", dy, x->ndim, x));
+    LUCID_TRY(chk_act(ctx, op, "grad_output", dy, x));
+    LUCID_TRY(chk_shape(ctx, op, "grad_output", dy, x->ndim, ys));
+    LUCID_TRY(chk_same(ctx, op, "grad_input", dx, x));
+    KT(ctx, x);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->dfl_backward(ctx, x, dy, dx, reg_max, beta));
+    bump(dx);
+    return LUCID_OK;
+}

@@ -1,0 +1,533 @@
+/*
+ * nn.h — neural-network primitives of lucid: kernels, modules, parameter sets.
+ *
+ * Design (DESIGN.md decisions 1, 3, 4, 5):
+ *   1. Kernels.  Every primitive has an explicit forward and a hand-written
+ *      backward.  lucid_nn_<op>_<pass>() are the checked entry points: they
+ *      validate shapes/dtypes/devices and call the kernel table of the device
+ *      the tensors live on (lucid_nn_kernels; CPU: engine/nn/, CUDA:
+ *      cuda/, registered through the weak getter lucid_nn_cuda_kernels()).
+ *      Table functions receive checked, contiguous NCHW activations.
+ *   2. Dtypes.  Activations (x, y, dy, dx) are f32, bf16, f16, or f64 (CPU,
+ *      for gradient checks); all activations of one call share a dtype.
+ *      Parameters, parameter gradients and BN statistics are f32 (f64 allowed
+ *      on the CPU); arithmetic is done in f32 or better (CPU: f64) and rounded
+ *      once on store.
+ *   3. Accumulation ("beta semantics").  A backward output g is written as
+ *      g = beta * g + new; beta = 0 overwrites (g is not read, so stale NaNs
+ *      do not leak), beta = 1 accumulates.  Forward outputs overwrite.
+ *   4. Modules (Torch7 nn style).  lucid_module = small vtable + fields:
+ *      parameter views, buffers, mode, and PERSISTENT outputs[] and
+ *      grad_inputs[] reallocated only when an input shape/dtype/device
+ *      changes, so a recorded CUDA graph sees the same addresses every step.
+ *   5. Parameters.  Modules DECLARE their parameters and buffers in a
+ *      lucid_param_set; lucid_param_set_materialize() then allocates one
+ *      flat parameter buffer, one flat gradient buffer (same layout) and one
+ *      flat buffer for buffers, and points every lucid_param's views into
+ *      them for the lifetime of the set (never re-flattened).
+ *
+ * Argument order (style_anchors 3.3): forward(ctx, input, output, params...,
+ * options); backward(ctx, input, grad_output, grad_input, params...,
+ * options, beta).  Shapes are NCHW; indices 0-based.  Errors: every
+ * function returns a lucid_status and leaves the message in ctx.
+ *
+ * Engine-internal header: includes only lucid.h, no CUDA and no Lua.
+ */
+#ifndef LUCID_NN_H
+#define LUCID_NN_H
+
+#include "lucid.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ============================================================ attributes */
+
+/* Conv2d attributes (PyTorch nn.Conv2d).  Kernel size comes from the weight
+ * shape [C_out, C_in/groups, kH, kW].
+ *   H_out = floor((H + 2*pad_h - dilation_h*(kH-1) - 1) / stride_h) + 1   */
+typedef struct lucid_conv2d_params {
+    int stride_h, stride_w;     /* >= 1 */
+    int pad_h, pad_w;           /* >= 0, zero padding */
+    int dilation_h, dilation_w; /* >= 1 */
+    int groups;                 /* >= 1, divides C_in and C_out */
+} lucid_conv2d_params;
+
+/* MaxPool2d attributes (PyTorch nn.MaxPool2d, dilation 1, ceil_mode False).
+ * Padding is -inf; pad <= kernel/2. */
+typedef struct lucid_pool2d_params {
+    int kernel_h, kernel_w;
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+} lucid_pool2d_params;
+
+/* Output size of a convolution/pooling window along one axis (may be <= 0
+ * when the input is too small; the checked entry points reject that). */
+int64_t lucid_nn_conv_out_size(int64_t in, int k, int stride, int pad,
+                               int dilation);
+
+/* ======================================================== kernel table
+ * One table per device type.  Arguments are already checked by the
+ * lucid_nn_* entry points below (shapes, dtypes, devices, contiguity);
+ * see each entry point for the contract of the slot with the same name.
+ * Optional tensors (NULL allowed) are marked "nullable".
+ */
+typedef struct lucid_nn_kernels {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- Conv2d */
+    lucid_status (*conv2d_forward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                   lucid_tensor *y, const lucid_tensor *w,
+                                   const lucid_tensor *b,
+                                   const lucid_conv2d_params *p);
+    lucid_status (*conv2d_backward_input)(lucid_ctx *ctx, const lucid_tensor *x,
+                                          const lucid_tensor *dy,
+                                          lucid_tensor *dx,
+                                          const lucid_tensor *w,
+                                          const lucid_conv2d_params *p,
+                                          double beta);
+    lucid_status (*conv2d_backward_params)(lucid_ctx *ctx,
+                                           const lucid_tensor *x,
+                                           const lucid_tensor *dy,
+                                           lucid_tensor *dw, lucid_tensor *db,
+                                           const lucid_conv2d_params *p,
+                                           double beta);
+    /* ---- BatchNorm2d */
+    lucid_status (*batchnorm2d_forward)(
+        lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+        const lucid_tensor *weight, const lucid_tensor *bias,
+        lucid_tensor *running_mean, lucid_tensor *running_var,
+        lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+        lucid_tensor *save_invstd, int training, double momentum, double eps);
+    lucid_status (*batchnorm2d_backward)(
+        lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+        lucid_tensor *dx, const lucid_tensor *weight,
+        const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+        lucid_tensor *dweight, lucid_tensor *dbias, int training,
+        double beta_input, double beta_params);
+    /* ---- SiLU */
+    lucid_status (*silu_forward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                 lucid_tensor *y);
+    lucid_status (*silu_backward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                  const lucid_tensor *dy, lucid_tensor *dx,
+                                  double beta);
+    /* ---- MaxPool2d */
+    lucid_status (*maxpool2d_forward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                      lucid_tensor *y, lucid_tensor *indices,
+                                      const lucid_pool2d_params *p);
+    lucid_status (*maxpool2d_backward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                       const lucid_tensor *dy,
+                                       lucid_tensor *dx,
+                                       const lucid_tensor *indices,
+                                       const lucid_pool2d_params *p,
+                                       double beta);
+    /* ---- nearest Upsample */
+    lucid_status (*upsample_nearest2d_forward)(lucid_ctx *ctx,
+                                               const lucid_tensor *x,
+                                               lucid_tensor *y, int scale);
+    lucid_status (*upsample_nearest2d_backward)(lucid_ctx *ctx,
+                                                const lucid_tensor *x,
+                                                const lucid_tensor *dy,
+                                                lucid_tensor *dx, int scale,
+                                                double beta);
+    /* ---- channel-slice copy (Concat / Split / Chunk, both directions) */
+    lucid_status (*channel_copy)(lucid_ctx *ctx, lucid_tensor *dst,
+                                 int64_t dst_c0, const lucid_tensor *src,
+                                 int64_t src_c0, int64_t nch, double beta);
+    /* ---- Add */
+    lucid_status (*add_forward)(lucid_ctx *ctx, const lucid_tensor *a,
+                                const lucid_tensor *b, lucid_tensor *y);
+    /* ---- softmax over the last dim */
+    lucid_status (*softmax_forward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                    lucid_tensor *y);
+    lucid_status (*softmax_backward)(lucid_ctx *ctx, const lucid_tensor *y,
+                                     const lucid_tensor *dy, lucid_tensor *dx,
+                                     double beta);
+    /* ---- DFL projection */
+    lucid_status (*dfl_forward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                lucid_tensor *y, int reg_max);
+    lucid_status (*dfl_backward)(lucid_ctx *ctx, const lucid_tensor *x,
+                                 const lucid_tensor *dy, lucid_tensor *dx,
+                                 int reg_max, double beta);
+} lucid_nn_kernels;
+
+/* The CPU table (engine/nn/).  Always present. */
+const lucid_nn_kernels *lucid_nn_cpu_kernels(void);
+
+/* The CUDA table, defined in cuda/ in a CUDA build.  Declared weak: in a
+ * CPU-only build the symbol is absent and its address is NULL, so test it
+ * before calling (lucid_nn_kernels_for does).  NOTE for static links: a weak
+ * reference does not pull an archive member by itself; the cuda/ translation
+ * unit that defines it must be linked for another reason (e.g. define it in
+ * the same .cu file as the CUDA backend table).  The defining file defines
+ * LUCID_NN_CUDA_IMPL before including this header. */
+#if defined(__GNUC__) && !defined(LUCID_NN_CUDA_IMPL)
+__attribute__((weak))
+#endif
+const lucid_nn_kernels *lucid_nn_cuda_kernels(void);
+
+/* The table for a device of this context; NULL with ERR_UNSUPPORTED set
+ * in ctx when the build has no CUDA nn kernels. */
+const lucid_nn_kernels *lucid_nn_kernels_for(lucid_ctx *ctx, lucid_device dev);
+
+/* ======================================================= checked entry points
+ * All activation tensors: contiguous, same device, same float dtype.
+ */
+
+/* ---------------------------------------------------------------- Conv2d
+ * x [N, C_in, H, W], w [C_out, C_in/g, kH, kW] (f32; f64 on the CPU),
+ * b [C_out] or NULL, y [N, C_out, H_out, W_out] (overwritten).
+ * y[n,o,i,j] = b[o] + sum_{c in group(o), u, v} w[o, c', u, v]
+ *              * x[n, c, i*sh - ph + u*dh, j*sw - pw + v*dw]   (zero padded)
+ * Source: PyTorch nn.Conv2d documentation. */
+lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                     lucid_tensor *y, const lucid_tensor *w,
+                                     const lucid_tensor *b,
+                                     const lucid_conv2d_params *p);
+/* dx = beta*dx + conv_transpose(dy, w); x is the forward input (its shape
+ * and dtype equal dx's; kernels may ignore its values). */
+lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
+                                            const lucid_tensor *x,
+                                            const lucid_tensor *dy,
+                                            lucid_tensor *dx,
+                                            const lucid_tensor *w,
+                                            const lucid_conv2d_params *p,
+                                            double beta);
+/* dw = beta*dw + sum_n dy (x) x ; db = beta*db + sum_{n,i,j} dy.
+ * dw [C_out, C_in/g, kH, kW] and db [C_out] in the parameter dtype; either
+ * may be NULL (frozen), not both. */
+lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
+                                             const lucid_tensor *x,
+                                             const lucid_tensor *dy,
+                                             lucid_tensor *dw, lucid_tensor *db,
+                                             const lucid_conv2d_params *p,
+                                             double beta);
+
+/* ----------------------------------------------------------- BatchNorm2d
+ * x, y [N, C, H, W]; weight, bias, running_mean, running_var, save_mean,
+ * save_invstd [C] (f32; f64 on the CPU); num_batches_tracked: one i64
+ * element, nullable.  weight/bias nullable (affine=False).
+ * training=1: mean/var over (N,H,W) (biased var for normalisation),
+ *   running = (1-momentum)*running + momentum*batch (unbiased var, M/(M-1),
+ *   M = N*H*W > 1 else ERR_ARG), num_batches_tracked += 1; running_* and
+ *   num_batches_tracked may be NULL (no tracking).
+ * training=0: normalise with running_mean/running_var (required).
+ * Both modes store save_mean and save_invstd = 1/sqrt(var + eps) of the
+ * statistics used, for the backward.  y = (x-mean)*invstd*weight + bias.
+ * Source: PyTorch nn.BatchNorm2d documentation (momentum 0.03, eps 1e-3 in
+ * Ultralytics initialize_weights). */
+lucid_status lucid_nn_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps);
+/* xhat = (x-mean)*invstd, g = dy*weight (weight NULL: 1), M = N*H*W:
+ *   training: dx = beta_input*dx + invstd*(g - mean(g) - xhat*mean(g*xhat))
+ *   eval:     dx = beta_input*dx + invstd*g
+ *   dweight = beta_params*dweight + sum(dy*xhat); dbias = beta_params*dbias
+ *   + sum(dy).  dx, dweight, dbias are each nullable (skipped). */
+lucid_status lucid_nn_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params);
+
+/* ------------------------------------------------------------------ SiLU
+ * y = x * sigmoid(x);  dx = beta*dx + dy * s * (1 + x*(1-s)), s=sigmoid(x).
+ * Any shape (x, y, dy, dx same shape). */
+lucid_status lucid_nn_silu_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                   lucid_tensor *y);
+lucid_status lucid_nn_silu_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                    const lucid_tensor *dy, lucid_tensor *dx,
+                                    double beta);
+
+/* ------------------------------------------------------------- MaxPool2d
+ * x [N,C,H,W] -> y [N,C,H_out,W_out]; window padding is -inf.  Ties: the
+ * first maximum in row-major window order wins.  indices (nullable): i32
+ * [N,C,H_out,W_out], the flat index h*W+w of the max in its input plane;
+ * the backward recomputes the argmax from x when indices is NULL.
+ * dx = beta*dx + scatter-add of dy to the argmax positions. */
+lucid_status lucid_nn_maxpool2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                        lucid_tensor *y, lucid_tensor *indices,
+                                        const lucid_pool2d_params *p);
+lucid_status lucid_nn_maxpool2d_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                         const lucid_tensor *dy,
+                                         lucid_tensor *dx,
+                                         const lucid_tensor *indices,
+                                         const lucid_pool2d_params *p,
+                                         double beta);
+
+/* ----------------------------------------------------- nearest Upsample
+ * x [N,C,H,W] -> y [N,C,H*scale,W*scale], y[..,i,j] = x[..,i/scale,j/scale]
+ * (integer scale >= 1; nn.Upsample(scale_factor=2, mode='nearest')).
+ * dx[..,i,j] = beta*dx + sum of the scale x scale block of dy. */
+lucid_status lucid_nn_upsample_nearest2d_forward(lucid_ctx *ctx,
+                                                 const lucid_tensor *x,
+                                                 lucid_tensor *y, int scale);
+lucid_status lucid_nn_upsample_nearest2d_backward(lucid_ctx *ctx,
+                                                  const lucid_tensor *x,
+                                                  const lucid_tensor *dy,
+                                                  lucid_tensor *dx, int scale,
+                                                  double beta);
+
+/* ------------------------------------------------------ channel slices
+ * dst [N, C_dst, *S], src [N, C_src, *S] (same N and trailing dims, rank
+ * >= 2, both contiguous, dtypes may differ: converted):
+ *   dst[:, dst_c0 : dst_c0+nch] = beta*dst[...] + src[:, src_c0 : src_c0+nch]
+ * Concat forward = one call per input (beta 0); Concat backward, Split /
+ * Chunk forward and backward are the same primitive with the roles swapped.
+ * Also the backward of Add (nch = C, beta as wanted). */
+lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
+                                   int64_t dst_c0, const lucid_tensor *src,
+                                   int64_t src_c0, int64_t nch, double beta);
+
+/* ------------------------------------------------------------------- Add
+ * y = a + b (same shape and dtype; y may alias a or b). */
+lucid_status lucid_nn_add_forward(lucid_ctx *ctx, const lucid_tensor *a,
+                                  const lucid_tensor *b, lucid_tensor *y);
+
+/* ------------------------------------------------ softmax over last dim
+ * y = exp(x - max) / sum(exp(x - max)) along the last dim (any rank >= 1).
+ * Backward takes the forward OUTPUT y: dx = beta*dx + y*(dy - sum(dy*y)).
+ * With lucid_matmul this is the attention of Ultralytics' Attention block. */
+lucid_status lucid_nn_softmax_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                      lucid_tensor *y);
+lucid_status lucid_nn_softmax_backward(lucid_ctx *ctx, const lucid_tensor *y,
+                                       const lucid_tensor *dy,
+                                       lucid_tensor *dx, double beta);
+
+/* ------------------------------------------------------------------ DFL
+ * x [B, 4*R, *S] -> y [B, 4, *S] (R = reg_max, S any trailing dims, e.g. A
+ * anchors): p_k = softmax_k(x[b, j*R + k, s]), y[b,j,s] = sum_k k * p_k
+ * (the fixed projection 0..R-1 of Ultralytics DFL).
+ * dx[b, j*R+k, s] = beta*dx + dy[b,j,s] * p_k * (k - y[b,j,s]). */
+lucid_status lucid_nn_dfl_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                  lucid_tensor *y, int reg_max);
+lucid_status lucid_nn_dfl_backward(lucid_ctx *ctx, const lucid_tensor *x,
+                                   const lucid_tensor *dy, lucid_tensor *dx,
+                                   int reg_max, double beta);
+
+/* ============================================================ parameters */
+
+#define LUCID_PARAM_NAME_MAX 128
+#define LUCID_PARAM_ALIGN 16 /* flat offsets are multiples of 16 elements */
+
+typedef enum lucid_param_kind {
+    LUCID_PARAM_KIND_PARAM = 0,  /* learnable (has a gradient slot) */
+    LUCID_PARAM_KIND_BUFFER = 1  /* state, no gradient (BN running stats) */
+} lucid_param_kind;
+
+/* Optimizer group hint (Ultralytics build_optimizer): */
+typedef enum lucid_param_group {
+    LUCID_PARAM_GROUP_DECAY = 0, /* weights with weight decay (g0) */
+    LUCID_PARAM_GROUP_NORM = 1,  /* normalisation weights, no decay (g1) */
+    LUCID_PARAM_GROUP_BIAS = 2,  /* biases, no decay (g2) */
+    LUCID_PARAM_GROUP_NONE = -1  /* buffers */
+} lucid_param_group;
+
+typedef enum lucid_init_kind {
+    LUCID_INIT_ZEROS = 0,
+    LUCID_INIT_ONES,
+    LUCID_INIT_CONSTANT,  /* a */
+    LUCID_INIT_UNIFORM,   /* U(a, b) */
+    LUCID_INIT_FAN_IN,    /* U(-1/sqrt(fan_in), +1/sqrt(fan_in)): PyTorch's
+                             conv weight kaiming_uniform(a=sqrt(5)) and bias */
+    LUCID_INIT_ARANGE     /* 0, 1, 2, ... (DFL projection) */
+} lucid_init_kind;
+
+typedef struct lucid_init_rule {
+    lucid_init_kind kind;
+    double a, b;
+    int64_t fan_in; /* LUCID_INIT_FAN_IN */
+} lucid_init_rule;
+
+/* One declared parameter or buffer.  Fields are read-only for clients;
+ * change them through the functions below. */
+typedef struct lucid_param {
+    char name[LUCID_PARAM_NAME_MAX]; /* reference (state-dict) name */
+    lucid_param_kind kind;
+    lucid_dtype dtype;      /* f32 entries follow the set's float dtype
+                               (f32, or f64 for gradient checks); i64 for
+                               counters (num_batches_tracked) */
+    int ndim;
+    int64_t shape[LUCID_MAX_DIMS];
+    int64_t numel;
+    int trainable;          /* params: 1 = receives gradients and updates */
+    int group;              /* lucid_param_group */
+    lucid_init_rule init;
+    int index;              /* position in the set (declaration order) */
+    int64_t offset;         /* elements from the start of its flat buffer
+                               (params: same offset in the gradient buffer);
+                               -1 before materialize */
+    lucid_tensor *data;     /* view into the flat buffer (NULL before) */
+    lucid_tensor *grad;     /* view into the flat gradient buffer; NULL for
+                               buffers (and before materialize) */
+    uint64_t version;       /* bumped on structural change (trainable flag,
+                               replacement, re-init) */
+} lucid_param;
+
+typedef struct lucid_param_set lucid_param_set;
+
+lucid_status lucid_param_set_create(lucid_ctx *ctx, lucid_param_set **out);
+void lucid_param_set_retain(lucid_param_set *s);
+void lucid_param_set_release(lucid_param_set *s);
+
+/* Declare a parameter or buffer (phase 1).  Names must be unique.  dtype
+ * LUCID_F32 (float, follows the set) or LUCID_I64 (buffers only).  *out is
+ * a pointer that stays valid for the set's lifetime.  ERR_STATE after
+ * materialize; ERR_ARG on a duplicate name or bad shape. */
+lucid_status lucid_param_set_declare(lucid_ctx *ctx, lucid_param_set *s,
+                                     const char *name, lucid_param_kind kind,
+                                     lucid_dtype dtype, int ndim,
+                                     const int64_t *shape, int trainable,
+                                     int group, const lucid_init_rule *init,
+                                     lucid_param **out);
+/* Phase 2: allocate the flat buffers on dev (float dtype dt: LUCID_F32, or
+ * LUCID_F64 on the CPU for gradient checks), point every entry's views into
+ * them, zero the gradients and run every init rule in declaration order,
+ * drawing from the context generator (lucid_ctx_rng_next). Once only:
+ * ERR_STATE on a second call. */
+lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
+                                         lucid_device dev, lucid_dtype dt);
+int lucid_param_set_is_materialized(const lucid_param_set *s);
+/* Re-run the init rules (params and buffers; counters to 0). */
+lucid_status lucid_param_set_reset(lucid_ctx *ctx, lucid_param_set *s);
+
+int lucid_param_set_count(const lucid_param_set *s);
+lucid_param *lucid_param_set_get(const lucid_param_set *s, int i);
+lucid_param *lucid_param_set_find(const lucid_param_set *s, const char *name);
+/* Element counts: kind PARAM: sum of parameter numels (trainable_only: of
+ * trainable ones); kind BUFFER: sum of buffer numels. */
+int64_t lucid_param_set_numel(const lucid_param_set *s, lucid_param_kind kind,
+                              int trainable_only);
+/* The flat buffers (1-D, padded length; NULL before materialize).  The
+ * buffers' flat tensor is a byte view (U8) since it mixes dtypes. */
+lucid_tensor *lucid_param_set_flat_params(const lucid_param_set *s);
+lucid_tensor *lucid_param_set_flat_grads(const lucid_param_set *s);
+lucid_tensor *lucid_param_set_flat_buffers(const lucid_param_set *s);
+lucid_device lucid_param_set_device(const lucid_param_set *s);
+lucid_dtype lucid_param_set_dtype(const lucid_param_set *s);
+/* Zero the whole flat gradient buffer (one fill). */
+lucid_status lucid_param_set_zero_grad(lucid_ctx *ctx, lucid_param_set *s);
+/* Freeze (0) or unfreeze (1) a parameter; bumps its version and the set's. */
+lucid_status lucid_param_set_trainable(lucid_ctx *ctx, lucid_param_set *s,
+                                       lucid_param *p, int trainable);
+/* Mark a structural change of p (e.g. its contents were replaced by a
+ * load): bumps p->version and the set's version. */
+void lucid_param_bump_version(lucid_param_set *s, lucid_param *p);
+/* Sum of all changes; compare to detect drift cheaply. */
+uint64_t lucid_param_set_version(const lucid_param_set *s);
+
+/* =============================================================== modules */
+
+typedef struct lucid_module lucid_module;
+
+typedef struct lucid_module_vtable {
+    const char *kind; /* PyTorch class name: "Conv2d", "BatchNorm2d", ... */
+    /* Compute m->outputs[] from in[] (ninputs == m->ninputs). */
+    lucid_status (*forward)(lucid_ctx *ctx, lucid_module *m, int nin,
+                            const lucid_tensor *const *in);
+    /* Given the same inputs as the last forward and one gradient per output
+     * (NULL entry = zero gradient), compute m->grad_inputs[] (overwritten;
+     * skipped when m->need_grad_input == 0) and ACCUMULATE (+=) into the
+     * gradient views of trainable parameters. */
+    lucid_status (*backward)(lucid_ctx *ctx, lucid_module *m, int nin,
+                             const lucid_tensor *const *in, int nout,
+                             const lucid_tensor *const *grad_out);
+    /* PyTorch-like one-line description: "Conv2d(3, 16, kernel_size=(3, 3),
+     * stride=(2, 2), padding=(1, 1), bias=False)". Returns snprintf count. */
+    int (*describe)(const lucid_module *m, char *buf, size_t n);
+    void (*free_priv)(lucid_module *m); /* nullable */
+} lucid_module_vtable;
+
+struct lucid_module {
+    const lucid_module_vtable *vt;
+    int refcount;
+    char name[LUCID_PARAM_NAME_MAX]; /* name prefix, e.g. "model.0.conv" */
+    int training;         /* 1 train mode (default), 0 eval */
+    int need_grad_input;  /* 0: backward skips grad_inputs (first layer) */
+    uint64_t version;     /* bumped on mode / need_grad_input change */
+    lucid_param_set *set; /* retained; NULL for parameter-free modules */
+    int nparams;          /* params then buffers, in declaration order */
+    lucid_param *params[8];
+    int ninputs, noutputs;
+    lucid_tensor **outputs;     /* (noutputs) persistent, owned */
+    lucid_tensor **grad_inputs; /* (ninputs)  persistent, owned */
+    lucid_tensor *saved[4];     /* persistent per-kind state (BN stats...) */
+    void *priv;                 /* per-kind attributes */
+};
+
+/* Constructors.  Those taking (set, prefix) declare their parameters in set
+ * under "<prefix>.weight" etc.; the set must be materialized before the
+ * first forward (ERR_STATE otherwise).
+ * Conv2d: p < 0 selects Ultralytics autopad (d*(k-1)/2, 'same' for s=1).
+ *   weight [c2, c1/g, k, k] init FAN_IN (fan_in = c1/g*k*k), group DECAY;
+ *   bias [c2] init FAN_IN, group BIAS (bias != 0 only). */
+lucid_status lucid_module_conv2d_create(lucid_ctx *ctx, lucid_param_set *set,
+                                        const char *prefix, int c1, int c2,
+                                        int k, int s, int p, int d, int g,
+                                        int bias, lucid_module **out);
+/* BatchNorm2d: weight (ONES, NORM), bias (ZEROS, BIAS), buffers
+ * running_mean (ZEROS), running_var (ONES), num_batches_tracked (i64, 0). */
+lucid_status lucid_module_batchnorm2d_create(lucid_ctx *ctx,
+                                             lucid_param_set *set,
+                                             const char *prefix, int c,
+                                             double eps, double momentum,
+                                             lucid_module **out);
+lucid_status lucid_module_silu_create(lucid_ctx *ctx, lucid_module **out);
+lucid_status lucid_module_maxpool2d_create(lucid_ctx *ctx, int k, int s,
+                                           int p, lucid_module **out);
+lucid_status lucid_module_upsample_create(lucid_ctx *ctx, int scale,
+                                          lucid_module **out);
+/* Concat along channels of ninputs inputs (torch.cat(dim=1)). */
+lucid_status lucid_module_concat_create(lucid_ctx *ctx, int ninputs,
+                                        lucid_module **out);
+/* Split along channels into noutputs pieces of sizes[i] channels
+ * (sizes NULL: equal chunks, torch.chunk; sizes must then divide C). */
+lucid_status lucid_module_split_create(lucid_ctx *ctx, int noutputs,
+                                       const int64_t *sizes,
+                                       lucid_module **out);
+lucid_status lucid_module_add_create(lucid_ctx *ctx, lucid_module **out);
+lucid_status lucid_module_softmax_create(lucid_ctx *ctx, lucid_module **out);
+/* out = alpha * op(a) @ op(b) through lucid_matmul (2 inputs). */
+lucid_status lucid_module_matmul_create(lucid_ctx *ctx, int trans_a,
+                                        int trans_b, double alpha,
+                                        lucid_module **out);
+/* DFL(reg_max): declares "<prefix>.conv.weight" [1, R, 1, 1] init ARANGE,
+ * frozen (trainable 0) — the fixed projection, counted like Ultralytics. */
+lucid_status lucid_module_dfl_create(lucid_ctx *ctx, lucid_param_set *set,
+                                     const char *prefix, int reg_max,
+                                     lucid_module **out);
+
+void lucid_module_retain(lucid_module *m);
+void lucid_module_release(lucid_module *m);
+
+/* Forward / backward through the vtable with argument checks.  Outputs and
+ * grad_inputs stay owned by the module (borrowed pointers; valid until the
+ * module is released or an input shape/dtype/device changes). */
+lucid_status lucid_module_forward(lucid_ctx *ctx, lucid_module *m, int nin,
+                                  const lucid_tensor *const *in);
+lucid_status lucid_module_backward(lucid_ctx *ctx, lucid_module *m, int nin,
+                                   const lucid_tensor *const *in, int nout,
+                                   const lucid_tensor *const *grad_out);
+/* Single input/output conveniences; *y / *dx are borrowed. */
+lucid_status lucid_module_forward1(lucid_ctx *ctx, lucid_module *m,
+                                   const lucid_tensor *x, lucid_tensor **y);
+lucid_status lucid_module_backward1(lucid_ctx *ctx, lucid_module *m,
+                                    const lucid_tensor *x,
+                                    const lucid_tensor *dy, lucid_tensor **dx);
+lucid_tensor *lucid_module_output(const lucid_module *m, int i);
+lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i);
+const char *lucid_module_kind(const lucid_module *m);
+/* train (1) / eval (0); bumps m->version when it changes. */
+void lucid_module_set_training(lucid_module *m, int training);
+void lucid_module_set_need_grad_input(lucid_module *m, int flag);
+int lucid_module_describe(const lucid_module *m, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUCID_NN_H */
