@@ -83,9 +83,14 @@ build/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(LIB): $(ENGINE_OBJ) $(CUDA_OBJ)
+# The archive is rebuilt whenever the CUDA setting changes.
+CONFIG_STAMP := build/.config-cuda$(CUDA)
+$(CONFIG_STAMP):
+	@mkdir -p build && rm -f build/.config-cuda* && touch $@
+
+$(LIB): $(ENGINE_OBJ) $(CUDA_OBJ) $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $(filter %.o,$^)
 
 lucid.so: $(LUA_OBJ) $(LIB)
 	$(CC) -shared -o $@ $(LUA_OBJ) -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(ALL_LIBS)

@@ -39,7 +39,7 @@ const lucid_nn_kernels *lucid_nn_cpu_kernels(void) { return &cpu_table; }
 const lucid_nn_kernels *lucid_nn_kernels_for(lucid_ctx *ctx, lucid_device dev) {
     if (dev.type == LUCID_CPU) return &cpu_table;
     const lucid_nn_kernels *k = NULL;
-    if (lucid_nn_cuda_kernels) k = lucid_nn_cuda_kernels();
+    k = lucid_nn_cuda_kernels();
     if (!k) {
         lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
                      "nn kernels for cuda:%d are not in this build (CPU-only "

@@ -6,7 +6,7 @@
  *      backward.  lucid_nn_<op>_<pass>() are the checked entry points: they
  *      validate shapes/dtypes/devices and call the kernel table of the device
  *      the tensors live on (lucid_nn_kernels; CPU: engine/nn/, CUDA:
- *      cuda/, registered through the weak getter lucid_nn_cuda_kernels()).
+ *      cuda/, registered through the getter lucid_nn_cuda_kernels()).
  *      Table functions receive checked, contiguous NCHW activations.
  *   2. Dtypes.  Activations (x, y, dy, dx) are f32, bf16, f16, or f64 (CPU,
  *      for gradient checks); all activations of one call share a dtype.
@@ -155,16 +155,9 @@ typedef struct lucid_nn_kernels {
 /* The CPU table (engine/nn/).  Always present. */
 const lucid_nn_kernels *lucid_nn_cpu_kernels(void);
 
-/* The CUDA table, defined in cuda/ in a CUDA build.  Declared weak: in a
- * CPU-only build the symbol is absent and its address is NULL, so test it
- * before calling (lucid_nn_kernels_for does).  NOTE for static links: a weak
- * reference does not pull an archive member by itself; the cuda/ translation
- * unit that defines it must be linked for another reason (e.g. define it in
- * the same .cu file as the CUDA backend table).  The defining file defines
- * LUCID_NN_CUDA_IMPL before including this header. */
-#if defined(__GNUC__) && !defined(LUCID_NN_CUDA_IMPL)
-__attribute__((weak))
-#endif
+/* The CUDA table: defined in cuda/nn_table.cu in a CUDA build, and as NULL
+ * in engine/core/cuda_absent.c in a CPU-only build (ordinary strong symbols,
+ * so static links pull the CUDA objects in). */
 const lucid_nn_kernels *lucid_nn_cuda_kernels(void);
 
 /* The table for a device of this context; NULL with ERR_UNSUPPORTED set

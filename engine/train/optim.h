@@ -55,12 +55,12 @@ extern "C" {
 
 /* Parameter kinds, Ultralytics build_optimizer order (reference §3.3):
  * weights with decay, normalisation weights (no decay), biases (no decay). */
-typedef enum lucid_param_kind {
+typedef enum lucid_segment_kind {
     LUCID_KIND_WEIGHT = 0,
     LUCID_KIND_NORM = 1,
     LUCID_KIND_BIAS = 2,
     LUCID_KIND_COUNT = 3
-} lucid_param_kind;
+} lucid_segment_kind;
 
 /* Optimizer groups: kind + 3*head. Slots 3..5 are the classification-head
  * split that MuSGD uses (reference §3.3: head groups get lr x 3; the host
@@ -73,7 +73,7 @@ typedef struct lucid_param_segment {
     const char *name;      /* for error messages; copied; may be NULL */
     int64_t offset;        /* first element in the flat buffers */
     int64_t numel;         /* elements; must equal the product of shape */
-    int kind;              /* lucid_param_kind */
+    int kind;              /* lucid_segment_kind (same values as nn.h lucid_param_group) */
     int ndim;              /* 0..4 (MuSGD orthogonalises ndim 2 and 4) */
     int64_t shape[4];
     int trainable;         /* 0: frozen parameter or a buffer (BN running
