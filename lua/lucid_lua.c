@@ -24,6 +24,9 @@ int luaopen_lucid(lua_State *L);
  * optional at link time: weak references are NULL when absent. */
 __attribute__((weak)) int lucid_lua_open_data(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_nn(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_optim(lua_State *L);
+int lucid_lua_open_loss(lua_State *L);
+int lucid_lua_open_eval(lua_State *L);
 
 static int is_dir(const char *path) {
     struct stat st;
@@ -94,6 +97,9 @@ int luaopen_lucid(lua_State *L) {
     lucid_lua_open_context(L);
     if (lucid_lua_open_nn) lucid_lua_open_nn(L);
     if (lucid_lua_open_data) lucid_lua_open_data(L);
+    if (lucid_lua_open_optim) lucid_lua_open_optim(L);
+    lucid_lua_open_loss(L);
+    lucid_lua_open_eval(L);
     add_package_path(L);
     return 1;
 }

@@ -206,23 +206,6 @@ typedef struct lucid_pose_metrics {
 lucid_status lucid_pose_val_compute(lucid_ctx *ctx, const lucid_pose_val *v,
                                     lucid_pose_metrics *out);
 
-/* Write detections in the COCO results format (a JSON array of
- * {image_id, category_id, bbox [x, y, w, h], score, keypoints [x, y, v]*K})
- * atomically to path. Coordinates are mapped back to the original image:
- * x_orig = (x - pad_x) / ratio. One entry per image: its id, detections,
- * ratio and padding. category_id = category_ids[cls] (COCO person = 1). */
-typedef struct lucid_coco_image_dets {
-    int64_t image_id;
-    const lucid_det *dets;
-    int n;
-    float ratio, pad_x, pad_y;
-} lucid_coco_image_dets;
-
-lucid_status lucid_coco_results_write(lucid_ctx *ctx, const char *path,
-                                      const lucid_coco_image_dets *images,
-                                      int n_images, int nkpt,
-                                      const int *category_ids);
-
 #ifdef __cplusplus
 }
 #endif
