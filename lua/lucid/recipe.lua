@@ -1,0 +1,161 @@
+--[[
+lucid.recipe — recipe configuration: one schema table of defaults,
+command-line overrides `key=value`, unknown keys rejected by name, values
+parsed to the type of their default, and the resolved configuration printed
+at start (style_anchors Avoid 14: recipes that silently accept typos).
+
+  local recipe = require "lucid.recipe"
+  local cfg = recipe.resolve(defaults, arg)   -- arg: the script's arg table
+  recipe.print(cfg)
+
+Values: a default that is a number accepts numbers ("0.01", "1e-3"); a
+boolean accepts true/false/1/0/yes/no; a string accepts anything; a default
+of recipe.AUTO ("auto") accepts any string or number. Nested tables are
+addressed with dots: clip.max_norm=5.
+Errors: recipe.resolve raises "recipe: unknown key 'x' (did you mean 'y'?)"
+or "recipe: key=value expected, got 'x'" or "recipe: batch: expected a
+number, got 'abc'".
+]]
+local recipe = {}
+
+-- Edit distance, for "did you mean" hints.
+local function distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+local function deep_copy(t)
+  if type(t) ~= "table" then return t end
+  local r = {}
+  for k, v in pairs(t) do r[k] = deep_copy(v) end
+  return r
+end
+
+local function all_keys(t, prefix, out)
+  out = out or {}
+  for k, v in pairs(t) do
+    local name = prefix and (prefix .. "." .. k) or k
+    if type(v) == "table" and next(v) ~= nil and #v == 0 then
+      all_keys(v, name, out)
+    else
+      out[#out + 1] = name
+    end
+  end
+  return out
+end
+
+local function suggest(key, defaults)
+  local best, bd
+  for _, k in ipairs(all_keys(defaults)) do
+    local d = distance(key, k)
+    if not bd or d < bd then best, bd = k, d end
+  end
+  if bd and bd <= math.max(2, math.floor(#key / 3)) then
+    return string.format(" (did you mean '%s'?)", best)
+  end
+  return ""
+end
+
+local function parse_value(key, text, default)
+  local kind = type(default)
+  if kind == "number" then
+    local v = tonumber(text)
+    if not v then error(string.format("recipe: %s: expected a number, got '%s'", key, text), 0) end
+    return v
+  elseif kind == "boolean" then
+    local l = text:lower()
+    if l == "true" or l == "1" or l == "yes" then return true end
+    if l == "false" or l == "0" or l == "no" then return false end
+    error(string.format("recipe: %s: expected true or false, got '%s'", key, text), 0)
+  elseif kind == "table" then
+    -- a list default: comma-separated numbers
+    local out = {}
+    for item in text:gmatch("[^,]+") do
+      local v = tonumber(item)
+      if not v then error(string.format("recipe: %s: expected comma-separated numbers, got '%s'", key, text), 0) end
+      out[#out + 1] = v
+    end
+    return out
+  end
+  if text == "nil" or text == "none" then return nil end
+  return tonumber(text) or text
+end
+
+--- Resolve a configuration: a copy of `defaults` with the overrides from
+-- `args` (an array of "key=value" strings, e.g. the script's `arg`; non-string
+-- entries and negative indices are ignored) and from `overrides` (a table,
+-- same keys). Raises on an unknown key or a value of the wrong type.
+-- @return the resolved table
+function recipe.resolve(defaults, args, overrides)
+  local cfg = deep_copy(defaults)
+  local function set(key, value, from_text)
+    local node, last = cfg, nil
+    local parts = {}
+    for p in key:gmatch("[^.]+") do parts[#parts + 1] = p end
+    local dnode = defaults
+    for i = 1, #parts - 1 do
+      dnode = type(dnode) == "table" and dnode[parts[i]] or nil
+      node = node[parts[i]]
+      if type(dnode) ~= "table" or type(node) ~= "table" then
+        error(string.format("recipe: unknown key '%s'%s", key, suggest(key, defaults)), 0)
+      end
+    end
+    last = parts[#parts]
+    if dnode[last] == nil and not (type(dnode) == "table" and rawget(dnode, last) ~= nil) then
+      error(string.format("recipe: unknown key '%s'%s", key, suggest(key, defaults)), 0)
+    end
+    if from_text then value = parse_value(key, value, dnode[last]) end
+    node[last] = value
+  end
+  for k, v in pairs(overrides or {}) do set(k, v, false) end
+  for i, a in ipairs(args or {}) do
+    if type(a) == "string" then
+      local k, v = a:match("^([%w_%.%-]+)=(.*)$")
+      if not k then error(string.format("recipe: key=value expected, got '%s' (argument %d)", a, i), 0) end
+      set(k, v, true)
+    end
+  end
+  return cfg
+end
+
+--- Render the resolved configuration, sorted by key, one "key: value" per
+-- line (nested tables flattened with dots).
+function recipe.format(cfg)
+  local lines = {}
+  local function walk(t, prefix)
+    local keys = {}
+    for k in pairs(t) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+    for _, k in ipairs(keys) do
+      local v = t[k]
+      local name = prefix and (prefix .. "." .. k) or tostring(k)
+      if type(v) == "table" and #v == 0 and next(v) ~= nil then
+        walk(v, name)
+      elseif type(v) == "table" then
+        local p = {}
+        for i = 1, #v do p[i] = tostring(v[i]) end
+        lines[#lines + 1] = string.format("  %-28s %s", name, "{" .. table.concat(p, ", ") .. "}")
+      else
+        lines[#lines + 1] = string.format("  %-28s %s", name, tostring(v))
+      end
+    end
+  end
+  walk(cfg)
+  return table.concat(lines, "\n")
+end
+
+function recipe.print(cfg, out)
+  out = out or io.stdout
+  out:write("configuration:\n", recipe.format(cfg), "\n")
+end
+
+return recipe
