@@ -16,6 +16,7 @@
  * broken installation all read as 0 devices.
  */
 #include "common.cuh"
+#include "nn_common.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,8 @@ static void cuda_shutdown(lucid_ctx *ctx) {
     if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
     if (st->stream) cudaStreamSynchronize(st->stream);
     if (st->copy_stream) cudaStreamSynchronize(st->copy_stream);
+    /* nn plans and scratch (cuda/nn_table.cu) use cuDNN and the allocator */
+    lucid_cuda_nn_state_destroy(ctx);
 #if defined(LUCID_HAVE_CUDNN)
     if (st->cudnn) cudnnDestroy(st->cudnn);
 #endif

@@ -1,0 +1,246 @@
+/*
+ * nn_common.cuh — shared internals of the CUDA nn kernels (cuda/nn_*.cu).
+ *
+ * Contract
+ *   - The slots of lucid_nn_kernels (engine/nn/nn.h) are implemented in
+ *     nn_conv.cu (Conv2d), nn_norm.cu (BatchNorm2d + the per-channel sum used
+ *     by the conv bias gradient), nn_pointwise.cu (SiLU, Add, channel_copy,
+ *     nearest Upsample, MaxPool2d) and nn_softmax.cu (softmax, DFL); the
+ *     table and the per-context nn state live in nn_table.cu.
+ *   - Activations are f32, bf16 or f16 (f64 is CPU-only: ERR_UNSUPPORTED);
+ *     parameters, parameter gradients and BN statistics are f32.  Arithmetic
+ *     is f32 (statistics finalised in f64), rounded once on store.
+ *   - Beta semantics of nn.h: out = beta*out + new; beta == 0 never reads out.
+ *   - Every launch goes to the context's compute stream and is checked.
+ *   - Deterministic: no float atomics anywhere; every reduction has a fixed
+ *     partition (a function of the shapes only) and a fixed combining order,
+ *     so results are bitwise identical run to run on one GPU.
+ *   - Capturable: after the first (warm-up) call of each shape nothing here
+ *     allocates, synchronizes the host or searches algorithms.  Scratch comes
+ *     from the per-context nn arena (below), which grows only on a shape's
+ *     first call; growing it while the stream is being captured is refused
+ *     with ERR_STATE and a message naming the op ("run one eager step
+ *     first").
+ *
+ * Per-context nn state (lucid_cuda_nn_state)
+ *   - arena: one device block from the context's caching allocator, shared
+ *     by every nn op of the context (they all run in order on the compute
+ *     stream, so sharing is safe).  It only grows; a replaced arena is kept
+ *     alive (retired list) until the context shuts down, because a recorded
+ *     CUDA graph may still point at it.
+ *   - conv plans: one per (shape, dtype, conv params) key; each holds the
+ *     cuDNN descriptors and the algorithms chosen ONCE for forward,
+ *     backward-data and backward-filter (cudnnGet*Algorithm_v7 heuristics,
+ *     deterministic algorithms only, no cudnnFind: a timing-based choice
+ *     could differ between runs and break bitwise reproducibility).
+ *   - The state is found through a small registry keyed by the context
+ *     (nn_table.cu) and freed by lucid_cuda_nn_state_destroy(ctx), which the
+ *     backend's shutdown must call after its final stream synchronize and
+ *     before it destroys the cuDNN handle and the allocator.
+ */
+#ifndef LUCID_CUDA_NN_COMMON_CUH
+#define LUCID_CUDA_NN_COMMON_CUH
+
+#include "common.cuh"
+#ifndef LUCID_NN_CUDA_IMPL
+#define LUCID_NN_CUDA_IMPL 1 /* nn.h: lucid_nn_cuda_kernels is defined here */
+#endif
+#include "nn/nn.h"
+
+#include <vector>
+
+/* ---------------------------------------------------------------- state */
+
+struct lucid_cuda_conv_plan; /* nn_conv.cu */
+
+typedef struct lucid_cuda_nn_state {
+    lucid_ctx *ctx;                 /* owner (not retained) */
+    lucid_cuda_state *cst;          /* fingerprint: backend state ... */
+    void *alloc_fp;                 /* ... and its allocator */
+    void *arena;                    /* shared scratch (bytes: arena_bytes) */
+    size_t arena_bytes;
+    std::vector<void *> retired;    /* older arenas, freed at destroy */
+    std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
+    int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
+} lucid_cuda_nn_state;
+
+/* The nn state of ctx (created on first use); NULL with the error set. */
+lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st);
+
+/* A scratch region of at least nbytes from the arena (256-byte aligned
+ * base).  Grows the arena on a miss (never during stream capture: then
+ * ERR_STATE naming `what`).  The pointer is valid until the next nn call. */
+lucid_status lucid_cuda_nn_arena(lucid_ctx *ctx, lucid_cuda_state *st,
+                                 lucid_cuda_nn_state *ns, size_t nbytes,
+                                 const char *what, void **ptr);
+
+/* Free one conv plan (nn_conv.cu; called by the state destructor). */
+void lucid_cuda_conv_plan_free(lucid_cuda_conv_plan *p);
+
+extern "C" {
+/* Release the nn state of ctx (plans, descriptors, arenas).  Safe to call
+ * when there is none.  The backend's shutdown calls it (see above); tests
+ * may call it before releasing their context. */
+void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
+
+/* Convolution route of ctx, for tests and benchmarks: 0 auto (cuDNN, but
+ * the direct kernels for depthwise convs and for any pass without a
+ * deterministic cuDNN algorithm), 1 direct kernels for every conv, 2 cuDNN
+ * for every conv that has a deterministic algorithm (depthwise included).
+ * Returns the previous mode (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
+/* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
+void *lucid_cuda_nn_stream(lucid_ctx *ctx);
+}
+
+/* 256-byte alignment of arena sub-regions. */
+static inline size_t nn_align(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* ---------------------------------------------------------------- slots */
+
+extern "C" {
+/* nn_conv.cu */
+lucid_status lucid_cuda_conv2d_forward(lucid_ctx *, const lucid_tensor *,
+                                       lucid_tensor *, const lucid_tensor *,
+                                       const lucid_tensor *,
+                                       const lucid_conv2d_params *);
+lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *,
+                                              const lucid_tensor *,
+                                              const lucid_tensor *,
+                                              lucid_tensor *,
+                                              const lucid_tensor *,
+                                              const lucid_conv2d_params *,
+                                              double);
+lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *,
+                                               const lucid_tensor *,
+                                               const lucid_tensor *,
+                                               lucid_tensor *, lucid_tensor *,
+                                               const lucid_conv2d_params *,
+                                               double);
+/* nn_norm.cu */
+lucid_status lucid_cuda_batchnorm2d_forward(
+    lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,
+    const lucid_tensor *, lucid_tensor *, lucid_tensor *, lucid_tensor *,
+    lucid_tensor *, lucid_tensor *, int, double, double);
+lucid_status lucid_cuda_batchnorm2d_backward(
+    lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
+    const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
+    lucid_tensor *, lucid_tensor *, int, double, double);
+/* nn_pointwise.cu */
+lucid_status lucid_cuda_silu_forward(lucid_ctx *, const lucid_tensor *,
+                                     lucid_tensor *);
+lucid_status lucid_cuda_silu_backward(lucid_ctx *, const lucid_tensor *,
+                                      const lucid_tensor *, lucid_tensor *,
+                                      double);
+lucid_status lucid_cuda_maxpool2d_forward(lucid_ctx *, const lucid_tensor *,
+                                          lucid_tensor *, lucid_tensor *,
+                                          const lucid_pool2d_params *);
+lucid_status lucid_cuda_maxpool2d_backward(lucid_ctx *, const lucid_tensor *,
+                                           const lucid_tensor *,
+                                           lucid_tensor *,
+                                           const lucid_tensor *,
+                                           const lucid_pool2d_params *,
+                                           double);
+lucid_status lucid_cuda_upsample_nearest2d_forward(lucid_ctx *,
+                                                   const lucid_tensor *,
+                                                   lucid_tensor *, int);
+lucid_status lucid_cuda_upsample_nearest2d_backward(lucid_ctx *,
+                                                    const lucid_tensor *,
+                                                    const lucid_tensor *,
+                                                    lucid_tensor *, int,
+                                                    double);
+lucid_status lucid_cuda_channel_copy(lucid_ctx *, lucid_tensor *, int64_t,
+                                     const lucid_tensor *, int64_t, int64_t,
+                                     double);
+lucid_status lucid_cuda_add_forward(lucid_ctx *, const lucid_tensor *,
+                                    const lucid_tensor *, lucid_tensor *);
+/* nn_softmax.cu */
+lucid_status lucid_cuda_softmax_forward(lucid_ctx *, const lucid_tensor *,
+                                        lucid_tensor *);
+lucid_status lucid_cuda_softmax_backward(lucid_ctx *, const lucid_tensor *,
+                                         const lucid_tensor *, lucid_tensor *,
+                                         double);
+lucid_status lucid_cuda_dfl_forward(lucid_ctx *, const lucid_tensor *,
+                                    lucid_tensor *, int);
+lucid_status lucid_cuda_dfl_backward(lucid_ctx *, const lucid_tensor *,
+                                     const lucid_tensor *, lucid_tensor *, int,
+                                     double);
+}
+
+/* ------------------------------------------------- shared helpers (nn_norm.cu)
+ * Per-channel sum over (N, S) of a [N, C, S] activation, finalised into an
+ * f32 [C] tensor with beta semantics: out = beta*out + sum(dy).  Used for
+ * the conv bias gradient.  dy: f32/bf16/f16 device buffer. */
+lucid_status lucid_cuda_nn_channel_sum(lucid_ctx *ctx, lucid_cuda_state *st,
+                                       lucid_cuda_nn_state *ns, const void *dy,
+                                       lucid_dtype dt, int64_t N, int64_t C,
+                                       int64_t S, float *out, double beta);
+
+/* ---------------------------------------------------------------- checks */
+
+/* ERR_UNSUPPORTED unless dt is a device activation dtype. */
+static inline lucid_status nn_check_act(lucid_ctx *ctx, const char *op,
+                                        lucid_dtype dt) {
+    if (dt == LUCID_F32 || dt == LUCID_BF16 || dt == LUCID_F16)
+        return LUCID_OK;
+    return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                        "%s on cuda: activation dtype %s is not supported "
+                        "(f32, bf16, f16; f64 is CPU-only)",
+                        op, lucid_dtype_name(dt));
+}
+
+/* ERR_UNSUPPORTED unless t (nullable) is f32 (parameters on the device). */
+static inline lucid_status nn_check_f32(lucid_ctx *ctx, const char *op,
+                                        const char *arg,
+                                        const lucid_tensor *t) {
+    if (!t || t->dtype == LUCID_F32) return LUCID_OK;
+    return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                        "%s on cuda: %s has dtype %s; device parameters, "
+                        "gradients and statistics are f32",
+                        op, arg, lucid_dtype_name(t->dtype));
+}
+
+/* Dispatch a templated launch on an activation dtype: F(T) is called with
+ * T = float, __nv_bfloat16 or __half. */
+#define NN_DISPATCH(dt, F)                                                    \
+    do {                                                                      \
+        switch (dt) {                                                         \
+        case LUCID_F32: { typedef float T; F; } break;                        \
+        case LUCID_BF16: { typedef __nv_bfloat16 T; F; } break;               \
+        case LUCID_F16: { typedef __half T; F; } break;                       \
+        default: break;                                                       \
+        }                                                                     \
+    } while (0)
+
+/* Elements of a contiguous tensor's dims [from, ndim). */
+static inline int64_t nn_inner(const lucid_tensor *t, int from) {
+    int64_t s = 1;
+    for (int i = from; i < t->ndim; i++) s *= t->shape[i];
+    return s;
+}
+
+/* Fixed-order block reductions (blockDim.x a multiple of 32, <= 1024):
+ * xor-shuffle tree inside each warp, then warp 0 folds the warp results in
+ * index order.  Result valid in thread 0. */
+static __device__ __forceinline__ float nn_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float nn_block_sum(float v, float *sh /* [32] */) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    v = nn_warp_sum(v);
+    __syncthreads(); /* sh may be reused by a previous call */
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    float r = 0.0f;
+    if (wid == 0) {
+        r = lane < nw ? sh[lane] : 0.0f;
+        r = nn_warp_sum(r);
+    }
+    return r;
+}
+
+#endif /* LUCID_CUDA_NN_COMMON_CUH */

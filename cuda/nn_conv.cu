@@ -1,0 +1,609 @@
+/*
+ * nn_conv.cu — Conv2d on the GPU: forward, backward-data, backward-weight/
+ * bias; cuDNN (legacy convolution API) with direct-kernel fallbacks.
+ *
+ * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
+ * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
+ * y; dx = beta*dx + ...; dw = beta*dw + ..., db = beta*db + ... (beta 0
+ * never reads the destination; cuDNN documents the same for its beta).
+ *
+ * Precision: f32 runs with CUDNN_FMA_MATH (no TF32: agrees with the CPU to
+ * ~1e-6).  bf16/f16 run with f32 accumulation (compute type FLOAT); the f32
+ * weights are cast to the activation dtype into the nn arena before the
+ * forward and backward-data calls, and the weight gradient comes out of
+ * cuDNN in the activation dtype (beta 0, arena) and is added to the f32 dw
+ * by a kernel (dw = beta*dw + float(tmp)).  Bias: forward adds b in f32 after
+ * the convolution (one kernel); db is the deterministic per-channel sum of
+ * nn_norm.cu.
+ *
+ * Plans: one lucid_cuda_conv_plan per key (N,Cin,H,W,Cout,kh,kw, stride,
+ * pad, dilation, groups, dtype), cached in the context's nn state and found
+ * by a scan that compares a 64-bit hash of the key first.  Made on the key's first call: descriptors, and for each
+ * pass the first algorithm of cudnnGet*Algorithm_v7's ranking that is
+ * CUDNN_DETERMINISTIC, allowed by the math mode (f32: no tensor-op math),
+ * accepted by cudnnGet*WorkspaceSize and needs at most 512 MiB of workspace.
+ * The nn arena is grown to the plan's largest pass need right then, so later
+ * calls of that key allocate nothing (CUDA-graph capturable).  No
+ * cudnnFind*: a timing-based choice could differ between runs.
+ *
+ * Direct kernels (deterministic, f32 accumulation, f32 weights read as is):
+ * used for depthwise convolutions in mode 0 (auto), for every conv in mode 1
+ * (lucid_cuda_nn_set_conv_mode), for a pass with no acceptable cuDNN
+ * algorithm, and in builds without cuDNN.  forward and backward-data are a
+ * gather (one thread per output element); backward-weight is one block per
+ * weight element folding (n, i, j) in a fixed order.
+ */
+#include "nn_common.cuh"
+
+#include <limits.h>
+#include <new>
+#include <string.h>
+
+#define CONV_WS_CAP ((size_t)512 << 20)
+#define CONV_THREADS 256
+
+// ----------------------------------------------------------------------------
+// geometry and plans
+
+typedef struct conv_geom {
+    int64_t N, Cin, H, W, Cout, Ho, Wo, kh, kw, G, Cg, Og;
+    int sh, sw, ph, pw, dh, dw;
+} conv_geom;
+
+enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
+
+struct lucid_cuda_conv_plan {
+    int64_t key[16];
+    uint64_t hash;
+    lucid_dtype dt;
+    conv_geom g;
+    int depthwise;
+    size_t wbytes;    /* weight in the activation dtype (0 for f32) */
+    size_t need;      /* largest arena need of the three passes */
+    int have[3];      /* a cuDNN algorithm was chosen for the pass */
+#if defined(LUCID_HAVE_CUDNN)
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd[3];
+    cudnnConvolutionFwdAlgo_t fwd_algo;
+    cudnnConvolutionBwdDataAlgo_t bd_algo;
+    cudnnConvolutionBwdFilterAlgo_t bf_algo;
+    size_t ws[3];
+#endif
+};
+
+void lucid_cuda_conv_plan_free(lucid_cuda_conv_plan *p) {
+    if (!p) return;
+#if defined(LUCID_HAVE_CUDNN)
+    if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
+    if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
+    if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
+    for (int i = 0; i < 3; i++)
+        if (p->cd[i]) cudnnDestroyConvolutionDescriptor(p->cd[i]);
+#endif
+    delete p;
+}
+
+static conv_geom geom_of(const lucid_tensor *x, const int64_t wshape[4],
+                         const lucid_conv2d_params *p) {
+    conv_geom g;
+    g.N = x->shape[0]; g.Cin = x->shape[1]; g.H = x->shape[2]; g.W = x->shape[3];
+    g.Cout = wshape[0]; g.kh = wshape[2]; g.kw = wshape[3];
+    g.G = p->groups; g.Cg = g.Cin / g.G; g.Og = g.Cout / g.G;
+    g.Ho = lucid_nn_conv_out_size(g.H, (int)g.kh, p->stride_h, p->pad_h, p->dilation_h);
+    g.Wo = lucid_nn_conv_out_size(g.W, (int)g.kw, p->stride_w, p->pad_w, p->dilation_w);
+    g.sh = p->stride_h; g.sw = p->stride_w;
+    g.ph = p->pad_h; g.pw = p->pad_w;
+    g.dh = p->dilation_h; g.dw = p->dilation_w;
+    return g;
+}
+
+static void key_of(const conv_geom &g, lucid_dtype dt, int64_t key[16]) {
+    int64_t k[16] = {g.N, g.Cin, g.H, g.W, g.Cout, g.kh, g.kw, g.sh, g.sw,
+                     g.ph, g.pw, g.dh, g.dw, g.G, (int64_t)dt, 0};
+    memcpy(key, k, sizeof k);
+}
+
+static uint64_t key_hash(const int64_t key[16]) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the 16 words */
+    for (int i = 0; i < 16; i++) {
+        h ^= (uint64_t)key[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+#if defined(LUCID_HAVE_CUDNN)
+static cudnnDataType_t cudnn_dt(lucid_dtype dt) {
+    return dt == LUCID_BF16 ? CUDNN_DATA_BFLOAT16
+           : dt == LUCID_F16 ? CUDNN_DATA_HALF
+                             : CUDNN_DATA_FLOAT;
+}
+
+/* f32: only FMA kernels (no TF32); the descriptor keeps CUDNN_FMA_MATH. */
+static bool math_ok(lucid_dtype dt, cudnnMathType_t m) {
+    if (dt != LUCID_F32) return true;
+    return m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+static lucid_status plan_cudnn(lucid_ctx *ctx, lucid_cuda_state *st,
+                               lucid_cuda_conv_plan *pl) {
+    const conv_geom &g = pl->g;
+    /* 4-d descriptors take int dims and int strides */
+    if (g.N * g.Cin * g.H * g.W > INT_MAX || g.N * g.Cout * g.Ho * g.Wo > INT_MAX)
+        return LUCID_OK; /* direct kernels */
+    cudnnHandle_t h = st->cudnn;
+    cudnnDataType_t ddt = cudnn_dt(pl->dt);
+    cudnnMathType_t base = pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->xd));
+    CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->yd));
+    CUDNN_CHECK(ctx, cudnnCreateFilterDescriptor(&pl->wd));
+    CUDNN_CHECK(ctx, cudnnSetTensor4dDescriptor(pl->xd, CUDNN_TENSOR_NCHW, ddt,
+                                                (int)g.N, (int)g.Cin, (int)g.H, (int)g.W));
+    CUDNN_CHECK(ctx, cudnnSetTensor4dDescriptor(pl->yd, CUDNN_TENSOR_NCHW, ddt,
+                                                (int)g.N, (int)g.Cout, (int)g.Ho, (int)g.Wo));
+    CUDNN_CHECK(ctx, cudnnSetFilter4dDescriptor(pl->wd, ddt, CUDNN_TENSOR_NCHW,
+                                                (int)g.Cout, (int)g.Cg, (int)g.kh, (int)g.kw));
+    for (int i = 0; i < 3; i++) {
+        CUDNN_CHECK(ctx, cudnnCreateConvolutionDescriptor(&pl->cd[i]));
+        CUDNN_CHECK(ctx, cudnnSetConvolution2dDescriptor(
+                             pl->cd[i], g.ph, g.pw, g.sh, g.sw, g.dh, g.dw,
+                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        CUDNN_CHECK(ctx, cudnnSetConvolutionGroupCount(pl->cd[i], (int)g.G));
+        CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->cd[i], base));
+    }
+    /* the descriptors must agree with our output size */
+    int on, oc, oh, ow;
+    CUDNN_CHECK(ctx, cudnnGetConvolution2dForwardOutputDim(pl->cd[0], pl->xd, pl->wd,
+                                                           &on, &oc, &oh, &ow));
+    if (on != g.N || oc != g.Cout || oh != g.Ho || ow != g.Wo)
+        return lucid_seterr(ctx, LUCID_ERR_DEVICE,
+                            "conv2d: cuDNN output dims %dx%dx%dx%d differ from "
+                            "%lldx%lldx%lldx%lld",
+                            on, oc, oh, ow, (long long)g.N, (long long)g.Cout,
+                            (long long)g.Ho, (long long)g.Wo);
+
+    /* forward */
+    {
+        int n = 0, ret = 0;
+        CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
+        std::vector<cudnnConvolutionFwdAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+        CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
+                             h, pl->xd, pl->wd, pl->cd[0], pl->yd, n, &ret, perf.data()));
+        for (int i = 0; i < ret && !pl->have[PASS_FWD]; i++) {
+            const cudnnConvolutionFwdAlgoPerf_t &q = perf[(size_t)i];
+            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+                !math_ok(pl->dt, q.mathType))
+                continue;
+            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                                 pl->cd[0], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+            size_t ws = 0;
+            if (cudnnGetConvolutionForwardWorkspaceSize(h, pl->xd, pl->wd, pl->cd[0], pl->yd,
+                                                        q.algo, &ws) != CUDNN_STATUS_SUCCESS ||
+                ws > CONV_WS_CAP)
+                continue;
+            pl->fwd_algo = q.algo;
+            pl->ws[PASS_FWD] = ws;
+            pl->have[PASS_FWD] = 1;
+        }
+    }
+    /* backward data */
+    {
+        int n = 0, ret = 0;
+        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
+        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                             h, pl->wd, pl->yd, pl->cd[1], pl->xd, n, &ret, perf.data()));
+        for (int i = 0; i < ret && !pl->have[PASS_BWD_DATA]; i++) {
+            const cudnnConvolutionBwdDataAlgoPerf_t &q = perf[(size_t)i];
+            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+                !math_ok(pl->dt, q.mathType))
+                continue;
+            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                                 pl->cd[1], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+            size_t ws = 0;
+            if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, pl->wd, pl->yd, pl->cd[1],
+                                                             pl->xd, q.algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > CONV_WS_CAP)
+                continue;
+            pl->bd_algo = q.algo;
+            pl->ws[PASS_BWD_DATA] = ws;
+            pl->have[PASS_BWD_DATA] = 1;
+        }
+    }
+    /* backward filter */
+    {
+        int n = 0, ret = 0;
+        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
+        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                             h, pl->xd, pl->yd, pl->cd[2], pl->wd, n, &ret, perf.data()));
+        for (int i = 0; i < ret && !pl->have[PASS_BWD_FILTER]; i++) {
+            const cudnnConvolutionBwdFilterAlgoPerf_t &q = perf[(size_t)i];
+            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+                !math_ok(pl->dt, q.mathType))
+                continue;
+            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                                 pl->cd[2], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+            size_t ws = 0;
+            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, pl->xd, pl->yd, pl->cd[2],
+                                                               pl->wd, q.algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > CONV_WS_CAP)
+                continue;
+            pl->bf_algo = q.algo;
+            pl->ws[PASS_BWD_FILTER] = ws;
+            pl->have[PASS_BWD_FILTER] = 1;
+        }
+    }
+    return LUCID_OK;
+}
+#endif
+
+/* The plan of (x, wshape, p); made (and the arena reserved) on first use. */
+static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_state *st,
+                             lucid_cuda_nn_state *ns, const lucid_tensor *x,
+                             const int64_t wshape[4], const lucid_conv2d_params *p,
+                             lucid_cuda_conv_plan **out) {
+    conv_geom g = geom_of(x, wshape, p);
+    int64_t key[16];
+    key_of(g, x->dtype, key);
+    uint64_t h = key_hash(key);
+    for (lucid_cuda_conv_plan *pl : ns->plans)
+        if (pl->hash == h && memcmp(pl->key, key, sizeof key) == 0) {
+            *out = pl;
+            return LUCID_OK;
+        }
+    lucid_cuda_conv_plan *pl = new (std::nothrow) lucid_cuda_conv_plan();
+    if (!pl) return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv plan)");
+    memset((void *)pl, 0, sizeof *pl);
+    memcpy(pl->key, key, sizeof key);
+    pl->hash = h;
+    pl->dt = x->dtype;
+    pl->g = g;
+    pl->depthwise = g.Cg == 1 && g.Og == 1;
+    pl->wbytes = x->dtype == LUCID_F32
+                     ? 0
+                     : (size_t)(g.Cout * g.Cg * g.kh * g.kw) * lucid_dtype_size(x->dtype);
+#if defined(LUCID_HAVE_CUDNN)
+    lucid_status s = plan_cudnn(ctx, st, pl);
+    if (s != LUCID_OK) {
+        lucid_cuda_conv_plan_free(pl);
+        return s;
+    }
+    size_t need = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t n = pl->have[i] ? nn_align(pl->ws[i]) + nn_align(pl->wbytes) : 0;
+        if (n > need) need = n;
+    }
+    pl->need = need;
+#else
+    pl->need = 0;
+#endif
+    try {
+        ns->plans.push_back(pl);
+    } catch (...) {
+        lucid_cuda_conv_plan_free(pl);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv plan)");
+    }
+    if (pl->need) {
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, "conv2d plan", &ws));
+    }
+    *out = pl;
+    return LUCID_OK;
+}
+
+/* Route of a pass: 1 = cuDNN, 0 = direct kernels. */
+static int use_cudnn(const lucid_cuda_nn_state *ns, const lucid_cuda_conv_plan *pl,
+                     int pass) {
+    if (!pl->have[pass]) return 0;
+    if (ns->conv_mode == 1) return 0;
+    if (ns->conv_mode == 0 && pl->depthwise) return 0;
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// small kernels
+
+template <typename T>
+static __global__ void cast_from_f32(const float *__restrict__ s, T *__restrict__ d, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        lucid_elem<T>::store(d, i, s[i]);
+}
+
+/* dw = beta*dw + float(tmp) */
+template <typename T>
+static __global__ void acc_to_f32(const T *__restrict__ tmp, float *dw, int64_t n, float beta) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = lucid_elem<T>::load(tmp, i);
+        dw[i] = beta != 0.0f ? fmaf(beta, dw[i], v) : v;
+    }
+}
+
+/* y[n, o, s] += b[o] (in f32, rounded once) */
+template <typename T>
+static __global__ void bias_add(T *y, const float *__restrict__ b, int64_t C, int64_t S,
+                         int64_t total) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = (i / S) % C;
+        lucid_elem<T>::store(y, i, lucid_elem<T>::load(y, i) + b[c]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// direct kernels
+
+template <typename T>
+static __global__ void conv_fwd_direct(const T *__restrict__ x, const float *__restrict__ w,
+                                const float *__restrict__ b, T *__restrict__ y,
+                                conv_geom g) {
+    int64_t P = g.Ho * g.Wo, total = g.N * g.Cout * P;
+    int64_t K = g.Cg * g.kh * g.kw;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t j = e % g.Wo, r = e / g.Wo;
+        int64_t i = r % g.Ho; r /= g.Ho;
+        int64_t o = r % g.Cout, n = r / g.Cout;
+        int64_t grp = o / g.Og;
+        const T *xb = x + (n * g.Cin + grp * g.Cg) * g.H * g.W;
+        const float *wo = w + o * K;
+        float acc = b ? b[o] : 0.0f;
+        for (int64_t c = 0; c < g.Cg; c++) {
+            const T *xc = xb + c * g.H * g.W;
+            const float *wc = wo + c * g.kh * g.kw;
+            for (int64_t u = 0; u < g.kh; u++) {
+                int64_t hi = i * g.sh - g.ph + u * g.dh;
+                if (hi < 0 || hi >= g.H) continue;
+                for (int64_t v = 0; v < g.kw; v++) {
+                    int64_t wi = j * g.sw - g.pw + v * g.dw;
+                    if (wi < 0 || wi >= g.W) continue;
+                    acc = fmaf(wc[u * g.kw + v], lucid_elem<T>::load(xc, hi * g.W + wi), acc);
+                }
+            }
+        }
+        lucid_elem<T>::store(y, e, acc);
+    }
+}
+
+/* dx[n, ci, h, w] = beta*dx + sum_{o in group, u, v} w[o, c, u, v] *
+ *                   dy[n, o, (h+ph-u*dh)/sh, (w+pw-v*dw)/sw]  (exact division) */
+template <typename T>
+static __global__ void conv_bwd_data_direct(const T *__restrict__ dy, const float *__restrict__ w,
+                                     T *dx, conv_geom g, float beta) {
+    int64_t total = g.N * g.Cin * g.H * g.W;
+    int64_t K = g.Cg * g.kh * g.kw;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t wq = e % g.W, r = e / g.W;
+        int64_t h = r % g.H; r /= g.H;
+        int64_t ci = r % g.Cin, n = r / g.Cin;
+        int64_t grp = ci / g.Cg, c = ci % g.Cg;
+        float acc = 0.0f;
+        for (int64_t oo = 0; oo < g.Og; oo++) {
+            int64_t o = grp * g.Og + oo;
+            const T *dyo = dy + (n * g.Cout + o) * g.Ho * g.Wo;
+            const float *wc = w + o * K + c * g.kh * g.kw;
+            for (int64_t u = 0; u < g.kh; u++) {
+                int64_t ti = h + g.ph - u * g.dh;
+                if (ti < 0 || ti % g.sh) continue;
+                int64_t i = ti / g.sh;
+                if (i >= g.Ho) continue;
+                for (int64_t v = 0; v < g.kw; v++) {
+                    int64_t tj = wq + g.pw - v * g.dw;
+                    if (tj < 0 || tj % g.sw) continue;
+                    int64_t j = tj / g.sw;
+                    if (j >= g.Wo) continue;
+                    acc = fmaf(wc[u * g.kw + v], lucid_elem<T>::load(dyo, i * g.Wo + j), acc);
+                }
+            }
+        }
+        if (beta != 0.0f) acc = fmaf(beta, lucid_elem<T>::load(dx, e), acc);
+        lucid_elem<T>::store(dx, e, acc);
+    }
+}
+
+/* One block per weight element (o, c, u, v): fold (n, i, j) in order. */
+template <typename T>
+static __global__ void conv_bwd_filter_direct(const T *__restrict__ x, const T *__restrict__ dy,
+                                       float *dw, conv_geom g, float beta) {
+    __shared__ float sh[32];
+    int64_t K = g.Cg * g.kh * g.kw, total = g.Cout * K;
+    int64_t P = g.Ho * g.Wo, M = g.N * P;
+    for (int64_t e = blockIdx.x; e < total; e += gridDim.x) {
+        int64_t o = e / K, rem = e % K;
+        int64_t c = rem / (g.kh * g.kw), uv = rem % (g.kh * g.kw);
+        int64_t u = uv / g.kw, v = uv % g.kw;
+        int64_t ci = (o / g.Og) * g.Cg + c;
+        float acc = 0.0f;
+        for (int64_t m = threadIdx.x; m < M; m += blockDim.x) {
+            int64_t n = m / P, q = m % P;
+            int64_t i = q / g.Wo, j = q % g.Wo;
+            int64_t hi = i * g.sh - g.ph + u * g.dh;
+            int64_t wi = j * g.sw - g.pw + v * g.dw;
+            if (hi < 0 || hi >= g.H || wi < 0 || wi >= g.W) continue;
+            float gy = lucid_elem<T>::load(dy, (n * g.Cout + o) * P + q);
+            float xv = lucid_elem<T>::load(x, ((n * g.Cin + ci) * g.H + hi) * g.W + wi);
+            acc = fmaf(gy, xv, acc);
+        }
+        acc = nn_block_sum(acc, sh);
+        if (threadIdx.x == 0) dw[e] = beta != 0.0f ? fmaf(beta, dw[e], acc) : acc;
+    }
+}
+
+static unsigned cv_blocks(int64_t n) { return lucid_cuda_blocks(n, CONV_THREADS); }
+
+static lucid_status cast_weight(lucid_ctx *ctx, lucid_cuda_state *st, const float *w,
+                                void *dst, lucid_dtype dt, int64_t n) {
+    NN_DISPATCH(dt, (cast_from_f32<T><<<cv_blocks(n), CONV_THREADS, 0, st->stream>>>(
+                        w, (T *)dst, n)));
+    CUDA_CHECK_LAUNCH(ctx, "cast_from_f32 (conv weight)");
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// entry points
+
+static lucid_status conv_common(lucid_ctx *ctx, const char *op, const lucid_tensor *x,
+                                const lucid_tensor *w, lucid_cuda_state **stp,
+                                lucid_cuda_nn_state **nsp) {
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", w));
+    lucid_cuda_state *st = lucid_cuda_enter(ctx);
+    if (!st) return ctx->last_status;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return ctx->last_status;
+    *stp = st;
+    *nsp = ns;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                                  lucid_tensor *y, const lucid_tensor *w,
+                                                  const lucid_tensor *b,
+                                                  const lucid_conv2d_params *p) {
+    const char *op = "conv2d_forward";
+    lucid_cuda_state *st;
+    lucid_cuda_nn_state *ns;
+    LUCID_TRY(conv_common(ctx, op, x, w, &st, &ns));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", b));
+    lucid_cuda_conv_plan *pl;
+    LUCID_TRY(plan_get(ctx, st, ns, x, w->shape, p, &pl));
+    const conv_geom &g = pl->g;
+    const float *bp = b ? (const float *)lucid_tensor_data(b) : NULL;
+    int64_t ny = g.N * g.Cout * g.Ho * g.Wo;
+#if defined(LUCID_HAVE_CUDNN)
+    if (use_cudnn(ns, pl, PASS_FWD)) {
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+        const void *wp = lucid_tensor_data(w);
+        if (pl->wbytes) {
+            void *wc = (char *)ws + nn_align(pl->ws[PASS_FWD]);
+            LUCID_TRY(cast_weight(ctx, st, (const float *)wp, wc, x->dtype,
+                                  g.Cout * g.Cg * g.kh * g.kw));
+            wp = wc;
+        }
+        float one = 1.0f, zero = 0.0f;
+        CUDNN_CHECK(ctx, cudnnConvolutionForward(st->cudnn, &one, pl->xd, lucid_tensor_data(x),
+                                                 pl->wd, wp, pl->cd[PASS_FWD], pl->fwd_algo,
+                                                 ws, pl->ws[PASS_FWD], &zero, pl->yd,
+                                                 lucid_tensor_data(y)));
+        if (bp) {
+            NN_DISPATCH(x->dtype, (bias_add<T><<<cv_blocks(ny), CONV_THREADS, 0, st->stream>>>(
+                                      (T *)lucid_tensor_data(y), bp, g.Cout, g.Ho * g.Wo, ny)));
+            CUDA_CHECK_LAUNCH(ctx, "bias_add");
+        }
+        return LUCID_OK;
+    }
+#endif
+    NN_DISPATCH(x->dtype, (conv_fwd_direct<T><<<cv_blocks(ny), CONV_THREADS, 0, st->stream>>>(
+                              (const T *)lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
+                              bp, (T *)lucid_tensor_data(y), g)));
+    CUDA_CHECK_LAUNCH(ctx, "conv_fwd_direct");
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
+                                                         const lucid_tensor *x,
+                                                         const lucid_tensor *dy,
+                                                         lucid_tensor *dx,
+                                                         const lucid_tensor *w,
+                                                         const lucid_conv2d_params *p,
+                                                         double beta) {
+    const char *op = "conv2d_backward_input";
+    lucid_cuda_state *st;
+    lucid_cuda_nn_state *ns;
+    LUCID_TRY(conv_common(ctx, op, dx, w, &st, &ns));
+    lucid_cuda_conv_plan *pl;
+    LUCID_TRY(plan_get(ctx, st, ns, dx, w->shape, p, &pl));
+    const conv_geom &g = pl->g;
+    int64_t nx = g.N * g.Cin * g.H * g.W;
+    (void)x;
+#if defined(LUCID_HAVE_CUDNN)
+    if (use_cudnn(ns, pl, PASS_BWD_DATA)) {
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+        const void *wp = lucid_tensor_data(w);
+        if (pl->wbytes) {
+            void *wc = (char *)ws + nn_align(pl->ws[PASS_BWD_DATA]);
+            LUCID_TRY(cast_weight(ctx, st, (const float *)wp, wc, dx->dtype,
+                                  g.Cout * g.Cg * g.kh * g.kw));
+            wp = wc;
+        }
+        float one = 1.0f, bt = (float)beta;
+        CUDNN_CHECK(ctx, cudnnConvolutionBackwardData(
+                             st->cudnn, &one, pl->wd, wp, pl->yd, lucid_tensor_data(dy),
+                             pl->cd[PASS_BWD_DATA], pl->bd_algo, ws, pl->ws[PASS_BWD_DATA],
+                             &bt, pl->xd, lucid_tensor_data(dx)));
+        return LUCID_OK;
+    }
+#endif
+    NN_DISPATCH(dx->dtype, (conv_bwd_data_direct<T><<<cv_blocks(nx), CONV_THREADS, 0, st->stream>>>(
+                               (const T *)lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
+                               (T *)lucid_tensor_data(dx), g, (float)beta)));
+    CUDA_CHECK_LAUNCH(ctx, "conv_bwd_data_direct");
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
+                                                          const lucid_tensor *x,
+                                                          const lucid_tensor *dy,
+                                                          lucid_tensor *dwt, lucid_tensor *db,
+                                                          const lucid_conv2d_params *p,
+                                                          double beta) {
+    const char *op = "conv2d_backward_params";
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dwt));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", db));
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return ctx->last_status;
+    if (dwt) {
+        lucid_cuda_conv_plan *pl;
+        LUCID_TRY(plan_get(ctx, st, ns, x, dwt->shape, p, &pl));
+        const conv_geom &g = pl->g;
+        int64_t nw = g.Cout * g.Cg * g.kh * g.kw;
+        float *dwp = (float *)lucid_tensor_data(dwt);
+        bool done = false;
+#if defined(LUCID_HAVE_CUDNN)
+        if (use_cudnn(ns, pl, PASS_BWD_FILTER)) {
+            void *ws = NULL;
+            LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+            float one = 1.0f, zero = 0.0f, bt = (float)beta;
+            if (pl->wbytes) {
+                void *tmp = (char *)ws + nn_align(pl->ws[PASS_BWD_FILTER]);
+                CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(
+                                     st->cudnn, &one, pl->xd, lucid_tensor_data(x), pl->yd,
+                                     lucid_tensor_data(dy), pl->cd[PASS_BWD_FILTER], pl->bf_algo,
+                                     ws, pl->ws[PASS_BWD_FILTER], &zero, pl->wd, tmp));
+                NN_DISPATCH(x->dtype, (acc_to_f32<T><<<cv_blocks(nw), CONV_THREADS, 0, st->stream>>>(
+                                          (const T *)tmp, dwp, nw, bt)));
+                CUDA_CHECK_LAUNCH(ctx, "acc_to_f32 (conv weight grad)");
+            } else {
+                CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(
+                                     st->cudnn, &one, pl->xd, lucid_tensor_data(x), pl->yd,
+                                     lucid_tensor_data(dy), pl->cd[PASS_BWD_FILTER], pl->bf_algo,
+                                     ws, pl->ws[PASS_BWD_FILTER], &bt, pl->wd, dwp));
+            }
+            done = true;
+        }
+#endif
+        if (!done) {
+            unsigned blocks = (unsigned)(nw < (1 << 30) ? nw : (1 << 30));
+            NN_DISPATCH(x->dtype, (conv_bwd_filter_direct<T><<<blocks, CONV_THREADS, 0, st->stream>>>(
+                                      (const T *)lucid_tensor_data(x),
+                                      (const T *)lucid_tensor_data(dy), dwp, g, (float)beta)));
+            CUDA_CHECK_LAUNCH(ctx, "conv_bwd_filter_direct");
+        }
+    }
+    if (db) {
+        int64_t N = dy->shape[0], C = dy->shape[1], S = dy->shape[2] * dy->shape[3];
+        LUCID_TRY(lucid_cuda_nn_channel_sum(ctx, st, ns, lucid_tensor_data(dy), dy->dtype, N,
+                                            C, S, (float *)lucid_tensor_data(db), beta));
+    }
+    return LUCID_OK;
+}

@@ -1,0 +1,430 @@
+/*
+ * nn_norm.cu — BatchNorm2d forward (train/eval) and backward on the GPU, and
+ * the per-channel sum used by the conv bias gradient.
+ *
+ * Contract (nn.h): x, y, dy, dx [N,C,H,W] contiguous, f32/bf16/f16;
+ * weight, bias, running_mean, running_var, save_mean, save_invstd,
+ * dweight, dbias [C] f32; num_batches_tracked one i64 (or float) element.
+ *   forward overwrites y, save_mean, save_invstd; training updates the
+ *   running stats in place (momentum, unbiased variance M/(M-1)) and
+ *   num_batches_tracked += 1.
+ *   backward: dx = beta_input*dx + ...; dweight/dbias = beta_params*(.) + ...
+ *   (beta 0 never reads the destination).
+ *
+ * Reductions are deterministic (no atomics): channel c's M = N*S elements
+ * are cut into fixed parts (P parts per plane of S elements, chunk length a
+ * function of S only), one block per (part, channel) folds its part in a
+ * fixed order (per-thread, then a fixed shuffle/shared tree), the partials
+ * go to the nn arena and one thread per channel folds them in part order in
+ * f64.  Forward statistics: per-thread shifted sums (shift = the channel's
+ * first element) turned into (count, mean, M2) and merged with Chan's
+ * formula, so the variance does not suffer from E[x^2]-E[x]^2 cancellation.
+ * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979).
+ */
+#include "nn_common.cuh"
+
+#include <math.h>
+
+#define BN_THREADS 256
+#define BN_CHUNK 4096 /* elements of one plane per block (at most) */
+
+// ----------------------------------------------------------------------------
+// geometry of the fixed partition
+
+typedef struct bn_geom {
+    int64_t N, C, S;
+    int64_t chunk; /* elements per part (<= S) */
+    int64_t P;     /* parts per plane */
+    int64_t parts; /* N * P */
+} bn_geom;
+
+static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
+    bn_geom g;
+    g.N = N; g.C = C; g.S = S;
+    g.chunk = S < BN_CHUNK ? (S > 0 ? S : 1) : BN_CHUNK;
+    g.P = (S + g.chunk - 1) / g.chunk;
+    if (g.P < 1) g.P = 1;
+    g.parts = N * g.P;
+    return g;
+}
+
+static inline unsigned bn_grid_y(int64_t C) {
+    return (unsigned)(C < 65535 ? C : 65535);
+}
+
+// ----------------------------------------------------------------------------
+// forward statistics
+
+struct bn_mv { float n, mean, m2; };
+
+static __device__ __forceinline__ bn_mv bn_merge(bn_mv a, bn_mv b) {
+    float n = a.n + b.n;
+    if (b.n == 0.0f) return a;
+    if (a.n == 0.0f) return b;
+    float d = b.mean - a.mean;
+    float fb = b.n / n;
+    bn_mv r;
+    r.n = n;
+    r.mean = a.mean + d * fb;
+    r.m2 = a.m2 + b.m2 + d * d * a.n * fb;
+    return r;
+}
+
+static __device__ __forceinline__ bn_mv bn_shfl(bn_mv v, int o) {
+    bn_mv r;
+    r.n = __shfl_down_sync(0xffffffffu, v.n, o);
+    r.mean = __shfl_down_sync(0xffffffffu, v.mean, o);
+    r.m2 = __shfl_down_sync(0xffffffffu, v.m2, o);
+    return r;
+}
+
+/* partial[(c * parts + part)] = (count, mean, M2) of the part. */
+template <typename T>
+static __global__ void bn_stats_partial(const T *__restrict__ x, bn_geom g,
+                                 float3 *__restrict__ partial) {
+    __shared__ bn_mv sh[32];
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        int64_t part = blockIdx.x;
+        int64_t n = part / g.P, p = part % g.P;
+        int64_t s0 = p * g.chunk;
+        int64_t s1 = s0 + g.chunk < g.S ? s0 + g.chunk : g.S;
+        const T *xp = x + (n * g.C + c) * g.S;
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        float a1 = 0.0f, a2 = 0.0f, cnt = 0.0f;
+        for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+            float d = lucid_elem<T>::load(xp, s) - K;
+            a1 += d;
+            a2 = fmaf(d, d, a2);
+            cnt += 1.0f;
+        }
+        bn_mv v;
+        v.n = cnt;
+        v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
+        v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
+        /* fixed tree: shuffle down inside the warp, then warp 0 over warps */
+        for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
+        int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+        __syncthreads();
+        if (lane == 0) sh[wid] = v;
+        __syncthreads();
+        if (wid == 0) {
+            int nw = (int)(blockDim.x >> 5);
+            bn_mv r = lane < nw ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
+            for (int o = 16; o > 0; o >>= 1) r = bn_merge(r, bn_shfl(r, o));
+            if (lane == 0)
+                partial[c * g.parts + part] = make_float3(r.n, r.mean, r.m2);
+        }
+    }
+}
+
+/* One thread per channel: fold partials in part order (f64), write
+ * save_mean / save_invstd, update the running stats. */
+static __global__ void bn_stats_final(const float3 *__restrict__ partial, bn_geom g,
+                               float *save_mean, float *save_invstd,
+                               float *running_mean, float *running_var,
+                               void *nbt, int nbt_dt, double momentum,
+                               double eps) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c == 0 && nbt) {
+        if (nbt_dt == LUCID_I64) ((int64_t *)nbt)[0] += 1;
+        else if (nbt_dt == LUCID_I32) ((int32_t *)nbt)[0] += 1;
+        else lucid_store_f64(nbt, nbt_dt, 0, lucid_load_f64(nbt, nbt_dt, 0) + 1.0);
+    }
+    if (c >= g.C) return;
+    double n = 0.0, mean = 0.0, m2 = 0.0;
+    const float3 *pp = partial + c * g.parts;
+    for (int64_t i = 0; i < g.parts; i++) {
+        float3 q = pp[i];
+        double nb = q.x;
+        if (nb == 0.0) continue;
+        double nn = n + nb, d = (double)q.y - mean;
+        mean += d * nb / nn;
+        m2 += (double)q.z + d * d * n * nb / nn;
+        n = nn;
+    }
+    double var = m2 / n; /* biased: normalisation */
+    save_mean[c] = (float)mean;
+    save_invstd[c] = (float)(1.0 / sqrt(var + eps));
+    if (running_mean)
+        running_mean[c] =
+            (float)((1.0 - momentum) * (double)running_mean[c] + momentum * mean);
+    if (running_var)
+        running_var[c] = (float)((1.0 - momentum) * (double)running_var[c] +
+                                 momentum * (m2 / (n - 1.0)));
+}
+
+/* eval: the statistics used are the running ones. */
+static __global__ void bn_stats_eval(int64_t C, const float *running_mean,
+                              const float *running_var, float *save_mean,
+                              float *save_invstd, double eps) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    save_mean[c] = running_mean[c];
+    save_invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + eps));
+}
+
+/* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale. */
+template <typename T>
+static __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, int64_t C,
+                         int64_t S, int64_t NC, const float *mean,
+                         const float *invstd, const float *w, const float *b) {
+    for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
+        int64_t c = pl % C;
+        float sc = (w ? w[c] : 1.0f) * invstd[c];
+        float sh = (b ? b[c] : 0.0f) - mean[c] * sc;
+        const T *xp = x + pl * S;
+        T *yp = y + pl * S;
+        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
+             s += (int64_t)gridDim.x * blockDim.x)
+            lucid_elem<T>::store(yp, s, fmaf(lucid_elem<T>::load(xp, s), sc, sh));
+    }
+}
+
+static void plane_grid(int64_t S, int64_t NC, dim3 *grid) {
+    int64_t bx = (S + BN_THREADS - 1) / BN_THREADS;
+    if (bx > 1024) bx = 1024;
+    if (bx < 1) bx = 1;
+    grid->x = (unsigned)bx;
+    grid->y = (unsigned)(NC < 65535 ? NC : 65535);
+    grid->z = 1;
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    const char *op = "batchnorm2d_forward";
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
+    LUCID_TRY(nn_check_f32(ctx, op, "running_mean", running_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "running_var", running_var));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    CUDA_ENTER(ctx, st);
+    int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    if (N * C * S == 0) return LUCID_OK;
+    float *sm = (float *)lucid_tensor_data(save_mean);
+    float *si = (float *)lucid_tensor_data(save_invstd);
+    float *rm = running_mean ? (float *)lucid_tensor_data(running_mean) : NULL;
+    float *rv = running_var ? (float *)lucid_tensor_data(running_var) : NULL;
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = bias ? (const float *)lucid_tensor_data(bias) : NULL;
+    unsigned cblocks = (unsigned)((C + 127) / 128);
+    if (training) {
+        lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+        if (!ns) return ctx->last_status;
+        bn_geom g = bn_geom_of(N, C, S);
+        if (g.parts > INT32_MAX)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: batch too large", op);
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns,
+                                      sizeof(float3) * (size_t)(g.parts * C),
+                                      op, &ws));
+        dim3 grid((unsigned)g.parts, bn_grid_y(C));
+        NN_DISPATCH(x->dtype, (bn_stats_partial<T><<<grid, BN_THREADS, 0, st->stream>>>(
+                                  (const T *)lucid_tensor_data(x), g, (float3 *)ws)));
+        CUDA_CHECK_LAUNCH(ctx, "bn_stats_partial");
+        void *nbt = num_batches_tracked ? lucid_tensor_data(num_batches_tracked) : NULL;
+        int nbt_dt = num_batches_tracked ? (int)num_batches_tracked->dtype : 0;
+        bn_stats_final<<<cblocks, 128, 0, st->stream>>>(
+            (const float3 *)ws, g, sm, si, rm, rv, nbt, nbt_dt, momentum, eps);
+        CUDA_CHECK_LAUNCH(ctx, "bn_stats_final");
+    } else {
+        bn_stats_eval<<<cblocks, 128, 0, st->stream>>>(C, rm, rv, sm, si, eps);
+        CUDA_CHECK_LAUNCH(ctx, "bn_stats_eval");
+    }
+    dim3 grid;
+    plane_grid(S, N * C, &grid);
+    NN_DISPATCH(x->dtype, (bn_apply<T><<<grid, BN_THREADS, 0, st->stream>>>(
+                              (const T *)lucid_tensor_data(x),
+                              (T *)lucid_tensor_data(y), C, S, N * C, sm, si, w, b)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_apply");
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// backward, and the per-channel sum
+
+/* partial[(c*parts + part)] = (sum dy, sum dy*xhat) of the part (the second
+ * only when WITH_X). */
+template <typename T, bool WITH_X>
+static __global__ void bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x,
+                                const float *mean, const float *invstd,
+                                bn_geom g, float2 *__restrict__ partial) {
+    __shared__ float sh[32];
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        int64_t part = blockIdx.x;
+        int64_t n = part / g.P, p = part % g.P;
+        int64_t s0 = p * g.chunk;
+        int64_t s1 = s0 + g.chunk < g.S ? s0 + g.chunk : g.S;
+        int64_t base = (n * g.C + c) * g.S;
+        float mu = WITH_X ? mean[c] : 0.0f, is = WITH_X ? invstd[c] : 0.0f;
+        float a = 0.0f, bsum = 0.0f;
+        for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+            float gv = lucid_elem<T>::load(dy, base + s);
+            a += gv;
+            if (WITH_X) {
+                float xh = (lucid_elem<T>::load(x, base + s) - mu) * is;
+                bsum = fmaf(gv, xh, bsum);
+            }
+        }
+        float ra = nn_block_sum(a, sh);
+        float rb = WITH_X ? nn_block_sum(bsum, sh) : 0.0f;
+        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float2(ra, rb);
+    }
+}
+
+/* One thread per channel: fold partials (f64), write dweight/dbias with
+ * beta, and the dx coefficients coef[c] = (k, mean(dy), mean(dy*xhat)). */
+static __global__ void bn_grad_final(const float2 *__restrict__ partial, bn_geom g,
+                              const float *w, const float *invstd,
+                              float *dweight, float *dbias, double beta,
+                              float3 *coef) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= g.C) return;
+    double sdy = 0.0, sdyx = 0.0;
+    const float2 *pp = partial + c * g.parts;
+    for (int64_t i = 0; i < g.parts; i++) {
+        float2 q = pp[i];
+        sdy += q.x;
+        sdyx += q.y;
+    }
+    if (dweight)
+        dweight[c] = (float)(beta != 0.0 ? sdyx + beta * (double)dweight[c] : sdyx);
+    if (dbias)
+        dbias[c] = (float)(beta != 0.0 ? sdy + beta * (double)dbias[c] : sdy);
+    if (coef) {
+        double M = (double)g.N * (double)g.S;
+        double k = (w ? (double)w[c] : 1.0) * (double)invstd[c];
+        coef[c] = make_float3((float)k, (float)(sdy / M), (float)(sdyx / M));
+    }
+}
+
+/* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
+ * dx = beta*dx + w*invstd*g                (eval)  */
+template <typename T, bool TRAIN>
+static __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy,
+                      T *dx, int64_t C, int64_t S, int64_t NC,
+                      const float *mean, const float *invstd, const float *w,
+                      const float3 *coef, float beta) {
+    for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
+        int64_t c = pl % C;
+        float k, mdy = 0.0f, mdyx = 0.0f, mu = 0.0f, is = 0.0f;
+        if (TRAIN) {
+            float3 q = coef[c];
+            k = q.x; mdy = q.y; mdyx = q.z;
+            mu = mean[c]; is = invstd[c];
+        } else {
+            k = (w ? w[c] : 1.0f) * invstd[c];
+        }
+        int64_t base = pl * S;
+        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
+             s += (int64_t)gridDim.x * blockDim.x) {
+            float gv = lucid_elem<T>::load(dy, base + s);
+            float v;
+            if (TRAIN) {
+                float xh = (lucid_elem<T>::load(x, base + s) - mu) * is;
+                v = k * (gv - mdy - xh * mdyx);
+            } else {
+                v = k * gv;
+            }
+            if (beta != 0.0f) v = fmaf(beta, lucid_elem<T>::load(dx, base + s), v);
+            lucid_elem<T>::store(dx, base + s, v);
+        }
+    }
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    const char *op = "batchnorm2d_backward";
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    CUDA_ENTER(ctx, st);
+    int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    if (N * C * S == 0) return LUCID_OK;
+    const float *sm = (const float *)lucid_tensor_data(save_mean);
+    const float *si = (const float *)lucid_tensor_data(save_invstd);
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    bool need_sums = dweight || dbias || (dx && training);
+    float3 *coef = NULL;
+    if (need_sums) {
+        lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+        if (!ns) return ctx->last_status;
+        bn_geom g = bn_geom_of(N, C, S);
+        if (g.parts > INT32_MAX)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: batch too large", op);
+        size_t pbytes = nn_align(sizeof(float2) * (size_t)(g.parts * C));
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns,
+                                      pbytes + sizeof(float3) * (size_t)C, op,
+                                      &ws));
+        float2 *part = (float2 *)ws;
+        coef = (dx && training) ? (float3 *)((char *)ws + pbytes) : NULL;
+        dim3 grid((unsigned)g.parts, bn_grid_y(C));
+        bool with_x = dweight || (dx && training);
+        if (with_x)
+            NN_DISPATCH(x->dtype, (bn_grad_partial<T, true><<<grid, BN_THREADS, 0, st->stream>>>(
+                                      (const T *)lucid_tensor_data(dy),
+                                      (const T *)lucid_tensor_data(x), sm, si, g, part)));
+        else
+            NN_DISPATCH(x->dtype, (bn_grad_partial<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                                      (const T *)lucid_tensor_data(dy), NULL, sm, si, g, part)));
+        CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial");
+        bn_grad_final<<<(unsigned)((C + 127) / 128), 128, 0, st->stream>>>(
+            part, g, w, si, dweight ? (float *)lucid_tensor_data(dweight) : NULL,
+            dbias ? (float *)lucid_tensor_data(dbias) : NULL, beta_params, coef);
+        CUDA_CHECK_LAUNCH(ctx, "bn_grad_final");
+    }
+    if (!dx) return LUCID_OK;
+    dim3 grid;
+    plane_grid(S, N * C, &grid);
+    float bi = (float)beta_input;
+    if (training)
+        NN_DISPATCH(x->dtype, (bn_dx<T, true><<<grid, BN_THREADS, 0, st->stream>>>(
+                                  (const T *)lucid_tensor_data(x),
+                                  (const T *)lucid_tensor_data(dy),
+                                  (T *)lucid_tensor_data(dx), C, S, N * C, sm, si,
+                                  w, coef, bi)));
+    else
+        NN_DISPATCH(x->dtype, (bn_dx<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                                  (const T *)lucid_tensor_data(x),
+                                  (const T *)lucid_tensor_data(dy),
+                                  (T *)lucid_tensor_data(dx), C, S, N * C, sm, si,
+                                  w, coef, bi)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_dx");
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// per-channel sum (conv bias gradient)
+
+lucid_status lucid_cuda_nn_channel_sum(lucid_ctx *ctx, lucid_cuda_state *st,
+                                       lucid_cuda_nn_state *ns, const void *dy,
+                                       lucid_dtype dt, int64_t N, int64_t C,
+                                       int64_t S, float *out, double beta) {
+    bn_geom g = bn_geom_of(N, C, S);
+    if (g.parts > INT32_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "conv2d bias gradient: batch too large");
+    void *ws = NULL;
+    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, sizeof(float2) * (size_t)(g.parts * C),
+                                  "conv2d_backward_params (bias)", &ws));
+    dim3 grid((unsigned)g.parts, bn_grid_y(C));
+    NN_DISPATCH(dt, (bn_grad_partial<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                        (const T *)dy, NULL, NULL, NULL, g, (float2 *)ws)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial (bias)");
+    bn_grad_final<<<(unsigned)((C + 127) / 128), 128, 0, st->stream>>>(
+        (const float2 *)ws, g, NULL, NULL, NULL, out, beta, NULL);
+    CUDA_CHECK_LAUNCH(ctx, "bn_grad_final (bias)");
+    return LUCID_OK;
+}

@@ -1,0 +1,192 @@
+/*
+ * nn_table.cu — the CUDA nn kernel table (lucid_nn_cuda_kernels) and the
+ * per-context nn state: a registry keyed by the context, the shared scratch
+ * arena, and the destructor.
+ *
+ * Registry: the backend state (lucid_cuda_state, common.cuh) has no slot for
+ * nn state, so the nn state of a context is found in a process-wide list
+ * keyed by the context pointer and guarded by a mutex (a handful of entries;
+ * one short scan per nn call).  An entry also records the backend state and
+ * allocator it was made for: if a context was released without
+ * lucid_cuda_nn_state_destroy() and a new one reuses its address, the stale
+ * entry no longer matches and is dropped (its device memory went with the
+ * old allocator).  The backend's shutdown should call
+ * lucid_cuda_nn_state_destroy(ctx) so entries never go stale.
+ *
+ * Arena policy: see nn_common.cuh.  Growth is geometric (x1.5 at least) so
+ * a warm-up sees O(log) allocations; replaced arenas stay alive until the
+ * context goes, because a recorded CUDA graph may point at them.
+ */
+#include "nn_common.cuh"
+
+#include <mutex>
+#include <new>
+#include <stdlib.h>
+
+// ----------------------------------------------------------------------------
+// registry
+
+namespace {
+std::mutex g_nn_mu;
+std::vector<lucid_cuda_nn_state *> *g_nn_states; /* leaked at exit: tiny */
+
+void nn_state_free(lucid_cuda_nn_state *ns, bool release_memory) {
+    if (!ns) return;
+    for (lucid_cuda_conv_plan *p : ns->plans) lucid_cuda_conv_plan_free(p);
+    ns->plans.clear();
+    if (release_memory && ns->cst && ns->cst->alloc) {
+        if (ns->arena) lucid_cuda_free(ns->cst->alloc, ns->arena);
+        for (void *p : ns->retired) lucid_cuda_free(ns->cst->alloc, p);
+    }
+    delete ns;
+}
+} // namespace
+
+lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
+    std::lock_guard<std::mutex> lk(g_nn_mu);
+    if (!g_nn_states) {
+        g_nn_states = new (std::nothrow) std::vector<lucid_cuda_nn_state *>();
+        if (!g_nn_states) {
+            lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (nn state)");
+            return NULL;
+        }
+    }
+    for (size_t i = 0; i < g_nn_states->size(); i++) {
+        lucid_cuda_nn_state *ns = (*g_nn_states)[i];
+        if (ns->ctx != ctx) continue;
+        if (ns->cst == st && ns->alloc_fp == (void *)st->alloc) return ns;
+        /* stale: a previous context at this address; its memory is gone */
+        ns->arena = NULL;
+        ns->retired.clear();
+        nn_state_free(ns, false);
+        g_nn_states->erase(g_nn_states->begin() + (long)i);
+        break;
+    }
+    lucid_cuda_nn_state *ns = new (std::nothrow) lucid_cuda_nn_state();
+    if (!ns) {
+        lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (nn state)");
+        return NULL;
+    }
+    ns->ctx = ctx;
+    ns->cst = st;
+    ns->alloc_fp = (void *)st->alloc;
+    ns->arena = NULL;
+    ns->arena_bytes = 0;
+    ns->conv_mode = 0;
+    try {
+        g_nn_states->push_back(ns);
+    } catch (...) {
+        delete ns;
+        lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (nn state)");
+        return NULL;
+    }
+    return ns;
+}
+
+extern "C" void lucid_cuda_nn_state_destroy(lucid_ctx *ctx) {
+    lucid_cuda_nn_state *found = NULL;
+    {
+        std::lock_guard<std::mutex> lk(g_nn_mu);
+        if (!g_nn_states) return;
+        for (size_t i = 0; i < g_nn_states->size(); i++)
+            if ((*g_nn_states)[i]->ctx == ctx) {
+                found = (*g_nn_states)[i];
+                g_nn_states->erase(g_nn_states->begin() + (long)i);
+                break;
+            }
+    }
+    if (!found) return;
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    bool live = st && st == found->cst && (void *)st->alloc == found->alloc_fp;
+    if (live) {
+        if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
+        /* queued work may still use the arena */
+        if (cudaStreamSynchronize(st->stream) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    nn_state_free(found, live);
+}
+
+extern "C" int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    int old = ns->conv_mode;
+    ns->conv_mode = mode < 0 || mode > 2 ? 0 : mode;
+    return old;
+}
+
+/* The compute stream of ctx (as void *), for benchmarks that time nn calls
+ * with CUDA events; NULL when ctx has no CUDA state. */
+extern "C" void *lucid_cuda_nn_stream(lucid_ctx *ctx) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    return st ? (void *)st->stream : NULL;
+}
+
+// ----------------------------------------------------------------------------
+// arena
+
+lucid_status lucid_cuda_nn_arena(lucid_ctx *ctx, lucid_cuda_state *st,
+                                 lucid_cuda_nn_state *ns, size_t nbytes,
+                                 const char *what, void **ptr) {
+    if (nbytes == 0) nbytes = 256;
+    if (ns->arena && nbytes <= ns->arena_bytes) {
+        *ptr = ns->arena;
+        return LUCID_OK;
+    }
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "%s: needs %zu bytes of nn scratch but the arena "
+                            "holds %zu and the stream is being captured; run "
+                            "one eager step with these shapes before "
+                            "recording",
+                            what, nbytes, ns->arena_bytes);
+    size_t grow = ns->arena_bytes + ns->arena_bytes / 2;
+    size_t want = nn_align(nbytes > grow ? nbytes : grow);
+    void *p = NULL;
+    LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, want, st->stream, &p));
+    if (ns->arena) {
+        try {
+            ns->retired.push_back(ns->arena);
+        } catch (...) {
+            lucid_cuda_free(st->alloc, p);
+            return lucid_seterr(ctx, LUCID_ERR_OOM,
+                                "out of host memory (nn arena list)");
+        }
+    }
+    ns->arena = p;
+    ns->arena_bytes = want;
+    *ptr = p;
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// table
+
+static const lucid_nn_kernels cuda_nn_table = {
+    "cuda",
+    lucid_cuda_conv2d_forward,
+    lucid_cuda_conv2d_backward_input,
+    lucid_cuda_conv2d_backward_params,
+    lucid_cuda_batchnorm2d_forward,
+    lucid_cuda_batchnorm2d_backward,
+    lucid_cuda_silu_forward,
+    lucid_cuda_silu_backward,
+    lucid_cuda_maxpool2d_forward,
+    lucid_cuda_maxpool2d_backward,
+    lucid_cuda_upsample_nearest2d_forward,
+    lucid_cuda_upsample_nearest2d_backward,
+    lucid_cuda_channel_copy,
+    lucid_cuda_add_forward,
+    lucid_cuda_softmax_forward,
+    lucid_cuda_softmax_backward,
+    lucid_cuda_dfl_forward,
+    lucid_cuda_dfl_backward,
+};
+
+extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {
+    return &cuda_nn_table;
+}

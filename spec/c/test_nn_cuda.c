@@ -1,0 +1,750 @@
+/*
+ * test_nn_cuda.c — the CUDA nn kernel table (cuda/nn_*.cu) against the CPU
+ * reference table (engine/nn/), through the checked entry points of nn.h.
+ *
+ * Every check draws fresh random inputs with the engine's Philox generator
+ * (lucid_rand_uniform on the host; the seed is printed, LUCID_TEST_SEED=<n>
+ * replays it), rounds them once to the activation dtype, runs the op on the
+ * CPU and on the GPU from the same values, and compares.  GPU outputs are
+ * poisoned with NaN first (forward outputs, and beta-0 backward outputs: a
+ * kernel that reads them or forgets an element fails); beta-1 destinations
+ * start from the same random values on both sides.  NaN never passes.
+ *
+ * Tolerances (stated once here):
+ *   conv2d f32             relative Frobenius error <= 1e-5 (y, dx, dw, db)
+ *   conv2d bf16/f16        <= 1e-2 against the CPU run on the same rounded
+ *                          inputs (the GPU also rounds the weights)
+ *   pointwise f32          (BN, SiLU, Add, channel_copy, Upsample, MaxPool,
+ *                          softmax, DFL) relative Frobenius <= 1e-6
+ *   pointwise bf16/f16     <= 1 ulp per element; ops with a reduction inside
+ *                          (BN, softmax, DFL backward) may also differ by
+ *                          1e-5 * max|ref| absolute (f32 vs f64 cancellation)
+ *   f32 side outputs       (BN statistics, running stats, dw/db of a bf16
+ *                          run) relative Frobenius <= 1e-5
+ *   integer outputs        (maxpool indices, num_batches_tracked) exact
+ *   determinism            every backward (and the BN forward) run twice on
+ *                          the GPU is bitwise identical
+ * Conv cases: 3x3 s1/s2 pad 1, 1x1, dilation 2, groups 2, depthwise (s1 and
+ * s2), odd sizes, with and without bias; each on the auto route, the direct
+ * kernels (lucid_cuda_nn_set_conv_mode 1) and, for depthwise, cuDNN (mode 2).
+ * Without a CUDA device every group prints "skip ...: no CUDA device" and the
+ * program exits 0.
+ */
+#include "test.h"
+
+#include "nn/nn.h"
+
+#include <stdint.h>
+#include <time.h>
+
+/* cuda/nn_table.cu test hooks; absent (NULL) in a CPU-only build */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
+
+static const lucid_device CPU = {LUCID_CPU, 0};
+static const lucid_device GPU = {LUCID_CUDA, 0};
+static lucid_ctx *ctx;
+static uint64_t g_seed, g_off;
+static char nm[256];
+
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+
+static void rel(lucid_tensor *t) {
+    if (t) lucid_tensor_release(t);
+}
+
+static const char *dname(lucid_dtype dt) { return lucid_dtype_name(dt); }
+
+/* ------------------------------------------------------------ tensors */
+
+/* Host tensor of dtype dt with uniform values in [lo, hi) (Philox, drawn in
+ * f32 and rounded once to dt). */
+static lucid_tensor *hrand(lucid_dtype dt, int ndim, const int64_t *shape,
+                           double lo, double hi) {
+    lucid_tensor *f = NULL, *o = NULL;
+    if (lucid_tensor_empty(ctx, CPU, LUCID_F32, ndim, shape, &f) != LUCID_OK)
+        return NULL;
+    int64_t n = lucid_tensor_numel(f);
+    if (lucid_rand_uniform(ctx, f, g_seed, g_off, lo, hi) != LUCID_OK) {
+        rel(f);
+        return NULL;
+    }
+    g_off += (uint64_t)n;
+    if (dt == LUCID_F32) return f;
+    if (lucid_tensor_to(ctx, f, CPU, dt, &o) != LUCID_OK) o = NULL;
+    rel(f);
+    return o;
+}
+
+static lucid_tensor *hzeros(lucid_dtype dt, int ndim, const int64_t *shape) {
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_zeros(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
+    return t;
+}
+
+static lucid_tensor *dev(const lucid_tensor *t) {
+    lucid_tensor *o = NULL;
+    if (!t || lucid_tensor_to(ctx, t, GPU, t->dtype, &o) != LUCID_OK) return NULL;
+    return o;
+}
+
+static lucid_tensor *host(const lucid_tensor *t) {
+    lucid_tensor *o = NULL;
+    if (!t) return NULL;
+    if (lucid_ctx_synchronize(ctx) != LUCID_OK) return NULL;
+    if (lucid_tensor_to(ctx, t, CPU, t->dtype, &o) != LUCID_OK) return NULL;
+    return o;
+}
+
+/* Empty device tensor like t, filled with NaN (poison). */
+static lucid_tensor *dpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_empty(ctx, GPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
+    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
+        rel(t);
+        return NULL;
+    }
+    return t;
+}
+
+static lucid_tensor *hpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_empty(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
+    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
+        rel(t);
+        return NULL;
+    }
+    return t;
+}
+
+static double hget(const lucid_tensor *t, int64_t i) {
+    const void *p = lucid_tensor_data(t);
+    switch (t->dtype) {
+    case LUCID_F32: return ((const float *)p)[i];
+    case LUCID_F64: return ((const double *)p)[i];
+    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_I32: return ((const int32_t *)p)[i];
+    case LUCID_I64: return (double)((const int64_t *)p)[i];
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------ comparisons */
+
+static int fail_status(const char *name, lucid_status s) {
+    TEST_FAIL(name, "%s: %s", lucid_status_name(s), lucid_ctx_error(ctx));
+    return 0;
+}
+
+#define RUN(name, expr)                                                       \
+    do {                                                                      \
+        lucid_status s_ = (expr);                                             \
+        if (s_ != LUCID_OK) {                                                 \
+            fail_status(name, s_);                                            \
+            goto done;                                                        \
+        }                                                                     \
+    } while (0)
+
+/* relative Frobenius error of GPU tensor g against host reference r */
+static void cmp_rel(const char *name, const lucid_tensor *g,
+                    const lucid_tensor *r, double tol) {
+    lucid_tensor *h = host(g);
+    if (!h || !r) {
+        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+        rel(h);
+        return;
+    }
+    int64_t n = lucid_tensor_numel(r), bad = -1;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = hget(h, i), b = hget(r, i);
+        if (isnan(a) || isnan(b) || isinf(a) || isinf(b)) {
+            if (bad < 0) bad = i;
+            continue;
+        }
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (bad >= 0)
+        TEST_FAIL(name, "non-finite at %lld: gpu %g cpu %g", (long long)bad,
+                  hget(h, bad), hget(r, bad));
+    else if (!(e <= tol))
+        TEST_FAIL(name, "relative error %.3g > %.1g", e, tol);
+    else
+        TEST_OK(name);
+    rel(h);
+}
+
+static int64_t ulp16(uint16_t a, uint16_t b) {
+    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
+    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
+    return x > y ? x - y : y - x;
+}
+
+/* bf16/f16: <= 1 ulp per element, or |a-b| <= absf * max|ref|. */
+static void cmp_ulp(const char *name, const lucid_tensor *g,
+                    const lucid_tensor *r, double absf) {
+    lucid_tensor *h = host(g);
+    if (!h || !r) {
+        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+        rel(h);
+        return;
+    }
+    int64_t n = lucid_tensor_numel(r), nbad = 0, first = -1;
+    double mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double b = fabs(hget(r, i));
+        if (b > mx && !isinf(b)) mx = b;
+    }
+    const uint16_t *ha = lucid_tensor_data(h), *rb = lucid_tensor_data(r);
+    for (int64_t i = 0; i < n; i++) {
+        double a = hget(h, i), b = hget(r, i);
+        int ok = !isnan(a) && !isnan(b) && !isinf(a) && !isinf(b) &&
+                 (ulp16(ha[i], rb[i]) <= 1 || fabs(a - b) <= absf * mx);
+        if (!ok) {
+            if (first < 0) first = i;
+            nbad++;
+        }
+    }
+    if (nbad)
+        TEST_FAIL(name, "%lld of %lld elements off by > 1 ulp (first %lld: gpu "
+                  "%.8g cpu %.8g)",
+                  (long long)nbad, (long long)n, (long long)first,
+                  hget(h, first), hget(r, first));
+    else
+        TEST_OK(name);
+    rel(h);
+}
+
+/* pointwise output: f32 rel 1e-6; bf16/f16 1 ulp (+ absf*max for reductions) */
+static void cmp_pw(const char *name, const lucid_tensor *g,
+                   const lucid_tensor *r, double absf) {
+    if (r->dtype == LUCID_F32) cmp_rel(name, g, r, 1e-6);
+    else cmp_ulp(name, g, r, absf);
+}
+
+static double conv_tol(lucid_dtype dt) { return dt == LUCID_F32 ? 1e-5 : 1e-2; }
+
+/* exact equality (integer outputs) */
+static void cmp_exact(const char *name, const lucid_tensor *g,
+                      const lucid_tensor *r) {
+    lucid_tensor *h = host(g);
+    if (!h) {
+        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+        return;
+    }
+    size_t nb = lucid_tensor_nbytes(r);
+    if (memcmp(lucid_tensor_data(h), lucid_tensor_data(r), nb) != 0) {
+        int64_t n = lucid_tensor_numel(r), i = 0;
+        while (i < n && hget(h, i) == hget(r, i)) i++;
+        TEST_FAIL(name, "differs at %lld: gpu %g cpu %g", (long long)i,
+                  i < n ? hget(h, i) : 0.0, i < n ? hget(r, i) : 0.0);
+    } else {
+        TEST_OK(name);
+    }
+    rel(h);
+}
+
+/* Snapshot of a device tensor (host copy) for the determinism checks. */
+static lucid_tensor *snap(const lucid_tensor *g) { return host(g); }
+
+static void cmp_bits(const char *name, const lucid_tensor *a_host,
+                     const lucid_tensor *g) {
+    lucid_tensor *b = host(g);
+    if (!a_host || !b) {
+        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+        rel(b);
+        return;
+    }
+    if (memcmp(lucid_tensor_data(a_host), lucid_tensor_data(b),
+               lucid_tensor_nbytes(a_host)) != 0)
+        TEST_FAIL(name, "two GPU runs differ bitwise");
+    else
+        TEST_OK(name);
+    rel(b);
+}
+
+/* ============================================================ Conv2d */
+
+typedef struct conv_case {
+    const char *tag;
+    int64_t N, Cin, H, W, Cout;
+    int kh, kw, s, p, d, g, bias;
+} conv_case;
+
+static const conv_case CONV_CASES[] = {
+    {"3x3 s1 p1 bias", 2, 8, 13, 11, 16, 3, 3, 1, 1, 1, 1, 1},
+    {"3x3 s2 p1", 2, 16, 17, 15, 8, 3, 3, 2, 1, 1, 1, 0},
+    {"1x1 bias", 3, 32, 9, 10, 24, 1, 1, 1, 0, 1, 1, 1},
+    {"3x3 dil2 p2", 2, 8, 12, 13, 8, 3, 3, 1, 2, 2, 1, 0},
+    {"3x3 groups2 bias", 2, 8, 10, 9, 12, 3, 3, 1, 1, 1, 2, 1},
+    {"dw3x3 s1", 2, 16, 15, 14, 16, 3, 3, 1, 1, 1, 16, 0},
+    {"dw3x3 s2 bias", 2, 12, 13, 17, 12, 3, 3, 2, 1, 1, 12, 1},
+    {"3x3 s1 64x64", 4, 16, 64, 64, 32, 3, 3, 1, 1, 1, 1, 0},
+};
+
+static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
+    const char *mname = mode == 0 ? "auto" : mode == 1 ? "direct" : "cudnn";
+    char pre[160];
+    snprintf(pre, sizeof pre, "conv2d %s %s [%s]", cc->tag, dname(dt), mname);
+    lucid_conv2d_params p = {cc->s, cc->s, cc->p, cc->p, cc->d, cc->d, cc->g};
+    int64_t Ho = lucid_nn_conv_out_size(cc->H, cc->kh, cc->s, cc->p, cc->d);
+    int64_t Wo = lucid_nn_conv_out_size(cc->W, cc->kw, cc->s, cc->p, cc->d);
+    int64_t xs[4] = {cc->N, cc->Cin, cc->H, cc->W};
+    int64_t ws[4] = {cc->Cout, cc->Cin / cc->g, cc->kh, cc->kw};
+    int64_t ys[4] = {cc->N, cc->Cout, Ho, Wo};
+    int64_t bs[1] = {cc->Cout};
+    double fan = 1.0 / sqrt((double)(ws[1] * cc->kh * cc->kw));
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hw = hrand(LUCID_F32, 4, ws, -fan, fan);
+    lucid_tensor *hb = cc->bias ? hrand(LUCID_F32, 1, bs, -fan, fan) : NULL;
+    lucid_tensor *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hdx1 = hrand(dt, 4, xs, -1, 1), *hdw1 = hrand(LUCID_F32, 4, ws, -1, 1);
+    lucid_tensor *hdb1 = hrand(LUCID_F32, 1, bs, -1, 1);
+    lucid_tensor *dx_ = dev(hx), *dw_ = dev(hw), *db_ = hb ? dev(hb) : NULL, *ddy = dev(hdy);
+    lucid_tensor *ry = hpoison(dt, 4, ys), *gy = dpoison(dt, 4, ys);
+    lucid_tensor *rdx0 = hpoison(dt, 4, xs), *gdx0 = dpoison(dt, 4, xs);
+    lucid_tensor *gdx1 = dev(hdx1), *rdx1 = NULL;
+    lucid_tensor *rdw0 = hpoison(LUCID_F32, 4, ws), *gdw0 = dpoison(LUCID_F32, 4, ws);
+    lucid_tensor *rdb0 = hpoison(LUCID_F32, 1, bs), *gdb0 = dpoison(LUCID_F32, 1, bs);
+    lucid_tensor *gdw1 = dev(hdw1), *gdb1 = dev(hdb1), *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    lucid_tensor *rdw1 = NULL, *rdb1 = NULL;
+    if (!hx || !hw || !hdy || !dx_ || !dw_ || !ddy || !ry || !gy || !rdx0 || !gdx0 ||
+        !gdx1 || !rdw0 || !gdw0 || !rdb0 || !gdb0 || !gdw1 || !gdb1 || (cc->bias && !db_)) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_tensor_clone(ctx, hdx1, &rdx1);
+    lucid_tensor_clone(ctx, hdw1, &rdw1);
+    lucid_tensor_clone(ctx, hdb1, &rdb1);
+    if (lucid_cuda_nn_set_conv_mode) lucid_cuda_nn_set_conv_mode(ctx, mode);
+
+    /* forward */
+    RUN(NAME("%s: forward cpu", pre), lucid_nn_conv2d_forward(ctx, hx, ry, hw, hb, &p));
+    RUN(NAME("%s: forward", pre), lucid_nn_conv2d_forward(ctx, dx_, gy, dw_, db_, &p));
+    cmp_rel(NAME("%s: forward", pre), gy, ry, conv_tol(dt));
+
+    /* backward data, beta 0 (poisoned) and beta 1 */
+    RUN(NAME("%s: backward_input cpu", pre),
+        lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx0, hw, &p, 0.0));
+    RUN(NAME("%s: backward_input", pre),
+        lucid_nn_conv2d_backward_input(ctx, dx_, ddy, gdx0, dw_, &p, 0.0));
+    cmp_rel(NAME("%s: backward_input beta 0", pre), gdx0, rdx0, conv_tol(dt));
+    s1 = snap(gdx0);
+    RUN(NAME("%s: backward_input again", pre),
+        lucid_nn_conv2d_backward_input(ctx, dx_, ddy, gdx0, dw_, &p, 0.0));
+    cmp_bits(NAME("%s: backward_input deterministic", pre), s1, gdx0);
+    RUN(NAME("%s: backward_input cpu beta 1", pre),
+        lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx1, hw, &p, 1.0));
+    RUN(NAME("%s: backward_input beta 1", pre),
+        lucid_nn_conv2d_backward_input(ctx, dx_, ddy, gdx1, dw_, &p, 1.0));
+    cmp_rel(NAME("%s: backward_input beta 1", pre), gdx1, rdx1, conv_tol(dt));
+
+    /* backward params, beta 0 (poisoned) and beta 1 */
+    RUN(NAME("%s: backward_params cpu", pre),
+        lucid_nn_conv2d_backward_params(ctx, hx, hdy, rdw0, rdb0, &p, 0.0));
+    RUN(NAME("%s: backward_params", pre),
+        lucid_nn_conv2d_backward_params(ctx, dx_, ddy, gdw0, gdb0, &p, 0.0));
+    cmp_rel(NAME("%s: backward_params dw beta 0", pre), gdw0, rdw0, conv_tol(dt));
+    cmp_rel(NAME("%s: backward_params db beta 0", pre), gdb0, rdb0,
+            dt == LUCID_F32 ? 1e-5 : 1e-5);
+    s2 = snap(gdw0);
+    s3 = snap(gdb0);
+    RUN(NAME("%s: backward_params again", pre),
+        lucid_nn_conv2d_backward_params(ctx, dx_, ddy, gdw0, gdb0, &p, 0.0));
+    cmp_bits(NAME("%s: backward_params dw deterministic", pre), s2, gdw0);
+    cmp_bits(NAME("%s: backward_params db deterministic", pre), s3, gdb0);
+    RUN(NAME("%s: backward_params cpu beta 1", pre),
+        lucid_nn_conv2d_backward_params(ctx, hx, hdy, rdw1, rdb1, &p, 1.0));
+    RUN(NAME("%s: backward_params beta 1", pre),
+        lucid_nn_conv2d_backward_params(ctx, dx_, ddy, gdw1, gdb1, &p, 1.0));
+    cmp_rel(NAME("%s: backward_params dw beta 1", pre), gdw1, rdw1, conv_tol(dt));
+    cmp_rel(NAME("%s: backward_params db beta 1", pre), gdb1, rdb1, 1e-5);
+    /* bias only (frozen weight): dw NULL */
+    if (cc->bias) {
+        lucid_fill(ctx, gdb0, NAN);
+        RUN(NAME("%s: backward_params bias-only", pre),
+            lucid_nn_conv2d_backward_params(ctx, dx_, ddy, NULL, gdb0, &p, 0.0));
+        cmp_rel(NAME("%s: backward_params bias-only db", pre), gdb0, rdb0, 1e-5);
+    }
+done:
+    if (lucid_cuda_nn_set_conv_mode) lucid_cuda_nn_set_conv_mode(ctx, 0);
+    rel(hx); rel(hw); rel(hb); rel(hdy); rel(hdx1); rel(hdw1); rel(hdb1);
+    rel(dx_); rel(dw_); rel(db_); rel(ddy); rel(ry); rel(gy); rel(rdx0); rel(gdx0);
+    rel(gdx1); rel(rdx1); rel(rdw0); rel(gdw0); rel(rdb0); rel(gdb0); rel(gdw1);
+    rel(gdb1); rel(rdw1); rel(rdb1); rel(s1); rel(s2); rel(s3);
+}
+
+/* ============================================================ BatchNorm2d */
+
+static void test_bn(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
+                    lucid_dtype dt) {
+    char pre[160];
+    snprintf(pre, sizeof pre, "batchnorm2d %lldx%lldx%lldx%lld%s %s", (long long)N,
+             (long long)C, (long long)H, (long long)W, affine ? "" : " no-affine",
+             dname(dt));
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    const double mom = 0.03, eps = 1e-3;
+    double ptol = dt == LUCID_F32 ? 1e-6 : 1e-5; /* f32 side outputs */
+    lucid_tensor *hw = affine ? hrand(LUCID_F32, 1, cs, 0.5, 1.5) : NULL;
+    lucid_tensor *hb = affine ? hrand(LUCID_F32, 1, cs, -0.5, 0.5) : NULL;
+    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2);
+    lucid_tensor *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2.0);
+    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
+    lucid_tensor *gw = hw ? dev(hw) : NULL, *gb = hb ? dev(hb) : NULL;
+    lucid_tensor *grm = dev(hrm), *grv = dev(hrv), *gnb = dev(hnb);
+    lucid_tensor *hsm = hpoison(LUCID_F32, 1, cs), *hsi = hpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm = dpoison(LUCID_F32, 1, cs), *gsi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *hx = NULL, *gx = NULL, *hy = NULL, *gy = NULL, *hdy = NULL, *gdy = NULL;
+    lucid_tensor *hdx = NULL, *gdx = NULL, *hdx1 = NULL, *gdx1 = NULL, *s1 = NULL, *s2 = NULL;
+    lucid_tensor *hdwt = NULL, *gdwt = NULL, *hdbs = NULL, *gdbs = NULL;
+    lucid_tensor *hdw1 = NULL, *gdw1 = NULL, *hdb1 = NULL, *gdb1 = NULL, *s3 = NULL;
+    lucid_tensor *grm2 = NULL, *grv2 = NULL, *gnb2 = NULL, *gsm2 = NULL, *gsi2 = NULL;
+    lucid_tensor *gy2 = NULL;
+    if (!hrm || !hrv || !hnb || !grm || !grv || !gnb || !hsm || !hsi || !gsm || !gsi ||
+        (affine && (!hw || !hb || !gw || !gb))) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    /* clones of the running stats for the determinism re-run */
+    grm2 = dev(hrm); grv2 = dev(hrv); gnb2 = dev(hnb);
+    gsm2 = dpoison(LUCID_F32, 1, cs); gsi2 = dpoison(LUCID_F32, 1, cs);
+    gy2 = dpoison(dt, 4, xs);
+    /* two training steps, fresh x each */
+    for (int step = 0; step < 2; step++) {
+        rel(hx); rel(gx); rel(hy); rel(gy);
+        hx = hrand(dt, 4, xs, -1.5, 2.5);
+        gx = dev(hx);
+        hy = hpoison(dt, 4, xs);
+        gy = dpoison(dt, 4, xs);
+        if (!hx || !gx || !hy || !gy) {
+            TEST_FAIL(NAME("%s: setup step", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        RUN(NAME("%s: train forward cpu", pre),
+            lucid_nn_batchnorm2d_forward(ctx, hx, hy, hw, hb, hrm, hrv, hnb, hsm, hsi, 1,
+                                         mom, eps));
+        RUN(NAME("%s: train forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, gy, gw, gb, grm, grv, gnb, gsm, gsi, 1,
+                                         mom, eps));
+        RUN(NAME("%s: train forward again", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, gy2, gw, gb, grm2, grv2, gnb2, gsm2, gsi2,
+                                         1, mom, eps));
+        cmp_pw(NAME("%s: train forward y step %d", pre, step + 1), gy, hy, 1e-5);
+        cmp_rel(NAME("%s: save_mean step %d", pre, step + 1), gsm, hsm, ptol);
+        cmp_rel(NAME("%s: save_invstd step %d", pre, step + 1), gsi, hsi, ptol);
+        s1 = snap(gy);
+        cmp_bits(NAME("%s: train forward deterministic step %d", pre, step + 1), s1, gy2);
+        rel(s1); s1 = NULL;
+    }
+    cmp_rel(NAME("%s: running_mean after 2 steps", pre), grm, hrm, ptol);
+    cmp_rel(NAME("%s: running_var after 2 steps", pre), grv, hrv, ptol);
+    cmp_exact(NAME("%s: num_batches_tracked after 2 steps", pre), gnb, hnb);
+    s1 = snap(grm); s2 = snap(grv);
+    cmp_bits(NAME("%s: running_mean deterministic", pre), s1, grm2);
+    cmp_bits(NAME("%s: running_var deterministic", pre), s2, grv2);
+    rel(s1); rel(s2); s1 = s2 = NULL;
+
+    /* training backward (uses the last step's saved statistics) */
+    hdy = hrand(dt, 4, xs, -1, 1);
+    gdy = dev(hdy);
+    hdx = hpoison(dt, 4, xs); gdx = dpoison(dt, 4, xs);
+    hdx1 = hrand(dt, 4, xs, -1, 1); gdx1 = dev(hdx1);
+    hdwt = hpoison(LUCID_F32, 1, cs); gdwt = dpoison(LUCID_F32, 1, cs);
+    hdbs = hpoison(LUCID_F32, 1, cs); gdbs = dpoison(LUCID_F32, 1, cs);
+    hdw1 = hrand(LUCID_F32, 1, cs, -1, 1); gdw1 = dev(hdw1);
+    hdb1 = hrand(LUCID_F32, 1, cs, -1, 1); gdb1 = dev(hdb1);
+    if (!gdy || !gdx || !gdx1 || !gdwt || !gdbs || !gdw1 || !gdb1 || !hdx || !hdwt ||
+        !hdbs) {
+        TEST_FAIL(NAME("%s: setup backward", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    RUN(NAME("%s: train backward cpu", pre),
+        lucid_nn_batchnorm2d_backward(ctx, hx, hdy, hdx, hw, hsm, hsi, hdwt, hdbs, 1, 0.0,
+                                      0.0));
+    RUN(NAME("%s: train backward", pre),
+        lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx, gw, gsm, gsi, gdwt, gdbs, 1, 0.0,
+                                      0.0));
+    /* the CPU's saved stats are f64-exact roundings, the GPU's f32 sums: use
+     * each side's own statistics (compared above) */
+    cmp_pw(NAME("%s: train backward dx beta 0", pre), gdx, hdx, 1e-5);
+    cmp_rel(NAME("%s: train backward dweight beta 0", pre), gdwt, hdwt, 1e-5);
+    cmp_rel(NAME("%s: train backward dbias beta 0", pre), gdbs, hdbs, 1e-5);
+    s1 = snap(gdx); s2 = snap(gdwt); s3 = snap(gdbs);
+    RUN(NAME("%s: train backward again", pre),
+        lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx, gw, gsm, gsi, gdwt, gdbs, 1, 0.0,
+                                      0.0));
+    cmp_bits(NAME("%s: train backward dx deterministic", pre), s1, gdx);
+    cmp_bits(NAME("%s: train backward dweight deterministic", pre), s2, gdwt);
+    cmp_bits(NAME("%s: train backward dbias deterministic", pre), s3, gdbs);
+    RUN(NAME("%s: train backward cpu beta 1", pre),
+        lucid_nn_batchnorm2d_backward(ctx, hx, hdy, hdx1, hw, hsm, hsi, hdw1, hdb1, 1, 1.0,
+                                      1.0));
+    RUN(NAME("%s: train backward beta 1", pre),
+        lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx1, gw, gsm, gsi, gdw1, gdb1, 1, 1.0,
+                                      1.0));
+    cmp_pw(NAME("%s: train backward dx beta 1", pre), gdx1, hdx1, 1e-5);
+    cmp_rel(NAME("%s: train backward dweight beta 1", pre), gdw1, hdw1, 1e-5);
+    cmp_rel(NAME("%s: train backward dbias beta 1", pre), gdb1, hdb1, 1e-5);
+
+    /* eval forward + backward (running statistics; dx only) */
+    RUN(NAME("%s: eval forward cpu", pre),
+        lucid_nn_batchnorm2d_forward(ctx, hx, hy, hw, hb, hrm, hrv, NULL, hsm, hsi, 0, mom,
+                                     eps));
+    lucid_fill(ctx, gy, NAN);
+    RUN(NAME("%s: eval forward", pre),
+        lucid_nn_batchnorm2d_forward(ctx, gx, gy, gw, gb, grm, grv, NULL, gsm, gsi, 0, mom,
+                                     eps));
+    cmp_pw(NAME("%s: eval forward y", pre), gy, hy, 0.0);
+    cmp_rel(NAME("%s: eval save_invstd", pre), gsi, hsi, ptol);
+    lucid_fill(ctx, gdx, NAN);
+    RUN(NAME("%s: eval backward cpu", pre),
+        lucid_nn_batchnorm2d_backward(ctx, hx, hdy, hdx, hw, hsm, hsi, NULL, NULL, 0, 0.0,
+                                      0.0));
+    RUN(NAME("%s: eval backward", pre),
+        lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx, gw, gsm, gsi, NULL, NULL, 0, 0.0,
+                                      0.0));
+    cmp_pw(NAME("%s: eval backward dx", pre), gdx, hdx, 0.0);
+done:
+    rel(hw); rel(hb); rel(hrm); rel(hrv); rel(hnb); rel(gw); rel(gb); rel(grm); rel(grv);
+    rel(gnb); rel(hsm); rel(hsi); rel(gsm); rel(gsi); rel(hx); rel(gx); rel(hy); rel(gy);
+    rel(hdy); rel(gdy); rel(hdx); rel(gdx); rel(hdx1); rel(gdx1); rel(s1); rel(s2); rel(s3);
+    rel(hdwt); rel(gdwt); rel(hdbs); rel(gdbs); rel(hdw1); rel(gdw1); rel(hdb1); rel(gdb1);
+    rel(grm2); rel(grv2); rel(gnb2); rel(gsm2); rel(gsi2); rel(gy2);
+}
+
+/* ============================================================ pointwise */
+
+/* A unary-shaped op pair: forward y = f(x), backward dx = beta*dx + g(x, dy).
+ * kind: 0 silu, 1 softmax (backward takes y), 2 dfl (y has 4 channels),
+ * 3 upsample (scale arg), 4 maxpool (pool params) */
+typedef struct pw_op {
+    int kind;
+    int arg;                 /* dfl reg_max, upsample scale */
+    lucid_pool2d_params pool;
+    int use_indices;
+} pw_op;
+
+static lucid_status pw_fwd(const pw_op *o, const lucid_tensor *x, lucid_tensor *y,
+                           lucid_tensor *idx) {
+    switch (o->kind) {
+    case 0: return lucid_nn_silu_forward(ctx, x, y);
+    case 1: return lucid_nn_softmax_forward(ctx, x, y);
+    case 2: return lucid_nn_dfl_forward(ctx, x, y, o->arg);
+    case 3: return lucid_nn_upsample_nearest2d_forward(ctx, x, y, o->arg);
+    default: return lucid_nn_maxpool2d_forward(ctx, x, y, idx, &o->pool);
+    }
+}
+
+static lucid_status pw_bwd(const pw_op *o, const lucid_tensor *x, const lucid_tensor *y,
+                           const lucid_tensor *dy, lucid_tensor *dx,
+                           const lucid_tensor *idx, double beta) {
+    switch (o->kind) {
+    case 0: return lucid_nn_silu_backward(ctx, x, dy, dx, beta);
+    case 1: return lucid_nn_softmax_backward(ctx, y, dy, dx, beta);
+    case 2: return lucid_nn_dfl_backward(ctx, x, dy, dx, o->arg, beta);
+    case 3: return lucid_nn_upsample_nearest2d_backward(ctx, x, dy, dx, o->arg, beta);
+    default: return lucid_nn_maxpool2d_backward(ctx, x, dy, dx, o->use_indices ? idx : NULL,
+                                                &o->pool, beta);
+    }
+}
+
+static void test_pw(const char *tag, const pw_op *o, int ndim, const int64_t *xs,
+                    lucid_dtype dt, double lo, double hi) {
+    char pre[160];
+    snprintf(pre, sizeof pre, "%s %s", tag, dname(dt));
+    int64_t ys[LUCID_MAX_DIMS];
+    memcpy(ys, xs, sizeof(int64_t) * (size_t)ndim);
+    if (o->kind == 2) ys[1] = 4;
+    if (o->kind == 3) { ys[2] *= o->arg; ys[3] *= o->arg; }
+    if (o->kind == 4) {
+        ys[2] = lucid_nn_conv_out_size(xs[2], o->pool.kernel_h, o->pool.stride_h, o->pool.pad_h, 1);
+        ys[3] = lucid_nn_conv_out_size(xs[3], o->pool.kernel_w, o->pool.stride_w, o->pool.pad_w, 1);
+    }
+    /* reductions inside the backward: softmax, dfl */
+    double absf = (o->kind == 1 || o->kind == 2) ? 1e-5 : 0.0;
+    lucid_tensor *hx = hrand(dt, ndim, xs, lo, hi), *gx = dev(hx);
+    lucid_tensor *hy = hpoison(dt, ndim, ys), *gy = dpoison(dt, ndim, ys);
+    lucid_tensor *hi_ = NULL, *gi = NULL;
+    lucid_tensor *hdy = hrand(dt, ndim, ys, -1, 1), *gdy = dev(hdy);
+    lucid_tensor *hdx = hpoison(dt, ndim, xs), *gdx = dpoison(dt, ndim, xs);
+    lucid_tensor *hdx1 = hrand(dt, ndim, xs, -1, 1), *gdx1 = dev(hdx1), *s1 = NULL;
+    if (o->kind == 4) {
+        hi_ = hzeros(LUCID_I32, ndim, ys);
+        lucid_tensor_empty(ctx, GPU, LUCID_I32, ndim, ys, &gi);
+        if (gi) lucid_fill(ctx, gi, -7);
+    }
+    if (!hx || !gx || !hy || !gy || !hdy || !gdy || !hdx || !gdx || !hdx1 || !gdx1 ||
+        (o->kind == 4 && (!hi_ || !gi))) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    RUN(NAME("%s: forward cpu", pre), pw_fwd(o, hx, hy, hi_));
+    RUN(NAME("%s: forward", pre), pw_fwd(o, gx, gy, gi));
+    cmp_pw(NAME("%s: forward", pre), gy, hy, o->kind == 1 || o->kind == 2 ? 1e-6 : 0.0);
+    if (o->kind == 4) cmp_exact(NAME("%s: forward indices", pre), gi, hi_);
+    /* the backward of softmax takes y: give both sides the CPU's y */
+    if (o->kind == 1) {
+        rel(gy);
+        gy = dev(hy);
+    }
+    RUN(NAME("%s: backward cpu", pre), pw_bwd(o, hx, hy, hdy, hdx, hi_, 0.0));
+    RUN(NAME("%s: backward", pre), pw_bwd(o, gx, gy, gdy, gdx, gi, 0.0));
+    cmp_pw(NAME("%s: backward beta 0", pre), gdx, hdx, absf);
+    s1 = snap(gdx);
+    RUN(NAME("%s: backward again", pre), pw_bwd(o, gx, gy, gdy, gdx, gi, 0.0));
+    cmp_bits(NAME("%s: backward deterministic", pre), s1, gdx);
+    RUN(NAME("%s: backward cpu beta 1", pre), pw_bwd(o, hx, hy, hdy, hdx1, hi_, 1.0));
+    RUN(NAME("%s: backward beta 1", pre), pw_bwd(o, gx, gy, gdy, gdx1, gi, 1.0));
+    cmp_pw(NAME("%s: backward beta 1", pre), gdx1, hdx1, absf);
+done:
+    rel(hx); rel(gx); rel(hy); rel(gy); rel(hi_); rel(gi); rel(hdy); rel(gdy);
+    rel(hdx); rel(gdx); rel(hdx1); rel(gdx1); rel(s1);
+}
+
+static void test_add(lucid_dtype dt) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "add %s", dname(dt));
+    int64_t s[4] = {3, 5, 17, 19};
+    lucid_tensor *ha = hrand(dt, 4, s, -2, 2), *hb = hrand(dt, 4, s, -2, 2);
+    lucid_tensor *ga = dev(ha), *gb = dev(hb), *hy = hpoison(dt, 4, s), *gy = dpoison(dt, 4, s);
+    if (!ha || !hb || !ga || !gb || !hy || !gy) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    RUN(NAME("%s: cpu", pre), lucid_nn_add_forward(ctx, ha, hb, hy));
+    RUN(NAME("%s", pre), lucid_nn_add_forward(ctx, ga, gb, gy));
+    cmp_pw(NAME("%s: forward", pre), gy, hy, 0.0);
+    /* aliased output: a = a + b */
+    RUN(NAME("%s: aliased cpu", pre), lucid_nn_add_forward(ctx, ha, hb, ha));
+    RUN(NAME("%s: aliased", pre), lucid_nn_add_forward(ctx, ga, gb, ga));
+    cmp_pw(NAME("%s: forward aliased (y = a)", pre), ga, ha, 0.0);
+done:
+    rel(ha); rel(hb); rel(ga); rel(gb); rel(hy); rel(gy);
+}
+
+static void test_channel_copy(lucid_dtype ddt, lucid_dtype sdt, double beta) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "channel_copy %s <- %s beta %g", dname(ddt), dname(sdt), beta);
+    int64_t ds[4] = {2, 10, 7, 9}, ss[4] = {2, 6, 7, 9};
+    lucid_tensor *hd = hrand(ddt, 4, ds, -1, 1), *hs = hrand(sdt, 4, ss, -1, 1);
+    lucid_tensor *gd = dev(hd), *gs = dev(hs);
+    if (!hd || !hs || !gd || !gs) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    RUN(NAME("%s: cpu", pre), lucid_nn_channel_copy(ctx, hd, 3, hs, 1, 4, beta));
+    RUN(NAME("%s", pre), lucid_nn_channel_copy(ctx, gd, 3, gs, 1, 4, beta));
+    /* untouched channels must stay bitwise as they were */
+    if (ddt == LUCID_F32) cmp_rel(NAME("%s", pre), gd, hd, 1e-6);
+    else cmp_ulp(NAME("%s", pre), gd, hd, 0.0);
+    /* bitwise: same dtype copies move bits */
+    if (ddt == sdt && beta == 0.0) cmp_exact(NAME("%s: bitwise", pre), gd, hd);
+done:
+    rel(hd); rel(hs); rel(gd); rel(gs);
+}
+
+/* ============================================================ main */
+
+static const char *GROUPS[] = {"cuda nn conv2d", "cuda nn batchnorm2d", "cuda nn silu",
+                               "cuda nn add", "cuda nn channel_copy", "cuda nn upsample",
+                               "cuda nn maxpool2d", "cuda nn softmax", "cuda nn dfl"};
+
+int main(void) {
+    if (!lucid_cuda_available()) {
+        for (size_t i = 0; i < sizeof GROUPS / sizeof GROUPS[0]; i++)
+            TEST_SKIP(GROUPS[i], "no CUDA device");
+        return 0;
+    }
+    if (!lucid_nn_cuda_kernels()) {
+        TEST_FAIL("cuda nn table linked",
+                  "lucid_nn_cuda_kernels() is NULL in a build with a CUDA "
+                  "device (cuda/nn_table.cu not linked?)");
+        return test_exit();
+    }
+    TEST_OK("cuda nn table linked");
+    const char *env = getenv("LUCID_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    printf("# test_nn_cuda: seed %llu (LUCID_TEST_SEED to replay)\n",
+           (unsigned long long)g_seed);
+
+    lucid_ctx_options o = lucid_ctx_options_default();
+    o.device = GPU;
+    o.seed = g_seed;
+    char err[512] = "";
+    lucid_status st = lucid_ctx_create(&o, &ctx, err, sizeof err);
+    if (st != LUCID_OK) {
+        TEST_FAIL("cuda context create", "%s: %s", lucid_status_name(st), err);
+        return test_exit();
+    }
+    TEST_OK("cuda context create");
+
+    static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
+    for (int d = 0; d < 3; d++) {
+        lucid_dtype dt = DTS[d];
+        /* ---- conv */
+        for (size_t c = 0; c < sizeof CONV_CASES / sizeof CONV_CASES[0]; c++) {
+            const conv_case *cc = &CONV_CASES[c];
+            test_conv(cc, dt, 0);
+            if (lucid_cuda_nn_set_conv_mode) {
+                test_conv(cc, dt, 1);
+                if (cc->g == cc->Cin && cc->g == cc->Cout) test_conv(cc, dt, 2);
+            }
+        }
+        /* ---- batchnorm: single part, multi-part planes, tiny, odd */
+        test_bn(4, 16, 32, 32, 1, dt);
+        test_bn(2, 8, 100, 90, 1, dt);
+        test_bn(8, 5, 1, 1, 1, dt);
+        test_bn(3, 7, 5, 3, 0, dt);
+        /* ---- silu */
+        pw_op silu = {0, 0, {0, 0, 0, 0, 0, 0}, 0};
+        int64_t s4[4] = {3, 5, 17, 19};
+        test_pw("silu", &silu, 4, s4, dt, -6, 6);
+        /* ---- add, channel_copy */
+        test_add(dt);
+        test_channel_copy(dt, dt, 0.0);
+        test_channel_copy(dt, dt, 1.0);
+        test_channel_copy(dt, LUCID_F32, 0.0);
+        test_channel_copy(LUCID_F32, dt, 0.5);
+        /* ---- upsample */
+        pw_op up2 = {3, 2, {0, 0, 0, 0, 0, 0}, 0}, up3 = {3, 3, {0, 0, 0, 0, 0, 0}, 0};
+        int64_t su[4] = {2, 3, 7, 5};
+        test_pw("upsample x2", &up2, 4, su, dt, -1, 1);
+        test_pw("upsample x3", &up3, 4, su, dt, -1, 1);
+        /* ---- maxpool: SPPF 5/1/2, 3/2/1, 2/2/0; with and without indices */
+        pw_op mp[3] = {{4, 0, {5, 5, 1, 1, 2, 2}, 1},
+                       {4, 0, {3, 3, 2, 2, 1, 1}, 1},
+                       {4, 0, {2, 2, 2, 2, 0, 0}, 1}};
+        const char *mpn[3] = {"maxpool2d k5 s1 p2", "maxpool2d k3 s2 p1", "maxpool2d k2 s2"};
+        int64_t sm[4] = {2, 3, 13, 11};
+        for (int k = 0; k < 3; k++) {
+            test_pw(NAME("%s indices", mpn[k]), &mp[k], 4, sm, dt, -3, 3);
+            mp[k].use_indices = 0;
+            test_pw(NAME("%s no-indices", mpn[k]), &mp[k], 4, sm, dt, -3, 3);
+        }
+        /* ---- softmax */
+        pw_op smx = {1, 0, {0, 0, 0, 0, 0, 0}, 0};
+        int64_t sa[3] = {3, 4, 37}, sb[2] = {2, 400}, sc[2] = {3, 1030}, sd[2] = {5, 1};
+        test_pw("softmax [3,4,37]", &smx, 3, sa, dt, -4, 4);
+        test_pw("softmax [2,400]", &smx, 2, sb, dt, -4, 4);
+        test_pw("softmax [3,1030]", &smx, 2, sc, dt, -4, 4);
+        test_pw("softmax [5,1]", &smx, 2, sd, dt, -4, 4);
+        /* ---- dfl */
+        pw_op dfl = {2, 16, {0, 0, 0, 0, 0, 0}, 0}, dfl7 = {2, 7, {0, 0, 0, 0, 0, 0}, 0};
+        int64_t da[3] = {2, 64, 50}, db[4] = {2, 64, 3, 7}, dc[3] = {3, 28, 11};
+        test_pw("dfl R16 [2,64,50]", &dfl, 3, da, dt, -3, 3);
+        test_pw("dfl R16 [2,64,3,7]", &dfl, 4, db, dt, -3, 3);
+        test_pw("dfl R7 [3,28,11]", &dfl7, 3, dc, dt, -3, 3);
+    }
+
+    if (lucid_cuda_nn_state_destroy) lucid_cuda_nn_state_destroy(ctx);
+    lucid_ctx_release(ctx);
+    return test_exit();
+}
