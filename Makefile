@@ -68,7 +68,7 @@ endif
 ALL_LIBS := $(CUDA_LIBS) $(LIBS)
 LIB := build/libengine.a
 
-.PHONY: all deps test test-gpu run bench gpu-pack clean info
+.PHONY: all deps test test-gpu run bench gpu-pack clean info print-link-flags print-cuda
 all: info $(LIB) lucid.so bin/lucid build/examples/host_example
 
 info:
@@ -131,6 +131,12 @@ deps:
 
 gpu-pack:
 	tools/gpu-pack.sh
+
+print-link-flags:
+	@echo $(RT_CFLAGS) $(if $(filter 1,$(CUDA)),-I$(CUDA_HOME)/include,) $(ALL_LIBS)
+
+print-cuda:
+	@echo $(CUDA)
 
 clean:
 	rm -rf build bin lucid.so

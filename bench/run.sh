@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# make bench: builds and runs every benchmark program under bench/ that
+# applies to this machine, printing each one's table. GPU benchmarks need
+# a CUDA build and a device; CPU ones always run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CC=${CC:-gcc}
+flags=$(make -s print-link-flags)
+mkdir -p build/bench
+rc=0
+for src in bench/bench_*.c; do
+  name=$(basename "$src" .c)
+  case "$name" in *cuda*) make -s print-cuda | grep -q 1 || { echo "skip $name: CPU-only build"; continue; } ;; esac
+  if ! $CC -O2 -std=c11 -D_GNU_SOURCE -Iengine $src build/libengine.a $flags -o build/bench/$name 2> build/bench/$name.build.log; then
+    echo "FAILED to build $name:"; cat build/bench/$name.build.log; rc=1; continue
+  fi
+  echo "== $name"
+  build/bench/$name || rc=1
+done
+exit $rc
