@@ -10,12 +10,204 @@
  * backward: dx = beta_input*dx + ..., dweight/dbias = beta_params*(.) + ...
  * Statistics are accumulated in f64 (two passes: mean, then centred sum of
  * squares), so they are at least as accurate as the GPU's f32 statistics.
+ * f64 activations compute everything in f64; f32 (bf16/f16 staged through
+ * f32) activations apply y = x*scale + shift and the dx formula in f32,
+ * threaded over channels, with the per-channel sums still in f64.
  * Source: PyTorch nn.BatchNorm2d docs; Ioffe & Szegedy 2015 for the
  * backward through the batch statistics.
  */
 #include "nn/nn_cpu.h"
+NN_VECTORIZE_FILE
 #include <math.h>
 #include <stdlib.h>
+
+static double pget(const lucid_tensor *t, int64_t c, double dflt) {
+    return t ? nn_ld(lucid_tensor_data(t), t->dtype, c) : dflt;
+}
+static void pset(lucid_tensor *t, int64_t c, double v) {
+    if (t) nn_st(lucid_tensor_data(t), t->dtype, c, v);
+}
+
+// ----------------------------------------------------------------------------
+// f32 path (one channel per unit)
+
+typedef struct bn_job {
+    int64_t N, C, S;
+    const float *x, *dy;
+    float *y, *dx;
+    const lucid_tensor *weight, *bias, *save_mean, *save_invstd;
+    lucid_tensor *running_mean, *running_var, *sm, *si, *dweight, *dbias;
+    int training;
+    double momentum, eps, beta_in, beta_p;
+} bn_job;
+
+static void bn_fwd_range(void *arg, int64_t c0, int64_t c1) {
+    bn_job *J = arg;
+    int64_t N = J->N, C = J->C, S = J->S, M = N * S;
+    for (int64_t c = c0; c < c1; c++) {
+        double mean, var;
+        if (J->training) {
+            double s = 0.0;
+            for (int64_t n = 0; n < N; n++) s += nn_sum_f64(J->x + (n * C + c) * S, S);
+            mean = s / (double)M;
+            double ss = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                const float *xp = J->x + (n * C + c) * S;
+                double l[4] = {0, 0, 0, 0};
+                int64_t i = 0;
+                for (; i + 4 <= S; i += 4)
+                    for (int k = 0; k < 4; k++) {
+                        double d = (double)xp[i + k] - mean;
+                        l[k] += d * d;
+                    }
+                for (; i < S; i++) {
+                    double d = (double)xp[i] - mean;
+                    l[0] += d * d;
+                }
+                ss += (l[0] + l[2]) + (l[1] + l[3]);
+            }
+            var = ss / (double)M;
+            if (J->running_mean)
+                pset(J->running_mean, c,
+                     (1.0 - J->momentum) * pget(J->running_mean, c, 0) +
+                         J->momentum * mean);
+            if (J->running_var)
+                pset(J->running_var, c,
+                     (1.0 - J->momentum) * pget(J->running_var, c, 0) +
+                         J->momentum * (ss / (double)(M - 1)));
+        } else {
+            mean = pget(J->running_mean, c, 0);
+            var = pget(J->running_var, c, 1);
+        }
+        double invstd = 1.0 / sqrt(var + J->eps);
+        pset(J->sm, c, mean);
+        pset(J->si, c, invstd);
+        double sc = pget(J->weight, c, 1.0) * invstd;
+        float scale = (float)sc, shift = (float)(pget(J->bias, c, 0.0) - mean * sc);
+        for (int64_t n = 0; n < N; n++) {
+            const float *restrict xp = J->x + (n * C + c) * S;
+            float *restrict yp = J->y + (n * C + c) * S;
+            for (int64_t i = 0; i < S; i++) yp[i] = xp[i] * scale + shift;
+        }
+    }
+}
+
+static void bn_bwd_range(void *arg, int64_t c0, int64_t c1) {
+    bn_job *J = arg;
+    int64_t N = J->N, C = J->C, S = J->S, M = N * S;
+    for (int64_t c = c0; c < c1; c++) {
+        double mean = pget(J->save_mean, c, 0), invstd = pget(J->save_invstd, c, 1);
+        double wv = pget(J->weight, c, 1.0);
+        float meanf = (float)mean;
+        /* sum(dy) and sum(dy * (x - mean)) in f64 */
+        double sdy = 0.0, sdxm = 0.0;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xp = J->x + (n * C + c) * S, *gp = J->dy + (n * C + c) * S;
+            double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+            int64_t i = 0;
+            for (; i + 4 <= S; i += 4)
+                for (int k = 0; k < 4; k++) {
+                    double g = gp[i + k];
+                    a[k] += g;
+                    b[k] += g * ((double)xp[i + k] - mean);
+                }
+            for (; i < S; i++) {
+                double g = gp[i];
+                a[0] += g;
+                b[0] += g * ((double)xp[i] - mean);
+            }
+            sdy += (a[0] + a[2]) + (a[1] + a[3]);
+            sdxm += (b[0] + b[2]) + (b[1] + b[3]);
+        }
+        double sdyx = sdxm * invstd;
+        if (J->dweight)
+            nn_st_beta(lucid_tensor_data(J->dweight), J->dweight->dtype, c, sdyx,
+                       J->beta_p);
+        if (J->dbias)
+            nn_st_beta(lucid_tensor_data(J->dbias), J->dbias->dtype, c, sdy,
+                       J->beta_p);
+        if (!J->dx) continue;
+        double k = wv * invstd;
+        /* training: dx = k*(dy - mean(dy)) - (x - mean) * k*invstd*mean(dy*xhat) */
+        float kf = (float)k, mdy = J->training ? (float)(sdy / (double)M) : 0.0f;
+        float c2 = J->training ? (float)(k * invstd * (sdyx / (double)M)) : 0.0f;
+        float beta = (float)J->beta_in;
+        for (int64_t n = 0; n < N; n++) {
+            const float *restrict xp = J->x + (n * C + c) * S;
+            const float *restrict gp = J->dy + (n * C + c) * S;
+            float *restrict dp = J->dx + (n * C + c) * S;
+            if (beta == 0.0f) {
+                for (int64_t i = 0; i < S; i++)
+                    dp[i] = kf * (gp[i] - mdy) - (xp[i] - meanf) * c2;
+            } else {
+                for (int64_t i = 0; i < S; i++)
+                    dp[i] = beta * dp[i] + (kf * (gp[i] - mdy) - (xp[i] - meanf) * c2);
+            }
+        }
+    }
+}
+
+static int64_t bn_grain(int64_t N, int64_t S) {
+    int64_t per = N * S;
+    return per >= NN_GRAIN ? 1 : (NN_GRAIN + per - 1) / (per > 0 ? per : 1);
+}
+
+static lucid_status bn_forward_f32(lucid_ctx *ctx, const lucid_tensor *x,
+                                   lucid_tensor *y, const lucid_tensor *weight,
+                                   const lucid_tensor *bias, lucid_tensor *rm,
+                                   lucid_tensor *rv, lucid_tensor *sm,
+                                   lucid_tensor *si, int training,
+                                   double momentum, double eps) {
+    const char *what = "batchnorm2d forward";
+    int ox = 0, oy = 0;
+    float *xb = nn_f32_in(ctx, x, &ox, what);
+    float *yb = xb ? nn_f32_out(ctx, y, 0, &oy, what) : NULL;
+    if (!xb || !yb) {
+        nn_f32_done((lucid_tensor *)x, xb, ox, 0);
+        return LUCID_ERR_OOM;
+    }
+    bn_job J = {.N = x->shape[0], .C = x->shape[1], .S = x->shape[2] * x->shape[3],
+                .x = xb, .y = yb, .weight = weight, .bias = bias,
+                .running_mean = rm, .running_var = rv, .sm = sm, .si = si,
+                .training = training, .momentum = momentum, .eps = eps};
+    nn_parallel(ctx, J.C, bn_grain(J.N, J.S), bn_fwd_range, &J);
+    nn_f32_done(y, yb, oy, 1);
+    nn_f32_done((lucid_tensor *)x, xb, ox, 0);
+    return LUCID_OK;
+}
+
+static lucid_status bn_backward_f32(lucid_ctx *ctx, const lucid_tensor *x,
+                                    const lucid_tensor *dy, lucid_tensor *dx,
+                                    const lucid_tensor *weight,
+                                    const lucid_tensor *save_mean,
+                                    const lucid_tensor *save_invstd,
+                                    lucid_tensor *dweight, lucid_tensor *dbias,
+                                    int training, double beta_input,
+                                    double beta_params) {
+    const char *what = "batchnorm2d backward";
+    int ox = 0, ody = 0, odx = 0;
+    float *xb = nn_f32_in(ctx, x, &ox, what);
+    float *dyb = nn_f32_in(ctx, dy, &ody, what);
+    float *dxb = dx ? nn_f32_out(ctx, dx, beta_input != 0.0, &odx, what) : NULL;
+    lucid_status st = LUCID_ERR_OOM;
+    if (xb && dyb && (!dx || dxb)) {
+        bn_job J = {.N = x->shape[0], .C = x->shape[1],
+                    .S = x->shape[2] * x->shape[3], .x = xb, .dy = dyb,
+                    .dx = dx ? dxb : NULL, .weight = weight,
+                    .save_mean = save_mean, .save_invstd = save_invstd,
+                    .dweight = dweight, .dbias = dbias, .training = training,
+                    .beta_in = beta_input, .beta_p = beta_params};
+        nn_parallel(ctx, J.C, bn_grain(J.N, J.S), bn_bwd_range, &J);
+        st = LUCID_OK;
+    }
+    if (dx) nn_f32_done(dx, dxb, odx, st == LUCID_OK);
+    nn_f32_done((lucid_tensor *)x, xb, ox, 0);
+    nn_f32_done((lucid_tensor *)dy, dyb, ody, 0);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// entry points (f64 activations: the reference code below)
 
 lucid_status cpu_batchnorm2d_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
@@ -23,6 +215,20 @@ lucid_status cpu_batchnorm2d_forward(
     lucid_tensor *running_mean, lucid_tensor *running_var,
     lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
     lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    if (x->dtype != LUCID_F64) {
+        lucid_status st = bn_forward_f32(ctx, x, y, weight, bias, running_mean,
+                                         running_var, save_mean, save_invstd,
+                                         training, momentum, eps);
+        if (st == LUCID_OK && training && num_batches_tracked) {
+            void *p = lucid_tensor_data(num_batches_tracked);
+            if (num_batches_tracked->dtype == LUCID_I64)
+                ((int64_t *)p)[0] += 1;
+            else
+                nn_st(p, num_batches_tracked->dtype, 0,
+                      nn_ld(p, num_batches_tracked->dtype, 0) + 1.0);
+        }
+        return st;
+    }
     int64_t N = x->shape[0], C = x->shape[1];
     int64_t S = x->shape[2] * x->shape[3], M = N * S;
     const void *xd = lucid_tensor_data(x);
@@ -93,6 +299,9 @@ lucid_status cpu_batchnorm2d_backward(
     const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
     double beta_input, double beta_params) {
+    if (x->dtype != LUCID_F64)
+        return bn_backward_f32(ctx, x, dy, dx, weight, save_mean, save_invstd,
+                               dweight, dbias, training, beta_input, beta_params);
     int64_t N = x->shape[0], C = x->shape[1];
     int64_t S = x->shape[2] * x->shape[3], M = N * S;
     const void *xd = lucid_tensor_data(x), *dyd = lucid_tensor_data(dy);

@@ -5,13 +5,17 @@
  * NULL, y [N,Cout,Ho,Wo]; all contiguous.  forward overwrites y;
  * backward_input writes dx = beta*dx + ...; backward_params writes
  * dw = beta*dw + ..., db = beta*db + ... (beta 1 = accumulate).
- * Activations f32/f64/bf16/f16, parameters f32/f64; everything is computed
- * in f64 and rounded once on store (the CPU is the reference).
+ * Activations f32/f64/bf16/f16, parameters f32/f64.  f64 activations are
+ * computed here in f64 and rounded once on store (the reference, for
+ * gradient checks); f32 activations take the threaded f32 path of
+ * conv2d_f32.c, and bf16/f16 activations are staged through f32 buffers
+ * into that same path.
  *
- * Method: per image and group, im2col into col [K = Cin/g*kH*kW, P = Ho*Wo]
- * and one GEMM (OpenBLAS dgemm):  y_g = w_g @ col;  dcol = w_g^T @ dy_g then
- * col2im;  dw_g += dy_g @ col^T.  Depthwise convolutions (one input and one
- * output channel per group) take a direct loop instead.
+ * f64 method: per image and group, im2col into col [K = Cin/g*kH*kW,
+ * P = Ho*Wo] and one GEMM (OpenBLAS dgemm):  y_g = w_g @ col;  dcol =
+ * w_g^T @ dy_g then col2im;  dw_g += dy_g @ col^T.  Depthwise convolutions
+ * (one input and one output channel per group) take a direct loop instead.
+ * This file also holds the scratch and f32 staging helpers of nn_cpu.h.
  * Source: PyTorch nn.Conv2d documentation; im2col as in Caffe / darknet.
  */
 #include "nn/nn_cpu.h"
@@ -103,6 +107,151 @@ double *nn_scratch(lucid_ctx *ctx, int64_t n, const char *what) {
     return p;
 }
 
+float *nn_scratch_f32(lucid_ctx *ctx, int64_t n, const char *what) {
+    size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1);
+    bytes = (bytes + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes);
+    if (!p)
+        lucid_seterr(ctx, LUCID_ERR_OOM,
+                     "%s: out of host memory for a %lld-element f32 scratch "
+                     "buffer",
+                     what, (long long)n);
+    return p;
+}
+
+static void to_f32(const void *p, lucid_dtype dt, float *dst, int64_t n) {
+    switch (dt) {
+    case LUCID_F32: memcpy(dst, p, sizeof(float) * (size_t)n); break;
+    case LUCID_F64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const double *)p)[i];
+        break;
+    case LUCID_BF16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = lucid_bf16_to_f32(((const uint16_t *)p)[i]);
+        break;
+    case LUCID_F16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = lucid_f16_to_f32(((const uint16_t *)p)[i]);
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)nn_ld(p, dt, i);
+    }
+}
+
+float *nn_f32_in(lucid_ctx *ctx, const lucid_tensor *t, int *owned,
+                 const char *what) {
+    *owned = 0;
+    if (t->dtype == LUCID_F32) return lucid_tensor_data(t);
+    int64_t n = lucid_tensor_numel(t);
+    float *b = nn_scratch_f32(ctx, n, what);
+    if (!b) return NULL;
+    to_f32(lucid_tensor_data(t), t->dtype, b, n);
+    *owned = 1;
+    return b;
+}
+
+float *nn_f32_out(lucid_ctx *ctx, lucid_tensor *t, int load, int *owned,
+                  const char *what) {
+    *owned = 0;
+    if (t->dtype == LUCID_F32) return lucid_tensor_data(t);
+    int64_t n = lucid_tensor_numel(t);
+    float *b = nn_scratch_f32(ctx, n, what);
+    if (!b) return NULL;
+    if (load) to_f32(lucid_tensor_data(t), t->dtype, b, n);
+    *owned = 1;
+    return b;
+}
+
+void nn_f32_done(lucid_tensor *t, float *buf, int owned, int store) {
+    if (!owned || !buf) return;
+    if (store) {
+        int64_t n = lucid_tensor_numel(t);
+        void *p = lucid_tensor_data(t);
+        switch (t->dtype) {
+        case LUCID_BF16:
+            for (int64_t i = 0; i < n; i++)
+                ((uint16_t *)p)[i] = lucid_f32_to_bf16(buf[i]);
+            break;
+        case LUCID_F16:
+            for (int64_t i = 0; i < n; i++)
+                ((uint16_t *)p)[i] = lucid_f32_to_f16(buf[i]);
+            break;
+        default:
+            for (int64_t i = 0; i < n; i++) nn_st(p, t->dtype, i, buf[i]);
+        }
+    }
+    free(buf);
+}
+
+float *nn_f32_param(lucid_ctx *ctx, const lucid_tensor *t, const char *what) {
+    int64_t n = lucid_tensor_numel(t);
+    float *b = nn_scratch_f32(ctx, n, what);
+    if (b) to_f32(lucid_tensor_data(t), t->dtype, b, n);
+    return b;
+}
+
+// ----------------------------------------------------------------------------
+// f32 dispatch (f32, bf16, f16 activations)
+
+static lucid_status fwd_f32(lucid_ctx *ctx, const lucid_tensor *x,
+                            lucid_tensor *y, const lucid_tensor *w,
+                            const lucid_tensor *b,
+                            const lucid_conv2d_params *p) {
+    const char *what = "conv2d forward";
+    int ox = 0, oy = 0;
+    float *wb = nn_f32_param(ctx, w, what);
+    float *bb = b ? nn_f32_param(ctx, b, what) : NULL;
+    float *xb = nn_f32_in(ctx, x, &ox, what);
+    float *yb = nn_f32_out(ctx, y, 0, &oy, what);
+    lucid_status st = LUCID_ERR_OOM;
+    if (wb && (!b || bb) && xb && yb)
+        st = cpu_conv2d_forward_f32(ctx, x, xb, yb, w, wb, bb, y->shape[2],
+                                    y->shape[3], p);
+    nn_f32_done(y, yb, oy, st == LUCID_OK);
+    nn_f32_done((lucid_tensor *)x, xb, ox, 0);
+    free(wb);
+    free(bb);
+    return st;
+}
+
+static lucid_status bwi_f32(lucid_ctx *ctx, const lucid_tensor *dy,
+                            lucid_tensor *dx, const lucid_tensor *w,
+                            const lucid_conv2d_params *p, double beta) {
+    const char *what = "conv2d backward_input";
+    int ody = 0, odx = 0;
+    float *wb = nn_f32_param(ctx, w, what);
+    float *dyb = nn_f32_in(ctx, dy, &ody, what);
+    float *dxb = nn_f32_out(ctx, dx, beta != 0.0, &odx, what);
+    lucid_status st = LUCID_ERR_OOM;
+    if (wb && dyb && dxb)
+        st = cpu_conv2d_backward_input_f32(ctx, dx, dyb, dxb, w, wb, dy->shape[2],
+                                           dy->shape[3], p, (float)beta);
+    nn_f32_done(dx, dxb, odx, st == LUCID_OK);
+    nn_f32_done((lucid_tensor *)dy, dyb, ody, 0);
+    free(wb);
+    return st;
+}
+
+static lucid_status bwp_f32(lucid_ctx *ctx, const lucid_tensor *x,
+                            const lucid_tensor *dy, lucid_tensor *dwt,
+                            lucid_tensor *db, const lucid_conv2d_params *p,
+                            double beta) {
+    const char *what = "conv2d backward_params";
+    int ox = 0, ody = 0;
+    float *xb = dwt ? nn_f32_in(ctx, x, &ox, what) : NULL;
+    float *dyb = nn_f32_in(ctx, dy, &ody, what);
+    lucid_status st = LUCID_ERR_OOM;
+    int64_t Cout = dy->shape[1];
+    int64_t kh = dwt ? dwt->shape[2] : 1, kw = dwt ? dwt->shape[3] : 1;
+    if ((!dwt || xb) && dyb)
+        st = cpu_conv2d_backward_params_f32(ctx, x, xb, dyb, Cout, kh, kw,
+                                            dy->shape[2], dy->shape[3], dwt, db,
+                                            p, beta);
+    nn_f32_done((lucid_tensor *)x, xb, ox, 0);
+    nn_f32_done((lucid_tensor *)dy, dyb, ody, 0);
+    return st;
+}
+
 // ----------------------------------------------------------------------------
 // forward
 
@@ -110,6 +259,7 @@ lucid_status cpu_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
                                 lucid_tensor *y, const lucid_tensor *w,
                                 const lucid_tensor *b,
                                 const lucid_conv2d_params *p) {
+    if (x->dtype != LUCID_F64) return fwd_f32(ctx, x, y, w, b, p);
     conv_geom g = geom_of(x, w, p);
     int dw = is_depthwise(&g);
     int64_t img_in = g.Cin * g.H * g.W, img_out = g.Cout * g.P;
@@ -176,6 +326,7 @@ lucid_status cpu_conv2d_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                        const lucid_tensor *w,
                                        const lucid_conv2d_params *p,
                                        double beta) {
+    if (dx->dtype != LUCID_F64) return bwi_f32(ctx, dy, dx, w, p, beta);
     conv_geom g = geom_of(dx, w, p);
     int dw = is_depthwise(&g);
     int64_t img_in = g.Cin * g.H * g.W, img_out = g.Cout * g.P;
@@ -237,6 +388,7 @@ lucid_status cpu_conv2d_backward_params(lucid_ctx *ctx, const lucid_tensor *x,
                                         lucid_tensor *dwt, lucid_tensor *db,
                                         const lucid_conv2d_params *p,
                                         double beta) {
+    if (x->dtype != LUCID_F64) return bwp_f32(ctx, x, dy, dwt, db, p, beta);
     /* geometry from x and the gradient's weight shape */
     const lucid_tensor *wshape = dwt;
     lucid_tensor tmp;

@@ -1,0 +1,246 @@
+/*
+ * yaml.c — reading an Ultralytics data YAML with libyaml.
+ *
+ * Contract
+ *   - Keys read: path, train, val (a string each), kpt_shape ([K, D]),
+ *     flip_idx ([K ints]), names (a mapping id -> name or a list), nc.
+ *     Other keys are ignored (a data YAML carries download scripts etc).
+ *   - path is resolved against the YAML's folder when relative; train and
+ *     val against path (Ultralytics check_det_dataset).
+ *   - Errors are ERR_FORMAT "<file>:<line>: <what>" (ERR_IO when unreadable).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "data.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+void lucid_data_yaml_free(lucid_data_yaml *y) {
+    if (!y) return;
+    free(y->path);
+    free(y->train);
+    free(y->val);
+    if (y->names)
+        for (int i = 0; i < y->nc; i++) free(y->names[i]);
+    free(y->names);
+    memset(y, 0, sizeof *y);
+}
+
+static char *join_path(const char *dir, const char *p) {
+    if (!p) return NULL;
+    if (p[0] == '/' || !dir || !dir[0]) return strdup(p);
+    size_t n = strlen(dir) + strlen(p) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s/%s", dir, p);
+    return s;
+}
+
+static const char *scalar(yaml_node_t *n) {
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value
+                                            : NULL;
+}
+
+static int parse_int(const char *s, int *out) {
+    if (!s) return -1;
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (e == s || *e) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Read a sequence of ints into out (max n); returns count or -1. */
+static int int_seq(yaml_document_t *doc, yaml_node_t *n, int *out, int max) {
+    if (!n || n->type != YAML_SEQUENCE_NODE) return -1;
+    int c = 0;
+    for (yaml_node_item_t *it = n->data.sequence.items.start;
+         it < n->data.sequence.items.top; it++) {
+        if (c >= max) return -1;
+        if (parse_int(scalar(yaml_document_get_node(doc, *it)), &out[c]))
+            return -1;
+        c++;
+    }
+    return c;
+}
+
+lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
+                                  lucid_data_yaml *out) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return lucid_seterr(ctx, LUCID_ERR_IO, "%s: cannot open data YAML: %s",
+                            file, strerror(errno));
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "%s: yaml parser init failed",
+                            file);
+    }
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        lucid_status st = lucid_seterr(
+            ctx, LUCID_ERR_FORMAT, "%s:%zu: YAML error: %s", file,
+            parser.problem_mark.line + 1,
+            parser.problem ? parser.problem : "unknown");
+        yaml_parser_delete(&parser);
+        fclose(f);
+        return st;
+    }
+    yaml_parser_delete(&parser);
+    fclose(f);
+
+    lucid_status st = LUCID_OK;
+    const char *path = NULL, *train = NULL, *val = NULL;
+    int ymlnc = -1;
+    out->kpt_shape[0] = out->kpt_shape[1] = 0;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root || root->type != YAML_MAPPING_NODE) {
+        st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                          "%s:1: data YAML must be a mapping", file);
+        goto done;
+    }
+    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start;
+         pr < root->data.mapping.pairs.top; pr++) {
+        yaml_node_t *kn = yaml_document_get_node(&doc, pr->key);
+        yaml_node_t *vn = yaml_document_get_node(&doc, pr->value);
+        const char *key = scalar(kn);
+        size_t line = vn ? vn->start_mark.line + 1 : 0;
+        if (!key) continue;
+        if (!strcmp(key, "path")) {
+            path = scalar(vn);
+        } else if (!strcmp(key, "train") || !strcmp(key, "val")) {
+            const char *s = scalar(vn);
+            if (!s) {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: '%s' must be a string (lists of "
+                                  "folders are not supported)",
+                                  file, line, key);
+                goto done;
+            }
+            if (key[0] == 't') train = s;
+            else val = s;
+        } else if (!strcmp(key, "kpt_shape")) {
+            if (int_seq(&doc, vn, out->kpt_shape, 2) != 2 ||
+                out->kpt_shape[0] < 1 || out->kpt_shape[0] > LUCID_MAX_KPT ||
+                (out->kpt_shape[1] != 2 && out->kpt_shape[1] != 3)) {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: kpt_shape must be [K, D] with "
+                                  "1 <= K <= %d and D in {2,3}",
+                                  file, line, LUCID_MAX_KPT);
+                goto done;
+            }
+        } else if (!strcmp(key, "flip_idx")) {
+            int c = int_seq(&doc, vn, out->flip_idx, LUCID_MAX_KPT);
+            if (c < 0) {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: flip_idx must be a list of at "
+                                  "most %d integers",
+                                  file, line, LUCID_MAX_KPT);
+                goto done;
+            }
+            out->nflip = c;
+            out->has_flip_idx = 1;
+        } else if (!strcmp(key, "nc")) {
+            if (parse_int(scalar(vn), &ymlnc) || ymlnc < 1) {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: nc must be a positive integer",
+                                  file, line);
+                goto done;
+            }
+        } else if (!strcmp(key, "names")) {
+            int cnt = 0;
+            if (vn->type == YAML_SEQUENCE_NODE)
+                cnt = (int)(vn->data.sequence.items.top -
+                            vn->data.sequence.items.start);
+            else if (vn->type == YAML_MAPPING_NODE)
+                cnt = (int)(vn->data.mapping.pairs.top -
+                            vn->data.mapping.pairs.start);
+            else {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: names must be a list or a mapping",
+                                  file, line);
+                goto done;
+            }
+            out->names = calloc(cnt > 0 ? cnt : 1, sizeof(char *));
+            if (!out->names) {
+                st = lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", file);
+                goto done;
+            }
+            out->nc = cnt;
+            for (int i = 0; i < cnt; i++) {
+                const char *nm;
+                if (vn->type == YAML_SEQUENCE_NODE) {
+                    nm = scalar(yaml_document_get_node(
+                        &doc, vn->data.sequence.items.start[i]));
+                } else {
+                    yaml_node_pair_t *q = vn->data.mapping.pairs.start + i;
+                    int id;
+                    if (parse_int(scalar(yaml_document_get_node(&doc, q->key)),
+                                  &id) ||
+                        id != i) {
+                        st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                          "%s:%zu: names must map ids 0..%d "
+                                          "in order",
+                                          file, line, cnt - 1);
+                        goto done;
+                    }
+                    nm = scalar(yaml_document_get_node(&doc, q->value));
+                }
+                out->names[i] = strdup(nm ? nm : "");
+            }
+        }
+    }
+    if (ymlnc > 0 && out->nc > 0 && ymlnc != out->nc) {
+        st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                          "%s: nc = %d but names has %d entries", file, ymlnc,
+                          out->nc);
+        goto done;
+    }
+    if (out->nc == 0) {
+        if (ymlnc < 1) {
+            st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                              "%s: neither names nor nc is given", file);
+            goto done;
+        }
+        out->names = calloc(ymlnc, sizeof(char *));
+        out->nc = ymlnc;
+        for (int i = 0; out->names && i < ymlnc; i++) {
+            char b[24];
+            snprintf(b, sizeof b, "class%d", i);
+            out->names[i] = strdup(b);
+        }
+    }
+    if (out->has_flip_idx && out->kpt_shape[0] > 0) {
+        st = lucid_flip_idx_check(ctx, out->flip_idx, out->nflip,
+                                  out->kpt_shape[0]);
+        if (st != LUCID_OK) {
+            char m[512];
+            snprintf(m, sizeof m, "%s", lucid_ctx_error(ctx));
+            st = lucid_seterr(ctx, LUCID_ERR_FORMAT, "%s: %s", file, m);
+            goto done;
+        }
+    }
+    {
+        /* folder of the YAML file */
+        char *dir = strdup(file);
+        if (!dir) { st = lucid_seterr(ctx, LUCID_ERR_OOM, "out of memory"); goto done; }
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else strcpy(dir, ".");
+        out->path = path ? join_path(dir, path) : strdup(dir);
+        free(dir);
+        out->train = join_path(out->path, train);
+        out->val = join_path(out->path, val);
+    }
+done:
+    yaml_document_delete(&doc);
+    if (st != LUCID_OK) lucid_data_yaml_free(out);
+    return st;
+}

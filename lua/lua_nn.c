@@ -1,0 +1,809 @@
+/*
+ * lua_nn.c — lucid.nn: the Lua binding of engine/nn (parameter sets,
+ * parameters, primitive modules).
+ *
+ * Userdata (metatables in the registry):
+ *   lucid.ParamSet  { lucid_param_set *s; lucid_ctx *ctx }   (one ref each)
+ *   lucid.Param     { lucid_param_set *s; lucid_param *p }   (ref on s; p is
+ *                    owned by s and valid for its lifetime)
+ *   lucid.CModule   { lucid_module *m; lucid_ctx *ctx }      (one ref each)
+ *
+ * Lua API (indices are 1-based; shapes are Lua arrays):
+ *   lucid.nn.ParamSet([opts])          opts.ctx: a Context (default ctx)
+ *     set:declare(name, kind, shape, [opts]) -> Param
+ *          kind "param" | "buffer"; opts: dtype "f32"|"i64", trainable,
+ *          group "decay"|"norm"|"bias"|"none", init {kind=, a=, b=, fan_in=}
+ *          with kind "zeros"|"ones"|"constant"|"uniform"|"fan_in"|"arange"
+ *     set:materialize([opts])          opts.device ("cpu"), opts.dtype ("f32"
+ *                                      or "f64" on the cpu)
+ *     set:count(), set:get(i), set:find(name) (nil when absent), set:list()
+ *     set:numel([kind], [trainable_only]), set:zero_grad(), set:reset(),
+ *     set:version(), set:is_materialized(), set:flat_params(),
+ *     set:flat_grads(), set:device(), set:dtype()
+ *   Param fields: name, kind, dtype, shape, numel, trainable (settable),
+ *     group, index (1-based), offset, version; methods p:data(), p:grad()
+ *     (tensor views into the flat buffers; grad is nil for buffers).
+ *   Module constructors (lucid.nn.*):
+ *     conv2d(set, prefix, c1, c2, k, [s=1], [p=-1 autopad], [d=1], [g=1],
+ *            [bias=false]), batchnorm2d(set, prefix, c, [eps=1e-3],
+ *     [momentum=0.03]), silu(), maxpool2d(k, [s=k], [p=0]), upsample(scale),
+ *     concat(n), split(n, [sizes]), add(), softmax(), matmul(ta, tb, alpha),
+ *     dfl(set, prefix, [reg_max=16])
+ *   Module methods: m:forward(x | {x1, ...}) -> y | {y1, ...};
+ *     m:backward(x | {x1, ...}, gy | {gy1, ...}) -> gx | {gx1, ...} (nil
+ *     when need_grad_input is off); m:parameters(), m:buffers() -> {Param};
+ *     m:train([mode]), m:eval(), m:need_grad_input(flag), m:kind(),
+ *     m:describe(); fields training, ninputs, noutputs; tostring(m).
+ * Errors: misuse raises a "bad argument" error naming the argument; engine
+ * failures raise "lucid <status>: <message>" (lucid_lua_raise).
+ */
+#include "lua_common.h"
+#include "nn/nn.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* lua/lua_io.c: lucid.io (safetensors), opened together with lucid.nn. */
+int lucid_lua_open_io(lua_State *L);
+
+#define PARAMSET_MT "lucid.ParamSet"
+#define PARAM_MT "lucid.Param"
+#define CMODULE_MT "lucid.CModule"
+#define MAX_IO 32
+
+typedef struct {
+    lucid_param_set *s;
+    lucid_ctx *ctx;
+} set_box;
+
+typedef struct {
+    lucid_param_set *s;
+    lucid_param *p;
+} param_box;
+
+typedef struct {
+    lucid_module *m;
+    lucid_ctx *ctx;
+} module_box;
+
+/* --------------------------------------------------------------- helpers */
+
+static set_box *check_set(lua_State *L, int idx) {
+    set_box *b = luaL_checkudata(L, idx, PARAMSET_MT);
+    if (!b->s) luaL_argerror(L, idx, "parameter set was freed");
+    return b;
+}
+
+static param_box *check_param(lua_State *L, int idx) {
+    return luaL_checkudata(L, idx, PARAM_MT);
+}
+
+static module_box *check_module(lua_State *L, int idx) {
+    module_box *b = luaL_checkudata(L, idx, CMODULE_MT);
+    if (!b->m) luaL_argerror(L, idx, "module was freed");
+    return b;
+}
+
+static void push_param(lua_State *L, lucid_param_set *s, lucid_param *p) {
+    if (!p) {
+        lua_pushnil(L);
+        return;
+    }
+    param_box *b = lua_newuserdata(L, sizeof *b);
+    b->s = NULL;
+    b->p = NULL;
+    luaL_getmetatable(L, PARAM_MT);
+    lua_setmetatable(L, -2);
+    lucid_param_set_retain(s);
+    b->s = s;
+    b->p = p;
+}
+
+static void push_shape(lua_State *L, int ndim, const int64_t *shape) {
+    lua_createtable(L, ndim, 0);
+    for (int i = 0; i < ndim; i++) {
+        lua_pushnumber(L, (lua_Number)shape[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* Push a borrowed tensor (takes a new reference). */
+static void push_borrowed(lua_State *L, lucid_tensor *t) {
+    if (t) lucid_tensor_retain(t);
+    lucid_lua_push_tensor(L, t);
+}
+
+static int opt_int(lua_State *L, int idx, int def) {
+    return lua_isnoneornil(L, idx) ? def : (int)luaL_checkinteger(L, idx);
+}
+
+static const char *const group_names[] = {"decay", "norm", "bias", "none", NULL};
+static const int group_values[] = {LUCID_PARAM_GROUP_DECAY, LUCID_PARAM_GROUP_NORM,
+                                   LUCID_PARAM_GROUP_BIAS, LUCID_PARAM_GROUP_NONE};
+
+static const char *group_name(int g) {
+    for (int i = 0; group_names[i]; i++)
+        if (group_values[i] == g) return group_names[i];
+    return "?";
+}
+
+/* ------------------------------------------------------------- ParamSet */
+
+/* lucid.nn.ParamSet([opts]) — an empty parameter set on opts.ctx. */
+static int l_set_new(lua_State *L) {
+    lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 1) ? 1 : 0);
+    set_box *b = lua_newuserdata(L, sizeof *b);
+    b->s = NULL;
+    b->ctx = NULL;
+    luaL_getmetatable(L, PARAMSET_MT);
+    lua_setmetatable(L, -2);
+    lucid_status st = lucid_param_set_create(ctx, &b->s);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_ctx_retain(ctx);
+    b->ctx = ctx;
+    return 1;
+}
+
+static int l_set_gc(lua_State *L) {
+    set_box *b = luaL_checkudata(L, 1, PARAMSET_MT);
+    if (b->s) lucid_param_set_release(b->s);
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->s = NULL;
+    b->ctx = NULL;
+    return 0;
+}
+
+static lucid_init_kind check_init_kind(lua_State *L, int idx, const char *name) {
+    static const char *const names[] = {"zeros", "ones", "constant", "uniform",
+                                        "fan_in", "arange", NULL};
+    static const lucid_init_kind kinds[] = {LUCID_INIT_ZEROS, LUCID_INIT_ONES,
+                                            LUCID_INIT_CONSTANT, LUCID_INIT_UNIFORM,
+                                            LUCID_INIT_FAN_IN, LUCID_INIT_ARANGE};
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], name) == 0) return kinds[i];
+    luaL_argerror(L, idx, lua_pushfstring(L, "opts.init.kind: unknown '%s' (zeros, "
+                                             "ones, constant, uniform, fan_in, arange)",
+                                          name));
+    return LUCID_INIT_ZEROS;
+}
+
+static double field_number(lua_State *L, int t, const char *k, double def) {
+    lua_getfield(L, t, k);
+    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* set:declare(name, kind, shape, [opts]) -> Param */
+static int l_set_declare(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    static const char *const kinds[] = {"param", "buffer", NULL};
+    int kind = luaL_checkoption(L, 3, NULL, kinds);
+    int64_t shape[LUCID_MAX_DIMS];
+    int ndim = 0;
+    luaL_checktype(L, 4, LUA_TTABLE);
+    if (lua_objlen(L, 4) > 0) ndim = lucid_lua_check_shape(L, 4, shape, "shape");
+    lucid_dtype dt = LUCID_F32;
+    int trainable = kind == 0;
+    int group = kind == 0 ? LUCID_PARAM_GROUP_DECAY : LUCID_PARAM_GROUP_NONE;
+    lucid_init_rule init = {LUCID_INIT_ZEROS, 0.0, 0.0, 0};
+    if (lua_istable(L, 5)) {
+        dt = lucid_lua_opt_dtype(L, 5, "dtype", LUCID_F32);
+        lua_getfield(L, 5, "trainable");
+        if (!lua_isnil(L, -1)) trainable = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        lua_getfield(L, 5, "group");
+        if (!lua_isnil(L, -1)) group = group_values[luaL_checkoption(L, -1, NULL, group_names)];
+        lua_pop(L, 1);
+        lua_getfield(L, 5, "init");
+        if (lua_istable(L, -1)) {
+            int t = lua_gettop(L);
+            lua_getfield(L, t, "kind");
+            init.kind = check_init_kind(L, 5, luaL_optstring(L, -1, "zeros"));
+            lua_pop(L, 1);
+            init.a = field_number(L, t, "a", 0.0);
+            init.b = field_number(L, t, "b", 0.0);
+            init.fan_in = (int64_t)field_number(L, t, "fan_in", 0.0);
+        }
+        lua_pop(L, 1);
+    }
+    lucid_param *p = NULL;
+    lucid_status st = lucid_param_set_declare(b->ctx, b->s, name,
+                                              kind == 0 ? LUCID_PARAM_KIND_PARAM
+                                                        : LUCID_PARAM_KIND_BUFFER,
+                                              dt, ndim, shape, trainable, group,
+                                              &init, &p);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    push_param(L, b->s, p);
+    return 1;
+}
+
+/* set:materialize([opts]) — allocate the flat buffers and run the inits. */
+static int l_set_materialize(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    lucid_device dev = lucid_ctx_device(b->ctx);
+    lucid_dtype dt = LUCID_F32;
+    if (lua_istable(L, 2)) {
+        dev = lucid_lua_opt_device(L, 2, "device", dev);
+        dt = lucid_lua_opt_dtype(L, 2, "dtype", LUCID_F32);
+    }
+    lucid_status st = lucid_param_set_materialize(b->ctx, b->s, dev, dt);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_set_count(lua_State *L) {
+    lua_pushinteger(L, lucid_param_set_count(check_set(L, 1)->s));
+    return 1;
+}
+
+static int l_set_get(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    int i = (int)luaL_checkinteger(L, 2);
+    int n = lucid_param_set_count(b->s);
+    if (i < 1 || i > n)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "index %d out of range 1..%d", i, n));
+    push_param(L, b->s, lucid_param_set_get(b->s, i - 1));
+    return 1;
+}
+
+static int l_set_find(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    push_param(L, b->s, lucid_param_set_find(b->s, luaL_checkstring(L, 2)));
+    return 1;
+}
+
+/* set:list([kind]) -> {Param} in declaration order (kind filters). */
+static int l_set_list(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    static const char *const kinds[] = {"all", "param", "buffer", NULL};
+    int k = luaL_checkoption(L, 2, "all", kinds);
+    int n = lucid_param_set_count(b->s), j = 0;
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lucid_param *p = lucid_param_set_get(b->s, i);
+        if (k == 1 && p->kind != LUCID_PARAM_KIND_PARAM) continue;
+        if (k == 2 && p->kind != LUCID_PARAM_KIND_BUFFER) continue;
+        push_param(L, b->s, p);
+        lua_rawseti(L, -2, ++j);
+    }
+    return 1;
+}
+
+/* set:numel([kind="param"], [trainable_only=false]) */
+static int l_set_numel(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    static const char *const kinds[] = {"param", "buffer", NULL};
+    int k = luaL_checkoption(L, 2, "param", kinds);
+    lua_pushnumber(L, (lua_Number)lucid_param_set_numel(
+                          b->s, k == 0 ? LUCID_PARAM_KIND_PARAM : LUCID_PARAM_KIND_BUFFER,
+                          lua_toboolean(L, 3)));
+    return 1;
+}
+
+static int l_set_zero_grad(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    lucid_status st = lucid_param_set_zero_grad(b->ctx, b->s);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_set_reset(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    lucid_status st = lucid_param_set_reset(b->ctx, b->s);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_set_version(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)lucid_param_set_version(check_set(L, 1)->s));
+    return 1;
+}
+
+static int l_set_is_materialized(lua_State *L) {
+    lua_pushboolean(L, lucid_param_set_is_materialized(check_set(L, 1)->s));
+    return 1;
+}
+
+static int l_set_flat_params(lua_State *L) {
+    push_borrowed(L, lucid_param_set_flat_params(check_set(L, 1)->s));
+    return 1;
+}
+
+static int l_set_flat_grads(lua_State *L) {
+    push_borrowed(L, lucid_param_set_flat_grads(check_set(L, 1)->s));
+    return 1;
+}
+
+static int l_set_device(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    lucid_device d = lucid_param_set_device(b->s);
+    if (d.type == LUCID_CUDA) lua_pushfstring(L, "cuda:%d", d.index);
+    else lua_pushliteral(L, "cpu");
+    return 1;
+}
+
+static int l_set_dtype(lua_State *L) {
+    lua_pushstring(L, lucid_dtype_name(lucid_param_set_dtype(check_set(L, 1)->s)));
+    return 1;
+}
+
+static int l_set_tostring(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    lua_pushfstring(L, "ParamSet(%d entries, %f parameters)", lucid_param_set_count(b->s),
+                    (lua_Number)lucid_param_set_numel(b->s, LUCID_PARAM_KIND_PARAM, 0));
+    return 1;
+}
+
+/* ---------------------------------------------------------------- Param */
+
+static int l_param_gc(lua_State *L) {
+    param_box *b = luaL_checkudata(L, 1, PARAM_MT);
+    if (b->s) lucid_param_set_release(b->s);
+    b->s = NULL;
+    b->p = NULL;
+    return 0;
+}
+
+static int l_param_data(lua_State *L) {
+    param_box *b = check_param(L, 1);
+    if (!b->p->data)
+        return luaL_error(L, "param %s: not materialized (call materialize first)",
+                          b->p->name);
+    push_borrowed(L, b->p->data);
+    return 1;
+}
+
+static int l_param_grad(lua_State *L) {
+    param_box *b = check_param(L, 1);
+    if (b->p->kind == LUCID_PARAM_KIND_PARAM && !b->p->grad)
+        return luaL_error(L, "param %s: not materialized (call materialize first)",
+                          b->p->name);
+    push_borrowed(L, b->p->grad);
+    return 1;
+}
+
+static int l_param_index(lua_State *L) {
+    param_box *b = check_param(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    const lucid_param *p = b->p;
+    if (strcmp(k, "name") == 0) lua_pushstring(L, p->name);
+    else if (strcmp(k, "kind") == 0)
+        lua_pushstring(L, p->kind == LUCID_PARAM_KIND_PARAM ? "param" : "buffer");
+    else if (strcmp(k, "dtype") == 0) lua_pushstring(L, lucid_dtype_name(p->dtype));
+    else if (strcmp(k, "shape") == 0) push_shape(L, p->ndim, p->shape);
+    else if (strcmp(k, "numel") == 0) lua_pushnumber(L, (lua_Number)p->numel);
+    else if (strcmp(k, "trainable") == 0) lua_pushboolean(L, p->trainable);
+    else if (strcmp(k, "group") == 0) lua_pushstring(L, group_name(p->group));
+    else if (strcmp(k, "index") == 0) lua_pushinteger(L, p->index + 1);
+    else if (strcmp(k, "offset") == 0) lua_pushnumber(L, (lua_Number)p->offset);
+    else if (strcmp(k, "version") == 0) lua_pushnumber(L, (lua_Number)p->version);
+    else if (strcmp(k, "data") == 0) lua_pushcfunction(L, l_param_data);
+    else if (strcmp(k, "grad") == 0) lua_pushcfunction(L, l_param_grad);
+    else lua_pushnil(L);
+    return 1;
+}
+
+/* p.trainable = bool (the only settable field). */
+static int l_param_newindex(lua_State *L) {
+    param_box *b = check_param(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "trainable") != 0)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "param field '%s' is read-only "
+                                                      "(only 'trainable' is settable)", k));
+    if (b->p->kind != LUCID_PARAM_KIND_PARAM)
+        return luaL_error(L, "param %s: a buffer cannot be made trainable", b->p->name);
+    lucid_ctx *ctx = lucid_lua_ctx(L, 0);
+    lucid_status st = lucid_param_set_trainable(ctx, b->s, b->p, lua_toboolean(L, 3));
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
+static int l_param_tostring(lua_State *L) {
+    param_box *b = check_param(L, 1);
+    const lucid_param *p = b->p;
+    char shp[256];
+    size_t n = 0;
+    shp[0] = '\0';
+    for (int i = 0; i < p->ndim && n < sizeof shp - 24; i++)
+        n += (size_t)snprintf(shp + n, sizeof shp - n, "%s%lld", i ? ", " : "",
+                              (long long)p->shape[i]);
+    lua_pushfstring(L, "Param(%s, [%s], %s, %s)", p->name, shp, lucid_dtype_name(p->dtype),
+                    p->kind == LUCID_PARAM_KIND_BUFFER ? "buffer"
+                    : p->trainable                     ? "trainable"
+                                                       : "frozen");
+    return 1;
+}
+
+static int l_param_eq(lua_State *L) {
+    param_box *a = luaL_testudata(L, 1, PARAM_MT), *b = luaL_testudata(L, 2, PARAM_MT);
+    lua_pushboolean(L, a && b && a->p == b->p);
+    return 1;
+}
+
+/* --------------------------------------------------------------- Module */
+
+/* Box a freshly created module (takes over the reference). */
+static int push_module(lua_State *L, lucid_ctx *ctx, lucid_status st, lucid_module *m) {
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    module_box *b = lua_newuserdata(L, sizeof *b);
+    b->m = m;
+    b->ctx = ctx;
+    lucid_ctx_retain(ctx);
+    luaL_getmetatable(L, CMODULE_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+
+static int l_module_gc(lua_State *L) {
+    module_box *b = luaL_checkudata(L, 1, CMODULE_MT);
+    if (b->m) lucid_module_release(b->m);
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->m = NULL;
+    b->ctx = NULL;
+    return 0;
+}
+
+static int l_conv2d(lua_State *L) {
+    set_box *s = check_set(L, 1);
+    const char *prefix = luaL_checkstring(L, 2);
+    int c1 = (int)luaL_checkinteger(L, 3), c2 = (int)luaL_checkinteger(L, 4);
+    int k = (int)luaL_checkinteger(L, 5);
+    int st_ = opt_int(L, 6, 1), p = opt_int(L, 7, -1), d = opt_int(L, 8, 1);
+    int g = opt_int(L, 9, 1), bias = lua_toboolean(L, 10);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_conv2d_create(s->ctx, s->s, prefix, c1, c2, k, st_, p,
+                                                 d, g, bias, &m);
+    return push_module(L, s->ctx, st, m);
+}
+
+static int l_batchnorm2d(lua_State *L) {
+    set_box *s = check_set(L, 1);
+    const char *prefix = luaL_checkstring(L, 2);
+    int c = (int)luaL_checkinteger(L, 3);
+    double eps = luaL_optnumber(L, 4, 1e-3), mom = luaL_optnumber(L, 5, 0.03);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_batchnorm2d_create(s->ctx, s->s, prefix, c, eps, mom, &m);
+    return push_module(L, s->ctx, st, m);
+}
+
+static int l_dfl(lua_State *L) {
+    set_box *s = check_set(L, 1);
+    const char *prefix = luaL_checkstring(L, 2);
+    int r = opt_int(L, 3, 16);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_dfl_create(s->ctx, s->s, prefix, r, &m);
+    return push_module(L, s->ctx, st, m);
+}
+
+/* Parameter-free modules take an optional trailing opts table {ctx=}. */
+static lucid_ctx *free_ctx(lua_State *L) {
+    int top = lua_gettop(L);
+    return lucid_lua_ctx(L, top > 0 && lua_istable(L, top) ? top : 0);
+}
+
+static int l_silu(lua_State *L) {
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_silu_create(ctx, &m);
+    return push_module(L, ctx, st, m);
+}
+
+static int l_maxpool2d(lua_State *L) {
+    int k = (int)luaL_checkinteger(L, 1);
+    int s = opt_int(L, 2, k), p = opt_int(L, 3, 0);
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_maxpool2d_create(ctx, k, s, p, &m);
+    return push_module(L, ctx, st, m);
+}
+
+static int l_upsample(lua_State *L) {
+    int scale = (int)luaL_checkinteger(L, 1);
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_upsample_create(ctx, scale, &m);
+    return push_module(L, ctx, st, m);
+}
+
+static int l_concat(lua_State *L) {
+    int n = (int)luaL_checkinteger(L, 1);
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_concat_create(ctx, n, &m);
+    return push_module(L, ctx, st, m);
+}
+
+/* split(n, [sizes]) — sizes: Lua array of n channel counts (nil: chunk). */
+static int l_split(lua_State *L) {
+    int n = (int)luaL_checkinteger(L, 1);
+    int64_t sizes[MAX_IO];
+    int have = lua_istable(L, 2) && lua_objlen(L, 2) > 0;
+    if (n < 1 || n > MAX_IO)
+        return luaL_argerror(L, 1, lua_pushfstring(L, "n: expected 1..%d, got %d", MAX_IO, n));
+    if (have) {
+        if ((int)lua_objlen(L, 2) != n)
+            return luaL_argerror(L, 2, lua_pushfstring(L, "sizes: expected %d entries, got %d",
+                                                       n, (int)lua_objlen(L, 2)));
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, 2, i + 1);
+            sizes[i] = (int64_t)luaL_checkinteger(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_split_create(ctx, n, have ? sizes : NULL, &m);
+    return push_module(L, ctx, st, m);
+}
+
+static int l_add(lua_State *L) {
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_add_create(ctx, &m);
+    return push_module(L, ctx, st, m);
+}
+
+static int l_softmax(lua_State *L) {
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_softmax_create(ctx, &m);
+    return push_module(L, ctx, st, m);
+}
+
+/* matmul(trans_a, trans_b, [alpha=1]) */
+static int l_matmul(lua_State *L) {
+    int ta = lua_toboolean(L, 1), tb = lua_toboolean(L, 2);
+    double alpha = luaL_optnumber(L, 3, 1.0);
+    lucid_ctx *ctx = free_ctx(L);
+    lucid_module *m = NULL;
+    lucid_status st = lucid_module_matmul_create(ctx, ta, tb, alpha, &m);
+    return push_module(L, ctx, st, m);
+}
+
+/* Gather tensors from idx (a tensor, or an array of tensors; nil entries
+ * allowed when nullable) into out[]; returns the count. */
+static int gather(lua_State *L, int idx, const char *what, int nullable,
+                  const lucid_tensor **out, int expect) {
+    if (!lua_istable(L, idx)) {
+        if (nullable && lua_isnoneornil(L, idx)) {
+            out[0] = NULL;
+            return 1;
+        }
+        out[0] = lucid_lua_check_tensor(L, idx, what);
+        return 1;
+    }
+    int n = expect > 0 ? expect : (int)lua_objlen(L, idx);
+    if (n > MAX_IO)
+        return luaL_argerror(L, idx, lua_pushfstring(L, "%s: at most %d tensors", what, MAX_IO));
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, idx, i + 1);
+        if (nullable && lua_isnil(L, -1)) {
+            out[i] = NULL;
+        } else {
+            lucid_tensor *t = lucid_lua_to_tensor(L, -1);
+            if (!t)
+                luaL_argerror(L, idx, lua_pushfstring(L, "%s[%d]: expected lucid.Tensor, got %s",
+                                                      what, i + 1, luaL_typename(L, -1)));
+            out[i] = t;
+        }
+        lua_pop(L, 1);
+    }
+    return n;
+}
+
+/* m:forward(x | {x1, ...}) -> y (one output) | {y1, ...} */
+static int l_module_forward(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    const lucid_tensor *in[MAX_IO];
+    int nin = gather(L, 2, "input", 0, in, 0);
+    if (nin != b->m->ninputs)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
+                                                   lucid_module_kind(b->m), b->m->ninputs,
+                                                   nin));
+    lucid_status st = lucid_module_forward(b->ctx, b->m, nin, in);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    if (b->m->noutputs == 1) {
+        push_borrowed(L, lucid_module_output(b->m, 0));
+        return 1;
+    }
+    lua_createtable(L, b->m->noutputs, 0);
+    for (int i = 0; i < b->m->noutputs; i++) {
+        push_borrowed(L, lucid_module_output(b->m, i));
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+/* m:backward(x | {x...}, gy | {gy...}) -> gx | {gx...} (nil entries when
+ * need_grad_input is off). */
+static int l_module_backward(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    const lucid_tensor *in[MAX_IO], *gout[MAX_IO];
+    int nin = gather(L, 2, "input", 0, in, 0);
+    if (nin != b->m->ninputs)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
+                                                   lucid_module_kind(b->m), b->m->ninputs,
+                                                   nin));
+    int nout = b->m->noutputs;
+    if (nout == 1 && !lua_istable(L, 3)) gather(L, 3, "grad_output", 1, gout, 0);
+    else {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        gather(L, 3, "grad_output", 1, gout, nout);
+    }
+    lucid_status st = lucid_module_backward(b->ctx, b->m, nin, in, nout, gout);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    if (!b->m->need_grad_input) {
+        lua_pushnil(L);
+        return 1;
+    }
+    if (nin == 1 && !lua_istable(L, 2)) {
+        push_borrowed(L, lucid_module_grad_input(b->m, 0));
+        return 1;
+    }
+    lua_createtable(L, nin, 0);
+    for (int i = 0; i < nin; i++) {
+        push_borrowed(L, lucid_module_grad_input(b->m, i));
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int push_params_of(lua_State *L, lucid_module *m, lucid_param_kind kind) {
+    lua_newtable(L);
+    int j = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        if (m->params[i]->kind != kind) continue;
+        push_param(L, m->set, m->params[i]);
+        lua_rawseti(L, -2, ++j);
+    }
+    return 1;
+}
+
+static int l_module_parameters(lua_State *L) {
+    return push_params_of(L, check_module(L, 1)->m, LUCID_PARAM_KIND_PARAM);
+}
+
+static int l_module_buffers(lua_State *L) {
+    return push_params_of(L, check_module(L, 1)->m, LUCID_PARAM_KIND_BUFFER);
+}
+
+static int l_module_train(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    lucid_module_set_training(b->m, lua_isnoneornil(L, 2) ? 1 : lua_toboolean(L, 2));
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_module_eval(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    lucid_module_set_training(b->m, 0);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_module_need_grad_input(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    lucid_module_set_need_grad_input(b->m, lua_toboolean(L, 2));
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_module_kind(lua_State *L) {
+    lua_pushstring(L, lucid_module_kind(check_module(L, 1)->m));
+    return 1;
+}
+
+static int l_module_describe(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    char buf[512];
+    lucid_module_describe(b->m, buf, sizeof buf);
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+static const luaL_Reg module_methods[] = {
+    {"forward", l_module_forward},     {"backward", l_module_backward},
+    {"parameters", l_module_parameters}, {"buffers", l_module_buffers},
+    {"train", l_module_train},         {"eval", l_module_eval},
+    {"need_grad_input", l_module_need_grad_input},
+    {"kind", l_module_kind},           {"describe", l_module_describe},
+    {NULL, NULL},
+};
+
+/* Methods first (upvalue table), then the fields training/ninputs/noutputs. */
+static int l_module_index(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, lua_upvalueindex(1));
+    if (!lua_isnil(L, -1)) return 1;
+    lua_pop(L, 1);
+    const char *k = lua_tostring(L, 2);
+    if (!k) lua_pushnil(L);
+    else if (strcmp(k, "training") == 0) lua_pushboolean(L, b->m->training);
+    else if (strcmp(k, "ninputs") == 0) lua_pushinteger(L, b->m->ninputs);
+    else if (strcmp(k, "noutputs") == 0) lua_pushinteger(L, b->m->noutputs);
+    else if (strcmp(k, "name") == 0) lua_pushstring(L, b->m->name);
+    else lua_pushnil(L);
+    return 1;
+}
+
+/* ------------------------------------------------------------- register */
+
+static const luaL_Reg set_methods[] = {
+    {"declare", l_set_declare},     {"materialize", l_set_materialize},
+    {"count", l_set_count},         {"get", l_set_get},
+    {"find", l_set_find},           {"list", l_set_list},
+    {"numel", l_set_numel},         {"zero_grad", l_set_zero_grad},
+    {"reset", l_set_reset},         {"version", l_set_version},
+    {"is_materialized", l_set_is_materialized},
+    {"flat_params", l_set_flat_params}, {"flat_grads", l_set_flat_grads},
+    {"device", l_set_device},       {"dtype", l_set_dtype},
+    {NULL, NULL},
+};
+
+static const luaL_Reg nn_funcs[] = {
+    {"ParamSet", l_set_new},     {"conv2d", l_conv2d},   {"batchnorm2d", l_batchnorm2d},
+    {"dfl", l_dfl},              {"silu", l_silu},       {"maxpool2d", l_maxpool2d},
+    {"upsample", l_upsample},    {"concat", l_concat},   {"split", l_split},
+    {"add", l_add},              {"softmax", l_softmax}, {"matmul", l_matmul},
+    {NULL, NULL},
+};
+
+/* Adds lucid.nn (the table above) and lucid.io (lua_io.c) to the module
+ * table on top of the stack. */
+int lucid_lua_open_nn(lua_State *L) {
+    int module = lua_gettop(L);
+
+    luaL_newmetatable(L, PARAMSET_MT);
+    lua_pushliteral(L, PARAMSET_MT);
+    lua_setfield(L, -2, "__name");
+    lua_pushcfunction(L, l_set_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_set_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_newtable(L);
+    luaL_setfuncs(L, set_methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, PARAM_MT);
+    lua_pushliteral(L, PARAM_MT);
+    lua_setfield(L, -2, "__name");
+    lua_pushcfunction(L, l_param_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_param_index);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_param_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, l_param_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pushcfunction(L, l_param_eq);
+    lua_setfield(L, -2, "__eq");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, CMODULE_MT);
+    lua_pushliteral(L, CMODULE_MT);
+    lua_setfield(L, -2, "__name");
+    lua_pushcfunction(L, l_module_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_module_describe);
+    lua_setfield(L, -2, "__tostring");
+    lua_newtable(L);
+    luaL_setfuncs(L, module_methods, 0);
+    lua_pushcclosure(L, l_module_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+
+    lua_getfield(L, module, "nn");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    }
+    luaL_setfuncs(L, nn_funcs, 0);
+    lua_setfield(L, module, "nn");
+    lua_settop(L, module);
+    return lucid_lua_open_io(L);
+}

@@ -1,0 +1,323 @@
+--- lucid.model — a network as an Ultralytics layer table: rows {from, n,
+-- module, args}, scaled by parse_model's rules, executed in order as a DAG.
+--
+--   local Model = require("lucid.model")
+--   local m = Model.new(cfg, {scale = "n", nc = 1, kpt_shape = {17, 3}})
+--   local out = m:forward(x)               -- {boxes, scores, kpts, feats}
+--   local gx = m:backward(x, {boxes = gb, scores = gs, kpts = gk})
+--
+-- Layer i (0-based, as in Ultralytics) takes the output of layer i-1
+-- (from = -1), of layer j (from = j), or a list of them (Concat, Pose).
+-- backward runs the layers in reverse and sums the gradients of an output
+-- that feeds several layers. Parameters live in one flat ParamSet under the
+-- reference names "model.<i>.<path>" (the Ultralytics state-dict names).
+local util = require("lucid.nn.util")
+local nn = require("lucid.nn")
+local Module = require("lucid.nn.module")
+local containers = require("lucid.nn.containers")
+local serialize = require("lucid.model_io")
+
+local acc = containers.accumulate
+local C = nn.classes
+
+local Model = util.class("Model", Module)
+
+-- Modules whose first arg is c2 (scaled) and whose c1 comes from `from`.
+local BASE = { Conv = true, DWConv = true, Bottleneck = true, C2f = true, C3 = true,
+  C3k = true, C3k2 = true, SPPF = true, C2PSA = true }
+-- Modules that take the repeat count as their third argument.
+local REPEAT = { C2f = true, C3 = true, C3k2 = true, C2PSA = true }
+-- Module paths as Ultralytics prints them in its summary.
+local QUALNAME = {
+  Conv = "ultralytics.nn.modules.conv.Conv", DWConv = "ultralytics.nn.modules.conv.DWConv",
+  Concat = "ultralytics.nn.modules.conv.Concat", Upsample = "torch.nn.modules.upsampling.Upsample",
+  Pose = "ultralytics.nn.modules.head.Pose", Detect = "ultralytics.nn.modules.head.Detect",
+}
+
+-- Replace the symbolic args of a row ("nc", "kpt_shape", "None").
+local function resolve(args, nc, kpt)
+  local out = { n = #args }
+  for i = 1, #args do
+    local a = args[i]
+    if a == "nc" then a = nc elseif a == "kpt_shape" then a = kpt elseif a == "None" then a = nil end
+    out[i] = a
+  end
+  return out
+end
+
+-- Python-like text of an args list for the summary table.
+local function args_str(args)
+  local p = {}
+  for i = 1, args.n or #args do
+    local a = args[i]
+    if type(a) == "table" then
+      local q = {}
+      for j = 1, #a do q[j] = util.pyrepr(a[j]) end
+      p[i] = "[" .. table.concat(q, ", ") .. "]"
+    else
+      p[i] = util.pyrepr(a)
+    end
+  end
+  return "[" .. table.concat(p, ", ") .. "]"
+end
+
+-- Build one layer module from its resolved constructor args.
+local function instantiate(name, a)
+  if name == "Upsample" then return C.Upsample.new(a[2]) end
+  local cls = C[name]
+  if not cls then error("model: unknown module '" .. tostring(name) .. "'", 3) end
+  return cls.new(unpack(a, 1, a.n))
+end
+
+--- Parse a layer table into layers (parse_model). Returns the layer list
+-- and the head's kind. Each layer: {i, f, n, type, args, module, c2, stride}.
+local function parse(cfg, opts)
+  local nc = opts.nc or cfg.nc
+  local kpt = opts.kpt_shape or cfg.kpt_shape
+  local scale = opts.scale or "n"
+  local sc = type(scale) == "table" and scale or cfg.scales[scale]
+  if not sc then error("model: unknown scale '" .. tostring(scale) .. "'", 3) end
+  local depth, width, max_channels = sc[1], sc[2], sc[3]
+  local ch = { [-1] = opts.ch or 3 }   -- out channels by layer index (-1: input)
+  local stride = { [-1] = 1 }           -- spatial stride by layer index
+  local rows = {}
+  for _, r in ipairs(cfg.backbone) do rows[#rows + 1] = r end
+  for _, r in ipairs(cfg.head) do rows[#rows + 1] = r end
+  local legacy = true
+  local layers = {}
+  for idx, row in ipairs(rows) do
+    local i = idx - 1
+    local f, n, name = row[1], row[2], row[3]
+    local function src(j) return j == -1 and i - 1 or j end
+    local args = resolve(row[4], nc, kpt)
+    local display
+    n = util.scale_depth(n, depth)
+    local n_ = n
+    local c2, s
+    if BASE[name] then
+      local c1 = ch[src(f)]
+      c2 = args[1]
+      if c2 ~= nc then c2 = util.scale_channels(c2, width, max_channels) end
+      local a = { c1, c2, n = args.n + 1 }
+      for k = 2, args.n do a[k + 1] = args[k] end
+      args = a
+      if REPEAT[name] then
+        table.insert(args, 3, n)
+        args.n = args.n + 1
+        n = 1
+      end
+      if name == "C3k2" then
+        legacy = false
+        if scale == "m" or scale == "l" or scale == "x" then args[4] = true; args.n = math.max(args.n, 4) end
+      end
+      s = stride[src(f)] * ((name == "Conv" or name == "DWConv") and (args[4] or 1) or 1)
+    elseif name == "Concat" then
+      c2, s = 0, stride[src(f[1])]
+      for _, j in ipairs(f) do
+        c2 = c2 + ch[src(j)]
+        if stride[src(j)] ~= s then error(string.format("model: layer %d concatenates strides %d and %d", i, s, stride[src(j)]), 3) end
+      end
+      display = args
+      args = { #f, args[1], n = 2 } -- Concat.new(ninputs, dim)
+    elseif name == "Pose" or name == "Detect" then
+      local chs = {}
+      for k, j in ipairs(f) do chs[k] = ch[src(j)] end
+      if name == "Pose" then args = { nc, kpt, 16, chs, legacy, n = 5 }
+      else args = { nc, 16, chs, legacy, n = 4 } end
+      c2 = nil
+    elseif name == "Upsample" then
+      c2 = ch[src(f)]
+      s = stride[src(f)] / args[2]
+    else
+      error("model: unknown module '" .. tostring(name) .. "' in layer " .. i, 3)
+    end
+    local module
+    if n > 1 then
+      local list = {}
+      for k = 1, n do list[k] = instantiate(name, args) end
+      module = containers.Sequential.new(list)
+    else
+      module = instantiate(name, args)
+    end
+    if name == "Pose" or name == "Detect" then
+      module.stride = {}
+      for k, j in ipairs(f) do module.stride[k] = stride[src(j)] end
+    end
+    local layer = { i = i, f = f, n = n_, type = name, args = args, module = module, c2 = c2,
+      stride = s, display_args = display or args }
+    layer.np = module:num_params()
+    layers[#layers + 1] = layer
+    ch[i], stride[i] = c2, s
+  end
+  return layers
+end
+
+--- Model.new(cfg, opts): build the network of a layer table.
+-- @param cfg table: {nc, kpt_shape, scales, backbone, head} (see
+--   lucid.models.yolo11_pose.config)
+-- @param opts table|nil: scale ("n", or a {depth, width, max_channels}
+--   triple), nc, kpt_shape, ch (3), materialize
+--   (default true: needs the C binding), device ("cpu"), dtype ("f32" or
+--   "f64"), ctx, input_grad (false: layer 0 skips the image gradient)
+-- @return Model; raises on an unknown module/scale or inconsistent table
+function Model.__init(self, cfg, opts)
+  Module.__init(self)
+  opts = opts or {}
+  self.cfg = cfg
+  self.yaml_name = cfg.name
+  self.scale = opts.scale or "n"
+  self.nc = opts.nc or cfg.nc
+  self.kpt_shape = opts.kpt_shape or cfg.kpt_shape
+  self.ch_in = opts.ch or 3
+  self.layers = parse(cfg, opts)
+  local seq = containers.Sequential.new()
+  for _, L in ipairs(self.layers) do seq:add(tostring(L.i), L.module) end
+  self:add("model", seq)
+  local last = self.layers[#self.layers]
+  self.head = last.module
+  self.stride = last.module.stride
+  self.class_name = (last.type == "Pose") and "PoseModel" or "DetectionModel"
+  self.input_grad = opts.input_grad and true or false
+  if opts.materialize ~= false then self:materialize(opts) end
+end
+
+--- Allocate the flat parameter/gradient buffers and create the C modules
+-- (done by Model.new unless opts.materialize == false).
+-- @param opts table|nil: device, dtype, ctx
+-- @return lucid.ParamSet
+function Model:materialize(opts)
+  opts = opts or {}
+  local set = nn.materialize(self, { device = opts.device, dtype = opts.dtype, ctx = opts.ctx })
+  self.params = set
+  if not self.input_grad then self.layers[1].module.conv:need_grad_input(false) end
+  return set
+end
+
+function Model:repr()
+  local s = Module.repr(self)
+  return (s:gsub("^Model", self.class_name))
+end
+
+--- Run the layers in order. x: [B, ch, H, W]. Returns the head's output
+-- ({boxes, scores, kpts, feats} for Pose).
+function Model:forward(x)
+  local outs = {}
+  local prev = x
+  for _, L in ipairs(self.layers) do
+    local inp
+    if type(L.f) == "number" then
+      inp = (L.f == -1) and prev or outs[L.f]
+    else
+      inp = {}
+      for k, j in ipairs(L.f) do inp[k] = (j == -1) and prev or outs[j] end
+    end
+    L.input = inp
+    prev = L.module:forward(inp)
+    outs[L.i] = prev
+  end
+  self.output = prev
+  return prev
+end
+
+--- Backward through the DAG in reverse. gy: the head output's gradient
+-- ({boxes=, scores=, kpts=}; missing entries are zero). Parameter gradients
+-- accumulate into the flat gradient buffer (call zero_grad between steps).
+-- Returns the gradient w.r.t. x when opts.input_grad was set, else nil.
+function Model:backward(x, gy)
+  local grads = {}
+  local n = #self.layers
+  grads[self.layers[n].i] = gy
+  for idx = n, 1, -1 do
+    local L = self.layers[idx]
+    local g = grads[L.i]
+    grads[L.i] = nil
+    if g ~= nil then
+      local gin = L.module:backward(L.input, g)
+      if type(L.f) == "number" then
+        local j = (L.f == -1) and L.i - 1 or L.f
+        grads[j] = acc(grads[j], gin)
+      else
+        for k, j in ipairs(L.f) do
+          j = (j == -1) and L.i - 1 or j
+          grads[j] = acc(grads[j], gin[k])
+        end
+      end
+    end
+  end
+  self.grad_input = grads[-1]
+  return self.grad_input
+end
+
+--- Zero the flat gradient buffer (one fill).
+function Model:zero_grad() self.params:zero_grad() end
+
+--- Every parameter and buffer (lucid.Param) in state-dict order.
+function Model:state() return self.params:list() end
+
+--- Parameter of a reference name ("model.0.conv.weight"), or nil.
+function Model:param(name) return self.params:find(name) end
+
+--- Text of the Ultralytics parse_model summary: one row per layer with
+-- from, n, params, module and arguments, then the totals.
+function Model:summary()
+  local lines = { string.format("%3s%20s%3s%10s  %-45s%-30s", "", "from", "n", "params", "module", "arguments") }
+  for _, L in ipairs(self.layers) do
+    local f = type(L.f) == "table" and ("[" .. table.concat(L.f, ", ") .. "]") or tostring(L.f)
+    lines[#lines + 1] = string.format("%3d%20s%3d%10d  %-45s%-30s", L.i, f, L.n, L.np,
+      QUALNAME[L.type] or ("ultralytics.nn.modules.block." .. L.type), args_str(L.display_args))
+  end
+  -- leaf modules as PyTorch counts them: Conv's SiLU is one shared
+  -- instance (Conv.default_act), so all of them count once
+  local nmod, silu = 0, 0
+  self:apply(function(m)
+    if #m._modules == 0 then
+      if getmetatable(m).__name == "SiLU" then silu = 1 else nmod = nmod + 1 end
+    end
+  end)
+  nmod = nmod + silu
+  lines[#lines + 1] = string.format("%s summary: %d layers, %d parameters, %d gradients",
+    self.yaml_name or "model", nmod, self:num_params(), self:num_params(true))
+  return table.concat(lines, "\n")
+end
+
+--- Output shapes of every layer for an input [B, ch, H, W], computed from
+-- the layer table without running anything. Returns a list indexed by
+-- layer position (1-based): {B, C, H, W}, or for the head {boxes=, scores=,
+-- kpts=} shapes.
+function Model:infer_shapes(B, H, W)
+  local shapes = { [-1] = { B, self.ch_in, H, W } }
+  local out = {}
+  for idx, L in ipairs(self.layers) do
+    local function src(j) return j == -1 and L.i - 1 or j end
+    local s
+    if L.type == "Concat" then
+      local a = shapes[src(L.f[1])]
+      s = { B, L.c2, a[3], a[4] }
+    elseif L.type == "Pose" or L.type == "Detect" then
+      local A = 0
+      for _, j in ipairs(L.f) do local t = shapes[src(j)]; A = A + t[3] * t[4] end
+      local head = L.module
+      s = { boxes = { B, 4 * head.reg_max, A }, scores = { B, head.nc, A } }
+      if head.nk then s.kpts = { B, head.nk, A } end
+    else
+      local a = shapes[src(L.f)]
+      local h, w = a[3], a[4]
+      if L.type == "Conv" or L.type == "DWConv" then
+        local c = L.module.conv
+        h = math.floor((h + 2 * c.p - c.d * (c.k - 1) - 1) / c.s) + 1
+        w = math.floor((w + 2 * c.p - c.d * (c.k - 1) - 1) / c.s) + 1
+      elseif L.type == "Upsample" then
+        h, w = h * L.module.scale, w * L.module.scale
+      end
+      s = { B, L.c2, h, w }
+    end
+    shapes[L.i] = s
+    out[idx] = s
+  end
+  return out
+end
+
+Model.save = serialize.save
+Model.load = serialize.load
+
+return Model

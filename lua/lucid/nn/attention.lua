@@ -1,0 +1,161 @@
+--- lucid.nn.attention — Attention, PSABlock and C2PSA (Ultralytics 8.4.114,
+-- reference/yolo_pose_reference.md 1.6) as compositions of primitives:
+-- 1x1 convolutions, channel split, batched matmul, softmax, depthwise conv.
+local util = require("lucid.nn.util")
+local Module = require("lucid.nn.module")
+local P = require("lucid.nn.prim")
+local containers = require("lucid.nn.containers")
+local Conv = require("lucid.nn.blocks").Conv
+
+local acc = containers.accumulate
+local A = {}
+
+---------------------------------------------------------------- Attention
+local Attention = util.class("Attention", Module)
+A.Attention = Attention
+
+--- Attention(dim, num_heads=8, attn_ratio=0.5). head_dim = dim//heads,
+-- key_dim = int(head_dim*attn_ratio), scale = key_dim^-0.5. Children: qkv
+-- Conv(dim, dim + 2*heads*key_dim, 1, act=false), proj Conv(dim, dim, 1,
+-- act=false), pe Conv(dim, dim, 3, groups=dim, act=false). Per head the qkv
+-- channels are [q(key_dim), k(key_dim), v(head_dim)].
+function Attention.__init(self, dim, num_heads, attn_ratio)
+  Module.__init(self)
+  num_heads, attn_ratio = num_heads or 8, attn_ratio or 0.5
+  self.dim, self.num_heads = dim, num_heads
+  self.head_dim = math.floor(dim / num_heads)
+  self.key_dim = util.int(self.head_dim * attn_ratio)
+  self.scale = self.key_dim ^ -0.5
+  local h = dim + self.key_dim * num_heads * 2
+  self:add("qkv", Conv.new(dim, h, 1, 1, nil, 1, 1, false))
+  self:add("proj", Conv.new(dim, dim, 1, 1, nil, 1, 1, false))
+  self:add("pe", Conv.new(dim, dim, 3, 1, nil, dim, 1, false))
+  self._split = self:helper(P.Split.new(3, { self.key_dim, self.key_dim, self.head_dim }))
+  self._qk = self:helper(P.MatMul.new(true, false, self.scale))   -- (q^T k) * scale
+  self._softmax = self:helper(P.Softmax.new())
+  self._av = self:helper(P.MatMul.new(false, true, 1.0))          -- v attn^T
+  self._sum = self:helper(P.Add.new())
+end
+
+--- x [B, dim, H, W] -> proj(v attn^T + pe(v)), attn = softmax((q^T k) scale)
+-- over keys, N = H*W.
+function Attention:forward(x)
+  local shp = x:shape()
+  local B, C, H, W = shp[1], shp[2], shp[3], shp[4]
+  local N, nh = H * W, self.num_heads
+  local qkv = self.qkv:forward(x)
+  local qkv3 = qkv:view({ B * nh, 2 * self.key_dim + self.head_dim, N })
+  local q, k, v = unpack(self._split:forward(qkv3))
+  local s = self._qk:forward({ q, k })             -- [B*nh, N, N]
+  local a = self._softmax:forward(s)
+  local o = self._av:forward({ v, a })             -- [B*nh, head_dim, N]
+  local o4 = o:view({ B, C, H, W })
+  local v4 = v:view({ B, C, H, W })
+  local pe = self.pe:forward(v4)
+  local sum = self._sum:forward({ o4, pe })
+  self._st = { qkv3 = qkv3, q = q, k = k, v = v, s = s, a = a, v4 = v4, sum = sum, shape = shp }
+  self.output = self.proj:forward(sum)
+  return self.output
+end
+
+--- Reverse of forward; v receives the gradients of the attention product
+-- and of the positional conv pe.
+function Attention:backward(x, gy)
+  local st = self._st
+  local shp = st.shape
+  local B, H, W = shp[1], shp[3], shp[4]
+  local N, nh = H * W, self.num_heads
+  local gsum = self.proj:backward(st.sum, gy)
+  local gv_pe = self.pe:backward(st.v4, gsum)
+  local go = gsum:view({ B * nh, self.head_dim, N })
+  local gva = self._av:backward({ st.v, st.a }, go)
+  local gs = self._softmax:backward(st.s, gva[2])
+  local gqk = self._qk:backward({ st.q, st.k }, gs)
+  local gv = acc(gva[1], gv_pe:view({ B * nh, self.head_dim, N }))
+  local gqkv3 = self._split:backward(st.qkv3, { gqk[1], gqk[2], gv })
+  self.grad_input = self.qkv:backward(x, gqkv3:view(self.qkv.output:shape()))
+  return self.grad_input
+end
+
+----------------------------------------------------------------- PSABlock
+local PSABlock = util.class("PSABlock", Module)
+A.PSABlock = PSABlock
+
+--- PSABlock(c, attn_ratio=0.5, num_heads=4, shortcut=true): x += attn(x);
+-- x += ffn(x), ffn = Sequential(Conv(c, 2c, 1), Conv(2c, c, 1, act=false)).
+function PSABlock.__init(self, c, attn_ratio, num_heads, shortcut)
+  Module.__init(self)
+  if shortcut == nil then shortcut = true end
+  self:add("attn", Attention.new(c, num_heads or 4, attn_ratio or 0.5))
+  self:add("ffn", containers.Sequential.new({
+    Conv.new(c, c * 2, 1), Conv.new(c * 2, c, 1, 1, nil, 1, 1, false) }))
+  self.add_ = shortcut
+  if shortcut then
+    self._sum1 = self:helper(P.Add.new())
+    self._sum2 = self:helper(P.Add.new())
+  end
+end
+
+--- y = x1 + ffn(x1), x1 = x + attn(x) (without the sums when shortcut=false).
+function PSABlock:forward(x)
+  local a = self.attn:forward(x)
+  local x1 = self.add_ and self._sum1:forward({ x, a }) or a
+  local f = self.ffn:forward(x1)
+  self._x1 = x1
+  self.output = self.add_ and self._sum2:forward({ x1, f }) or f
+  return self.output
+end
+
+--- Reverse of forward with the residual gradients added.
+function PSABlock:backward(x, gy)
+  local gf = self.ffn:backward(self._x1, gy)
+  local g1 = self.add_ and acc(gy, gf) or gf
+  local ga = self.attn:backward(x, g1)
+  self.grad_input = self.add_ and acc(g1, ga) or ga
+  return self.grad_input
+end
+
+-------------------------------------------------------------------- C2PSA
+local C2PSA = util.class("C2PSA", Module)
+A.C2PSA = C2PSA
+
+--- C2PSA(c1, c2, n=1, e=0.5), c1 == c2: cv1 Conv(c1, 2c, 1) split into (a,
+-- b), b through n PSABlock(c, 0.5, c//64), cv2 Conv(2c, c1, 1) on cat(a, b);
+-- c = int(c1*e).
+function C2PSA.__init(self, c1, c2, n, e)
+  Module.__init(self)
+  assert(c1 == c2, "C2PSA: c1 must equal c2")
+  local c = util.int(c1 * (e or 0.5))
+  self.c = c
+  self:add("cv1", Conv.new(c1, 2 * c, 1, 1))
+  self:add("cv2", Conv.new(2 * c, c1, 1))
+  local list = {}
+  for i = 1, n or 1 do list[i] = PSABlock.new(c, 0.5, math.floor(c / 64)) end
+  self:add("m", containers.Sequential.new(list))
+  self._split = self:helper(P.Split.new(2, { c, c }))
+  self._cat = self:helper(P.Concat.new(2))
+end
+
+--- y = cv2(cat(a, m(b))), (a, b) = split(cv1(x)).
+function C2PSA:forward(x)
+  local y = self.cv1:forward(x)
+  local parts = self._split:forward(y)
+  local b = self.m:forward(parts[2])
+  self._cat_in = { parts[1], b }
+  self._parts = parts
+  self._cat_out = self._cat:forward(self._cat_in)
+  self.output = self.cv2:forward(self._cat_out)
+  return self.output
+end
+
+--- Reverse of forward.
+function C2PSA:backward(x, gy)
+  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gs = self._cat:backward(self._cat_in, gcat)
+  local gb = self.m:backward(self._parts[2], gs[2])
+  local gsplit = self._split:backward(self.cv1.output, { gs[1], gb })
+  self.grad_input = self.cv1:backward(x, gsplit)
+  return self.grad_input
+end
+
+return A

@@ -1,0 +1,290 @@
+--- lucid.nn.blocks — the convolutional YOLO blocks as Lua compositions of
+-- the C primitives: Conv, DWConv, Bottleneck, C2f, C3, C3k, C3k2, SPPF.
+-- Structure, child names and defaults follow Ultralytics 8.4.114
+-- (reference/yolo_pose_reference.md 1.6). Inputs/outputs are NCHW tensors.
+local util = require("lucid.nn.util")
+local Module = require("lucid.nn.module")
+local P = require("lucid.nn.prim")
+local containers = require("lucid.nn.containers")
+
+local acc = containers.accumulate
+local B = {}
+
+--------------------------------------------------------------------- Conv
+local Conv = util.class("Conv", Module)
+B.Conv = Conv
+
+--- Conv(c1, c2, k=1, s=1, p=autopad, g=1, d=1, act=true): Conv2d without
+-- bias, BatchNorm2d (eps 1e-3, momentum 0.03), SiLU (act=false: Identity).
+-- Children: conv, bn, act.
+function Conv.__init(self, c1, c2, k, s, p, g, d, act)
+  Module.__init(self)
+  k, s, g, d = k or 1, s or 1, g or 1, d or 1
+  self.c1, self.c2 = c1, c2
+  self:add("conv", P.Conv2d.new(c1, c2, k, s, p, g, d, false))
+  self:add("bn", P.BatchNorm2d.new(c2))
+  if act == false then self:add("act", P.Identity.new())
+  else self:add("act", P.SiLU.new()) end
+end
+
+--- y = act(bn(conv(x))). x [N, c1, H, W] -> [N, c2, H', W'].
+function Conv:forward(x)
+  self._a = self.conv:forward(x)
+  self._b = self.bn:forward(self._a)
+  self.output = self.act:forward(self._b)
+  return self.output
+end
+
+--- Gradient through act, bn, conv; accumulates into their parameters.
+function Conv:backward(x, gy)
+  local g = self.act:backward(self._b, gy)
+  g = self.bn:backward(self._a, g)
+  self.grad_input = self.conv:backward(x, g)
+  return self.grad_input
+end
+
+------------------------------------------------------------------- DWConv
+local DWConv = util.class("DWConv", Conv)
+B.DWConv = DWConv
+
+--- DWConv(c1, c2, k=1, s=1, d=1, act=true): Conv with groups gcd(c1, c2).
+function DWConv.__init(self, c1, c2, k, s, d, act)
+  Conv.__init(self, c1, c2, k, s, nil, util.gcd(c1, c2), d, act)
+end
+
+--------------------------------------------------------------- Bottleneck
+local Bottleneck = util.class("Bottleneck", Module)
+B.Bottleneck = Bottleneck
+
+--- Bottleneck(c1, c2, shortcut=true, g=1, k={3,3}, e=0.5): cv1 Conv(c1, c_,
+-- k[1]), cv2 Conv(c_, c2, k[2], groups g), c_ = int(c2*e); residual add when
+-- shortcut and c1 == c2.
+function Bottleneck.__init(self, c1, c2, shortcut, g, k, e)
+  Module.__init(self)
+  if shortcut == nil then shortcut = true end
+  k, e = k or { 3, 3 }, e or 0.5
+  local c_ = util.int(c2 * e)
+  self:add("cv1", Conv.new(c1, c_, k[1], 1))
+  self:add("cv2", Conv.new(c_, c2, k[2], 1, nil, g or 1))
+  self.add_ = shortcut and c1 == c2
+  if self.add_ then self._sum = self:helper(P.Add.new()) end
+end
+
+--- y = x + cv2(cv1(x)) (or without the residual).
+function Bottleneck:forward(x)
+  local h = self.cv2:forward(self.cv1:forward(x))
+  self.output = self.add_ and self._sum:forward({ x, h }) or h
+  return self.output
+end
+
+--- gx = gy (residual) + cv1'(cv2'(gy)).
+function Bottleneck:backward(x, gy)
+  local g = self.cv2:backward(self.cv1.output, gy)
+  g = self.cv1:backward(x, g)
+  self.grad_input = self.add_ and acc(g, gy) or g
+  return self.grad_input
+end
+
+---------------------------------------------------------------------- C2f
+local C2f = util.class("C2f", Module)
+B.C2f = C2f
+
+-- Shared constructor part of C2f and C3k2: cv1, cv2 and the helpers; the
+-- caller adds m (a ModuleList of n inner blocks).
+local function c2f_layout(self, c1, c2, n, e)
+  Module.__init(self)
+  self.c = util.int(c2 * (e or 0.5))
+  self.n = n
+  self:add("cv1", Conv.new(c1, 2 * self.c, 1, 1))
+  self:add("cv2", Conv.new((2 + n) * self.c, c2, 1))
+  self._split = self:helper(P.Split.new(2))
+  self._cat = self:helper(P.Concat.new(2 + n))
+end
+
+--- C2f(c1, c2, n=1, shortcut=false, g=1, e=0.5): cv1 Conv(c1, 2c, 1), split
+-- in two chunks, n Bottleneck(c, c, shortcut, g, {3,3}, 1.0) chained on the
+-- last chunk, cv2 Conv((2+n)c, c2, 1) on the concatenation; c = int(c2*e).
+function C2f.__init(self, c1, c2, n, shortcut, g, e)
+  n = n or 1
+  c2f_layout(self, c1, c2, n, e)
+  local list = {}
+  for i = 1, n do list[i] = Bottleneck.new(self.c, self.c, shortcut or false, g, { 3, 3 }, 1.0) end
+  self:add("m", containers.ModuleList.new(list))
+end
+
+--- y = cv2(cat(y0, y1, m1(y1), m2(m1(y1)), ...)), (y0, y1) = chunk(cv1(x)).
+function C2f:forward(x)
+  local y = self.cv1:forward(x)
+  local parts = self._split:forward(y)
+  local outs = { parts[1], parts[2] }
+  local t = parts[2]
+  for i = 1, self.n do
+    t = self.m:get(i):forward(t)
+    outs[#outs + 1] = t
+  end
+  self._outs = outs
+  self._cat_out = self._cat:forward(outs)
+  self.output = self.cv2:forward(self._cat_out)
+  return self.output
+end
+
+--- Reverse of forward; the chunk y1 and every inner output receive the sum
+-- of their concatenation gradient and their consumer's gradient.
+function C2f:backward(x, gy)
+  local outs = self._outs
+  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gs = self._cat:backward(outs, gcat)
+  local g = gs[#gs]
+  for i = self.n, 1, -1 do
+    local gin = self.m:get(i):backward(outs[i + 1], g)
+    g = acc(gs[i + 1], gin)
+  end
+  local gsplit = self._split:backward(self.cv1.output, { gs[1], g })
+  self.grad_input = self.cv1:backward(x, gsplit)
+  return self.grad_input
+end
+
+function C2f:extra_repr() return "" end
+
+----------------------------------------------------------------------- C3
+local C3 = util.class("C3", Module)
+B.C3 = C3
+
+-- Shared constructor part of C3 and C3k (the caller adds m).
+local function c3_layout(self, c1, c2, e)
+  Module.__init(self)
+  local c_ = util.int(c2 * (e or 0.5))
+  self.c_ = c_
+  self:add("cv1", Conv.new(c1, c_, 1, 1))
+  self:add("cv2", Conv.new(c1, c_, 1, 1))
+  self:add("cv3", Conv.new(2 * c_, c2, 1))
+  self._cat = self:helper(P.Concat.new(2))
+  return c_
+end
+
+--- C3(c1, c2, n=1, shortcut=true, g=1, e=0.5): cv3(cat(m(cv1 x), cv2 x)),
+-- m = n Bottleneck(c_, c_, shortcut, g, {1,3}, 1.0), c_ = int(c2*e).
+function C3.__init(self, c1, c2, n, shortcut, g, e)
+  local c_ = c3_layout(self, c1, c2, e)
+  if shortcut == nil then shortcut = true end
+  local list = {}
+  for i = 1, n or 1 do list[i] = Bottleneck.new(c_, c_, shortcut, g, { 1, 3 }, 1.0) end
+  self:add("m", containers.Sequential.new(list))
+end
+
+--- y = cv3(cat(m(cv1(x)), cv2(x))).
+function C3:forward(x)
+  local a = self.m:forward(self.cv1:forward(x))
+  local b = self.cv2:forward(x)
+  self._cat_in = { a, b }
+  self._cat_out = self._cat:forward(self._cat_in)
+  self.output = self.cv3:forward(self._cat_out)
+  return self.output
+end
+
+--- gx = cv1'(m'(ga)) + cv2'(gb).
+function C3:backward(x, gy)
+  local gcat = self.cv3:backward(self._cat_out, gy)
+  local gs = self._cat:backward(self._cat_in, gcat)
+  local g1 = self.cv1:backward(x, self.m:backward(self.cv1.output, gs[1]))
+  local g2 = self.cv2:backward(x, gs[2])
+  self.grad_input = acc(g1, g2)
+  return self.grad_input
+end
+
+---------------------------------------------------------------------- C3k
+local C3k = util.class("C3k", C3)
+B.C3k = C3k
+
+--- C3k(c1, c2, n=1, shortcut=true, g=1, e=0.5, k=3): a C3 whose inner
+-- blocks are Bottleneck(c_, c_, shortcut, g, {k,k}, 1.0).
+function C3k.__init(self, c1, c2, n, shortcut, g, e, k)
+  local c_ = c3_layout(self, c1, c2, e)
+  if shortcut == nil then shortcut = true end
+  k = k or 3
+  local list = {}
+  for i = 1, n or 1 do list[i] = Bottleneck.new(c_, c_, shortcut, g, { k, k }, 1.0) end
+  self:add("m", containers.Sequential.new(list))
+end
+
+--------------------------------------------------------------------- C3k2
+local C3k2 = util.class("C3k2", C2f)
+B.C3k2 = C3k2
+
+--- C3k2(c1, c2, n=1, c3k=false, e=0.5, attn=false, g=1, shortcut=true): the
+-- C2f layout with inner blocks C3k(c, c, 2, shortcut, g) when c3k, else
+-- Bottleneck(c, c, shortcut, g) (k {3,3}, e 0.5); with attn each inner block
+-- is Sequential(Bottleneck(c, c, shortcut, g), PSABlock(c, 0.5, max(c//64, 1))).
+function C3k2.__init(self, c1, c2, n, c3k, e, attn, g, shortcut)
+  n = n or 1
+  if shortcut == nil then shortcut = true end
+  c2f_layout(self, c1, c2, n, e)
+  local c = self.c
+  local list = {}
+  for i = 1, n do
+    if attn then
+      local PSABlock = require("lucid.nn.attention").PSABlock
+      list[i] = containers.Sequential.new({
+        Bottleneck.new(c, c, shortcut, g),
+        PSABlock.new(c, 0.5, math.max(math.floor(c / 64), 1)),
+      })
+    elseif c3k then
+      list[i] = C3k.new(c, c, 2, shortcut, g)
+    else
+      list[i] = Bottleneck.new(c, c, shortcut, g)
+    end
+  end
+  self:add("m", containers.ModuleList.new(list))
+end
+
+--------------------------------------------------------------------- SPPF
+local SPPF = util.class("SPPF", Module)
+B.SPPF = SPPF
+
+--- SPPF(c1, c2, k=5, n=3, shortcut=false): cv1 Conv(c1, c1//2, 1, act=false)
+-- (BN, no SiLU, as in 8.4), n successive MaxPool2d(k, 1, k//2), cv2
+-- Conv((n+1)*c_, c2, 1) on cat(y0..yn); residual when shortcut and c1 == c2.
+function SPPF.__init(self, c1, c2, k, n, shortcut)
+  Module.__init(self)
+  k, n = k or 5, n or 3
+  local c_ = math.floor(c1 / 2)
+  self.n = n
+  self:add("cv1", Conv.new(c1, c_, 1, 1, nil, 1, 1, false))
+  self:add("cv2", Conv.new(c_ * (n + 1), c2, 1, 1))
+  self:add("m", P.MaxPool2d.new(k, 1, math.floor(k / 2)))
+  -- the one pooling module is applied n times; persistent outputs need one
+  -- primitive per application
+  self._pools = { self.m }
+  for i = 2, n do self._pools[i] = self:helper(P.MaxPool2d.new(k, 1, math.floor(k / 2))) end
+  self._cat = self:helper(P.Concat.new(n + 1))
+  self.add_ = shortcut and c1 == c2 or false
+  if self.add_ then self._sum = self:helper(P.Add.new()) end
+end
+
+--- y = cv2(cat(y0, m(y0), m(m(y0)), ...)) (+ x), y0 = cv1(x).
+function SPPF:forward(x)
+  local ys = { self.cv1:forward(x) }
+  for i = 1, self.n do ys[i + 1] = self._pools[i]:forward(ys[i]) end
+  self._ys = ys
+  self._cat_out = self._cat:forward(ys)
+  local y = self.cv2:forward(self._cat_out)
+  self.output = self.add_ and self._sum:forward({ y, x }) or y
+  return self.output
+end
+
+--- Gradient through the pooling chain (each pool output also feeds the
+-- concatenation) and cv1.
+function SPPF:backward(x, gy)
+  local ys = self._ys
+  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gs = self._cat:backward(ys, gcat)
+  local g = gs[self.n + 1]
+  for i = self.n, 1, -1 do
+    g = acc(gs[i], self._pools[i]:backward(ys[i], g))
+  end
+  local gx = self.cv1:backward(x, g)
+  self.grad_input = self.add_ and acc(gx, gy) or gx
+  return self.grad_input
+end
+
+return B

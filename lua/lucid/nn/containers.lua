@@ -1,0 +1,84 @@
+--- lucid.nn.containers — Sequential and ModuleList (PyTorch semantics and
+-- state-dict naming: children "0", "1", ...), and the gradient accumulator
+-- used wherever one tensor feeds several consumers.
+local util = require("lucid.nn.util")
+local Module = require("lucid.nn.module")
+
+local M = {}
+
+--- Sum of two gradients, either of which may be nil (a missing gradient is
+-- zero). Returns a new tensor when both are present, so the persistent
+-- grad_input buffers of the modules that produced a and b are never written.
+-- @param a Tensor|nil
+-- @param b Tensor|nil
+-- @return Tensor|nil
+function M.accumulate(a, b)
+  if a == nil then return b end
+  if b == nil then return a end
+  return a:add(b)
+end
+
+----------------------------------------------------------------- Sequential
+local Sequential = util.class("Sequential", Module)
+M.Sequential = Sequential
+
+--- nn.Sequential(m1, m2, ...) or Sequential.new({m1, m2, ...}).
+-- Children are named "0", "1", ... and run in order.
+function Sequential.__init(self, ...)
+  Module.__init(self)
+  local list = { ... }
+  if #list == 1 and getmetatable(list[1]) == nil and type(list[1]) == "table" then
+    list = list[1]
+  end
+  for i, m in ipairs(list) do self:add(tostring(i - 1), m) end
+end
+
+--- Number of children.
+function Sequential:len() return #self._modules end
+
+--- Child i (1-based, Lua convention; its state-dict name is i-1).
+function Sequential:get(i) return self._modules[i].module end
+
+--- Append a module (named by its position).
+function Sequential:append(m) return self:add(tostring(#self._modules), m) end
+
+--- Runs the children in order; remembers each child's input.
+-- @param x Tensor (or whatever the first child takes)
+function Sequential:forward(x)
+  local inputs = {}
+  for i, e in ipairs(self._modules) do
+    inputs[i] = x
+    x = e.module:forward(x)
+  end
+  self._inputs = inputs
+  self.output = x
+  return x
+end
+
+--- Backward in reverse order; returns the gradient w.r.t. the input.
+function Sequential:backward(x, gy)
+  local inputs = self._inputs
+  for i = #self._modules, 1, -1 do
+    gy = self._modules[i].module:backward(inputs[i], gy)
+  end
+  self.grad_input = gy
+  return gy
+end
+
+----------------------------------------------------------------- ModuleList
+local ModuleList = util.class("ModuleList", Module)
+M.ModuleList = ModuleList
+
+--- nn.ModuleList({m1, m2, ...}): a named holder, no forward of its own.
+function ModuleList.__init(self, list)
+  Module.__init(self)
+  for i, m in ipairs(list or {}) do self:add(tostring(i - 1), m) end
+end
+
+--- Child i (1-based).
+function ModuleList:get(i) return self._modules[i].module end
+
+--- Number of children.
+function ModuleList:len() return #self._modules end
+
+return M

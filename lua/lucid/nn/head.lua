@@ -1,0 +1,170 @@
+--- lucid.nn.head — DFL, Detect and Pose heads (Ultralytics 8.4.114,
+-- reference/yolo_pose_reference.md 1.7).
+--
+-- Training output of Detect: a table {boxes [B, 4*reg_max, A], scores
+-- [B, nc, A], feats = the input list}; Pose adds kpts [B, nk, A]. A is the
+-- number of anchors, sum of H_i*W_i over the levels (8400 at 640).
+local util = require("lucid.nn.util")
+local Module = require("lucid.nn.module")
+local P = require("lucid.nn.prim")
+local containers = require("lucid.nn.containers")
+local blocks = require("lucid.nn.blocks")
+
+local Conv, DWConv = blocks.Conv, blocks.DWConv
+local Sequential, ModuleList = containers.Sequential, containers.ModuleList
+local acc = containers.accumulate
+local H = {}
+
+---------------------------------------------------------------------- DFL
+local DFL = util.class("DFL", P.Leaf)
+H.DFL = DFL
+
+--- DFL(c1=16): the fixed projection conv (weight 0..c1-1, shape [1, c1, 1,
+-- 1], frozen). forward(x [B, 4*c1, A]) -> [B, 4, A]: per side, the
+-- expectation of the softmax over the c1 bins.
+function DFL.__init(self, c1)
+  P.Leaf.__init(self)
+  self.c1 = c1 or 16
+  self:param("conv.weight", { 1, self.c1, 1, 1 }, { trainable = false, init = { kind = "arange" } })
+end
+function DFL:_make(C, set, prefix, ctx) return C.dfl(set, prefix, self.c1) end
+function DFL:repr()
+  return "DFL(\n  (conv): Conv2d(" .. self.c1 .. ", 1, kernel_size=(1, 1), stride=(1, 1), bias=False)\n)"
+end
+
+------------------------------------------------------------------- Detect
+local Detect = util.class("Detect", Module)
+H.Detect = Detect
+
+-- Constructor part shared with Pose.
+local function detect_init(self, nc, reg_max, ch, legacy)
+  Module.__init(self)
+  self.nc, self.nl, self.reg_max = nc, #ch, reg_max or 16
+  self.no = nc + self.reg_max * 4
+  self.legacy = legacy and true or false
+  self.stride = { 8, 16, 32 }
+  local c2 = math.max(16, math.floor(ch[1] / 4), self.reg_max * 4)
+  local c3 = math.max(ch[1], math.min(nc, 100))
+  local box, cls = {}, {}
+  for i, x in ipairs(ch) do
+    box[i] = Sequential.new({ Conv.new(x, c2, 3), Conv.new(c2, c2, 3), P.Conv2d.new(c2, 4 * self.reg_max, 1, 1, 0, 1, 1, true) })
+    if self.legacy then
+      cls[i] = Sequential.new({ Conv.new(x, c3, 3), Conv.new(c3, c3, 3), P.Conv2d.new(c3, nc, 1, 1, 0, 1, 1, true) })
+    else
+      cls[i] = Sequential.new({
+        Sequential.new({ DWConv.new(x, x, 3), Conv.new(x, c3, 1) }),
+        Sequential.new({ DWConv.new(c3, c3, 3), Conv.new(c3, c3, 1) }),
+        P.Conv2d.new(c3, nc, 1, 1, 0, 1, 1, true),
+      })
+    end
+  end
+  self:add("cv2", ModuleList.new(box))
+  self:add("cv3", ModuleList.new(cls))
+  if self.reg_max > 1 then self:add("dfl", DFL.new(self.reg_max)) end
+  -- one concatenation along the anchor axis per output ([B*C, HW_i] views)
+  self._cat = {}
+end
+
+-- Branch names in output order, with the ModuleList and channel count.
+local function branches(self)
+  local b = { { "boxes", self.cv2, 4 * self.reg_max }, { "scores", self.cv3, self.nc } }
+  if self.cv4 then b[3] = { "kpts", self.cv4, self.nk } end
+  return b
+end
+
+local function make_cats(self)
+  for _, br in ipairs(branches(self)) do
+    self._cat[br[1]] = self:helper(P.Concat.new(self.nl))
+  end
+end
+
+--- Detect(nc=80, reg_max=16, ch={...}, legacy=false). Children: cv2 (box:
+-- Conv(x,c2,3), Conv(c2,c2,3), Conv2d(c2, 4*reg_max, 1)), cv3 (cls;
+-- YOLO11 depthwise or v8 legacy), dfl. c2 = max(16, ch1//4, 4*reg_max), c3
+-- = max(ch1, min(nc, 100)).
+function Detect.__init(self, nc, reg_max, ch, legacy)
+  detect_init(self, nc, reg_max, ch, legacy)
+  make_cats(self)
+end
+
+--- x: list of nl feature maps [B, ch_i, H_i, W_i]. Returns {boxes, scores,
+-- (kpts), feats = x}.
+function Detect:forward(x)
+  local shp = x[1]:shape()
+  local Bn = shp[1]
+  local st = { flat = {}, hw = {} }
+  local out = { feats = x }
+  for _, br in ipairs(branches(self)) do
+    local name, list, c = br[1], br[2], br[3]
+    local flat = {}
+    for i = 1, self.nl do
+      local y = list:get(i):forward(x[i])
+      local s = y:shape()
+      st.hw[i] = { s[3], s[4] }
+      flat[i] = y:view({ Bn * c, s[3] * s[4] })
+    end
+    st.flat[name] = flat
+    local cat = self._cat[name]:forward(flat)
+    out[name] = cat:view({ Bn, c, cat:shape()[2] })
+  end
+  st.B = Bn
+  self._st = st
+  self.output = out
+  return out
+end
+
+--- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient).
+-- Returns the list of input gradients (nil for a level with none).
+function Detect:backward(x, gy)
+  local st = self._st
+  local gx = {}
+  for _, br in ipairs(branches(self)) do
+    local name, list, c = br[1], br[2], br[3]
+    local g = gy[name]
+    if g ~= nil then
+      local g2 = g:view({ st.B * c, g:shape()[3] })
+      local gs = self._cat[name]:backward(st.flat[name], g2)
+      for i = 1, self.nl do
+        local hw = st.hw[i]
+        local gi = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))
+        gx[i] = acc(gx[i], gi)
+      end
+    end
+  end
+  self.grad_input = gx
+  return gx
+end
+
+--- Ultralytics bias_init: box output bias 2.0; class output bias
+-- ln(5 / nc / (640 / stride)^2). Needs a materialised tree.
+function Detect:_post_init()
+  for i = 1, self.nl do
+    local box = self.cv2:get(i)
+    local cls = self.cv3:get(i)
+    local s = self.stride[i]
+    box:get(box:len()):parameters()[2]:data():fill_(2.0)
+    cls:get(cls:len()):parameters()[2]:data():fill_(math.log(5 / self.nc / (640 / s) ^ 2))
+  end
+end
+
+--------------------------------------------------------------------- Pose
+local Pose = util.class("Pose", Detect)
+H.Pose = Pose
+
+--- Pose(nc=80, kpt_shape={17,3}, reg_max=16, ch={...}, legacy=false): a
+-- Detect plus cv4 (keypoints): Conv(x,c4,3), Conv(c4,c4,3), Conv2d(c4, nk,
+-- 1), c4 = max(ch1//4, nk), nk = kpt_shape[1]*kpt_shape[2].
+function Pose.__init(self, nc, kpt_shape, reg_max, ch, legacy)
+  detect_init(self, nc, reg_max, ch, legacy)
+  self.kpt_shape = kpt_shape or { 17, 3 }
+  self.nk = self.kpt_shape[1] * self.kpt_shape[2]
+  local c4 = math.max(math.floor(ch[1] / 4), self.nk)
+  local kp = {}
+  for i, x in ipairs(ch) do
+    kp[i] = Sequential.new({ Conv.new(x, c4, 3), Conv.new(c4, c4, 3), P.Conv2d.new(c4, self.nk, 1, 1, 0, 1, 1, true) })
+  end
+  self:add("cv4", ModuleList.new(kp))
+  make_cats(self)
+end
+
+return H

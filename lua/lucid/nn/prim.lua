@@ -1,0 +1,191 @@
+--- lucid.nn.prim — Lua leaves over the C primitives of engine/nn.
+--
+-- Each leaf declares its parameters in Lua (so counts, names and shapes are
+-- known before any memory exists) and creates its C module (lucid.CModule)
+-- when the tree is materialised; forward/backward then delegate to it.
+-- Activations are NCHW tensors; parameters are f32 (f64 for gradient checks).
+local util = require("lucid.nn.util")
+local Module = require("lucid.nn.module")
+
+local P = {}
+
+-- A leaf whose forward/backward are those of its C module.
+local Leaf = util.class("Leaf", Module)
+P.Leaf = Leaf
+
+function Leaf.__init(self) Module.__init(self) end
+
+--- Forward through the C module. x: tensor or list of tensors.
+function Leaf:forward(x)
+  local c = self._c
+  if not c then error(getmetatable(self).__name .. ": not materialised (call lucid.nn.materialize)", 2) end
+  self.output = c:forward(x)
+  return self.output
+end
+
+--- Backward through the C module; returns the input gradient(s).
+function Leaf:backward(x, gy)
+  self.grad_input = self._c:backward(x, gy)
+  return self.grad_input
+end
+
+--- Stop computing the input gradient (first layer of a network).
+function Leaf:need_grad_input(flag)
+  if self._c then self._c:need_grad_input(flag) end
+  self._no_grad_input = not flag
+end
+
+----------------------------------------------------------------- Conv2d
+local Conv2d = util.class("Conv2d", Leaf)
+P.Conv2d = Conv2d
+
+--- nn.Conv2d(c1, c2, k, s, p, g, d, bias).
+-- @param c1 integer: input channels; c2: output channels; k: square kernel
+-- @param s integer|nil stride (1); p integer|nil padding (nil: autopad
+--   d*(k-1)/2); g integer|nil groups (1); d integer|nil dilation (1)
+-- @param bias boolean|nil (false)
+-- Parameters: weight [c2, c1/g, k, k], bias [c2]; PyTorch default init
+-- U(+-1/sqrt(fan_in)), fan_in = c1/g*k*k.
+function Conv2d.__init(self, c1, c2, k, s, p, g, d, bias)
+  Leaf.__init(self)
+  s, g, d = s or 1, g or 1, d or 1
+  if p == nil then p = util.int(d * (k - 1) / 2) end
+  assert(c1 % g == 0 and c2 % g == 0, "Conv2d: groups must divide channels")
+  self.c1, self.c2, self.k, self.s, self.p, self.g, self.d = c1, c2, k, s, p, g, d
+  self.has_bias = bias and true or false
+  local fan_in = (c1 / g) * k * k
+  self:param("weight", { c2, c1 / g, k, k }, { init = { kind = "fan_in", fan_in = fan_in }, group = "decay" })
+  if self.has_bias then
+    self:param("bias", { c2 }, { init = { kind = "fan_in", fan_in = fan_in }, group = "bias" })
+  end
+end
+
+function Conv2d:_make(C, set, prefix, ctx)
+  return C.conv2d(set, prefix, self.c1, self.c2, self.k, self.s, self.p, self.d, self.g, self.has_bias)
+end
+
+function Conv2d:extra_repr()
+  local s = string.format("%d, %d, kernel_size=(%d, %d), stride=(%d, %d)",
+    self.c1, self.c2, self.k, self.k, self.s, self.s)
+  if self.p ~= 0 then s = s .. string.format(", padding=(%d, %d)", self.p, self.p) end
+  if self.d ~= 1 then s = s .. string.format(", dilation=(%d, %d)", self.d, self.d) end
+  if self.g ~= 1 then s = s .. string.format(", groups=%d", self.g) end
+  if not self.has_bias then s = s .. ", bias=False" end
+  return s
+end
+
+------------------------------------------------------------ BatchNorm2d
+local BatchNorm2d = util.class("BatchNorm2d", Leaf)
+P.BatchNorm2d = BatchNorm2d
+
+--- nn.BatchNorm2d(c, eps=1e-3, momentum=0.03) (Ultralytics values).
+-- Parameters weight [c] (1), bias [c] (0); buffers running_mean [c] (0),
+-- running_var [c] (1), num_batches_tracked [] (i64, 0).
+function BatchNorm2d.__init(self, c, eps, momentum)
+  Leaf.__init(self)
+  self.c, self.eps, self.momentum = c, eps or 1e-3, momentum or 0.03
+  self:param("weight", { c }, { init = { kind = "ones" }, group = "norm" })
+  self:param("bias", { c }, { init = { kind = "zeros" }, group = "bias" })
+  self:buffer("running_mean", { c }, { init = { kind = "zeros" } })
+  self:buffer("running_var", { c }, { init = { kind = "ones" } })
+  self:buffer("num_batches_tracked", {}, { dtype = "i64", init = { kind = "zeros" } })
+end
+
+function BatchNorm2d:_make(C, set, prefix, ctx)
+  return C.batchnorm2d(set, prefix, self.c, self.eps, self.momentum)
+end
+
+function BatchNorm2d:extra_repr()
+  return string.format("%d, eps=%s, momentum=%s, affine=True, track_running_stats=True",
+    self.c, tostring(self.eps), tostring(self.momentum))
+end
+
+------------------------------------------------------------------- SiLU
+local SiLU = util.class("SiLU", Leaf)
+P.SiLU = SiLU
+function SiLU.__init(self) Leaf.__init(self) end
+function SiLU:_make(C, set, prefix, ctx) return C.silu({ ctx = ctx }) end
+function SiLU:extra_repr() return "inplace=True" end
+
+--------------------------------------------------------------- Identity
+local Identity = util.class("Identity", Module)
+P.Identity = Identity
+function Identity.__init(self) Module.__init(self) end
+--- Returns x unchanged.
+function Identity:forward(x) return x end
+--- Returns gy unchanged.
+function Identity:backward(x, gy) return gy end
+
+-------------------------------------------------------------- MaxPool2d
+local MaxPool2d = util.class("MaxPool2d", Leaf)
+P.MaxPool2d = MaxPool2d
+--- nn.MaxPool2d(k, s, p): window k, stride s (default k), padding p (0).
+function MaxPool2d.__init(self, k, s, p)
+  Leaf.__init(self)
+  self.k, self.s, self.p = k, s or k, p or 0
+end
+function MaxPool2d:_make(C, set, prefix, ctx) return C.maxpool2d(self.k, self.s, self.p, { ctx = ctx }) end
+function MaxPool2d:extra_repr()
+  return string.format("kernel_size=%d, stride=%d, padding=%d, dilation=1, ceil_mode=False",
+    self.k, self.s, self.p)
+end
+
+--------------------------------------------------------------- Upsample
+local Upsample = util.class("Upsample", Leaf)
+P.Upsample = Upsample
+--- nn.Upsample(None, scale, "nearest"): integer nearest upsampling.
+function Upsample.__init(self, scale)
+  Leaf.__init(self)
+  self.scale = scale or 2
+end
+function Upsample:_make(C, set, prefix, ctx) return C.upsample(self.scale, { ctx = ctx }) end
+function Upsample:extra_repr()
+  return string.format("scale_factor=%.1f, mode='nearest'", self.scale)
+end
+
+------------------------------------------------------- helper primitives
+-- Stateless helpers used inside composite blocks (registered with
+-- Module:helper, never printed).
+
+local Concat = util.class("Concat", Leaf)
+P.Concat = Concat
+--- Concatenation along channels (dim 1) of n inputs: forward({x1..xn}).
+function Concat.__init(self, n, dim)
+  Leaf.__init(self)
+  self.n, self.d = n, dim or 1
+  assert(self.d == 1, "Concat: only dim 1 (channels) is supported")
+end
+function Concat:_make(C, set, prefix, ctx) return C.concat(self.n, { ctx = ctx }) end
+
+local Split = util.class("Split", Leaf)
+P.Split = Split
+--- Split along channels into pieces of `sizes` channels (nil: n equal
+-- chunks, torch.chunk). forward(x) -> {y1..yn}.
+function Split.__init(self, n, sizes)
+  Leaf.__init(self)
+  self.n, self.sizes = n, sizes
+end
+function Split:_make(C, set, prefix, ctx) return C.split(self.n, self.sizes, { ctx = ctx }) end
+
+local Add = util.class("Add", Leaf)
+P.Add = Add
+--- y = a + b: forward({a, b}); backward gives {gy, gy}.
+function Add.__init(self) Leaf.__init(self) end
+function Add:_make(C, set, prefix, ctx) return C.add({ ctx = ctx }) end
+
+local Softmax = util.class("Softmax", Leaf)
+P.Softmax = Softmax
+--- Softmax over the last dim.
+function Softmax.__init(self) Leaf.__init(self) end
+function Softmax:_make(C, set, prefix, ctx) return C.softmax({ ctx = ctx }) end
+
+local MatMul = util.class("MatMul", Leaf)
+P.MatMul = MatMul
+--- y = alpha * op(a) @ op(b) over batched [.., M, K] x [.., K, N].
+function MatMul.__init(self, trans_a, trans_b, alpha)
+  Leaf.__init(self)
+  self.ta, self.tb, self.alpha = trans_a and true or false, trans_b and true or false, alpha or 1
+end
+function MatMul:_make(C, set, prefix, ctx) return C.matmul(self.ta, self.tb, self.alpha, { ctx = ctx }) end
+
+return P
