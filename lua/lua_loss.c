@@ -146,7 +146,12 @@ static int l_new(lua_State *L) {
         luaL_error(L, "PoseLoss: imgsz must be multiples of 32 (got %d x %d)",
                    img_h, img_w);
     lucid_pose_loss_config_levels(&cfg, img_h, img_w);
-    lucid_device dev = lucid_lua_opt_device(L, 1, "device", lucid_ctx_device(ctx));
+    /* default device as for tensors: the CPU, or the device of an explicit ctx */
+    lucid_device dev = {LUCID_CPU, 0};
+    lua_getfield(L, 1, "ctx");
+    if (!lua_isnil(L, -1)) dev = lucid_ctx_device(ctx);
+    lua_pop(L, 1);
+    dev = lucid_lua_opt_device(L, 1, "device", dev);
 
     loss_ud *u = lua_newuserdata(L, sizeof *u);
     memset(u, 0, sizeof *u);

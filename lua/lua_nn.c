@@ -222,9 +222,14 @@ static int l_set_declare(lua_State *L) {
 /* set:materialize([opts]) — allocate the flat buffers and run the inits. */
 static int l_set_materialize(lua_State *L) {
     set_box *b = check_set(L, 1);
-    lucid_device dev = lucid_ctx_device(b->ctx);
+    /* default device as for tensors: the CPU, or the context's device when
+     * a context is given explicitly (PyTorch: CPU unless asked) */
+    lucid_device dev = {LUCID_CPU, 0};
     lucid_dtype dt = LUCID_F32;
     if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "ctx");
+        if (!lua_isnil(L, -1)) dev = lucid_ctx_device(b->ctx);
+        lua_pop(L, 1);
         dev = lucid_lua_opt_device(L, 2, "device", dev);
         dt = lucid_lua_opt_dtype(L, 2, "dtype", LUCID_F32);
     }
