@@ -14,8 +14,10 @@
  *   build: make CUDA=0 build/libengine.a && gcc -O2 -Iengine \
  *            bench/bench_nn_cpu.c build/libengine.a -lopenblas -lpng -ljpeg \
  *            -lyaml -lcjson -lm -lpthread -o build/bench_nn_cpu
- *   run:   build/bench_nn_cpu [layers|net|all] [threads (0 = default)]
+ *   run:   build/bench_nn_cpu [layers|net|net128|all] [threads (0 = default)]
+ *          (BENCH_BUDGET=seconds per op measurement, default 0.25)
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -488,6 +490,7 @@ int main(int argc, char **argv) {
     double budget = getenv("BENCH_BUDGET") ? atof(getenv("BENCH_BUDGET")) : 0.25;
     printf("bench_nn_cpu: cpu_threads %d (0 = all online CPUs)\n", o.cpu_threads);
     if (!strcmp(what, "layers") || !strcmp(what, "all")) part_layers(budget);
+    if (!strcmp(what, "net128")) part_net(128, budget);
     if (!strcmp(what, "net") || !strcmp(what, "all")) {
         part_net(640, budget);
         part_net(128, budget);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int luaopen_lucid(lua_State *L);
@@ -89,8 +90,19 @@ static void add_package_path(lua_State *L) {
     }
 }
 
+/* lucid.wall_time() -> seconds (monotonic clock, sub-microsecond
+ * resolution): for timing training phases and progress rates. */
+static int l_wall_time(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
+    return 1;
+}
+
 int luaopen_lucid(lua_State *L) {
     lua_newtable(L);
+    lua_pushcfunction(L, l_wall_time);
+    lua_setfield(L, -2, "wall_time");
     lua_pushliteral(L, LUCID_VERSION);
     lua_setfield(L, -2, "version");
     lucid_lua_open_tensor(L);

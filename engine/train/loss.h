@@ -104,7 +104,7 @@
  *   backward kernels read tss and n_fg from there, never from the host.
  *   Checked against a PyTorch transcription of the reference
  *   (spec/reference/pose_loss_ref.py, torch 2.11 on an H200): identical
- *   assignment, f64 within 1e-12, f32 within 3e-7.
+ *   assignment, f64 within 1e-14, f32 within 3e-7 (gradients 3e-6 of max).
  */
 #ifndef LUCID_TRAIN_LOSS_H
 #define LUCID_TRAIN_LOSS_H

@@ -1,0 +1,344 @@
+--[[
+lucid.trainer — fit a pose model with the reference training mechanics
+(Ultralytics 8.4 BaseTrainer / PoseTrainer): warmup, gradient accumulation
+to the nominal batch, gradient-norm clipping, mixed precision, EMA, the
+learning-rate schedule, the augmentation schedule (close_mosaic),
+validation after every epoch on the EMA weights, last/best checkpoints by
+the reference fitness, resume, and callbacks.
+
+  local Trainer = require "lucid.trainer"
+  local trainer = Trainer.new(cfg)              -- cfg: a resolved recipe table
+  local model = build{..., ctx = trainer.ctx}   -- on the trainer's device
+  trainer:add_callback("on_epoch_end", function(tr, ev) ... end)
+  local results = trainer:fit(model)
+
+Events (each callback gets (trainer, event_table)): on_fit_start,
+on_epoch_start, on_batch_end, on_val_end, on_epoch_end, on_fit_end,
+on_fit_error. A callback is bound to the fit it was added for unless added
+with {persistent = true}: a later fit of another model never calls a stale
+callback (the error hook included).
+
+Failure path: any error during fit releases the loaders, the loss plans and
+the validator, leaves the last checkpoint on disk intact (checkpoints are
+written atomically), calls on_fit_error, and re-raises the ORIGINAL error
+(cleanup errors are reported on stderr, never raised over it).
+]]
+local lucid = require "lucid"
+local data = require "lucid.data"
+local progress = require "lucid.progress"
+local results_csv = require "lucid.results"
+local checkpoint = require "lucid.checkpoint"
+local step_mod = require "lucid.step"
+
+local Trainer = {}
+Trainer.__index = Trainer
+
+local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true, on_val_end = true,
+                 on_epoch_end = true, on_fit_end = true, on_fit_error = true }
+
+local function round(x) return math.floor(x + 0.5) end
+
+--- Trainer.new(cfg) -> trainer. Creates the context (device cfg.device,
+-- seed cfg.seed). cfg keys used: see recipes/pose_nano.lua.
+function Trainer.new(cfg)
+  assert(type(cfg) == "table", "Trainer.new: cfg must be a table")
+  local ctx = lucid.Context{ device = cfg.device or "auto", seed = cfg.seed or 0 }
+  local self = setmetatable({ cfg = cfg, ctx = ctx, callbacks = {}, fit_id = 0 }, Trainer)
+  self.device = ctx:device()
+  self.on_gpu = self.device:sub(1, 4) == "cuda"
+  local prec = cfg.precision or "auto"
+  if prec == "auto" then prec = self.on_gpu and "bf16" or "fp32" end
+  local act = ({ bf16 = "bf16", fp16 = "f16", fp32 = "f32" })[prec]
+  if not act then error("trainer: precision must be auto, bf16, fp16 or fp32, got '" .. tostring(prec) .. "'", 2) end
+  if not self.on_gpu and prec ~= "fp32" then
+    error("trainer: precision " .. prec .. " needs a GPU; the CPU trains in fp32", 2)
+  end
+  self.precision, self.act_dtype = prec, act
+  return self
+end
+
+--- trainer:add_callback(event, fn, [opts]) — opts.persistent keeps the
+-- callback for later fits (default: only the next or current fit).
+function Trainer:add_callback(event, fn, opts)
+  if not EVENTS[event] then error("add_callback: unknown event '" .. tostring(event) .. "'", 2) end
+  if type(fn) ~= "function" then error("add_callback: fn must be a function", 2) end
+  local list = self.callbacks[event] or {}
+  list[#list + 1] = { fn = fn, fit = (opts and opts.persistent) and "all" or (self.fitting and self.fit_id or self.fit_id + 1) }
+  self.callbacks[event] = list
+end
+
+function Trainer:run_callbacks(event, ev)
+  for _, cb in ipairs(self.callbacks[event] or {}) do
+    if cb.fit == "all" or cb.fit == self.fit_id then cb.fn(self, ev) end
+  end
+end
+
+-- ----------------------------------------------------------------- helpers
+
+local function mkdir_p(path)
+  os.execute("mkdir -p '" .. path:gsub("'", "'\\''") .. "'")
+end
+
+local function file_exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- A run folder runs/<name>, or runs/<name>2, 3, ... when it exists
+-- (Ultralytics increment_path), unless resuming or exist_ok.
+local function run_dir(cfg)
+  local base = (cfg.project or "runs") .. "/" .. (cfg.name or "train")
+  if cfg.resume or cfg.exist_ok then return base end
+  local dir, n = base, 2
+  while file_exists(dir .. "/results.csv") or file_exists(dir .. "/weights/last.safetensors") do
+    dir = base .. n
+    n = n + 1
+  end
+  return dir
+end
+
+local function losses_table(items)
+  local t = {}
+  for i, k in ipairs(progress.LOSS_NAMES) do t[k] = items[i] end
+  return t
+end
+
+-- ------------------------------------------------------------------- fit
+
+--- trainer:fit(model, [opts]) -> results {epochs, metrics (last), best_fitness,
+-- save_dir, fit_seconds, steady_step_ms, losses (every step, when
+-- cfg.record_losses)}. opts.resume = true | checkpoint path overrides cfg.resume.
+function Trainer:fit(model, opts)
+  if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
+  self.fit_id = self.fit_id + 1
+  self.fitting = true
+  local state = { model = model, resources = {} }
+  self.state = state
+  local ok, res = xpcall(function() return self:_fit(state, opts or {}) end, debug.traceback)
+  -- release everything the fit created, whatever happened
+  local cleanup_errors = {}
+  for i = #state.resources, 1, -1 do
+    local r = state.resources[i]
+    local cok, cerr = pcall(r.free, r.obj)
+    if not cok then cleanup_errors[#cleanup_errors + 1] = tostring(cerr) end
+  end
+  if state.step then pcall(state.step.release, state.step) end
+  self.fitting = false
+  self.state = nil
+  if not ok then
+    for _, e in ipairs(cleanup_errors) do io.stderr:write("trainer: cleanup after failure: " .. e .. "\n") end
+    local hok, herr = pcall(self.run_callbacks, self, "on_fit_error", { error = res })
+    if not hok then io.stderr:write("trainer: on_fit_error callback failed: " .. tostring(herr) .. "\n") end
+    error(res, 0)
+  end
+  if #cleanup_errors > 0 then error("trainer: cleanup failed: " .. table.concat(cleanup_errors, "; "), 2) end
+  return res
+end
+
+local function own(state, obj, free)
+  state.resources[#state.resources + 1] = { obj = obj, free = free or function(o) o:free() end }
+  return obj
+end
+
+function Trainer:_fit(state, opts)
+  local cfg, ctx = self.cfg, self.ctx
+  local model = state.model
+  local out = cfg.quiet and io.open("/dev/null", "w") or io.stdout
+  local t_fit0 = lucid.wall_time()
+  local B, S = cfg.batch, cfg.imgsz
+  local E = cfg.epochs
+  local resume = opts.resume
+  if resume == nil then resume = cfg.resume end
+
+  -- data ------------------------------------------------------------------
+  local desc = data.load_descriptor(cfg.data)
+  local nkpt = desc.kpt_shape and desc.kpt_shape[1] or 17
+  local nc = desc.names and #desc.names or desc.nc or 1
+  local open_opts = { imgsz = S, cache = cfg.cache, ctx = ctx }
+  local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
+  local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
+  local max_inst = train_ds:stats().max_instances or 0
+  local max_gt = cfg.max_gt
+  if max_gt == "auto" or max_gt == nil then
+    -- mosaic puts up to 4 images on one canvas
+    max_gt = math.max(16, 8 * math.ceil(4 * max_inst / 8))
+  end
+  local function make_loader(ds, batch, shuffle)
+    return own(state, data.loader(ds, { batch = batch, imgsz = S, max_gt = max_gt, threads = cfg.workers,
+      seed = cfg.seed, shuffle = shuffle, ctx = ctx }))
+  end
+  local train_loader = make_loader(train_ds, B, true)
+  local val_batch = cfg.val_batch or 2 * B
+  local val_loader = make_loader(val_ds, val_batch, false)
+  local nb = train_loader:num_batches()
+  local aug_schedule = data.schedule(cfg.augment or {}, E)
+
+  -- optimisation -------------------------------------------------------------
+  local S_ = lucid.optim.schedule
+  local nbs = cfg.nbs or 64
+  local accumulate = S_.accumulate(nbs, B)
+  local weight_decay = S_.weight_decay(cfg.weight_decay, B, accumulate, nbs)
+  local iterations = math.ceil(#train_ds / math.max(B, nbs)) * E
+  local opt, oinfo = lucid.optim.build{ model = model, name = cfg.optimizer, lr0 = cfg.lr0,
+    momentum = cfg.momentum, decay = weight_decay, iterations = iterations, nc = nc }
+  local warmup_bias_lr = oinfo.warmup_bias_lr or cfg.warmup_bias_lr
+  local ema = lucid.EMA{ model = model, decay = cfg.ema_decay or 0.9999, tau = cfg.ema_tau or 2000, block = opt }
+  local scaler
+  if self.precision == "fp16" then
+    scaler = lucid.amp.GradScaler{ optimizer = opt }
+  end
+  local nw = S_.warmup_iters(cfg.warmup_epochs, E, nb)
+  local clip = cfg.clip or { max_norm = 10.0 }
+
+  -- loss, validator, step ------------------------------------------------------
+  local step = step_mod.new{ trainer = self, model = model, optimizer = opt, ema = ema, scaler = scaler,
+    ctx = ctx, batch = B, imgsz = S, max_gt = max_gt, nc = nc, nkpt = nkpt, act_dtype = self.act_dtype,
+    gains = cfg.loss, clip = clip, accumulate = accumulate, record = cfg.record }
+  state.step = step
+  local val = own(state, lucid.PoseValidator{ imgsz = S, nc = nc, kpt_shape = { nkpt, 3 }, ap = cfg.ap or "coco",
+    conf = cfg.conf, iou = cfg.iou, max_det = cfg.max_det })
+
+  -- run folder, resume ---------------------------------------------------------
+  local save_dir = run_dir(cfg)
+  mkdir_p(save_dir .. "/weights")
+  local csv = results_csv.open(save_dir .. "/results.csv")
+  local start_epoch, best_fitness, last_opt_step = 0, nil, -1
+  if resume then
+    local path = type(resume) == "string" and resume or (save_dir .. "/weights/last.safetensors")
+    local ck = checkpoint.resume(path, { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx })
+    start_epoch = (ck.epoch or -1) + 1
+    best_fitness = ck.best_fitness
+    last_opt_step = ck.last_opt_step or -1
+    out:write(string.format("Resuming training from %s at epoch %d/%d\n", path, start_epoch + 1, E))
+    if start_epoch >= E then
+      out:write("trainer: that run already finished all its epochs\n")
+    end
+  end
+
+  out:write(string.format("%s %s\n", oinfo.log or "", ""))
+  out:write(string.format("Image sizes %d train, %d val\nUsing %d dataloader workers\n", S, S, cfg.workers))
+  out:write(string.format("Logging results to %s\nStarting training for %d epochs...\n", save_dir, E))
+  self:run_callbacks("on_fit_start", { save_dir = save_dir, epochs = E, nb = nb })
+
+  local last_metrics
+  local step_times = {}
+  for epoch = start_epoch, E - 1 do
+    -- schedule: lr = initial_lr * lf(epoch) at the start of the epoch
+    local lf = S_.lf(cfg.cos_lr and true or false, epoch, E, cfg.lrf)
+    opt:set_lr_factor(lf)
+    local aug = aug_schedule(epoch)
+    aug.hsv_on_cpu = true
+    if epoch > start_epoch and aug.mosaic == 0 and aug_schedule(epoch - 1).mosaic ~= 0 then
+      out:write("Closing dataloader mosaic\n")
+    end
+    self:run_callbacks("on_epoch_start", { epoch = epoch })
+    model:train()
+    train_loader:start_epoch(epoch, aug)
+    local bar = progress.bar{ total = nb, epoch = epoch + 1, epochs = E, out = out }
+    step:reset_running()
+    local t_epoch0
+    local i = 0
+    while true do
+      local batch = train_loader:next()
+      if not batch then break end
+      if batch.overflow > 0 then
+        error(string.format("trainer: batch %d of epoch %d has an image with %d instances, more than max_gt = %d; "
+          .. "set max_gt=%d or higher in the recipe", i + 1, epoch + 1, batch.max_count, max_gt,
+          8 * math.ceil(batch.max_count / 8)), 0)
+      end
+      if i == 0 then t_epoch0 = lucid.wall_time() end
+      local ni = i + nb * epoch
+      -- warmup: accumulate, lr and momentum interpolated per iteration
+      if ni <= nw then
+        accumulate = math.max(1, round(S_.interp(ni, 0, nw, 1, nbs / B)))
+        step.accumulate = accumulate
+        opt:warmup(ni, nw, lf, { warmup_bias_lr = warmup_bias_lr, warmup_momentum = cfg.warmup_momentum,
+          momentum = cfg.momentum })
+      end
+      local do_opt = ni - last_opt_step >= accumulate
+      step:run(batch, do_opt)
+      if do_opt then last_opt_step = ni end
+      i = i + 1
+      if bar.tty and (i == nb or lucid.wall_time() - (bar.last_t or 0) > 0.25) then
+        bar.last_t = lucid.wall_time()
+        bar:update(i, losses_table(step:running_losses()), self:mem_gb(), batch.max_count, S)
+      end
+      self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
+    end
+    ctx:synchronize()
+    local t_epoch1 = lucid.wall_time()
+    step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i }
+    local train_losses = losses_table(step:running_losses())
+    bar:finish(train_losses, self:mem_gb(), nil, S)
+
+    -- validation on the EMA weights
+    local metrics, val_losses = self:validate(model, ema, val, val_loader, step, out)
+    last_metrics = metrics
+    local fitness = metrics.fitness
+    if not best_fitness or fitness > best_fitness then best_fitness = fitness; state.is_best = true else state.is_best = false end
+    self:run_callbacks("on_val_end", { epoch = epoch, metrics = metrics })
+
+    -- results.csv and checkpoints
+    local lrs = {}
+    for _, g in ipairs(opt.param_groups) do lrs[#lrs + 1] = g.lr end
+    csv:row(epoch + 1, lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs)
+    local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
+      iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
+      data = { seed = cfg.seed, epoch = epoch }, config = cfg }
+    checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
+    if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
+    self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = fitness })
+  end
+  ctx:synchronize()
+  local fit_seconds = lucid.wall_time() - t_fit0
+  -- steady step: epochs after the first three (all of them when fewer)
+  local st, sn = 0, 0
+  for k, w in ipairs(step_times) do
+    if k > 3 or #step_times <= 3 then st, sn = st + w.seconds, sn + w.steps end
+  end
+  local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
+    fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil,
+    memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses }
+  out:write(string.format("\n%d epochs completed in %.3f hours.\n", E - start_epoch, fit_seconds / 3600))
+  out:write(string.format("Results saved to %s\n", save_dir))
+  self:run_callbacks("on_fit_end", res)
+  return res
+end
+
+--- Device memory in GB (allocated) for the progress line.
+function Trainer:mem_gb()
+  local ok, st = pcall(self.ctx.memory_stats, self.ctx)
+  if ok and st and self.on_gpu then return (st.reserved or 0) / 1e9 end
+  return 0
+end
+
+--- Validation pass: EMA weights swapped in, eval mode, letterboxed val
+-- batches, metrics (and mean val losses) out; the training weights are
+-- swapped back afterwards, also on error.
+function Trainer:validate(model, ema, val, loader, step, out)
+  ema:swap(model)
+  model:eval()
+  val:reset()
+  local ok, err = pcall(function()
+    loader:start_epoch(0, data.val)
+    while true do
+      local vb = loader:next()
+      if not vb then break end
+      local o = step:predict(vb)
+      local n = vb.n
+      local function host(t) return t:narrow(1, 1, n):to("cpu", "f32"):contiguous() end
+      val:add_batch(host(o.boxes), host(o.scores), host(o.kpts), {
+        cls = vb.cls:narrow(1, 1, n):contiguous(), boxes = vb.boxes:narrow(1, 1, n):contiguous(),
+        kpts = vb.kpts:narrow(1, 1, n):contiguous(), mask = vb.mask:narrow(1, 1, n):to("f32"):contiguous() }, n)
+    end
+  end)
+  model:train()
+  ema:swap(model)
+  if not ok then error(err, 0) end
+  local m = val:compute()
+  progress.val_table(m, out)
+  return m, nil
+end
+
+return Trainer
