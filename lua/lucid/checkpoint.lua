@@ -21,6 +21,9 @@
 --     optimizer.<param>.<state>   per-parameter optimizer state of every
 --                                 trainable parameter (momentum_buffer;
 --                                 exp_avg, exp_avg_sq; momentum_buffer_SGD)
+--     grad.<name>                 (state.grads = true) the gradients of an
+--                                 accumulation window still open at the
+--                                 save, so a resumed run applies them
 --   metadata (safetensors __metadata__, all strings)
 --     format = "lucid.checkpoint", format_version = "1",
 --     lucid_version, date (UTC, ISO 8601), epoch, iteration, last_opt_step,
@@ -279,6 +282,14 @@ function M.save(path, state)
     entries[#entries + 1] = { name, t }
   end
   for _, p in ipairs(set:list()) do add(p.name, p:data()) end
+  -- gradients of an open accumulation window (backward passes since the
+  -- last optimizer step): without them a resumed run would drop them
+  if state.grads then
+    for _, p in ipairs(set:list()) do
+      local g = p.trainable and p:grad() or nil
+      if g then add("grad." .. p.name, g) end
+    end
+  end
   local meta = {
     format = M.FORMAT, format_version = tostring(M.FORMAT_VERSION),
     lucid_version = lucid.version or "?", date = os.date("!%Y-%m-%dT%H:%M:%SZ"),
@@ -505,6 +516,24 @@ function Ckpt:restore(targets)
       claimed[n] = true
     end
   end
+  -- gradients of an open accumulation window, when the file has them;
+  -- without them the gradients are zeroed (a window closed at the save)
+  local has_grads = false
+  for _, n in ipairs(self.names) do if n:sub(1, 5) == "grad." then has_grads = true break end end
+  local zero_grads = {}
+  for _, p in ipairs(set:list()) do
+    local g = p.trainable and p:grad() or nil
+    if g then
+      local n = "grad." .. p.name
+      if has_grads then
+        check_tensor(self, n, g, "gradient", problems)
+        plan[#plan + 1] = { n, g }
+        claimed[n] = true
+      else
+        zero_grads[#zero_grads + 1] = g
+      end
+    end
+  end
   for _, n in ipairs(self.names) do
     local skipped = (ema == nil and n:sub(1, 4) == "ema.") or (opt == nil and n:sub(1, 10) == "optimizer.")
     if not claimed[n] and not skipped then
@@ -520,6 +549,7 @@ function Ckpt:restore(targets)
   -- everything checked: copy
   if targets.scaler ~= nil and opt ~= nil then targets.scaler:bind(opt) end
   for _, e in ipairs(plan) do self.file:load(e[1], e[2]) end
+  for _, g in ipairs(zero_grads) do g:zero_() end
   if opt ~= nil then
     for i, g in ipairs(opt.param_groups) do
       local s = self.optimizer.groups[i]

@@ -285,7 +285,8 @@ function Trainer:_fit(state, opts)
     csv:row(epoch + 1, lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs)
     local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
-      data = { seed = cfg.seed, epoch = epoch }, config = cfg }
+      data = { seed = cfg.seed, epoch = epoch }, config = cfg,
+      grads = last_opt_step < nb * (epoch + 1) - 1 }
     checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
     if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
     self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = fitness })

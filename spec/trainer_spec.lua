@@ -1,0 +1,144 @@
+-- The whole training path on the CPU on real images: data -> step ->
+-- validation -> checkpoint -> resume, callbacks, failure path, and a
+-- Trainer reused for two models. Small image size so CI stays fast.
+local lucid = require "lucid"
+local Trainer = require "lucid.trainer"
+local data = require "lucid.data"
+
+local have_data = data.find_dataset("coco-pose-mini") ~= nil
+local tmp = os.tmpname()
+os.remove(tmp)
+
+local function cfg(over)
+  local c = {
+    name = "t", project = tmp, exist_ok = true, resume = false, device = "cpu", seed = 0, workers = 2,
+    quiet = true, model = "yolo11", scale = "n", data = "coco_pose_mini", imgsz = 64, batch = 8,
+    cache = true, max_gt = "auto", epochs = 3, optimizer = "SGD", lr0 = 0.01, lrf = 0.01, cos_lr = false,
+    momentum = 0.937, weight_decay = 5e-4, nbs = 16, warmup_epochs = 1, warmup_momentum = 0.8,
+    warmup_bias_lr = 0.1, precision = "auto", clip = { max_norm = 10.0 },
+    loss = { box = 7.5, cls = 0.5, dfl = 1.5, pose = 12.0, kobj = 1.0 },
+    augment = { mosaic = 1.0, close_mosaic = 1 }, conf = 0.001, iou = 0.7, max_det = 300, ap = "coco",
+  }
+  for k, v in pairs(over or {}) do c[k] = v end
+  return c
+end
+
+local function build(tr)
+  return require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 }, ctx = tr.ctx,
+    device = tr.device }
+end
+
+-- every tensor of a checkpoint file, as raw bytes by name
+local function tensors(path)
+  local f = lucid.io.safetensors_open(path)
+  local out = {}
+  for _, name in ipairs(f:names()) do
+    local t = lucid.empty(f:info(name).shape, { dtype = f:info(name).dtype })
+    f:load(name, t)
+    out[name] = t
+  end
+  f:close()
+  return out
+end
+
+local function read_lines(path)
+  local t = {}
+  for l in io.lines(path) do t[#t + 1] = l end
+  return t
+end
+
+local describe_data = have_data and describe or pending
+
+describe_data("Trainer on real images (CPU, imgsz 64)", function()
+  local full
+
+  it("fits 3 epochs: losses fall, results.csv, last/best checkpoints, metrics in range", function()
+    local tr = Trainer.new(cfg{ name = "full" })
+    local model = build(tr)
+    local seen = {}
+    tr:add_callback("on_epoch_end", function(_, ev) seen[#seen + 1] = ev.epoch end)
+    full = tr:fit(model)
+    assert.are.same({ 0, 1, 2 }, seen)
+    assert.are.equal(3, full.epochs)
+    local m = full.metrics
+    for _, k in ipairs({ "precision", "recall", "map50", "map50_95" }) do
+      assert.is_true(m.box[k] >= 0 and m.box[k] <= 1, "box " .. k)
+      assert.is_true(m.pose[k] >= 0 and m.pose[k] <= 1, "pose " .. k)
+    end
+    assert.are.equal(32, m.images)
+    assert.are.equal(68, m.box.instances)
+    local lines = read_lines(full.save_dir .. "/results.csv")
+    assert.are.equal(4, #lines)
+    assert.matches("^epoch,time,train/box_loss,train/pose_loss,train/kobj_loss,train/cls_loss,train/dfl_loss,", lines[1])
+    local function split(l)
+      local t = {}
+      for v in (l .. ","):gmatch("([^,]*),") do t[#t + 1] = v end
+      return t
+    end
+    local first, last = split(lines[2]), split(lines[4])
+    -- total training loss of epoch 3 below epoch 1
+    local s1, s3 = 0, 0
+    for c = 3, 7 do s1 = s1 + tonumber(first[c]); s3 = s3 + tonumber(last[c]) end
+    assert.is_true(s3 < s1, string.format("loss %g -> %g", s1, s3))
+    local f = io.open(full.save_dir .. "/weights/last.safetensors", "rb")
+    assert.is_truthy(f); f:close()
+    f = io.open(full.save_dir .. "/weights/best.safetensors", "rb")
+    assert.is_truthy(f); f:close()
+  end)
+
+  it("a run stopped after epoch 2 and resumed ends bitwise equal to the uninterrupted run", function()
+    assert.is_truthy(full, "needs the previous test")
+    local tr = Trainer.new(cfg{ name = "killed" })
+    local model = build(tr)
+    tr:add_callback("on_epoch_start", function(_, ev)
+      if ev.epoch == 2 then error("simulated kill at epoch 3") end
+    end)
+    local ok, err = pcall(tr.fit, tr, model)
+    assert.is_false(ok)
+    assert.matches("simulated kill at epoch 3", err)
+    -- a fresh trainer and a fresh model resume from weights/last.safetensors
+    local tr2 = Trainer.new(cfg{ name = "killed", resume = true })
+    local res = tr2:fit(build(tr2))
+    assert.are.equal(3, #read_lines(res.save_dir .. "/results.csv") - 1)
+    local a = tensors(full.save_dir .. "/weights/last.safetensors")
+    local b = tensors(res.save_dir .. "/weights/last.safetensors")
+    local n = 0
+    for name, t in pairs(a) do
+      assert.is_truthy(b[name], name)
+      local d = (t:to("f64") - b[name]:to("f64")):abs():max():item()
+      assert.are.equal(0, d, name)
+      n = n + 1
+    end
+    assert.is_true(n > 1000) -- model, ema and optimizer tensors
+  end)
+
+  it("an error raised in a callback reaches the caller unchanged and keeps the last checkpoint", function()
+    local tr = Trainer.new(cfg{ name = "fails", epochs = 2 })
+    local model = build(tr)
+    local sentinel = setmetatable({}, { __tostring = function() return "my error object" end })
+    local err_seen
+    tr:add_callback("on_batch_end", function(_, ev)
+      if ev.epoch == 1 and ev.i == 3 then error(sentinel) end
+    end)
+    tr:add_callback("on_fit_error", function(_, ev) err_seen = ev.error end)
+    local ok, err = pcall(tr.fit, tr, model)
+    assert.is_false(ok)
+    assert.are.equal(sentinel, err)
+    assert.are.equal(sentinel, err_seen)
+    local lines = read_lines(tmp .. "/fails/results.csv")
+    assert.are.equal(2, #lines) -- header + epoch 1
+    assert.is_truthy(tensors(tmp .. "/fails/weights/last.safetensors")["model.0.conv.weight"])
+  end)
+
+  it("reuses one Trainer for two models; a callback left for the first is not called for the second", function()
+    local tr = Trainer.new(cfg{ name = "reuse", epochs = 1 })
+    local calls = 0
+    tr:add_callback("on_epoch_end", function() calls = calls + 1 end)
+    tr:fit(build(tr))
+    assert.are.equal(1, calls)
+    local r2 = tr:fit(require("lucid.models.yolov8_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 },
+      ctx = tr.ctx, device = tr.device })
+    assert.are.equal(1, calls) -- stale callback not called
+    assert.are.equal(1, r2.epochs)
+  end)
+end)
