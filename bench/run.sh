@@ -17,4 +17,17 @@ for src in bench/bench_*.c; do
   echo "== $name"
   build/bench/$name || rc=1
 done
+# model-level benchmarks: lucid (Lua) and the PyTorch reference, same run
+for lua in bench/bench_*.lua; do
+  echo "== $(basename "$lua" .lua)"
+  luajit "$lua" || rc=1
+done
+if python3 -c 'import torch' 2>/dev/null; then
+  for py in bench/bench_*_torch.py; do
+    echo "== $(basename "$py" .py)"
+    python3 "$py" || rc=1
+  done
+else
+  echo "skip PyTorch baselines: no torch on this machine"
+fi
 exit $rc

@@ -46,6 +46,8 @@ local defaults = {
   },
   -- validation (Ultralytics: conf 0.001, iou 0.7, max_det 300); ap = coco | ultralytics
   conf = 0.001, iou = 0.7, max_det = 300, ap = "coco",
+  -- validate / save weights/last every N epochs (and always at the end)
+  val_period = 1, save_period = 1,
   -- the recorded (CUDA-graph) training step on a GPU
   record = false,
 }

@@ -272,24 +272,37 @@ function Trainer:_fit(state, opts)
     local train_losses = losses_table(step:running_losses())
     bar:finish(train_losses, self:mem_gb(), nil, S)
 
-    -- validation on the EMA weights
-    local metrics, val_losses = self:validate(model, ema, val, val_loader, step, out)
-    last_metrics = metrics
-    local fitness = metrics.fitness
-    if not best_fitness or fitness > best_fitness then best_fitness = fitness; state.is_best = true else state.is_best = false end
-    self:run_callbacks("on_val_end", { epoch = epoch, metrics = metrics })
+    -- validation on the EMA weights (every val_period epochs and at the end)
+    local final = epoch == E - 1
+    local vp = cfg.val_period or 1
+    local metrics, val_losses
+    if final or (epoch + 1) % vp == 0 then
+      metrics, val_losses = self:validate(model, ema, val, val_loader, step, out)
+      last_metrics = metrics
+      local fitness = metrics.fitness
+      if not best_fitness or fitness > best_fitness then best_fitness = fitness; state.is_best = true else state.is_best = false end
+      self:run_callbacks("on_val_end", { epoch = epoch, metrics = metrics })
+    else
+      state.is_best = false
+    end
 
     -- results.csv and checkpoints
-    local lrs = {}
-    for _, g in ipairs(opt.param_groups) do lrs[#lrs + 1] = g.lr end
-    csv:row(epoch + 1, lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs)
+    -- lr/pg0..2 in Ultralytics' group order: bias, weight (decay), bn
+    local lr_by = {}
+    for _, g in ipairs(opt.param_groups) do lr_by[g.name] = lr_by[g.name] or g.lr end
+    local lrs = { lr_by.bias, lr_by.weight, lr_by.bn }
+    if metrics then csv:row(epoch + 1, lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
     local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1 }
-    checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
+    local sp = cfg.save_period or 1
+    if final or (epoch + 1) % sp == 0 or state.is_best then
+      checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
+    end
     if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
-    self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = fitness })
+    self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = metrics and metrics.fitness,
+      train_losses = train_losses })
   end
   ctx:synchronize()
   local fit_seconds = lucid.wall_time() - t_fit0
