@@ -26,6 +26,8 @@ int luaopen_lucid(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_data(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_nn(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_optim(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_image(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_predict(lua_State *L);
 int lucid_lua_open_loss(lua_State *L);
 int lucid_lua_open_eval(lua_State *L);
 
@@ -112,6 +114,8 @@ int luaopen_lucid(lua_State *L) {
     if (lucid_lua_open_optim) lucid_lua_open_optim(L);
     lucid_lua_open_loss(L);
     lucid_lua_open_eval(L);
+    if (lucid_lua_open_image) lucid_lua_open_image(L);
+    if (lucid_lua_open_predict) lucid_lua_open_predict(L);
     add_package_path(L);
     return 1;
 }

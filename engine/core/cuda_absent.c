@@ -9,6 +9,7 @@
 #include "internal.h"
 #include "nn/nn.h"
 #include "train/optim_backend.h"
+#include "train/loss_backend.h"
 
 const lucid_backend *lucid_cuda_backend(void) { return NULL; }
 
@@ -17,3 +18,4 @@ int lucid_cuda_backend_device_count(void) { return 0; }
 /* Kernel tables of the other layers that cuda/ provides in a CUDA build. */
 const lucid_optim_kernels *lucid_optim_cuda_kernels_impl(void) { return NULL; }
 const lucid_nn_kernels *lucid_nn_cuda_kernels(void) { return NULL; }
+const lucid_pose_loss_kernels *lucid_pose_loss_cuda_kernels(void) { return NULL; }

@@ -14,11 +14,14 @@
  *     box+dfl, keypoints, cls; the raw sums become the components here.
  *   - Backward needs the assignment of a forward of the same compute type
  *     (ERR_STATE otherwise) and rewrites every element of the gradients.
- *   - This is the CPU reference. A CUDA plan is refused (ERR_UNSUPPORTED)
- *     until cuda/ provides the same phases as kernels.
+ *   - This is the CPU reference. A plan on a CUDA device runs the same
+ *     phases as kernels (cuda/loss.cu) through the kernel table of
+ *     train/loss_backend.h: the checks, the layout and the frozen/assigned
+ *     bookkeeping stay here; the work storage gets the backend's tail area.
  */
 #define LUCID_POSE_LOSS_INTERNAL
 #include "loss.h"
+#include "loss_backend.h"
 #include "internal.h"
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +59,50 @@ void lucid_pose_loss_config_levels(lucid_pose_loss_config *cfg, int img_h,
         cfg->level_h[l] = img_h / st[l];
         cfg->level_w[l] = img_w / st[l];
     }
+}
+
+const lucid_pose_loss_kernels *lucid_pose_loss_kernels_for(lucid_ctx *ctx,
+                                                           lucid_device dev,
+                                                           int *err) {
+    *err = 0;
+    if (dev.type == LUCID_CPU) return NULL;
+    const lucid_pose_loss_kernels *k =
+        dev.type == LUCID_CUDA ? lucid_pose_loss_cuda_kernels() : NULL;
+    *err = 1;
+    if (!k) {
+        lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                     "pose loss: no loss kernels for device %s:%d in this "
+                     "build (built with CUDA=0?)",
+                     dev.type == LUCID_CUDA ? "cuda" : "?", dev.index);
+        return NULL;
+    }
+    if (ctx->device.type != dev.type || ctx->device.index != dev.index) {
+        lucid_seterr(ctx, LUCID_ERR_ARG,
+                     "pose loss: plan on cuda:%d but the context drives %s",
+                     dev.index,
+                     ctx->device.type == LUCID_CPU ? "the cpu"
+                                                   : "another GPU");
+        return NULL;
+    }
+    *err = 0;
+    return k;
+}
+
+/* make_anchors and the OKS sigmas into host arrays anc [A*3], sig [K]. */
+static void fill_anchors_sigmas(const lucid_pose_loss_config *cfg,
+                                double *anc, double *sig) {
+    int64_t a = 0;
+    for (int l = 0; l < cfg->nlevels; l++)
+        for (int i = 0; i < cfg->level_h[l]; i++)
+            for (int j = 0; j < cfg->level_w[l]; j++, a++) {
+                anc[a * 3 + 0] = j + 0.5;
+                anc[a * 3 + 1] = i + 0.5;
+                anc[a * 3 + 2] = cfg->strides[l];
+            }
+    for (int k = 0; k < cfg->nkpt; k++)
+        sig[k] = cfg->sigmas ? cfg->sigmas[k]
+                 : cfg->nkpt == 17 ? coco_sigmas[k]
+                                   : 1.0 / cfg->nkpt;
 }
 
 /* Bump allocator over the work storage (64-byte aligned slices). */
@@ -99,12 +146,10 @@ lucid_status lucid_pose_loss_plan_create(lucid_ctx *ctx, lucid_device device,
     if (!out) return lucid_seterr(ctx, LUCID_ERR_ARG, "pose loss: out is NULL");
     *out = NULL;
     if (!cfg) return lucid_seterr(ctx, LUCID_ERR_ARG, "pose loss: cfg is NULL");
-    if (device.type != LUCID_CPU)
-        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
-                            "pose loss: only the CPU reference exists so far "
-                            "(device %s:%d has no loss kernels)",
-                            device.type == LUCID_CUDA ? "cuda" : "?",
-                            device.index);
+    int kerr = 0;
+    const lucid_pose_loss_kernels *kern =
+        lucid_pose_loss_kernels_for(ctx, device, &kerr);
+    if (kerr) return ctx->last_status;
     if (cfg->batch < 1 || cfg->nc < 1 || cfg->nkpt < 1 || cfg->max_gt < 1)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "pose loss: batch=%d nc=%d nkpt=%d max_gt=%d must "
@@ -157,27 +202,36 @@ lucid_status lucid_pose_loss_plan_create(lucid_ctx *ctx, lucid_device device,
     p->img_h = cfg->level_h[0] * cfg->strides[0];
     p->img_w = cfg->level_w[0] * cfg->strides[0];
     size_t bytes = plan_layout(p, NULL);
+    if (kern) bytes += kern->extra_bytes(p); /* backend tail area */
     lucid_status st = lucid_storage_create(ctx, device, bytes, 0, &p->ws);
     if (st != LUCID_OK) {
         free(p);
         return st;
     }
     plan_layout(p, lucid_storage_data(p->ws));
-    memset(lucid_storage_data(p->ws), 0, bytes);
-    /* make_anchors: cell centres, level by level, row-major. */
-    int64_t a = 0;
-    for (int l = 0; l < cfg->nlevels; l++)
-        for (int i = 0; i < cfg->level_h[l]; i++)
-            for (int j = 0; j < cfg->level_w[l]; j++, a++) {
-                p->anc[a * 3 + 0] = j + 0.5;
-                p->anc[a * 3 + 1] = i + 0.5;
-                p->anc[a * 3 + 2] = cfg->strides[l];
-            }
-    for (int k = 0; k < cfg->nkpt; k++)
-        p->sigmas[k] = cfg->sigmas ? cfg->sigmas[k]
-                       : cfg->nkpt == 17 ? coco_sigmas[k]
-                                         : 1.0 / cfg->nkpt;
-    p->cfg.sigmas = p->sigmas;
+    if (kern) {
+        /* device storage: the backend zeroes it and uploads the tables */
+        double *anc = malloc((size_t)A * 3 * sizeof(double));
+        double *sig = malloc((size_t)cfg->nkpt * sizeof(double));
+        if (!anc || !sig)
+            st = lucid_seterr(ctx, LUCID_ERR_OOM, "pose loss: out of memory");
+        else {
+            fill_anchors_sigmas(cfg, anc, sig);
+            st = kern->plan_init(ctx, p, anc, sig);
+        }
+        free(anc);
+        free(sig);
+        if (st != LUCID_OK) {
+            lucid_storage_release(p->ws);
+            free(p);
+            return st;
+        }
+    } else {
+        memset(lucid_storage_data(p->ws), 0, bytes);
+        /* make_anchors: cell centres, level by level, row-major. */
+        fill_anchors_sigmas(cfg, p->anc, p->sigmas);
+    }
+    p->cfg.sigmas = p->sigmas; /* device memory for a device plan */
     *out = p;
     return LUCID_OK;
 }
@@ -323,6 +377,18 @@ lucid_status lucid_pose_loss_forward(lucid_ctx *ctx,
                             "with outputs of the same compute type");
     if (!frozen) LUCID_TRY(check_targets(p, targets));
 
+    if (p->device.type != LUCID_CPU) {
+        int kerr = 0;
+        const lucid_pose_loss_kernels *k =
+            lucid_pose_loss_kernels_for(ctx, p->device, &kerr);
+        if (kerr) return ctx->last_status;
+        LUCID_TRY(k->forward(ctx, p, pred_box, pred_cls, pred_kpt, targets,
+                             frozen, total, items));
+        p->assigned = 1;
+        p->real_dt = rdt;
+        return LUCID_OK;
+    }
+
     const lpl_in vb = in_view(pred_box), vc = in_view(pred_cls),
                  vk = in_view(pred_kpt);
     double bs, ds, ps, os, cs;
@@ -389,6 +455,14 @@ lucid_status lucid_pose_loss_backward(lucid_ctx *ctx,
         return lucid_seterr(ctx, LUCID_ERR_STATE,
                             "pose loss: backward needs a forward with outputs "
                             "of the same compute type first");
+    if (p->device.type != LUCID_CPU) {
+        int kerr = 0;
+        const lucid_pose_loss_kernels *k =
+            lucid_pose_loss_kernels_for(ctx, p->device, &kerr);
+        if (kerr) return ctx->last_status;
+        return k->backward(ctx, p, pred_box, pred_cls, pred_kpt, grad_scale,
+                           grad_box, grad_cls, grad_kpt);
+    }
     const double g0 = grad_scale ? lucid_cpu_get(grad_scale, 0) : 1.0;
     const double *S = p->scal;
     const double tss = S[LPL_S_TSS], nfg = S[LPL_S_NFG];
@@ -432,6 +506,13 @@ lucid_status lucid_pose_loss_read_assignment(lucid_ctx *ctx,
     if (!plan || !plan->assigned)
         return lucid_seterr(ctx, LUCID_ERR_STATE,
                             "pose loss: no assignment yet (run a forward)");
+    if (plan->device.type != LUCID_CPU) {
+        int kerr = 0;
+        const lucid_pose_loss_kernels *k =
+            lucid_pose_loss_kernels_for(ctx, plan->device, &kerr);
+        if (kerr) return ctx->last_status;
+        return k->read_assignment(ctx, plan, gt_index, score, n_fg, tss);
+    }
     const int64_t n = (int64_t)plan->cfg.batch * plan->A;
     if (gt_index) memcpy(gt_index, plan->tgt, (size_t)n * sizeof(int32_t));
     if (score)

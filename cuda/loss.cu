@@ -1,0 +1,1130 @@
+/*
+ * loss.cu — the pose loss on the GPU (lucid_pose_loss_cuda_kernels): a port
+ * of the CPU reference (engine/train/assigner.c, loss_box.c, loss_kpt.c,
+ * loss_cls.c; formulas and sources in engine/train/loss.h), forward and
+ * backward, queued on the context's compute stream.
+ *
+ * Contract
+ *   - No host synchronisation, no allocation and no host read inside
+ *     forward/backward: every buffer is a view into the plan's one work
+ *     storage (the reference layout of loss.c plus the backend area of
+ *     loss_backend.h), and the scalars (tss, n_fg, the raw components, the
+ *     total) stay in plan->scal on the device, where the backward reads
+ *     them. Capturable into a CUDA graph (checked by spec/c/test_loss_cuda.c).
+ *   - Bitwise reproducible: the only atomics are integer ones (claim counts,
+ *     the first claiming gt, and the max of non-negative floats as their
+ *     bits); every sum is a fixed-order tree (xor-shuffle inside a warp,
+ *     warps in index order, one partial per block, one block folds the
+ *     partials in index order), in double as the reference accumulates.
+ *   - Agreement with the CPU reference (f32 compute type): each work item
+ *     runs the reference's float arithmetic in the reference's order.
+ *     Products that feed a sum use __fmul_rn/__fadd_rn so nvcc does not
+ *     contract them into FMAs (the host build has none), and exp, log,
+ *     log1p, atan and pow are evaluated in double and rounded once, which is
+ *     what glibc's float functions return in all but rare halfway cases.
+ *     Assignments match exactly except for near-ties within an ulp; losses
+ *     and gradients agree to a few ulps.
+ *
+ * Kernels (one phase each, as the reference):
+ *   prep_gt   per gt row: pixels xyxy, the widened box of the inside test,
+ *             label, mask_gt, keypoints; zeroes the gt's pos_al/pos_ov.
+ *   decode    per anchor: DFL expectation -> predicted xyxy (grid units);
+ *             zeroes the anchor's claim count.
+ *   topk      one block per (image, gt): each thread keeps the top-k of its
+ *             anchors (strided, in index order: ties keep the lower index),
+ *             then k rounds of a block argmax over the threads' heads
+ *             (value desc, index asc) give the reference's top-k; the
+ *             candidates among them are the gt's positives and claim their
+ *             anchors (atomicAdd count, atomicMin first gt).
+ *   resolve   per anchor: unclaimed -> background; one claim -> that gt;
+ *             several -> argmax overlap over all gts (first on ties); then
+ *             max align / overlap per gt (atomicMax on the float bits).
+ *   loss      per anchor: normalised target score, CIoU box + DFL, OKS
+ *             keypoint + kobj, class BCE; block partials of the 7 sums.
+ *   finalize  one block: folds the partials, writes tss, n_fg, the raw
+ *             components, the items and the total (plan->scal and the
+ *             caller's total/items tensors).
+ *   backward  per anchor: d total / d outputs (every element written), in
+ *             the gradients' dtypes, times the optional device grad_scale.
+ */
+#define LUCID_POSE_LOSS_INTERNAL
+#include "common.cuh"
+#include "train/loss_backend.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LPL_MAX_TOPK 64 /* as loss.c / assigner.c */
+#define LPL_MAX_REG 64  /* as loss.c / loss_box.c */
+#define LPL_THREADS 256 /* per-anchor kernels */
+#define LPL_TOPK_THREADS 256
+#define LPL_FIN_THREADS 256
+
+/* Block partials of the loss kernel (slot stride 8 doubles). */
+enum { Q_BOX = 0, Q_DFL, Q_POSE, Q_KOBJ, Q_CLS, Q_TSS, Q_NFG, Q_N };
+#define Q_STRIDE 8
+
+/* ------------------------------------------------------------ parameters */
+
+struct Geom {
+    int B, G, A, K, nc, R, topk, nlev;
+    int off[LUCID_POSE_LOSS_MAX_LEVELS + 1]; /* first anchor of each level */
+    int w[LUCID_POSE_LOSS_MAX_LEVELS];
+    float s[LUCID_POSE_LOSS_MAX_LEVELS];
+    float W, H, s0, s1;
+    double tal_alpha, tal_beta;
+    double gain_box, gain_cls, gain_dfl, gain_pose, gain_kobj;
+};
+
+struct Bufs {
+    const double *sigmas;
+    double *scal;
+    int32_t *gt_label;
+    uint8_t *gt_mask;
+    float *gt_box, *gt_cand, *gt_kpt, *pbox;
+    int32_t *pos, *tgt;
+    float *tscore, *alpha, *pos_al, *pos_ov;
+    int32_t *cnt, *first; /* backend area: claims per anchor */
+    double *part;         /* backend area: loss block partials */
+};
+
+/* A strided [B, C, A] output (or gradient) of the network. */
+struct View {
+    const void *p; /* element [0,0,0] */
+    int dt;
+    int64_t sb, sc, sa;
+};
+struct OView {
+    void *p;
+    int dt;
+    int64_t sb, sc, sa;
+};
+
+/* A strided target tensor (up to 4 dims). */
+struct TView {
+    const void *p;
+    int dt;
+    int64_t s[4];
+};
+struct Targets {
+    TView cls, box, kpt, valid;
+};
+
+/* The caller's total / items (any float dtype): storage base + offsets. */
+struct Scalars {
+    void *total;
+    int total_dt;
+    int64_t total_off;
+    void *items;
+    int items_dt;
+    int64_t items_off[LUCID_POSE_LOSS_NITEMS];
+};
+
+__device__ __forceinline__ float ld(const View &v, int b, int c, int a) {
+    return lucid_load_f32(v.p, v.dt, (int64_t)b * v.sb + (int64_t)c * v.sc +
+                                         (int64_t)a * v.sa);
+}
+__device__ __forceinline__ void stg(const OView &v, int b, int c, int a,
+                                   float x) {
+    lucid_store_f32(v.p, v.dt,
+                    (int64_t)b * v.sb + (int64_t)c * v.sc + (int64_t)a * v.sa,
+                    x);
+}
+
+/* ------------------------------------------------------------ float math
+ * No contraction (the reference is compiled without FMA); transcendental
+ * functions in double, rounded once. */
+#define FM(a, b) __fmul_rn((a), (b))
+#define FA(a, b) __fadd_rn((a), (b))
+#define FS(a, b) __fsub_rn((a), (b))
+
+__device__ __forceinline__ float m_exp(float x) { return (float)exp((double)x); }
+__device__ __forceinline__ float m_log(float x) { return (float)log((double)x); }
+__device__ __forceinline__ float m_log1p(float x) {
+    return (float)log1p((double)x);
+}
+__device__ __forceinline__ float m_atan(float x) {
+    return (float)atan((double)x);
+}
+__device__ __forceinline__ float m_pow(float x, float y) {
+    return (float)pow((double)x, (double)y);
+}
+/* 1 / (1 + exp(-z)) */
+__device__ __forceinline__ float m_sigmoid(float z) {
+    return 1.0f / FA(1.0f, m_exp(-z));
+}
+/* (1 - y) z - min(z, 0) + log1p(exp(-|z|)) */
+__device__ __forceinline__ float m_bce(float z, float y) {
+    const float mn = z < 0 ? z : 0.0f;
+    const float e = z < 0 ? z : -z;
+    return FA(FS(FM(FS(1.0f, y), z), mn), m_log1p(m_exp(e)));
+}
+/* x^e with torch.pow's exact special exponents (assigner.c powr) */
+__device__ __forceinline__ float m_powr(float x, double e) {
+    if (e == 0.5) return sqrtf(x);
+    if (e == 1.0) return x;
+    if (e == 2.0) return FM(x, x);
+    if (e == 3.0) return FM(FM(x, x), x);
+    return m_pow(x, (float)e);
+}
+
+__device__ __forceinline__ float dmin_(float u, float v) {
+    return u < v ? 1.0f : (u == v ? 0.5f : 0.0f);
+}
+__device__ __forceinline__ float dmax_(float u, float v) {
+    return u > v ? 1.0f : (u == v ? 0.5f : 0.0f);
+}
+
+/* bbox_iou(CIoU=True, eps=1e-7) of b1 against b2 (xyxy), as lpl_ciou_f32:
+ * *alpha computed and stored unless alpha_given; with g1 adds
+ * scale * dCIoU/db1 (alpha constant). */
+__device__ float ciou(const float *b1, const float *b2, float *alpha,
+                      int alpha_given, float scale, float *g1) {
+    const float eps = 1e-7f;
+    const float x1 = b1[0], y1 = b1[1], x2 = b1[2], y2 = b1[3];
+    const float X1 = b2[0], Y1 = b2[1], X2 = b2[2], Y2 = b2[3];
+    const float w1 = FS(x2, x1), h1 = FA(FS(y2, y1), eps);
+    const float w2 = FS(X2, X1), h2 = FA(FS(Y2, Y1), eps);
+    const float ix2 = x2 < X2 ? x2 : X2, ix1 = x1 > X1 ? x1 : X1;
+    const float iy2 = y2 < Y2 ? y2 : Y2, iy1 = y1 > Y1 ? y1 : Y1;
+    const float iwr = FS(ix2, ix1), ihr = FS(iy2, iy1);
+    const float iw = iwr > 0 ? iwr : 0.0f, ih = ihr > 0 ? ihr : 0.0f;
+    const float inter = FM(iw, ih);
+    const float uni = FA(FS(FA(FM(w1, h1), FM(w2, h2)), inter), eps);
+    const float iou = inter / uni;
+    const float cw = FS(x2 > X2 ? x2 : X2, x1 < X1 ? x1 : X1);
+    const float ch = FS(y2 > Y2 ? y2 : Y2, y1 < Y1 ? y1 : Y1);
+    const float c2 = FA(FA(FM(cw, cw), FM(ch, ch)), eps);
+    const float dx = FS(FS(FA(X1, X2), x1), x2);
+    const float dy = FS(FS(FA(Y1, Y2), y1), y2);
+    const float rho2 = FA(FM(dx, dx), FM(dy, dy)) / 4.0f;
+    const float kv =
+        (float)(4.0 / (3.14159265358979323846 * 3.14159265358979323846));
+    const float r1 = w1 / h1;
+    const float at = FS(m_atan(w2 / h2), m_atan(r1));
+    const float v = FM(kv, FM(at, at));
+    if (!alpha_given) *alpha = v / FA(FS(v, iou), (float)(1.0 + 1e-7));
+    const float al = *alpha;
+    const float c = FS(iou, FA(rho2 / c2, FM(v, al)));
+    if (g1) {
+        const float g_inter = scale * (1 / uni + inter / (uni * uni));
+        const float g_a1 = -scale * inter / (uni * uni);
+        const float g_r1 = -scale * al * kv * 2 * at * (-1 / (1 + r1 * r1));
+        const float g_w1 = g_a1 * h1 + g_r1 / h1;
+        const float g_h1 = g_a1 * w1 - g_r1 * w1 / (h1 * h1);
+        const float g_iw = iwr >= 0 ? g_inter * ih : 0.0f;
+        const float g_ih = ihr >= 0 ? g_inter * iw : 0.0f;
+        const float g_c2 = scale * rho2 / (c2 * c2);
+        const float g_rho2 = -scale / c2;
+        const float g_cw = g_c2 * 2 * cw, g_ch = g_c2 * 2 * ch;
+        g1[0] += -g_w1 - g_iw * dmax_(x1, X1) - g_cw * dmin_(x1, X1) -
+                 g_rho2 * dx / 2;
+        g1[2] += g_w1 + g_iw * dmin_(x2, X2) + g_cw * dmax_(x2, X2) -
+                 g_rho2 * dx / 2;
+        g1[1] += -g_h1 - g_ih * dmax_(y1, Y1) - g_ch * dmin_(y1, Y1) -
+                 g_rho2 * dy / 2;
+        g1[3] += g_h1 + g_ih * dmin_(y2, Y2) + g_ch * dmax_(y2, Y2) -
+                 g_rho2 * dy / 2;
+    }
+    return c;
+}
+
+/* Anchor a: cell centre (grid units) and stride (make_anchors). */
+__device__ __forceinline__ void anchor(const Geom &g, int a, float &ax,
+                                       float &ay, float &s) {
+    int l = 0;
+    while (l + 1 < g.nlev && a >= g.off[l + 1]) l++;
+    const int r = a - g.off[l];
+    const int i = r / g.w[l], j = r - i * g.w[l];
+    ax = (float)j + 0.5f;
+    ay = (float)i + 0.5f;
+    s = g.s[l];
+}
+
+/* Softmax of one side's bins (z[0..R-1]) into pr; returns log-sum-exp.
+ * RF > 0: R is the compile-time RF (arrays in registers). */
+template <int RF>
+__device__ __forceinline__ float softmax_side(const float *z, int R,
+                                              float *pr) {
+    const int n = RF > 0 ? RF : R;
+    float m = z[0], s = 0.0f;
+#pragma unroll
+    for (int i = 1; i < n; i++)
+        if (z[i] > m) m = z[i];
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        pr[i] = m_exp(FS(z[i], m));
+        s = FA(s, pr[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < n; i++) pr[i] = pr[i] / s;
+    return FA(m, m_log(s));
+}
+
+template <int RF>
+__device__ __forceinline__ float expect_side(const float *pr, int R) {
+    const int n = RF > 0 ? RF : R;
+    float e = 0.0f;
+#pragma unroll
+    for (int i = 0; i < n; i++) e = FA(e, FM(pr[i], (float)i));
+    return e;
+}
+
+template <int RF>
+__device__ __forceinline__ void load_side(const View &box, int b, int sd,
+                                          int a, int R, float *z) {
+    const int n = RF > 0 ? RF : R;
+#pragma unroll
+    for (int i = 0; i < n; i++) z[i] = ld(box, b, sd * n + i, a);
+}
+
+/* Decoded predicted box (grid units, xyxy) of anchor a (lpl_decode_f32). */
+template <int RF>
+__device__ __forceinline__ void decode_anchor(const Geom &g, const View &box,
+                                              int b, int a, float ax,
+                                              float ay, float *o) {
+    constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+    float z[NZ], pr[NZ], E[4];
+#pragma unroll
+    for (int sd = 0; sd < 4; sd++) {
+        load_side<RF>(box, b, sd, a, g.R, z);
+        softmax_side<RF>(z, g.R, pr);
+        E[sd] = expect_side<RF>(pr, g.R);
+    }
+    o[0] = FS(ax, E[0]);
+    o[1] = FS(ay, E[1]);
+    o[2] = FA(ax, E[2]);
+    o[3] = FA(ay, E[3]);
+}
+
+/* Inside test of the assigner (select_candidates_in_gts) for gt row r. */
+__device__ __forceinline__ int inside(const Bufs &bf, int64_t r, float px,
+                                      float py) {
+    const float *cd = bf.gt_cand + r * 4;
+    float d = FS(px, cd[0]), e;
+    if ((e = FS(py, cd[1])) < d) d = e;
+    if ((e = FS(cd[2], px)) < d) d = e;
+    if ((e = FS(cd[3], py)) < d) d = e;
+    return d > 1e-9f;
+}
+
+/* The pair (gt g, anchor a) of image b, as assigner.c pair(): 1 when a is a
+ * candidate; *ov = clamp(CIoU(gt, pred px), 0), *al = score^alpha ov^beta
+ * (both 0 for non-candidates). */
+__device__ int pair(const Geom &g, const Bufs &bf, const View &cls, int b,
+                    int gi, int a, float *ov, float *al) {
+    const int64_t r = (int64_t)b * g.G + gi;
+    *ov = 0.0f, *al = 0.0f;
+    if (!bf.gt_mask[r]) return 0;
+    float ax, ay, s;
+    anchor(g, a, ax, ay, s);
+    const float px = FM(ax, s), py = FM(ay, s);
+    if (!inside(bf, r, px, py)) return 0;
+    const float *pb = bf.pbox + ((int64_t)b * g.A + a) * 4;
+    const float pd[4] = {FM(pb[0], s), FM(pb[1], s), FM(pb[2], s),
+                         FM(pb[3], s)};
+    float alpha;
+    float o = ciou(bf.gt_box + r * 4, pd, &alpha, 0, 0.0f, NULL);
+    if (!(o > 0)) o = 0.0f;
+    const float z = ld(cls, b, bf.gt_label[r], a);
+    const float sc = m_sigmoid(z);
+    *ov = o;
+    *al = FM(m_powr(sc, g.tal_alpha), m_powr(o, g.tal_beta));
+    return 1;
+}
+
+__device__ __forceinline__ int is_candidate(const Geom &g, const Bufs &bf,
+                                            int b, int gi, int a) {
+    const int64_t r = (int64_t)b * g.G + gi;
+    if (!bf.gt_mask[r]) return 0;
+    float ax, ay, s;
+    anchor(g, a, ax, ay, s);
+    return inside(bf, r, FM(ax, s), FM(ay, s));
+}
+
+/* ------------------------------------------------------------ reductions */
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Fixed-order block sums of Q_N values (blockDim.x a multiple of 32);
+ * result valid in thread 0. sh: [Q_N][32]. */
+__device__ __forceinline__ void block_sums(double *v, double (*sh)[32]) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+#pragma unroll
+    for (int q = 0; q < Q_N; q++) {
+        const double w = warp_sum_d(v[q]);
+        if (lane == 0) sh[q][wid] = w;
+    }
+    __syncthreads();
+    if (wid == 0) {
+#pragma unroll
+        for (int q = 0; q < Q_N; q++)
+            v[q] = warp_sum_d(lane < nw ? sh[q][lane] : 0.0);
+    }
+}
+
+/* ------------------------------------------------------------ kernels */
+
+__global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= (int64_t)g.B * g.G) return;
+    const int64_t b = r / g.G, gi = r % g.G;
+    const int K = g.K;
+    float *bx = bf.gt_box + r * 4, *cd = bf.gt_cand + r * 4;
+    float *k3 = bf.gt_kpt + r * K * 3;
+    bf.pos_al[r] = 0.0f;
+    bf.pos_ov[r] = 0.0f;
+    const int valid =
+        lucid_load_f64(t.valid.p, t.valid.dt,
+                       b * t.valid.s[0] + gi * t.valid.s[1]) != 0.0;
+    const int64_t ob = b * t.box.s[0] + gi * t.box.s[1];
+    const float W = g.W, H = g.H;
+    const float x = FM((float)lucid_load_f64(t.box.p, t.box.dt, ob), W);
+    const float y =
+        FM((float)lucid_load_f64(t.box.p, t.box.dt, ob + t.box.s[2]), H);
+    const float w =
+        FM((float)lucid_load_f64(t.box.p, t.box.dt, ob + 2 * t.box.s[2]), W);
+    const float h =
+        FM((float)lucid_load_f64(t.box.p, t.box.dt, ob + 3 * t.box.s[2]), H);
+    const float hw = w / 2, hh = h / 2;
+    const float x1 = FS(x, hw), y1 = FS(y, hh), x2 = FA(x, hw), y2 = FA(y, hh);
+    const int ok = valid && FA(FA(FA(x1, y1), x2), y2) > 0;
+    bf.gt_mask[r] = (uint8_t)ok;
+    if (!ok) {
+        bf.gt_label[r] = 0;
+        for (int j = 0; j < 4; j++) bx[j] = cd[j] = 0.0f;
+        for (int j = 0; j < K * 3; j++) k3[j] = 0.0f;
+        return;
+    }
+    const double c =
+        lucid_load_f64(t.cls.p, t.cls.dt, b * t.cls.s[0] + gi * t.cls.s[1]);
+    int lab = 0;
+    if (c >= g.nc) lab = g.nc - 1;
+    else if (c >= 0) lab = (int)c;
+    bf.gt_label[r] = lab;
+    bx[0] = x1, bx[1] = y1, bx[2] = x2, bx[3] = y2;
+    const float cx = FA(x1, x2) / 2, cy = FA(y1, y2) / 2;
+    float cw = FS(x2, x1), ch = FS(y2, y1);
+    if (cw < g.s0) cw = g.s1;
+    if (ch < g.s0) ch = g.s1;
+    const float chw = cw / 2, chh = ch / 2;
+    cd[0] = FS(cx, chw), cd[1] = FS(cy, chh), cd[2] = FA(cx, chw),
+    cd[3] = FA(cy, chh);
+    const int64_t ok0 = b * t.kpt.s[0] + gi * t.kpt.s[1];
+    for (int k = 0; k < K; k++) {
+        const int64_t o = ok0 + k * t.kpt.s[2];
+        k3[k * 3 + 0] = FM((float)lucid_load_f64(t.kpt.p, t.kpt.dt, o), W);
+        k3[k * 3 + 1] =
+            FM((float)lucid_load_f64(t.kpt.p, t.kpt.dt, o + t.kpt.s[3]), H);
+        k3[k * 3 + 2] =
+            (float)lucid_load_f64(t.kpt.p, t.kpt.dt, o + 2 * t.kpt.s[3]);
+    }
+}
+
+template <int RF>
+__global__ void k_decode(Geom g, Bufs bf, View box) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)g.B * g.A) return;
+    const int b = (int)(i / g.A), a = (int)(i % g.A);
+    float ax, ay, s;
+    anchor(g, a, ax, ay, s);
+    float o[4];
+    decode_anchor<RF>(g, box, b, a, ax, ay, o);
+    float *pb = bf.pbox + i * 4;
+    pb[0] = o[0], pb[1] = o[1], pb[2] = o[2], pb[3] = o[3];
+    bf.cnt[i] = 0;
+    bf.first[i] = INT_MAX;
+}
+
+/* (v1, i1) ranks before (v2, i2): larger value, then lower index. */
+__device__ __forceinline__ bool ranks_before(float v1, int i1, float v2,
+                                             int i2) {
+    return v1 > v2 || (v1 == v2 && i1 < i2);
+}
+
+__global__ void __launch_bounds__(LPL_TOPK_THREADS)
+    k_topk(Geom g, Bufs bf, View cls) {
+    const int bg = blockIdx.x;
+    const int b = bg / g.G, gi = bg % g.G;
+    const int k = g.topk;
+    int32_t *pos = bf.pos + (int64_t)bg * k;
+    if (!bf.gt_mask[bg]) {
+        for (int j = threadIdx.x; j < k; j += blockDim.x) pos[j] = -1;
+        return;
+    }
+    /* 1. this thread's top-k of its anchors a = tid, tid + T, ... (the
+     * reference insertion: equal values keep the earlier, lower index) */
+    float val[LPL_MAX_TOPK];
+    int idx[LPL_MAX_TOPK];
+    int n = 0;
+    for (int a = threadIdx.x; a < g.A; a += blockDim.x) {
+        float ov, al;
+        pair(g, bf, cls, b, gi, a, &ov, &al);
+        int j;
+        if (n < k) j = n++;
+        else if (al > val[k - 1]) j = k - 1;
+        else continue;
+        for (; j > 0 && val[j - 1] < al; j--) {
+            val[j] = val[j - 1];
+            idx[j] = idx[j - 1];
+        }
+        val[j] = al, idx[j] = a;
+    }
+    /* 2. k rounds of a block argmax over the heads of the threads' lists */
+    __shared__ float wv[2][32];
+    __shared__ int wi[2][32];
+    __shared__ int sel[LPL_MAX_TOPK];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    int h = 0;
+    for (int j = 0; j < k; j++) {
+        float v = h < n ? val[h] : -INFINITY;
+        int ix = h < n ? idx[h] : INT_MAX;
+        const int mine = ix;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, ix, o);
+            if (ranks_before(v2, i2, v, ix)) v = v2, ix = i2;
+        }
+        if (lane == 0) wv[j & 1][wid] = v, wi[j & 1][wid] = ix;
+        __syncthreads();
+        float bv = wv[j & 1][0];
+        int bi = wi[j & 1][0];
+        for (int w = 1; w < nw; w++)
+            if (ranks_before(wv[j & 1][w], wi[j & 1][w], bv, bi))
+                bv = wv[j & 1][w], bi = wi[j & 1][w];
+        if (mine == bi && bi != INT_MAX) h++;
+        if (threadIdx.x == 0) sel[j] = bi;
+    }
+    __syncthreads();
+    /* 3. positives = top-k AND candidate; claim the anchors */
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int a = sel[j];
+        int p = -1;
+        if (a >= 0 && a < g.A && is_candidate(g, bf, b, gi, a)) {
+            p = a;
+            const int64_t i = (int64_t)b * g.A + a;
+            atomicAdd(&bf.cnt[i], 1);
+            atomicMin(&bf.first[i], gi);
+        }
+        pos[j] = p;
+    }
+}
+
+__global__ void k_resolve(Geom g, Bufs bf, View cls) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)g.B * g.A) return;
+    const int b = (int)(i / g.A), a = (int)(i % g.A);
+    const int c = bf.cnt[i];
+    int t = -1;
+    float ov, al;
+    if (c == 1) {
+        t = bf.first[i];
+    } else if (c > 1) {
+        /* select_highest_overlaps: argmax overlap over all gts */
+        float best = 0.0f;
+        t = 0;
+        for (int gi = 0; gi < g.G; gi++) {
+            pair(g, bf, cls, b, gi, a, &ov, &al);
+            if (gi == 0 || ov > best) best = ov, t = gi;
+        }
+    }
+    bf.tgt[i] = t;
+    if (t < 0) {
+        bf.tscore[i] = 0.0f;
+        return;
+    }
+    pair(g, bf, cls, b, t, a, &ov, &al);
+    const int64_t r = (int64_t)b * g.G + t;
+    /* non-negative floats order as their bits */
+    atomicMax((unsigned int *)&bf.pos_al[r], __float_as_uint(al));
+    atomicMax((unsigned int *)&bf.pos_ov[r], __float_as_uint(ov));
+    bf.tscore[i] = al; /* the loss kernel normalises it */
+}
+
+/* Keypoint box area and visibility factor of gt row r at stride s. */
+__device__ __forceinline__ void kpt_consts(const Geom &g, const float *gb,
+                                           const float *gk, float s,
+                                           float &area, float &factor) {
+    area = FM(FS(gb[2] / s, gb[0] / s), FS(gb[3] / s, gb[1] / s));
+    int nvis = 0;
+    for (int k = 0; k < g.K; k++) nvis += gk[k * 3 + 2] != 0;
+    const float rcp = 1.0f / FA((float)nvis, 1e-9f);
+    factor = FM(rcp, (float)g.K);
+}
+
+template <int RF>
+__global__ void __launch_bounds__(LPL_THREADS, 2)
+    k_loss(Geom g, Bufs bf, View box, View cls, View kpt, int frozen) {
+    __shared__ double sh[Q_N][32];
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    double acc[Q_N];
+#pragma unroll
+    for (int q = 0; q < Q_N; q++) acc[q] = 0.0;
+    if (i < (int64_t)g.B * g.A) {
+        const int b = (int)(i / g.A), a = (int)(i % g.A);
+        const int t = bf.tgt[i];
+        const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
+        float norm = bf.tscore[i];
+        if (!frozen && t >= 0) {
+            norm = FM(norm, bf.pos_ov[r]) / FA(bf.pos_al[r], 1e-9f);
+            bf.tscore[i] = norm;
+        }
+        /* class BCE over every anchor and class */
+        const int lab = t >= 0 ? bf.gt_label[r] : -1;
+        for (int c = 0; c < g.nc; c++) {
+            const float z = ld(cls, b, c, a);
+            const float y = c == lab ? norm : 0.0f;
+            acc[Q_CLS] += (double)m_bce(z, y);
+        }
+        if (t >= 0) {
+            acc[Q_NFG] = 1.0;
+            acc[Q_TSS] = (double)norm;
+            float ax, ay, s;
+            anchor(g, a, ax, ay, s);
+            const float *gb = bf.gt_box + r * 4;
+            const float tb[4] = {gb[0] / s, gb[1] / s, gb[2] / s, gb[3] / s};
+            const float *pbp = bf.pbox + i * 4;
+            const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+            const float cv = ciou(pb, tb, &bf.alpha[i], frozen, 0.0f, NULL);
+            acc[Q_BOX] = (double)FM(FS(1.0f, cv), norm);
+            /* DFL */
+            constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+            const int R = RF > 0 ? RF : g.R;
+            const float tmax = (float)((double)(R - 1) - 0.01);
+            const float ltrb[4] = {FS(ax, tb[0]), FS(ay, tb[1]),
+                                   FS(tb[2], ax), FS(tb[3], ay)};
+            float z[NZ], pr[NZ];
+            float dfl = 0.0f;
+#pragma unroll 1
+            for (int sd = 0; sd < 4; sd++) {
+                load_side<RF>(box, b, sd, a, R, z);
+                const float lse = softmax_side<RF>(z, R, pr);
+                float tg = ltrb[sd];
+                if (!(tg > 0)) tg = 0.0f;
+                if (tg > tmax) tg = tmax;
+                const int tl = (int)tg, tr = tl + 1;
+                const float wl = FS((float)tr, tg), wr = FS(1.0f, wl);
+                float ztl = 0.0f, ztr = 0.0f;
+#pragma unroll
+                for (int q = 0; q < NZ; q++) {
+                    if (q == tl) ztl = z[q];
+                    if (q == tr) ztr = z[q];
+                }
+                dfl = FA(dfl, FA(FM(FS(lse, ztl), wl), FM(FS(lse, ztr), wr)));
+            }
+            acc[Q_DFL] = (double)FM(dfl / 4, norm);
+            /* keypoints */
+            const float *gk = bf.gt_kpt + r * g.K * 3;
+            float area, factor;
+            kpt_consts(g, gb, gk, s, area, factor);
+            double ps = 0.0, os = 0.0;
+            for (int k = 0; k < g.K; k++) {
+                const float rx = ld(kpt, b, k * 3 + 0, a);
+                const float ry = ld(kpt, b, k * 3 + 1, a);
+                const float rv = ld(kpt, b, k * 3 + 2, a);
+                const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
+                const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
+                const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
+                const float dx = FS(px, gk[k * 3] / s);
+                const float dy = FS(py, gk[k * 3 + 1] / s);
+                const float d = FA(FM(dx, dx), FM(dy, dy));
+                const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
+                const float den = FM(FM(FM(sg2, sg2), FA(area, 1e-9f)), 2.0f);
+                const float ex = m_exp(-(d / den));
+                ps += (double)FM(factor, FM(FS(1.0f, ex), m));
+                os += (double)m_bce(rv, m);
+            }
+            acc[Q_POSE] = ps;
+            acc[Q_KOBJ] = os;
+        }
+    }
+    block_sums(acc, sh);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int q = 0; q < Q_N; q++)
+            bf.part[(int64_t)blockIdx.x * Q_STRIDE + q] = acc[q];
+    }
+}
+
+__global__ void __launch_bounds__(LPL_FIN_THREADS)
+    k_finalize(Geom g, Bufs bf, int nparts, int frozen, Scalars out) {
+    __shared__ double sh[Q_N][32];
+    double acc[Q_N];
+#pragma unroll
+    for (int q = 0; q < Q_N; q++) acc[q] = 0.0;
+    for (int j = threadIdx.x; j < nparts; j += blockDim.x)
+#pragma unroll
+        for (int q = 0; q < Q_N; q++) acc[q] += bf.part[(int64_t)j * Q_STRIDE + q];
+    block_sums(acc, sh);
+    if (threadIdx.x != 0) return;
+    double *S = bf.scal;
+    if (!frozen) {
+        S[LPL_S_TSS] = acc[Q_TSS] > 1 ? acc[Q_TSS] : 1.0;
+        S[LPL_S_NFG] = acc[Q_NFG];
+    }
+    const double tss = S[LPL_S_TSS], nfg = S[LPL_S_NFG];
+    const double nk = __dmul_rn(nfg, (double)g.K);
+    S[LPL_S_BOX] = nfg > 0 ? acc[Q_BOX] / tss : 0;
+    S[LPL_S_DFL] = nfg > 0 ? acc[Q_DFL] / tss : 0;
+    S[LPL_S_POSE] = nfg > 0 ? acc[Q_POSE] / nk : 0;
+    S[LPL_S_KOBJ] = nfg > 0 ? acc[Q_KOBJ] / nk : 0;
+    S[LPL_S_CLS] = acc[Q_CLS] / tss;
+    const double it[LUCID_POSE_LOSS_NITEMS] = {
+        __dmul_rn(g.gain_box, S[LPL_S_BOX]), __dmul_rn(g.gain_pose, S[LPL_S_POSE]),
+        __dmul_rn(g.gain_kobj, S[LPL_S_KOBJ]), __dmul_rn(g.gain_cls, S[LPL_S_CLS]),
+        __dmul_rn(g.gain_dfl, S[LPL_S_DFL])};
+    double sum = 0;
+    for (int q = 0; q < LUCID_POSE_LOSS_NITEMS; q++) sum = __dadd_rn(sum, it[q]);
+    S[LPL_S_TOTAL] = __dmul_rn(sum, (double)g.B);
+    /* as lucid_cpu_set: f64 exact, else through float */
+    if (out.total) {
+        if (out.total_dt == LUCID_F64)
+            ((double *)out.total)[out.total_off] = S[LPL_S_TOTAL];
+        else
+            lucid_store_f32(out.total, out.total_dt, out.total_off,
+                            (float)S[LPL_S_TOTAL]);
+    }
+    if (out.items)
+        for (int q = 0; q < LUCID_POSE_LOSS_NITEMS; q++) {
+            if (out.items_dt == LUCID_F64)
+                ((double *)out.items)[out.items_off[q]] = it[q];
+            else
+                lucid_store_f32(out.items, out.items_dt, out.items_off[q],
+                                (float)it[q]);
+        }
+}
+
+template <int RF>
+__global__ void __launch_bounds__(LPL_THREADS, 2)
+    k_backward(Geom g, Bufs bf, View box, View cls, View kpt,
+               const void *gscale, int gscale_dt, OView gbox, OView gcls,
+               OView gkpt) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)g.B * g.A) return;
+    const int b = (int)(i / g.A), a = (int)(i % g.A);
+    /* coefficients, as lucid_pose_loss_backward (double) */
+    const double g0 = gscale ? lucid_load_f64(gscale, gscale_dt, 0) : 1.0;
+    const double tss = bf.scal[LPL_S_TSS], nfg = bf.scal[LPL_S_NFG];
+    const double gB = __dmul_rn(g0, (double)g.B);
+    const double nk = __dmul_rn(nfg, (double)g.K);
+    const double c_box = nfg > 0 ? __dmul_rn(gB, g.gain_box) / tss : 0;
+    const double c_dfl = nfg > 0 ? __dmul_rn(gB, g.gain_dfl) / tss : 0;
+    const double c_cls = __dmul_rn(gB, g.gain_cls) / tss;
+    const double c_pose = nfg > 0 ? __dmul_rn(gB, g.gain_pose) / nk : 0;
+    const double c_kobj = nfg > 0 ? __dmul_rn(gB, g.gain_kobj) / nk : 0;
+
+    const int t = bf.tgt[i];
+    const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
+    const float norm = bf.tscore[i];
+    if (gcls.p) {
+        const float cc = (float)c_cls;
+        const int lab = t >= 0 ? bf.gt_label[r] : -1;
+        for (int c = 0; c < g.nc; c++) {
+            const float z = ld(cls, b, c, a);
+            const float y = c == lab ? norm : 0.0f;
+            stg(gcls, b, c, a, cc * (m_sigmoid(z) - y));
+        }
+    }
+    const int R = RF > 0 ? RF : g.R;
+    if (t < 0) {
+        if (gbox.p)
+            for (int c = 0; c < 4 * R; c++) stg(gbox, b, c, a, 0.0f);
+        if (gkpt.p)
+            for (int c = 0; c < 3 * g.K; c++) stg(gkpt, b, c, a, 0.0f);
+        return;
+    }
+    float ax, ay, s;
+    anchor(g, a, ax, ay, s);
+    const float *gb = bf.gt_box + r * 4;
+    if (gbox.p) {
+        constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+        const float tb[4] = {gb[0] / s, gb[1] / s, gb[2] / s, gb[3] / s};
+        /* the forward's decode of the same pred_box (lpl_decode_f32) */
+        const float *pbp = bf.pbox + i * 4;
+        const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+        float g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float gscl = (float)(-c_box) * norm;
+        ciou(pb, tb, &bf.alpha[i], 1, gscl, g1);
+        const float ltrb[4] = {FS(ax, tb[0]), FS(ay, tb[1]), FS(tb[2], ax),
+                               FS(tb[3], ay)};
+        const float gE[4] = {-g1[0], -g1[1], g1[2], g1[3]};
+        const float cd = (float)c_dfl * norm / 4;
+        const float tmax = (float)((double)(R - 1) - 0.01);
+        float z[NZ], pr[NZ];
+#pragma unroll 1
+        for (int sd = 0; sd < 4; sd++) {
+            load_side<RF>(box, b, sd, a, R, z);
+            softmax_side<RF>(z, R, pr);
+            float tg = ltrb[sd];
+            if (!(tg > 0)) tg = 0.0f;
+            if (tg > tmax) tg = tmax;
+            const int tl = (int)tg, tr = tl + 1;
+            const float wl = (float)tr - tg, wr = 1 - wl;
+            const float E = expect_side<RF>(pr, R);
+#pragma unroll
+            for (int q = 0; q < (RF > 0 ? RF : NZ); q++) {
+                if (RF == 0 && q >= R) break;
+                float gv = gE[sd] * pr[q] * ((float)q - E);
+                gv += cd * (wl * (pr[q] - (q == tl ? 1.0f : 0.0f)) +
+                            wr * (pr[q] - (q == tr ? 1.0f : 0.0f)));
+                stg(gbox, b, sd * R + q, a, gv);
+            }
+        }
+    }
+    if (gkpt.p) {
+        const float *gk = bf.gt_kpt + r * g.K * 3;
+        float area, factor;
+        kpt_consts(g, gb, gk, s, area, factor);
+        for (int k = 0; k < g.K; k++) {
+            const float rx = ld(kpt, b, k * 3 + 0, a);
+            const float ry = ld(kpt, b, k * 3 + 1, a);
+            const float rv = ld(kpt, b, k * 3 + 2, a);
+            const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
+            const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
+            const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
+            const float dx = FS(px, gk[k * 3] / s);
+            const float dy = FS(py, gk[k * 3 + 1] / s);
+            const float d = FA(FM(dx, dx), FM(dy, dy));
+            const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
+            const float den = FM(FM(FM(sg2, sg2), FA(area, 1e-9f)), 2.0f);
+            const float ex = m_exp(-(d / den));
+            const float gd = m != 0 ? (float)c_pose * factor * ex / den : 0.0f;
+            stg(gkpt, b, k * 3 + 0, a, gd * 4 * dx);
+            stg(gkpt, b, k * 3 + 1, a, gd * 4 * dy);
+            stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(rv) - m));
+        }
+    }
+}
+
+/* ------------------------------------------------------------ host side */
+
+static inline size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int loss_blocks(const lucid_pose_loss_plan *p) {
+    const int64_t n = (int64_t)p->cfg.batch * p->A;
+    return (int)((n + LPL_THREADS - 1) / LPL_THREADS);
+}
+
+static size_t cuda_extra_bytes(const lucid_pose_loss_plan *p) {
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
+    return 2 * al64(n * sizeof(int32_t)) +
+           al64((size_t)loss_blocks(p) * Q_STRIDE * sizeof(double));
+}
+
+static Bufs make_bufs(const lucid_pose_loss_plan *p) {
+    Bufs bf;
+    bf.sigmas = p->sigmas;
+    bf.scal = p->scal;
+    bf.gt_label = p->gt_label;
+    bf.gt_mask = p->gt_mask;
+    bf.gt_box = (float *)p->gt_box;
+    bf.gt_cand = (float *)p->gt_cand;
+    bf.gt_kpt = (float *)p->gt_kpt;
+    bf.pbox = (float *)p->pbox;
+    bf.pos = p->pos;
+    bf.tgt = p->tgt;
+    bf.tscore = (float *)p->tscore;
+    bf.alpha = (float *)p->alpha;
+    bf.pos_al = (float *)p->pos_al;
+    bf.pos_ov = (float *)p->pos_ov;
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
+    char *base = (char *)lucid_storage_data(p->ws) +
+                 (lucid_storage_nbytes(p->ws) - cuda_extra_bytes(p));
+    bf.cnt = (int32_t *)base;
+    bf.first = (int32_t *)(base + al64(n * sizeof(int32_t)));
+    bf.part = (double *)(base + 2 * al64(n * sizeof(int32_t)));
+    return bf;
+}
+
+static Geom make_geom(const lucid_pose_loss_plan *p) {
+    const lucid_pose_loss_config *c = &p->cfg;
+    Geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->batch, g.G = c->max_gt, g.A = p->A, g.K = c->nkpt, g.nc = c->nc;
+    g.R = c->reg_max, g.topk = c->topk, g.nlev = c->nlevels;
+    int off = 0;
+    for (int l = 0; l < c->nlevels; l++) {
+        g.off[l] = off;
+        g.w[l] = c->level_w[l];
+        g.s[l] = (float)c->strides[l];
+        off += c->level_h[l] * c->level_w[l];
+    }
+    g.off[c->nlevels] = off;
+    g.W = (float)p->img_w, g.H = (float)p->img_h;
+    g.s0 = (float)c->strides[0];
+    g.s1 = (float)c->strides[c->nlevels > 1 ? 1 : 0];
+    g.tal_alpha = c->tal_alpha, g.tal_beta = c->tal_beta;
+    g.gain_box = c->gain_box, g.gain_cls = c->gain_cls;
+    g.gain_dfl = c->gain_dfl, g.gain_pose = c->gain_pose;
+    g.gain_kobj = c->gain_kobj;
+    return g;
+}
+
+static View make_view(const lucid_tensor *t) {
+    View v = {lucid_tensor_data(t), (int)t->dtype, t->strides[0],
+              t->strides[1], t->strides[2]};
+    return v;
+}
+static OView make_oview(lucid_tensor *t) {
+    OView v = {NULL, 0, 0, 0, 0};
+    if (!t) return v;
+    v.p = lucid_tensor_data(t);
+    v.dt = (int)t->dtype;
+    v.sb = t->strides[0], v.sc = t->strides[1], v.sa = t->strides[2];
+    return v;
+}
+static TView make_tview(const lucid_tensor *t) {
+    TView v;
+    memset(&v, 0, sizeof v);
+    v.p = lucid_tensor_data(t);
+    v.dt = (int)t->dtype;
+    for (int d = 0; d < t->ndim && d < 4; d++) v.s[d] = t->strides[d];
+    return v;
+}
+
+static lucid_status check_dtypes(lucid_ctx *ctx, const char *what,
+                                 const lucid_tensor *t) {
+    if (!t || lucid_cuda_is_op_dtype(t->dtype)) return LUCID_OK;
+    return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                        "pose loss on cuda: %s has dtype %s (f32, bf16, f16 "
+                        "on the device; f64 is the CPU reference's)",
+                        what, lucid_dtype_name(t->dtype));
+}
+
+static lucid_status cuda_plan_init(lucid_ctx *ctx, lucid_pose_loss_plan *p,
+                                   const double *anc_host,
+                                   const double *sigmas_host) {
+    CUDA_ENTER(ctx, st);
+    if (p->cfg.reg_max > LPL_MAX_REG || p->cfg.topk > LPL_MAX_TOPK)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "pose loss on cuda: reg_max %d / topk %d above "
+                            "%d / %d",
+                            p->cfg.reg_max, p->cfg.topk, LPL_MAX_REG,
+                            LPL_MAX_TOPK);
+    void *base = lucid_storage_data(p->ws);
+    CUDA_CHECK(ctx, cudaMemsetAsync(base, 0, lucid_storage_nbytes(p->ws),
+                                    st->stream));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(p->anc, anc_host,
+                                    (size_t)p->A * 3 * sizeof(double),
+                                    cudaMemcpyHostToDevice, st->stream));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(p->sigmas, sigmas_host,
+                                    (size_t)p->cfg.nkpt * sizeof(double),
+                                    cudaMemcpyHostToDevice, st->stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream)); /* host arrays */
+    return LUCID_OK;
+}
+
+#define LAUNCH_RF(kern, grid, block, ...)                                     \
+    do {                                                                      \
+        if (p->cfg.reg_max == 16)                                             \
+            kern<16><<<(grid), (block), 0, st->stream>>>(__VA_ARGS__);        \
+        else                                                                  \
+            kern<0><<<(grid), (block), 0, st->stream>>>(__VA_ARGS__);         \
+    } while (0)
+
+static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
+                                 const lucid_tensor *pred_box,
+                                 const lucid_tensor *pred_cls,
+                                 const lucid_tensor *pred_kpt,
+                                 const lucid_pose_targets *targets,
+                                 int frozen, lucid_tensor *total,
+                                 lucid_tensor *items) {
+    CUDA_ENTER(ctx, st);
+    LUCID_TRY(check_dtypes(ctx, "pred_box", pred_box));
+    LUCID_TRY(check_dtypes(ctx, "pred_cls", pred_cls));
+    LUCID_TRY(check_dtypes(ctx, "pred_kpt", pred_kpt));
+    const Geom g = make_geom(p);
+    const Bufs bf = make_bufs(p);
+    const View vb = make_view(pred_box), vc = make_view(pred_cls),
+               vk = make_view(pred_kpt);
+    const unsigned blocksA = (unsigned)loss_blocks(p);
+    if (!frozen) {
+        Targets t;
+        t.cls = make_tview(targets->cls);
+        t.box = make_tview(targets->boxes);
+        t.kpt = make_tview(targets->kpts);
+        t.valid = make_tview(targets->valid);
+        const int64_t nG = (int64_t)g.B * g.G;
+        k_prep_gt<<<(unsigned)((nG + 127) / 128), 128, 0, st->stream>>>(g, bf,
+                                                                         t);
+        CUDA_CHECK_LAUNCH(ctx, "pose loss prep_gt");
+    }
+    LAUNCH_RF(k_decode, blocksA, LPL_THREADS, g, bf, vb);
+    CUDA_CHECK_LAUNCH(ctx, "pose loss decode");
+    if (!frozen) {
+        k_topk<<<(unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0, st->stream>>>(
+            g, bf, vc);
+        CUDA_CHECK_LAUNCH(ctx, "pose loss topk");
+        k_resolve<<<blocksA, LPL_THREADS, 0, st->stream>>>(g, bf, vc);
+        CUDA_CHECK_LAUNCH(ctx, "pose loss resolve");
+    }
+    LAUNCH_RF(k_loss, blocksA, LPL_THREADS, g, bf, vb, vc, vk, frozen);
+    CUDA_CHECK_LAUNCH(ctx, "pose loss terms");
+    Scalars out;
+    memset(&out, 0, sizeof out);
+    if (total) {
+        out.total = lucid_storage_data(total->storage);
+        out.total_dt = (int)total->dtype;
+        out.total_off = lucid_tensor_elem_offset(total, 0);
+    }
+    if (items) {
+        out.items = lucid_storage_data(items->storage);
+        out.items_dt = (int)items->dtype;
+        for (int q = 0; q < LUCID_POSE_LOSS_NITEMS; q++)
+            out.items_off[q] = lucid_tensor_elem_offset(items, q);
+    }
+    k_finalize<<<1, LPL_FIN_THREADS, 0, st->stream>>>(g, bf, (int)blocksA,
+                                                      frozen, out);
+    CUDA_CHECK_LAUNCH(ctx, "pose loss finalize");
+    return LUCID_OK;
+}
+
+static lucid_status cuda_backward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
+                                  const lucid_tensor *pred_box,
+                                  const lucid_tensor *pred_cls,
+                                  const lucid_tensor *pred_kpt,
+                                  const lucid_tensor *grad_scale,
+                                  lucid_tensor *grad_box,
+                                  lucid_tensor *grad_cls,
+                                  lucid_tensor *grad_kpt) {
+    CUDA_ENTER(ctx, st);
+    LUCID_TRY(check_dtypes(ctx, "pred_box", pred_box));
+    LUCID_TRY(check_dtypes(ctx, "pred_cls", pred_cls));
+    LUCID_TRY(check_dtypes(ctx, "pred_kpt", pred_kpt));
+    LUCID_TRY(check_dtypes(ctx, "grad_box", grad_box));
+    LUCID_TRY(check_dtypes(ctx, "grad_cls", grad_cls));
+    LUCID_TRY(check_dtypes(ctx, "grad_kpt", grad_kpt));
+    if (!grad_box && !grad_cls && !grad_kpt) return LUCID_OK;
+    const Geom g = make_geom(p);
+    const Bufs bf = make_bufs(p);
+    const View vb = make_view(pred_box), vc = make_view(pred_cls),
+               vk = make_view(pred_kpt);
+    const OView ob = make_oview(grad_box), oc = make_oview(grad_cls),
+                ok = make_oview(grad_kpt);
+    const void *gs = grad_scale ? lucid_tensor_data(grad_scale) : NULL;
+    const int gs_dt = grad_scale ? (int)grad_scale->dtype : 0;
+    LAUNCH_RF(k_backward, (unsigned)loss_blocks(p), LPL_THREADS, g, bf, vb,
+              vc, vk, gs, gs_dt, ob, oc, ok);
+    CUDA_CHECK_LAUNCH(ctx, "pose loss backward");
+    return LUCID_OK;
+}
+
+static lucid_status cuda_read_assignment(lucid_ctx *ctx,
+                                         const lucid_pose_loss_plan *p,
+                                         int32_t *gt_index, double *score,
+                                         double *n_fg, double *tss) {
+    CUDA_ENTER(ctx, st);
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
+    float *sc = NULL;
+    if (score) {
+        sc = (float *)malloc(n * sizeof(float));
+        if (!sc)
+            return lucid_seterr(ctx, LUCID_ERR_OOM,
+                                "pose loss: out of host memory (%zu scores)",
+                                n);
+    }
+    double S[2];
+    cudaError_t e = cudaSuccess;
+    if (gt_index)
+        e = cudaMemcpyAsync(gt_index, p->tgt, n * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, st->stream);
+    if (e == cudaSuccess && sc)
+        e = cudaMemcpyAsync(sc, p->tscore, n * sizeof(float),
+                            cudaMemcpyDeviceToHost, st->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(S, p->scal, 2 * sizeof(double),
+                            cudaMemcpyDeviceToHost, st->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
+    if (e != cudaSuccess) {
+        free(sc);
+        return lucid_cuda_err(ctx, e, "pose loss read_assignment", __FILE__,
+                              __LINE__);
+    }
+    if (sc)
+        for (size_t i = 0; i < n; i++) score[i] = (double)sc[i];
+    free(sc);
+    if (n_fg) *n_fg = S[LPL_S_NFG];
+    if (tss) *tss = S[LPL_S_TSS];
+    return LUCID_OK;
+}
+
+static lucid_status cuda_capture(lucid_ctx *ctx, lucid_pose_loss_hook_fn fn,
+                                 void *arg, int launches) {
+    CUDA_ENTER(ctx, st);
+    CUDA_CHECK(ctx, cudaStreamBeginCapture(st->stream,
+                                           cudaStreamCaptureModeGlobal));
+    lucid_status s = fn(arg);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(st->stream, &graph);
+    if (s != LUCID_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        return s;
+    }
+    if (e != cudaSuccess)
+        return lucid_cuda_err(ctx, e, "cudaStreamEndCapture (pose loss)",
+                              __FILE__, __LINE__);
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    for (int i = 0; e == cudaSuccess && i < launches; i++)
+        e = cudaGraphLaunch(exec, st->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
+    if (exec) cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+        return lucid_cuda_err(ctx, e, "pose loss graph launch", __FILE__,
+                              __LINE__);
+    return LUCID_OK;
+}
+
+static lucid_status cuda_time_calls(lucid_ctx *ctx, lucid_pose_loss_hook_fn fn,
+                                    void *arg, int reps, float *ms) {
+    CUDA_ENTER(ctx, st);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(ctx, cudaEventCreate(&e0));
+    cudaError_t e = cudaEventCreate(&e1);
+    if (e != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return lucid_cuda_err(ctx, e, "cudaEventCreate", __FILE__, __LINE__);
+    }
+    lucid_status s = LUCID_OK;
+    for (int r = 0; r < reps && s == LUCID_OK && e == cudaSuccess; r++) {
+        e = cudaEventRecord(e0, st->stream);
+        if (e != cudaSuccess) break;
+        s = fn(arg);
+        if (s != LUCID_OK) break;
+        e = cudaEventRecord(e1, st->stream);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (s != LUCID_OK) return s;
+    if (e != cudaSuccess)
+        return lucid_cuda_err(ctx, e, "pose loss timing", __FILE__, __LINE__);
+    return LUCID_OK;
+}
+
+static const lucid_pose_loss_kernels cuda_loss_table = {
+    "cuda",
+    cuda_extra_bytes,
+    cuda_plan_init,
+    cuda_forward,
+    cuda_backward,
+    cuda_read_assignment,
+    cuda_capture,
+    cuda_time_calls,
+};
+
+extern "C" const lucid_pose_loss_kernels *lucid_pose_loss_cuda_kernels(void) {
+    return &cuda_loss_table;
+}
