@@ -1,0 +1,276 @@
+--[[
+lucid.predict — run a pose model on image files: annotated PNGs and a COCO
+results JSON.
+
+  local predict = require "lucid.predict"
+  local report = predict.load_weights(model, "runs/pose_nano/weights/best.safetensors")
+  local res = predict.run{ model = model, ctx = ctx, sources = { "a.jpg", "dir/" },
+    imgsz = 640, conf = 0.25, iou = 0.7, max_det = 300, act_dtype = "f32",
+    out_dir = "runs/predict" }
+  -- res.images[i] = {path, name, image_id, width, height, png, detections =
+  --   { {box = {x1,y1,x2,y2}, conf, cls, kpts = {x,y,v,...}} } (original
+  --   pixels), time = {pre, inference, post} (seconds)}; res.json = path
+
+Preprocessing equals the validation loader's exactly (lucid.image.letterbox:
+decode with the EXIF orientation, resize the long side to imgsz, LetterBox
+to imgsz x imgsz with pad 114), the head is decoded by the validator's C
+code (lucid.eval.decode_nms), and detections are mapped back to the
+original image (undo the letterbox, clamp to the image).
+
+predictions.json is a COCO results array: one entry per detection
+{image_id, category_id = cls + 1 (1 = person), bbox = [x, y, w, h], score,
+keypoints = [x, y, v] * K} (v = the keypoint confidence, as Ultralytics
+writes it). image_id is the numeric file stem when it is numeric
+(000000000785.jpg -> 785), else the 1-based position of the image.
+]]
+local lucid = require "lucid"
+
+local predict = {}
+
+local IMAGE_EXT = { jpg = true, jpeg = true, png = true }
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function is_dir(p)
+  local f = io.open(p, "r")
+  if not f then return false end
+  local ok, _, code = f:read(1)
+  f:close()
+  return ok == nil and code == 21
+end
+
+local function file_exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function has_image_ext(p)
+  local ext = p:match("%.([^./]+)$")
+  return ext ~= nil and IMAGE_EXT[ext:lower()] == true
+end
+
+--- predict.list_sources(src) -> list of image paths. src: a path (file or
+-- folder) or a list of them; folders give their .jpg/.jpeg/.png files
+-- (case-insensitive) sorted by name. Raises naming a missing path.
+function predict.list_sources(src)
+  local list = type(src) == "table" and src or { src }
+  local out = {}
+  for _, p in ipairs(list) do
+    if type(p) ~= "string" then error("predict: sources must be paths, got " .. type(p), 2) end
+    if is_dir(p) then
+      local pipe = io.popen("ls -1 " .. shell_quote(p) .. " 2>/dev/null")
+      local names = {}
+      for name in pipe:lines() do
+        if has_image_ext(name) then names[#names + 1] = name end
+      end
+      pipe:close()
+      table.sort(names)
+      local base = p:gsub("/+$", "")
+      for _, n in ipairs(names) do out[#out + 1] = base .. "/" .. n end
+    elseif file_exists(p) then
+      out[#out + 1] = p
+    else
+      error("predict: source not found: " .. p, 2)
+    end
+  end
+  return out
+end
+
+--- The COCO image id of a path: its numeric stem, else `index`.
+function predict.image_id(path, index)
+  local stem = path:match("([^/]+)$"):gsub("%.[^.]*$", "")
+  if stem:match("^%d+$") then return tonumber(stem) end
+  return index
+end
+
+--- predict.load_weights(model, path, [opts]) -> report. Loads a model file
+-- (model:save) or a training checkpoint (lucid.checkpoint): the plain
+-- tensors first (model:load with strict = false), then, when the file has
+-- EMA tensors (ema.<name>) and opts.ema ~= false, the EMA weights over them
+-- — the weights validation used. report = {loaded, ema (bool), ema_loaded,
+-- missing = {names}, mismatched = {...}, unexpected = {names other than
+-- ema./optimizer./grad. entries}}.
+function predict.load_weights(model, path, opts)
+  opts = opts or {}
+  if not (lucid.io and lucid.io.safetensors_open) then error("predict: lucid.io is not available", 2) end
+  local rep = model:load(path, { strict = false })
+  local unexpected, has_ema = {}, false
+  for _, n in ipairs(rep.unexpected) do
+    local pre = n:match("^([%a_]+)%.")
+    if pre == "ema" then has_ema = true
+    elseif pre ~= "optimizer" and pre ~= "grad" then unexpected[#unexpected + 1] = n end
+  end
+  rep.unexpected = unexpected
+  rep.ema, rep.ema_loaded = false, 0
+  if has_ema and opts.ema ~= false then
+    local f = lucid.io.safetensors_open(path)
+    local ok, err = pcall(function()
+      for _, p in ipairs(model.params:list()) do
+        local info = f:info("ema." .. p.name)
+        if info and table.concat(info.shape, ",") == table.concat(p.shape, ",") then
+          f:load("ema." .. p.name, p:data())
+          rep.ema_loaded = rep.ema_loaded + 1
+        end
+      end
+    end)
+    f:close()
+    if not ok then error(err, 0) end
+    rep.ema = rep.ema_loaded > 0
+  end
+  return rep
+end
+
+--- Map one detection (network-input pixels) back to the original image of
+-- geometry g (lucid.image.geometry or the letterbox returns). Returns a new
+-- detection table; coordinates are clamped to [0, w] x [0, h].
+function predict.unletterbox(det, g)
+  local rx, ry, px, py, w, h = g.rx, g.ry, g.pad_x, g.pad_y, g.w, g.h
+  local function X(x) x = (x - px) / rx; return x < 0 and 0 or (x > w and w or x) end
+  local function Y(y) y = (y - py) / ry; return y < 0 and 0 or (y > h and h or y) end
+  local b = det.box
+  local out = { conf = det.conf, cls = det.cls, box = { X(b[1]), Y(b[2]), X(b[3]), Y(b[4]) } }
+  if det.kpts then
+    local k = {}
+    for i = 1, #det.kpts, 3 do
+      k[i], k[i + 1], k[i + 2] = X(det.kpts[i]), Y(det.kpts[i + 1]), det.kpts[i + 2]
+    end
+    out.kpts = k
+  end
+  return out
+end
+
+local function round(x, d)
+  local m = 10 ^ d
+  return math.floor(x * m + 0.5) / m
+end
+
+--- COCO results entries of one image's detections (original pixels).
+function predict.coco_entries(image_id, dets, out)
+  out = out or {}
+  for _, d in ipairs(dets) do
+    local b = d.box
+    local e = {
+      image_id = image_id,
+      category_id = (d.cls or 0) + 1,
+      bbox = { round(b[1], 3), round(b[2], 3), round(b[3] - b[1], 3), round(b[4] - b[2], 3) },
+      score = round(d.conf, 5),
+    }
+    if d.kpts then
+      local k = {}
+      for i = 1, #d.kpts, 3 do
+        k[i], k[i + 1], k[i + 2] = round(d.kpts[i], 3), round(d.kpts[i + 1], 3), round(d.kpts[i + 2], 5)
+      end
+      e.keypoints = k
+    end
+    out[#out + 1] = e
+  end
+  return out
+end
+
+--- Write a COCO results array to path (temporary file + rename, so a
+-- failed write never leaves half a file). Raises naming the path.
+function predict.write_json(path, entries)
+  local cjson = require "cjson"
+  local text = #entries == 0 and "[]" or cjson.encode(entries)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then error("predict: cannot write " .. path .. ": " .. tostring(err), 2) end
+  local ok, werr = f:write(text, "\n")
+  f:close()
+  if not ok then os.remove(tmp); error("predict: cannot write " .. path .. ": " .. tostring(werr), 2) end
+  local rok, rerr = os.rename(tmp, path)
+  if not rok then os.remove(tmp); error("predict: cannot write " .. path .. ": " .. tostring(rerr), 2) end
+end
+
+local RUN_KEYS = { model = true, ctx = true, sources = true, imgsz = true, conf = true, iou = true,
+  max_det = true, act_dtype = true, out_dir = true, save = true, kpt_threshold = true,
+  names = true, on_image = true }
+
+local function device_of(model)
+  local list = model.params and model.params:list()
+  if not list or #list == 0 then error("predict: model is not materialised", 3) end
+  return list[1]:data():device()
+end
+
+--- predict.run(opts) -> {images = {...}, json = path | nil, out_dir}.
+-- opts: model (required), ctx, sources (path or list, required), imgsz
+-- (640), conf (0.25), iou (0.7), max_det (300), act_dtype ("f32"; "bf16"
+-- or "f16" on a GPU), out_dir (required unless save = false), save (true:
+-- write PNGs and predictions.json), kpt_threshold (0.5, drawing only),
+-- names ({"person"}), on_image (function(result, i, n) after each image).
+function predict.run(opts)
+  assert(type(opts) == "table", "predict.run: opts must be a table")
+  for k in pairs(opts) do
+    if not RUN_KEYS[k] then error("predict.run: unknown option '" .. tostring(k) .. "'", 2) end
+  end
+  local model = opts.model or error("predict.run: model is required", 2)
+  local S = opts.imgsz or 640
+  if S % 32 ~= 0 then error("predict.run: imgsz must be a multiple of 32, got " .. tostring(S), 2) end
+  local save = opts.save ~= false
+  local out_dir = opts.out_dir
+  if save and not out_dir then error("predict.run: out_dir is required (or save = false)", 2) end
+  local paths = predict.list_sources(opts.sources or error("predict.run: sources is required", 2))
+  if save then os.execute("mkdir -p " .. shell_quote(out_dir)) end
+  local names = opts.names or { "person" }
+  local ctx = opts.ctx
+  local device = device_of(model)
+  local x = lucid.empty({ 1, 3, S, S }, { ctx = ctx, device = device, dtype = opts.act_dtype or "f32" })
+  local nms = { imgsz = S, conf = opts.conf or 0.25, iou = opts.iou or 0.7, max_det = opts.max_det or 300 }
+  local was_training = model.training
+  model:eval()
+  local res = { images = {}, out_dir = out_dir }
+  local entries = {}
+  local used = {}
+  local ok, err = pcall(function()
+    for i, path in ipairs(paths) do
+      local t0 = lucid.wall_time()
+      local img, msg = lucid.image.read(path, ctx)
+      if not img then error("predict: " .. tostring(msg), 0) end
+      local H, W = img:size(1), img:size(2)
+      local lb, rx, px, py, ry = lucid.image.letterbox(img, S)
+      local chw = lb:permute(3, 1, 2):contiguous()
+      x:copy_(chw:view({ 1, 3, S, S }))
+      x:mul_(1 / 255)
+      chw:free()
+      lb:free()
+      local t1 = lucid.wall_time()
+      local o = model:forward(x)
+      if ctx then ctx:synchronize() end
+      local t2 = lucid.wall_time()
+      local raw = lucid.eval.decode_nms(o.boxes, o.scores, o.kpts, nms)
+      local g = { rx = rx, ry = ry, pad_x = px, pad_y = py, w = W, h = H }
+      local dets = {}
+      for k, d in ipairs(raw) do dets[k] = predict.unletterbox(d, g) end
+      local stem = path:match("([^/]+)$"):gsub("%.[^.]*$", "")
+      local name = stem
+      local n = 2
+      while used[name] do name = stem .. "_" .. n; n = n + 1 end
+      used[name] = true
+      local r = { path = path, name = name, image_id = predict.image_id(path, i), width = W, height = H,
+        detections = dets }
+      if save then
+        lucid.image.draw_pose(img, dets, { kpt_threshold = opts.kpt_threshold or 0.5, names = names })
+        r.png = out_dir .. "/" .. name .. ".png"
+        assert(lucid.image.write_png(r.png, img))
+      end
+      img:free()
+      predict.coco_entries(r.image_id, dets, entries)
+      local t3 = lucid.wall_time()
+      r.time = { pre = t1 - t0, inference = t2 - t1, post = t3 - t2 }
+      res.images[i] = r
+      if opts.on_image then opts.on_image(r, i, #paths) end
+    end
+  end)
+  x:free()
+  model:train(was_training ~= false)
+  if not ok then error(err, 0) end
+  if save then
+    res.json = out_dir .. "/predictions.json"
+    predict.write_json(res.json, entries)
+  end
+  res.entries = entries
+  return res
+end
+
+return predict

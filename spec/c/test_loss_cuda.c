@@ -1,0 +1,667 @@
+/*
+ * test_loss_cuda.c — the pose loss on the GPU (cuda/loss.cu) against the CPU
+ * reference (engine/train/loss.c and its phases) on the same inputs:
+ *   - total and the five items (f32 outputs: 1e-5 relative; bf16 outputs:
+ *     1e-4, both sides reading the same bf16 values),
+ *   - the assignment (gt index per anchor identical), n_fg and tss,
+ *   - the three gradients (relative Frobenius 1e-5 in f32; bf16 gradients
+ *     1e-3, a float ulp may move a bf16 rounding),
+ * on hand-made problems (a single box on a single anchor, a box with two
+ * candidate anchors, an anchor claimed by two boxes, an image with no
+ * instance, all keypoints invisible, a degenerate box), random problems at
+ * 64x64 and 640x640 (B 4, 10 and 60 instances per image), and a real batch
+ * of the mini dataset (loader, batch 4, 640, max_gt 64) with random network
+ * outputs. Also: bitwise determinism (two runs), no allocation inside
+ * forward/backward (the device allocator's counters), and no host sync
+ * (forward + backward captured into a CUDA graph on the context's stream,
+ * replayed, same bits as the eager run). Frozen forward: same values.
+ *
+ * Without a CUDA device: "skip ...: no CUDA device", exit 0.
+ */
+#define LUCID_POSE_LOSS_INTERNAL
+#include "test.h"
+#include "internal.h"
+#include "train/loss.h"
+#include "train/loss_backend.h"
+#include "data/data.h"
+
+#include <sys/stat.h>
+
+static lucid_ctx *ctx;
+static const lucid_device CPU = {LUCID_CPU, 0};
+static const lucid_device GPU = {LUCID_CUDA, 0};
+
+/* ------------------------------------------------------------ problem */
+
+/* One side (CPU or GPU) of a problem: outputs, gradients, targets. */
+typedef struct side {
+    lucid_device dev;
+    lucid_pose_loss_plan *plan;
+    lucid_tensor *pb, *pc, *pk, *gb, *gc, *gk;
+    lucid_tensor *tc, *tb, *tk, *tv, *total, *items;
+    lucid_pose_targets tg;
+} side;
+
+typedef struct prob {
+    int B, G, nc, K, A, img;
+    lucid_dtype dt, gdt; /* outputs, gradients */
+    /* host masters (f32 outputs before the cast to dt; targets) */
+    lucid_tensor *pb, *pc, *pk, *tc, *tb, *tk, *tv;
+    side cpu, gpu;
+} prob;
+
+static lucid_tensor *mk(lucid_device dev, lucid_dtype dt, int nd, int64_t a,
+                        int64_t b, int64_t c, int64_t d) {
+    int64_t sh[4] = {a, b, c, d};
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_zeros(ctx, dev, dt, nd, sh, &t)) return NULL;
+    return t;
+}
+
+static lucid_tensor *to(const lucid_tensor *t, lucid_device dev,
+                        lucid_dtype dt) {
+    lucid_tensor *o = NULL;
+    if (lucid_tensor_to(ctx, t, dev, dt, &o)) return NULL;
+    return o;
+}
+
+static void side_free(side *s) {
+    lucid_tensor *ts[] = {s->pb, s->pc, s->pk, s->gb, s->gc, s->gk,
+                          s->tc, s->tb, s->tk, s->tv, s->total, s->items};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+        if (ts[i]) lucid_tensor_release(ts[i]);
+    lucid_pose_loss_plan_destroy(s->plan);
+    memset(s, 0, sizeof *s);
+}
+
+static void prob_free(prob *P) {
+    side_free(&P->cpu);
+    side_free(&P->gpu);
+    lucid_tensor *ts[] = {P->pb, P->pc, P->pk, P->tc, P->tb, P->tk, P->tv};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+        if (ts[i]) lucid_tensor_release(ts[i]);
+    memset(P, 0, sizeof *P);
+}
+
+/* Host masters: zero outputs and empty targets for B images of img x img
+ * pixels and G rows. */
+static int prob_init(prob *P, int B, int G, int img, lucid_dtype dt,
+                     lucid_dtype gdt) {
+    memset(P, 0, sizeof *P);
+    P->B = B, P->G = G, P->nc = 1, P->K = 17, P->img = img;
+    P->dt = dt, P->gdt = gdt;
+    int A = 0;
+    for (int s = 8; s <= 32; s *= 2) A += (img / s) * (img / s);
+    P->A = A;
+    P->pb = mk(CPU, LUCID_F32, 3, B, 64, A, 0);
+    P->pc = mk(CPU, LUCID_F32, 3, B, 1, A, 0);
+    P->pk = mk(CPU, LUCID_F32, 3, B, 51, A, 0);
+    P->tc = mk(CPU, LUCID_F32, 2, B, G, 0, 0);
+    P->tb = mk(CPU, LUCID_F32, 3, B, G, 4, 0);
+    P->tk = mk(CPU, LUCID_F32, 4, B, G, 17, 3);
+    P->tv = mk(CPU, LUCID_U8, 2, B, G, 0, 0);
+    return P->pb && P->pc && P->pk && P->tc && P->tb && P->tk && P->tv ? 0
+                                                                       : -1;
+}
+
+/* Build one side from the masters (outputs cast to P->dt). */
+static int side_init(prob *P, side *s, lucid_device dev) {
+    memset(s, 0, sizeof *s);
+    s->dev = dev;
+    lucid_pose_loss_config cfg = lucid_pose_loss_config_default();
+    cfg.batch = P->B, cfg.nc = P->nc, cfg.max_gt = P->G;
+    lucid_pose_loss_config_levels(&cfg, P->img, P->img);
+    if (lucid_pose_loss_plan_create(ctx, dev, &cfg, &s->plan)) return -1;
+    if (lucid_pose_loss_plan_anchors(s->plan) != P->A) return -1;
+    s->pb = to(P->pb, dev, P->dt);
+    s->pc = to(P->pc, dev, P->dt);
+    s->pk = to(P->pk, dev, P->dt);
+    s->gb = mk(dev, P->gdt, 3, P->B, 64, P->A, 0);
+    s->gc = mk(dev, P->gdt, 3, P->B, 1, P->A, 0);
+    s->gk = mk(dev, P->gdt, 3, P->B, 51, P->A, 0);
+    s->tc = to(P->tc, dev, LUCID_F32);
+    s->tb = to(P->tb, dev, LUCID_F32);
+    s->tk = to(P->tk, dev, LUCID_F32);
+    s->tv = to(P->tv, dev, LUCID_U8);
+    s->total = mk(dev, LUCID_F32, 1, 1, 0, 0, 0);
+    s->items = mk(dev, LUCID_F32, 1, 5, 0, 0, 0);
+    s->tg = (lucid_pose_targets){s->tc, s->tb, s->tk, s->tv};
+    return s->pb && s->pc && s->pk && s->gb && s->gc && s->gk && s->tc &&
+                   s->tb && s->tk && s->tv && s->total && s->items
+               ? 0
+               : -1;
+}
+
+static int prob_sides(prob *P) {
+    return side_init(P, &P->cpu, CPU) || side_init(P, &P->gpu, GPU) ? -1 : 0;
+}
+
+static lucid_status fwd(side *s) {
+    return lucid_pose_loss_forward(ctx, s->plan, s->pb, s->pc, s->pk, &s->tg,
+                                   s->total, s->items);
+}
+static lucid_status bwd(side *s) {
+    return lucid_pose_loss_backward(ctx, s->plan, s->pb, s->pc, s->pk, NULL,
+                                    s->gb, s->gc, s->gk);
+}
+static lucid_status fwd_bwd(void *arg) {
+    side *s = arg;
+    LUCID_TRY(fwd(s));
+    return bwd(s);
+}
+
+static void set3(lucid_tensor *t, int b, int c, int a, double v) {
+    lucid_cpu_set(t, (b * t->shape[1] + c) * t->shape[2] + a, v);
+}
+
+/* Box logits of one side at anchor a: bins [lo, hi] = 0, others -1e4. */
+static void side_bins(prob *P, int b, int a, int sd, int lo, int hi) {
+    for (int i = 0; i < 16; i++)
+        set3(P->pb, b, sd * 16 + i, a, (i >= lo && i <= hi) ? 0.0 : -1e4);
+}
+
+/* A gt row: class, normalised xywh, all keypoints at (kx, ky, v). */
+static void gt_row(prob *P, int b, int g, int valid, double x, double y,
+                   double w, double h, double kx, double ky, double v) {
+    int64_t r = (int64_t)b * P->G + g;
+    lucid_cpu_set(P->tv, r, valid);
+    lucid_cpu_set(P->tc, r, 0);
+    double bx[4] = {x, y, w, h};
+    for (int j = 0; j < 4; j++) lucid_cpu_set(P->tb, r * 4 + j, bx[j]);
+    for (int k = 0; k < 17; k++) {
+        lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 0, kx);
+        lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 1, ky);
+        lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 2, v);
+    }
+}
+
+/* xorshift for the targets (outputs use lucid_rand_uniform) */
+static uint64_t rng_s = 88172645463325252ull;
+static double urand(void) {
+    rng_s ^= rng_s << 13;
+    rng_s ^= rng_s >> 7;
+    rng_s ^= rng_s << 17;
+    return (double)(rng_s >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Random outputs (seeded) and n instances per image (n < 0: random count
+ * in [0, G]); some keypoints invisible. */
+static void random_problem(prob *P, uint64_t seed, int n) {
+    lucid_rand_uniform(ctx, P->pb, seed, 0, -3.0, 3.0);
+    lucid_rand_uniform(ctx, P->pc, seed, 1u << 28, -5.0, 1.0);
+    lucid_rand_uniform(ctx, P->pk, seed, 2u << 28, -1.0, 1.0);
+    rng_s = seed * 2654435761ull + 1;
+    for (int b = 0; b < P->B; b++) {
+        int cnt = n < 0 ? (int)(urand() * (P->G + 1)) : n;
+        if (cnt > P->G) cnt = P->G;
+        for (int g = 0; g < P->G; g++) {
+            int64_t r = (int64_t)b * P->G + g;
+            if (g >= cnt) {
+                gt_row(P, b, g, 0, 0, 0, 0, 0, 0, 0, 0);
+                continue;
+            }
+            double w = 0.01 + 0.5 * urand(), h = 0.01 + 0.5 * urand();
+            double x = w / 2 + (1 - w) * urand(), y = h / 2 + (1 - h) * urand();
+            gt_row(P, b, g, 1, x, y, w, h, 0, 0, 0);
+            for (int k = 0; k < 17; k++) {
+                double v = urand() < 0.3 ? 0.0 : (urand() < 0.5 ? 1.0 : 2.0);
+                double kx = v ? x + (urand() - 0.5) * w : 0;
+                double ky = v ? y + (urand() - 0.5) * h : 0;
+                lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 0, kx);
+                lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 1, ky);
+                lucid_cpu_set(P->tk, (r * 17 + k) * 3 + 2, v);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ comparison */
+
+/* Host copy of any tensor as doubles (malloc'd). */
+static double *host_f64(const lucid_tensor *t) {
+    lucid_tensor *h = to(t, CPU, t->dtype);
+    if (!h) return NULL;
+    int64_t n = lucid_tensor_numel(h);
+    double *v = malloc((size_t)(n ? n : 1) * sizeof(double));
+    for (int64_t i = 0; v && i < n; i++) v[i] = lucid_cpu_get(h, i);
+    lucid_tensor_release(h);
+    return v;
+}
+
+/* Host bytes of a tensor (same dtype, contiguous; malloc'd). */
+static void *host_bytes(const lucid_tensor *t, size_t *nb) {
+    lucid_tensor *h = to(t, CPU, t->dtype);
+    if (!h) return NULL;
+    *nb = lucid_tensor_nbytes(h);
+    void *v = malloc(*nb ? *nb : 1);
+    if (v) memcpy(v, lucid_tensor_data(h), *nb);
+    lucid_tensor_release(h);
+    return v;
+}
+
+static double frob_rel(const lucid_tensor *got, const lucid_tensor *want,
+                       double *maxabs) {
+    double *a = host_f64(got), *b = host_f64(want);
+    int64_t n = lucid_tensor_numel(want);
+    double d2 = 0, w2 = 0, mx = 0;
+    for (int64_t i = 0; a && b && i < n; i++) {
+        double d = a[i] - b[i];
+        if (!isfinite(a[i]) || !isfinite(b[i])) d = INFINITY;
+        d2 += d * d;
+        w2 += b[i] * b[i];
+        if (fabs(d) > mx) mx = fabs(d);
+    }
+    free(a);
+    free(b);
+    if (maxabs) *maxabs = mx;
+    return w2 > 0 ? sqrt(d2 / w2) : sqrt(d2);
+}
+
+/* CPU vs GPU on one prepared problem: forward + backward on both sides,
+ * then values, assignment and gradients. */
+static void compare(const char *name, prob *P) {
+    char nm[256];
+    const int bf = P->dt != LUCID_F32;
+    const double ltol = bf ? 1e-4 : 1e-5;
+    const double gtol = P->gdt == LUCID_F32 ? 1e-5 : 1e-3;
+    lucid_status s1 = fwd(&P->cpu), s2 = fwd(&P->gpu);
+    if (s1 == LUCID_OK) s1 = bwd(&P->cpu);
+    if (s2 == LUCID_OK) s2 = bwd(&P->gpu);
+    snprintf(nm, sizeof nm, "%s: forward+backward on both", name);
+    if (s1 != LUCID_OK || s2 != LUCID_OK) {
+        TEST_FAIL(nm, "cpu %s gpu %s: %s", lucid_status_name(s1),
+                  lucid_status_name(s2), lucid_ctx_error(ctx));
+        return;
+    }
+    TEST_OK(nm);
+    double *ic = host_f64(P->cpu.items), *ig = host_f64(P->gpu.items);
+    double *tc = host_f64(P->cpu.total), *tg = host_f64(P->gpu.total);
+    static const char *nms[5] = {"box", "pose", "kobj", "cls", "dfl"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(nm, sizeof nm, "%s: %s item", name, nms[i]);
+        double e = fabs(ig[i] - ic[i]);
+        CHECK(nm, e <= ltol * fabs(ic[i]) + 1e-12 && isfinite(ig[i]),
+              "gpu %.9g cpu %.9g (rel %.3g)", ig[i], ic[i],
+              test_relerr(ig[i], ic[i]));
+    }
+    snprintf(nm, sizeof nm, "%s: total", name);
+    CHECK(nm, fabs(tg[0] - tc[0]) <= ltol * fabs(tc[0]) + 1e-12 &&
+                  isfinite(tg[0]),
+          "gpu %.9g cpu %.9g (rel %.3g)", tg[0], tc[0],
+          test_relerr(tg[0], tc[0]));
+    free(ic), free(ig), free(tc), free(tg);
+
+    const int64_t n = (int64_t)P->B * P->A;
+    int32_t *ac = malloc(n * sizeof(int32_t)), *ag = malloc(n * sizeof(int32_t));
+    double *sc = malloc(n * sizeof(double)), *sg = malloc(n * sizeof(double));
+    double nfc, nfg, tsc, tsg;
+    lucid_pose_loss_read_assignment(ctx, P->cpu.plan, ac, sc, &nfc, &tsc);
+    s2 = lucid_pose_loss_read_assignment(ctx, P->gpu.plan, ag, sg, &nfg, &tsg);
+    int64_t diff = 0, first = -1;
+    double smax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (ac[i] != ag[i]) {
+            if (first < 0) first = i;
+            diff++;
+        }
+        double e = fabs(sc[i] - sg[i]);
+        if (e > smax) smax = e;
+    }
+    snprintf(nm, sizeof nm, "%s: assignment identical (n_fg %g)", name, nfc);
+    CHECK(nm, s2 == LUCID_OK && diff == 0 && nfc == nfg,
+          "%lld anchors differ (first %lld: cpu %d gpu %d), n_fg cpu %g gpu %g",
+          (long long)diff, (long long)first, first >= 0 ? ac[first] : 0,
+          first >= 0 ? ag[first] : 0, nfc, nfg);
+    snprintf(nm, sizeof nm, "%s: target scores and tss", name);
+    CHECK(nm, smax <= 1e-5 && fabs(tsc - tsg) <= 1e-5 * tsc,
+          "max score diff %.3g, tss cpu %.9g gpu %.9g", smax, tsc, tsg);
+    free(ac), free(ag), free(sc), free(sg);
+
+    const lucid_tensor *gg[3] = {P->gpu.gb, P->gpu.gc, P->gpu.gk};
+    const lucid_tensor *gc[3] = {P->cpu.gb, P->cpu.gc, P->cpu.gk};
+    static const char *gn[3] = {"box", "cls", "kpt"};
+    for (int j = 0; j < 3; j++) {
+        double mx;
+        double e = frob_rel(gg[j], gc[j], &mx);
+        snprintf(nm, sizeof nm, "%s: grad %s", name, gn[j]);
+        CHECK(nm, e <= gtol, "relative Frobenius %.3g (max abs diff %.3g)", e,
+              mx);
+    }
+}
+
+/* Determinism, no allocation, graph capture and frozen forward on the GPU
+ * side of a problem that already ran once. */
+static void gpu_props(const char *name, prob *P) {
+    char nm[256];
+    side *s = &P->gpu;
+    lucid_tensor *outs[5] = {s->total, s->items, s->gb, s->gc, s->gk};
+    void *ref[5];
+    size_t nb[5];
+    for (int j = 0; j < 5; j++) ref[j] = host_bytes(outs[j], &nb[j]);
+    const int64_t n = (int64_t)P->B * P->A;
+    int32_t *a0 = malloc(n * sizeof(int32_t)), *a1 = malloc(n * sizeof(int32_t));
+    lucid_pose_loss_read_assignment(ctx, s->plan, a0, NULL, NULL, NULL);
+
+    /* zero the outputs, run again: same bits */
+    for (int j = 0; j < 5; j++) lucid_fill(ctx, outs[j], 0.0);
+    lucid_memory_stats m0, m1;
+    lucid_ctx_synchronize(ctx);
+    lucid_memory_stats_get(ctx, GPU, &m0);
+    lucid_status st = fwd_bwd(s);
+    lucid_ctx_synchronize(ctx);
+    lucid_memory_stats_get(ctx, GPU, &m1);
+    snprintf(nm, sizeof nm, "%s: no device allocation in forward+backward",
+             name);
+    CHECK(nm, st == LUCID_OK && m1.num_allocs == m0.num_allocs,
+          "%s; %llu allocations", lucid_status_name(st),
+          (unsigned long long)(m1.num_allocs - m0.num_allocs));
+    int same = 1;
+    for (int j = 0; j < 5; j++) {
+        size_t k;
+        void *v = host_bytes(outs[j], &k);
+        same &= v && k == nb[j] && memcmp(v, ref[j], k) == 0;
+        free(v);
+    }
+    lucid_pose_loss_read_assignment(ctx, s->plan, a1, NULL, NULL, NULL);
+    same &= memcmp(a0, a1, n * sizeof(int32_t)) == 0;
+    snprintf(nm, sizeof nm, "%s: bitwise identical second run", name);
+    CHECK(nm, same, "outputs or assignment differ between two runs");
+
+    /* graph capture of forward + backward, replayed twice */
+    const lucid_pose_loss_kernels *k = lucid_pose_loss_cuda_kernels();
+    for (int j = 0; j < 5; j++) lucid_fill(ctx, outs[j], 0.0);
+    lucid_ctx_synchronize(ctx);
+    st = k ? k->capture(ctx, fwd_bwd, s, 2) : LUCID_ERR_UNSUPPORTED;
+    snprintf(nm, sizeof nm, "%s: forward+backward captured in a CUDA graph",
+             name);
+    CHECK(nm, st == LUCID_OK, "%s: %s", lucid_status_name(st),
+          lucid_ctx_error(ctx));
+    if (st == LUCID_OK) {
+        same = 1;
+        for (int j = 0; j < 5; j++) {
+            size_t kk;
+            void *v = host_bytes(outs[j], &kk);
+            same &= v && kk == nb[j] && memcmp(v, ref[j], kk) == 0;
+            free(v);
+        }
+        snprintf(nm, sizeof nm, "%s: graph replay gives the same bits", name);
+        CHECK(nm, same, "outputs differ after the graph replay");
+    }
+    lucid_ctx_clear_error(ctx);
+
+    /* frozen forward: the same total */
+    lucid_pose_loss_plan_set_frozen(s->plan, 1);
+    lucid_fill(ctx, s->total, 0.0);
+    st = fwd(s);
+    size_t kk;
+    void *v = host_bytes(s->total, &kk);
+    snprintf(nm, sizeof nm, "%s: frozen forward same total", name);
+    CHECK(nm, st == LUCID_OK && v && memcmp(v, ref[0], kk) == 0,
+          "%s", lucid_status_name(st));
+    free(v);
+    lucid_pose_loss_plan_set_frozen(s->plan, 0);
+
+    for (int j = 0; j < 5; j++) free(ref[j]);
+    free(a0), free(a1);
+}
+
+/* ------------------------------------------------------------ cases */
+
+/* 64x64 image: levels 8x8, 4x4, 2x2 = 84 anchors; anchor a = i*8 + j of
+ * level 0 sits at pixel (8j + 4, 8i + 4). */
+
+static void run_case(const char *name, prob *P, int props) {
+    if (prob_sides(P)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        return;
+    }
+    compare(name, P);
+    if (props) gpu_props(name, P);
+}
+
+static void case_single(void) {
+    prob P;
+    prob_init(&P, 1, 2, 64, LUCID_F32, LUCID_F32);
+    side_bins(&P, 0, 9, 0, 0, 1);
+    side_bins(&P, 0, 9, 1, 0, 1);
+    side_bins(&P, 0, 9, 2, 0, 2);
+    side_bins(&P, 0, 9, 3, 0, 1);
+    gt_row(&P, 0, 0, 1, 0.1875, 0.1875, 0.125, 0.125, 0.1875, 0.1875, 2);
+    gt_row(&P, 0, 1, 0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 2); /* padding */
+    run_case("single anchor", &P, 1);
+    int32_t idx[84];
+    lucid_pose_loss_read_assignment(ctx, P.gpu.plan, idx, NULL, NULL, NULL);
+    int others = 0;
+    for (int a = 0; a < 84; a++) others += a != 9 && idx[a] != -1;
+    CHECK("single anchor: gpu assigns only anchor 9 to gt 0",
+          idx[9] == 0 && others == 0, "idx9=%d others=%d", idx[9], others);
+    prob_free(&P);
+}
+
+/* gt px (8,8)-(24,16): candidates exactly anchors 9 and 10. */
+static void case_two_anchors(void) {
+    prob P;
+    prob_init(&P, 1, 1, 64, LUCID_F32, LUCID_F32);
+    for (int a = 9; a <= 10; a++)
+        for (int sd = 0; sd < 4; sd++) side_bins(&P, 0, a, sd, 0, sd == 2 ? 2 : 1);
+    gt_row(&P, 0, 0, 1, 0.25, 0.1875, 0.25, 0.125, 0.25, 0.1875, 2);
+    run_case("two anchors", &P, 0);
+    int32_t idx[84];
+    lucid_pose_loss_read_assignment(ctx, P.gpu.plan, idx, NULL, NULL, NULL);
+    int fg = 0;
+    for (int a = 0; a < 84; a++) fg += idx[a] == 0;
+    CHECK("two anchors: gpu assigns anchors 9 and 10", idx[9] == 0 &&
+          idx[10] == 0 && fg == 2, "idx9=%d idx10=%d fg=%d", idx[9], idx[10], fg);
+    prob_free(&P);
+}
+
+/* Two overlapping gts share candidate anchors: claimed twice, resolved by
+ * the highest overlap. */
+static void case_claimed_twice(void) {
+    prob P;
+    prob_init(&P, 1, 3, 64, LUCID_F32, LUCID_F32);
+    lucid_rand_uniform(ctx, P.pb, 11, 0, -1.0, 1.0);
+    lucid_rand_uniform(ctx, P.pc, 11, 1u << 20, -2.0, 2.0);
+    lucid_rand_uniform(ctx, P.pk, 11, 2u << 20, -1.0, 1.0);
+    gt_row(&P, 0, 0, 1, 0.30, 0.30, 0.40, 0.40, 0.3, 0.3, 2);
+    gt_row(&P, 0, 1, 1, 0.38, 0.36, 0.44, 0.40, 0.4, 0.4, 1);
+    gt_row(&P, 0, 2, 1, 0.34, 0.33, 0.30, 0.36, 0.3, 0.4, 2);
+    run_case("claimed twice", &P, 1);
+    prob_free(&P);
+}
+
+/* Image 1 has no instance (valid negative). */
+static void case_empty_image(void) {
+    prob P;
+    prob_init(&P, 2, 2, 64, LUCID_F32, LUCID_F32);
+    lucid_rand_uniform(ctx, P.pb, 12, 0, -1.0, 1.0);
+    lucid_rand_uniform(ctx, P.pc, 12, 1u << 20, -4.0, 0.0);
+    lucid_rand_uniform(ctx, P.pk, 12, 2u << 20, -1.0, 1.0);
+    gt_row(&P, 0, 0, 1, 0.5, 0.5, 0.5, 0.4, 0.5, 0.5, 2);
+    run_case("empty image", &P, 0);
+    prob_free(&P);
+    /* and a batch without any instance: n_fg = 0 */
+    prob_init(&P, 2, 2, 64, LUCID_F32, LUCID_F32);
+    lucid_rand_uniform(ctx, P.pc, 13, 0, -4.0, 0.0);
+    run_case("no instance at all", &P, 1);
+    prob_free(&P);
+}
+
+static void case_invisible(void) {
+    prob P;
+    prob_init(&P, 1, 2, 64, LUCID_F32, LUCID_F32);
+    lucid_rand_uniform(ctx, P.pb, 14, 0, -1.0, 1.0);
+    lucid_rand_uniform(ctx, P.pk, 14, 2u << 20, -1.0, 1.0);
+    gt_row(&P, 0, 0, 1, 0.4, 0.5, 0.5, 0.6, 0, 0, 0);
+    gt_row(&P, 0, 1, 1, 0.6, 0.4, 0.3, 0.3, 0, 0, 0);
+    run_case("all keypoints invisible", &P, 0);
+    prob_free(&P);
+}
+
+/* Zero-width box (and a zero-height one): the eps terms keep it finite. */
+static void case_degenerate(void) {
+    prob P;
+    prob_init(&P, 1, 2, 64, LUCID_F32, LUCID_F32);
+    lucid_rand_uniform(ctx, P.pb, 15, 0, -1.0, 1.0);
+    lucid_rand_uniform(ctx, P.pk, 15, 2u << 20, -1.0, 1.0);
+    gt_row(&P, 0, 0, 1, 0.1875, 0.1875, 0.0, 0.125, 0.1875, 0.1875, 2);
+    gt_row(&P, 0, 1, 1, 0.6, 0.6, 0.2, 0.0, 0.6, 0.6, 1);
+    run_case("degenerate box", &P, 0);
+    prob_free(&P);
+}
+
+static void case_random(const char *name, int B, int G, int img, int n,
+                        uint64_t seed, lucid_dtype dt, lucid_dtype gdt,
+                        int props) {
+    prob P;
+    if (prob_init(&P, B, G, img, dt, gdt)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    random_problem(&P, seed, n);
+    run_case(name, &P, props);
+    prob_free(&P);
+}
+
+/* A strided (non-contiguous) output view on the GPU: same results. */
+static void case_strided(void) {
+    prob P;
+    prob_init(&P, 2, 4, 64, LUCID_F32, LUCID_F32);
+    random_problem(&P, 21, -1);
+    if (prob_sides(&P)) {
+        TEST_FAIL("strided outputs", "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    /* pred_kpt as a [B, 51, A] view of a [B, A, 51] tensor */
+    int64_t sh[3] = {P.B, P.A, 51};
+    lucid_tensor *t = NULL, *h = NULL, *v = NULL;
+    int perm[3] = {0, 2, 1};
+    lucid_tensor *hk = to(P.pk, CPU, LUCID_F32);
+    lucid_tensor_empty(ctx, CPU, LUCID_F32, 3, sh, &h);
+    for (int b = 0; b < P.B; b++)
+        for (int c = 0; c < 51; c++)
+            for (int a = 0; a < P.A; a++)
+                lucid_cpu_set(h, ((int64_t)b * P.A + a) * 51 + c,
+                              lucid_cpu_get(hk, ((int64_t)b * 51 + c) * P.A + a));
+    t = to(h, GPU, LUCID_F32);
+    if (t) lucid_tensor_permute(ctx, t, perm, &v);
+    if (!v) {
+        TEST_FAIL("strided outputs", "view: %s", lucid_ctx_error(ctx));
+    } else {
+        lucid_tensor_release(P.gpu.pk);
+        P.gpu.pk = v;
+        compare("strided outputs", &P);
+    }
+    if (t) lucid_tensor_release(t);
+    if (h) lucid_tensor_release(h);
+    if (hk) lucid_tensor_release(hk);
+    prob_free(&P);
+}
+
+/* ------------------------------------------------------------ real batch */
+
+static const char *find_dataset(char *buf, size_t len) {
+    const char *env = getenv("LUCID_DATASETS");
+    const char *c[4] = {env, "../shared/datasets", "datasets", ".data"};
+    for (int i = 0; i < 4; i++) {
+        if (!c[i]) continue;
+        snprintf(buf, len, "%s/coco-pose-mini/images/train", c[i]);
+        struct stat sb;
+        if (stat(buf, &sb) == 0) return buf;
+    }
+    return NULL;
+}
+
+static void case_real_batch(void) {
+    const char *name = "real batch (640, B 4, max_gt 64)";
+    char buf[512];
+    const char *dir = find_dataset(buf, sizeof buf);
+    if (!dir) {
+        TEST_SKIP(name, "coco-pose-mini not found ($LUCID_DATASETS, "
+                        "../shared/datasets, datasets, .data)");
+        return;
+    }
+    lucid_dataset_options o = lucid_dataset_options_default();
+    o.threads = 4;
+    lucid_dataset *ds = NULL;
+    if (lucid_dataset_open_yolo(ctx, dir, &o, &ds) != LUCID_OK) {
+        TEST_FAIL(name, "dataset: %s", lucid_ctx_error(ctx));
+        return;
+    }
+    lucid_loader_options lo = lucid_loader_options_default();
+    lo.batch = 4, lo.imgsz = 640, lo.max_gt = 64, lo.threads = 2;
+    lo.prefetch = 2, lo.seed = 7;
+    lucid_loader *ld = NULL;
+    lucid_aug_params ap = lucid_aug_params_default();
+    lucid_batch *bt = NULL;
+    if (lucid_loader_create(ctx, ds, &lo, &ld) != LUCID_OK ||
+        lucid_loader_start_epoch(ld, 0, &ap) != LUCID_OK) {
+        TEST_FAIL(name, "loader: %s", lucid_ctx_error(ctx));
+        if (ld) lucid_loader_release(ld);
+        lucid_dataset_release(ds);
+        return;
+    }
+    for (int nb = 0; nb < 2; nb++) {
+        if (lucid_loader_next(ld, &bt) != LUCID_OK || !bt) {
+            TEST_FAIL(name, "loader_next: %s", lucid_ctx_error(ctx));
+            break;
+        }
+        prob P;
+        prob_init(&P, 4, 64, 640, nb ? LUCID_BF16 : LUCID_F32,
+                  LUCID_F32);
+        lucid_rand_uniform(ctx, P.pb, 100 + nb, 0, -3.0, 3.0);
+        lucid_rand_uniform(ctx, P.pc, 100 + nb, 1u << 28, -6.0, 1.0);
+        lucid_rand_uniform(ctx, P.pk, 100 + nb, 2u << 28, -1.0, 1.0);
+        lucid_copy(ctx, P.tc, bt->cls);
+        lucid_copy(ctx, P.tb, bt->boxes);
+        lucid_copy(ctx, P.tk, bt->kpts);
+        lucid_copy(ctx, P.tv, bt->mask);
+        char nm[256];
+        snprintf(nm, sizeof nm, "%s #%d %s (%d instances max, overflow %d)",
+                 name, nb, nb ? "bf16" : "f32", bt->max_count, bt->overflow);
+        run_case(nm, &P, nb == 0);
+        prob_free(&P);
+    }
+    lucid_loader_release(ld);
+    lucid_dataset_release(ds);
+}
+
+/* ------------------------------------------------------------ main */
+
+int main(void) {
+    if (!lucid_cuda_available()) {
+        printf("skip test_loss_cuda: no CUDA device\n");
+        return 0;
+    }
+    lucid_ctx_options opt = lucid_ctx_options_default();
+    opt.device = GPU;
+    char err[256];
+    if (lucid_ctx_create(&opt, &ctx, err, sizeof err) != LUCID_OK) {
+        printf("not ok context: %s\n", err);
+        return 1;
+    }
+    case_single();
+    case_two_anchors();
+    case_claimed_twice();
+    case_empty_image();
+    case_invisible();
+    case_degenerate();
+    case_strided();
+    case_random("random 64 f32", 3, 6, 64, -1, 1, LUCID_F32, LUCID_F32, 0);
+    case_random("random 64 bf16", 3, 6, 64, -1, 2, LUCID_BF16, LUCID_F32, 0);
+    case_random("random 64 f16 grads f16", 2, 5, 64, -1, 3, LUCID_F16,
+                LUCID_F16, 0);
+    case_random("random 640 f32 10/img", 4, 10, 640, 10, 4, LUCID_F32,
+                LUCID_F32, 1);
+    case_random("random 640 f32 60/img", 4, 60, 640, 60, 5, LUCID_F32,
+                LUCID_F32, 1);
+    case_random("random 640 bf16 10/img", 4, 10, 640, 10, 6, LUCID_BF16,
+                LUCID_F32, 0);
+    case_random("random 640 bf16 grads bf16", 4, 16, 640, -1, 7, LUCID_BF16,
+                LUCID_BF16, 1);
+    case_real_batch();
+    lucid_ctx_release(ctx);
+    return test_exit();
+}
