@@ -27,6 +27,11 @@
  *     with a live block stay. Statistics: allocated (live blocks, rounded
  *     sizes), reserved (segments held from the driver), their peaks,
  *     num_allocs (blocks handed out) and num_device_allocs (cudaMalloc calls).
+ *   - While a CUDA graph is captured on the context's stream (cuda/graph.cu)
+ *     every request fails with LUCID_ERR_STATE "allocation during graph
+ *     capture: <bytes>", cache hits included: a block handed out during a
+ *     capture would be handed out again after it while the graph still
+ *     writes it.
  *
  * Policy (pinned host memory, cudaHostAlloc)
  *   - Requests are rounded up to a power of two (minimum 4 KiB) up to 1 MiB,
@@ -43,6 +48,7 @@
 #include <mutex>
 #include <new>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 #include <stdio.h>
@@ -126,7 +132,22 @@ struct lucid_cuda_allocator {
     std::set<HostBlock *, HostLess> host_free;       /* idle pinned blocks */
     std::unordered_map<void *, HostBlock *> host_all;
     uint64_t host_reserved;
+
+    /* Set while a CUDA graph is being captured on this context's stream
+     * (cuda/graph.cu): every device allocation is refused, and so is a
+     * pinned allocation from the capturing thread, because memory handed out
+     * during a capture would be handed out again while the graph still uses
+     * it. */
+    bool capturing;
+    std::thread::id capture_thread;
 };
+
+/* Called by cuda/graph.cu around a capture (declared there). */
+void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on) {
+    std::lock_guard<std::mutex> lock(a->mu);
+    a->capturing = on != 0;
+    a->capture_thread = std::this_thread::get_id();
+}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -195,6 +216,7 @@ lucid_status lucid_cuda_allocator_create(lucid_ctx *ctx, int device,
     a->default_stream = default_stream;
     memset(&a->stats, 0, sizeof a->stats);
     a->host_reserved = 0;
+    a->capturing = false;
     *out = a;
     return LUCID_OK;
 }
@@ -229,6 +251,13 @@ lucid_status lucid_cuda_malloc(lucid_ctx *ctx, lucid_cuda_allocator *a,
                                size_t nbytes, cudaStream_t stream, void **ptr) {
     *ptr = nullptr;
     std::lock_guard<std::mutex> lock(a->mu);
+    if (a->capturing)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "allocation during graph capture: %zu bytes on "
+                            "cuda:%d (every buffer a recorded step uses must "
+                            "exist before recording; run an eager warm-up "
+                            "step with these shapes first)",
+                            nbytes, a->device);
     const size_t size = round_size(nbytes);
     Pool &pool = size <= kSmallSize ? a->small_pool : a->large_pool;
 
@@ -380,6 +409,12 @@ lucid_status lucid_cuda_host_malloc(lucid_ctx *ctx, lucid_cuda_allocator *a,
                                     size_t nbytes, void **ptr) {
     *ptr = nullptr;
     std::lock_guard<std::mutex> lock(a->mu);
+    if (a->capturing && a->capture_thread == std::this_thread::get_id())
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "allocation during graph capture: %zu bytes of "
+                            "pinned host memory (staging buffers of a "
+                            "recorded step must exist before recording)",
+                            nbytes);
     const size_t size = host_round(nbytes);
     HostBlock key;
     key.size = size;

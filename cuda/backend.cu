@@ -222,6 +222,18 @@ static lucid_status cuda_reset_peak(lucid_ctx *ctx) {
 
 /* ---------------------------------------------------------------- table */
 
+/* graph.cu */
+extern "C" {
+lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx);
+lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec);
+lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec);
+void lucid_cuda_graph_destroy(lucid_ctx *ctx, void *graph_exec);
+int lucid_cuda_graph_capturing(lucid_ctx *ctx);
+lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event);
+lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event);
+void lucid_cuda_event_destroy(lucid_ctx *ctx, void *event);
+}
+
 static const lucid_backend cuda_backend = {
     "cuda",
     cuda_init,
@@ -245,6 +257,15 @@ static const lucid_backend cuda_backend = {
     lucid_cuda_matmul,
     lucid_cuda_rand_uniform,
     lucid_cuda_rand_normal,
+    /* CUDA graphs and events (graph.cu) */
+    lucid_cuda_graph_capture_begin,
+    lucid_cuda_graph_capture_end,
+    lucid_cuda_graph_launch,
+    lucid_cuda_graph_destroy,
+    lucid_cuda_graph_capturing,
+    lucid_cuda_event_record,
+    lucid_cuda_event_synchronize,
+    lucid_cuda_event_destroy,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

@@ -105,6 +105,23 @@ typedef struct lucid_backend {
     lucid_status (*rand_normal)(lucid_ctx *ctx, lucid_tensor *dst,
                                 uint64_t seed, uint64_t offset, double mean,
                                 double std);
+
+    /* CUDA graphs (engine/train/graph.h; NULL on backends without them, so
+     * tables that end above stay valid). Capture records the work queued on
+     * the context's compute stream; while capturing, the backend's allocator
+     * refuses every device allocation. capture_end with graph_exec == NULL
+     * ends and discards the capture (the failure path); otherwise it
+     * instantiates the graph into *graph_exec. capturing returns 1 while a
+     * capture of this context is open. */
+    lucid_status (*capture_begin)(lucid_ctx *ctx);
+    lucid_status (*capture_end)(lucid_ctx *ctx, void **graph_exec);
+    lucid_status (*graph_launch)(lucid_ctx *ctx, void *graph_exec);
+    void (*graph_destroy)(lucid_ctx *ctx, void *graph_exec);
+    int (*capturing)(lucid_ctx *ctx);
+    /* Events on the compute stream (created by the first record). */
+    lucid_status (*event_record)(lucid_ctx *ctx, void **event);
+    lucid_status (*event_synchronize)(lucid_ctx *ctx, void *event);
+    void (*event_destroy)(lucid_ctx *ctx, void *event);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */

@@ -29,6 +29,7 @@ local progress = require "lucid.progress"
 local results_csv = require "lucid.results"
 local checkpoint = require "lucid.checkpoint"
 local step_mod = require "lucid.step"
+local val_output = require "lucid.val_output"
 
 local Trainer = {}
 Trainer.__index = Trainer
@@ -277,7 +278,15 @@ function Trainer:_fit(state, opts)
     local vp = cfg.val_period or 1
     local metrics, val_losses
     if final or (epoch + 1) % vp == 0 then
-      metrics, val_losses = self:validate(model, ema, val, val_loader, step, out)
+      -- the final validation also writes val_predictions.json and val_batch0_pred.png
+      local vout = final and cfg.val_outputs ~= false
+        and val_output.new{ dataset = val_ds, imgsz = S, save_dir = save_dir, names = desc.names } or nil
+      metrics, val_losses = self:validate(model, ema, val, val_loader, step, out, vout)
+      if vout then
+        local files = vout:finish()
+        out:write(string.format("Predictions saved to %s (%d detections on %d images), %s\n", files.json,
+          files.predictions, files.images, files.png or "no preview"))
+      end
       last_metrics = metrics
       local fitness = metrics.fitness
       if not best_fitness or fitness > best_fitness then best_fitness = fitness; state.is_best = true else state.is_best = false end
@@ -330,7 +339,7 @@ end
 --- Validation pass: EMA weights swapped in, eval mode, letterboxed val
 -- batches, metrics (and mean val losses) out; the training weights are
 -- swapped back afterwards, also on error.
-function Trainer:validate(model, ema, val, loader, step, out)
+function Trainer:validate(model, ema, val, loader, step, out, collect)
   ema:swap(model)
   model:eval()
   val:reset()
@@ -345,6 +354,7 @@ function Trainer:validate(model, ema, val, loader, step, out)
       val:add_batch(host(o.boxes), host(o.scores), host(o.kpts), {
         cls = vb.cls:narrow(1, 1, n):contiguous(), boxes = vb.boxes:narrow(1, 1, n):contiguous(),
         kpts = vb.kpts:narrow(1, 1, n):contiguous(), mask = vb.mask:narrow(1, 1, n):to("f32"):contiguous() }, n)
+      if collect then collect:add_batch(val, vb) end
     end
   end)
   model:train()

@@ -1,0 +1,152 @@
+/*
+ * graph.cu — CUDA-graph capture, launch and events on a context's compute
+ * stream: the backend slots capture_begin / capture_end / graph_launch /
+ * graph_destroy / capturing / event_* (engine/internal.h), used through
+ * engine/train/graph.h.
+ *
+ * Capture
+ *   - Work queued on the context's compute stream between capture_begin and
+ *     capture_end is recorded, not run. The mode is
+ *     cudaStreamCaptureModeThreadLocal: a potentially unsafe call from the
+ *     capturing thread (cudaMalloc, a synchronize, an event query) fails and
+ *     invalidates the capture instead of silently breaking it; other threads
+ *     (loader workers) are not affected.
+ *   - While capturing, the caching allocator refuses every device allocation
+ *     (cache hits too) and pinned allocations from this thread
+ *     (lucid_cuda_allocator_set_capture): memory handed out during a capture
+ *     would be handed out again after it, while the graph still uses it. The
+ *     nn arena refuses to grow for the same reason (nn_table.cu).
+ *   - capture_end(ctx, NULL) ends and discards (the failure path);
+ *     capture_end(ctx, &exec) instantiates. Either way the stream leaves
+ *     capture mode and the allocator is unlocked, also when ending fails, so
+ *     a failed capture never leaves the stream capturing.
+ *   - One capture per context at a time (a second begin is LUCID_ERR_STATE).
+ *
+ * Every CUDA call is checked; errors are returned with the message in the
+ * context, never an abort.
+ */
+#include "common.cuh"
+
+/* cuda/alloc.cu */
+void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
+
+extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
+    CUDA_ENTER(ctx, st);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "capture_begin: the compute stream of cuda:%d is "
+                            "already being captured",
+                            st->device);
+    lucid_cuda_allocator_set_capture(st->alloc, 1);
+    cudaError_t e = cudaStreamBeginCapture(st->stream,
+                                           cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        lucid_cuda_allocator_set_capture(st->alloc, 0);
+        return lucid_cuda_err(ctx, e, "cudaStreamBeginCapture", __FILE__,
+                              __LINE__);
+    }
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
+    if (graph_exec) *graph_exec = NULL;
+    CUDA_ENTER(ctx, st);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t q = cudaStreamIsCapturing(st->stream, &cs);
+    if (q != cudaSuccess) (void)cudaGetLastError();
+    if (q == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
+        lucid_cuda_allocator_set_capture(st->alloc, 0);
+        if (!graph_exec) return LUCID_OK; /* nothing to discard */
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "capture_end: the compute stream of cuda:%d is "
+                            "not being captured",
+                            st->device);
+    }
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(st->stream, &graph);
+    lucid_cuda_allocator_set_capture(st->alloc, 0);
+    if (!graph_exec) { /* discard */
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        return LUCID_OK;
+    }
+    if (e != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        return lucid_cuda_err(ctx, e,
+                              e == cudaErrorStreamCaptureInvalidated
+                                  ? "cudaStreamEndCapture (the capture was "
+                                    "invalidated by an unsupported call "
+                                    "during recording)"
+                                  : "cudaStreamEndCapture",
+                              __FILE__, __LINE__);
+    }
+    if (!graph)
+        return lucid_seterr(ctx, LUCID_ERR_DEVICE,
+                            "cudaStreamEndCapture returned no graph");
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0ULL);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+        return lucid_cuda_err(ctx, e, "cudaGraphInstantiate", __FILE__,
+                              __LINE__);
+    *graph_exec = (void *)exec;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec) {
+    CUDA_ENTER(ctx, st);
+    if (!graph_exec)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "graph_launch: no graph");
+    CUDA_CHECK(ctx, cudaGraphLaunch((cudaGraphExec_t)graph_exec, st->stream));
+    return LUCID_OK;
+}
+
+extern "C" void lucid_cuda_graph_destroy(lucid_ctx *ctx, void *graph_exec) {
+    if (!graph_exec) return;
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (st && cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
+    /* launches in flight complete; the memory they use is owned elsewhere
+     * (stream-ordered frees make its reuse safe) */
+    if (cudaGraphExecDestroy((cudaGraphExec_t)graph_exec) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+extern "C" int lucid_cuda_graph_capturing(lucid_ctx *ctx) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st->stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+extern "C" lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event) {
+    CUDA_ENTER(ctx, st);
+    if (!*event) {
+        cudaEvent_t ev = NULL;
+        CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        *event = (void *)ev;
+    }
+    CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)*event, st->stream));
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event) {
+    if (!event) return LUCID_OK; /* never recorded */
+    CUDA_ENTER(ctx, st);
+    (void)st;
+    CUDA_CHECK(ctx, cudaEventSynchronize((cudaEvent_t)event));
+    return LUCID_OK;
+}
+
+extern "C" void lucid_cuda_event_destroy(lucid_ctx *ctx, void *event) {
+    if (!event) return;
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (st && cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaEventDestroy((cudaEvent_t)event) != cudaSuccess)
+        (void)cudaGetLastError();
+}
