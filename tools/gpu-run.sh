@@ -22,6 +22,21 @@ if [ "$what" = test ] || [ "$what" = all ]; then
   grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$out/test.log"
   grep -E '^    ' "$out/test.log" | head -40
 fi
+if [ "$what" = reference ] || [ "$what" = all ]; then
+  # PyTorch references (spec/reference/): the network (fp32, GPU route of
+  # lucid vs torch on the GPU) and the loss (CPU reference vs torch)
+  for m in yolo11 yolov8; do
+    d=build/ref_$m
+    luajit spec/reference/lucid_dump.lua $d $m 2 128 cuda > "$out/ref_$m.log" 2>&1 &&
+    python3 spec/reference/yolo11_pose_ref.py --model $m --device cuda --weights $d/weights.safetensors \
+      --io $d/io.safetensors --out $d/ref.safetensors --compare $d/lucid.safetensors >> "$out/ref_$m.log" 2>&1
+    echo "reference $m: exit $? ($(grep -c . "$out/ref_$m.log") lines)"; tail -3 "$out/ref_$m.log"
+  done
+  mkdir -p build/loss_ref
+  LUCID_LOSS_DUMP=build/loss_ref build/tests/test_loss_ref > "$out/loss_ref.log" 2>&1 &&
+  python3 spec/reference/pose_loss_ref.py build/loss_ref >> "$out/loss_ref.log" 2>&1
+  echo "reference loss: exit $?"; tail -3 "$out/loss_ref.log"
+fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   make bench > "$out/bench.log" 2>&1 || rc=1
   tail -40 "$out/bench.log"
