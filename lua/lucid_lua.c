@@ -28,6 +28,7 @@ __attribute__((weak)) int lucid_lua_open_nn(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_optim(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_image(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_predict(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_graph(lua_State *L);
 int lucid_lua_open_loss(lua_State *L);
 int lucid_lua_open_eval(lua_State *L);
 
@@ -116,6 +117,7 @@ int luaopen_lucid(lua_State *L) {
     lucid_lua_open_eval(L);
     if (lucid_lua_open_image) lucid_lua_open_image(L);
     if (lucid_lua_open_predict) lucid_lua_open_predict(L);
+    if (lucid_lua_open_graph) lucid_lua_open_graph(L);
     add_package_path(L);
     return 1;
 }

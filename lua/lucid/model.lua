@@ -223,7 +223,7 @@ end
 -- ({boxes=, scores=, kpts=}; missing entries are zero). Parameter gradients
 -- accumulate into the flat gradient buffer (call zero_grad between steps).
 -- Returns the gradient w.r.t. x when opts.input_grad was set, else nil.
-function Model:backward(x, gy)
+local function backward_pass(self, x, gy)
   local grads = {}
   local n = #self.layers
   grads[self.layers[n].i] = gy
@@ -246,6 +246,73 @@ function Model:backward(x, gy)
   end
   self.grad_input = grads[-1]
   return self.grad_input
+end
+
+function Model:backward(x, gy)
+  -- sums of gradients go to persistent buffers of this model (one per call
+  -- position and shape, containers.accumulate), so that a backward pass
+  -- allocates nothing in steady state (recorded steps, docs/STEP.md)
+  local sc = self._acc_scope
+  if not sc then
+    sc = { slots = {}, pos = 0 }
+    self._acc_scope = sc
+  end
+  sc.pos = 0
+  local prev = containers.set_accumulate_scope(sc)
+  local ok, res = pcall(backward_pass, self, x, gy)
+  containers.set_accumulate_scope(prev)
+  if not ok then error(res, 0) end
+  return res
+end
+
+--- The contract version of the model: a counter that recorded steps
+-- compare before every replay (docs/STEP.md); replace_forward() and
+-- bump_version() bump it, and a recording that sees it move retires.
+function Model:contract_version() return self._contract_version or 0 end
+
+--- The mode version: bumped by train()/eval() when the mode changes. A
+-- recording that sees it move compares the modes (a switch to eval and back
+-- for validation keeps the recording).
+function Model:mode_version() return self._mode_version or 0 end
+
+--- Mark a change a recorded step cannot see through its other counters (a
+-- Lua-level hook, a changed scalar attribute of a Lua block, ...).
+-- @param reason string|nil: kept for the retirement message
+function Model:bump_version(reason)
+  self._contract_version = (self._contract_version or 0) + 1
+  self._contract_reason = reason or "model changed (bump_version)"
+end
+
+--- Switch train/eval mode (Module:train) and bump the mode version when
+-- the mode changes.
+function Model:train(mode)
+  if mode == nil then mode = true end
+  local changed = self.training ~= mode
+  Module.train(self, mode)
+  if changed then self._mode_version = (self._mode_version or 0) + 1 end
+  return self
+end
+
+function Model:eval() return self:train(false) end
+
+--- Replace the forward (and optionally backward) function of one module of
+-- this model (an instance override), bumping the contract version.
+function Model:replace_forward(module, forward, backward)
+  module.forward = forward
+  if backward then module.backward = backward end
+  self:bump_version("forward of a " .. tostring(getmetatable(module).__name) .. " replaced")
+end
+
+--- Release every recorded step that captured this model (called when the
+-- model is copied: the copy must never run through another model's
+-- graphs). Returns how many were released.
+function Model:release_recordings()
+  local n = 0
+  for rec in pairs(self._recordings or {}) do
+    rec:release_recording("model copied")
+    n = n + 1
+  end
+  return n
 end
 
 --- Zero the flat gradient buffer (one fill).

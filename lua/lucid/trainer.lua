@@ -29,6 +29,7 @@ local progress = require "lucid.progress"
 local results_csv = require "lucid.results"
 local checkpoint = require "lucid.checkpoint"
 local step_mod = require "lucid.step"
+local recorded_step = require "lucid.recorded_step"
 local val_output = require "lucid.val_output"
 
 local Trainer = {}
@@ -109,7 +110,8 @@ end
 
 --- trainer:fit(model, [opts]) -> results {epochs, metrics (last), best_fitness,
 -- save_dir, fit_seconds, steady_step_ms, losses (every step, when
--- cfg.record_losses)}. opts.resume = true | checkpoint path overrides cfg.resume.
+-- cfg.record_losses), step (step:stats(): route, recorded, replays,
+-- retirements, contract_check_us when cfg.record)}. opts.resume = true | checkpoint path overrides cfg.resume.
 function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
   self.fit_id = self.fit_id + 1
@@ -193,9 +195,20 @@ function Trainer:_fit(state, opts)
   local clip = cfg.clip or { max_norm = 10.0 }
 
   -- loss, validator, step ------------------------------------------------------
-  local step = step_mod.new{ trainer = self, model = model, optimizer = opt, ema = ema, scaler = scaler,
+  local step_opts = { trainer = self, model = model, optimizer = opt, ema = ema, scaler = scaler,
     ctx = ctx, batch = B, imgsz = S, max_gt = max_gt, nc = nc, nkpt = nkpt, act_dtype = self.act_dtype,
-    gains = cfg.loss, clip = clip, accumulate = accumulate, record = cfg.record }
+    gains = cfg.loss, clip = clip, accumulate = accumulate }
+  local step
+  if cfg.record then
+    -- the recorded step (CUDA graphs; on the CPU it reports route "eager")
+    step_opts.record_losses = cfg.record_losses
+    step_opts.warmup = cfg.record_warmup
+    step_opts.log = function(line) out:write(line, "\n") end
+    step = recorded_step.new(step_opts)
+  else
+    step_opts.record = cfg.record_losses
+    step = step_mod.new(step_opts)
+  end
   state.step = step
   local val = own(state, lucid.PoseValidator{ imgsz = S, nc = nc, kpt_shape = { nkpt, 3 }, ap = cfg.ap or "coco",
     conf = cfg.conf, iou = cfg.iou, max_det = cfg.max_det })
@@ -323,6 +336,12 @@ function Trainer:_fit(state, opts)
   local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
     fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil,
     memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses }
+  local sst = res.step
+  if cfg.record and sst then
+    out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
+      .. "contract check %.2f us/step\n", sst.route, sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
+      sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_check_us or 0))
+  end
   out:write(string.format("\n%d epochs completed in %.3f hours.\n", E - start_epoch, fit_seconds / 3600))
   out:write(string.format("Results saved to %s\n", save_dir))
   self:run_callbacks("on_fit_end", res)

@@ -6,16 +6,53 @@ local Module = require("lucid.nn.module")
 
 local M = {}
 
+-- The scope of persistent sums, set by Model:backward (nil outside it).
+local scope = nil
+
+--- Make `s` ({slots = {}, pos = 0}) the scope of M.accumulate and return
+-- the previous one. Model:backward installs its own scope for the duration
+-- of a backward pass (pos reset to 0 first).
+function M.set_accumulate_scope(s)
+  local prev = scope
+  scope = s
+  return prev
+end
+
 --- Sum of two gradients, either of which may be nil (a missing gradient is
--- zero). Returns a new tensor when both are present, so the persistent
--- grad_input buffers of the modules that produced a and b are never written.
+-- zero). When both are present the sum goes to a tensor of its own, so the
+-- persistent grad_input buffers of the modules that produced a and b are
+-- never written. Inside a scope (a model's backward pass) that tensor is
+-- PERSISTENT: one buffer per (call position in the pass, shape, dtype),
+-- allocated on first use and reused by every later pass, so a backward pass
+-- allocates nothing in steady state and a recorded CUDA graph sees the same
+-- addresses on every replay (docs/STEP.md). The values are those of
+-- a:add(b) bit for bit (copy, then one rounded add). Outside a scope a new
+-- tensor is returned.
 -- @param a Tensor|nil
 -- @param b Tensor|nil
 -- @return Tensor|nil
 function M.accumulate(a, b)
   if a == nil then return b end
   if b == nil then return a end
-  return a:add(b)
+  local sc = scope
+  if sc == nil then return a:add(b) end
+  local pos = sc.pos + 1
+  sc.pos = pos
+  local row = sc.slots[pos]
+  if row == nil then
+    row = {}
+    sc.slots[pos] = row
+  end
+  local key = table.concat(a:shape(), "x") .. a:dtype()
+  local buf = row[key]
+  if buf == nil then
+    buf = a:add(b)
+    row[key] = buf
+    return buf
+  end
+  buf:copy_(a)
+  buf:add_(b)
+  return buf
 end
 
 ----------------------------------------------------------------- Sequential

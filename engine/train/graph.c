@@ -1,0 +1,385 @@
+/*
+ * graph.c — the device-independent side of recorded steps (graph.h):
+ * capture/launch through the backend table's graph slots, events, and the
+ * reference set pinning what a recording baked in.
+ */
+#include "train/graph.h"
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- capture */
+
+static const lucid_backend *graph_backend(lucid_ctx *ctx, const char *what) {
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    if (!b || !b->capture_begin || !b->capture_end || !b->graph_launch) {
+        lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                     "%s: CUDA graphs need a context on a CUDA device (this "
+                     "one drives %s)",
+                     what, b ? b->name : "the cpu");
+        return NULL;
+    }
+    return b;
+}
+
+int lucid_ctx_graphs_available(const lucid_ctx *ctx) {
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    return b && b->capture_begin && b->capture_end && b->graph_launch;
+}
+
+lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx) {
+    const lucid_backend *b = graph_backend(ctx, "capture_begin");
+    if (!b) return ctx->last_status;
+    return b->capture_begin(ctx);
+}
+
+struct lucid_graph {
+    lucid_ctx *ctx; /* one reference */
+    void *exec;
+};
+
+lucid_status lucid_ctx_capture_end(lucid_ctx *ctx, lucid_graph **out) {
+    if (out) *out = NULL;
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    if (!out) {
+        /* discard: a no-op on contexts that cannot capture */
+        if (!b || !b->capture_end) return LUCID_OK;
+        return b->capture_end(ctx, NULL);
+    }
+    b = graph_backend(ctx, "capture_end");
+    if (!b) return ctx->last_status;
+    lucid_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        b->capture_end(ctx, NULL); /* never leave the stream capturing */
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "capture_end: out of host memory");
+    }
+    lucid_status st = b->capture_end(ctx, &g->exec);
+    if (st != LUCID_OK) {
+        free(g);
+        return st;
+    }
+    lucid_ctx_retain(ctx);
+    g->ctx = ctx;
+    *out = g;
+    return LUCID_OK;
+}
+
+int lucid_ctx_capturing(lucid_ctx *ctx) {
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    return b && b->capturing ? b->capturing(ctx) : 0;
+}
+
+lucid_status lucid_graph_launch(lucid_ctx *ctx, lucid_graph *g) {
+    if (!g || !g->exec)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "graph_launch: graph was destroyed");
+    if (ctx != g->ctx)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "graph_launch: the graph belongs to another context");
+    const lucid_backend *b = graph_backend(ctx, "graph_launch");
+    if (!b) return ctx->last_status;
+    return b->graph_launch(ctx, g->exec);
+}
+
+void lucid_graph_destroy(lucid_graph *g) {
+    if (!g) return;
+    if (g->ctx && g->ctx->accel && g->ctx->accel->graph_destroy)
+        g->ctx->accel->graph_destroy(g->ctx, g->exec);
+    if (g->ctx) lucid_ctx_release(g->ctx);
+    free(g);
+}
+
+/* ----------------------------------------------------------------- events */
+
+struct lucid_event {
+    lucid_ctx *ctx; /* one reference */
+    void *ev;
+};
+
+lucid_status lucid_event_create(lucid_ctx *ctx, lucid_event **out) {
+    *out = NULL;
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    if (!b || !b->event_record || !b->event_synchronize)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "event: needs a context on a CUDA device");
+    lucid_event *e = calloc(1, sizeof *e);
+    if (!e) return lucid_seterr(ctx, LUCID_ERR_OOM, "event: out of host memory");
+    lucid_ctx_retain(ctx);
+    e->ctx = ctx;
+    *out = e;
+    return LUCID_OK;
+}
+
+lucid_status lucid_event_record(lucid_event *e) {
+    return e->ctx->accel->event_record(e->ctx, &e->ev);
+}
+
+lucid_status lucid_event_synchronize(lucid_event *e) {
+    return e->ctx->accel->event_synchronize(e->ctx, e->ev);
+}
+
+void lucid_event_destroy(lucid_event *e) {
+    if (!e) return;
+    if (e->ev && e->ctx->accel->event_destroy) e->ctx->accel->event_destroy(e->ctx, e->ev);
+    lucid_ctx_release(e->ctx);
+    free(e);
+}
+
+/* ------------------------------------------------------------------- refs */
+
+typedef struct {
+    lucid_param *p;
+    lucid_tensor *data, *grad;   /* retained */
+    lucid_storage *storage;      /* identity only (held through data) */
+    int64_t offset;
+    int ndim;
+    int64_t shape[LUCID_MAX_DIMS], strides[LUCID_MAX_DIMS];
+    lucid_dtype dtype;
+    lucid_device device;
+    int trainable;
+    uint64_t version;
+} ref_param;
+
+#define REF_SAVED 4
+
+typedef struct {
+    lucid_module *m;             /* retained */
+    int training, need_grad_input;
+    uint64_t version;
+    int nout, nin;
+    lucid_tensor **outputs;      /* (nout) retained, may be NULL */
+    lucid_tensor **grad_inputs;  /* (nin) retained, may be NULL */
+    lucid_tensor *saved[REF_SAVED];
+} ref_module;
+
+struct lucid_graph_refs {
+    lucid_param_set *set;        /* retained */
+    uint64_t set_version;
+    int nparams;
+    ref_param *params;
+    lucid_tensor *flat[3];       /* params, grads, buffers (retained) */
+    int nmodules;
+    ref_module *mods;
+};
+
+static lucid_tensor *keep(lucid_tensor *t) {
+    if (t) lucid_tensor_retain(t);
+    return t;
+}
+
+static void snap_param(ref_param *r, lucid_param *p) {
+    r->p = p;
+    r->data = keep(p->data);
+    r->grad = keep(p->grad);
+    r->storage = p->data ? p->data->storage : NULL;
+    r->offset = p->data ? p->data->offset : -1;
+    r->ndim = p->data ? p->data->ndim : p->ndim;
+    for (int d = 0; d < LUCID_MAX_DIMS; d++) {
+        r->shape[d] = p->data && d < p->data->ndim ? p->data->shape[d] : 0;
+        r->strides[d] = p->data && d < p->data->ndim ? p->data->strides[d] : 0;
+    }
+    r->dtype = p->data ? p->data->dtype : p->dtype;
+    r->device = p->data ? lucid_tensor_device(p->data) : (lucid_device){LUCID_CPU, 0};
+    r->trainable = p->trainable;
+    r->version = p->version;
+}
+
+lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
+                                     int nmodules, lucid_module *const *modules,
+                                     lucid_graph_refs **out) {
+    *out = NULL;
+    if (nmodules < 0 || (nmodules > 0 && !modules))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "graph refs: bad module list");
+    lucid_graph_refs *r = calloc(1, sizeof *r);
+    if (!r) return lucid_seterr(ctx, LUCID_ERR_OOM, "graph refs: out of host memory");
+    if (set) {
+        lucid_param_set_retain(set);
+        r->set = set;
+        r->set_version = lucid_param_set_version(set);
+        r->nparams = lucid_param_set_count(set);
+        r->params = calloc((size_t)(r->nparams ? r->nparams : 1), sizeof *r->params);
+        if (!r->params) goto oom;
+        for (int i = 0; i < r->nparams; i++)
+            snap_param(&r->params[i], lucid_param_set_get(set, i));
+        r->flat[0] = keep(lucid_param_set_flat_params(set));
+        r->flat[1] = keep(lucid_param_set_flat_grads(set));
+        r->flat[2] = keep(lucid_param_set_flat_buffers(set));
+    }
+    r->mods = calloc((size_t)(nmodules ? nmodules : 1), sizeof *r->mods);
+    if (!r->mods) goto oom;
+    for (int i = 0; i < nmodules; i++) {
+        lucid_module *m = modules[i];
+        ref_module *rm = &r->mods[i];
+        if (!m) continue;
+        lucid_module_retain(m);
+        rm->m = m;
+        r->nmodules = i + 1;
+        rm->training = m->training;
+        rm->need_grad_input = m->need_grad_input;
+        rm->version = m->version;
+        rm->nout = m->noutputs;
+        rm->nin = m->ninputs;
+        rm->outputs = calloc((size_t)(rm->nout ? rm->nout : 1), sizeof *rm->outputs);
+        rm->grad_inputs = calloc((size_t)(rm->nin ? rm->nin : 1), sizeof *rm->grad_inputs);
+        if (!rm->outputs || !rm->grad_inputs) goto oom;
+        for (int k = 0; k < rm->nout; k++) rm->outputs[k] = keep(m->outputs ? m->outputs[k] : NULL);
+        for (int k = 0; k < rm->nin; k++)
+            rm->grad_inputs[k] = keep(m->grad_inputs ? m->grad_inputs[k] : NULL);
+        for (int k = 0; k < REF_SAVED; k++) rm->saved[k] = keep(m->saved[k]);
+    }
+    r->nmodules = nmodules;
+    *out = r;
+    return LUCID_OK;
+oom:
+    lucid_graph_refs_release(r);
+    return lucid_seterr(ctx, LUCID_ERR_OOM, "graph refs: out of host memory");
+}
+
+void lucid_graph_refs_release(lucid_graph_refs *r) {
+    if (!r) return;
+    for (int i = 0; r->params && i < r->nparams; i++) {
+        lucid_tensor_release(r->params[i].data);
+        lucid_tensor_release(r->params[i].grad);
+    }
+    free(r->params);
+    for (int k = 0; k < 3; k++) lucid_tensor_release(r->flat[k]);
+    for (int i = 0; r->mods && i < r->nmodules; i++) {
+        ref_module *rm = &r->mods[i];
+        if (!rm->m) continue;
+        for (int k = 0; rm->outputs && k < rm->nout; k++) lucid_tensor_release(rm->outputs[k]);
+        for (int k = 0; rm->grad_inputs && k < rm->nin; k++)
+            lucid_tensor_release(rm->grad_inputs[k]);
+        for (int k = 0; k < REF_SAVED; k++) lucid_tensor_release(rm->saved[k]);
+        free(rm->outputs);
+        free(rm->grad_inputs);
+        lucid_module_release(rm->m);
+    }
+    free(r->mods);
+    if (r->set) lucid_param_set_release(r->set);
+    free(r);
+}
+
+static int same_dev(lucid_device a, lucid_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
+/* Field-by-field comparison of one entry; 1 + reason when it changed. */
+static int param_changed(const ref_param *r, char *why, size_t n) {
+    const lucid_param *p = r->p;
+    const lucid_tensor *t = p->data;
+    if (!t) {
+        snprintf(why, n, "%s: its tensor is gone", p->name);
+        return 1;
+    }
+    if (t != r->data || t->storage != r->storage || p->grad != r->grad) {
+        snprintf(why, n, "%s: tensor replaced", p->name);
+        return 1;
+    }
+    if (t->offset != r->offset) {
+        snprintf(why, n, "%s: offset %lld -> %lld", p->name, (long long)r->offset,
+                 (long long)t->offset);
+        return 1;
+    }
+    if (t->ndim != r->ndim) {
+        snprintf(why, n, "%s: rank %d -> %d", p->name, r->ndim, t->ndim);
+        return 1;
+    }
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] != r->shape[d] || t->strides[d] != r->strides[d]) {
+            snprintf(why, n, "%s: shape/strides changed in dim %d", p->name, d);
+            return 1;
+        }
+    if (t->dtype != r->dtype) {
+        snprintf(why, n, "%s: dtype %s -> %s", p->name, lucid_dtype_name(r->dtype),
+                 lucid_dtype_name(t->dtype));
+        return 1;
+    }
+    if (!same_dev(lucid_tensor_device(t), r->device)) {
+        snprintf(why, n, "%s: moved to another device", p->name);
+        return 1;
+    }
+    if (p->trainable != r->trainable) {
+        snprintf(why, n, "%s: trainable %d -> %d", p->name, r->trainable, p->trainable);
+        return 1;
+    }
+    return 0;
+}
+
+int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
+                           int *full) {
+    if (full) *full = 0;
+    if (why && whylen) why[0] = '\0';
+    char scratch[8];
+    if (!why || !whylen) {
+        why = scratch;
+        whylen = sizeof scratch;
+    }
+    int moved = r->set && lucid_param_set_version(r->set) != r->set_version;
+    if (r->set && lucid_param_set_count(r->set) != r->nparams) {
+        snprintf(why, whylen, "the parameter set changed size (%d -> %d entries)",
+                 r->nparams, lucid_param_set_count(r->set));
+        return 1;
+    }
+    for (int i = 0; !moved && i < r->nmodules; i++) {
+        const ref_module *rm = &r->mods[i];
+        if (rm->m && rm->m->version != rm->version) moved = 1;
+    }
+    if (!moved) return 0;
+    if (full) *full = 1;
+    /* every entry, field by field (a version bump with every field equal
+     * is a load in place: the recording stays valid) */
+    for (int i = 0; i < r->nparams; i++)
+        if (param_changed(&r->params[i], why, whylen)) return 1;
+    for (int i = 0; i < r->nmodules; i++) {
+        const ref_module *rm = &r->mods[i];
+        if (!rm->m) continue;
+        if (rm->m->training != rm->training) {
+            snprintf(why, whylen, "module %s (%s): mode %s -> %s",
+                     rm->m->name[0] ? rm->m->name : "?", lucid_module_kind(rm->m),
+                     rm->training ? "train" : "eval", rm->m->training ? "train" : "eval");
+            return 1;
+        }
+        if (rm->m->need_grad_input != rm->need_grad_input) {
+            snprintf(why, whylen, "module %s (%s): need_grad_input %d -> %d",
+                     rm->m->name[0] ? rm->m->name : "?", lucid_module_kind(rm->m),
+                     rm->need_grad_input, rm->m->need_grad_input);
+            return 1;
+        }
+    }
+    /* nothing that the graph depends on changed: refresh the counters */
+    if (r->set) r->set_version = lucid_param_set_version(r->set);
+    for (int i = 0; i < r->nparams; i++) r->params[i].version = r->params[i].p->version;
+    for (int i = 0; i < r->nmodules; i++)
+        if (r->mods[i].m) r->mods[i].version = r->mods[i].m->version;
+    return 0;
+}
+
+static int reinstall(lucid_tensor **slot, lucid_tensor *rec) {
+    if (*slot == rec) return 0;
+    if (rec) lucid_tensor_retain(rec);
+    if (*slot) lucid_tensor_release(*slot);
+    *slot = rec;
+    return 1;
+}
+
+int lucid_graph_refs_restore(lucid_graph_refs *r) {
+    int n = 0;
+    for (int i = 0; i < r->nmodules; i++) {
+        ref_module *rm = &r->mods[i];
+        lucid_module *m = rm->m;
+        if (!m) continue;
+        /* only slots the recording saw filled: an empty recorded slot (e.g.
+         * grad_inputs of a first layer) is left as the module has it */
+        for (int k = 0; k < rm->nout && m->outputs; k++)
+            if (rm->outputs[k]) n += reinstall(&m->outputs[k], rm->outputs[k]);
+        for (int k = 0; k < rm->nin && m->grad_inputs; k++)
+            if (rm->grad_inputs[k]) n += reinstall(&m->grad_inputs[k], rm->grad_inputs[k]);
+        for (int k = 0; k < REF_SAVED; k++)
+            if (rm->saved[k]) n += reinstall(&m->saved[k], rm->saved[k]);
+    }
+    return n;
+}
+
+int lucid_graph_refs_nmodules(const lucid_graph_refs *r) { return r->nmodules; }
+int lucid_graph_refs_nparams(const lucid_graph_refs *r) { return r->nparams; }

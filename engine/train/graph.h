@@ -1,0 +1,117 @@
+/*
+ * graph.h — recorded training steps: CUDA-graph capture and replay on a
+ * context's compute stream, events, and the reference set that pins what a
+ * recording baked in (DESIGN.md decision 5; docs/STEP.md has the whole
+ * design of the recorded step built on top of this in lua/lucid/).
+ *
+ * Capture
+ *   lucid_ctx_capture_begin(ctx) ... queue work through the ordinary API ...
+ *   lucid_ctx_capture_end(ctx, &g)      -> an executable graph
+ *   lucid_graph_launch(ctx, g)          -> replays the recorded work
+ *   lucid_graph_destroy(g)
+ * Work queued on the context's compute stream in between is recorded, not
+ * run (so the capturing pass itself computes nothing: launch the graph once
+ * to run that step). A replay launches the same kernels with the same
+ * arguments, i.e. the same device addresses: every buffer the recorded work
+ * touches must exist before capture_begin and must outlive the graph
+ * (lucid_graph_refs below pins the model's). While capturing, every device
+ * allocation of the context fails with LUCID_ERR_STATE ("allocation during
+ * graph capture: <bytes>"), cache hits included. A failed capture must be
+ * ended with lucid_ctx_capture_end(ctx, NULL), which discards it and leaves
+ * the stream out of capture mode (safe to call when no capture is open).
+ *
+ * Errors: every fallible call returns a status with the message in ctx;
+ * LUCID_ERR_UNSUPPORTED on a context without a CUDA device (the CPU route
+ * is always eager). Nothing aborts.
+ */
+#ifndef LUCID_TRAIN_GRAPH_H
+#define LUCID_TRAIN_GRAPH_H
+
+#include "lucid.h"
+#include "nn/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when ctx drives a device whose backend can capture graphs (CUDA). */
+int lucid_ctx_graphs_available(const lucid_ctx *ctx);
+
+/* Start recording the work queued on ctx's compute stream. ERR_STATE when a
+ * capture is already open; ERR_UNSUPPORTED without CUDA. */
+lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx);
+
+typedef struct lucid_graph lucid_graph;
+
+/* End the capture. out != NULL: instantiate the recorded work into *out
+ * (one reference on ctx is held by the graph). out == NULL: discard it (the
+ * failure path; LUCID_OK also when no capture was open). The stream leaves
+ * capture mode in every case. An invalidated capture (an unsupported call
+ * while recording) is reported as LUCID_ERR_DEVICE naming it. */
+lucid_status lucid_ctx_capture_end(lucid_ctx *ctx, lucid_graph **out);
+
+/* 1 while a capture of ctx is open. */
+int lucid_ctx_capturing(lucid_ctx *ctx);
+
+/* Replay g on its context's compute stream (asynchronous). */
+lucid_status lucid_graph_launch(lucid_ctx *ctx, lucid_graph *g);
+
+/* Destroy g (NULL is a no-op). Launches in flight complete. */
+void lucid_graph_destroy(lucid_graph *g);
+
+/* ------------------------------------------------------------- events */
+
+typedef struct lucid_event lucid_event;
+
+/* An event on ctx's compute stream (not yet recorded). */
+lucid_status lucid_event_create(lucid_ctx *ctx, lucid_event **out);
+/* Record it at the current tail of the compute stream. */
+lucid_status lucid_event_record(lucid_event *e);
+/* Block the host until the work before the last record is done (returns at
+ * once when never recorded). */
+lucid_status lucid_event_synchronize(lucid_event *e);
+void lucid_event_destroy(lucid_event *e);
+
+/* ------------------------------------------------- recording references
+ * What a recording of a model's step baked in, on the C side: for every
+ * entry of the parameter set its storage, data pointer, offset, shape,
+ * strides, dtype, device, trainability and version; for every module its
+ * mode, need_grad_input, version and the identity of its persistent
+ * outputs[], grad_inputs[] and saved[] tensors. It holds a reference on
+ * every one of those tensors (and the set and modules), so nothing a graph
+ * reads or writes can be freed and reused under it.
+ *
+ * check() is the per-replay test: it compares the set's version and every
+ * module's version (a few hundred integer compares), and only when one of
+ * them moved runs the field-by-field check; when that finds nothing
+ * changed (a mode switched and back, a load that rewrote values in place)
+ * the counters are refreshed and the recording stays valid.
+ *
+ * restore() puts the recorded persistent tensors back into every module
+ * whose outputs/grad_inputs/saved were reallocated by an eager pass with
+ * other shapes (a short last batch, validation), so the graph's addresses
+ * are again the module's buffers.
+ */
+typedef struct lucid_graph_refs lucid_graph_refs;
+
+lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
+                                     int nmodules, lucid_module *const *modules,
+                                     lucid_graph_refs **out);
+/* 0: unchanged (counters equal, or moved with every field equal: refreshed).
+ * 1: changed; a one-line reason ("model.3.conv.weight: trainable 1 -> 0",
+ * "module model.2.m.0 (BatchNorm2d): mode train -> eval", ...) is written to
+ * why. *full (may be NULL) is set to 1 when the field-by-field check ran. */
+int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
+                           int *full);
+/* Reinstall the recorded persistent tensors where a module's differ;
+ * returns how many slots were reinstalled. */
+int lucid_graph_refs_restore(lucid_graph_refs *r);
+/* Counts for stats: modules and parameter-set entries pinned. */
+int lucid_graph_refs_nmodules(const lucid_graph_refs *r);
+int lucid_graph_refs_nparams(const lucid_graph_refs *r);
+void lucid_graph_refs_release(lucid_graph_refs *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUCID_TRAIN_GRAPH_H */

@@ -1,0 +1,344 @@
+/*
+ * lua_graph.c — lucid.graph: the Lua binding of engine/train/graph.h (CUDA
+ * graph capture and replay, events, recording references). The recorded
+ * training step built on it is lua/lucid/recorded_step.lua (docs/STEP.md).
+ *
+ *   lucid.graph.available([ctx]) -> boolean (a CUDA context that can capture)
+ *   lucid.graph.capture_begin([ctx])
+ *   lucid.graph.capture_end([ctx]) -> Graph        (instantiate)
+ *   lucid.graph.capture_discard([ctx])             (end + drop; failure path)
+ *   lucid.graph.capturing([ctx]) -> boolean
+ *   Graph: g:launch(), g:free() (also __gc)
+ *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:free()
+ *   lucid.graph.Refs(paramset, {cmodule, ...}) -> Refs
+ *     r:check() -> nil | reason, full   (nil: unchanged; full: the
+ *                                        field-by-field check ran)
+ *     r:restore() -> n                  (recorded module buffers reinstalled)
+ *     r:counts() -> nmodules, nparams;  r:free() (also __gc)
+ *   lucid.graph._test_replace_param(paramset, name)   (tests only: replace
+ *     the entry's data tensor by a fresh copy, as a host program could)
+ *   lucid.graph.clock() -> seconds (CLOCK_MONOTONIC, for the µs timings)
+ *   lucid.graph.pinned(shape, dtype, [ctx]) -> Tensor (page-locked CPU
+ *     memory on a CUDA context: fixed staging buffers)
+ *
+ * A ParamSet / CModule userdata is read through the same layout lua_nn.c
+ * gives it ({set, ctx} / {module, ctx}; lua_optim.c mirrors it the same way).
+ * Errors: engine failures raise "lucid <status>: <message>".
+ */
+#include "lua_common.h"
+#include "nn/nn.h"
+#include "train/graph.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define GRAPH_MT "lucid.Graph"
+#define EVENT_MT "lucid.Event"
+#define REFS_MT "lucid.GraphRefs"
+#define PARAMSET_MT "lucid.ParamSet"
+#define CMODULE_MT "lucid.CModule"
+
+typedef struct { lucid_param_set *s; lucid_ctx *ctx; } set_mirror;
+typedef struct { lucid_module *m; lucid_ctx *ctx; } module_mirror;
+
+typedef struct { lucid_graph *g; lucid_ctx *ctx; } graph_box;
+typedef struct { lucid_event *e; lucid_ctx *ctx; } event_box;
+typedef struct { lucid_graph_refs *r; } refs_box;
+
+static lucid_ctx *opt_ctx(lua_State *L, int idx) {
+    return lucid_lua_ctx(L, lua_isnoneornil(L, idx) ? 0 : idx);
+}
+
+static int l_available(lua_State *L) {
+    lua_pushboolean(L, lucid_ctx_graphs_available(opt_ctx(L, 1)));
+    return 1;
+}
+
+static int l_capture_begin(lua_State *L) {
+    lucid_ctx *ctx = opt_ctx(L, 1);
+    lucid_status st = lucid_ctx_capture_begin(ctx);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
+static int l_capture_end(lua_State *L) {
+    lucid_ctx *ctx = opt_ctx(L, 1);
+    graph_box *b = lua_newuserdata(L, sizeof *b);
+    b->g = NULL;
+    b->ctx = NULL;
+    luaL_getmetatable(L, GRAPH_MT);
+    lua_setmetatable(L, -2);
+    lucid_status st = lucid_ctx_capture_end(ctx, &b->g);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_ctx_retain(ctx);
+    b->ctx = ctx;
+    return 1;
+}
+
+static int l_capture_discard(lua_State *L) {
+    lucid_ctx *ctx = opt_ctx(L, 1);
+    lucid_status st = lucid_ctx_capture_end(ctx, NULL);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
+static int l_capturing(lua_State *L) {
+    lua_pushboolean(L, lucid_ctx_capturing(opt_ctx(L, 1)));
+    return 1;
+}
+
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Graph */
+
+static graph_box *check_graph(lua_State *L, int idx) {
+    graph_box *b = luaL_checkudata(L, idx, GRAPH_MT);
+    if (!b->g) luaL_argerror(L, idx, "graph was freed");
+    return b;
+}
+
+static int l_graph_launch(lua_State *L) {
+    graph_box *b = check_graph(L, 1);
+    lucid_status st = lucid_graph_launch(b->ctx, b->g);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_graph_free(lua_State *L) {
+    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    lucid_graph_destroy(b->g);
+    b->g = NULL;
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->ctx = NULL;
+    return 0;
+}
+
+static int l_graph_tostring(lua_State *L) {
+    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    lua_pushstring(L, b->g ? "lucid.Graph" : "lucid.Graph (freed)");
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Event */
+
+static int l_event_new(lua_State *L) {
+    lucid_ctx *ctx = opt_ctx(L, 1);
+    event_box *b = lua_newuserdata(L, sizeof *b);
+    b->e = NULL;
+    b->ctx = NULL;
+    luaL_getmetatable(L, EVENT_MT);
+    lua_setmetatable(L, -2);
+    lucid_status st = lucid_event_create(ctx, &b->e);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_ctx_retain(ctx);
+    b->ctx = ctx;
+    return 1;
+}
+
+static event_box *check_event(lua_State *L, int idx) {
+    event_box *b = luaL_checkudata(L, idx, EVENT_MT);
+    if (!b->e) luaL_argerror(L, idx, "event was freed");
+    return b;
+}
+
+static int l_event_record(lua_State *L) {
+    event_box *b = check_event(L, 1);
+    lucid_status st = lucid_event_record(b->e);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_event_synchronize(lua_State *L) {
+    event_box *b = check_event(L, 1);
+    lucid_status st = lucid_event_synchronize(b->e);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_event_free(lua_State *L) {
+    event_box *b = luaL_checkudata(L, 1, EVENT_MT);
+    lucid_event_destroy(b->e);
+    b->e = NULL;
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->ctx = NULL;
+    return 0;
+}
+
+/* ------------------------------------------------------------------- Refs */
+
+static lucid_param_set *check_set(lua_State *L, int idx) {
+    set_mirror *sb = luaL_checkudata(L, idx, PARAMSET_MT);
+    if (!sb->s) luaL_argerror(L, idx, "parameter set was freed");
+    return sb->s;
+}
+
+static int l_refs_new(lua_State *L) {
+    lucid_param_set *set = lua_isnoneornil(L, 1) ? NULL : check_set(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 2);
+    lucid_module **mods = calloc((size_t)(n ? n : 1), sizeof *mods);
+    if (!mods) return luaL_error(L, "lucid oom: graph refs: out of host memory");
+    lucid_ctx *ctx = NULL;
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        module_mirror *mb = luaL_testudata(L, -1, CMODULE_MT);
+        if (!mb || !mb->m) {
+            free(mods);
+            return luaL_argerror(L, 2, lua_pushfstring(L, "modules[%d]: expected a live lucid.CModule",
+                                                       i + 1));
+        }
+        mods[i] = mb->m;
+        if (!ctx) ctx = mb->ctx;
+        lua_pop(L, 1);
+    }
+    if (set) ctx = ((set_mirror *)lua_touserdata(L, 1))->ctx;
+    if (!ctx) ctx = lucid_lua_ctx(L, 0);
+    refs_box *b = lua_newuserdata(L, sizeof *b);
+    b->r = NULL;
+    luaL_getmetatable(L, REFS_MT);
+    lua_setmetatable(L, -2);
+    lucid_status st = lucid_graph_refs_create(ctx, set, n, mods, &b->r);
+    free(mods);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 1;
+}
+
+static refs_box *check_refs(lua_State *L, int idx) {
+    refs_box *b = luaL_checkudata(L, idx, REFS_MT);
+    if (!b->r) luaL_argerror(L, idx, "graph refs were freed");
+    return b;
+}
+
+static int l_refs_check(lua_State *L) {
+    refs_box *b = check_refs(L, 1);
+    char why[512];
+    int full = 0;
+    if (lucid_graph_refs_check(b->r, why, sizeof why, &full)) {
+        lua_pushstring(L, why);
+    } else {
+        lua_pushnil(L);
+    }
+    lua_pushboolean(L, full);
+    return 2;
+}
+
+static int l_refs_restore(lua_State *L) {
+    lua_pushinteger(L, lucid_graph_refs_restore(check_refs(L, 1)->r));
+    return 1;
+}
+
+static int l_refs_counts(lua_State *L) {
+    refs_box *b = check_refs(L, 1);
+    lua_pushinteger(L, lucid_graph_refs_nmodules(b->r));
+    lua_pushinteger(L, lucid_graph_refs_nparams(b->r));
+    return 2;
+}
+
+static int l_refs_free(lua_State *L) {
+    refs_box *b = luaL_checkudata(L, 1, REFS_MT);
+    lucid_graph_refs_release(b->r);
+    b->r = NULL;
+    return 0;
+}
+
+/* Tests only: give entry `name` a new data tensor (a fresh storage holding
+ * the same values) and bump its version, as a host program replacing a
+ * parameter would. */
+static int l_test_replace_param(lua_State *L) {
+    set_mirror *sb = luaL_checkudata(L, 1, PARAMSET_MT);
+    const char *name = luaL_checkstring(L, 2);
+    if (!sb->s) return luaL_argerror(L, 1, "parameter set was freed");
+    lucid_param *p = lucid_param_set_find(sb->s, name);
+    if (!p || !p->data) return luaL_argerror(L, 2, "no such materialized entry");
+    lucid_tensor *t = NULL;
+    lucid_status st = lucid_tensor_clone(sb->ctx, p->data, &t);
+    if (st != LUCID_OK) return lucid_lua_raise(L, sb->ctx, st);
+    lucid_tensor_release(p->data);
+    p->data = t;
+    lucid_param_bump_version(sb->s, p);
+    return 0;
+}
+
+/* lucid.graph.pinned(shape, dtype, [ctx]) -> Tensor: a contiguous CPU tensor
+ * in page-locked memory when ctx drives a CUDA device (ordinary memory
+ * otherwise): the fixed staging buffers of a recorded step. */
+static int l_pinned(lua_State *L) {
+    int64_t shape[LUCID_MAX_DIMS];
+    int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
+    lucid_dtype dt;
+    if (lucid_dtype_parse(luaL_checkstring(L, 2), &dt) != 0)
+        return luaL_argerror(L, 2, "dtype: unknown name");
+    lucid_ctx *ctx = opt_ctx(L, 3);
+    int pinned = lucid_ctx_device(ctx).type == LUCID_CUDA;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    lucid_device cpu = {LUCID_CPU, 0};
+    lucid_storage *s = NULL;
+    size_t nbytes = (size_t)(n ? n : 1) * lucid_dtype_size(dt);
+    lucid_status st = lucid_storage_create(ctx, cpu, nbytes, pinned, &s);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_tensor *t = NULL;
+    st = lucid_tensor_from_storage(ctx, s, dt, ndim, shape, NULL, 0, &t);
+    lucid_storage_release(s);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_lua_push_tensor(L, t);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- register */
+
+static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods,
+                   lua_CFunction gc, lua_CFunction tostring) {
+    if (luaL_newmetatable(L, name)) {
+        lua_pushstring(L, name);
+        lua_setfield(L, -2, "__name");
+        lua_newtable(L);
+        luaL_register(L, NULL, methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, gc);
+        lua_setfield(L, -2, "__gc");
+        if (tostring) {
+            lua_pushcfunction(L, tostring);
+            lua_setfield(L, -2, "__tostring");
+        }
+    }
+    lua_pop(L, 1);
+}
+
+static const luaL_Reg graph_methods[] = {
+    {"launch", l_graph_launch}, {"free", l_graph_free}, {NULL, NULL}};
+static const luaL_Reg event_methods[] = {
+    {"record", l_event_record}, {"synchronize", l_event_synchronize},
+    {"free", l_event_free}, {NULL, NULL}};
+static const luaL_Reg refs_methods[] = {
+    {"check", l_refs_check}, {"restore", l_refs_restore},
+    {"counts", l_refs_counts}, {"free", l_refs_free}, {NULL, NULL}};
+static const luaL_Reg graph_funcs[] = {
+    {"available", l_available},
+    {"capture_begin", l_capture_begin},
+    {"capture_end", l_capture_end},
+    {"capture_discard", l_capture_discard},
+    {"capturing", l_capturing},
+    {"Event", l_event_new},
+    {"Refs", l_refs_new},
+    {"clock", l_clock},
+    {"pinned", l_pinned},
+    {"_test_replace_param", l_test_replace_param},
+    {NULL, NULL}};
+
+/* Registers lucid.graph into the module table at the top of the stack. */
+int lucid_lua_open_graph(lua_State *L) {
+    new_mt(L, GRAPH_MT, graph_methods, l_graph_free, l_graph_tostring);
+    new_mt(L, EVENT_MT, event_methods, l_event_free, NULL);
+    new_mt(L, REFS_MT, refs_methods, l_refs_free, NULL);
+    lua_newtable(L);
+    luaL_register(L, NULL, graph_funcs);
+    lua_setfield(L, -2, "graph");
+    return 0;
+}

@@ -1,0 +1,544 @@
+--[[
+lucid.recorded_step — the capturable training step (lucid.Step): the eager
+step of lucid.step, recorded as CUDA graphs after a warm-up and replayed.
+Design and contracts: docs/STEP.md.
+
+  local RS = require "lucid.recorded_step"
+  local step = RS.new{ <the fields of lucid.step.new>, warmup = 3,
+                       recorder = nil, log = function(line) end }
+  step:run(batch, do_opt)      -- same interface as the eager step
+  step:running_losses(), step:predict(vb), step:reset_running()
+  step:stats()                 -- route, recorded, replays, retirements, ...
+  step:retire(reason), step:release()
+  step.recorded, step.replays, step.retirements, step.last_retire_reason,
+  step.route                   -- "recorded clip" | "eager clip" | "eager"
+
+Segments of one call with n == batch images, once recorded:
+  host   : batch -> fixed staging (CPU copies; pinned memory on CUDA)
+  eager  : staging -> device (u8 images, f32/u8 targets: one async memcpy each)
+  FB     : graph  — u8 -> activations (/255), forward, loss, loss backward
+                    (seed x loss scale), model backward (+= into the flat
+                    gradients), running losses += items
+  at an optimizer step (do_opt):
+  eager  : parameter-block upload (host staging -> device)
+  route "eager clip":  [OPT_A graph: fp16 unscale] -> eager clip -> OPT_B graph
+  route "recorded clip": OPT graph = unscale, clip, step, update, zero_grad, EMA
+  OPT_B  : graph  — optimizer step (skipped on the device when found_inf),
+                    scaler update, zero_grad, EMA update
+Before every replay the contract is checked (counters; the field-by-field
+check only when one moved). The first calls (warm-up), a short batch
+(n < batch), and every call after a second drift run the eager segments, in
+the same order with the same kernels, so both routes give the same bits.
+]]
+local lucid = require "lucid"
+local step_mod = require "lucid.step"
+
+local M = {}
+local RS = {}
+RS.__index = RS
+
+-- ------------------------------------------------------------- recorders
+-- A recorder turns a segment function into a replayable graph. The real one
+-- captures the CUDA work the function queues (nothing runs during the
+-- capture; launch runs it). Tests on the CPU pass a fake whose graph calls
+-- the function again on launch: record + launch is one execution either
+-- way, so the state machine is the same code on both.
+
+local function real_recorder()
+  local G = lucid.graph
+  local R = {}
+  function R.available(ctx) return G ~= nil and G.available(ctx) end
+  function R.record(ctx, fn)
+    G.capture_begin(ctx)
+    local ok, err = pcall(fn)
+    if not ok then
+      pcall(G.capture_discard, ctx)
+      error(err, 0)
+    end
+    local ok2, g = pcall(G.capture_end, ctx)
+    if not ok2 then
+      pcall(G.capture_discard, ctx)
+      error(g, 0)
+    end
+    return g
+  end
+  function R.refs(set, modules) return G.Refs(set, modules) end
+  function R.event(ctx) return G.Event(ctx) end
+  R.clock = G and G.clock or lucid.wall_time
+  return R
+end
+
+--- A recorder for CPU tests: graphs are Lua closures (launch runs the
+-- segment again), refs are the real C reference sets (lucid.graph.Refs).
+function M.fake_recorder()
+  local G = lucid.graph
+  local R = { recorded = 0, launched = 0 }
+  function R.available() return true end
+  function R.record(_, fn)
+    R.recorded = R.recorded + 1
+    return { launch = function() R.launched = R.launched + 1; fn() end, free = function() end }
+  end
+  function R.refs(set, modules) return G.Refs(set, modules) end
+  function R.event() return { record = function() end, synchronize = function() end, free = function() end } end
+  R.clock = G and G.clock or lucid.wall_time
+  return R
+end
+
+-- --------------------------------------------------------------- helpers
+
+-- Every C module of a Lua module tree (children and hidden helpers), and
+-- every Lua module whose forward/backward is an instance override.
+local function collect(model)
+  local cmods, custom, classes, seen = {}, {}, {}, {}
+  local function visit(m)
+    if seen[m] then return end
+    seen[m] = true
+    if m._c then cmods[#cmods + 1] = m._c end
+    if rawget(m, "forward") ~= nil or rawget(m, "backward") ~= nil then custom[#custom + 1] = m end
+    local cls = getmetatable(m)
+    if cls and not classes[cls] then classes[cls] = true end
+    for _, e in ipairs(m._modules or {}) do visit(e.module) end
+    for _, h in ipairs(m._hidden or {}) do visit(h) end
+  end
+  visit(model)
+  local cl = {}
+  for cls in pairs(classes) do cl[#cl + 1] = { cls = cls, fwd = cls.forward, bwd = cls.backward } end
+  return cmods, custom, cl
+end
+
+local function clip_policy(clip)
+  clip = clip or {}
+  return { max_norm = clip.max_norm, value = clip.value, fn = clip.fn,
+    capture = clip.capture_gradient_norm and true or false }
+end
+
+local function same_policy(a, b)
+  return a.max_norm == b.max_norm and a.value == b.value and a.fn == b.fn and a.capture == b.capture
+end
+
+-- ------------------------------------------------------------------ new
+
+--- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
+-- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
+-- accumulate, record_losses, trainer) plus warmup (eager calls before
+-- recording, default 3), recorder (tests), log (function(line): where the
+-- route is reported once; default stderr).
+function M.new(o)
+  local self = setmetatable({}, RS)
+  local eo = {}
+  for k, v in pairs(o) do eo[k] = v end
+  eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
+  self.eager = step_mod.new(eo)
+  -- every step's loss items (cfg.record_losses): one list for both routes
+  self.recorded_losses = self.eager.recorded_losses
+  self.model, self.optimizer, self.ema, self.scaler = o.model, o.optimizer, o.ema, o.scaler
+  self.ctx, self.batch, self.trainer = o.ctx, o.batch, o.trainer
+  self.clip = o.clip or {}
+  self.policy = clip_policy(self.clip)
+  self.warmup = o.warmup or 3
+  self.log = o.log or function(line) io.stderr:write(line, "\n") end
+  self.recorder = o.recorder or real_recorder()
+  self.recorded, self.replays, self.retirements = 0, 0, 0
+  self.last_retire_reason = nil
+  self.calls = 0          -- calls with n == batch since the last (re)start
+  self.opt_warm = 0       -- eager optimizer segments run since then
+  self.check_s, self.checks = 0, 0
+  self.full_checks, self.restored = 0, 0
+  self.graphs = {}
+  local device = o.ctx:device()
+  if device:sub(1, 4) ~= "cuda" and not o.recorder then
+    self.route, self.eager_reason = "eager", "no CUDA"
+  elseif not self.recorder.available(o.ctx) then
+    self.route, self.eager_reason = "eager", "CUDA graphs unavailable in this build"
+  else
+    self.route = self:_clip_route()
+  end
+  self:_say()
+  return self
+end
+
+-- "recorded clip" when capture_gradient_norm is honoured, else "eager clip".
+function RS:_clip_route()
+  local p = self.policy
+  if not p.capture then return "eager clip" end
+  local why
+  if p.value then why = "value clipping"
+  elseif p.fn then why = "a user clipping function"
+  elseif not self.trainer then why = "the optimizer is not driven by a Trainer"
+  end
+  if why then
+    self.capture_refused = "capture_gradient_norm ignored: " .. why
+    return "eager clip"
+  end
+  return "recorded clip"
+end
+
+function RS:_say()
+  if self._said == self.route then return end
+  self._said = self.route
+  local msg = "recorded step: route " .. self.route
+  if self.eager_reason then msg = msg .. " (" .. self.eager_reason .. ")" end
+  if self.capture_refused then msg = msg .. "; " .. self.capture_refused end
+  self.log(msg)
+end
+
+-- ------------------------------------------------------------- segments
+
+-- Fixed staging (host) buffers and the device u8 image buffer, for n ==
+-- batch (created on the first call).
+function RS:_staging(batch)
+  local s = self.stage
+  if s then return s end
+  local ctx, P = self.ctx, lucid.graph.pinned
+  local function like(t) return P(t:shape(), t:dtype(), ctx) end
+  s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
+    mask = like(batch.mask) }
+  s.dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
+  s.numel = { batch.images:numel(), batch.cls:numel(), batch.kpts:numel(), batch.mask:numel() }
+  self.stage = s
+  return s
+end
+
+-- host: loader batch -> staging, once the previous step's uploads are done.
+function RS:_stage(batch)
+  local s = self:_staging(batch)
+  if self.ev_in then self.ev_in:synchronize() end
+  s.images:copy_(batch.images)
+  s.cls:copy_(batch.cls)
+  s.boxes:copy_(batch.boxes)
+  s.kpts:copy_(batch.kpts)
+  s.mask:copy_(batch.mask)
+  return s
+end
+
+-- eager: staging -> device buffers (async memcpys), then an event.
+function RS:_h2d(b)
+  local s = self.stage
+  s.dev_images:copy_(s.images)
+  b.tg.cls:copy_(s.cls)
+  b.tg.boxes:copy_(s.boxes)
+  b.tg.kpts:copy_(s.kpts)
+  b.tg.mask:copy_(s.mask)
+  if not self.ev_in then self.ev_in = self.recorder.event(self.ctx) end
+  self.ev_in:record()
+end
+
+-- FB: the compute part of lucid.step's run (keep the two in step).
+function RS:_fb(b)
+  local e = self.eager
+  b.x:copy_(self.stage.dev_images)
+  b.x:mul_(1 / 255)
+  local model = self.model
+  local out = model:forward(b.x)
+  local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
+  local gs
+  if e.scaler then
+    b.scale:fill_(1)
+    e.scaler:scale(b.scale)
+    gs = b.scale
+  end
+  local gb, gc, gk = b.crit:backward(gs)
+  model:backward(b.x, { boxes = gb, scores = gc, kpts = gk })
+  e.running:add_(items)
+  b.items = items
+end
+
+-- The optimizer segment of lucid.step (optimizer_step), in three parts.
+function RS:_opt_a()
+  if self.scaler then self.scaler:unscale_(self.optimizer) end
+end
+
+function RS:_clip()
+  local clip, opt = self.clip, self.optimizer
+  if clip.fn then clip.fn(opt) end
+  if clip.max_norm then lucid.optim.clip_grad_norm(opt, clip.max_norm) end
+  if clip.value then lucid.optim.clip_grad_value(opt, clip.value) end
+end
+
+function RS:_opt_b()
+  local opt, scaler = self.optimizer, self.scaler
+  if scaler then
+    scaler:step(opt)
+    scaler:update()
+  else
+    opt:step()
+  end
+  opt:zero_grad()
+  self.ema:update()
+end
+
+-- Host bookkeeping of one call (what lucid.step's run counts).
+function RS:_count(b, do_opt)
+  local e = self.eager
+  e.nrun = e.nrun + 1
+  e.steps = e.steps + 1
+  if do_opt then e.opt_steps = e.opt_steps + 1 end
+  local l = self.recorded_losses
+  if l then l[#l + 1] = b.items:clone() end
+end
+
+-- --------------------------------------------------------------- contract
+
+-- What the recording baked in, on the Lua side (the C side is self.refs).
+function RS:_snapshot(b)
+  local model = self.model
+  local cmods, custom, classes = collect(model)
+  local c = {
+    model_version = model.contract_version and model:contract_version() or 0,
+    mode_version = model.mode_version and model:mode_version() or 0, training = model.training,
+    ema_decay = self.ema.decay, ema_tau = self.ema.tau,
+    policy = clip_policy(self.clip), clip = self.clip, scaler = self.scaler, ctx = self.ctx,
+    custom = {}, classes = classes, numel = self.stage.numel,
+  }
+  for i, m in ipairs(custom) do
+    c.custom[i] = { m = m, fwd = rawget(m, "forward"), bwd = rawget(m, "backward") }
+  end
+  self.contract = c
+  self.cmods = cmods
+  self.buffers = b -- the eager step's buffers for n == batch stay alive with it
+end
+
+-- nil when the recording may replay for this batch, else the reason.
+function RS:_check(batch)
+  local c = self.contract
+  local model = self.model
+  if model.contract_version and model:contract_version() ~= c.model_version then
+    return model._contract_reason or "model contract version moved"
+  end
+  if model.mode_version and model:mode_version() ~= c.mode_version then
+    -- switched and maybe back (validation): compare, then refresh
+    if model.training ~= c.training then
+      return "model mode " .. (c.training and "train -> eval" or "eval -> train")
+    end
+    c.mode_version = model:mode_version()
+  end
+  local n = c.numel
+  if batch.images:numel() ~= n[1] or batch.cls:numel() ~= n[2] or batch.kpts:numel() ~= n[3]
+    or batch.mask:numel() ~= n[4] then
+    return "input shapes changed"
+  end
+  if self.clip ~= c.clip or not same_policy(clip_policy(self.clip), c.policy) then
+    return "clipping policy changed"
+  end
+  if self.scaler ~= c.scaler then return "precision policy changed" end
+  local ema = self.ema
+  if ema.decay ~= c.ema_decay or ema.tau ~= c.ema_tau then return "EMA decay/tau changed" end
+  for _, k in ipairs(c.classes) do
+    if k.cls.forward ~= k.fwd or k.cls.backward ~= k.bwd then
+      return "forward/backward of class " .. tostring(k.cls.__name) .. " replaced"
+    end
+  end
+  for _, k in ipairs(c.custom) do -- custom modules: checked every time
+    if rawget(k.m, "forward") ~= k.fwd or rawget(k.m, "backward") ~= k.bwd then
+      return "a module's custom forward was replaced"
+    end
+  end
+  local why, full = self.refs:check()
+  if full then self.full_checks = self.full_checks + 1 end
+  return why
+end
+
+-- ---------------------------------------------------------- lifecycle
+
+-- Drop the graphs and references of the current recording (not a
+-- retirement: release_recording / release / failure paths use it too).
+function RS:_drop()
+  for k, g in pairs(self.graphs) do
+    pcall(g.free, g)
+    self.graphs[k] = nil
+  end
+  if self.refs then pcall(self.refs.free, self.refs) end
+  self.refs, self.contract, self.cmods, self.buffers = nil, nil, nil, nil
+  if self.model._recordings then self.model._recordings[self] = nil end
+end
+
+--- step:retire(reason) — drop the recording. The first retirement of a
+-- fit re-records after a new warm-up; the second keeps the eager route for
+-- the rest of the fit.
+function RS:retire(reason)
+  reason = reason or "retired by the caller"
+  self:_drop()
+  self.retirements = self.retirements + 1
+  self.last_retire_reason = reason
+  self.calls, self.opt_warm = 0, 0
+  if self.route ~= "eager" then
+    self.policy = clip_policy(self.clip)
+    self.capture_refused = nil
+    self.route = self:_clip_route()
+  end
+  if self.retirements >= 2 and self.route ~= "eager" then
+    self.route, self.eager_reason = "eager", "second contract drift: " .. reason
+  end
+  self.log(string.format("recorded step: retired (%s)%s", reason,
+    self.route == "eager" and "; eager route for the rest of the fit" or "; will re-record"))
+  self:_say()
+end
+
+--- Release the recording because its model was copied (Model:release_recordings).
+function RS:release_recording(reason)
+  self:_drop()
+  self.last_release_reason = reason
+  self.calls, self.opt_warm = 0, 0
+end
+
+-- A failure while warming up or recording: eager route, nothing recorded
+-- kept, the original error re-raised unchanged.
+function RS:_fail(err, phase)
+  pcall(self._drop, self)
+  pcall(function() lucid.graph.capture_discard(self.ctx) end)
+  self.route = "eager"
+  self.eager_reason = phase .. " failed: " .. tostring(err)
+  pcall(self._say, self)
+  error(err, 0)
+end
+
+-- Record segment `name` (fn queues its work) and run it once.
+function RS:_record(name, fn)
+  -- a clean parameter block: no upload (from host memory the host keeps
+  -- rewriting) ends up inside a graph
+  local ok, g = pcall(self.optimizer.upload, self.optimizer)
+  if ok then ok, g = pcall(self.recorder.record, self.ctx, fn) end
+  if not ok then self:_fail(g, "recording " .. name) end
+  self.graphs[name] = g
+  self.recorded = self.recorded + 1
+  g:launch()
+end
+
+function RS:_launch(name)
+  self.graphs[name]:launch()
+end
+
+-- ------------------------------------------------------------------ run
+
+--- step:run(batch, do_opt): one training step (see the file comment).
+function RS:run(batch, do_opt)
+  local e = self.eager
+  if self.route == "eager" or batch.n ~= self.batch then
+    -- eager route, or a short last batch (its own buffers and loss plan)
+    return e:run(batch, do_opt)
+  end
+  self.calls = self.calls + 1
+  if self.calls <= self.warmup then
+    return self:_run_warm(batch, do_opt)
+  end
+  local b = e:_bufs(self.batch)
+  if self.graphs.fb then
+    local t0 = self.recorder.clock()
+    local why = self:_check(batch)
+    self.check_s = self.check_s + (self.recorder.clock() - t0)
+    self.checks = self.checks + 1
+    if why then
+      self:retire(why)
+      if self.route == "eager" then return self:run(batch, do_opt) end
+      self.calls = 1
+      return self:_run_warm(batch, do_opt)
+    end
+    self.restored = self.restored + self.refs:restore()
+  end
+  self:_stage(batch)
+  self:_h2d(b)
+  if self.graphs.fb then
+    self:_launch("fb")
+    self.replays = self.replays + 1
+  else
+    self:_record("fb", function() self:_fb(b) end)
+    local ok, err = pcall(function()
+      self:_snapshot(b)
+      self.refs = self.recorder.refs(self.model.params, self.cmods)
+    end)
+    if not ok then self:_fail(err, "recording fb") end
+    self.model._recordings = self.model._recordings or setmetatable({}, { __mode = "k" })
+    self.model._recordings[self] = true
+  end
+  if do_opt then self:_opt(true) end
+  self:_count(b, do_opt)
+end
+
+-- A warm-up call: the recorded route's segments, eagerly.
+function RS:_run_warm(batch, do_opt)
+  local b = self.eager:_bufs(self.batch)
+  local ok, err = pcall(function()
+    self:_stage(batch)
+    self:_h2d(b)
+    self:_fb(b)
+    if do_opt then self:_opt(false) end
+  end)
+  if not ok then self:_fail(err, "warm-up") end
+  self:_count(b, do_opt)
+end
+
+-- The optimizer segments; recorded/replayed when `replay` and the optimizer
+-- segment has been warmed up eagerly at least once.
+function RS:_opt(replay)
+  if not replay or self.opt_warm < 1 then
+    self:_opt_a()
+    self:_clip()
+    self:_opt_b()
+    self.opt_warm = self.opt_warm + 1
+    return
+  end
+  local opt = self.optimizer
+  opt:upload() -- staging -> device block, eagerly: the schedule moves freely
+  if not self.ev_up then self.ev_up = self.recorder.event(self.ctx) end
+  self.ev_up:record()
+  local G = self.graphs
+  if self.route == "recorded clip" then
+    if G.opt then
+      self:_launch("opt")
+      self.replays = self.replays + 1
+    else
+      self:_record("opt", function() self:_opt_a(); self:_clip(); self:_opt_b() end)
+    end
+  else
+    if self.scaler then
+      if G.opt_a then self:_launch("opt_a") else self:_record("opt_a", function() self:_opt_a() end) end
+    end
+    self:_clip()
+    if G.opt_b then
+      self:_launch("opt_b")
+      self.replays = self.replays + 1
+    else
+      self:_record("opt_b", function() self:_opt_b() end)
+    end
+  end
+  -- the host may write the next step's hyperparameters into the staging
+  -- copy once this step's upload has been read
+  self.ev_up:synchronize()
+end
+
+-- ---------------------------------------------------- eager-step interface
+
+function RS:reset_running() self.eager:reset_running() end
+function RS:running_losses() return self.eager:running_losses() end
+function RS:predict(vb) return self.eager:predict(vb) end
+
+--- Counters and timings (goes into the fit results as results.step).
+function RS:stats()
+  local e = self.eager
+  return {
+    steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
+    recorded = self.recorded, replays = self.replays, retirements = self.retirements,
+    last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
+    contract_checks = self.checks, full_checks = self.full_checks, buffers_restored = self.restored,
+    contract_check_us = self.checks > 0 and 1e6 * self.check_s / self.checks or nil,
+  }
+end
+
+--- Release everything: graphs, references, staging, events, the eager
+-- step's buffers. Safe to call twice.
+function RS:release()
+  self:_drop()
+  for _, k in ipairs({ "ev_in", "ev_up" }) do
+    if self[k] then pcall(self[k].free, self[k]); self[k] = nil end
+  end
+  if self.stage then
+    for _, t in pairs(self.stage) do if type(t) ~= "table" then pcall(t.free, t) end end
+    self.stage = nil
+  end
+  if not self.released then
+    self.released = true
+    self.eager:release()
+  end
+end
+
+return M

@@ -1,0 +1,177 @@
+-- step_spec.lua — the recorded step (lua/lucid/recorded_step.lua) on the
+-- CPU: the visible eager fallback ("no CUDA"), and the state machine and
+-- contract checks with a fake recorder (graphs are Lua closures; the C
+-- reference sets and counters are the real ones). The CUDA graphs
+-- themselves: spec/step_gpu_spec.lua (#gpu).
+package.path = "spec/support/?.lua;" .. package.path
+local lucid = require "lucid"
+local H = require "step_harness"
+local RS = require "lucid.recorded_step"
+
+local S, B = 64, 2
+
+local function pair(opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local eager = H.stack(o)
+  o.recorded, o.recorder = true, o.recorder or RS.fake_recorder()
+  o.trainer = o.trainer or {}
+  local logs = {}
+  o.log = function(l) logs[#logs + 1] = l end
+  local rec = H.stack(o)
+  rec.logs, rec.recorder = logs, o.recorder
+  return eager, rec
+end
+
+local function both(e, r, batch, do_opt)
+  e.step:run(batch, do_opt)
+  r.step:run(batch, do_opt)
+end
+
+describe("recorded step on the CPU", function()
+  it("falls back to the eager route visibly: route eager, reason 'no CUDA'", function()
+    local logs = {}
+    local st = H.stack{ recorded = true, B = B, S = S, log = function(l) logs[#logs + 1] = l end }
+    assert.are.equal("eager", st.step.route)
+    assert.are.equal("no CUDA", st.step:stats().eager_reason)
+    assert.matches("route eager %(no CUDA%)", logs[1])
+    local eager = H.stack{ B = B, S = S }
+    for i = 1, 3 do
+      local bt = H.batch(B, S, i)
+      eager.step:run(bt, i % 2 == 0)
+      st.step:run(bt, i % 2 == 0)
+    end
+    assert.are.equal(0, st.step.recorded)
+    H.same(eager, st, "eager fallback")
+    st.step:release()
+    eager.step:release()
+  end)
+end)
+
+describe("recorded step state machine (fake recorder)", function()
+  it("warms up, records FB and OPT once, replays, and stays identical to eager", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    assert.are.equal("eager clip", r.step.route)
+    for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 2 == 0) end
+    local s = r.step:stats()
+    assert.are.equal(2, s.recorded)           -- fb, opt_b
+    assert.is_true(s.replays >= 4)
+    assert.are.equal(0, s.retirements)
+    assert.is_true(s.contract_check_us ~= nil)
+    assert.are.equal(6, s.steps)
+    assert.are.equal(3, s.opt_steps)
+    H.same(e, r, "after 6 steps")
+    r.step:release(); e.step:release()
+  end)
+
+  it("records the clip with capture_gradient_norm (Trainer-driven) and refuses it for value clipping", function()
+    local e, r = pair{ B = B, S = S, clip = { max_norm = 0.5, capture_gradient_norm = true } }
+    assert.are.equal("recorded clip", r.step.route)
+    for i = 1, 6 do both(e, r, H.batch(B, S, i), true) end
+    H.same(e, r, "recorded clip")
+    assert.are.equal(2, r.step.recorded) -- fb, opt
+    local _, r2 = pair{ B = B, S = S, clip = { max_norm = 1, value = 0.1, capture_gradient_norm = true } }
+    assert.are.equal("eager clip", r2.step.route)
+    assert.matches("value clipping", r2.logs[1])
+    local _, r3 = pair{ B = B, S = S, clip = { max_norm = 1, capture_gradient_norm = true }, trainer = false }
+    r3.step.trainer = nil
+    r.step:release(); e.step:release(); r2.step:release()
+  end)
+
+  it("runs the short last batch eagerly and stays identical", function()
+    local e, r = pair{ B = B, S = S }
+    for i = 1, 4 do both(e, r, H.batch(B, S, i), true) end
+    both(e, r, H.batch(B, S, 9, 1), true)           -- n = 1 < B
+    for i = 5, 7 do both(e, r, H.batch(B, S, i), true) end
+    assert.are.equal(0, r.step.retirements)
+    assert.is_true(r.step:stats().buffers_restored > 0) -- modules got their recorded buffers back
+    H.same(e, r, "short batch")
+    r.step:release(); e.step:release()
+  end)
+
+  it("a mode switch and back (validation) does not retire; a frozen layer retires once", function()
+    local e, r = pair{ B = B, S = S }
+    for i = 1, 4 do both(e, r, H.batch(B, S, i), true) end
+    for _, st in ipairs({ e, r }) do st.model:eval(); st.model:train() end
+    both(e, r, H.batch(B, S, 5), true)
+    assert.are.equal(0, r.step.retirements)
+    assert.is_true(r.step:stats().full_checks >= 1)
+    -- freeze a layer (FB-only steps: the optimizer refuses a changed layout)
+    for _, st in ipairs({ e, r }) do st.model.params:find("model.0.conv.weight").trainable = false end
+    for i = 6, 9 do both(e, r, H.batch(B, S, i), false) end
+    assert.are.equal(1, r.step.retirements)
+    assert.matches("trainable 1 %-> 0", r.step.last_retire_reason)
+    assert.are_not.equal("eager", r.step.route)       -- re-recorded
+    H.same(e, r, "after freezing")
+    r.step:release(); e.step:release()
+  end)
+
+  it("retires once per drift, then keeps the eager route (mode, parameter, clip policy, input shape)", function()
+    local e, r = pair{ B = B, S = S }
+    for i = 1, 4 do both(e, r, H.batch(B, S, i), true) end
+    -- 1: a module's mode changes and stays
+    for _, st in ipairs({ e, r }) do st.model.layers[2].module.bn:train(false) end
+    for i = 5, 8 do both(e, r, H.batch(B, S, i), true) end
+    assert.are.equal(1, r.step.retirements)
+    assert.matches("mode train %-> eval", r.step.last_retire_reason)
+    -- 2: a parameter tensor is replaced (as a host program could)
+    for _, st in ipairs({ e, r }) do lucid.graph._test_replace_param(st.model.params, "model.10.m.0.attn.qkv.conv.weight") end
+    both(e, r, H.batch(B, S, 9), false)
+    assert.are.equal(2, r.step.retirements)
+    assert.matches("tensor replaced", r.step.last_retire_reason)
+    assert.are.equal("eager", r.step.route)
+    assert.matches("second contract drift", r.step:stats().eager_reason)
+    local n = r.recorder.recorded
+    for i = 10, 12 do both(e, r, H.batch(B, S, i), false) end
+    assert.are.equal(n, r.recorder.recorded)        -- nothing recorded any more
+    H.same(e, r, "after two drifts")
+    r.step:release(); e.step:release()
+  end)
+
+  it("clip policy and input shape changes retire; bump_version and replace_forward retire", function()
+    local _, r = pair{ B = B, S = S }
+    for i = 1, 4 do r.step:run(H.batch(B, S, i), true) end
+    r.step.clip = { max_norm = 1.0 }
+    r.step:run(H.batch(B, S, 5), true)
+    assert.are.equal("clipping policy changed", r.step.last_retire_reason)
+    local _, r2 = pair{ B = B, S = S }
+    for i = 1, 4 do r2.step:run(H.batch(B, S, i), true) end
+    r2.model:bump_version("a hook was added")
+    r2.step:run(H.batch(B, S, 5), true)
+    assert.are.equal("a hook was added", r2.step.last_retire_reason)
+    for i = 6, 8 do r2.step:run(H.batch(B, S, i), true) end
+    local m = r2.model.layers[3].module
+    r2.model:replace_forward(m, m.forward)
+    r2.step:run(H.batch(B, S, 9), true)
+    assert.are.equal(2, r2.step.retirements)
+    assert.are.equal("eager", r2.step.route)
+    r.step:release(); r2.step:release()
+  end)
+
+  it("a failure during recording leaves the eager route and re-raises the original error", function()
+    local sentinel = setmetatable({}, { __tostring = function() return "boom" end })
+    local fake = RS.fake_recorder()
+    fake.record = function() error(sentinel) end
+    local _, r = pair{ B = B, S = S, recorder = fake }
+    for i = 1, 2 do r.step:run(H.batch(B, S, i), true) end
+    local ok, err = pcall(r.step.run, r.step, H.batch(B, S, 3), true)
+    assert.is_false(ok)
+    assert.are.equal(sentinel, err)
+    assert.are.equal("eager", r.step.route)
+    assert.matches("recording fb failed", r.step:stats().eager_reason)
+    r.step:run(H.batch(B, S, 4), true) -- carries on eagerly
+    r.step:release()
+  end)
+
+  it("model:release_recordings() drops the recording (model copy); release is idempotent", function()
+    local _, r = pair{ B = B, S = S }
+    for i = 1, 4 do r.step:run(H.batch(B, S, i), true) end
+    assert.is_truthy(r.step.refs)
+    assert.are.equal(1, r.model:release_recordings())
+    assert.is_nil(r.step.refs)
+    assert.are.equal("model copied", r.step.last_release_reason)
+    r.step:run(H.batch(B, S, 5), true) -- warms up again
+    r.step:release()
+    r.step:release()
+  end)
+end)

@@ -1,0 +1,125 @@
+-- step_harness.lua — builds matched (model, optimizer, EMA, scaler, step)
+-- stacks for the recorded-step specs (spec/step_spec.lua on the CPU with a
+-- fake recorder, spec/step_gpu_spec.lua on CUDA), synthetic batches, and
+-- byte-exact comparisons of every tensor of a stack.
+local lucid = require "lucid"
+local step_mod = require "lucid.step"
+local RS = require "lucid.recorded_step"
+
+local H = {}
+
+H.G, H.K = 8, 17
+
+--- A synthetic loader batch of b images (n of them real), deterministic in
+-- `seed`: u8 images, boxes/keypoints in pixels, 1..3 instances per image.
+function H.batch(b, S, seed, n)
+  n = n or b
+  local G, K = H.G, H.K
+  local images = lucid.zeros({ b, 3, S, S }, { device = "cpu", dtype = "u8" })
+  local cls = lucid.zeros({ b, G }, { device = "cpu" })
+  local boxes = lucid.zeros({ b, G, 4 }, { device = "cpu" })
+  local kpts = lucid.zeros({ b, G, K, 3 }, { device = "cpu" })
+  local mask = lucid.zeros({ b, G }, { device = "cpu", dtype = "u8" })
+  -- a cheap LCG so the bytes depend on seed only
+  local state = seed * 2654435761 % 4294967296
+  local function rnd()
+    state = (1103515245 * state + 12345) % 2147483648
+    return state / 2147483648
+  end
+  local img = {}
+  for i = 1, b * 3 * S * S do img[i] = math.floor(rnd() * 256) end
+  images:copy_(lucid.tensor(img, { dtype = "f32" }):view({ b, 3, S, S }))
+  local bx, kp, mk = {}, {}, {}
+  for i = 1, b do
+    local m = (i <= n) and (1 + math.floor(rnd() * 3)) or 0
+    for g = 1, G do
+      local on = g <= m
+      mk[#mk + 1] = on and 1 or 0
+      local w, h = 8 + rnd() * S / 3, 8 + rnd() * S / 3
+      local x1, y1 = rnd() * (S - w), rnd() * (S - h)
+      for _, v in ipairs({ x1, y1, x1 + w, y1 + h }) do bx[#bx + 1] = on and v or 0 end
+      for _ = 1, K do
+        kp[#kp + 1] = on and (x1 + rnd() * w) or 0
+        kp[#kp + 1] = on and (y1 + rnd() * h) or 0
+        kp[#kp + 1] = on and ((rnd() < 0.7) and 2 or 0) or 0
+      end
+    end
+  end
+  boxes:copy_(lucid.tensor(bx):view({ b, G, 4 }))
+  kpts:copy_(lucid.tensor(kp):view({ b, G, K, 3 }))
+  mask:copy_(lucid.tensor(mk, { dtype = "f32" }):view({ b, G }))
+  return { n = n, images = images, cls = cls, boxes = boxes, kpts = kpts, mask = mask, overflow = 0, max_count = 3 }
+end
+
+--- A fresh stack on `device` ("cpu" | "cuda"): o.recorded (use the recorded
+-- step), o.recorder (fake recorder), o.precision ("fp32" | "bf16" | "fp16"),
+-- o.clip, o.B, o.S, o.warmup, o.trainer (non-nil: Trainer-driven).
+function H.stack(o)
+  local ctx = lucid.Context{ device = o.device or "cpu", seed = 7 }
+  local model = require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { H.K, 3 }, ctx = ctx,
+    device = ctx:device() }
+  local opt = lucid.optim.build{ model = model, name = o.optimizer or "SGD", lr0 = 0.01, momentum = 0.9,
+    decay = 5e-4, iterations = 100, nc = 1 }
+  local ema = lucid.EMA{ model = model, decay = 0.9999, tau = 2000, block = opt }
+  local scaler
+  if o.precision == "fp16" then scaler = lucid.amp.GradScaler{ optimizer = opt } end
+  local act = ({ fp32 = "f32", bf16 = "bf16", fp16 = "f16" })[o.precision or "fp32"]
+  local so = { model = model, optimizer = opt, ema = ema, scaler = scaler, ctx = ctx, batch = o.B or 2,
+    imgsz = o.S or 64, max_gt = H.G, nc = 1, nkpt = H.K, act_dtype = act, clip = o.clip or { max_norm = 10.0 },
+    accumulate = 1, trainer = o.trainer, record_losses = true, record = true }
+  local step
+  if o.recorded then
+    so.record = nil
+    so.warmup = o.warmup or 2
+    so.recorder = o.recorder
+    so.log = o.log or function() end
+    step = RS.new(so)
+  else
+    so.record_losses = nil
+    step = step_mod.new(so)
+  end
+  model:train()
+  return { ctx = ctx, model = model, opt = opt, ema = ema, scaler = scaler, step = step }
+end
+
+-- A host f64 copy of a tensor (compared element-wise; NaN never equals).
+local function host(t) return t:to("cpu"):to("f64"):contiguous() end
+H.host = host
+
+--- Every tensor of a stack that must match: parameters, gradients,
+-- buffers, optimizer state, EMA (params and buffers), and every loss.
+function H.state(st)
+  local out = {}
+  local set = st.model.params
+  out.params = host(set:flat_params())
+  out.grads = host(set:flat_grads())
+  for i = 1, set:count() do
+    local p = set:get(i)
+    if p.kind == "buffer" then out["buf." .. p.name] = host(p:data()) end
+  end
+  for k, t in pairs(st.opt:state_tensors()) do out["opt." .. k] = host(t) end
+  out.ema = host(st.ema:flat())
+  local eb = st.ema:flat("buffers")
+  if eb then out.ema_buffers = host(eb) end
+  for i, t in ipairs(st.step.recorded_losses or {}) do out["loss" .. i] = host(t) end
+  return out
+end
+
+--- Assert two stacks hold the same bytes everywhere.
+function H.same(a, b, what)
+  local sa, sb = H.state(a), H.state(b)
+  local n = 0
+  for k, v in pairs(sa) do
+    local w = sb[k]
+    if not w then error(string.format("%s: %s missing on one route", what or "state", k), 2) end
+    local d = (v - w):abs():max():item()
+    if d ~= 0 then error(string.format("%s: %s differs between the routes (max |diff| %g)", what or "state", k, d), 2) end
+    n = n + 1
+  end
+  for k in pairs(sb) do
+    if not sa[k] then error(string.format("%s: %s missing on one route", what or "state", k), 2) end
+  end
+  return n
+end
+
+return H
