@@ -24,6 +24,8 @@
  *     LUCID_OPTIM_CHUNK elements.
  */
 #include "common.cuh"
+#include <stdlib.h>
+#include <string.h>
 #include "train/optim_backend.h"
 
 #define T LUCID_OPTIM_THREADS
@@ -454,8 +456,32 @@ static lucid_status cu_ema(lucid_ctx *ctx, const lucid_param_layout *l, lucid_pa
     return LUCID_OK;
 }
 
+/* Host -> device copy of a parameter block (a few hundred bytes).
+ * Asynchronous copies from the pinned staging copy would read it when the
+ * stream reaches them, so a host that rewrites the staging for the next
+ * step (warmup changes lr every iteration) before the GPU got there would
+ * race. Outside a graph capture the source is therefore first copied into
+ * pageable memory: cudaMemcpyAsync from pageable memory has consumed its
+ * source when it returns (staged or synchronous; CUDA runtime "API
+ * synchronization behavior"), so the staging is free to change at once.
+ * While capturing, the graph's copy node reads the pinned staging when it
+ * replays (the recorded step uploads eagerly and waits on an event). */
 static lucid_status cu_h2d(lucid_ctx *ctx, void *dst, const void *src, size_t n, int async) {
     CUDA_ENTER(ctx, st);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cap));
+    if (async && cap == cudaStreamCaptureStatusNone) {
+        void *bounce = malloc(n ? n : 1);
+        if (!bounce)
+            return lucid_seterr(ctx, LUCID_ERR_OOM, "parameter block upload: out of host memory (%zu bytes)", n);
+        memcpy(bounce, src, n);
+        cudaError_t e = cudaMemcpyAsync(dst, bounce, n, cudaMemcpyHostToDevice, st->stream);
+        free(bounce);
+        if (e != cudaSuccess)
+            return lucid_seterr(ctx, LUCID_ERR_DEVICE, "cudaMemcpyAsync (parameter block upload, %zu bytes): %s",
+                                n, cudaGetErrorString(e));
+        return LUCID_OK;
+    }
     CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st->stream));
     if (!async) CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
     return LUCID_OK;
