@@ -254,3 +254,81 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
     }
     return n;
 }
+
+/* ----------------------------------------------------------------- options */
+
+void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
+                             const char *what) {
+    if (idx < 0 && idx > LUA_REGISTRYINDEX) idx = lua_gettop(L) + idx + 1;
+    if (!lua_istable(L, idx)) return;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int ok = 0;
+        for (int i = 0; k && keys[i]; i++)
+            if (strcmp(k, keys[i]) == 0) ok = 1;
+        if (!ok) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            for (int i = 0; keys[i]; i++) {
+                if (i) luaL_addstring(&b, ", ");
+                luaL_addstring(&b, keys[i]);
+            }
+            luaL_pushresult(&b);
+            luaL_error(L, "%s: unknown option '%s' (expected one of %s)", what,
+                       k ? k : luaL_typename(L, -2), lua_tostring(L, -1));
+        }
+    }
+}
+
+double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,
+                            const char *what) {
+    if (!lua_istable(L, idx)) return def;
+    lua_getfield(L, idx, key);
+    double v = def;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "%s: option '%s': expected a number, got %s", what, key,
+                       luaL_typename(L, -1));
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+int lucid_lua_opt_boolean(lua_State *L, int idx, const char *key, int def,
+                          const char *what) {
+    if (!lua_istable(L, idx)) return def;
+    lua_getfield(L, idx, key);
+    int v = def;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TBOOLEAN)
+            luaL_error(L, "%s: option '%s': expected a boolean, got %s", what, key,
+                       luaL_typename(L, -1));
+        v = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+void lucid_lua_register_class(lua_State *L, const char *name,
+                              const luaL_Reg *methods, lua_CFunction gc,
+                              lua_CFunction tostring) {
+    if (luaL_newmetatable(L, name)) {
+        lua_newtable(L);
+        luaL_register(L, NULL, methods);
+        lua_setfield(L, -2, "__index");
+        if (gc) {
+            lua_pushcfunction(L, gc);
+            lua_setfield(L, -2, "__gc");
+        }
+        if (tostring) {
+            lua_pushcfunction(L, tostring);
+            lua_setfield(L, -2, "__tostring");
+        }
+        lua_pushstring(L, name);
+        lua_setfield(L, -2, "__name");
+    }
+    lua_pop(L, 1);
+}

@@ -51,6 +51,26 @@ lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
 int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
                           const char *argname);
 
+/* Options tables (the `{...}` argument of constructors and calls).
+ * check_options raises "<what>: unknown option '<key>' (expected one of
+ * k1, k2, ...)" for a key outside `keys` (NULL-terminated); it does nothing
+ * when the value at idx is not a table. opt_number / opt_boolean return the
+ * field or `def` when it is absent (or idx is not a table) and raise
+ * "<what>: option '<key>': expected a number (a boolean), got <type>". */
+void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
+                             const char *what);
+double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,
+                            const char *what);
+int lucid_lua_opt_boolean(lua_State *L, int idx, const char *key, int def,
+                          const char *what);
+
+/* Create (once per lua_State) the metatable `name` of a userdata class with
+ * __index = methods, __gc (may be NULL), __tostring (may be NULL) and
+ * __name = name. Leaves the stack unchanged. */
+void lucid_lua_register_class(lua_State *L, const char *name,
+                              const luaL_Reg *methods, lua_CFunction gc,
+                              lua_CFunction tostring);
+
 /* Registration of sub-libraries into the module table at the top of stack. */
 int lucid_lua_open_tensor(lua_State *L);
 int lucid_lua_open_context(lua_State *L);

@@ -42,48 +42,15 @@ typedef struct loader_box {
  * must not pass silently). */
 static void check_keys(lua_State *L, int idx, const char *const *known,
                        const char *what) {
-    if (!lua_istable(L, idx)) return;
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        int ok = 0;
-        for (int i = 0; k && known[i]; i++)
-            if (!strcmp(k, known[i])) ok = 1;
-        if (!ok) {
-            lua_pushfstring(L, "%s: unknown option '%s'", what,
-                            k ? k : luaL_typename(L, -1));
-            lua_error(L);
-        }
-    }
+    lucid_lua_check_options(L, idx, known, what);
 }
 
 static double opt_num(lua_State *L, int idx, const char *k, double def) {
-    if (!lua_istable(L, idx)) return def;
-    lua_getfield(L, idx, k);
-    double v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "option '%s': expected number, got %s", k,
-                       luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_number(L, idx, k, def, "lucid.data");
 }
 
 static int opt_bool(lua_State *L, int idx, const char *k, int def) {
-    if (!lua_istable(L, idx)) return def;
-    lua_getfield(L, idx, k);
-    int v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TBOOLEAN)
-            luaL_error(L, "option '%s': expected boolean, got %s", k,
-                       luaL_typename(L, -1));
-        v = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_boolean(L, idx, k, def, "lucid.data");
 }
 
 static const char *opt_str(lua_State *L, int idx, const char *k,

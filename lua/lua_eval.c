@@ -34,16 +34,7 @@ static val_ud *check_val(lua_State *L, int idx) {
 }
 
 static double num_field(lua_State *L, int idx, const char *key, double def) {
-    lua_getfield(L, idx, key);
-    double v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "PoseValidator: option %s: expected a number, got %s",
-                       key, luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_number(L, idx, key, def, "PoseValidator");
 }
 
 static const char *const VAL_KEYS[] = {"imgsz", "nc", "kpt_shape", "reg_max", "conf",
@@ -53,18 +44,7 @@ static const char *const VAL_KEYS[] = {"imgsz", "nc", "kpt_shape", "reg_max", "c
  * multiple of 32; the anchor levels are imgsz/8, /16, /32. */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    lua_pushnil(L);
-    while (lua_next(L, 1)) {
-        lua_pop(L, 1);
-        int ok = 0;
-        for (int i = 0; VAL_KEYS[i]; i++)
-            if (lua_type(L, -1) == LUA_TSTRING && strcmp(VAL_KEYS[i], lua_tostring(L, -1)) == 0)
-                ok = 1;
-        if (!ok)
-            luaL_error(L, "PoseValidator: unknown option '%s' (expected imgsz, nc, "
-                          "kpt_shape, reg_max, conf, iou, max_det, ap, ctx)",
-                       lua_tostring(L, -1));
-    }
+    lucid_lua_check_options(L, 1, VAL_KEYS, "PoseValidator");
     lucid_ctx *ctx = lucid_lua_ctx(L, 1);
     lucid_pose_val_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -226,22 +206,13 @@ static int l_free(lua_State *L) {
 }
 
 int lucid_lua_open_eval(lua_State *L) {
-    if (luaL_newmetatable(L, VAL_MT)) {
-        static const luaL_Reg methods[] = {{"add_batch", l_add_batch},
-                                           {"compute", l_compute},
-                                           {"detections", l_detections},
-                                           {"reset", l_reset},
-                                           {"free", l_free},
-                                           {NULL, NULL}};
-        lua_newtable(L);
-        luaL_register(L, NULL, methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_free);
-        lua_setfield(L, -2, "__gc");
-        lua_pushstring(L, VAL_MT);
-        lua_setfield(L, -2, "__name");
-    }
-    lua_pop(L, 1);
+    static const luaL_Reg methods[] = {{"add_batch", l_add_batch},
+                                       {"compute", l_compute},
+                                       {"detections", l_detections},
+                                       {"reset", l_reset},
+                                       {"free", l_free},
+                                       {NULL, NULL}};
+    lucid_lua_register_class(L, VAL_MT, methods, l_free, NULL);
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "PoseValidator");
     return 0;

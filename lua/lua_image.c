@@ -132,31 +132,11 @@ static int l_write_png(lua_State *L) {
 }
 
 static double opt_num(lua_State *L, int idx, const char *k, double def) {
-    if (!lua_istable(L, idx)) return def;
-    lua_getfield(L, idx, k);
-    double v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "lucid.image.draw_pose: option '%s': expected a number, got %s",
-                       k, luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_number(L, idx, k, def, "lucid.image.draw_pose");
 }
 
 static int opt_bool(lua_State *L, int idx, const char *k, int def) {
-    if (!lua_istable(L, idx)) return def;
-    lua_getfield(L, idx, k);
-    int v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TBOOLEAN)
-            luaL_error(L, "lucid.image.draw_pose: option '%s': expected a boolean, got %s",
-                       k, luaL_typename(L, -1));
-        v = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_boolean(L, idx, k, def, "lucid.image.draw_pose");
 }
 
 /* Read up to n numbers of the array field `key` of the table at idx into

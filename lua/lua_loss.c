@@ -50,40 +50,8 @@ static const char *const LOSS_KEYS[] = {
     "batch", "imgsz", "max_gt", "device", "ctx", "nc", "kpt_shape", "reg_max",
     "topk", "box", "cls", "dfl", "pose", "kobj", "tal_alpha", "tal_beta", NULL};
 
-static void check_keys(lua_State *L, int idx, const char *const *keys,
-                       const char *what) {
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        int ok = 0;
-        if (lua_type(L, -1) == LUA_TSTRING)
-            for (int i = 0; keys[i]; i++)
-                if (strcmp(keys[i], lua_tostring(L, -1)) == 0) ok = 1;
-        if (!ok) {
-            luaL_Buffer b;
-            luaL_buffinit(L, &b);
-            for (int i = 0; keys[i]; i++) {
-                if (i) luaL_addstring(&b, ", ");
-                luaL_addstring(&b, keys[i]);
-            }
-            luaL_pushresult(&b);
-            luaL_error(L, "%s: unknown option '%s' (expected one of %s)", what,
-                       lua_tostring(L, -2), lua_tostring(L, -1));
-        }
-    }
-}
-
 static double opt_number(lua_State *L, int idx, const char *key, double def) {
-    lua_getfield(L, idx, key);
-    double v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "PoseLoss: option %s: expected a number, got %s", key,
-                       luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_number(L, idx, key, def, "PoseLoss");
 }
 
 static int opt_int(lua_State *L, int idx, const char *key, int def, int lo) {
@@ -98,7 +66,7 @@ static int opt_int(lua_State *L, int idx, const char *key, int def, int lo) {
  * required; imgsz is a number (square) or {h, w}, multiples of 32. */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    check_keys(L, 1, LOSS_KEYS, "PoseLoss");
+    lucid_lua_check_options(L, 1, LOSS_KEYS, "PoseLoss");
     lucid_ctx *ctx = lucid_lua_ctx(L, 1);
     lucid_pose_loss_config cfg = lucid_pose_loss_config_default();
     lua_getfield(L, 1, "batch");
@@ -315,23 +283,12 @@ static int l_tostring(lua_State *L) {
 }
 
 int lucid_lua_open_loss(lua_State *L) {
-    if (luaL_newmetatable(L, LOSS_MT)) {
-        static const luaL_Reg methods[] = {{"forward", l_forward},
-                                           {"backward", l_backward},
-                                           {"assignment", l_assignment},
-                                           {"free", l_free},
-                                           {NULL, NULL}};
-        lua_newtable(L);
-        luaL_register(L, NULL, methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_free);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_tostring);
-        lua_setfield(L, -2, "__tostring");
-        lua_pushstring(L, LOSS_MT);
-        lua_setfield(L, -2, "__name");
-    }
-    lua_pop(L, 1);
+    static const luaL_Reg methods[] = {{"forward", l_forward},
+                                       {"backward", l_backward},
+                                       {"assignment", l_assignment},
+                                       {"free", l_free},
+                                       {NULL, NULL}};
+    lucid_lua_register_class(L, LOSS_MT, methods, l_free, l_tostring);
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "PoseLoss");
     return 0;

@@ -38,17 +38,7 @@ static lucid_tensor *as_host_f32(lucid_ctx *ctx, lucid_tensor *t, lucid_status *
 }
 
 static double opt_num(lua_State *L, int idx, const char *k, double def) {
-    if (!lua_istable(L, idx)) return def;
-    lua_getfield(L, idx, k);
-    double v = def;
-    if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "lucid.eval.decode_nms: option '%s': expected a number, got %s", k,
-                       luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
+    return lucid_lua_opt_number(L, idx, k, def, "lucid.eval.decode_nms");
 }
 
 static const char *const KEYS[] = {"imgsz", "conf", "iou", "max_det", "max_nms",
