@@ -6,6 +6,9 @@
 #   make test-gpu   the same plus the specs tagged gpu (on a machine with a GPU)
 #   make run        install, build and run the main job recipes/pose_nano.lua
 #   make bench      benchmarks (GPU machine)
+#   make bench-fit  the complete-fit table, eager vs recorded in alternating
+#                   fresh-process pairs (bench/fit_pairs.lua; GPU machine);
+#                   FIT="pairs=5 budget_s=0 write=docs/BENCH.md" passes knobs
 #   make gpu-pack   pack LuaJIT+busted (.runtime/) and the mini dataset (.data/) to carry
 #
 # Knobs: CUDA=0|1 (default: 1 when nvcc is found), ARCH=sm_90, DEBUG=1, CUDNN_HOME=dir
@@ -68,7 +71,7 @@ endif
 ALL_LIBS := $(CUDA_LIBS) $(LIBS)
 LIB := build/libengine.a
 
-.PHONY: all deps test test-gpu run bench gpu-pack clean info print-link-flags print-cuda
+.PHONY: all deps test test-gpu run bench bench-fit gpu-pack clean info print-link-flags print-cuda
 all: info $(LIB) lucid.so bin/lucid build/examples/host_example
 
 info:
@@ -118,6 +121,10 @@ run: deps all
 
 bench: all
 	@bench/run.sh
+
+FIT ?=
+bench-fit: all
+	luajit bench/fit_pairs.lua $(FIT)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
   libpng-dev libjpeg62-turbo-dev libopenblas-dev libyaml-dev libcjson-dev

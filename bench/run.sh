@@ -26,6 +26,11 @@ for lua in bench/bench_*.lua; do
   echo "== $(basename "$lua" .lua)"
   luajit "$lua" || rc=1
 done
+# the complete fit, eager vs recorded: one pair here (~2.5 min at today's
+# fit times) to leave room for the rest; `make bench-fit` runs the table of
+# docs/BENCH.md (bench/fit_pairs.lua). Skips itself without a CUDA device.
+echo "== fit_pairs (one pair; make bench-fit for the full table)"
+luajit bench/fit_pairs.lua pairs=1 || rc=1
 if python3 -c 'import torch' 2>/dev/null; then
   for py in bench/bench_*_torch.py; do
     echo "== $(basename "$py" .py)"

@@ -11,24 +11,41 @@
  *   Graph: g:launch(), g:free() (also __gc)
  *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:free()
  *   lucid.graph.Refs(paramset, {cmodule, ...}) -> Refs
- *     r:check() -> nil | reason, full   (nil: unchanged; full: the
- *                                        field-by-field check ran)
+ *     r:check() -> nil | reason, full, fast
+ *                  (nil: unchanged; full: the field-by-field check ran;
+ *                   fast: answered from the two counters below alone)
  *     r:restore() -> n                  (recorded module buffers reinstalled)
  *     r:counts() -> nmodules, nparams;  r:free() (also __gc)
  *   lucid.graph._test_replace_param(paramset, name)   (tests only: replace
  *     the entry's data tensor by a fresh copy, as a host program could)
+ *   lucid.graph.module_epoch() -> n, on  (the counter below; on: cheap path)
  *   lucid.graph.clock() -> seconds (CLOCK_MONOTONIC, for the µs timings)
  *   lucid.graph.pinned(shape, dtype, [ctx]) -> Tensor (page-locked CPU
  *     memory on a CUDA context: fixed staging buffers)
  *
  * A ParamSet / CModule userdata is read through the same layout lua_nn.c
  * gives it ({set, ctx} / {module, ctx}; lua_optim.c mirrors it the same way).
+ *
+ * The cheap path of r:check() (docs/STEP.md, "Contract"): it answers
+ * "unchanged" from two integers — the parameter set's version and a
+ * process-wide module epoch — without touching any module. The epoch moves
+ * whenever a C module's version moves (mode, need_grad_input); the only
+ * callers of lucid_module_set_training / lucid_module_set_need_grad_input
+ * are the CModule methods train / eval / need_grad_input of lua_nn.c, which
+ * lucid_lua_open_graph wraps (the wrapper compares m->version before and
+ * after). When a counter moved, the engine's lucid_graph_refs_check runs
+ * (every module version; field by field when one moved). If the methods
+ * cannot be wrapped (their registration changed), the cheap path is off and
+ * every check is the engine's. The natural home of this epoch is
+ * engine/nn/module.c (bumped inside the two setters); until it moves there,
+ * a C caller of those setters outside lua_nn.c must bump it too.
  * Errors: engine failures raise "lucid <status>: <message>".
  */
 #include "lua_common.h"
 #include "nn/nn.h"
 #include "train/graph.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,7 +61,25 @@ typedef struct { lucid_module *m; lucid_ctx *ctx; } module_mirror;
 
 typedef struct { lucid_graph *g; lucid_ctx *ctx; } graph_box;
 typedef struct { lucid_event *e; lucid_ctx *ctx; } event_box;
-typedef struct { lucid_graph_refs *r; } refs_box;
+/* r: the engine's reference set. set: its parameter set (held through r).
+ * set_version / module_epoch: the counters at the last check that found
+ * nothing changed (fast: 1 once such a check ran). */
+typedef struct {
+    lucid_graph_refs *r;
+    lucid_param_set *set;
+    uint64_t set_version, module_epoch;
+    int fast;
+} refs_box;
+
+/* The module epoch (see the file comment). */
+static _Atomic uint64_t g_module_epoch = 1;
+/* 1 while every mode setter reachable from Lua is wrapped; 0 turns the
+ * cheap path off (once off in any Lua state, off for good). */
+static _Atomic int g_epoch_ok = 0, g_epoch_broken = 0;
+
+static uint64_t module_epoch(void) {
+    return atomic_load_explicit(&g_module_epoch, memory_order_relaxed);
+}
 
 static lucid_ctx *opt_ctx(lua_State *L, int idx) {
     return lucid_lua_ctx(L, lua_isnoneornil(L, idx) ? 0 : idx);
@@ -200,12 +235,17 @@ static int l_refs_new(lua_State *L) {
     if (set) ctx = ((set_mirror *)lua_touserdata(L, 1))->ctx;
     if (!ctx) ctx = lucid_lua_ctx(L, 0);
     refs_box *b = lua_newuserdata(L, sizeof *b);
-    b->r = NULL;
+    memset(b, 0, sizeof *b);
     luaL_getmetatable(L, REFS_MT);
     lua_setmetatable(L, -2);
+    uint64_t epoch = module_epoch();
     lucid_status st = lucid_graph_refs_create(ctx, set, n, mods, &b->r);
     free(mods);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    b->set = set;
+    b->set_version = set ? lucid_param_set_version(set) : 0;
+    b->module_epoch = epoch;
+    b->fast = 1; /* the create snapshot is a check that found nothing changed */
     return 1;
 }
 
@@ -217,15 +257,31 @@ static refs_box *check_refs(lua_State *L, int idx) {
 
 static int l_refs_check(lua_State *L) {
     refs_box *b = check_refs(L, 1);
+    uint64_t epoch = module_epoch();
+    uint64_t sv = b->set ? lucid_param_set_version(b->set) : 0;
+    if (b->fast && atomic_load_explicit(&g_epoch_ok, memory_order_relaxed) &&
+        epoch == b->module_epoch && sv == b->set_version) {
+        lua_pushnil(L);
+        lua_pushboolean(L, 0);
+        lua_pushboolean(L, 1);
+        return 3;
+    }
     char why[512];
     int full = 0;
     if (lucid_graph_refs_check(b->r, why, sizeof why, &full)) {
+        b->fast = 0;
         lua_pushstring(L, why);
     } else {
+        /* nothing this recording depends on changed: the counters read
+         * before the check become the new cheap-path snapshot */
+        b->set_version = sv;
+        b->module_epoch = epoch;
+        b->fast = 1;
         lua_pushnil(L);
     }
     lua_pushboolean(L, full);
-    return 2;
+    lua_pushboolean(L, 0);
+    return 3;
 }
 
 static int l_refs_restore(lua_State *L) {
@@ -244,6 +300,8 @@ static int l_refs_free(lua_State *L) {
     refs_box *b = luaL_checkudata(L, 1, REFS_MT);
     lucid_graph_refs_release(b->r);
     b->r = NULL;
+    b->set = NULL;
+    b->fast = 0;
     return 0;
 }
 
@@ -291,6 +349,67 @@ static int l_pinned(lua_State *L) {
     return 1;
 }
 
+/* ------------------------------------------------------------ module epoch */
+
+/* Wrapper of a CModule mode setter (upvalue 1: the original C function):
+ * calls it and moves the module epoch when the module's version moved. */
+static int l_module_mode_hook(lua_State *L) {
+    module_mirror *mb = luaL_testudata(L, 1, CMODULE_MT);
+    lucid_module *m = mb ? mb->m : NULL;
+    uint64_t v = m ? m->version : 0;
+    int n = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    if (!m || m->version != v)
+        atomic_fetch_add_explicit(&g_module_epoch, 1, memory_order_relaxed);
+    return lua_gettop(L);
+}
+
+/* Wrap train / eval / need_grad_input in the CModule method table (the
+ * upvalue of its __index closure, or __index itself when a table). */
+static void hook_module_modes(lua_State *L) {
+    static const char *const names[] = {"train", "eval", "need_grad_input"};
+    int ok = 0;
+    int top = lua_gettop(L);
+    luaL_getmetatable(L, CMODULE_MT);
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "__index");
+        if (lua_iscfunction(L, -1)) {
+            if (!lua_getupvalue(L, -1, 1)) lua_pushnil(L);
+        } else {
+            lua_pushvalue(L, -1);
+        }
+        if (lua_istable(L, -1)) {
+            ok = 1;
+            for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+                lua_getfield(L, -1, names[i]);
+                if (lua_tocfunction(L, -1) == l_module_mode_hook) { /* opened twice */
+                    lua_pop(L, 1);
+                    continue;
+                }
+                if (!lua_iscfunction(L, -1)) {
+                    ok = 0;
+                    lua_pop(L, 1);
+                    continue;
+                }
+                lua_pushcclosure(L, l_module_mode_hook, 1);
+                lua_setfield(L, -2, names[i]);
+            }
+        }
+    }
+    lua_settop(L, top);
+    if (!ok) atomic_store(&g_epoch_broken, 1);
+    atomic_store(&g_epoch_ok, !atomic_load(&g_epoch_broken));
+}
+
+/* lucid.graph.module_epoch() -> integer, fast_path -> boolean (tests). */
+static int l_module_epoch(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)module_epoch());
+    lua_pushboolean(L, atomic_load(&g_epoch_ok));
+    return 2;
+}
+
 /* ---------------------------------------------------------------- register */
 
 static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods,
@@ -330,6 +449,7 @@ static const luaL_Reg graph_funcs[] = {
     {"clock", l_clock},
     {"pinned", l_pinned},
     {"_test_replace_param", l_test_replace_param},
+    {"module_epoch", l_module_epoch},
     {NULL, NULL}};
 
 /* Registers lucid.graph into the module table at the top of the stack. */
@@ -337,6 +457,7 @@ int lucid_lua_open_graph(lua_State *L) {
     new_mt(L, GRAPH_MT, graph_methods, l_graph_free, l_graph_tostring);
     new_mt(L, EVENT_MT, event_methods, l_event_free, NULL);
     new_mt(L, REFS_MT, refs_methods, l_refs_free, NULL);
+    hook_module_modes(L);
     lua_newtable(L);
     luaL_register(L, NULL, graph_funcs);
     lua_setfield(L, -2, "graph");

@@ -29,6 +29,8 @@ __attribute__((weak)) int lucid_lua_open_optim(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_image(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_predict(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_graph(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_input(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_hash(lua_State *L);
 int lucid_lua_open_loss(lua_State *L);
 int lucid_lua_open_eval(lua_State *L);
 
@@ -118,6 +120,8 @@ int luaopen_lucid(lua_State *L) {
     if (lucid_lua_open_image) lucid_lua_open_image(L);
     if (lucid_lua_open_predict) lucid_lua_open_predict(L);
     if (lucid_lua_open_graph) lucid_lua_open_graph(L);
+    if (lucid_lua_open_input) lucid_lua_open_input(L);
+    if (lucid_lua_open_hash) lucid_lua_open_hash(L);
     add_package_path(L);
     return 1;
 }

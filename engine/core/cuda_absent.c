@@ -10,6 +10,7 @@
 #include "nn/nn.h"
 #include "train/optim_backend.h"
 #include "train/loss_backend.h"
+#include "data/input.h"
 
 const lucid_backend *lucid_cuda_backend(void) { return NULL; }
 
@@ -19,3 +20,4 @@ int lucid_cuda_backend_device_count(void) { return 0; }
 const lucid_optim_kernels *lucid_optim_cuda_kernels_impl(void) { return NULL; }
 const lucid_nn_kernels *lucid_nn_cuda_kernels(void) { return NULL; }
 const lucid_pose_loss_kernels *lucid_pose_loss_cuda_kernels(void) { return NULL; }
+const lucid_input_kernels *lucid_input_cuda_kernels(void) { return NULL; }

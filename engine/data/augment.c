@@ -33,6 +33,7 @@
 #define _GNU_SOURCE
 #endif
 #include "data_internal.h"
+#include "hsv_pixel.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -563,82 +564,16 @@ void lucid_aug_perspective_labels(lucid_instances *in, const double M[9],
 
 /* ------------------------------------------------------------------- HSV */
 
-/* RandomHSV state for one sample: the three LUTs and OpenCV's RGB2HSV_b
- * division tables (hsv_shift 12, hrange 180). */
-typedef struct hsv_lut {
-    int sdiv[256], hdiv[256];
-    uint8_t lut_h[256], lut_s[256], lut_v[256];
-    uint8_t sec[256], f30[256]; /* H / 30 and H mod 30 of an output hue */
-} hsv_lut;
-
-static void hsv_lut_init(hsv_lut *t, double rh, double rs, double rv) {
-    t->sdiv[0] = t->hdiv[0] = 0;
-    for (int i = 1; i < 256; i++) {
-        t->sdiv[i] = (int)lrint((255 << 12) / (1.0 * i));
-        t->hdiv[i] = (int)lrint((180 << 12) / (6.0 * i));
-    }
-    for (int x = 0; x < 256; x++) {
-        double h = fmod(x + rh * 180, 180.0);
-        if (h < 0) h += 180;
-        double sv = x * (1 + rs), vv = x * (1 + rv);
-        t->lut_h[x] = (uint8_t)(int)h;
-        t->lut_s[x] = (uint8_t)(int)(sv < 0 ? 0 : (sv > 255 ? 255 : sv));
-        t->lut_v[x] = (uint8_t)(int)(vv < 0 ? 0 : (vv > 255 ? 255 : vv));
-        t->sec[x] = (uint8_t)((x / 30) % 6);
-        t->f30[x] = (uint8_t)(x % 30);
-    }
-    t->lut_s[0] = 0;
-}
-
-/* One pixel: RGB -> HSV exactly as OpenCV's RGB2HSV_b, the LUTs of
- * RandomHSV, HSV -> RGB. OpenCV's HSV2RGB_b evaluates the sector table in
- * float; here the same formula in exact integer arithmetic rounded to
- * nearest (255 v (1 - s f) = V - V S f30 / (255*30), f30 = H mod 30), which
- * can differ from the float path by 1 in rare ties. */
-static inline void hsv_pixel(const hsv_lut *t, int r, int g, int b,
-                             uint8_t *R, uint8_t *G, uint8_t *B) {
-    static const uint8_t sector[6][3] = {{1, 3, 0}, {1, 0, 2}, {3, 0, 1},
-                                         {0, 2, 1}, {0, 1, 3}, {2, 1, 0}};
-    if (r == g && g == b) { /* gray: s = 0 stays 0 (sat[0] = 0) */
-        *R = *G = *B = t->lut_v[r];
-        return;
-    }
-    int v = r > g ? r : g;
-    v = v > b ? v : b;
-    int vmin = r < g ? r : g;
-    vmin = vmin < b ? vmin : b;
-    int diff = v - vmin;
-    int vr = v == r ? -1 : 0, vg = v == g ? -1 : 0;
-    int s = (diff * t->sdiv[v] + (1 << 11)) >> 12;
-    int h = (vr & (g - b)) +
-            (~vr & ((vg & (b - r + 2 * diff)) + ((~vg) & (r - g + 4 * diff))));
-    h = (h * t->hdiv[diff] + (1 << 11)) >> 12;
-    h += h < 0 ? 180 : 0;
-    int H = t->lut_h[h], S = t->lut_s[s], V = t->lut_v[v];
-    if (S == 0) {
-        *R = *G = *B = (uint8_t)V;
-        return;
-    }
-    int f = t->f30[H];
-    /* OpenCV sector_data: b, g, r = tab[sd[0]], tab[sd[1]], tab[sd[2]] */
-    int tab[4];
-    tab[0] = V;
-    tab[1] = (2 * V * (255 - S) + 255) / 510;
-    tab[2] = (2 * V * (7650 - S * f) + 7650) / 15300;
-    tab[3] = (2 * V * (7650 - S * (30 - f)) + 7650) / 15300;
-    const uint8_t *sd = sector[t->sec[H]];
-    *R = (uint8_t)tab[sd[2]];
-    *G = (uint8_t)tab[sd[1]];
-    *B = (uint8_t)tab[sd[0]];
-}
+/* The per-pixel code and its tables are in hsv_pixel.h (shared with the
+ * device input kernel, cuda/input.cu). */
 
 void lucid_aug_hsv_apply(lucid_image *img, double rh, double rs, double rv) {
-    hsv_lut t;
-    hsv_lut_init(&t, rh, rs, rv);
+    lucid_hsv_tables t;
+    lucid_hsv_tables_init(&t, rh, rs, rv);
     size_t n = (size_t)img->w * img->h;
     uint8_t *p = img->data;
     for (size_t i = 0; i < n; i++, p += 3)
-        hsv_pixel(&t, p[0], p[1], p[2], &p[0], &p[1], &p[2]);
+        lucid_hsv_pixel(&t, p[0], p[1], p[2], &p[0], &p[1], &p[2]);
 }
 
 void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
@@ -654,10 +589,10 @@ void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
         }
         return;
     }
-    hsv_lut t;
-    hsv_lut_init(&t, rh, rs, rv);
+    lucid_hsv_tables t;
+    lucid_hsv_tables_init(&t, rh, rs, rv);
     for (size_t i = 0; i < n; i++, p += 3)
-        hsv_pixel(&t, p[0], p[1], p[2], &c0[i], &c1[i], &c2[i]);
+        lucid_hsv_pixel(&t, p[0], p[1], p[2], &c0[i], &c1[i], &c2[i]);
 }
 
 void lucid_aug_hsv(lucid_image *img, float hgain, float sgain, float vgain,

@@ -11,7 +11,8 @@
  *     depends on load order and could not be reproduced across thread
  *     counts; it equals our rule with cache='ram').
  *   - The HSV gains are always drawn (so the device can apply the same ones
- *     when hsv_on_cpu = 0).
+ *     when hsv_on_cpu = 0), and rounded to f32 before use: the batch
+ *     carries them as f32, and CPU and device HSV must see the same values.
  */
 #include "data_internal.h"
 
@@ -140,9 +141,11 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
     /* RandomHSV */
     {
         lucid_rng_stream_seek(&r, STAGE_HSV);
-        double rh = lucid_rng_uniform(&r, -1, 1) * p->hsv_h;
-        double rs = lucid_rng_uniform(&r, -1, 1) * p->hsv_s;
-        double rv = lucid_rng_uniform(&r, -1, 1) * p->hsv_v;
+        /* rounded to f32, the dtype of the batch's hsv tensor, so the
+         * device (hsv_on_cpu = 0) applies exactly the gains the CPU would */
+        double rh = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_h);
+        double rs = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_s);
+        double rv = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_v);
         if (hsv) { hsv[0] = (float)rh; hsv[1] = (float)rs; hsv[2] = (float)rv; }
         if (hsv_d) { hsv_d[0] = rh; hsv_d[1] = rs; hsv_d[2] = rv; }
         /* HSV is per pixel, so it commutes with the flips below: the loader

@@ -41,6 +41,10 @@
 -- metadata; ckpt:restore validates EVERY tensor the targets need (name,
 -- shape, dtype) before it copies anything, and errors name the file and the
 -- tensor. Integer metadata are exact below 2^53.
+--
+-- The metadata JSON uses this file's own codec, not lua-cjson: cjson's
+-- encode_number_precision stops at 14 significant digits, too few for the
+-- exact float round trips resume needs (details in the JSON section below).
 local lucid = require("lucid")
 
 local M = {}
@@ -51,6 +55,21 @@ M.FORMAT_VERSION = 1
 -- ------------------------------------------------------------------ JSON
 -- A small JSON codec (RFC 8259) for the metadata: numbers are written with
 -- 17 significant digits (integers plainly), so they round-trip exactly.
+--
+-- Why not lua-cjson (a project dependency, `require "cjson"`): it cannot
+-- keep these numbers exact. The Debian build (2.1.0+dfsg-2.2, checked when
+-- this was written) caps cjson.encode_number_precision at 14 significant
+-- digits ("expected integer between 1 and 14" for 15..17), and a double
+-- needs 17 to round-trip. With precision 14: 0.1 + 0.2 encodes as 0.3,
+-- 1/3 as 0.33333333333333, a warmup-interpolated lr 0.012345678901234568
+-- as 0.012345678901235 — all decode to a different double — and integers
+-- from 1e14 up lose digits too (123456789012345 -> 1.2345678901234e+14,
+-- 2^53-1 -> 9.007199254741e+15; rng seeds/offsets and counters can be that
+-- large). Resume must restore lr, best_fitness, the EMA decay and the
+-- counters bit for bit (a resumed run is bitwise equal to an uninterrupted
+-- one), so the metadata keep this codec. (cjson also decodes null to the
+-- cjson.null sentinel, not nil, which the readers below would need to
+-- handle.) Revisit if a cjson build allows precision 17.
 
 local encode
 

@@ -141,13 +141,16 @@ function data.find_dataset(name)
     roots[#roots + 1] = base .. "/../shared/datasets"
     roots[#roots + 1] = base .. "/datasets"
   end
-  local searched = {}
+  local searched, seen = {}, {}
   for _, r in ipairs(roots) do
     local p = r .. "/" .. name
-    searched[#searched + 1] = p
-    if dir_exists(p) then return p end
+    if not seen[p] then
+      seen[p] = true
+      searched[#searched + 1] = p
+      if dir_exists(p .. "/images") then return p end
+    end
   end
-  return nil, table.concat(searched, ", ")
+  return nil, table.concat(searched, ", ") .. " (set LUCID_DATASETS to the folder that holds " .. name .. ")"
 end
 
 --[[ data.load_descriptor(name_or_path) -> descriptor table

@@ -102,6 +102,21 @@ function predict.load_weights(model, path, opts)
     elseif pre ~= "optimizer" and pre ~= "grad" then unexpected[#unexpected + 1] = n end
   end
   rep.unexpected = unexpected
+  -- a file for another architecture or scale is an error, not a model left
+  -- mostly at its initial values (opts.partial = true allows it)
+  if not opts.partial and (#rep.missing > 0 or #rep.mismatched > 0) then
+    local function names(list)
+      local t = {}
+      for i = 1, math.min(#list, 5) do
+        local e = list[i]
+        t[i] = type(e) == "table" and (e.name or e[1]) or tostring(e)
+      end
+      return table.concat(t, ", ") .. (#list > 5 and string.format(", ... (%d more)", #list - 5) or "")
+    end
+    error(string.format("predict: %s does not fit this model: %d tensors missing (%s), %d of another shape (%s); "
+      .. "check model= and scale=, or pass partial=true", path, #rep.missing, names(rep.missing), #rep.mismatched,
+      names(rep.mismatched)), 0)
+  end
   rep.ema, rep.ema_loaded = false, 0
   if has_ema and opts.ema ~= false then
     local f = lucid.io.safetensors_open(path)

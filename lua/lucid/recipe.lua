@@ -9,7 +9,9 @@ at start (style_anchors Avoid 14: recipes that silently accept typos).
   recipe.print(cfg)
 
 Values: a default that is a number accepts numbers ("0.01", "1e-3"); a
-boolean accepts true/false/1/0/yes/no; a string accepts anything; a default
+boolean accepts true/false/1/0/yes/no, or a file path (a path contains '/'
+or ends in .safetensors: resume=runs/x/weights/last.safetensors); a string
+accepts anything; a default
 of recipe.AUTO ("auto") accepts any string or number. Nested tables are
 addressed with dots: clip.max_norm=5.
 Errors: recipe.resolve raises "recipe: unknown key 'x' (did you mean 'y'?)"
@@ -75,8 +77,14 @@ local function parse_value(key, text, default)
     local l = text:lower()
     if l == "true" or l == "1" or l == "yes" then return true end
     if l == "false" or l == "0" or l == "no" then return false end
-    error(string.format("recipe: %s: expected true or false, got '%s'", key, text), 0)
+    -- a switch that can also name a file (resume=runs/x/weights/last.safetensors)
+    if text:find("/", 1, true) or text:match("%.safetensors$") then return text end
+    error(string.format("recipe: %s: expected true, false or a file path, got '%s'", key, text), 0)
   elseif kind == "table" then
+    if next(default) ~= nil and #default == 0 then
+      error(string.format("recipe: %s is a group of settings; set its fields, e.g. %s.%s=...", key, key,
+        (next(default))), 0)
+    end
     -- a list default: comma-separated numbers
     local out = {}
     for item in text:gmatch("[^,]+") do

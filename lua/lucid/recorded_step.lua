@@ -15,8 +15,10 @@ Design and contracts: docs/STEP.md.
 
 Segments of one call with n == batch images, once recorded:
   host   : batch -> fixed staging (CPU copies; pinned memory on CUDA)
-  eager  : staging -> device (u8 images, f32/u8 targets: one async memcpy each)
-  FB     : graph  — u8 -> activations (/255), forward, loss, loss backward
+  eager  : staging -> device (u8 images, f32/u8 targets, the f32 HSV gains
+           when device_hsv: one async memcpy each)
+  FB     : graph  — lucid.input_prepare (u8 -> HSV when device_hsv -> /255
+                    in the activation dtype), forward, loss, loss backward
                     (seed x loss scale), model backward (+= into the flat
                     gradients), running losses += items
   at an optimizer step (do_opt):
@@ -86,15 +88,18 @@ end
 
 -- --------------------------------------------------------------- helpers
 
--- Every C module of a Lua module tree (children and hidden helpers), and
--- every Lua module whose forward/backward is an instance override.
+-- Every C module of a Lua module tree (children and hidden helpers), every
+-- Lua module whose forward/backward is an instance override ("custom"), and
+-- the classes of the tree with the forward/backward they resolve to.
 local function collect(model)
   local cmods, custom, classes, seen = {}, {}, {}, {}
   local function visit(m)
     if seen[m] then return end
     seen[m] = true
     if m._c then cmods[#cmods + 1] = m._c end
-    if rawget(m, "forward") ~= nil or rawget(m, "backward") ~= nil then custom[#custom + 1] = m end
+    if rawget(m, "forward") ~= nil or rawget(m, "backward") ~= nil then
+      custom[#custom + 1] = { m = m, fwd = rawget(m, "forward"), bwd = rawget(m, "backward") }
+    end
     local cls = getmetatable(m)
     if cls and not classes[cls] then classes[cls] = true end
     for _, e in ipairs(m._modules or {}) do visit(e.module) end
@@ -110,10 +115,6 @@ local function clip_policy(clip)
   clip = clip or {}
   return { max_norm = clip.max_norm, value = clip.value, fn = clip.fn,
     capture = clip.capture_gradient_norm and true or false }
-end
-
-local function same_policy(a, b)
-  return a.max_norm == b.max_norm and a.value == b.value and a.fn == b.fn and a.capture == b.capture
 end
 
 -- ------------------------------------------------------------------ new
@@ -185,7 +186,8 @@ end
 -- ------------------------------------------------------------- segments
 
 -- Fixed staging (host) buffers and the device u8 image buffer, for n ==
--- batch (created on the first call).
+-- batch (created on the first call, and again after the input shapes
+-- changed).
 function RS:_staging(batch)
   local s = self.stage
   if s then return s end
@@ -194,21 +196,60 @@ function RS:_staging(batch)
   s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
     mask = like(batch.mask) }
   s.dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
-  s.numel = { batch.images:numel(), batch.cls:numel(), batch.kpts:numel(), batch.mask:numel() }
   self.stage = s
   return s
 end
 
--- host: loader batch -> staging, once the previous step's uploads are done.
-function RS:_stage(batch)
-  local s = self:_staging(batch)
-  if self.ev_in then self.ev_in:synchronize() end
+local STAGED = { "images", "cls", "boxes", "kpts", "mask" }
+
+local function copy_in(s, batch)
   s.images:copy_(batch.images)
   s.cls:copy_(batch.cls)
   s.boxes:copy_(batch.boxes)
   s.kpts:copy_(batch.kpts)
   s.mask:copy_(batch.mask)
-  return s
+end
+
+local function same_shape(a, b)
+  local x, y = a:shape(), b:shape()
+  if #x ~= #y then return false end
+  for i = 1, #x do if x[i] ~= y[i] then return false end end
+  return true
+end
+
+-- host: loader batch -> staging, once the previous step's uploads are done.
+-- The copies compare shapes (copy_ refuses a mismatch), which makes them the
+-- input-shape part of the contract check: returns nil, without raising,
+-- when a batch tensor's shape differs from the staging (input shapes
+-- changed: images, max_gt, keypoints); any other failure is raised.
+function RS:_stage(batch)
+  local s = self:_staging(batch)
+  if self.ev_in then self.ev_in:synchronize() end
+  local ok, err = pcall(copy_in, s, batch)
+  if ok then return s end
+  for _, k in ipairs(STAGED) do
+    if not same_shape(s[k], batch[k]) then return nil end
+  end
+  error(err, 0)
+end
+
+-- New input shapes: drop the staging, and point the eager step at the new
+-- image size / max_gt (its buffers and loss plans are rebuilt on next use).
+-- Also used by the specs on a plain eager step (M.reshape_eager).
+local function reshape_eager(e, S, G)
+  if e.imgsz ~= S or e.max_gt ~= G then
+    e.imgsz, e.max_gt = S, G
+    e.bufs = {} -- dropped, not freed: a recording being retired may still be in flight
+  end
+end
+M.reshape_eager = reshape_eager
+
+function RS:_reshape(batch)
+  if self.stage then
+    for _, t in pairs(self.stage) do pcall(t.free, t) end
+    self.stage = nil
+  end
+  reshape_eager(self.eager, batch.images:size(3), batch.cls:size(2))
 end
 
 -- eager: staging -> device buffers (async memcpys), then an event.
@@ -219,6 +260,7 @@ function RS:_h2d(b)
   b.tg.boxes:copy_(s.boxes)
   b.tg.kpts:copy_(s.kpts)
   b.tg.mask:copy_(s.mask)
+  if s.dev_hsv then s.dev_hsv:copy_(s.hsv) end
   if not self.ev_in then self.ev_in = self.recorder.event(self.ctx) end
   self.ev_in:record()
 end
@@ -226,8 +268,7 @@ end
 -- FB: the compute part of lucid.step's run (keep the two in step).
 function RS:_fb(b)
   local e = self.eager
-  b.x:copy_(self.stage.dev_images)
-  b.x:mul_(1 / 255)
+  lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
   local model = self.model
   local out = model:forward(b.x)
   local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
@@ -278,64 +319,100 @@ function RS:_count(b, do_opt)
 end
 
 -- --------------------------------------------------------------- contract
+--
+-- The cheap path (every replay) compares a handful of integers and
+-- identities, allocates nothing, builds no string and makes one C call
+-- (refs:check, whose own cheap path reads the parameter set's version and
+-- the module epoch of lua_graph.c): the model's contract and mode
+-- versions, the clipping policy (table identity and its four fields), the
+-- scaler (precision policy), the EMA decay/tau, the context (stream), and
+-- the instance overrides of forward/backward present at record time
+-- ("custom" modules: compared every time; usually none). The input shapes
+-- are verified by the staging copies themselves (copy_ compares shapes
+-- anyway; see RS:_stage), so they cost nothing here. When a counter moved,
+-- the full check runs: C field by field (refs), and on the Lua side the
+-- module tree is walked again (same C modules in the same order, same
+-- custom overrides, same class forward/backward).
 
 -- What the recording baked in, on the Lua side (the C side is self.refs).
 function RS:_snapshot(b)
   local model = self.model
   local cmods, custom, classes = collect(model)
-  local c = {
+  local clip = self.clip
+  self.contract = {
+    has_cv = model.contract_version ~= nil, has_mv = model.mode_version ~= nil,
     model_version = model.contract_version and model:contract_version() or 0,
     mode_version = model.mode_version and model:mode_version() or 0, training = model.training,
     ema_decay = self.ema.decay, ema_tau = self.ema.tau,
-    policy = clip_policy(self.clip), clip = self.clip, scaler = self.scaler, ctx = self.ctx,
-    custom = {}, classes = classes, numel = self.stage.numel,
+    clip = clip, max_norm = clip.max_norm, value = clip.value, fn = clip.fn,
+    capture = clip.capture_gradient_norm and true or false,
+    scaler = self.scaler, ctx = self.ctx,
+    custom = custom, classes = classes, cmods = cmods,
   }
-  for i, m in ipairs(custom) do
-    c.custom[i] = { m = m, fwd = rawget(m, "forward"), bwd = rawget(m, "backward") }
-  end
-  self.contract = c
   self.cmods = cmods
   self.buffers = b -- the eager step's buffers for n == batch stay alive with it
 end
 
--- nil when the recording may replay for this batch, else the reason.
-function RS:_check(batch)
+-- The full Lua-side check (a counter moved): the module tree, the custom
+-- overrides and the class functions are as recorded. nil or the reason.
+function RS:_check_tree()
   local c = self.contract
-  local model = self.model
-  if model.contract_version and model:contract_version() ~= c.model_version then
-    return model._contract_reason or "model contract version moved"
+  local cmods, custom = collect(self.model)
+  local rc = c.cmods
+  if #cmods ~= #rc then return "the module tree changed" end
+  for i = 1, #cmods do
+    if cmods[i] ~= rc[i] then return "the module tree changed" end
   end
-  if model.mode_version and model:mode_version() ~= c.mode_version then
-    -- switched and maybe back (validation): compare, then refresh
-    if model.training ~= c.training then
-      return "model mode " .. (c.training and "train -> eval" or "eval -> train")
-    end
-    c.mode_version = model:mode_version()
+  if #custom ~= #c.custom then return "a module's custom forward was replaced" end
+  for i, k in ipairs(custom) do
+    local r = c.custom[i]
+    if k.m ~= r.m or k.fwd ~= r.fwd or k.bwd ~= r.bwd then return "a module's custom forward was replaced" end
   end
-  local n = c.numel
-  if batch.images:numel() ~= n[1] or batch.cls:numel() ~= n[2] or batch.kpts:numel() ~= n[3]
-    or batch.mask:numel() ~= n[4] then
-    return "input shapes changed"
-  end
-  if self.clip ~= c.clip or not same_policy(clip_policy(self.clip), c.policy) then
-    return "clipping policy changed"
-  end
-  if self.scaler ~= c.scaler then return "precision policy changed" end
-  local ema = self.ema
-  if ema.decay ~= c.ema_decay or ema.tau ~= c.ema_tau then return "EMA decay/tau changed" end
   for _, k in ipairs(c.classes) do
     if k.cls.forward ~= k.fwd or k.cls.backward ~= k.bwd then
       return "forward/backward of class " .. tostring(k.cls.__name) .. " replaced"
     end
   end
-  for _, k in ipairs(c.custom) do -- custom modules: checked every time
+  return nil
+end
+
+-- nil when the recording may replay, else the reason (see above).
+function RS:_check()
+  local c = self.contract
+  local model = self.model
+  if c.has_cv and model:contract_version() ~= c.model_version then
+    return model._contract_reason or "model contract version moved"
+  end
+  local tree = false
+  if c.has_mv and model:mode_version() ~= c.mode_version then
+    -- switched and maybe back (validation): compare, then refresh
+    if model.training ~= c.training then
+      return "model mode " .. (c.training and "train -> eval" or "eval -> train")
+    end
+    c.mode_version = model:mode_version()
+    tree = true
+  end
+  local clip = self.clip
+  if clip ~= c.clip or clip.max_norm ~= c.max_norm or clip.value ~= c.value or clip.fn ~= c.fn
+    or (clip.capture_gradient_norm and true or false) ~= c.capture then
+    return "clipping policy changed"
+  end
+  if self.scaler ~= c.scaler then return "precision policy changed" end
+  local ema = self.ema
+  if ema.decay ~= c.ema_decay or ema.tau ~= c.ema_tau then return "EMA decay/tau changed" end
+  if self.ctx ~= c.ctx then return "the context (stream) changed" end
+  local cu = c.custom -- custom modules: checked every time
+  for i = 1, #cu do
+    local k = cu[i]
     if rawget(k.m, "forward") ~= k.fwd or rawget(k.m, "backward") ~= k.bwd then
       return "a module's custom forward was replaced"
     end
   end
   local why, full = self.refs:check()
-  if full then self.full_checks = self.full_checks + 1 end
-  return why
+  if full or tree then self.full_checks = self.full_checks + 1 end
+  if why then return why end
+  if full or tree then return self:_check_tree() end
+  return nil
 end
 
 -- ---------------------------------------------------------- lifecycle
@@ -421,44 +498,68 @@ function RS:run(batch, do_opt)
   if self.calls <= self.warmup then
     return self:_run_warm(batch, do_opt)
   end
-  local b = e:_bufs(self.batch)
-  if self.graphs.fb then
-    local t0 = self.recorder.clock()
-    local why = self:_check(batch)
-    self.check_s = self.check_s + (self.recorder.clock() - t0)
+  local replay = self.graphs.fb ~= nil
+  if replay then
+    local clock = self.recorder.clock
+    local t0 = clock()
+    local why = self:_check()
+    self.check_s = self.check_s + (clock() - t0)
     self.checks = self.checks + 1
-    if why then
-      self:retire(why)
-      if self.route == "eager" then return self:run(batch, do_opt) end
-      self.calls = 1
-      return self:_run_warm(batch, do_opt)
-    end
+    if why then return self:_retire_run(why, batch, do_opt) end
+  end
+  if not self:_stage(batch) then
+    if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
+    self.calls = 1 -- not recorded yet: warm up again with the new shapes
+    return self:_run_warm(batch, do_opt)
+  end
+  local model = self.model
+  if replay and model.output ~= self.out_seen then
+    -- an eager forward ran since the last replay (short batch, validation,
+    -- a user's own call): give the modules their recorded buffers back
     self.restored = self.restored + self.refs:restore()
   end
-  self:_stage(batch)
+  local b = e:_bufs(self.batch)
   self:_h2d(b)
-  if self.graphs.fb then
+  if replay then
     self:_launch("fb")
     self.replays = self.replays + 1
   else
     self:_record("fb", function() self:_fb(b) end)
     local ok, err = pcall(function()
       self:_snapshot(b)
-      self.refs = self.recorder.refs(self.model.params, self.cmods)
+      self.refs = self.recorder.refs(model.params, self.cmods)
     end)
     if not ok then self:_fail(err, "recording fb") end
-    self.model._recordings = self.model._recordings or setmetatable({}, { __mode = "k" })
-    self.model._recordings[self] = true
+    model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
+    model._recordings[self] = true
   end
+  -- Model:forward sets model.output to a new table on every call: the
+  -- replay of a real graph does not, the fake recorder's does (it runs the
+  -- segment again), hence read after the launch
+  self.out_seen = model.output
   if do_opt then self:_opt(true) end
   self:_count(b, do_opt)
 end
 
+-- A retirement seen before a replay: retire, then run this call on the
+-- route the retirement left (a new warm-up, or eager after a second drift).
+function RS:_retire_run(why, batch, do_opt)
+  self:retire(why)
+  if why == "input shapes changed" then self:_reshape(batch) end
+  if self.route == "eager" then return self:run(batch, do_opt) end
+  self.calls = 1
+  return self:_run_warm(batch, do_opt)
+end
+
 -- A warm-up call: the recorded route's segments, eagerly.
 function RS:_run_warm(batch, do_opt)
-  local b = self.eager:_bufs(self.batch)
+  local b
   local ok, err = pcall(function()
-    self:_stage(batch)
+    if not self:_stage(batch) then -- new input shapes before anything was recorded
+      self:_reshape(batch)
+      assert(self:_stage(batch), "recorded step: staging refused the batch after reshaping")
+    end
+    b = self.eager:_bufs(self.batch)
     self:_h2d(b)
     self:_fb(b)
     if do_opt then self:_opt(false) end
@@ -511,6 +612,8 @@ end
 function RS:reset_running() self.eager:reset_running() end
 function RS:running_losses() return self.eager:running_losses() end
 function RS:predict(vb) return self.eager:predict(vb) end
+function RS:val_loss(o, vb, n) return self.eager:val_loss(o, vb, n) end
+function RS:val_losses() return self.eager:val_losses() end
 
 --- Counters and timings (goes into the fit results as results.step).
 function RS:stats()

@@ -46,6 +46,15 @@ local function num(x)
   return string.format("%.6g", x)
 end
 
+--- csv:last_time() -> the time column of the last row (0 when none): a
+-- resumed run continues the elapsed-time count.
+function Csv:last_time()
+  local last
+  for l in io.lines(self.path) do last = l end
+  local t = last and tonumber(last:match("^[^,]*,([^,]*)"))
+  return t or 0
+end
+
 --- csv:row(epoch (1-based), seconds, train_losses {box=..}, metrics, val_losses|nil, lrs {pg0, pg1, pg2})
 function Csv:row(epoch, seconds, tl, m, vl, lrs)
   local r = { tostring(epoch), num(seconds) }

@@ -1,11 +1,15 @@
 --[[
 lucid.step — one training step of a pose model, in segments: input copy
-(u8 images -> activations on the device, /255; targets -> device), network
-forward + loss + backward, gradient clipping, optimizer update, EMA update.
+(u8 images -> a device u8 buffer, then lucid.input_prepare: HSV with the
+batch's gains when device_hsv, /255, in the activation dtype; targets ->
+device), network forward + loss + backward, gradient clipping, optimizer
+update, EMA update.
 
   local step = require("lucid.step").new{model=, optimizer=, ema=, scaler=,
       ctx=, batch=B, imgsz=S, max_gt=G, nc=1, nkpt=17, act_dtype="bf16",
-      gains={box=7.5, ...}, clip={max_norm=10}, accumulate=16}
+      gains={box=7.5, ...}, clip={max_norm=10}, accumulate=16,
+      device_hsv=false}   -- true: the loader left HSV to the device
+                          -- (hsv_on_cpu = false): batch.hsv is applied here
   step:run(batch, do_optimizer_step)
   local losses = step:running_losses()  -- means since reset_running (syncs)
 
@@ -62,8 +66,21 @@ function Step:_inputs(batch, n)
   local b = self:_bufs(n)
   local B = batch.images:size(1)
   local function part(t) return n == B and t or t:narrow(1, 1, n) end
-  b.x:copy_(part(batch.images))
-  b.x:mul_(1 / 255)
+  local images, hsv = part(batch.images), self.device_hsv and part(batch.hsv) or nil
+  if self.device ~= "cpu" then
+    -- u8 images (and HSV gains) to persistent device buffers, then one kernel
+    if not b.img then
+      b.img = lucid.empty(images:shape(), { ctx = self.ctx, dtype = "u8" })
+      if self.device_hsv then b.hsv = lucid.empty({ n, 3 }, { ctx = self.ctx }) end
+    end
+    b.img:copy_(images)
+    images = b.img
+    if hsv then
+      b.hsv:copy_(hsv)
+      hsv = b.hsv
+    end
+  end
+  lucid.input_prepare(b.x, images, hsv)
   b.tg.cls:copy_(part(batch.cls))
   b.tg.boxes:copy_(part(batch.boxes))
   b.tg.kpts:copy_(part(batch.kpts))
@@ -134,10 +151,52 @@ function Step:predict(vb)
   if not x then
     x = lucid.empty({ n, 3, self.imgsz, self.imgsz }, { ctx = self.ctx, dtype = self.act_dtype })
     self.bufs[key] = x
+    if self.device ~= "cpu" then
+      self.bufs[key .. "u8"] = lucid.empty({ n, 3, self.imgsz, self.imgsz }, { ctx = self.ctx, dtype = "u8" })
+    end
   end
-  x:copy_(vb.images)
-  x:mul_(1 / 255)
+  local images = vb.images -- validation: no HSV
+  local img = self.bufs[key .. "u8"]
+  if img then
+    img:copy_(images)
+    images = img
+  end
+  lucid.input_prepare(x, images)
   return self.model:forward(x)
+end
+
+--- Validation loss of one batch (eval-mode outputs o of step:predict on the
+-- n real images of vb), accumulated on the device until val_losses().
+function Step:val_loss(o, vb, n)
+  local B = vb.images:size(1)
+  local key = "valloss" .. n
+  local b = self.bufs[key]
+  if not b then
+    local S, G, K, ctx = self.imgsz, vb.cls:size(2), self.nkpt, self.ctx
+    local gains = self.gains or {}
+    b = { tg = { cls = lucid.empty({ n, G }, { ctx = ctx }), boxes = lucid.empty({ n, G, 4 }, { ctx = ctx }),
+                 kpts = lucid.empty({ n, G, K, 3 }, { ctx = ctx }), mask = lucid.empty({ n, G }, { ctx = ctx, dtype = "u8" }) },
+          crit = lucid.PoseLoss{ batch = n, imgsz = S, max_gt = G, nc = self.nc, kpt_shape = { K, 3 }, ctx = ctx,
+            box = gains.box, cls = gains.cls, dfl = gains.dfl, pose = gains.pose, kobj = gains.kobj } }
+    self.bufs[key] = b
+  end
+  local function part(t) return n == B and t or t:narrow(1, 1, n) end
+  for _, k in ipairs({ "cls", "boxes", "kpts", "mask" }) do b.tg[k]:copy_(part(vb[k])) end
+  local function own(t) return n == B and t or t:narrow(1, 1, n) end
+  local _, items = b.crit:forward(own(o.boxes), own(o.scores), own(o.kpts), b.tg)
+  if not self.val_running then self.val_running = lucid.zeros({ 5 }, { ctx = self.ctx, dtype = "f32" }) end
+  self.val_running:add_(items)
+  self.val_n = (self.val_n or 0) + 1
+end
+
+--- Mean validation losses since the last call (syncs), or nil.
+function Step:val_losses()
+  if not self.val_running or (self.val_n or 0) == 0 then return nil end
+  local t = self.val_running:to("cpu"):totable()
+  local n = self.val_n
+  self.val_running:zero_()
+  self.val_n = 0
+  return { t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[5] / n }
 end
 
 function Step:stats()
@@ -148,7 +207,9 @@ end
 function Step:release()
   for _, b in pairs(self.bufs) do
     if type(b) == "table" then
-      b.x:free()
+      if b.x then b.x:free() end
+      if b.img then b.img:free() end
+      if b.hsv then b.hsv:free() end
       for _, t in pairs(b.tg) do t:free() end
       b.crit:free()
       if b.scale then b.scale:free() end
@@ -158,6 +219,7 @@ function Step:release()
   end
   self.bufs = {}
   self.running:free()
+  if self.val_running then self.val_running:free() end
 end
 
 return M

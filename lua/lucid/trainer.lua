@@ -44,6 +44,7 @@ local function round(x) return math.floor(x + 0.5) end
 -- seed cfg.seed). cfg keys used: see recipes/pose_nano.lua.
 function Trainer.new(cfg)
   assert(type(cfg) == "table", "Trainer.new: cfg must be a table")
+  Trainer.check_config(cfg)
   local ctx = lucid.Context{ device = cfg.device or "auto", seed = cfg.seed or 0 }
   local self = setmetatable({ cfg = cfg, ctx = ctx, callbacks = {}, fit_id = 0 }, Trainer)
   self.device = ctx:device()
@@ -57,6 +58,37 @@ function Trainer.new(cfg)
   end
   self.precision, self.act_dtype = prec, act
   return self
+end
+
+--- Trainer.check_config(cfg): raise a clear error naming the setting and its
+-- value before anything is opened or built.
+function Trainer.check_config(cfg)
+  local function bad(key, want)
+    error(string.format("trainer: %s = %s: expected %s", key, tostring(cfg[key]), want), 0)
+  end
+  local function int_at_least(key, lo)
+    local v = cfg[key]
+    if type(v) ~= "number" or v ~= math.floor(v) or v < lo then bad(key, "an integer >= " .. lo) end
+  end
+  int_at_least("batch", 1)
+  int_at_least("epochs", 1)
+  if cfg.workers ~= nil then int_at_least("workers", 1) end
+  if type(cfg.imgsz) ~= "number" or cfg.imgsz < 32 or cfg.imgsz % 32 ~= 0 then
+    bad("imgsz", "a multiple of 32 (the network's largest stride), at least 32")
+  end
+  if cfg.name ~= nil and (type(cfg.name) ~= "string" or cfg.name == "" or cfg.name:find("/", 1, true)) then
+    bad("name", "a non-empty name without '/' (the run folder under project)")
+  end
+  if cfg.max_gt ~= nil and cfg.max_gt ~= "auto" then int_at_least("max_gt", 1) end
+  for _, k in ipairs({ "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs" }) do
+    if cfg[k] ~= nil and (type(cfg[k]) ~= "number" or cfg[k] < 0) then bad(k, "a number >= 0") end
+  end
+  local aug = cfg.augment or {}
+  for _, k in ipairs({ "mosaic", "fliplr", "flipud" }) do
+    if aug[k] ~= nil and (type(aug[k]) ~= "number" or aug[k] < 0 or aug[k] > 1) then
+      error(string.format("trainer: augment.%s = %s: expected a probability in [0, 1]", k, tostring(aug[k])), 0)
+    end
+  end
 end
 
 --- trainer:add_callback(event, fn, [opts]) — opts.persistent keeps the
@@ -109,16 +141,26 @@ end
 -- ------------------------------------------------------------------- fit
 
 --- trainer:fit(model, [opts]) -> results {epochs, metrics (last), best_fitness,
--- save_dir, fit_seconds, steady_step_ms, losses (every step, when
--- cfg.record_losses), step (step:stats(): route, recorded, replays,
--- retirements, contract_check_us when cfg.record)}. opts.resume = true | checkpoint path overrides cfg.resume.
+-- save_dir, fit_seconds, steady_step_ms, step_windows ({seconds, steps} per
+-- epoch: the stream fenced before the first step and after the last one,
+-- before validation), memory (ctx:memory_stats() at the end), losses (every
+-- step, when cfg.record_losses), step (step:stats(): route, recorded, replays,
+-- retirements, contract_check_us when cfg.record), optimizer and ema (the
+-- fit's final lucid.Optimizer and lucid.EMA)}. opts.resume = true | checkpoint path overrides cfg.resume.
 function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
   self.fit_id = self.fit_id + 1
   self.fitting = true
   local state = { model = model, resources = {} }
   self.state = state
-  local ok, res = xpcall(function() return self:_fit(state, opts or {}) end, debug.traceback)
+  -- the original error object goes back to the caller unchanged; its
+  -- traceback is kept aside (printed with LUCID_DEBUG=1)
+  local trace
+  local ok, res = xpcall(function() return self:_fit(state, opts or {}) end, function(e)
+    trace = debug.traceback(tostring(e), 2)
+    return e
+  end)
+  if not ok and os.getenv("LUCID_DEBUG") == "1" and trace then io.stderr:write(trace, "\n") end
   -- release everything the fit created, whatever happened
   local cleanup_errors = {}
   for i = #state.resources, 1, -1 do
@@ -153,6 +195,7 @@ function Trainer:_fit(state, opts)
   local E = cfg.epochs
   local resume = opts.resume
   if resume == nil then resume = cfg.resume end
+  if resume == "true" then resume = true elseif resume == "false" or resume == "" then resume = false end
 
   -- data ------------------------------------------------------------------
   local desc = data.load_descriptor(cfg.data)
@@ -195,9 +238,12 @@ function Trainer:_fit(state, opts)
   local clip = cfg.clip or { max_norm = 10.0 }
 
   -- loss, validator, step ------------------------------------------------------
+  -- device HSV (cfg.device_hsv, default on a GPU; ignored on the CPU): the
+  -- loader leaves RandomHSV to lucid.input_prepare in the step
+  local device_hsv = self.on_gpu and cfg.device_hsv ~= false
   local step_opts = { trainer = self, model = model, optimizer = opt, ema = ema, scaler = scaler,
     ctx = ctx, batch = B, imgsz = S, max_gt = max_gt, nc = nc, nkpt = nkpt, act_dtype = self.act_dtype,
-    gains = cfg.loss, clip = clip, accumulate = accumulate }
+    gains = cfg.loss, clip = clip, accumulate = accumulate, device_hsv = device_hsv }
   local step
   if cfg.record then
     -- the recorded step (CUDA graphs; on the CPU it reports route "eager")
@@ -215,8 +261,6 @@ function Trainer:_fit(state, opts)
 
   -- run folder, resume ---------------------------------------------------------
   local save_dir = run_dir(cfg)
-  mkdir_p(save_dir .. "/weights")
-  local csv = results_csv.open(save_dir .. "/results.csv")
   local start_epoch, best_fitness, last_opt_step = 0, nil, -1
   if resume then
     local path = type(resume) == "string" and resume or (save_dir .. "/weights/last.safetensors")
@@ -224,11 +268,21 @@ function Trainer:_fit(state, opts)
     start_epoch = (ck.epoch or -1) + 1
     best_fitness = ck.best_fitness
     last_opt_step = ck.last_opt_step or -1
-    out:write(string.format("Resuming training from %s at epoch %d/%d\n", path, start_epoch + 1, E))
     if start_epoch >= E then
-      out:write("trainer: that run already finished all its epochs\n")
+      error(string.format("trainer: %s already finished %d of epochs=%d; nothing to resume (raise epochs= to "
+        .. "train longer, or start a new run without resume)", path, start_epoch, E), 0)
     end
+    out:write(string.format("Resuming training from %s at epoch %d/%d\n", path, start_epoch + 1, E))
   end
+  mkdir_p(save_dir .. "/weights")
+  local probe = io.open(save_dir .. "/weights/.write_test", "w")
+  if not probe then
+    error(string.format("trainer: cannot write the run folder %s (check project= and its permissions)", save_dir), 0)
+  end
+  probe:close()
+  os.remove(save_dir .. "/weights/.write_test")
+  local csv = results_csv.open(save_dir .. "/results.csv")
+  local time_offset = resume and csv:last_time() or 0
 
   out:write(string.format("%s %s\n", oinfo.log or "", ""))
   out:write(string.format("Image sizes %d train, %d val\nUsing %d dataloader workers\n", S, S, cfg.workers))
@@ -242,7 +296,7 @@ function Trainer:_fit(state, opts)
     local lf = S_.lf(cfg.cos_lr and true or false, epoch, E, cfg.lrf)
     opt:set_lr_factor(lf)
     local aug = aug_schedule(epoch)
-    aug.hsv_on_cpu = true
+    aug.hsv_on_cpu = not device_hsv
     if epoch > start_epoch and aug.mosaic == 0 and aug_schedule(epoch - 1).mosaic ~= 0 then
       out:write("Closing dataloader mosaic\n")
     end
@@ -261,7 +315,9 @@ function Trainer:_fit(state, opts)
           .. "set max_gt=%d or higher in the recipe", i + 1, epoch + 1, batch.max_count, max_gt,
           8 * math.ceil(batch.max_count / 8)), 0)
       end
-      if i == 0 then t_epoch0 = lucid.wall_time() end
+      -- the training window opens on a fenced stream (work queued since the
+      -- last window -- validation, checkpoint, schedule -- is not counted)
+      if i == 0 then ctx:synchronize(); t_epoch0 = lucid.wall_time() end
       local ni = i + nb * epoch
       -- warmup: accumulate, lr and momentum interpolated per iteration
       if ni <= nw then
@@ -313,7 +369,7 @@ function Trainer:_fit(state, opts)
     local lr_by = {}
     for _, g in ipairs(opt.param_groups) do lr_by[g.name] = lr_by[g.name] or g.lr end
     local lrs = { lr_by.bias, lr_by.weight, lr_by.bn }
-    if metrics then csv:row(epoch + 1, lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
+    if metrics then csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
     local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
@@ -334,15 +390,16 @@ function Trainer:_fit(state, opts)
     if k > 3 or #step_times <= 3 then st, sn = st + w.seconds, sn + w.steps end
   end
   local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
-    fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil,
-    memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses }
+    fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil, step_windows = step_times,
+    memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema }
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
       .. "contract check %.2f us/step\n", sst.route, sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
       sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_check_us or 0))
   end
-  out:write(string.format("\n%d epochs completed in %.3f hours.\n", E - start_epoch, fit_seconds / 3600))
+  out:write(string.format("\n%d epoch%s completed in %.3f hours.\n", E - start_epoch, E - start_epoch == 1 and "" or "s",
+    fit_seconds / 3600))
   out:write(string.format("Results saved to %s\n", save_dir))
   self:run_callbacks("on_fit_end", res)
   return res
@@ -369,6 +426,7 @@ function Trainer:validate(model, ema, val, loader, step, out, collect)
       if not vb then break end
       local o = step:predict(vb)
       local n = vb.n
+      if step.val_loss then step:val_loss(o, vb, n) end
       local function host(t) return t:narrow(1, 1, n):to("cpu", "f32"):contiguous() end
       val:add_batch(host(o.boxes), host(o.scores), host(o.kpts), {
         cls = vb.cls:narrow(1, 1, n):contiguous(), boxes = vb.boxes:narrow(1, 1, n):contiguous(),
@@ -381,7 +439,8 @@ function Trainer:validate(model, ema, val, loader, step, out, collect)
   if not ok then error(err, 0) end
   local m = val:compute()
   progress.val_table(m, out)
-  return m, nil
+  local vl = step.val_losses and step:val_losses() or nil
+  return m, vl and losses_table(vl) or nil
 end
 
 return Trainer
