@@ -5,7 +5,7 @@ process of bench/fit_pairs.lua (run it by hand to measure a single fit).
   luajit bench/fit_once.lua [key=value ...]
 
 Runs exactly what recipes/pose_nano.lua runs (same defaults table,
-lua/lucid/pose_nano_defaults.lua; same keys accepted) with quiet output
+recipes/pose_nano.lua; same keys accepted) with quiet output
 and every step's loss items kept (cfg.record_losses), then prints ONE JSON
 line on stdout:
 
@@ -41,7 +41,14 @@ local lucid = require "lucid"
 local recipe = require "lucid.recipe"
 local cjson = require "cjson"
 
-local defaults = require "lucid.pose_nano_defaults"
+-- the main job's settings, from the recipe itself (recipes/pose_nano.lua
+-- returns its defaults table when given "--defaults")
+local function recipe_defaults()
+  local src = debug.getinfo(1, "S").source:sub(2)
+  local root = src:match("^(.*)/bench/[^/]*$") or "."
+  return assert(loadfile(root .. "/recipes/pose_nano.lua"))("--defaults")
+end
+local defaults = recipe_defaults()
 local cfg = recipe.resolve(defaults, arg, { quiet = true })
 cfg.record_losses = true -- not a recipe key: every step's loss items stay on the device
 

@@ -20,7 +20,7 @@ model, optimizer state, EMA, every step's losses, validation metrics) are
 identical across ALL fits of both arms, listing the ones that differ.
 
 Knobs (driver only; every other key=value goes to both arms' fits and is a
-key of lua/lucid/pose_nano_defaults.lua):
+key of recipes/pose_nano.lua):
   pairs=5        A/B pairs to run
   budget_s=540   stop starting pairs (or screen configurations) once the
                  elapsed time plus the duration of the last pair would pass
@@ -37,8 +37,9 @@ key of lua/lucid/pose_nano_defaults.lua):
                  as a screen, not a claim
   write=         also write the table into this markdown file (e.g.
                  docs/BENCH.md) with the machine, versions, date and the exact
-                 command; the section of this mode (pairs or screen) is
-                 replaced, the rest of the file kept
+                 command; the section of this mode (pairs, or screen with
+                 the same list of configurations) is replaced, the rest of
+                 the file kept
   json=          also write every fit's JSON line (with whole_s) to this file
   keep=false     keep each fit's run folder (build/bench/fit/<fit>)
   luajit=        the interpreter of the children (default: this one)
@@ -50,7 +51,14 @@ argument. Without a GPU and with device=auto it prints a skip line, exit 0.
 local lucid = require "lucid"
 local recipe = require "lucid.recipe"
 local cjson = require "cjson"
-local defaults = require "lucid.pose_nano_defaults"
+-- the main job's settings, from the recipe itself (recipes/pose_nano.lua
+-- returns its defaults table when given "--defaults")
+local function recipe_defaults()
+  local src = debug.getinfo(1, "S").source:sub(2)
+  local root = src:match("^(.*)/bench/[^/]*$") or "."
+  return assert(loadfile(root .. "/recipes/pose_nano.lua"))("--defaults")
+end
+local defaults = recipe_defaults()
 
 local knobs = { pairs = 5, budget_s = 540, armA = "record=false", armB = "record=true", screen = "false",
   write = "", json = "", keep = false, luajit = "" }
@@ -67,6 +75,9 @@ local function die(msg, code)
 end
 local ok, opt = pcall(recipe.resolve, knobs, driver_args)
 if not ok then die(opt) end
+if type(opt.pairs) ~= "number" or opt.pairs < 1 or opt.pairs ~= math.floor(opt.pairs) then
+  die("pairs: expected a positive integer, got " .. tostring(opt.pairs))
+end
 
 local function words(s)
   local t = {}
@@ -216,9 +227,9 @@ local function hash_line(fits, what)
   if #diffs == 0 then
     local p = {}
     for i, k in ipairs(HASH_KEYS) do p[i] = string.format("%s `%s`", k, fits[1].hashes[k]) end
-    return string.format("**Hashes: identical across all %d fits of %s** (%s).", #fits, what, table.concat(p, ", ")), true
+    return string.format("**Hashes: identical across all %d fits of %s** (%s).", #fits, what, table.concat(p, ", "))
   end
-  return string.format("**Hashes: DIFFER across the %d fits of %s** — %s.", #fits, what, table.concat(diffs, "; ")), false
+  return string.format("**Hashes: DIFFER across the %d fits of %s** — %s.", #fits, what, table.concat(diffs, "; "))
 end
 
 local COLS = "| complete fit, s | whole process, s | steady train step, ms | peak allocated, MiB | peak reserved, MiB |"
@@ -254,12 +265,14 @@ end
 -- precision as the first fit resolved them)
 local function setting(first)
   local r = resolved
+  local dev = first and first.device or r.device
   return string.format("%s%s pose, batch %d, %d px, %d epochs, %s on %s, %d loader workers, image cache %s, "
-    .. "mosaic %s, close_mosaic %d, dataset %s", r.model, r.scale, r.batch, r.imgsz, r.epochs,
-    first and first.precision or r.precision, first and first.device or r.device, r.workers, r.cache and "on" or "off",
+    .. "HSV %s, mosaic %s, close_mosaic %d, dataset %s", r.model, r.scale, r.batch, r.imgsz, r.epochs,
+    first and first.precision or r.precision, dev, r.workers, r.cache and "on" or "off",
+    (r.device_hsv and dev:sub(1, 4) == "cuda") and "on the device" or "in the loader threads",
     tostring(r.augment.mosaic), r.augment.close_mosaic, r.data)
 end
-local md, mode, all_match, first_fit = {}, nil, true, nil
+local md, mode, first_fit = {}, nil, nil
 
 if #screen == 0 then
   mode = "pairs"
@@ -288,15 +301,15 @@ if #screen == 0 then
   md[#md + 1] = string.format("| A | %s | %s | %d %s", code(armA), routes(fa), #fa, metric_cells(fa))
   md[#md + 1] = string.format("| B | %s | %s | %d %s", code(armB), routes(fb), #fb, metric_cells(fb))
   md[#md + 1] = ""
-  local line, match = hash_line(all, "both arms")
-  all_match = match
-  md[#md + 1] = line
+  md[#md + 1] = (hash_line(all, "both arms"))
   md[#md + 1] = ""
   md[#md + 1] = "Every fit, in the order run:"
   md[#md + 1] = ""
   md[#md + 1] = fits_table(all)
 else
-  mode = "screen"
+  local ids = {}
+  for i, sc in ipairs(screen) do ids[i] = sc.id end
+  mode = "screen:" .. table.concat(ids, ",") -- its own section of write=, per list of configurations
   md[#md + 1] = "### Scaling screen (one pair each; a screen, not a claim)"
   md[#md + 1] = ""
   local head = #md + 1
@@ -312,9 +325,7 @@ else
     local b = run_fit(s.id .. "-B", concat(common, s.args, armB))
     md[#md + 1] = string.format("| %s | A | %s | %d %s", s.label, a.route, a.steps, metric_cells({ a }))
     md[#md + 1] = string.format("| %s | B | %s | %d %s", s.label, b.route, b.steps, metric_cells({ b }))
-    local line, match = hash_line({ a, b }, s.label)
-    all_match = all_match and match
-    hash_lines[#hash_lines + 1] = "- " .. line
+    hash_lines[#hash_lines + 1] = "- " .. hash_line({ a, b }, s.label)
     if n < #screen and over_budget(lucid.wall_time() - tp) then
       local rest = {}
       for k = n + 1, #screen do rest[#rest + 1] = screen[k].id end

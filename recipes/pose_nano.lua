@@ -5,9 +5,9 @@ recipes/pose_nano.lua — the main job: train the YOLO11 nano pose model
   luajit recipes/pose_nano.lua                      # the defaults below
   luajit recipes/pose_nano.lua epochs=3 imgsz=320 device=cpu name=try
 
-Every setting is in `defaults` (lua/lucid/pose_nano_defaults.lua, shared
-with the complete-fit benchmark bench/fit_pairs.lua) and can be overridden
-on the command line as key=value (nested ones with dots: clip.max_norm=5,
+Every setting is in `defaults` below (the complete-fit benchmark
+bench/fit_pairs.lua runs this same table) and can be overridden on the
+command line as key=value (nested ones with dots: clip.max_norm=5,
 augment.mosaic=0, loss.pose=10). Unknown keys are rejected by name. The resolved
 configuration is printed at start.
 
@@ -19,11 +19,49 @@ a GPU (fp32 on the CPU), device auto. Values not listed follow Ultralytics
 local lucid = require "lucid" -- also puts the Lua library (lua/lucid/) on package.path
 local recipe = require "lucid.recipe"
 
-local defaults = {} -- the schema: every key and its default
-for k, v in pairs(require "lucid.pose_nano_defaults") do defaults[k] = v end
--- RandomHSV on the GPU (lucid.input_prepare in the step) instead of in the
--- loader threads; ignored on the CPU. The batches are byte-identical.
-if defaults.device_hsv == nil then defaults.device_hsv = true end
+-- The schema: every setting and its default. recipe.resolve copies it and
+-- rejects keys it does not have.
+local defaults = {
+  -- run
+  name = "pose_nano", project = "runs", exist_ok = false, resume = false,
+  device = "auto", seed = 0, workers = 4, quiet = false,
+  -- model
+  model = "yolo11", scale = "n",
+  -- data
+  data = "coco_pose_mini", imgsz = 640, batch = 4, cache = true,
+  max_gt = "auto", -- instance slots per image; auto: 4 x the largest image count (mosaic)
+  -- schedule
+  epochs = 10, optimizer = "auto", lr0 = 0.01, lrf = 0.01, cos_lr = false,
+  momentum = 0.937, weight_decay = 0.0005, nbs = 64,
+  warmup_epochs = 3.0, warmup_momentum = 0.8, warmup_bias_lr = 0.1,
+  -- precision: auto = bf16 on a GPU, fp32 on the CPU; or bf16 | fp16 | fp32
+  precision = "auto",
+  -- clipping policy: gradient norm clipped to max_norm every optimizer step
+  -- (Ultralytics); capture_gradient_norm records the clip in the CUDA graph
+  clip = { max_norm = 10.0, capture_gradient_norm = false },
+  -- loss gains (v8PoseLoss)
+  loss = { box = 7.5, cls = 0.5, dfl = 1.5, pose = 12.0, kobj = 1.0 },
+  -- augmentation schedule: the same values every epoch; close_mosaic = N
+  -- turns mosaic off for the last N epochs (0: mosaic for all epochs)
+  augment = {
+    mosaic = 1.0, close_mosaic = 0, degrees = 0.0, translate = 0.1, scale = 0.5, shear = 0.0,
+    perspective = 0.0, flipud = 0.0, fliplr = 0.5, hsv_h = 0.015, hsv_s = 0.7, hsv_v = 0.4,
+  },
+  -- validation (Ultralytics: conf 0.001, iou 0.7, max_det 300); ap = coco | ultralytics
+  conf = 0.001, iou = 0.7, max_det = 300, ap = "coco",
+  -- validate / save weights/last every N epochs (and always at the end)
+  val_period = 1, save_period = 1,
+  -- the recorded (CUDA-graph) training step on a GPU
+  record = false,
+  -- RandomHSV on the GPU (lucid.input_prepare in the step) instead of in the
+  -- loader threads; ignored on the CPU. The batches are byte-identical.
+  device_hsv = true,
+}
+
+
+-- bench/fit_once.lua runs this same job: it loads this file with the
+-- argument "--defaults" to get the table above.
+if ... == "--defaults" then return defaults end
 
 -- Errors (a bad setting, a missing dataset, a failed fit) print their
 -- message and exit with status 1; LUCID_DEBUG=1 adds the Lua traceback.

@@ -3,9 +3,17 @@
 -- the device-HSV contract on real loader batches: a batch made with
 -- hsv_on_cpu = false and passed through input_prepare with its gains equals
 -- the batch made with hsv_on_cpu = true and a plain /255 conversion, bit for
--- bit. (spec/c/test_input.c checks the same against the CUDA kernel.)
+-- bit; and a training step fed each kind of batch (device_hsv false / true)
+-- ends in the same state, eager on the CPU and, #gpu, eager (CPU HSV)
+-- against recorded (device HSV) on CUDA. (spec/c/test_input.c checks the
+-- CUDA kernel itself.)
+package.path = "spec/support/?.lua;" .. package.path
 local lucid = require "lucid"
 local data = require "lucid.data"
+local H = require "step_harness"
+
+local gpu = lucid.cuda_available and lucid.cuda_available()
+  or (lucid.Context{ device = "auto" }:device():sub(1, 4) == "cuda")
 
 local function same(a, b)
   return (a:double() - b:double()):abs():max():item() == 0
@@ -108,5 +116,60 @@ describe("device HSV on loader batches", function()
     end
     ld:free()
     ds:free()
+  end)
+
+  -- Loader batches at imgsz 64, batch 2, max_gt H.G (overflow truncates):
+  -- pairs (CPU HSV, device HSV) of the same samples.
+  local function batch_pairs(epoch, count)
+    local ds = assert(data.open(desc, "train", { imgsz = 64 }))
+    local out = {}
+    local base = data.schedule({}, 10)(0)
+    for _, on_cpu in ipairs({ true, false }) do
+      local ld = data.loader(ds, { batch = 2, threads = 2, max_gt = H.G, seed = 9 })
+      local aug = {}
+      for k, v in pairs(base) do aug[k] = v end
+      aug.hsv_on_cpu = on_cpu
+      local k = 0
+      for b in data.batches(ld, epoch, aug) do
+        k = k + 1
+        if k > count then break end
+        local c = { n = b.n, overflow = 0, max_count = b.max_count }
+        for _, f in ipairs({ "images", "cls", "boxes", "kpts", "mask", "hsv" }) do c[f] = b[f]:clone() end
+        out[k] = out[k] or {}
+        out[k][on_cpu and 1 or 2] = c
+      end
+      ld:free()
+    end
+    ds:free()
+    return out
+  end
+
+  it("a CPU step on device-HSV batches (device_hsv = true) equals one on CPU-HSV batches", function()
+    local pairs_ = batch_pairs(1, 2)
+    local a = H.stack{ B = 2, S = 64 }
+    local b = H.stack{ B = 2, S = 64 }
+    b.step.device_hsv = true
+    for i, p in ipairs(pairs_) do
+      a.step:run(p[1], i == 2)
+      b.step:run(p[2], i == 2)
+    end
+    H.same(a, b, "device_hsv on the cpu")
+    a.step:release(); b.step:release()
+  end)
+
+  local it_gpu = gpu and it or pending
+  it_gpu("#gpu CUDA bf16: recorded step with device HSV == eager step on CPU-HSV batches, bitwise", function()
+    local pairs_ = batch_pairs(2, 8)
+    local e = H.stack{ device = "cuda", precision = "bf16", B = 2, S = 64 }
+    local r = H.stack{ device = "cuda", precision = "bf16", B = 2, S = 64, recorded = true, trainer = {} }
+    r.step.eager.device_hsv = true -- before the first call: the staging gets the gains
+    for i, p in ipairs(pairs_) do
+      e.step:run(p[1], i % 2 == 0)
+      r.step:run(p[2], i % 2 == 0)
+    end
+    local s = r.step:stats()
+    assert.is_true(s.replays >= 3, "replays " .. tostring(s.replays))
+    H.same(e, r, "device HSV recorded vs CPU HSV eager")
+    r.step:release(); e.step:release()
   end)
 end)

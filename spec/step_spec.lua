@@ -174,4 +174,106 @@ describe("recorded step state machine (fake recorder)", function()
     r.step:release()
     r.step:release()
   end)
+  it("input shape changes (image size, then max_gt) are seen by the staging copies: one retirement each", function()
+    local e, r = pair{ B = B, S = S }
+    for i = 1, 4 do both(e, r, H.batch(B, S, i), true) end
+    assert.is_truthy(r.step.graphs.fb)
+    -- 1: image size 64 -> 32 (the eager route follows the new shapes too)
+    H.reshape(e, 32, H.G)
+    local n0 = r.recorder.recorded
+    for i = 5, 8 do both(e, r, H.batch(B, 32, i), true) end
+    assert.are.equal(1, r.step.retirements)
+    assert.are.equal("input shapes changed", r.step.last_retire_reason)
+    assert.are_not.equal("eager", r.step.route)
+    assert.is_true(r.recorder.recorded > n0)           -- re-recorded for 32
+    H.same(e, r, "after the image size change")
+    -- 2: max_gt 8 -> 16: a second drift, eager for the rest of the fit
+    H.reshape(e, 32, 16)
+    for i = 9, 10 do both(e, r, H.batch(B, 32, i, nil, 16), true) end
+    assert.are.equal(2, r.step.retirements)
+    assert.are.equal("eager", r.step.route)
+    H.same(e, r, "after the max_gt change")
+    r.step:release(); e.step:release()
+  end)
+
+  it("the common-case contract check costs well under 5 us of host time (median of 10,000 checks)", function()
+    local _, r = pair{ B = B, S = S }
+    for i = 1, 4 do r.step:run(H.batch(B, S, i), true) end
+    local step = r.step
+    assert.is_truthy(step.graphs.fb)
+    local _, on = lucid.graph.module_epoch()
+    assert.is_true(on, "the module epoch (lua_graph.c) must be hooked into the CModule mode setters")
+    local _, _, fast = step.refs:check()
+    assert.is_true(fast)                                 -- answered by the counters alone
+    local clock = lucid.graph.clock
+    local full0 = step.full_checks
+    local function median(n, between)
+      local ts = {}
+      for i = 1, n do
+        if between then between() end
+        local t0 = clock()
+        local why = step:_check()
+        ts[i] = clock() - t0
+        if why then error("the contract check failed: " .. why) end
+      end
+      table.sort(ts)
+      return 1e6 * ts[math.floor(n / 2)]
+    end
+    median(1000) -- JIT warm-up
+    local hot = median(10000)
+    -- the caches disturbed as by a step's 5 MB staging copy (640 x 640 x 3 x 4)
+    local a = lucid.zeros({ 5 * 2 ^ 18 }, { device = "cpu" })
+    local b = lucid.zeros({ 5 * 2 ^ 18 }, { device = "cpu" })
+    local cold = median(1000, function() a:copy_(b) end)
+    print(string.format("\n    contract check: %.3f us hot, %.3f us after a 5 MB copy (median)", hot, cold))
+    assert.is_true(hot < 5, string.format("hot median %.3f us", hot))
+    assert.is_true(cold < 5, string.format("median after a 5 MB copy %.3f us", cold))
+    assert.are.equal(full0, step.full_checks)           -- no field-by-field check ran
+    step:release()
+  end)
+
+  it("the cheap path sees a module's mode change through the module epoch, and a mode set to what it was does not move it", function()
+    local _, r = pair{ B = B, S = S }
+    for i = 1, 4 do r.step:run(H.batch(B, S, i), true) end
+    local ep0 = lucid.graph.module_epoch()
+    r.model:train()                                      -- already training: nothing moves
+    assert.are.equal(ep0, lucid.graph.module_epoch())
+    local bn = r.model.layers[2].module.bn
+    bn._c:need_grad_input(true)                          -- already set: nothing moves
+    assert.are.equal(ep0, lucid.graph.module_epoch())
+    bn._c:eval()
+    assert.is_true(lucid.graph.module_epoch() > ep0)
+    local why, full, fast = r.step.refs:check()
+    assert.matches("mode train %-> eval", why)
+    assert.is_true(full)
+    assert.is_false(fast)
+    bn._c:train()                                        -- back: the refs refresh, the cheap path returns
+    why, full = r.step.refs:check()
+    assert.is_nil(why)
+    assert.is_true(full)
+    local _, _, fast2 = r.step.refs:check()
+    assert.is_true(fast2)
+    r.step:release()
+  end)
+
+  it("a class-level forward replacement is found by the next full check (announce it with bump_version to retire at once)", function()
+    local _, r = pair{ B = B, S = S }
+    for i = 1, 4 do r.step:run(H.batch(B, S, i), true) end
+    local cls = getmetatable(r.model.layers[1].module)  -- Conv
+    local orig = cls.forward
+    local ok, err = pcall(function()
+      cls.forward = function(self, x) return orig(self, x) end
+      -- the cheap path does not walk the classes: no retirement yet
+      r.step:run(H.batch(B, S, 5), true)
+      assert.are.equal(0, r.step.retirements)
+      -- a counter moves (validation's eval/train): the full check walks the tree
+      r.model:eval(); r.model:train()
+      r.step:run(H.batch(B, S, 6), true)
+      assert.are.equal(1, r.step.retirements)
+      assert.matches("forward/backward of class %a*Conv replaced", r.step.last_retire_reason) -- Conv or a subclass
+    end)
+    cls.forward = orig
+    r.step:release()
+    if not ok then error(err, 0) end
+  end)
 end)

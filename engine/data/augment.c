@@ -36,6 +36,7 @@
 #include "hsv_pixel.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,9 +193,10 @@ lucid_status lucid_aug_mosaic4(lucid_ctx *ctx, const lucid_image *imgs[4],
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "mosaic canvas must be %dx%d, got %dx%d", 2 * s,
                             2 * s, canvas->w, canvas->h);
-    fill_pad(canvas);
     out->n = 0;
     int S2 = 2 * s;
+    int A[4][4], Bv[4][4]; /* per tile: x1a y1a x2a y2a, x1b y1b x2b y2b */
+    int placed[4];
     for (int i = 0; i < 4; i++) {
         int w = imgs[i]->w, h = imgs[i]->h;
         int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
@@ -220,7 +222,38 @@ lucid_status lucid_aug_mosaic4(lucid_ctx *ctx, const lucid_image *imgs[4],
             y2b = y2a - y1a < h ? y2a - y1a : h;
         }
         int cw = x2b - x1b, ch = y2b - y1b;
-        if (cw > 0 && ch > 0 && x2a - x1a == cw && y2a - y1a == ch) {
+        placed[i] = cw > 0 && ch > 0 && x2a - x1a == cw && y2a - y1a == ch;
+        A[i][0] = x1a; A[i][1] = y1a; A[i][2] = x2a; A[i][3] = y2a;
+        Bv[i][0] = x1b; Bv[i][1] = y1b; Bv[i][2] = x2b; Bv[i][3] = y2b;
+    }
+    /* pad (114) only where no tile lands: per row, the gaps between the
+     * (disjoint) x-ranges of the tiles covering it */
+    for (int y = 0; y < S2; y++) {
+        uint8_t *row = canvas->data + (size_t)y * S2 * 3;
+        int iv[4][2], k = 0;
+        for (int i = 0; i < 4; i++)
+            if (placed[i] && y >= A[i][1] && y < A[i][3]) {
+                int j = k++;
+                while (j > 0 && iv[j - 1][0] > A[i][0]) {
+                    iv[j][0] = iv[j - 1][0];
+                    iv[j][1] = iv[j - 1][1];
+                    j--;
+                }
+                iv[j][0] = A[i][0];
+                iv[j][1] = A[i][2];
+            }
+        int x = 0;
+        for (int j = 0; j < k; j++) {
+            if (iv[j][0] > x) memset(row + (size_t)x * 3, PAD_VALUE, (size_t)(iv[j][0] - x) * 3);
+            if (iv[j][1] > x) x = iv[j][1];
+        }
+        if (x < S2) memset(row + (size_t)x * 3, PAD_VALUE, (size_t)(S2 - x) * 3);
+    }
+    for (int i = 0; i < 4; i++) {
+        int w = imgs[i]->w, h = imgs[i]->h;
+        int x1a = A[i][0], y1a = A[i][1], x1b = Bv[i][0], y1b = Bv[i][1];
+        int cw = Bv[i][2] - x1b, ch = Bv[i][3] - y1b;
+        if (placed[i]) {
             for (int y = 0; y < ch; y++)
                 memcpy(canvas->data + ((size_t)(y1a + y) * S2 + x1a) * 3,
                        imgs[i]->data + ((size_t)(y1b + y) * w + x1b) * 3,
@@ -389,6 +422,10 @@ static lucid_status warp_axis_aligned(lucid_ctx *ctx, const lucid_image *src,
         if (fy < -(1 << 26)) fy = -(1 << 26);
         if (fy > (1 << 26)) fy = 1 << 26;
         int y0 = (int)(fy >> 5);
+        if (y0 < -1 || y0 >= sh) { /* the whole row samples the border */
+            memset(d, PAD_VALUE, (size_t)W * 3);
+            continue;
+        }
         if (fy < 0 || y0 >= sh - 1 || xa >= xb) {
             for (int X = 0; X < W; X++)
                 sample_fixed(src->data, sw, sh, xi[X], (int)fy, d + X * 3);
@@ -576,23 +613,62 @@ void lucid_aug_hsv_apply(lucid_image *img, double rh, double rs, double rv) {
         lucid_hsv_pixel(&t, p[0], p[1], p[2], &p[0], &p[1], &p[2]);
 }
 
-void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
-                      double rh, double rs, double rv) {
-    size_t n = (size_t)img->w * img->h;
-    const uint8_t *p = img->data;
-    uint8_t *c0 = chw, *c1 = chw + n, *c2 = chw + 2 * n;
-    if (!hsv) {
-        for (size_t i = 0; i < n; i++, p += 3) {
-            c0[i] = p[0];
-            c1[i] = p[1];
-            c2[i] = p[2];
+/* One row of 3-channel pixels into three planes, reading forwards (dir 1)
+ * or backwards from the last pixel (dir -1, a horizontal flip); 8 pixels
+ * per step are packed into one 64-bit store per plane. */
+static inline void deinterleave_row(const uint8_t *row, int w, int dir,
+                                    uint8_t *c0, uint8_t *c1, uint8_t *c2) {
+    const int st = 3 * dir;
+    const uint8_t *p = dir > 0 ? row : row + 3 * (w - 1);
+    int i = 0;
+    for (; i + 8 <= w; i += 8, p += 8 * st) {
+        uint64_t r = 0, g = 0, b = 0;
+        for (int k = 0; k < 8; k++) {
+            r |= (uint64_t)p[k * st] << (8 * k);
+            g |= (uint64_t)p[k * st + 1] << (8 * k);
+            b |= (uint64_t)p[k * st + 2] << (8 * k);
         }
-        return;
+        /* byte k of the word goes to c[i + k]: little-endian order */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        r = __builtin_bswap64(r);
+        g = __builtin_bswap64(g);
+        b = __builtin_bswap64(b);
+#endif
+        memcpy(c0 + i, &r, 8);
+        memcpy(c1 + i, &g, 8);
+        memcpy(c2 + i, &b, 8);
     }
+    for (; i < w; i++, p += st) {
+        c0[i] = p[0];
+        c1[i] = p[1];
+        c2[i] = p[2];
+    }
+}
+
+void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
+                      double rh, double rs, double rv, int flips) {
+    const int W = img->w, H = img->h;
+    const size_t n = (size_t)W * H;
+    const int lr = (flips & LUCID_FLIP_LR) != 0, ud = (flips & LUCID_FLIP_UD) != 0;
     lucid_hsv_tables t;
-    lucid_hsv_tables_init(&t, rh, rs, rv);
-    for (size_t i = 0; i < n; i++, p += 3)
-        lucid_hsv_pixel(&t, p[0], p[1], p[2], &c0[i], &c1[i], &c2[i]);
+    if (hsv) lucid_hsv_tables_init(&t, rh, rs, rv);
+    for (int y = 0; y < H; y++) {
+        const uint8_t *row = img->data + (size_t)(ud ? H - 1 - y : y) * W * 3;
+        uint8_t *c0 = chw + (size_t)y * W, *c1 = c0 + n, *c2 = c1 + n;
+        if (!hsv) {
+            deinterleave_row(row, W, lr ? -1 : 1, c0, c1, c2);
+            continue;
+        }
+        const uint8_t *p = lr ? row + 3 * (size_t)(W - 1) : row;
+        const ptrdiff_t st = lr ? -3 : 3;
+        for (int x = 0; x < W; x++, p += st) {
+            uint8_t o[3];
+            lucid_hsv_pixel(&t, p[0], p[1], p[2], &o[0], &o[1], &o[2]);
+            c0[x] = o[0];
+            c1[x] = o[1];
+            c2[x] = o[2];
+        }
+    }
 }
 
 void lucid_aug_hsv(lucid_image *img, float hgain, float sgain, float vgain,
@@ -605,18 +681,8 @@ void lucid_aug_hsv(lucid_image *img, float hgain, float sgain, float vgain,
 
 /* ------------------------------------------------------------------ flips */
 
-void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
-                      const int *flip_idx) {
-    int W = img->w, K = in->nkpt;
-    for (int y = 0; y < img->h; y++) {
-        uint8_t *row = img->data + (size_t)y * W * 3;
-        for (int a = 0, b = W - 1; a < b; a++, b--) {
-            uint8_t *pa = row + a * 3, *pb = row + b * 3;
-            uint8_t t0 = pa[0], t1 = pa[1], t2 = pa[2];
-            pa[0] = pb[0]; pa[1] = pb[1]; pa[2] = pb[2];
-            pb[0] = t0; pb[1] = t1; pb[2] = t2;
-        }
-    }
+void lucid_instances_fliplr(lucid_instances *in, int W, const int *flip_idx) {
+    int K = in->nkpt;
     float tmp[LUCID_MAX_KPT * 3];
     for (int i = 0; i < in->n; i++) {
         float *b = in->box + i * 4;
@@ -633,8 +699,35 @@ void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
     }
 }
 
+void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
+                      const int *flip_idx) {
+    int W = img->w;
+    for (int y = 0; y < img->h; y++) {
+        uint8_t *row = img->data + (size_t)y * W * 3;
+        for (int a = 0, b = W - 1; a < b; a++, b--) {
+            uint8_t *pa = row + a * 3, *pb = row + b * 3;
+            uint8_t t0 = pa[0], t1 = pa[1], t2 = pa[2];
+            pa[0] = pb[0]; pa[1] = pb[1]; pa[2] = pb[2];
+            pb[0] = t0; pb[1] = t1; pb[2] = t2;
+        }
+    }
+    lucid_instances_fliplr(in, W, flip_idx);
+}
+
+void lucid_instances_flipud(lucid_instances *in, int H) {
+    int K = in->nkpt;
+    for (int i = 0; i < in->n; i++) {
+        float *b = in->box + i * 4;
+        float y1 = H - b[3], y2 = H - b[1];
+        b[1] = y1;
+        b[3] = y2;
+        float *kp = in->kpts + (size_t)i * K * 3;
+        for (int k = 0; k < K; k++) kp[k * 3 + 1] = H - kp[k * 3 + 1];
+    }
+}
+
 void lucid_aug_flipud(lucid_image *img, lucid_instances *in) {
-    int W = img->w, H = img->h, K = in->nkpt;
+    int W = img->w, H = img->h;
     size_t rb = (size_t)W * 3;
     for (int a = 0, b = H - 1; a < b; a++, b--) {
         uint8_t *ra = img->data + a * rb, *rbp = img->data + b * rb;
@@ -644,14 +737,7 @@ void lucid_aug_flipud(lucid_image *img, lucid_instances *in) {
             rbp[j] = t;
         }
     }
-    for (int i = 0; i < in->n; i++) {
-        float *b = in->box + i * 4;
-        float y1 = H - b[3], y2 = H - b[1];
-        b[1] = y1;
-        b[3] = y2;
-        float *kp = in->kpts + (size_t)i * K * 3;
-        for (int k = 0; k < K; k++) kp[k * 3 + 1] = H - kp[k * 3 + 1];
-    }
+    lucid_instances_flipud(in, H);
 }
 
 /* -------------------------------------------------------------- letterbox */

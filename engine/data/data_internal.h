@@ -48,21 +48,38 @@ lucid_status lucid_prepare_image(lucid_ctx *ctx, const char *path, int imgsz,
                                  lucid_image *out, int *orient, int *ow,
                                  int *oh);
 
-/* HWC image -> planar CHW (3 planes of w*h), applying RandomHSV with the
- * gains (rh, rs, rv) on the way when hsv != 0 (same bytes as
- * lucid_aug_hsv_apply followed by the transpose, one pass less). */
-void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
-                      double rh, double rs, double rv);
+/* The label half of lucid_aug_fliplr / lucid_aug_flipud (canvas width W /
+ * height H in pixels). */
+void lucid_instances_fliplr(lucid_instances *in, int W, const int *flip_idx);
+void lucid_instances_flipud(lucid_instances *in, int H);
 
-/* lucid_augment_sample with the HSV stage deferred (defer_hsv = 1: the
- * gains are drawn and returned in hsv[] but not applied, whatever
- * p->hsv_on_cpu says) — the loader applies them in lucid_hwc_to_chw. */
+/* Pixel flips left to lucid_hwc_to_chw (bits of *flips). */
+enum { LUCID_FLIP_LR = 1, LUCID_FLIP_UD = 2 };
+
+/* HWC image -> planar CHW (3 planes of w*h), applying the pixel flips
+ * `flips` (LUCID_FLIP_*: output (y, x) reads (H-1-y if UD, W-1-x if LR))
+ * and RandomHSV with the gains (rh, rs, rv) when hsv != 0 on the way (same
+ * bytes as lucid_aug_flipud/fliplr and lucid_aug_hsv_apply followed by the
+ * transpose: HSV is per pixel and the flips permute pixels, so they
+ * commute; one pass instead of three). */
+void lucid_hwc_to_chw(const lucid_image *img, uint8_t *chw, int hsv,
+                      double rh, double rs, double rv, int flips);
+
+/* What lucid_augment_sample_ex may leave to lucid_hwc_to_chw (defer). */
+enum { LUCID_DEFER_HSV = 1, LUCID_DEFER_FLIPS = 2 };
+
+/* lucid_augment_sample with stages deferred: LUCID_DEFER_HSV draws the
+ * gains and returns them in hsv[] / hsv_d[] but does not apply them,
+ * whatever p->hsv_on_cpu says; LUCID_DEFER_FLIPS flips the instances but
+ * not the pixels and returns the pixel flips to apply in *flips
+ * (LUCID_FLIP_*; may be NULL without the flag). The loader applies both in
+ * lucid_hwc_to_chw. */
 lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
                                      const lucid_aug_params *p, int s,
                                      uint64_t seed, uint64_t epoch,
                                      int64_t index, lucid_aug_work *work,
                                      lucid_image *out, lucid_instances *inst,
                                      float hsv[3], double hsv_d[3],
-                                     int defer_hsv);
+                                     int defer, int *flips);
 
 #endif

@@ -32,6 +32,8 @@
 
 #if defined(__CUDACC__)
 #define LUCID_HSV_FN static __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define LUCID_HSV_FN static inline __attribute__((always_inline))
 #else
 #define LUCID_HSV_FN static inline
 #endif
@@ -114,24 +116,31 @@ LUCID_HSV_FN void lucid_hsv_pixel_t(const int *sdiv, const int *hdiv,
         *R = *G = *B = (uint8_t)V;
         return;
     }
-    int f = H % 30;
+    int f = (int)((unsigned)H % 30u);
     /* OpenCV sector_data {1,3,0},{1,0,2},{3,0,1},{0,2,1},{0,1,3},{2,1,0}:
-     * b, g, r = tab[sd[0]], tab[sd[1]], tab[sd[2]] with tab = {V, t1, t2, t3} */
-    int t1 = (2 * V * (255 - S) + 255) / 510;
-    int t2 = (2 * V * (7650 - S * f) + 7650) / 15300;
-    int t3 = (2 * V * (7650 - S * (30 - f)) + 7650) / 15300;
-    int rr, gg, bb;
-    switch ((H / 30) % 6) {
-    case 0: bb = t1; gg = t3; rr = V; break;
-    case 1: bb = t1; gg = V; rr = t2; break;
-    case 2: bb = t3; gg = V; rr = t1; break;
-    case 3: bb = V; gg = t2; rr = t1; break;
-    case 4: bb = V; gg = t1; rr = t3; break;
-    default: bb = t2; gg = t1; rr = V; break;
-    }
-    *R = (uint8_t)rr;
-    *G = (uint8_t)gg;
-    *B = (uint8_t)bb;
+     * b, g, r = tab[sd[0]], tab[sd[1]], tab[sd[2]] with tab = {V, t1, t2, t3};
+     * here per sector the tab index of R | G << 2 | B << 4, six bits each
+     * (branch-free: the sector is data-dependent, a switch mispredicts) */
+    const uint64_t codes = 28ull | 18ull << 6 | 49ull << 12 | 9ull << 18 |
+                           7ull << 24 | 36ull << 30;
+    int c = (int)((codes >> (6u * ((unsigned)H / 30u % 6u))) & 63);
+    int tab[4];
+    tab[0] = V;
+    tab[1] = (2 * V * (255 - S) + 255) / 510;
+    tab[2] = (2 * V * (7650 - S * f) + 7650) / 15300;
+    tab[3] = (2 * V * (7650 - S * (30 - f)) + 7650) / 15300;
+#if defined(__CUDA_ARCH__)
+    /* selects instead of a dynamically indexed (local-memory) array */
+#define LUCID_HSV_SEL(i) ((i) == 0 ? tab[0] : (i) == 1 ? tab[1] : (i) == 2 ? tab[2] : tab[3])
+    *R = (uint8_t)LUCID_HSV_SEL(c & 3);
+    *G = (uint8_t)LUCID_HSV_SEL((c >> 2) & 3);
+    *B = (uint8_t)LUCID_HSV_SEL(c >> 4);
+#undef LUCID_HSV_SEL
+#else
+    *R = (uint8_t)tab[c & 3];
+    *G = (uint8_t)tab[(c >> 2) & 3];
+    *B = (uint8_t)tab[c >> 4];
+#endif
 }
 
 LUCID_HSV_FN void lucid_hsv_pixel(const lucid_hsv_tables *t, int r, int g,

@@ -53,7 +53,7 @@ lucid_status lucid_augment_sample(lucid_ctx *ctx, const lucid_dataset *ds,
                                   lucid_aug_work *work, lucid_image *out,
                                   lucid_instances *inst, float hsv[3]) {
     return lucid_augment_sample_ex(ctx, ds, p, s, seed, epoch, index, work,
-                                   out, inst, hsv, NULL, 0);
+                                   out, inst, hsv, NULL, 0, NULL);
 }
 
 lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
@@ -62,7 +62,7 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
                                      int64_t index, lucid_aug_work *work,
                                      lucid_image *out, lucid_instances *inst,
                                      float hsv[3], double hsv_d[3],
-                                     int defer_hsv) {
+                                     int defer, int *flips) {
     const lucid_pose_spec *spec = &ds->opt.spec;
     int K = spec->nkpt;
     if (out->w != s || out->h != s || !out->data)
@@ -74,6 +74,7 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
                             (long long)index, (long long)ds->n);
     if (hsv) hsv[0] = hsv[1] = hsv[2] = 0;
     if (hsv_d) hsv_d[0] = hsv_d[1] = hsv_d[2] = 0;
+    if (flips) *flips = 0;
     lucid_aug_work local;
     memset(&local, 0, sizeof local);
     if (!work) work = &local;
@@ -150,7 +151,7 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
         if (hsv_d) { hsv_d[0] = rh; hsv_d[1] = rs; hsv_d[2] = rv; }
         /* HSV is per pixel, so it commutes with the flips below: the loader
          * may apply it later, while transposing to CHW */
-        if (!defer_hsv && p->hsv_on_cpu && (p->hsv_h || p->hsv_s || p->hsv_v))
+        if (!(defer & LUCID_DEFER_HSV) && p->hsv_on_cpu && (p->hsv_h || p->hsv_s || p->hsv_v))
             lucid_aug_hsv_apply(out, rh, rs, rv);
     }
     /* RandomFlip vertical then horizontal (both need flip_idx for pose) */
@@ -159,9 +160,21 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
         double ud = lucid_rng_uniform(&r, 0, 1);
         double lr = lucid_rng_uniform(&r, 0, 1);
         int flips_ok = K == 0 || spec->has_flip_idx;
-        if (flips_ok && ud < p->flipud) lucid_aug_flipud(out, inst);
-        if (flips_ok && lr < p->fliplr)
-            lucid_aug_fliplr(out, inst, K > 0 ? spec->flip_idx : NULL);
+        const int *fi = K > 0 ? spec->flip_idx : NULL;
+        if (defer & LUCID_DEFER_FLIPS) {
+            /* labels now, pixels in the loader's transpose */
+            if (flips_ok && ud < p->flipud) {
+                lucid_instances_flipud(inst, out->h);
+                *flips |= LUCID_FLIP_UD;
+            }
+            if (flips_ok && lr < p->fliplr) {
+                lucid_instances_fliplr(inst, out->w, fi);
+                *flips |= LUCID_FLIP_LR;
+            }
+        } else {
+            if (flips_ok && ud < p->flipud) lucid_aug_flipud(out, inst);
+            if (flips_ok && lr < p->fliplr) lucid_aug_fliplr(out, inst, fi);
+        }
     }
 done:
     for (int i = 0; i < 4; i++)

@@ -196,11 +196,16 @@ function RS:_staging(batch)
   s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
     mask = like(batch.mask) }
   s.dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
+  if self.eager.device_hsv then
+    -- the loader left HSV to the device: its per-image gains [B, 3] travel too
+    s.hsv = like(batch.hsv)
+    s.dev_hsv = lucid.empty(batch.hsv:shape(), { ctx = ctx, dtype = batch.hsv:dtype() })
+  end
   self.stage = s
   return s
 end
 
-local STAGED = { "images", "cls", "boxes", "kpts", "mask" }
+local STAGED = { "images", "cls", "boxes", "kpts", "mask", "hsv" }
 
 local function copy_in(s, batch)
   s.images:copy_(batch.images)
@@ -208,6 +213,7 @@ local function copy_in(s, batch)
   s.boxes:copy_(batch.boxes)
   s.kpts:copy_(batch.kpts)
   s.mask:copy_(batch.mask)
+  if s.hsv then s.hsv:copy_(batch.hsv) end
 end
 
 local function same_shape(a, b)
@@ -228,7 +234,7 @@ function RS:_stage(batch)
   local ok, err = pcall(copy_in, s, batch)
   if ok then return s end
   for _, k in ipairs(STAGED) do
-    if not same_shape(s[k], batch[k]) then return nil end
+    if s[k] and batch[k] and not same_shape(s[k], batch[k]) then return nil end
   end
   error(err, 0)
 end

@@ -85,6 +85,13 @@ function Step:_inputs(batch, n)
   b.tg.boxes:copy_(part(batch.boxes))
   b.tg.kpts:copy_(part(batch.kpts))
   b.tg.mask:copy_(part(batch.mask))
+  if self.device ~= "cpu" and lucid.graph and lucid.graph.Event then
+    -- the copies read the loader's pinned slot when the stream reaches
+    -- them; run() waits on this event before it returns, so the loader can
+    -- refill that slot only once the copies are done
+    self.ev_in = self.ev_in or lucid.graph.Event(self.ctx)
+    self.ev_in:record()
+  end
   return b
 end
 
@@ -109,6 +116,7 @@ function Step:run(batch, do_opt)
   if self.recorded_losses then self.recorded_losses[#self.recorded_losses + 1] = items:clone() end
   self.steps = self.steps + 1
   if do_opt then self:optimizer_step() end
+  if self.ev_in then self.ev_in:synchronize() end
 end
 
 --- The optimizer segment: unscale (fp16), clip, update, zero_grad, EMA.
@@ -218,6 +226,7 @@ function Step:release()
     end
   end
   self.bufs = {}
+  if self.ev_in then self.ev_in:free(); self.ev_in = nil end
   self.running:free()
   if self.val_running then self.val_running:free() end
 end

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 #include <sys/stat.h>
+#include <time.h>
 
 static lucid_ctx *ctx;
 static int have_gpu;
@@ -443,6 +444,37 @@ static void test_gpu_capture(void) {
     for (size_t i = 0; i < 8; i++) lucid_tensor_release(ts[i]);
 }
 
+/* Time per call at the training shape (a note, not a check). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void note_gpu_time(void) {
+    int64_t sh[4] = {4, 3, 640, 640};
+    lucid_tensor *im = rand_images(4, 640, 640);
+    float g[12];
+    for (int i = 0; i < 12; i++) g[i] = rnd_gain(i % 3 == 0 ? 0.015f : 0.5f);
+    lucid_tensor *dim = new_t(GPU, LUCID_U8, 4, sh), *dg = gains_t(GPU, 4, g);
+    lucid_tensor *dx = new_t(GPU, LUCID_BF16, 4, sh);
+    lucid_copy(ctx, dim, im);
+    for (int hsv = 0; hsv < 2; hsv++) {
+        lucid_input_prepare(ctx, dx, dim, hsv ? dg : NULL);
+        lucid_ctx_synchronize(ctx);
+        double t0 = now_s();
+        for (int r = 0; r < 200; r++) lucid_input_prepare(ctx, dx, dim, hsv ? dg : NULL);
+        lucid_ctx_synchronize(ctx);
+        printf("# gpu input_prepare [4,3,640,640] u8 -> bf16%s: %.1f us per call "
+               "(200 back-to-back calls)\n",
+               hsv ? " + HSV" : "", (now_s() - t0) / 200 * 1e6);
+    }
+    lucid_tensor_release(dx);
+    lucid_tensor_release(dg);
+    lucid_tensor_release(dim);
+    lucid_tensor_release(im);
+}
+
 /* ------------------------------------------------------------ loader */
 
 static const char *mini_dataset(char *buf, size_t len) {
@@ -576,6 +608,7 @@ int main(void) {
         test_gpu_random();
         test_gpu_all_colours();
         test_gpu_capture();
+        note_gpu_time();
     } else {
         TEST_SKIP("gpu input_prepare (random, misaligned, all colours, capture)",
                   "no CUDA device");
