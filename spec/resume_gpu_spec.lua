@@ -41,24 +41,13 @@ local checkpoint = require "lucid.checkpoint"
 local tmp = os.tmpname()
 os.remove(tmp)
 
+local fit_cfg = require "support.fit_cfg"
 local function cfg(over)
-  local c = {
-    name = "t", project = tmp, exist_ok = true, resume = false, device = "cuda", seed = 0, workers = 2,
-    quiet = true, model = "yolo11", scale = "n", data = "coco_pose_mini", imgsz = 128, batch = 8,
-    cache = true, max_gt = "auto", epochs = 3, optimizer = "SGD", lr0 = 0.01, lrf = 0.01, cos_lr = false,
-    momentum = 0.937, weight_decay = 5e-4, nbs = 16, warmup_epochs = 1, warmup_momentum = 0.8,
-    warmup_bias_lr = 0.1, precision = "bf16", clip = { max_norm = 10.0 },
-    loss = { box = 7.5, cls = 0.5, dfl = 1.5, pose = 12.0, kobj = 1.0 },
-    augment = { mosaic = 1.0, close_mosaic = 1 }, conf = 0.001, iou = 0.7, max_det = 300, ap = "coco",
-  }
+  local c = fit_cfg.cfg(tmp, { device = "cuda", imgsz = 128, precision = "bf16" })
   for k, v in pairs(over or {}) do c[k] = v end
   return c
 end
-
-local function build(tr)
-  return require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 }, ctx = tr.ctx,
-    device = tr.device }
-end
+local build = fit_cfg.build
 
 -- The raw bytes of every tensor of a safetensors file, by name (header:
 -- u64 little-endian length, JSON {name: {dtype, shape, data_offsets}}).
