@@ -15,12 +15,12 @@
  *   - Deterministic: no float atomics anywhere; every reduction has a fixed
  *     partition (a function of the shapes only) and a fixed combining order,
  *     so results are bitwise identical run to run on one GPU.
- *   - Capturable: after the first (warm-up) call of each shape nothing here
- *     allocates, synchronizes the host or searches algorithms.  Scratch comes
- *     from the per-context nn arena (below), which grows only on a shape's
- *     first call; growing it while the stream is being captured is refused
- *     with ERR_STATE and a message naming the op ("run one eager step
- *     first").
+ *   - Capturable: after the first (warm-up) call of each shape and pass
+ *     nothing here allocates, synchronizes the host or searches algorithms.
+ *     Scratch comes from the per-context nn arena (below), which grows only
+ *     on a shape's or a conv pass's first call; growing it while the stream
+ *     is being captured is refused with ERR_STATE and a message naming the
+ *     op ("run one eager step first").
  *
  * Per-context nn state (lucid_cuda_nn_state)
  *   - arena: one device block from the context's caching allocator, shared
@@ -29,10 +29,21 @@
  *     alive (retired list) until the context shuts down, because a recorded
  *     CUDA graph may still point at it.
  *   - conv plans: one per (shape, dtype, conv params) key; each holds the
- *     cuDNN descriptors and the algorithms chosen ONCE for forward,
- *     backward-data and backward-filter (cudnnGet*Algorithm_v7 heuristics,
- *     deterministic algorithms only, no cudnnFind: a timing-based choice
- *     could differ between runs and break bitwise reproducibility).
+ *     cuDNN descriptors and the algorithms chosen ONCE per pass, lazily:
+ *     forward on the key's first forward, backward-data on its first
+ *     backward-data, backward-filter on its first backward-filter (so
+ *     inference-only shapes never plan backward passes); cudnnGet*Algorithm_v7
+ *     heuristics, deterministic algorithms only, no cudnnFind: a timing-based
+ *     choice could differ between runs and break bitwise reproducibility.
+ *   - Profile: with LUCID_PROFILE=1 in the environment (read once, when the
+ *     state is made) the state counts and times (host clock) the conv plan
+ *     creation per pass, the first cuDNN call of each plan and pass (lazy
+ *     kernel loading shows up there) and the arena growths, and prints one
+ *     line to stderr when the state is destroyed:
+ *       lucid profile: cudnn plans fwd N (S s) bwd_data N (S s) bwd_filter
+ *       N (S s); cudnn first runs fwd N (S s) ...; scratch grows N (S s,
+ *       arena B MiB); conv keys K
+ *     Unset, the cost is one branch per conv call.
  *   - The state is found through a small registry keyed by the context
  *     (nn_table.cu) and freed by lucid_cuda_nn_state_destroy(ctx), which the
  *     backend's shutdown must call after its final stream synchronize and
@@ -47,11 +58,23 @@
 #endif
 #include "nn/nn.h"
 
+#include <time.h>
 #include <vector>
 
 /* ---------------------------------------------------------------- state */
 
 struct lucid_cuda_conv_plan; /* nn_conv.cu */
+
+/* LUCID_PROFILE counters of one nn state (passes: fwd, bwd_data,
+ * bwd_filter); host seconds. */
+typedef struct lucid_cuda_nn_profile {
+    double plan_s[3];               /* conv plan creation per pass */
+    long plan_n[3];
+    double first_s[3];              /* first cuDNN call of a plan's pass */
+    long first_n[3];
+    double grow_s;                  /* arena growths (allocator calls) */
+    long grow_n;
+} lucid_cuda_nn_profile;
 
 typedef struct lucid_cuda_nn_state {
     lucid_ctx *ctx;                 /* owner (not retained) */
@@ -62,7 +85,16 @@ typedef struct lucid_cuda_nn_state {
     std::vector<void *> retired;    /* older arenas, freed at destroy */
     std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
+    int profile;                    /* LUCID_PROFILE=1 at creation */
+    lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
+
+/* Host monotonic clock in seconds (profile timings). */
+static inline double lucid_cuda_nn_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* The nn state of ctx (created on first use); NULL with the error set. */
 lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st);
@@ -91,6 +123,14 @@ void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
 int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
+/* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/
+ * bench_warmup.lua reads them through the LuaJIT FFI): out[0..2] plans per
+ * pass (fwd, bwd_data, bwd_filter), out[3..5] their seconds, out[6..8]
+ * first cuDNN calls per pass, out[9..11] their seconds, out[12] arena
+ * growths, out[13] their seconds, out[14] arena bytes, out[15] conv plan
+ * keys.  Returns 1, or 0 (out untouched) when ctx has no nn state or
+ * profiling is off.  Never creates state; safe on any context. */
+int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
 }
 
 /* 256-byte alignment of arena sub-regions. */

@@ -18,13 +18,21 @@
  *
  * Plans: one lucid_cuda_conv_plan per key (N,Cin,H,W,Cout,kh,kw, stride,
  * pad, dilation, groups, dtype), cached in the context's nn state and found
- * by a scan that compares a 64-bit hash of the key first.  Made on the key's first call: descriptors, and for each
- * pass the first algorithm of cudnnGet*Algorithm_v7's ranking that is
- * CUDNN_DETERMINISTIC, allowed by the math mode (f32: no tensor-op math),
- * accepted by cudnnGet*WorkspaceSize and needs at most 512 MiB of workspace.
- * The nn arena is grown to the plan's largest pass need right then, so later
- * calls of that key allocate nothing (CUDA-graph capturable).  No
- * cudnnFind*: a timing-based choice could differ between runs.
+ * by a scan that compares a 64-bit hash of the key first.  Planned lazily,
+ * per pass, on the pass's first cuDNN-routed call (forward on the first
+ * forward, backward-data on the first backward-data, backward-filter on the
+ * first backward-filter; a pass routed to the direct kernels is never
+ * planned): the descriptors (with the first planned pass), then the first
+ * algorithm of cudnnGet*Algorithm_v7's ranking (queried at the base math
+ * type: FMA for f32, tensor-op otherwise) that is CUDNN_DETERMINISTIC,
+ * allowed by the math mode (f32: no tensor-op math), accepted by
+ * cudnnGet*WorkspaceSize and needs at most 512 MiB of workspace.  The nn
+ * arena is grown to that pass's need right then, so later calls of that key
+ * and pass allocate nothing (CUDA-graph capturable).  No cudnnFind*: a
+ * timing-based choice could differ between runs.  (Until 2026-11 all three
+ * passes were planned on the key's first call; the choices are the same,
+ * only made later: inference-only shapes, e.g. validation at batch 8, no
+ * longer pay for backward heuristics queries.)
  *
  * Direct kernels (deterministic, f32 accumulation, f32 weights read as is):
  * used for depthwise convolutions in mode 0 (auto), for every conv in mode 1
@@ -59,9 +67,12 @@ struct lucid_cuda_conv_plan {
     conv_geom g;
     int depthwise;
     size_t wbytes;    /* weight in the activation dtype (0 for f32) */
-    size_t need;      /* largest arena need of the three passes */
+    int planned[3];   /* the pass's algorithm choice ran (have/ws final) */
     int have[3];      /* a cuDNN algorithm was chosen for the pass */
+    size_t need[3];   /* arena need of the pass (0 without an algorithm) */
 #if defined(LUCID_HAVE_CUDNN)
+    int descs;        /* 0 not made yet, 1 made, -1 too large for cuDNN */
+    int ran[3];       /* profile: the pass's first cuDNN call was timed */
     cudnnTensorDescriptor_t xd, yd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cd[3];
@@ -72,14 +83,24 @@ struct lucid_cuda_conv_plan {
 #endif
 };
 
-void lucid_cuda_conv_plan_free(lucid_cuda_conv_plan *p) {
-    if (!p) return;
 #if defined(LUCID_HAVE_CUDNN)
+static void plan_free_descs(lucid_cuda_conv_plan *p) {
     if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
     if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
     if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
     for (int i = 0; i < 3; i++)
         if (p->cd[i]) cudnnDestroyConvolutionDescriptor(p->cd[i]);
+    p->xd = NULL;
+    p->yd = NULL;
+    p->wd = NULL;
+    for (int i = 0; i < 3; i++) p->cd[i] = NULL;
+}
+#endif
+
+void lucid_cuda_conv_plan_free(lucid_cuda_conv_plan *p) {
+    if (!p) return;
+#if defined(LUCID_HAVE_CUDNN)
+    plan_free_descs(p);
 #endif
     delete p;
 }
@@ -126,15 +147,19 @@ static bool math_ok(lucid_dtype dt, cudnnMathType_t m) {
     return m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
-static lucid_status plan_cudnn(lucid_ctx *ctx, lucid_cuda_state *st,
-                               lucid_cuda_conv_plan *pl) {
+static cudnnMathType_t base_math(lucid_dtype dt) {
+    return dt == LUCID_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+}
+
+/* The shape's tensor, filter and convolution descriptors (one convolution
+ * descriptor per pass: each pass keeps its own chosen math type).  Sets
+ * pl->descs to 1, or to -1 when the shape exceeds cuDNN's int dims (direct
+ * kernels); on an error everything made here is destroyed again, so the
+ * next call retries. */
+static lucid_status plan_descs_make(lucid_ctx *ctx, lucid_cuda_conv_plan *pl) {
     const conv_geom &g = pl->g;
-    /* 4-d descriptors take int dims and int strides */
-    if (g.N * g.Cin * g.H * g.W > INT_MAX || g.N * g.Cout * g.Ho * g.Wo > INT_MAX)
-        return LUCID_OK; /* direct kernels */
-    cudnnHandle_t h = st->cudnn;
     cudnnDataType_t ddt = cudnn_dt(pl->dt);
-    cudnnMathType_t base = pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    cudnnMathType_t base = base_math(pl->dt);
     CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->xd));
     CUDNN_CHECK(ctx, cudnnCreateTensorDescriptor(&pl->yd));
     CUDNN_CHECK(ctx, cudnnCreateFilterDescriptor(&pl->wd));
@@ -162,88 +187,141 @@ static lucid_status plan_cudnn(lucid_ctx *ctx, lucid_cuda_state *st,
                             "%lldx%lldx%lldx%lld",
                             on, oc, oh, ow, (long long)g.N, (long long)g.Cout,
                             (long long)g.Ho, (long long)g.Wo);
+    return LUCID_OK;
+}
 
-    /* forward */
-    {
-        int n = 0, ret = 0;
-        CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
-        std::vector<cudnnConvolutionFwdAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
-        CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
-                             h, pl->xd, pl->wd, pl->cd[0], pl->yd, n, &ret, perf.data()));
-        for (int i = 0; i < ret && !pl->have[PASS_FWD]; i++) {
-            const cudnnConvolutionFwdAlgoPerf_t &q = perf[(size_t)i];
-            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
-                !math_ok(pl->dt, q.mathType))
-                continue;
-            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
-                                 pl->cd[0], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
-            size_t ws = 0;
-            if (cudnnGetConvolutionForwardWorkspaceSize(h, pl->xd, pl->wd, pl->cd[0], pl->yd,
-                                                        q.algo, &ws) != CUDNN_STATUS_SUCCESS ||
-                ws > CONV_WS_CAP)
-                continue;
-            pl->fwd_algo = q.algo;
-            pl->ws[PASS_FWD] = ws;
-            pl->have[PASS_FWD] = 1;
-        }
+static lucid_status plan_descs(lucid_ctx *ctx, lucid_cuda_conv_plan *pl) {
+    if (pl->descs) return LUCID_OK;
+    const conv_geom &g = pl->g;
+    /* 4-d descriptors take int dims and int strides */
+    if (g.N * g.Cin * g.H * g.W > INT_MAX || g.N * g.Cout * g.Ho * g.Wo > INT_MAX) {
+        pl->descs = -1; /* direct kernels */
+        return LUCID_OK;
     }
-    /* backward data */
-    {
-        int n = 0, ret = 0;
-        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
-        std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
-        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                             h, pl->wd, pl->yd, pl->cd[1], pl->xd, n, &ret, perf.data()));
-        for (int i = 0; i < ret && !pl->have[PASS_BWD_DATA]; i++) {
-            const cudnnConvolutionBwdDataAlgoPerf_t &q = perf[(size_t)i];
-            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
-                !math_ok(pl->dt, q.mathType))
-                continue;
-            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
-                                 pl->cd[1], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
-            size_t ws = 0;
-            if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, pl->wd, pl->yd, pl->cd[1],
-                                                             pl->xd, q.algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > CONV_WS_CAP)
-                continue;
-            pl->bd_algo = q.algo;
-            pl->ws[PASS_BWD_DATA] = ws;
-            pl->have[PASS_BWD_DATA] = 1;
-        }
+    lucid_status s = plan_descs_make(ctx, pl);
+    if (s != LUCID_OK) {
+        plan_free_descs(pl);
+        return s;
     }
-    /* backward filter */
-    {
-        int n = 0, ret = 0;
-        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
-        std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
-        CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                             h, pl->xd, pl->yd, pl->cd[2], pl->wd, n, &ret, perf.data()));
-        for (int i = 0; i < ret && !pl->have[PASS_BWD_FILTER]; i++) {
-            const cudnnConvolutionBwdFilterAlgoPerf_t &q = perf[(size_t)i];
-            if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
-                !math_ok(pl->dt, q.mathType))
-                continue;
-            CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
-                                 pl->cd[2], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
-            size_t ws = 0;
-            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, pl->xd, pl->yd, pl->cd[2],
-                                                               pl->wd, q.algo, &ws) !=
-                    CUDNN_STATUS_SUCCESS ||
-                ws > CONV_WS_CAP)
-                continue;
-            pl->bf_algo = q.algo;
-            pl->ws[PASS_BWD_FILTER] = ws;
-            pl->have[PASS_BWD_FILTER] = 1;
-        }
+    pl->descs = 1;
+    return LUCID_OK;
+}
+
+/* The algorithm of one pass: the first of cudnnGet*Algorithm_v7's ranking
+ * (queried with the pass's descriptor at the base math type) that is
+ * deterministic, allowed by the math mode, accepted by the workspace query
+ * and needs at most CONV_WS_CAP bytes.  The descriptor keeps the math type
+ * of the last candidate tried (the chosen one when there is one). */
+static lucid_status plan_fwd(lucid_ctx *ctx, cudnnHandle_t h, lucid_cuda_conv_plan *pl) {
+    int n = 0, ret = 0;
+    CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->cd[0], base_math(pl->dt)));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionForwardAlgorithm_v7(
+                         h, pl->xd, pl->wd, pl->cd[0], pl->yd, n, &ret, perf.data()));
+    for (int i = 0; i < ret && !pl->have[PASS_FWD]; i++) {
+        const cudnnConvolutionFwdAlgoPerf_t &q = perf[(size_t)i];
+        if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+            !math_ok(pl->dt, q.mathType))
+            continue;
+        CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                             pl->cd[0], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+        size_t ws = 0;
+        if (cudnnGetConvolutionForwardWorkspaceSize(h, pl->xd, pl->wd, pl->cd[0], pl->yd,
+                                                    q.algo, &ws) != CUDNN_STATUS_SUCCESS ||
+            ws > CONV_WS_CAP)
+            continue;
+        pl->fwd_algo = q.algo;
+        pl->ws[PASS_FWD] = ws;
+        pl->have[PASS_FWD] = 1;
+    }
+    return LUCID_OK;
+}
+
+static lucid_status plan_bwd_data(lucid_ctx *ctx, cudnnHandle_t h, lucid_cuda_conv_plan *pl) {
+    int n = 0, ret = 0;
+    CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->cd[1], base_math(pl->dt)));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                         h, pl->wd, pl->yd, pl->cd[1], pl->xd, n, &ret, perf.data()));
+    for (int i = 0; i < ret && !pl->have[PASS_BWD_DATA]; i++) {
+        const cudnnConvolutionBwdDataAlgoPerf_t &q = perf[(size_t)i];
+        if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+            !math_ok(pl->dt, q.mathType))
+            continue;
+        CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                             pl->cd[1], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+        size_t ws = 0;
+        if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, pl->wd, pl->yd, pl->cd[1], pl->xd,
+                                                         q.algo, &ws) != CUDNN_STATUS_SUCCESS ||
+            ws > CONV_WS_CAP)
+            continue;
+        pl->bd_algo = q.algo;
+        pl->ws[PASS_BWD_DATA] = ws;
+        pl->have[PASS_BWD_DATA] = 1;
+    }
+    return LUCID_OK;
+}
+
+static lucid_status plan_bwd_filter(lucid_ctx *ctx, cudnnHandle_t h, lucid_cuda_conv_plan *pl) {
+    int n = 0, ret = 0;
+    CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(pl->cd[2], base_math(pl->dt)));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf((size_t)(n > 0 ? n : 1));
+    CUDNN_CHECK(ctx, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                         h, pl->xd, pl->yd, pl->cd[2], pl->wd, n, &ret, perf.data()));
+    for (int i = 0; i < ret && !pl->have[PASS_BWD_FILTER]; i++) {
+        const cudnnConvolutionBwdFilterAlgoPerf_t &q = perf[(size_t)i];
+        if (q.status != CUDNN_STATUS_SUCCESS || q.determinism != CUDNN_DETERMINISTIC ||
+            !math_ok(pl->dt, q.mathType))
+            continue;
+        CUDNN_CHECK(ctx, cudnnSetConvolutionMathType(
+                             pl->cd[2], pl->dt == LUCID_F32 ? CUDNN_FMA_MATH : q.mathType));
+        size_t ws = 0;
+        if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, pl->xd, pl->yd, pl->cd[2],
+                                                           pl->wd, q.algo, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws > CONV_WS_CAP)
+            continue;
+        pl->bf_algo = q.algo;
+        pl->ws[PASS_BWD_FILTER] = ws;
+        pl->have[PASS_BWD_FILTER] = 1;
+    }
+    return LUCID_OK;
+}
+
+/* Plan one pass of pl on its first cuDNN-routed call: the descriptors (on
+ * the plan's first planned pass) and the pass's algorithm.  Timed into the
+ * profile when LUCID_PROFILE is set.  An error leaves the pass unplanned
+ * (the next call retries). */
+static lucid_status plan_pass(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
+                              lucid_cuda_conv_plan *pl, int pass) {
+    if (pl->planned[pass]) return LUCID_OK;
+    double t0 = ns->profile ? lucid_cuda_nn_now() : 0.0;
+    lucid_status s = plan_descs(ctx, pl);
+    if (s == LUCID_OK && pl->descs > 0) {
+        pl->have[pass] = 0;
+        pl->ws[pass] = 0;
+        s = pass == PASS_FWD        ? plan_fwd(ctx, st->cudnn, pl)
+            : pass == PASS_BWD_DATA ? plan_bwd_data(ctx, st->cudnn, pl)
+                                    : plan_bwd_filter(ctx, st->cudnn, pl);
+        if (s != LUCID_OK) pl->have[pass] = 0;
+    }
+    if (s != LUCID_OK) return s;
+    pl->need[pass] = pl->have[pass] ? nn_align(pl->ws[pass]) + nn_align(pl->wbytes) : 0;
+    pl->planned[pass] = 1;
+    if (ns->profile) {
+        ns->prof.plan_s[pass] += lucid_cuda_nn_now() - t0;
+        ns->prof.plan_n[pass]++;
     }
     return LUCID_OK;
 }
 #endif
 
-/* The plan of (x, wshape, p); made (and the arena reserved) on first use. */
-static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_state *st,
-                             lucid_cuda_nn_state *ns, const lucid_tensor *x,
+/* The plan of (x, wshape, p): found in the cache or added to it (no cuDNN
+ * work here; each pass is planned by conv_route on its first use). */
+static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const lucid_tensor *x,
                              const int64_t wshape[4], const lucid_conv2d_params *p,
                              lucid_cuda_conv_plan **out) {
     conv_geom g = geom_of(x, wshape, p);
@@ -266,43 +344,53 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_state *st,
     pl->wbytes = x->dtype == LUCID_F32
                      ? 0
                      : (size_t)(g.Cout * g.Cg * g.kh * g.kw) * lucid_dtype_size(x->dtype);
-#if defined(LUCID_HAVE_CUDNN)
-    lucid_status s = plan_cudnn(ctx, st, pl);
-    if (s != LUCID_OK) {
-        lucid_cuda_conv_plan_free(pl);
-        return s;
-    }
-    size_t need = 0;
-    for (int i = 0; i < 3; i++) {
-        size_t n = pl->have[i] ? nn_align(pl->ws[i]) + nn_align(pl->wbytes) : 0;
-        if (n > need) need = n;
-    }
-    pl->need = need;
-#else
-    pl->need = 0;
-#endif
     try {
         ns->plans.push_back(pl);
     } catch (...) {
         lucid_cuda_conv_plan_free(pl);
         return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv plan)");
     }
-    if (pl->need) {
-        void *ws = NULL;
-        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, "conv2d plan", &ws));
-    }
     *out = pl;
     return LUCID_OK;
 }
 
-/* Route of a pass: 1 = cuDNN, 0 = direct kernels. */
-static int use_cudnn(const lucid_cuda_nn_state *ns, const lucid_cuda_conv_plan *pl,
-                     int pass) {
-    if (!pl->have[pass]) return 0;
-    if (ns->conv_mode == 1) return 0;
-    if (ns->conv_mode == 0 && pl->depthwise) return 0;
-    return 1;
+/* Route of a pass (*cudnn: 1 = cuDNN, 0 = direct kernels), planning the
+ * pass on its first cuDNN-eligible call and then reserving its scratch (the
+ * arena grows here, named `op`, and never during capture). *ws: the arena
+ * (cuDNN route only). */
+static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
+                               lucid_cuda_conv_plan *pl, int pass, const char *op,
+                               int *cudnn, void **ws) {
+    *cudnn = 0;
+    *ws = NULL;
+    if (ns->conv_mode == 1) return LUCID_OK;
+    if (ns->conv_mode == 0 && pl->depthwise) return LUCID_OK;
+#if defined(LUCID_HAVE_CUDNN)
+    LUCID_TRY(plan_pass(ctx, st, ns, pl, pass));
+    if (!pl->have[pass]) return LUCID_OK;
+    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need[pass], op, ws));
+    *cudnn = 1;
+#else
+    (void)ctx; (void)st; (void)pass; (void)op;
+#endif
+    return LUCID_OK;
 }
+
+#if defined(LUCID_HAVE_CUDNN)
+/* Profile: the host time of a pass's first cuDNN call (lazy kernel-module
+ * loading and first-launch costs show up here). */
+static inline double first_run_begin(const lucid_cuda_nn_state *ns,
+                                     const lucid_cuda_conv_plan *pl, int pass) {
+    return ns->profile && !pl->ran[pass] ? lucid_cuda_nn_now() : 0.0;
+}
+static inline void first_run_end(lucid_cuda_nn_state *ns, lucid_cuda_conv_plan *pl, int pass,
+                                 double t0) {
+    if (!ns->profile || pl->ran[pass]) return;
+    pl->ran[pass] = 1;
+    ns->prof.first_s[pass] += lucid_cuda_nn_now() - t0;
+    ns->prof.first_n[pass]++;
+}
+#endif
 
 // ----------------------------------------------------------------------------
 // small kernels
@@ -437,6 +525,7 @@ static __global__ void conv_bwd_filter_direct(const T *__restrict__ x, const T *
 
 static unsigned cv_blocks(int64_t n) { return lucid_cuda_blocks(n, CONV_THREADS); }
 
+#if defined(LUCID_HAVE_CUDNN)
 static lucid_status cast_weight(lucid_ctx *ctx, lucid_cuda_state *st, const float *w,
                                 void *dst, lucid_dtype dt, int64_t n) {
     NN_DISPATCH(dt, (cast_from_f32<T><<<cv_blocks(n), CONV_THREADS, 0, st->stream>>>(
@@ -444,6 +533,7 @@ static lucid_status cast_weight(lucid_ctx *ctx, lucid_cuda_state *st, const floa
     CUDA_CHECK_LAUNCH(ctx, "cast_from_f32 (conv weight)");
     return LUCID_OK;
 }
+#endif
 
 // ----------------------------------------------------------------------------
 // entry points
@@ -472,14 +562,15 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
     LUCID_TRY(conv_common(ctx, op, x, w, &st, &ns));
     LUCID_TRY(nn_check_f32(ctx, op, "bias", b));
     lucid_cuda_conv_plan *pl;
-    LUCID_TRY(plan_get(ctx, st, ns, x, w->shape, p, &pl));
+    LUCID_TRY(plan_get(ctx, ns, x, w->shape, p, &pl));
     const conv_geom &g = pl->g;
     const float *bp = b ? (const float *)lucid_tensor_data(b) : NULL;
     int64_t ny = g.N * g.Cout * g.Ho * g.Wo;
+    int cudnn = 0;
+    void *ws = NULL;
+    LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_FWD, op, &cudnn, &ws));
 #if defined(LUCID_HAVE_CUDNN)
-    if (use_cudnn(ns, pl, PASS_FWD)) {
-        void *ws = NULL;
-        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+    if (cudnn) {
         const void *wp = lucid_tensor_data(w);
         if (pl->wbytes) {
             void *wc = (char *)ws + nn_align(pl->ws[PASS_FWD]);
@@ -488,10 +579,12 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
             wp = wc;
         }
         float one = 1.0f, zero = 0.0f;
+        double t0 = first_run_begin(ns, pl, PASS_FWD);
         CUDNN_CHECK(ctx, cudnnConvolutionForward(st->cudnn, &one, pl->xd, lucid_tensor_data(x),
                                                  pl->wd, wp, pl->cd[PASS_FWD], pl->fwd_algo,
                                                  ws, pl->ws[PASS_FWD], &zero, pl->yd,
                                                  lucid_tensor_data(y)));
+        first_run_end(ns, pl, PASS_FWD, t0);
         if (bp) {
             NN_DISPATCH(x->dtype, (bias_add<T><<<cv_blocks(ny), CONV_THREADS, 0, st->stream>>>(
                                       (T *)lucid_tensor_data(y), bp, g.Cout, g.Ho * g.Wo, ny)));
@@ -519,14 +612,15 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
     lucid_cuda_nn_state *ns;
     LUCID_TRY(conv_common(ctx, op, dx, w, &st, &ns));
     lucid_cuda_conv_plan *pl;
-    LUCID_TRY(plan_get(ctx, st, ns, dx, w->shape, p, &pl));
+    LUCID_TRY(plan_get(ctx, ns, dx, w->shape, p, &pl));
     const conv_geom &g = pl->g;
     int64_t nx = g.N * g.Cin * g.H * g.W;
     (void)x;
+    int cudnn = 0;
+    void *ws = NULL;
+    LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_DATA, op, &cudnn, &ws));
 #if defined(LUCID_HAVE_CUDNN)
-    if (use_cudnn(ns, pl, PASS_BWD_DATA)) {
-        void *ws = NULL;
-        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+    if (cudnn) {
         const void *wp = lucid_tensor_data(w);
         if (pl->wbytes) {
             void *wc = (char *)ws + nn_align(pl->ws[PASS_BWD_DATA]);
@@ -535,10 +629,12 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
             wp = wc;
         }
         float one = 1.0f, bt = (float)beta;
+        double t0 = first_run_begin(ns, pl, PASS_BWD_DATA);
         CUDNN_CHECK(ctx, cudnnConvolutionBackwardData(
                              st->cudnn, &one, pl->wd, wp, pl->yd, lucid_tensor_data(dy),
                              pl->cd[PASS_BWD_DATA], pl->bd_algo, ws, pl->ws[PASS_BWD_DATA],
                              &bt, pl->xd, lucid_tensor_data(dx)));
+        first_run_end(ns, pl, PASS_BWD_DATA, t0);
         return LUCID_OK;
     }
 #endif
@@ -564,16 +660,18 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
     if (!ns) return ctx->last_status;
     if (dwt) {
         lucid_cuda_conv_plan *pl;
-        LUCID_TRY(plan_get(ctx, st, ns, x, dwt->shape, p, &pl));
+        LUCID_TRY(plan_get(ctx, ns, x, dwt->shape, p, &pl));
         const conv_geom &g = pl->g;
         int64_t nw = g.Cout * g.Cg * g.kh * g.kw;
         float *dwp = (float *)lucid_tensor_data(dwt);
         bool done = false;
+        int cudnn = 0;
+        void *ws = NULL;
+        LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_FILTER, op, &cudnn, &ws));
 #if defined(LUCID_HAVE_CUDNN)
-        if (use_cudnn(ns, pl, PASS_BWD_FILTER)) {
-            void *ws = NULL;
-            LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need, op, &ws));
+        if (cudnn) {
             float one = 1.0f, zero = 0.0f, bt = (float)beta;
+            double t0 = first_run_begin(ns, pl, PASS_BWD_FILTER);
             if (pl->wbytes) {
                 void *tmp = (char *)ws + nn_align(pl->ws[PASS_BWD_FILTER]);
                 CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(
@@ -589,6 +687,7 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
                                      lucid_tensor_data(dy), pl->cd[PASS_BWD_FILTER], pl->bf_algo,
                                      ws, pl->ws[PASS_BWD_FILTER], &bt, pl->wd, dwp));
             }
+            first_run_end(ns, pl, PASS_BWD_FILTER, t0);
             done = true;
         }
 #endif

@@ -13,6 +13,9 @@
  * old allocator).  The backend's shutdown should call
  * lucid_cuda_nn_state_destroy(ctx) so entries never go stale.
  *
+ * Profile (LUCID_PROFILE=1, read once per state): see nn_common.cuh; the
+ * summary line is printed by the state's destructor.
+ *
  * Arena policy: see nn_common.cuh.  Growth is geometric (x1.5 at least) so
  * a warm-up sees O(log) allocations; replaced arenas stay alive until the
  * context goes, because a recorded CUDA graph may point at them.
@@ -21,7 +24,9 @@
 
 #include <mutex>
 #include <new>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // ----------------------------------------------------------------------------
 // registry
@@ -30,8 +35,28 @@ namespace {
 std::mutex g_nn_mu;
 std::vector<lucid_cuda_nn_state *> *g_nn_states; /* leaked at exit: tiny */
 
+/* LUCID_PROFILE set to anything but "" or "0". */
+int nn_profile_env(void) {
+    const char *e = getenv("LUCID_PROFILE");
+    return e && e[0] && strcmp(e, "0") != 0;
+}
+
+void nn_profile_print(const lucid_cuda_nn_state *ns) {
+    const lucid_cuda_nn_profile &p = ns->prof;
+    fprintf(stderr,
+            "lucid profile: cudnn plans fwd %ld (%.3f s) bwd_data %ld (%.3f s) "
+            "bwd_filter %ld (%.3f s); cudnn first runs fwd %ld (%.3f s) "
+            "bwd_data %ld (%.3f s) bwd_filter %ld (%.3f s); scratch grows %ld "
+            "(%.3f s, arena %.1f MiB); conv keys %zu\n",
+            p.plan_n[0], p.plan_s[0], p.plan_n[1], p.plan_s[1], p.plan_n[2], p.plan_s[2],
+            p.first_n[0], p.first_s[0], p.first_n[1], p.first_s[1], p.first_n[2],
+            p.first_s[2], p.grow_n, p.grow_s, (double)ns->arena_bytes / (1024.0 * 1024.0),
+            ns->plans.size());
+}
+
 void nn_state_free(lucid_cuda_nn_state *ns, bool release_memory) {
     if (!ns) return;
+    if (ns->profile) nn_profile_print(ns);
     for (lucid_cuda_conv_plan *p : ns->plans) lucid_cuda_conv_plan_free(p);
     ns->plans.clear();
     if (release_memory && ns->cst && ns->cst->alloc) {
@@ -73,6 +98,8 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->arena = NULL;
     ns->arena_bytes = 0;
     ns->conv_mode = 0;
+    ns->profile = nn_profile_env();
+    memset(&ns->prof, 0, sizeof ns->prof);
     try {
         g_nn_states->push_back(ns);
     } catch (...) {
@@ -124,6 +151,28 @@ extern "C" void *lucid_cuda_nn_stream(lucid_ctx *ctx) {
     return st ? (void *)st->stream : NULL;
 }
 
+extern "C" int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]) {
+    std::lock_guard<std::mutex> lk(g_nn_mu);
+    if (!g_nn_states) return 0;
+    for (lucid_cuda_nn_state *ns : *g_nn_states) {
+        if (ns->ctx != ctx) continue;
+        if (!ns->profile) return 0;
+        const lucid_cuda_nn_profile &p = ns->prof;
+        for (int i = 0; i < 3; i++) {
+            out[i] = (double)p.plan_n[i];
+            out[3 + i] = p.plan_s[i];
+            out[6 + i] = (double)p.first_n[i];
+            out[9 + i] = p.first_s[i];
+        }
+        out[12] = (double)p.grow_n;
+        out[13] = p.grow_s;
+        out[14] = (double)ns->arena_bytes;
+        out[15] = (double)ns->plans.size();
+        return 1;
+    }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // arena
 
@@ -147,7 +196,12 @@ lucid_status lucid_cuda_nn_arena(lucid_ctx *ctx, lucid_cuda_state *st,
     size_t grow = ns->arena_bytes + ns->arena_bytes / 2;
     size_t want = nn_align(nbytes > grow ? nbytes : grow);
     void *p = NULL;
+    double t0 = ns->profile ? lucid_cuda_nn_now() : 0.0;
     LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, want, st->stream, &p));
+    if (ns->profile) {
+        ns->prof.grow_s += lucid_cuda_nn_now() - t0;
+        ns->prof.grow_n++;
+    }
     if (ns->arena) {
         try {
             ns->retired.push_back(ns->arena);
