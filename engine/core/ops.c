@@ -317,13 +317,21 @@ lucid_status lucid_matmul(lucid_ctx *ctx, lucid_tensor *out,
     int64_t K = trans_a ? a->shape[n - 2] : a->shape[n - 1];
     int64_t Kb = trans_b ? b->shape[n - 1] : b->shape[n - 2];
     int64_t N = trans_b ? b->shape[n - 2] : b->shape[n - 1];
-    if (K != Kb || out->shape[n - 2] != M || out->shape[n - 1] != N)
+    if (K != Kb)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
-                            "matmul: op(a) is %lldx%lld, op(b) is %lldx%lld, "
-                            "out is %lldx%lld",
-                            (long long)M, (long long)K, (long long)Kb,
-                            (long long)N, (long long)out->shape[n - 2],
-                            (long long)out->shape[n - 1]);
+                            "matmul: inner dimensions differ: op(a) is "
+                            "%lldx%lld (K = %lld) but op(b) is %lldx%lld (K = "
+                            "%lld)",
+                            (long long)M, (long long)K, (long long)K,
+                            (long long)Kb, (long long)N, (long long)Kb);
+    if (out->shape[n - 2] != M || out->shape[n - 1] != N)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "matmul: out is %lldx%lld but op(a) @ op(b) is "
+                            "%lldx%lld (op(a) %lldx%lld, op(b) %lldx%lld)",
+                            (long long)out->shape[n - 2],
+                            (long long)out->shape[n - 1], (long long)M,
+                            (long long)N, (long long)M, (long long)K,
+                            (long long)Kb, (long long)N);
     if (!lucid_tensor_is_contiguous(out))
         return lucid_seterr(ctx, LUCID_ERR_ARG, "matmul: out must be contiguous");
     if (lucid_tensor_numel(out) == 0) return LUCID_OK;

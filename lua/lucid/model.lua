@@ -160,7 +160,17 @@ end
 --   (default true: needs the C binding), device ("cpu"), dtype ("f32" or
 --   "f64"), ctx, input_grad (false: layer 0 skips the image gradient)
 -- @return Model; raises on an unknown module/scale or inconsistent table
+-- The options a model accepts (a typo is an error, not a silent default).
+local MODEL_OPTS = { scale = true, nc = true, kpt_shape = true, ch = true, materialize = true, device = true,
+  dtype = true, ctx = true, input_grad = true }
+
 function Model.__init(self, cfg, opts)
+  for k in pairs(opts or {}) do
+    if not MODEL_OPTS[k] then
+      error(string.format("model: unknown option '%s' (expected one of scale, nc, kpt_shape, ch, materialize, "
+        .. "device, dtype, ctx, input_grad)", tostring(k)), 3)
+    end
+  end
   Module.__init(self)
   opts = opts or {}
   self.cfg = cfg
