@@ -291,6 +291,8 @@ function Trainer:_fit(state, opts)
 
   local last_metrics
   local step_times = {}
+  -- wall seconds by phase (setup: from fit start to the first epoch)
+  local phase = { setup = lucid.wall_time() - t_fit0, training = 0, validation = 0, checkpoints = 0 }
   for epoch = start_epoch, E - 1 do
     -- schedule: lr = initial_lr * lf(epoch) at the start of the epoch
     local lf = S_.lf(cfg.cos_lr and true or false, epoch, E, cfg.lrf)
@@ -302,6 +304,7 @@ function Trainer:_fit(state, opts)
     end
     self:run_callbacks("on_epoch_start", { epoch = epoch })
     model:train()
+    local t_train0 = lucid.wall_time()
     train_loader:start_epoch(epoch, aug)
     local bar = progress.bar{ total = nb, epoch = epoch + 1, epochs = E, out = out }
     step:reset_running()
@@ -339,6 +342,7 @@ function Trainer:_fit(state, opts)
     ctx:synchronize()
     local t_epoch1 = lucid.wall_time()
     step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i }
+    phase.training = phase.training + (t_epoch1 - t_train0)
     local train_losses = losses_table(step:running_losses())
     bar:finish(train_losses, self:mem_gb(), nil, S)
 
@@ -350,7 +354,9 @@ function Trainer:_fit(state, opts)
       -- the final validation also writes val_predictions.json and val_batch0_pred.png
       local vout = final and cfg.val_outputs ~= false
         and val_output.new{ dataset = val_ds, imgsz = S, save_dir = save_dir, names = desc.names } or nil
+      local tv0 = lucid.wall_time()
       metrics, val_losses = self:validate(model, ema, val, val_loader, step, out, vout)
+      phase.validation = phase.validation + lucid.wall_time() - tv0
       if vout then
         local files = vout:finish()
         out:write(string.format("Predictions saved to %s (%d detections on %d images), %s\n", files.json,
@@ -375,10 +381,12 @@ function Trainer:_fit(state, opts)
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1 }
     local sp = cfg.save_period or 1
+    local tc0 = lucid.wall_time()
     if final or (epoch + 1) % sp == 0 or state.is_best then
       checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
     end
     if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
+    phase.checkpoints = phase.checkpoints + lucid.wall_time() - tc0
     self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = metrics and metrics.fitness,
       train_losses = train_losses })
   end
@@ -391,7 +399,11 @@ function Trainer:_fit(state, opts)
   end
   local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
     fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil, step_windows = step_times,
-    memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema }
+    memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema,
+    phases = phase }
+  out:write(string.format("time by phase: setup %.1f s, training %.1f s (first epoch %.1f s), validation %.1f s, "
+    .. "checkpoints %.1f s\n", phase.setup, phase.training, step_times[1] and step_times[1].seconds or 0,
+    phase.validation, phase.checkpoints))
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
