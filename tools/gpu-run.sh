@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repository root, with
 # .runtime/ and .data/ carried (make gpu-pack). Builds with nvcc, then runs
-# what is asked: test (make test-gpu), bench (make bench), or both.
+# what is asked:
+#   test       make test-gpu
+#   reference  the PyTorch comparisons (network fp32, loss)
+#   bench      make bench
+#   lab        the conv kernel lab (bench/conv_lab) and the warm-up profile
+#   fit        the default main job, eager then recorded, with LUCID_PROFILE=1
+#   all        test + reference + bench
 # Logs go to $OUT (or build/gpu-logs when OUT is unset).
 set -uo pipefail
 what=${1:-test}
@@ -40,5 +46,19 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   make bench > "$out/bench.log" 2>&1 || rc=1
   tail -40 "$out/bench.log"
+fi
+if [ "$what" = lab ]; then
+  bash bench/conv_lab/build.sh > "$out/conv_lab_build.log" 2>&1 && build/conv_lab/conv_lab > "$out/conv_lab.log" 2>&1 || rc=1
+  cp -f conv_lab.csv "$out/" 2>/dev/null
+  tail -30 "$out/conv_lab.log"
+  LUCID_PROFILE=1 luajit bench/bench_warmup.lua > "$out/warmup.log" 2>&1 || rc=1
+  tail -15 "$out/warmup.log"
+fi
+if [ "$what" = fit ]; then
+  export LUCID_PROGRESS=plain
+  for r in false true; do
+    LUCID_PROFILE=1 timeout 280 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$out/fit_$r.log" 2>&1 || rc=1
+    grep -E 'epoch [0-9]+/|time by phase|recorded step|final|lucid profile|rror' "$out/fit_$r.log" | tail -16
+  done
 fi
 exit $rc
