@@ -112,7 +112,7 @@ static double compute_ap_coco(const double *recall, const double *precision,
     double sum = 0.0;
     int k = 0;
     for (int r = 0; r <= 100; r++) {
-        double thr = r / 100.0;
+        double thr = r * 0.01; /* numpy.linspace(0, 1, 101)[r], as pycocotools */
         while (k < n && recall[k] < thr) k++;
         sum += k < n ? env[k] : 0.0;
     }

@@ -221,7 +221,8 @@ lucid_status lucid_pose_val_add_batch(lucid_ctx *ctx, lucid_pose_val *v,
             goto done;
         }
         lucid_apply_crowd(dets, n, crowd, nc_i, corr, tp);
-        LUCID_TRY(lucid_ap_accum_add(ctx, v->box_acc, n, pconf, pc, tp, m, gc));
+        st = lucid_ap_accum_add(ctx, v->box_acc, n, pconf, pc, tp, m, gc);
+        if (st != LUCID_OK) goto done;
         /* keypoints */
         if (K) {
             for (int g = 0; g < m; g++)
@@ -234,7 +235,8 @@ lucid_status lucid_pose_val_add_batch(lucid_ctx *ctx, lucid_pose_val *v,
                 goto done;
             }
             lucid_apply_crowd(dets, n, crowd, nc_i, corr, tp);
-            LUCID_TRY(lucid_ap_accum_add(ctx, v->pose_acc, n, pconf, pc, tp, m, gc));
+            st = lucid_ap_accum_add(ctx, v->pose_acc, n, pconf, pc, tp, m, gc);
+            if (st != LUCID_OK) goto done;
         }
         v->images++;
     }

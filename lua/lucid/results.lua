@@ -55,6 +55,21 @@ function Csv:last_time()
   return t or 0
 end
 
+--- csv:truncate_after(epochs) — keep the header and the rows of epochs
+-- 1..epochs (a resumed run rewrites later ones); atomic (temp + rename).
+function Csv:truncate_after(epochs)
+  local keep = {}
+  for l in io.lines(self.path) do
+    local e = tonumber(l:match("^([^,]*),"))
+    if not e or e <= epochs then keep[#keep + 1] = l end
+  end
+  local tmp = self.path .. ".tmp"
+  local w = assert(io.open(tmp, "w"))
+  w:write(table.concat(keep, "\n"), "\n")
+  w:close()
+  assert(os.rename(tmp, self.path))
+end
+
 --- csv:row(epoch (1-based), seconds, train_losses {box=..}, metrics, val_losses|nil, lrs {pg0, pg1, pg2})
 function Csv:row(epoch, seconds, tl, m, vl, lrs)
   local r = { tostring(epoch), num(seconds) }

@@ -124,6 +124,7 @@ function Step:optimizer_step()
   local opt, scaler = self.optimizer, self.scaler
   if scaler then scaler:unscale_(opt) end
   local clip = self.clip or {}
+  if clip.fn then clip.fn(opt) end -- a user's own clipping function (first, as the recorded route)
   if clip.max_norm then lucid.optim.clip_grad_norm(opt, clip.max_norm) end
   if clip.value then lucid.optim.clip_grad_value(opt, clip.value) end
   if scaler then

@@ -38,7 +38,6 @@ Trainer.__index = Trainer
 local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true, on_val_end = true,
                  on_epoch_end = true, on_fit_end = true, on_fit_error = true }
 
-local function round(x) return math.floor(x + 0.5) end
 
 --- Trainer.new(cfg) -> trainer. Creates the context (device cfg.device,
 -- seed cfg.seed). cfg keys used: see recipes/pose_nano.lua.
@@ -168,7 +167,10 @@ function Trainer:fit(model, opts)
     local cok, cerr = pcall(r.free, r.obj)
     if not cok then cleanup_errors[#cleanup_errors + 1] = tostring(cerr) end
   end
-  if state.step then pcall(state.step.release, state.step) end
+  if state.step then
+    local rok, rerr = pcall(state.step.release, state.step)
+    if not rok then cleanup_errors[#cleanup_errors + 1] = "step release: " .. tostring(rerr) end
+  end
   self.fitting = false
   self.state = nil
   if not ok then
@@ -268,6 +270,10 @@ function Trainer:_fit(state, opts)
     start_epoch = (ck.epoch or -1) + 1
     best_fitness = ck.best_fitness
     last_opt_step = ck.last_opt_step or -1
+    -- the accumulation window in force at the save (after warmup it keeps the
+    -- last warmup value, as the reference trainer does)
+    local acc = ck.metadata and tonumber(ck.metadata.accumulate)
+    if acc then accumulate = acc; step.accumulate = acc end
     if start_epoch >= E then
       error(string.format("trainer: %s already finished %d of epochs=%d; nothing to resume (raise epochs= to "
         .. "train longer, or start a new run without resume)", path, start_epoch, E), 0)
@@ -282,7 +288,11 @@ function Trainer:_fit(state, opts)
   probe:close()
   os.remove(save_dir .. "/weights/.write_test")
   local csv = results_csv.open(save_dir .. "/results.csv")
-  local time_offset = resume and csv:last_time() or 0
+  local time_offset = 0
+  if resume then
+    csv:truncate_after(start_epoch) -- rows of epochs the checkpoint does not hold
+    time_offset = csv:last_time()
+  end
 
   out:write(string.format("%s %s\n", oinfo.log or "", ""))
   out:write(string.format("Image sizes %d train, %d val\nUsing %d dataloader workers\n", S, S, cfg.workers))
@@ -324,7 +334,7 @@ function Trainer:_fit(state, opts)
       local ni = i + nb * epoch
       -- warmup: accumulate, lr and momentum interpolated per iteration
       if ni <= nw then
-        accumulate = math.max(1, round(S_.interp(ni, 0, nw, 1, nbs / B)))
+        accumulate = S_.warmup_accumulate(ni, nw, nbs, B)
         step.accumulate = accumulate
         opt:warmup(ni, nw, lf, { warmup_bias_lr = warmup_bias_lr, warmup_momentum = cfg.warmup_momentum,
           momentum = cfg.momentum })
@@ -344,6 +354,15 @@ function Trainer:_fit(state, opts)
     step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i }
     phase.training = phase.training + (t_epoch1 - t_train0)
     local train_losses = losses_table(step:running_losses())
+    -- non-finite gradient norms and skipped (fp16 overflow) steps are counted
+    -- on the device; say when they moved, never hide them
+    local bst = opt.block:state()
+    local nonfinite, skipped = bst.nonfinite_norms or 0, bst.skipped_steps or 0
+    if nonfinite ~= (state.nonfinite or 0) or skipped ~= (state.skipped or 0) then
+      out:write(string.format("warning: epoch %d: %d non-finite gradient norm(s), %d skipped optimizer step(s) "
+        .. "so far (last pre-clip norm %g)\n", epoch + 1, nonfinite, skipped, bst.grad_norm or 0))
+    end
+    state.nonfinite, state.skipped = nonfinite, skipped
     bar:finish(train_losses, self:mem_gb(), nil, S)
 
     -- validation on the EMA weights (every val_period epochs and at the end)
@@ -375,11 +394,10 @@ function Trainer:_fit(state, opts)
     local lr_by = {}
     for _, g in ipairs(opt.param_groups) do lr_by[g.name] = lr_by[g.name] or g.lr end
     local lrs = { lr_by.bias, lr_by.weight, lr_by.bn }
-    if metrics then csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
     local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
-      grads = last_opt_step < nb * (epoch + 1) - 1 }
+      grads = last_opt_step < nb * (epoch + 1) - 1, metadata = { accumulate = tostring(accumulate) } }
     local sp = cfg.save_period or 1
     local tc0 = lucid.wall_time()
     if final or (epoch + 1) % sp == 0 or state.is_best then
@@ -387,6 +405,9 @@ function Trainer:_fit(state, opts)
     end
     if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
     phase.checkpoints = phase.checkpoints + lucid.wall_time() - tc0
+    -- the row goes in after the checkpoint: a run killed in between resumes
+    -- from the previous checkpoint and rewrites this epoch's row
+    if metrics then csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
     self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = metrics and metrics.fitness,
       train_losses = train_losses })
   end
@@ -400,7 +421,7 @@ function Trainer:_fit(state, opts)
   local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
     fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil, step_windows = step_times,
     memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema,
-    phases = phase }
+    phases = phase, nonfinite_norms = state.nonfinite or 0, skipped_steps = state.skipped or 0 }
   out:write(string.format("time by phase: setup %.1f s, training %.1f s (first epoch %.1f s), validation %.1f s, "
     .. "checkpoints %.1f s\n", phase.setup, phase.training, step_times[1] and step_times[1].seconds or 0,
     phase.validation, phase.checkpoints))
@@ -447,8 +468,12 @@ function Trainer:validate(model, ema, val, loader, step, out, collect)
     end
   end)
   model:train()
-  ema:swap(model)
-  if not ok then error(err, 0) end
+  local sok, serr = pcall(ema.swap, ema, model)
+  if not ok then
+    if not sok then io.stderr:write("trainer: swapping the EMA weights back failed too: " .. tostring(serr) .. "\n") end
+    error(err, 0)
+  end
+  if not sok then error(serr, 0) end
   local m = val:compute()
   progress.val_table(m, out)
   local vl = step.val_losses and step:val_losses() or nil
