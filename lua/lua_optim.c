@@ -368,7 +368,7 @@ static int l_block_set_state(lua_State *L) {
 typedef struct {
     const char *name;
     size_t off;
-    int is_int;
+    int is_int; /* 0: f32, 1: i32, 2: f64 */
 } in_field;
 
 static const in_field IN_FIELDS[] = {
@@ -376,8 +376,8 @@ static const in_field IN_FIELDS[] = {
     {"eps", offsetof(lucid_param_inputs, eps), 0},
     {"muon_scale", offsetof(lucid_param_inputs, muon_scale), 0},
     {"sgd_scale", offsetof(lucid_param_inputs, sgd_scale), 0},
-    {"ema_decay", offsetof(lucid_param_inputs, ema_decay), 0},
-    {"ema_tau", offsetof(lucid_param_inputs, ema_tau), 0},
+    {"ema_decay", offsetof(lucid_param_inputs, ema_decay), 2},
+    {"ema_tau", offsetof(lucid_param_inputs, ema_tau), 2},
     {"clip_max_norm", offsetof(lucid_param_inputs, clip_max_norm), 0},
     {"clip_value", offsetof(lucid_param_inputs, clip_value), 0},
     {"growth_factor", offsetof(lucid_param_inputs, growth_factor), 0},
@@ -405,8 +405,10 @@ static int l_block_read(lua_State *L) {
     lua_createtable(L, 0, 20);
     for (int i = 0; IN_FIELDS[i].name; i++) {
         const char *p = (const char *)&v.in + IN_FIELDS[i].off;
-        lua_pushnumber(L, IN_FIELDS[i].is_int ? (lua_Number) * (const int32_t *)p
-                                              : (lua_Number) * (const float *)p);
+        int kind = IN_FIELDS[i].is_int;
+        lua_pushnumber(L, kind == 1   ? (lua_Number) * (const int32_t *)p
+                          : kind == 2 ? (lua_Number) * (const double *)p
+                                      : (lua_Number) * (const float *)p);
         lua_setfield(L, -2, IN_FIELDS[i].name);
     }
     const char *arrs[3] = {"lr", "momentum", "weight_decay"};
@@ -444,8 +446,9 @@ static int l_block_index(lua_State *L) {
     const in_field *f = find_in_field(k);
     if (f) {
         const char *p = (const char *)lucid_param_block_staging(b->pb) + f->off;
-        lua_pushnumber(L, f->is_int ? (lua_Number) * (const int32_t *)p
-                                    : (lua_Number) * (const float *)p);
+        lua_pushnumber(L, f->is_int == 1   ? (lua_Number) * (const int32_t *)p
+                          : f->is_int == 2 ? (lua_Number) * (const double *)p
+                                           : (lua_Number) * (const float *)p);
         return 1;
     }
     if (strcmp(k, "device") == 0) {
@@ -474,9 +477,11 @@ static int l_block_newindex(lua_State *L) {
                       k, lua_tostring(L, -1));
     }
     char *p = (char *)lucid_param_block_staging(b->pb) + f->off;
-    if (f->is_int) {
+    if (f->is_int == 1) {
         if (lua_isboolean(L, 3)) *(int32_t *)p = lua_toboolean(L, 3);
         else *(int32_t *)p = (int32_t)check_int(L, 3, k);
+    } else if (f->is_int == 2) {
+        *(double *)p = check_num(L, 3, k);
     } else {
         *(float *)p = (float)check_num(L, 3, k);
     }
@@ -1514,13 +1519,13 @@ static int l_ema_gc(lua_State *L) {
 
 static void ema_set_hyper(ema_box *e, double decay, double tau) {
     lucid_param_inputs *in = lucid_param_block_staging(e->blk->pb);
-    in->ema_decay = (float)decay;
-    in->ema_tau = (float)tau;
+    in->ema_decay = decay;
+    in->ema_tau = tau;
     e->blk->dirty = 1;
     if (e->bpb) {
         in = lucid_param_block_staging(e->bpb);
-        in->ema_decay = (float)decay;
-        in->ema_tau = (float)tau;
+        in->ema_decay = decay;
+        in->ema_tau = tau;
         e->bdirty = 1;
     }
 }

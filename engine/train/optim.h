@@ -115,8 +115,10 @@ typedef struct lucid_param_inputs {
     float eps;            /* AdamW epsilon (1e-8) */
     float muon_scale;     /* MuSGD weight of the Muon part (0.2) */
     float sgd_scale;      /* MuSGD weight of the SGD part (1.0) */
-    float ema_decay;      /* EMA asymptotic decay (0.9999) */
-    float ema_tau;        /* EMA ramp, in updates (2000) */
+    double ema_decay;     /* EMA asymptotic decay (0.9999); double so that
+                             d = decay (1 - exp(-u/tau)) matches the
+                             reference's Python float arithmetic */
+    double ema_tau;       /* EMA ramp, in updates (2000) */
     float clip_max_norm;  /* lucid_grad_clip_norm limit (10.0); 0 zeroes the
                              grads and a negative value flips them, exactly
                              as torch (no validation: reference §2.3) */

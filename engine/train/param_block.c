@@ -29,8 +29,8 @@ void lucid_param_values_default(lucid_param_values *v) {
     v->in.eps = 1e-8f;
     v->in.muon_scale = 0.2f;
     v->in.sgd_scale = 1.0f;
-    v->in.ema_decay = 0.9999f;
-    v->in.ema_tau = 2000.0f;
+    v->in.ema_decay = 0.9999;
+    v->in.ema_tau = 2000.0;
     v->in.clip_max_norm = 10.0f;
     v->in.clip_value = 0.0f;
     v->in.growth_factor = 2.0f;
