@@ -715,7 +715,7 @@ static const char *slot_name(const optim_box *b, int s) {
 static optim_box *check_optim(lua_State *L, int idx) {
     optim_box *b = luaL_testudata(L, idx, OPTIM_MT);
     if (!b) argerr(L, idx, "optimizer: expected lucid.Optimizer, got %s", tname(L, idx));
-    if (!b->o) argerr(L, idx, "optimizer: not initialised (construction failed)");
+    if (!b->o) argerr(L, idx, "optimizer: freed (or its construction failed)");
     return b;
 }
 
@@ -1329,6 +1329,7 @@ static const luaL_Reg optim_methods[] = {
     {"set_lr_factor", l_optim_set_lr_factor},
     {"warmup", l_optim_warmup},
     {"summary", l_optim_summary},
+    {"free", l_optim_gc}, /* release the state buffers now (idempotent) */
     {NULL, NULL},
 };
 
@@ -1497,7 +1498,7 @@ typedef struct {
 static ema_box *check_ema(lua_State *L, int idx) {
     ema_box *e = luaL_testudata(L, idx, EMA_MT);
     if (!e) argerr(L, idx, "ema: expected lucid.EMA, got %s", tname(L, idx));
-    if (!e->pe) argerr(L, idx, "ema: not initialised (construction failed)");
+    if (!e->pe) argerr(L, idx, "ema: freed (or its construction failed)");
     return e;
 }
 
@@ -1771,6 +1772,7 @@ static int l_ema_flat(lua_State *L) {
 static const luaL_Reg ema_methods[] = {
     {"update", l_ema_update}, {"tensor", l_ema_tensor}, {"views", l_ema_views},
     {"copy_to", l_ema_copy_to}, {"swap", l_ema_swap}, {"flat", l_ema_flat},
+    {"free", l_ema_gc}, /* release the EMA buffers now (idempotent) */
     {NULL, NULL},
 };
 

@@ -174,6 +174,13 @@ function Trainer:fit(model, opts)
   self.fitting = false
   self.state = nil
   if not ok then
+    for _, k in ipairs({ "ema", "opt" }) do
+      local o = state[k]
+      if o then
+        local fok, ferr = pcall(o.free, o)
+        if not fok then cleanup_errors[#cleanup_errors + 1] = tostring(ferr) end
+      end
+    end
     for _, e in ipairs(cleanup_errors) do io.stderr:write("trainer: cleanup after failure: " .. e .. "\n") end
     local hok, herr = pcall(self.run_callbacks, self, "on_fit_error", { error = res })
     if not hok then io.stderr:write("trainer: on_fit_error callback failed: " .. tostring(herr) .. "\n") end
@@ -232,6 +239,7 @@ function Trainer:_fit(state, opts)
     momentum = cfg.momentum, decay = weight_decay, iterations = iterations, nc = nc }
   local warmup_bias_lr = oinfo.warmup_bias_lr or cfg.warmup_bias_lr
   local ema = lucid.EMA{ model = model, decay = cfg.ema_decay or 0.9999, tau = cfg.ema_tau or 2000, block = opt }
+  state.opt, state.ema = opt, ema -- released at once if the fit fails (returned to the caller otherwise)
   local scaler
   if self.precision == "fp16" then
     scaler = lucid.amp.GradScaler{ optimizer = opt }
