@@ -40,23 +40,28 @@ function M.new(o)
   return self
 end
 
+-- Device target buffers and a loss plan for n images with G instance slots.
+function Step:_targets_and_crit(n, G)
+  local ctx, K = self.ctx, self.nkpt
+  local on = { ctx = ctx }
+  local tg = {
+    cls = lucid.empty({ n, G }, on), boxes = lucid.empty({ n, G, 4 }, on),
+    kpts = lucid.empty({ n, G, K, 3 }, on), mask = lucid.empty({ n, G }, { ctx = ctx, dtype = "u8" }),
+  }
+  local gains = self.gains or {}
+  local crit = lucid.PoseLoss{ batch = n, imgsz = self.imgsz, max_gt = G, nc = self.nc, kpt_shape = { K, 3 },
+    ctx = ctx, box = gains.box, cls = gains.cls, dfl = gains.dfl, pose = gains.pose, kobj = gains.kobj }
+  return tg, crit
+end
+
 -- Buffers for batches of n images (created on first use).
 function Step:_bufs(n)
   local b = self.bufs[n]
   if b then return b end
-  local ctx, S, G, K = self.ctx, self.imgsz, self.max_gt, self.nkpt
-  local on = { ctx = ctx }
-  b = {
-    x = lucid.empty({ n, 3, S, S }, { ctx = ctx, dtype = self.act_dtype }),
-    tg = {
-      cls = lucid.empty({ n, G }, on), boxes = lucid.empty({ n, G, 4 }, on),
-      kpts = lucid.empty({ n, G, K, 3 }, on), mask = lucid.empty({ n, G }, { ctx = ctx, dtype = "u8" }),
-    },
-  }
-  local gains = self.gains or {}
-  b.crit = lucid.PoseLoss{ batch = n, imgsz = S, max_gt = G, nc = self.nc, kpt_shape = { K, 3 }, ctx = ctx,
-    box = gains.box, cls = gains.cls, dfl = gains.dfl, pose = gains.pose, kobj = gains.kobj }
-  if self.scaler then b.scale = lucid.ones({ 1 }, on) end
+  local ctx, S = self.ctx, self.imgsz
+  b = { x = lucid.empty({ n, 3, S, S }, { ctx = ctx, dtype = self.act_dtype }) }
+  b.tg, b.crit = self:_targets_and_crit(n, self.max_gt)
+  if self.scaler then b.scale = lucid.ones({ 1 }, { ctx = ctx }) end
   self.bufs[n] = b
   return b
 end
@@ -181,18 +186,13 @@ function Step:val_loss(o, vb, n)
   local key = "valloss" .. n
   local b = self.bufs[key]
   if not b then
-    local S, G, K, ctx = self.imgsz, vb.cls:size(2), self.nkpt, self.ctx
-    local gains = self.gains or {}
-    b = { tg = { cls = lucid.empty({ n, G }, { ctx = ctx }), boxes = lucid.empty({ n, G, 4 }, { ctx = ctx }),
-                 kpts = lucid.empty({ n, G, K, 3 }, { ctx = ctx }), mask = lucid.empty({ n, G }, { ctx = ctx, dtype = "u8" }) },
-          crit = lucid.PoseLoss{ batch = n, imgsz = S, max_gt = G, nc = self.nc, kpt_shape = { K, 3 }, ctx = ctx,
-            box = gains.box, cls = gains.cls, dfl = gains.dfl, pose = gains.pose, kobj = gains.kobj } }
+    b = {}
+    b.tg, b.crit = self:_targets_and_crit(n, vb.cls:size(2))
     self.bufs[key] = b
   end
   local function part(t) return n == B and t or t:narrow(1, 1, n) end
   for _, k in ipairs({ "cls", "boxes", "kpts", "mask" }) do b.tg[k]:copy_(part(vb[k])) end
-  local function own(t) return n == B and t or t:narrow(1, 1, n) end
-  local _, items = b.crit:forward(own(o.boxes), own(o.scores), own(o.kpts), b.tg)
+  local _, items = b.crit:forward(part(o.boxes), part(o.scores), part(o.kpts), b.tg)
   if not self.val_running then self.val_running = lucid.zeros({ 5 }, { ctx = self.ctx, dtype = "f32" }) end
   self.val_running:add_(items)
   self.val_n = (self.val_n or 0) + 1
