@@ -12,65 +12,14 @@
  * f64 and round once, so the difference is one rounding of the output:
  *     |y_lo - y_f32| <= u * |y_f32| + 1e-6,  u = 2^-8 (bf16), 2^-11 (f16).
  */
-#include "test.h"
-#include "internal.h" /* lucid_cpu_get / lucid_cpu_set */
-#include "nn/nn.h"
-#include <stdint.h>
+#define TEST_NN_SEED 0x9e3779b97f4a7c15ull
+#include "test_nn_util.h"
 
-#define GC_H 1e-6
-#define GC_TOL 1e-6
-
-static lucid_ctx *ctx;
-static const lucid_device CPU = {LUCID_CPU, 0};
-
-// ----------------------------------------------------------------------------
-// helpers
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double urand(double lo, double hi) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return lo + (hi - lo) * ((double)(rng_state >> 11) * (1.0 / 9007199254740992.0));
-}
-
-static lucid_tensor *mk(lucid_dtype dt, int ndim, const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_empty(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) {
-        printf("not ok alloc: %s\n", lucid_ctx_error(ctx));
-        exit(1);
-    }
-    return t;
-}
-static lucid_tensor *mk4(lucid_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d) {
-    int64_t s[4] = {a, b, c, d};
-    return mk(dt, 4, s);
-}
-static lucid_tensor *mk1(lucid_dtype dt, int64_t a) { return mk(dt, 1, &a); }
-
-static double get(const lucid_tensor *t, int64_t i) { return lucid_cpu_get(t, i); }
-static void set(lucid_tensor *t, int64_t i, double v) { lucid_cpu_set(t, i, v); }
-static int64_t numel(const lucid_tensor *t) { return lucid_tensor_numel(t); }
-
-static void fill_rand(lucid_tensor *t, double lo, double hi) {
-    for (int64_t i = 0; i < numel(t); i++) set(t, i, urand(lo, hi));
-}
-static void fill_val(lucid_tensor *t, double v) {
-    for (int64_t i = 0; i < numel(t); i++) set(t, i, v);
-}
-static lucid_tensor *like(const lucid_tensor *t, lucid_dtype dt) {
-    return mk(dt, t->ndim, t->shape);
-}
 /* copy with conversion (through the core copy op) */
 static lucid_tensor *conv_to(const lucid_tensor *t, lucid_dtype dt) {
     lucid_tensor *o = like(t, dt);
     for (int64_t i = 0; i < numel(t); i++) set(o, i, get(t, i));
     return o;
-}
-static double dot(const lucid_tensor *a, const lucid_tensor *b) {
-    double s = 0;
-    for (int64_t i = 0; i < numel(a); i++) s += get(a, i) * get(b, i);
-    return s;
 }
 static double max_abs_diff(const lucid_tensor *a, const lucid_tensor *b) {
     double m = 0;
@@ -92,32 +41,6 @@ static void rel(lucid_tensor **ts, int n) {
 }
 
 /* Finite-difference check of d loss / d var against `analytic`. */
-typedef double (*loss_fn)(void *st);
-static double gradcheck(loss_fn f, void *st, lucid_tensor *var,
-                        const lucid_tensor *analytic) {
-    double maxnum = 0, maxerr = 0;
-    for (int64_t i = 0; i < numel(var); i++) {
-        double v = get(var, i);
-        set(var, i, v + GC_H);
-        double lp = f(st);
-        set(var, i, v - GC_H);
-        double lm = f(st);
-        set(var, i, v);
-        double num = (lp - lm) / (2 * GC_H);
-        double err = fabs(num - get(analytic, i));
-        if (isnan(err)) return INFINITY;
-        if (fabs(num) > maxnum) maxnum = fabs(num);
-        if (err > maxerr) maxerr = err;
-    }
-    return maxerr / (maxnum > 1e-3 ? maxnum : 1e-3);
-}
-
-static void check_grad(const char *name, loss_fn f, void *st, lucid_tensor *var,
-                       const lucid_tensor *analytic) {
-    double e = gradcheck(f, st, var, analytic);
-    CHECK(name, e < GC_TOL, "relative error %.3g >= %.0e", e, GC_TOL);
-}
-
 /* |lo - ref| <= u*|ref| + atol elementwise */
 static void check_lowp(const char *name, const lucid_tensor *lo,
                        const lucid_tensor *ref, double u) {
