@@ -54,9 +54,12 @@ CTEST_SRC := $(sort $(wildcard spec/c/test_*.c))
 ENGINE_OBJ := $(ENGINE_SRC:%.c=build/%.o)
 LUA_OBJ := $(LUA_SRC:%.c=build/%.o)
 CTEST_BIN := $(CTEST_SRC:spec/c/%.c=build/tests/%)
+# host-side checks of CUDA kernels' index maps (nvcc, no GPU needed)
+CUTEST_SRC := $(sort $(wildcard spec/c/test_*.cu))
 
 ifeq ($(CUDA),1)
   CUDA_OBJ := $(CUDA_SRC:%.cu=build/%.o)
+  CTEST_BIN += $(CUTEST_SRC:spec/c/%.cu=build/tests/%)
   NVCCFLAGS := -std=c++17 -O2 -g -lineinfo -arch=$(ARCH) -Xcompiler -fPIC,-Wall -Iengine -MMD -MP
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
   ifneq ($(CUDNN_HOME),)
@@ -109,6 +112,10 @@ build/examples/host_example: examples/host_example.c $(LUA_OBJ) $(LIB)
 build/tests/%: spec/c/%.c $(LIB) spec/c/test.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Ispec/c -o $@ $< $(LIB) $(ALL_LIBS)
+
+build/tests/%: spec/c/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Icuda -o $@ $<
 
 test: all $(CTEST_BIN)
 	@spec/run_tests.sh cpu

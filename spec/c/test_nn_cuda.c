@@ -25,8 +25,11 @@
  *   determinism            every backward (and the BN forward) run twice on
  *                          the GPU is bitwise identical
  * Conv cases: 3x3 s1/s2 pad 1, 1x1, dilation 2, groups 2, depthwise (s1 and
- * s2), odd sizes, with and without bias; each on the auto route, the direct
- * kernels (lucid_cuda_nn_set_conv_mode 1) and, for depthwise, cuDNN (mode 2).
+ * s2), odd sizes, 5x5, the network's implicit-GEMM shapes (layer 0 with
+ * Cin 3, Cout 51, split-K filter gradient), with and without bias; each on
+ * the auto route (bf16/f16 groups 1 = implicit GEMM), the direct kernels
+ * (lucid_cuda_nn_set_conv_mode 1) and cuDNN (mode 2) for depthwise and for
+ * bf16/f16 groups 1.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
@@ -289,10 +292,17 @@ static const conv_case CONV_CASES[] = {
     {"dw3x3 s1", 2, 16, 15, 14, 16, 3, 3, 1, 1, 1, 16, 0},
     {"dw3x3 s2 bias", 2, 12, 13, 17, 12, 3, 3, 2, 1, 1, 12, 1},
     {"3x3 s1 64x64", 4, 16, 64, 64, 32, 3, 3, 1, 1, 1, 1, 0},
+    /* shapes of the network's bf16 implicit-GEMM route (nn_conv_igemm.cu) */
+    {"1x1 64>64 40x40", 4, 64, 40, 40, 64, 1, 1, 1, 0, 1, 1, 0},
+    {"3x3 s2 3>16 (layer 0)", 1, 3, 64, 64, 16, 3, 3, 2, 1, 1, 1, 0},
+    {"3x3 51>51 bias", 2, 51, 20, 20, 51, 3, 3, 1, 1, 1, 1, 1},
+    {"3x3 32>32 40x40 split-K", 4, 32, 40, 40, 32, 3, 3, 1, 1, 1, 1, 0},
+    {"5x5 p2 bias", 1, 5, 11, 9, 7, 5, 5, 1, 2, 1, 1, 1},
 };
 
 static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
-    const char *mname = mode == 0 ? "auto" : mode == 1 ? "direct" : "cudnn";
+    const char *mname = mode == 0 ? (dt != LUCID_F32 && cc->g == 1 ? "auto=igemm" : "auto")
+                        : mode == 1 ? "direct" : "cudnn";
     char pre[160];
     snprintf(pre, sizeof pre, "conv2d %s %s [%s]", cc->tag, dname(dt), mname);
     lucid_conv2d_params p = {cc->s, cc->s, cc->p, cc->p, cc->d, cc->d, cc->g};
@@ -695,7 +705,10 @@ int main(void) {
             test_conv(cc, dt, 0);
             if (lucid_cuda_nn_set_conv_mode) {
                 test_conv(cc, dt, 1);
-                if (cc->g == cc->Cin && cc->g == cc->Cout) test_conv(cc, dt, 2);
+                /* cuDNN: depthwise (auto takes the direct kernels) and bf16/f16
+                 * groups 1 (auto takes the implicit GEMM) */
+                if ((cc->g == cc->Cin && cc->g == cc->Cout) || (dt != LUCID_F32 && cc->g == 1))
+                    test_conv(cc, dt, 2);
             }
         }
         /* ---- batchnorm: single part, multi-part planes, tiny, odd */

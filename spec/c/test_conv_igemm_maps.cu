@@ -1,0 +1,81 @@
+/*
+ * test_conv_igemm_maps.cu — host emulation of the implicit-GEMM conv kernels
+ * (cuda/nn_conv_igemm.cu): the tile loop runs on the CPU with the kernels own
+ * Stage loaders (index maps, padding, stride, dilation, split-K chunks) and a
+ * scalar product in place of the tensor cores, against a float64 direct
+ * convolution.  Needs nvcc, not a GPU (runs in CI).  Tolerance 1e-5 relative
+ * Frobenius: operands are the same bf16 values, only the f32 sum order differs.
+ */
+#include "nn_conv_igemm.cu"
+#include <vector>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+typedef __nv_bfloat16 T;
+static float rb(float v){ return __bfloat162float(__float2bfloat16_rn(v)); }
+static float frand(){ return (float)rand()/RAND_MAX*2-1; }
+// emulate a whole kernel grid on the host: returns out (as float) written
+template<int MODE,int KS>
+static void emulate(IgP P, dim3 grid, std::vector<float>& out, int PS){
+  std::vector<T> sA(BM*LDA), sB(SB_ELEMS); std::vector<float> sC(BM*LDC);
+  for(unsigned bz=0;bz<grid.z;bz++) for(unsigned by=0;by<grid.y;by++) for(unsigned bx=0;bx<grid.x;bx++){
+    int n0=bx*BN, m0=by*BM; int kbeg=0,kend=P.K;
+    if(MODE==IG_WGRAD){kbeg=bz*P.kchunk; kend=std::min(P.K,kbeg+P.kchunk);}
+    std::vector<Stage<T,MODE,KS>> st(NT);
+    for(int t=0;t<NT;t++) st[t].init(P,n0,t);
+    std::fill(sC.begin(),sC.end(),0.f);
+    for(int k0=kbeg;k0<kend;k0+=BK){
+      for(int t=0;t<NT;t++){ st[t].load(P,m0,n0,k0,kend,t); st[t].store(sA.data(),sB.data(),t);}
+      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){ float a=0; for(int kk=0;kk<BK;kk++){
+        float av=to_f(sA[r*LDA+kk]); float bv= MODE==IG_WGRAD? to_f(sB[c*LDBC+kk]) : to_f(sB[kk*LDBR+c]); a+=av*bv;} sC[r*LDC+c]+=a; }
+    }
+    if(MODE==IG_WGRAD){ size_t base = P.direct?0:(size_t)bz*P.M*P.Nc;
+      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=P.Nc) continue; out[base+(size_t)gm*P.Nc+gn]=sC[r*LDC+c];}
+    } else {
+      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=P.Nc) continue;
+        int im=gn/PS,pix=gn-im*PS; size_t o=((size_t)im*P.M+gm)*PS+pix; float v=sC[r*LDC+c]; if(MODE==IG_FWD&&P.bias) v+=P.bias[gm]; out[o]=v;}
+    }
+  }
+}
+static int fails=0;
+static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r){
+  double num=0,den=0; for(size_t i=0;i<a.size();i++){double d=a[i]-r[i]; num+=d*d; den+=r[i]*r[i];}
+  double e=sqrt(num/(den+1e-30)); if(e<1e-5) printf("ok %s (rel %.2e)\n",name,e); else {printf("not ok %s: rel err %.2e > 1e-5\n",name,e); fails++;}
+}
+static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int d){
+  lucid_igemm_geom g; g.N=N;g.Cin=Cin;g.H=H;g.W=W;g.Cout=Cout;g.kh=kh;g.kw=kw;g.sh=g.sw=s;g.ph=g.pw=p;g.dh=g.dw=d;
+  g.Ho=(H+2*p-d*(kh-1)-1)/s+1; g.Wo=(W+2*p-d*(kw-1)-1)/s+1;
+  int Ho=g.Ho,Wo=g.Wo; size_t nx=(size_t)N*Cin*H*W, ny=(size_t)N*Cout*Ho*Wo, nw=(size_t)Cout*Cin*kh*kw;
+  std::vector<T> x(nx), dy(ny); std::vector<float> xf(nx), dyf(ny), w(nw), wr(nw), b(Cout);
+  for(size_t i=0;i<nx;i++){xf[i]=rb(frand()); x[i]=__float2bfloat16_rn(xf[i]);}
+  for(size_t i=0;i<ny;i++){dyf[i]=rb(frand()); dy[i]=__float2bfloat16_rn(dyf[i]);}
+  for(size_t i=0;i<nw;i++){w[i]=frand(); wr[i]=rb(w[i]);} for(int i=0;i<Cout;i++) b[i]=frand();
+  std::vector<double> ry(ny,0), rdx(nx,0), rdw(nw,0);
+  for(int n=0;n<N;n++) for(int co=0;co<Cout;co++) for(int ho=0;ho<Ho;ho++) for(int wo=0;wo<Wo;wo++){
+    for(int ci=0;ci<Cin;ci++) for(int r=0;r<kh;r++) for(int q=0;q<kw;q++){ int hi=ho*s-p+r*d, wi=wo*s-p+q*d; if(hi<0||hi>=H||wi<0||wi>=W) continue;
+      size_t xi=(((size_t)n*Cin+ci)*H+hi)*W+wi, wi_=(((size_t)co*Cin+ci)*kh+r)*kw+q, yi=(((size_t)n*Cout+co)*Ho+ho)*Wo+wo;
+      ry[yi]+= (double)wr[wi_]*xf[xi]; rdx[xi]+=(double)wr[wi_]*dyf[yi]; rdw[wi_]+=(double)dyf[yi]*xf[xi]; } }
+  for(int n=0;n<N;n++) for(int co=0;co<Cout;co++) for(int i=0;i<Ho*Wo;i++) ry[((size_t)n*Cout+co)*Ho*Wo+i]+=b[co];
+  char nm[128]; int ks=ks_of(&g);
+  // fwd
+  { IgP P=params_of(&g); P.a=w.data(); P.b=x.data(); P.bias=b.data(); P.M=Cout; P.Nc=N*Ho*Wo; P.K=Cin*kh*kw;
+    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),1); std::vector<float> out(ny,NAN);
+    if(ks==1) emulate<IG_FWD,1>(P,grid,out,Ho*Wo); else if(ks==3) emulate<IG_FWD,3>(P,grid,out,Ho*Wo); else emulate<IG_FWD,0>(P,grid,out,Ho*Wo);
+    snprintf(nm,128,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d",N,Cin,Cout,H,W,kh,kw,s,p,d); check(nm,out,ry);}
+  { IgP P=params_of(&g); P.a=w.data(); P.b=dy.data(); P.M=Cin; P.Nc=N*H*W; P.K=Cout*kh*kw;
+    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),1); std::vector<float> out(nx,NAN);
+    if(ks==1) emulate<IG_DGRAD,1>(P,grid,out,H*W); else if(ks==3) emulate<IG_DGRAD,3>(P,grid,out,H*W); else emulate<IG_DGRAD,0>(P,grid,out,H*W);
+    snprintf(nm,128,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d",N,Cin,Cout,H,W,kh,kw,s,p,d); check(nm,out,rdx);}
+  { IgP P=params_of(&g); P.a=dy.data(); P.b=x.data(); P.M=Cout; P.Nc=Cin*kh*kw; P.K=N*Ho*Wo;
+    int splits=lucid_conv_igemm_wgrad_splits(&g); P.kchunk=wgrad_chunk(&g,splits); splits=(P.K+P.kchunk-1)/P.kchunk; P.direct=splits==1;
+    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),splits); std::vector<float> part((size_t)splits*nw,NAN);
+    if(ks==1) emulate<IG_WGRAD,1>(P,grid,part,0); else if(ks==3) emulate<IG_WGRAD,3>(P,grid,part,0); else emulate<IG_WGRAD,0>(P,grid,part,0);
+    std::vector<float> out(nw); for(size_t i=0;i<nw;i++){float sum=part[i]; for(int k=1;k<splits;k++) sum+=part[k*nw+i]; out[i]=sum;}
+    snprintf(nm,128,"wgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d splits %d",N,Cin,Cout,H,W,kh,kw,s,p,d,splits); check(nm,out,rdw);}
+}
+int main(){
+  run(2,8,13,11,16,3,3,1,1,1); run(2,16,17,15,8,3,3,2,1,1); run(3,32,9,10,24,1,1,1,0,1); run(2,8,12,13,8,3,3,1,2,2);
+  run(1,3,64,64,16,3,3,2,1,1); run(2,51,20,20,51,3,3,1,1,1); run(2,70,9,9,33,1,1,2,0,1); run(1,5,11,9,7,5,5,1,2,1);
+  run(4,32,40,40,32,3,3,1,1,1); run(2,64,23,23,80,3,3,2,1,1); run(1,3,7,9,5,2,3,1,0,1);
+  return fails != 0;
+}
