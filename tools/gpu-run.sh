@@ -53,6 +53,8 @@ if [ "$what" = lab ]; then
   tail -30 "$out/conv_lab.log"
   LUCID_PROFILE=1 luajit bench/bench_warmup.lua > "$out/warmup.log" 2>&1 || rc=1
   tail -15 "$out/warmup.log"
+  luajit bench/profile_layers.lua > "$out/profile_layers.log" 2>&1 || rc=1
+  tail -60 "$out/profile_layers.log"
 fi
 if [ "$what" = fit ]; then
   export LUCID_PROGRESS=plain

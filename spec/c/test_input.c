@@ -265,9 +265,23 @@ static void test_errors(void) {
         expect_arg("error: images on the cpu, x on the gpu", xg, im, NULL);
         lucid_tensor *img = new_t(GPU, LUCID_U8, 4, sh);
         expect_arg("error: hsv on the cpu, x on the gpu", xg, img, g);
-        lucid_tensor *x64 = new_t(GPU, LUCID_F64, 4, sh);
-        expect_arg("error: f64 x on the gpu", x64, img, NULL);
-        lucid_tensor_release(x64);
+        /* f64 x on the gpu: the engine refuses an f64 device tensor when it
+         * is allocated (f64 is CPU-only, engine/core/tensor.c), so
+         * input_prepare can never be handed one; the allocation is tried
+         * directly (new_t would exit on the refusal). Should f64 device
+         * tensors become possible, input_prepare itself must reject them. */
+        lucid_tensor *x64 = NULL;
+        lucid_status s64 = lucid_tensor_zeros(ctx, GPU, LUCID_F64, 4, sh, &x64);
+        if (s64 == LUCID_OK && x64) {
+            expect_arg("error: f64 x on the gpu", x64, img, NULL);
+            lucid_tensor_release(x64);
+        } else {
+            CHECK("error: f64 x on the gpu (refused at allocation: f64 is CPU-only)",
+                  s64 == LUCID_ERR_UNSUPPORTED && !x64 &&
+                      strstr(lucid_ctx_error(ctx), "CPU-only"),
+                  "%s: %s", lucid_status_name(s64), lucid_ctx_error(ctx));
+            lucid_ctx_clear_error(ctx);
+        }
         lucid_tensor_release(img);
         lucid_tensor_release(xg);
     }
