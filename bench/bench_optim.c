@@ -3,7 +3,10 @@
  * (engine/train/optim.h): SGD (Nesterov), AdamW, MuSGD, the EMA update, the
  * gradient norm + clip, and the step as the trainer runs it
  * (clip_norm -> optim_step -> ema_update of the parameters and of the BN
- * buffers), against issue 6's targets on the H200:
+ * buffers), both as those separate calls and as one
+ * lucid_optim_step_fused call (CLIP_NORM, EMA of the parameters, aux EMA
+ * of the BN buffers; the gradients are not written back), against issue
+ * 6's targets on the H200:
  *     SGD/AdamW update + EMA + norm + clip  < 50 us together
  *     MuSGD (update + EMA + norm + clip)    < 1 ms
  *
@@ -43,7 +46,9 @@
  *   run: make bench (or build like bench/run.sh and run build/bench/bench_optim;
  *        argument "gpu": skip the CPU reference; "layout": print the
  *        generated table — name, shape, dtype, trainable, group — in the
- *        format of a Lua dump of the model's ParamSet, for a diff)
+ *        format of a Lua dump of the model's ParamSet, for a diff; "plan":
+ *        print the MuSGD bucket plan of the layout (padded shape, matrices,
+ *        their shapes, GFLOP of the five Newton–Schulz iterations))
  */
 #include <math.h>
 #include <stdarg.h>
@@ -54,6 +59,7 @@
 
 #include "train/loss_backend.h"
 #include "train/optim.h"
+#include "train/optim_backend.h"
 
 #define WARMUP 20
 #define REPS 200
@@ -390,6 +396,12 @@ static lucid_status h_combined(void *a) {
     if (!s) s = h_ema(a);
     return s;
 }
+/* The same as one fused call. */
+static lucid_status h_fused(void *a) {
+    run *R = a;
+    lucid_optim_step_opts o = {LUCID_STEP_CLIP_NORM, R->pema, R->bema, R->bufs};
+    return lucid_optim_step_fused(ctx, R->opt[R->kind], R->pb, R->params, R->grads, &o);
+}
 
 typedef lucid_status (*hook)(void *);
 
@@ -409,8 +421,11 @@ static const row rows[] = {
     {"grad norm + clip (f32)", h_clip, LUCID_OPTIM_SGD, 0, 0},
     {"param block upload", h_upload, LUCID_OPTIM_SGD, 0, 0},
     {"SGD + EMA + norm + clip", h_combined, LUCID_OPTIM_SGD, 1, 1},
+    {"SGD + EMA + norm + clip, fused", h_fused, LUCID_OPTIM_SGD, 1, 1},
     {"AdamW + EMA + norm + clip", h_combined, LUCID_OPTIM_ADAMW, 1, 1},
+    {"AdamW + EMA + norm + clip, fused", h_fused, LUCID_OPTIM_ADAMW, 1, 1},
     {"MuSGD + EMA + norm + clip", h_combined, LUCID_OPTIM_MUSGD, 2, 1},
+    {"MuSGD + EMA + norm + clip, fused", h_fused, LUCID_OPTIM_MUSGD, 2, 1},
 };
 #define NROWS ((int)(sizeof rows / sizeof *rows))
 
@@ -467,6 +482,35 @@ int main(int argc, char **argv) {
                    e->what == E_BUF_I64 ? "i64" : "f32", e->trainable ? "T" : "-",
                    e->what == E_PARAM ? kinds[e->kind] : "none");
         }
+        lucid_ctx_release(ctx);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "plan") == 0) {
+        lucid_param_layout *pl = NULL;
+        if (lucid_param_layout_create(ctx, (lucid_device){LUCID_CPU, 0}, L.plen, L.psegs,
+                                      L.np, &pl))
+            die("parameter layout");
+        double gf = 0, gf_real = 0;
+        for (int b = 0; b < pl->nbuckets; b++) {
+            const lucid_muon_bucket *k = &pl->buckets_host[b];
+            double M = k->M, K = k->K;
+            double f = 5.0 * k->count * (4 * M * M * K + 2 * M * M * M) / 1e9;
+            gf += f;
+            printf("bucket %d: %d x %d, %d matrices, %.3f GFLOP padded:", b, k->M, k->K,
+                   k->count, f);
+            for (int j = k->first; j < k->first + k->count; j++) {
+                const lucid_muon_mat *mt = &pl->mats_host[j];
+                double m = mt->m, kk = mt->k;
+                gf_real += 5.0 * (4 * m * m * kk + 2 * m * m * m) / 1e9;
+                printf(" %dx%d%s", mt->m, mt->k, mt->tr ? "t" : "");
+            }
+            printf("\n");
+        }
+        printf("%d Muon matrices in %d buckets: %.2f GFLOP per step (%.2f unpadded); X %lld "
+               "elements, A %lld\n",
+               pl->nmuon, pl->nbuckets, gf, gf_real, (long long)pl->muon_nx,
+               (long long)pl->muon_na);
+        lucid_param_layout_release(pl);
         lucid_ctx_release(ctx);
         return 0;
     }

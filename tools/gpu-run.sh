@@ -8,6 +8,8 @@
 #   lab        the conv kernel lab (bench/conv_lab) and the warm-up profile
 #   fit        the default main job, eager then recorded, with LUCID_PROFILE=1
 #   all        test + reference + bench
+#   quick      the CUDA C tests, the conv/model/optimizer/loader benchmarks,
+#              the layer profile and the default fit eager then recorded
 # Logs go to $OUT (or build/gpu-logs when OUT is unset).
 set -uo pipefail
 what=${1:-test}
@@ -61,6 +63,30 @@ if [ "$what" = fit ]; then
   for r in false true; do
     LUCID_PROFILE=1 timeout 280 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$out/fit_$r.log" 2>&1 || rc=1
     grep -E 'epoch [0-9]+/|time by phase|recorded step|final|lucid profile|rror' "$out/fit_$r.log" | tail -16
+  done
+fi
+if [ "$what" = quick ]; then
+  make -j"$(nproc)" build/tests/test_conv_igemm_maps >/dev/null 2>&1
+  for t in build/tests/test_conv_igemm_maps build/tests/test_nn_cuda build/tests/test_conv_dw_cuda \
+           build/tests/test_optim_cuda build/tests/test_input build/tests/test_optim; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); timeout 120 "$t" > "$out/$n.log" 2>&1; r=$?
+    echo "$n: rc $r, $(grep -c '^ok' "$out/$n.log") ok, $(grep -c '^not ok' "$out/$n.log") not ok"
+    grep '^not ok' "$out/$n.log" | head -8
+  done
+  flags=$(make -s print-link-flags); mkdir -p build/bench
+  for n in bench_nn_cuda bench_optim bench_loader; do
+    gcc -O2 -std=c11 -D_GNU_SOURCE -Iengine bench/$n.c build/libengine.a $flags -o build/bench/$n &&
+      timeout 120 build/bench/$n > "$out/$n.log" 2>&1 || rc=1
+  done
+  grep -E 'cuda|threads 4' "$out/bench_optim.log" "$out/bench_loader.log" | cut -c1-150
+  tail -30 "$out/bench_nn_cuda.log"
+  timeout 120 luajit bench/bench_model.lua > "$out/bench_model.log" 2>&1; tail -4 "$out/bench_model.log"
+  timeout 150 luajit bench/profile_layers.lua > "$out/profile_layers.log" 2>&1; tail -32 "$out/profile_layers.log"
+  export LUCID_PROGRESS=plain
+  for r in false true; do
+    LUCID_PROFILE=1 timeout 170 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$out/fit_$r.log" 2>&1 || rc=1
+    grep -E 'epoch [0-9]+/|time by phase|recorded step|final|lucid profile|rror' "$out/fit_$r.log" | tail -14
   done
 fi
 exit $rc

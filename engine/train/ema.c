@@ -71,6 +71,7 @@ void lucid_ema_release(lucid_ema *e) {
 }
 
 lucid_tensor *lucid_ema_tensor(lucid_ema *e) { return e->ema; }
+lucid_param_layout *lucid_ema_layout(lucid_ema *e) { return e->layout; }
 
 lucid_status lucid_ema_update(lucid_ctx *ctx, lucid_ema *e,
                               lucid_param_block *pb,

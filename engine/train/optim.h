@@ -34,6 +34,9 @@
  *     This is Ultralytics' optimizer_step order (reference §3.5) and
  *     torch.amp.GradScaler's unscale_ -> clip -> step -> update (clipping
  *     reference §8, §11). Every call is stream-ordered; none synchronizes.
+ *     lucid_optim_step_fused runs the same sequence as one call (two
+ *     kernel launches on CUDA for SGD/AdamW), bitwise equal to the
+ *     separate calls.
  *   - Determinism: no float atomics anywhere; reductions use a fixed
  *     chunk/tree order that the CPU reproduces exactly (gradient norm is
  *     bitwise CPU == CUDA); elementwise updates avoid FMA contraction so
@@ -130,7 +133,16 @@ typedef struct lucid_param_inputs {
     int32_t nesterov;     /* 1: Nesterov momentum (SGD, MuSGD) */
     int32_t scaler_enabled; /* 1: fp16 dynamic loss scaling is on */
     int32_t ns_bf16;      /* 1: MuSGD Newton–Schulz rounds to bf16 where the
-                             reference computes in bf16 (default); 0: f32 */
+                             reference computes in bf16 (default); 0: f32.
+                             Unlike the other inputs this one is also read
+                             by the HOST when a MuSGD step is enqueued on
+                             CUDA (the staging value): 1 selects bf16 GEMM
+                             operands (tensor cores, f32 accumulation, exact
+                             for bf16-rounded operands), 0 f32 GEMMs. A
+                             recorded step keeps the GEMMs of its recording:
+                             switching a recorded MuSGD step from 1 to 0
+                             needs a new recording (0 -> 1 is exact either
+                             way: f32 GEMMs of bf16 values). */
 } lucid_param_inputs;
 
 /* Device-owned state and derived per-step scalars. */
@@ -155,7 +167,10 @@ typedef struct lucid_param_state {
     float step_size[LUCID_PARAM_SLOTS]; /* derived (AdamW): lr / (1-beta1^t) */
     float bc2_sqrt[LUCID_PARAM_SLOTS];  /* derived (AdamW): sqrt(1-beta2^t) */
     float decay_mul[LUCID_PARAM_SLOTS]; /* derived (AdamW): 1 - lr*wd */
-    int32_t reserved[3];
+    int32_t step_skipped; /* derived: 1 when the last optimizer step was
+                             skipped (found_inf at its start); the update
+                             kernels read this, not found_inf */
+    int32_t reserved[2];
 } lucid_param_state;
 
 typedef struct lucid_param_values {
@@ -243,6 +258,55 @@ lucid_status lucid_optim_step(lucid_ctx *ctx, lucid_optim *o,
                               lucid_param_block *pb, lucid_tensor *params,
                               const lucid_tensor *grads);
 
+/* ------------------------------------------------- fused optimizer step */
+
+typedef struct lucid_ema lucid_ema;
+
+/* What lucid_optim_step_fused runs around the update (bit flags). */
+enum {
+    LUCID_STEP_UNSCALE = 1,       /* lucid_grad_unscale first (nothing at run
+                                     time while in.scaler_enabled = 0) */
+    LUCID_STEP_CLIP_NORM = 2,     /* then lucid_grad_clip_norm(apply = 1) */
+    LUCID_STEP_CLIP_VALUE = 4,    /* then lucid_grad_clip_value */
+    LUCID_STEP_SCALER_UPDATE = 8, /* lucid_scaler_update after the update */
+    LUCID_STEP_KEEP_GRADS = 16    /* leave the processed (unscaled, clipped)
+                                     gradients in `grads`, as the separate
+                                     calls do. Without it SGD and AdamW leave
+                                     `grads` unchanged (for a caller that
+                                     zeroes them next: one pass less); MuSGD
+                                     writes them either way. */
+};
+
+typedef struct lucid_optim_step_opts {
+    int flags;               /* LUCID_STEP_* */
+    lucid_ema *ema;          /* EMA of `params` (a layout with the same
+                                segment table as the optimizer's), updated
+                                right after each new parameter value, or
+                                NULL */
+    lucid_ema *aux_ema;      /* a second EMA over another layout (the f32
+                                BN buffers), updated with the SAME decay d
+                                (ema_updates advances once), or NULL;
+                                requires ema */
+    const lucid_tensor *aux; /* the flat tensor aux_ema averages */
+} lucid_optim_step_opts;
+
+/* One whole optimizer step at an accumulation-window boundary:
+ *     [unscale] [clip_norm] [clip_value] optim_step [scaler_update]
+ *     [ema_update(ema, params)] [ema_update(aux_ema, aux), same d]
+ * with results bitwise equal to those separate calls on the same device
+ * (parameters, state, EMA, block state; gradients too with KEEP_GRADS).
+ * grads: flat f32 (unlike lucid_grad_clip_norm, no bf16/f16). On CUDA the
+ * gradient processing is applied on the fly inside the update kernel and
+ * the EMA right after each new parameter value; the scalar work (clip
+ * coefficient, step counter, scaler, EMA decay) runs in the last block of
+ * the norm pass (or in one one-thread kernel when there is no norm or
+ * unscale pass), so SGD/AdamW take two launches: norm pass, update. No
+ * allocation, no host synchronization: capturable in a CUDA graph. */
+lucid_status lucid_optim_step_fused(lucid_ctx *ctx, lucid_optim *o,
+                                    lucid_param_block *pb,
+                                    lucid_tensor *params, lucid_tensor *grads,
+                                    const lucid_optim_step_opts *opts);
+
 /* ------------------------------------------------- gradient norm, clips */
 
 /* Total 2-norm over all trainable gradient elements, accumulated in f32
@@ -281,8 +345,6 @@ lucid_status lucid_scaler_update(lucid_ctx *ctx, lucid_param_block *pb);
 
 /* ------------------------------------------------------------------- EMA */
 
-typedef struct lucid_ema lucid_ema;
-
 /* EMA copy of the flat parameter buffer, initialised to params (Ultralytics
  * ModelEMA deep-copies the model). Averages every segment of the layout:
  * parameters, frozen ones and floating buffers (BN running stats). */
@@ -291,6 +353,7 @@ lucid_status lucid_ema_create(lucid_ctx *ctx, lucid_param_layout *layout,
 void lucid_ema_retain(lucid_ema *e);
 void lucid_ema_release(lucid_ema *e);
 lucid_tensor *lucid_ema_tensor(lucid_ema *e); /* borrowed */
+lucid_param_layout *lucid_ema_layout(lucid_ema *e); /* borrowed */
 /* updates += 1; d = decay * (1 - exp(-updates/tau)) (in f64, stored as
  * f32 d and f32(1-d)); ema = ema*d + (1-d)*param elementwise in f32, as
  * ModelEMA.update (v *= d; v += (1-d)*p). Runs after every optimizer step,

@@ -10,6 +10,20 @@
  *   - MuSGD ("muon") segments: trainable with ndim 2 or 4 (reference §6),
  *     viewed as (shape[0], numel/shape[0]); shape scale
  *     sqrt(max(1, shape[-2]/shape[-1])).
+ *   - Muon plan (optim_backend.h): built for every layout with Muon
+ *     segments (host tables on every device, so tests can inspect it; the
+ *     CUDA MuSGD uses it). Each matrix X = m x k (m <= k) starts in the
+ *     group of its shape rounded up to multiples of LUCID_MUON_ALIGN;
+ *     groups are then merged greedily, always the pair whose merge lowers
+ *     the estimated cost the most (ties: lowest index pair), while some
+ *     merge lowers it or while there are more than LUCID_MUON_MAX_BUCKETS
+ *     groups. Estimated cost of a bucket of n matrices of padded shape
+ *     M x K: MUON_BUCKET_S (the fixed cost of its 15 GEMM launches per
+ *     step) + 5 n (4 M^2 K + 2 M^3) / MUON_GEMM_FLOPS (five Newton–Schulz
+ *     iterations of XX^T, (cA)A and BX). Deterministic; buckets sorted by
+ *     (M, K), matrices inside a bucket in segment order.
+ *   - Ticket counters (CUDA): one int32 per one-launch reduction, zeroed
+ *     here; the kernels leave them at zero.
  *   - The CUDA kernel table comes from cuda/optim.cu; a CUDA=0 build links
  *     engine/core/cuda_absent.c instead, whose getter returns NULL.
  */
@@ -57,6 +71,10 @@ static void layout_free(lucid_param_layout *l) {
     free(l->chunks_train_host);
     free(l->chunks_all_host);
     free(l->muon_host);
+    free(l->chunks_frozen_host);
+    free(l->mats_host);
+    free(l->buckets_host);
+    if (l->counters) lucid_tensor_release(l->counters);
     if (l->dev_tables) lucid_tensor_release(l->dev_tables);
     if (l->partials) lucid_tensor_release(l->partials);
     if (l->ctx) lucid_ctx_release(l->ctx);
@@ -132,19 +150,24 @@ static lucid_status validate(lucid_ctx *ctx, int64_t total,
     return st;
 }
 
-static int count_chunks(const lucid_param_segment *segs, int n, int train) {
+/* which: 0 every segment, 1 trainable ones, 2 non-trainable ones. */
+static int chunk_wanted(const lucid_param_segment *s, int which) {
+    return which == 0 || (which == 1) == (s->trainable != 0);
+}
+
+static int count_chunks(const lucid_param_segment *segs, int n, int which) {
     int64_t c = 0;
     for (int i = 0; i < n; i++)
-        if (!train || segs[i].trainable)
+        if (chunk_wanted(&segs[i], which))
             c += (segs[i].numel + LUCID_OPTIM_CHUNK - 1) / LUCID_OPTIM_CHUNK;
     return (int)c;
 }
 
-static void fill_chunks(const lucid_param_segment *segs, int n, int train,
+static void fill_chunks(const lucid_param_segment *segs, int n, int which,
                         lucid_chunk *out) {
     int c = 0;
     for (int i = 0; i < n; i++) {
-        if (train && !segs[i].trainable) continue;
+        if (!chunk_wanted(&segs[i], which)) continue;
         for (int64_t s = 0; s < segs[i].numel; s += LUCID_OPTIM_CHUNK) {
             int64_t len = segs[i].numel - s;
             if (len > LUCID_OPTIM_CHUNK) len = LUCID_OPTIM_CHUNK;
@@ -153,34 +176,214 @@ static void fill_chunks(const lucid_param_segment *segs, int n, int train,
     }
 }
 
-/* Device copies of the tables (CUDA) or aliases (CPU). */
+/* ------------------------------------------------------------ Muon plan */
+
+#define MUON_BUCKET_S 40e-6     /* fixed cost of a bucket per step (s) */
+#define MUON_GEMM_FLOPS 50e12   /* GEMM rate assumed by the estimate */
+
+typedef struct {
+    int64_t M, K, n;
+} mbk;
+
+static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+static double mbk_cost(int64_t M, int64_t K, int64_t n) {
+    double m = (double)M, k = (double)K;
+    return MUON_BUCKET_S +
+           5.0 * (double)n * (4.0 * m * m * k + 2.0 * m * m * m) / MUON_GEMM_FLOPS;
+}
+
+static int mbk_cmp(const void *a, const void *b) {
+    const mbk *x = a, *y = b;
+    if (x->M != y->M) return x->M < y->M ? -1 : 1;
+    if (x->K != y->K) return x->K < y->K ? -1 : 1;
+    return 0;
+}
+
+/* Groups start as the distinct padded shapes; lab[] maps each group to
+ * its current bucket, so every matrix lands in the bucket its shape was
+ * merged into. */
+static lucid_status build_muon_plan(lucid_ctx *ctx, lucid_param_layout *l) {
+    int nm = l->nmuon;
+    if (nm == 0) return LUCID_OK;
+    mbk *g = calloc((size_t)nm, sizeof *g);       /* initial groups */
+    int *lab = calloc((size_t)nm, sizeof *lab);   /* group -> bucket */
+    int *mg = calloc((size_t)nm, sizeof *mg);     /* matrix -> group */
+    mbk *bk = calloc((size_t)nm, sizeof *bk);     /* buckets */
+    l->mats_host = calloc((size_t)nm, sizeof *l->mats_host);
+    l->buckets_host = calloc(LUCID_MUON_MAX_BUCKETS, sizeof *l->buckets_host);
+    if (!g || !lab || !mg || !bk || !l->mats_host || !l->buckets_host) {
+        free(g), free(lab), free(mg), free(bk);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "param layout: out of memory");
+    }
+    /* distinct padded shapes, sorted */
+    int ng = 0;
+    for (int i = 0; i < nm; i++) {
+        const lucid_seg_info *sg = &l->seg_host[l->muon_host[i]];
+        int64_t m = sg->rows < sg->cols ? sg->rows : sg->cols;
+        int64_t k = sg->rows < sg->cols ? sg->cols : sg->rows;
+        mbk x = {round_up(m, LUCID_MUON_ALIGN), round_up(k, LUCID_MUON_ALIGN), 1};
+        int f = -1;
+        for (int j = 0; j < ng && f < 0; j++)
+            if (g[j].M == x.M && g[j].K == x.K) f = j;
+        if (f < 0) g[f = ng++] = (mbk){x.M, x.K, 0};
+        g[f].n++;
+    }
+    qsort(g, (size_t)ng, sizeof *g, mbk_cmp);
+    for (int i = 0; i < nm; i++) {
+        const lucid_seg_info *sg = &l->seg_host[l->muon_host[i]];
+        int64_t m = sg->rows < sg->cols ? sg->rows : sg->cols;
+        int64_t k = sg->rows < sg->cols ? sg->cols : sg->rows;
+        int64_t M = round_up(m, LUCID_MUON_ALIGN), K = round_up(k, LUCID_MUON_ALIGN);
+        for (int j = 0; j < ng; j++)
+            if (g[j].M == M && g[j].K == K) mg[i] = j;
+    }
+    int nb = ng;
+    for (int j = 0; j < ng; j++) bk[j] = g[j], lab[j] = j;
+    /* greedy merges */
+    for (;;) {
+        int bi = -1, bj = -1;
+        double best = 0.0;
+        for (int i = 0; i < nb; i++)
+            for (int j = i + 1; j < nb; j++) {
+                int64_t M = bk[i].M > bk[j].M ? bk[i].M : bk[j].M;
+                int64_t K = bk[i].K > bk[j].K ? bk[i].K : bk[j].K;
+                double d = mbk_cost(M, K, bk[i].n + bk[j].n) -
+                           mbk_cost(bk[i].M, bk[i].K, bk[i].n) -
+                           mbk_cost(bk[j].M, bk[j].K, bk[j].n);
+                if (bi < 0 || d < best) best = d, bi = i, bj = j;
+            }
+        if (bi < 0 || (best >= 0.0 && nb <= LUCID_MUON_MAX_BUCKETS)) break;
+        bk[bi].M = bk[bi].M > bk[bj].M ? bk[bi].M : bk[bj].M;
+        bk[bi].K = bk[bi].K > bk[bj].K ? bk[bi].K : bk[bj].K;
+        bk[bi].n += bk[bj].n;
+        for (int j = 0; j < ng; j++) {
+            if (lab[j] == bj) lab[j] = bi;
+            else if (lab[j] > bj) lab[j]--;
+        }
+        for (int j = bj; j + 1 < nb; j++) bk[j] = bk[j + 1];
+        nb--;
+    }
+    /* sort the buckets by (M, K), relabelling the groups */
+    int order[LUCID_MUON_MAX_BUCKETS], rank[LUCID_MUON_MAX_BUCKETS];
+    for (int i = 0; i < nb; i++) order[i] = i;
+    for (int i = 1; i < nb; i++)
+        for (int j = i; j > 0 && mbk_cmp(&bk[order[j - 1]], &bk[order[j]]) > 0; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    for (int i = 0; i < nb; i++) rank[order[i]] = i;
+    l->nbuckets = nb;
+    int64_t xo = 0, ao = 0;
+    int first = 0;
+    for (int r = 0; r < nb; r++) {
+        const mbk *b = &bk[order[r]];
+        lucid_muon_bucket *o = &l->buckets_host[r];
+        o->M = (int32_t)b->M, o->K = (int32_t)b->K;
+        o->first = first, o->count = (int32_t)b->n;
+        o->x_off = xo, o->a_off = ao;
+        xo += b->n * b->M * b->K;
+        ao += b->n * b->M * b->M;
+        first += (int)b->n;
+    }
+    l->muon_nx = xo, l->muon_na = ao;
+    /* matrices, bucket by bucket, segment order inside a bucket */
+    int *fill = calloc((size_t)nb, sizeof *fill);
+    if (!fill) {
+        free(g), free(lab), free(mg), free(bk);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "param layout: out of memory");
+    }
+    for (int i = 0; i < nm; i++) {
+        int si = l->muon_host[i];
+        lucid_seg_info *sg = &l->seg_host[si];
+        int r = rank[lab[mg[i]]];
+        lucid_muon_bucket *b = &l->buckets_host[r];
+        int idx = b->first + fill[r];
+        lucid_muon_mat *mt = &l->mats_host[idx];
+        mt->seg = si;
+        mt->bucket = r;
+        mt->tr = sg->rows > sg->cols;
+        mt->m = mt->tr ? sg->cols : sg->rows;
+        mt->k = mt->tr ? sg->rows : sg->cols;
+        mt->M = b->M, mt->K = b->K;
+        mt->cols = sg->cols;
+        mt->x_off = b->x_off + (int64_t)fill[r] * b->M * b->K;
+        mt->first_chunk = -1;
+        mt->nchunks = 0;
+        for (int c = 0; c < l->nchunks_train; c++)
+            if (l->chunks_train_host[c].seg == si) {
+                if (mt->first_chunk < 0) mt->first_chunk = c;
+                mt->nchunks++;
+            }
+        sg->muon = idx;
+        fill[r]++;
+    }
+    free(fill), free(g), free(lab), free(mg), free(bk);
+    return LUCID_OK;
+}
+
+static int64_t align64(int64_t x) { return round_up(x, 64); }
+
+lucid_muon_ws lucid_musgd_ws(const lucid_param_layout *l) {
+    lucid_muon_ws w;
+    int64_t o = 0;
+    w.x = o, o += align64(l->muon_nx);
+    w.y = o, o += align64(l->muon_nx);
+    w.a = o, o += align64(l->muon_na);
+    w.t = o, o += align64(l->muon_na);
+    w.b = o, o += align64(l->muon_na);
+    w.h = o, o += align64(l->muon_na);
+    w.den = o, o += align64(l->nmuon);
+    w.part = o, o += align64(l->nchunks_train);
+    w.total = o;
+    return w;
+}
+
+/* Device copies of the tables (CUDA) or aliases (CPU), the norm partials
+ * and (CUDA) the ticket counters. */
 static lucid_status upload_tables(lucid_ctx *ctx, lucid_param_layout *l) {
-    size_t nseg = (size_t)l->nsegs * sizeof(lucid_seg_info);
-    size_t ntr = (size_t)l->nchunks_train * sizeof(lucid_chunk);
-    size_t nall = (size_t)l->nchunks_all * sizeof(lucid_chunk);
+    size_t sz[6] = {
+        (size_t)l->nsegs * sizeof(lucid_seg_info),
+        (size_t)l->nchunks_train * sizeof(lucid_chunk),
+        (size_t)l->nchunks_all * sizeof(lucid_chunk),
+        (size_t)l->nchunks_frozen * sizeof(lucid_chunk),
+        (size_t)l->nmuon * sizeof(lucid_muon_mat),
+        (size_t)l->nbuckets * sizeof(lucid_muon_bucket),
+    };
+    const void *src[6] = {l->seg_host, l->chunks_train_host, l->chunks_all_host,
+                          l->chunks_frozen_host, l->mats_host, l->buckets_host};
     int64_t np = l->nchunks_train > 0 ? l->nchunks_train : 1;
     LUCID_TRY(lucid_tensor_empty(ctx, l->dev, LUCID_F32, 1, &np, &l->partials));
     if (l->dev.type == LUCID_CPU) {
         l->seg_dev = l->seg_host;
         l->chunks_train_dev = l->chunks_train_host;
         l->chunks_all_dev = l->chunks_all_host;
+        l->chunks_frozen_dev = l->chunks_frozen_host;
+        l->mats_dev = l->mats_host;
+        l->buckets_dev = l->buckets_host;
         return LUCID_OK;
     }
     const lucid_optim_kernels *k = lucid_optim_kernels_for(ctx, l->dev);
     if (!k) return ctx->last_status;
-    int64_t bytes = (int64_t)(nseg + ntr + nall);
-    if (bytes == 0) bytes = 1;
-    LUCID_TRY(lucid_tensor_empty(ctx, l->dev, LUCID_U8, 1, &bytes,
+    size_t off[6], bytes = 0;
+    for (int i = 0; i < 6; i++) {
+        off[i] = bytes;
+        bytes += (sz[i] + 15) / 16 * 16; /* 16-byte aligned tables */
+    }
+    int64_t nbytes = bytes ? (int64_t)bytes : 1;
+    LUCID_TRY(lucid_tensor_empty(ctx, l->dev, LUCID_U8, 1, &nbytes,
                                  &l->dev_tables));
     char *base = lucid_tensor_data(l->dev_tables);
-    if (nseg) LUCID_TRY(k->memcpy_h2d(ctx, base, l->seg_host, nseg, 0));
-    if (ntr) LUCID_TRY(k->memcpy_h2d(ctx, base + nseg, l->chunks_train_host, ntr, 0));
-    if (nall)
-        LUCID_TRY(k->memcpy_h2d(ctx, base + nseg + ntr, l->chunks_all_host,
-                                nall, 0));
-    l->seg_dev = (const lucid_seg_info *)base;
-    l->chunks_train_dev = (const lucid_chunk *)(base + nseg);
-    l->chunks_all_dev = (const lucid_chunk *)(base + nseg + ntr);
+    for (int i = 0; i < 6; i++)
+        if (sz[i]) LUCID_TRY(k->memcpy_h2d(ctx, base + off[i], src[i], sz[i], 0));
+    l->seg_dev = (const lucid_seg_info *)(base + off[0]);
+    l->chunks_train_dev = (const lucid_chunk *)(base + off[1]);
+    l->chunks_all_dev = (const lucid_chunk *)(base + off[2]);
+    l->chunks_frozen_dev = (const lucid_chunk *)(base + off[3]);
+    l->mats_dev = (const lucid_muon_mat *)(base + off[4]);
+    l->buckets_dev = (const lucid_muon_bucket *)(base + off[5]);
+    int64_t nc = 1 + (int64_t)l->nmuon;
+    LUCID_TRY(lucid_tensor_zeros(ctx, l->dev, LUCID_I32, 1, &nc, &l->counters));
     return LUCID_OK;
 }
 
@@ -207,10 +410,12 @@ lucid_status lucid_param_layout_create(lucid_ctx *ctx, lucid_device dev,
     l->muon_host = calloc(n1, sizeof *l->muon_host);
     l->nchunks_train = count_chunks(segs, nsegs, 1);
     l->nchunks_all = count_chunks(segs, nsegs, 0);
+    l->nchunks_frozen = count_chunks(segs, nsegs, 2);
     l->chunks_train_host = calloc((size_t)l->nchunks_train + 1, sizeof(lucid_chunk));
     l->chunks_all_host = calloc((size_t)l->nchunks_all + 1, sizeof(lucid_chunk));
+    l->chunks_frozen_host = calloc((size_t)l->nchunks_frozen + 1, sizeof(lucid_chunk));
     if (!l->segs || !l->seg_host || !l->muon_host || !l->chunks_train_host ||
-        !l->chunks_all_host) {
+        !l->chunks_all_host || !l->chunks_frozen_host) {
         layout_free(l);
         return lucid_seterr(ctx, LUCID_ERR_OOM, "param layout: out of memory");
     }
@@ -226,6 +431,7 @@ lucid_status lucid_param_layout_create(lucid_ctx *ctx, lucid_device dev,
         g->rows = 1;
         g->cols = (int32_t)s->numel;
         g->muon_shape_scale = 1.0f;
+        g->muon = -1;
         if (s->trainable) l->trainable_numel += s->numel;
         if (s->trainable && (s->ndim == 2 || s->ndim == 4) && s->numel > 0) {
             g->flags |= LUCID_SEG_MUON;
@@ -241,7 +447,9 @@ lucid_status lucid_param_layout_create(lucid_ctx *ctx, lucid_device dev,
     }
     fill_chunks(segs, nsegs, 1, l->chunks_train_host);
     fill_chunks(segs, nsegs, 0, l->chunks_all_host);
-    lucid_status st = upload_tables(ctx, l);
+    fill_chunks(segs, nsegs, 2, l->chunks_frozen_host);
+    lucid_status st = build_muon_plan(ctx, l);
+    if (st == LUCID_OK) st = upload_tables(ctx, l);
     if (st != LUCID_OK) {
         layout_free(l);
         return st;
@@ -268,8 +476,10 @@ int64_t lucid_param_layout_trainable_numel(const lucid_param_layout *l) {
 }
 
 int64_t lucid_musgd_work_numel(const lucid_param_layout *l) {
-    /* X and Y (numel each), A, T, B (gram each), scalar slots. */
-    return 2 * l->muon_max_numel + 3 * l->muon_max_gram + 16;
+    /* CPU: u and X (numel each), A, T, B (gram each), scalar slots. */
+    if (l->dev.type == LUCID_CPU)
+        return 2 * l->muon_max_numel + 3 * l->muon_max_gram + 16;
+    return lucid_musgd_ws(l).total;
 }
 
 static const char *dev_name(lucid_device d, char *buf, size_t n) {

@@ -6,8 +6,18 @@
  * lr/momentum between steps, against an independent float64
  * implementation written here from the PyTorch / Ultralytics formulas.
  * Schedule values are checked against numbers computed by hand.
+ *
+ * The fused step (lucid_optim_step_fused) runs against the separate calls
+ * it replaces (unscale, clip_norm, clip_value, optim_step, scaler_update,
+ * ema_update x2) over steps with clipping, huge and non-finite gradients,
+ * a scaler skip, EMA of params and of BN buffers: bitwise equal on the CPU.
+ * Newton–Schulz on a zero-padded matrix is checked against the unpadded
+ * one (the padding the CUDA buckets rely on), and the Muon bucket plan's
+ * invariants are checked on a layout with many shapes.
  */
 #include "test_optim_fixture.h"
+#include "internal.h"
+#include "train/optim_backend.h"
 #include <float.h>
 
 #define NSTEPS 5
@@ -386,6 +396,306 @@ static void test_ema(lucid_ctx *ctx) {
     lucid_param_layout_release(l);
 }
 
+/* ------------------------------------------------ fused step vs separate */
+
+/* BN-buffer layout for the aux EMA: two running stats and a gap. */
+#define FXB_TOTAL 24
+static const lucid_param_segment fxb_segs[2] = {
+    {"bn.running_mean", 0, 8, LUCID_KIND_WEIGHT, 1, {8}, 0, 0},
+    {"bn.running_var", 12, 12, LUCID_KIND_WEIGHT, 1, {12}, 0, 0},
+};
+
+typedef struct fused_rig {
+    lucid_param_layout *l, *bl;
+    lucid_param_block *pb, *pbx; /* pbx: separate route's aux EMA block */
+    lucid_optim *o;
+    lucid_ema *e, *ea;
+    lucid_tensor *P, *G, *B;
+} fused_rig;
+
+static int rig_make(lucid_ctx *ctx, fused_rig *r, lucid_optim_kind kind,
+                    const lucid_param_values *v, const float *p0, const float *b0) {
+    lucid_device cpu = {LUCID_CPU, 0};
+    memset(r, 0, sizeof *r);
+    r->l = fx_layout(ctx, cpu);
+    if (lucid_param_layout_create(ctx, cpu, FXB_TOTAL, fxb_segs, 2, &r->bl) ||
+        lucid_param_block_create(ctx, cpu, v, &r->pb) ||
+        lucid_param_block_create(ctx, cpu, v, &r->pbx) ||
+        lucid_optim_create(ctx, kind, r->l, &r->o))
+        return 0;
+    r->P = fx_tensor(ctx, LUCID_F32, FX_TOTAL);
+    r->G = fx_tensor(ctx, LUCID_F32, FX_TOTAL);
+    r->B = fx_tensor(ctx, LUCID_F32, FXB_TOTAL);
+    memcpy(fx_f(r->P), p0, FX_TOTAL * sizeof(float));
+    memcpy(fx_f(r->B), b0, FXB_TOTAL * sizeof(float));
+    return lucid_ema_create(ctx, r->l, r->P, &r->e) == LUCID_OK &&
+           lucid_ema_create(ctx, r->bl, r->B, &r->ea) == LUCID_OK;
+}
+
+static void rig_free(fused_rig *r) {
+    lucid_ema_release(r->e), lucid_ema_release(r->ea);
+    lucid_optim_release(r->o);
+    lucid_tensor_release(r->P), lucid_tensor_release(r->G), lucid_tensor_release(r->B);
+    lucid_param_block_release(r->pb), lucid_param_block_release(r->pbx);
+    lucid_param_layout_release(r->l), lucid_param_layout_release(r->bl);
+}
+
+/* The separate calls a fused step with these flags replaces. */
+static lucid_status rig_separate(lucid_ctx *ctx, fused_rig *r, int flags) {
+    lucid_status s = LUCID_OK;
+    if (flags & LUCID_STEP_UNSCALE) s = lucid_grad_unscale(ctx, r->l, r->pb, r->G);
+    if (!s && (flags & LUCID_STEP_CLIP_NORM)) s = lucid_grad_clip_norm(ctx, r->l, r->pb, r->G, 1);
+    if (!s && (flags & LUCID_STEP_CLIP_VALUE)) s = lucid_grad_clip_value(ctx, r->l, r->pb, r->G);
+    if (!s) s = lucid_optim_step(ctx, r->o, r->pb, r->P, r->G);
+    if (!s && (flags & LUCID_STEP_SCALER_UPDATE)) s = lucid_scaler_update(ctx, r->pb);
+    if (!s) s = lucid_ema_update(ctx, r->e, r->pb, r->P);
+    if (!s) s = lucid_ema_update(ctx, r->ea, r->pbx, r->B);
+    return s;
+}
+
+static lucid_status rig_fused(lucid_ctx *ctx, fused_rig *r, int flags) {
+    lucid_optim_step_opts o = {flags, r->e, r->ea, r->B};
+    return lucid_optim_step_fused(ctx, r->o, r->pb, r->P, r->G, &o);
+}
+
+/* Bitwise equal, any NaN equal to any NaN. */
+static int same_bits(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) != 0 && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    return 1;
+}
+
+/* The scenario of the fused tests: per step the flags, clip limits, the
+ * scaler and the gradient scale / special value. */
+typedef struct fused_scen {
+    int flags;
+    float max_norm, clip_value;
+    int scaler;
+    float gscale;
+    int special; /* 0 none, 1 +Inf at one element, 2 1e20 at one element */
+} fused_scen;
+
+#define KEEP LUCID_STEP_KEEP_GRADS
+#define SCU LUCID_STEP_SCALER_UPDATE
+static const fused_scen fscen[] = {
+    {LUCID_STEP_CLIP_NORM | SCU | KEEP, 1.0f, 0.0f, 0, 1.0f, 0},  /* coef < 1 */
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 1, 65536.0f, 0},
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 1, 65536.0f, 1},
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | LUCID_STEP_CLIP_VALUE | SCU, 2.0f, 0.05f, 1,
+     32768.0f, 0},
+    {LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 0, 1.0f, 2}, /* Inf norm */
+    {LUCID_STEP_CLIP_VALUE | KEEP, 10.0f, 0.1f, 0, 1.0f, 0},
+    {0, 10.0f, 0.0f, 0, 1.0f, 0},
+};
+#define NFSCEN ((int)(sizeof fscen / sizeof *fscen))
+
+static void test_fused_cpu(lucid_ctx *ctx, lucid_optim_kind kind, const char *name) {
+    lucid_param_values v;
+    lucid_param_values_default(&v);
+    v.in.ns_bf16 = 1;
+    v.in.growth_interval = 2;
+    v.in.ema_tau = 3.0;
+    float p0[FX_TOTAL], b0[FXB_TOTAL], g[FX_TOTAL];
+    for (int i = 0; i < FX_TOTAL; i++) p0[i] = 0.5f * fx_randn();
+    for (int i = 0; i < FXB_TOTAL; i++) b0[i] = fx_randn();
+    fused_rig S, F;
+    if (!rig_make(ctx, &S, kind, &v, p0, b0) || !rig_make(ctx, &F, kind, &v, p0, b0)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        return;
+    }
+    int ok = 1, grads_ok = 1, untouched_ok = 1;
+    for (int k = 0; k < NFSCEN && ok; k++) {
+        const fused_scen *sc = &fscen[k];
+        set_schedule(&v, k + 1, kind == LUCID_OPTIM_ADAMW);
+        v.in.clip_max_norm = sc->max_norm;
+        v.in.clip_value = sc->clip_value;
+        v.in.scaler_enabled = sc->scaler;
+        fused_rig *rr[2] = {&S, &F};
+        for (int i = 0; i < FX_TOTAL; i++) g[i] = fx_randn() * sc->gscale;
+        if (sc->special == 1) g[5] = INFINITY;
+        if (sc->special == 2) g[7] = 1e20f;
+        for (int i = 0; i < FXB_TOTAL; i++) fx_f(S.B)[i] += 0.1f * fx_randn();
+        memcpy(fx_f(F.B), fx_f(S.B), FXB_TOTAL * sizeof(float));
+        for (int q = 0; q < 2; q++) {
+            lucid_param_block_update(rr[q]->pb, &v.in);
+            lucid_param_block_update(rr[q]->pbx, &v.in);
+            lucid_param_block_upload(ctx, rr[q]->pb);
+            lucid_param_block_upload(ctx, rr[q]->pbx);
+            memcpy(fx_f(rr[q]->G), g, sizeof g);
+        }
+        if (rig_separate(ctx, &S, sc->flags) != LUCID_OK ||
+            rig_fused(ctx, &F, sc->flags) != LUCID_OK) {
+            TEST_FAIL(name, "step %d: %s", k, lucid_ctx_error(ctx));
+            ok = 0;
+            break;
+        }
+        int keep = (sc->flags & KEEP) || kind == LUCID_OPTIM_MUSGD;
+        if (keep ? !same_bits(fx_f(S.G), fx_f(F.G), FX_TOTAL)
+                 : memcmp(fx_f(F.G), g, sizeof g) != 0)
+            grads_ok = 0;
+        for (int i = 0; i < FX_TOTAL; i++)
+            if (!fx_trainable(i) && (memcmp(&fx_f(F.P)[i], &p0[i], 4) ||
+                                     memcmp(&fx_f(F.G)[i], &g[i], 4)))
+                untouched_ok = 0;
+    }
+    if (!ok) {
+        rig_free(&S), rig_free(&F);
+        return;
+    }
+    char nm[160];
+    int same = same_bits(fx_f(S.P), fx_f(F.P), FX_TOTAL);
+    for (int i = 0; i < lucid_optim_state_count(S.o); i++)
+        same = same && same_bits(fx_f(lucid_optim_state(S.o, i)),
+                                 fx_f(lucid_optim_state(F.o, i)), FX_TOTAL);
+    CHECK(name, same, "params or state differ from the separate calls");
+    snprintf(nm, sizeof nm, "%s: EMA of params and of the BN buffers bitwise", name);
+    CHECK(nm, same_bits(fx_f(lucid_ema_tensor(S.e)), fx_f(lucid_ema_tensor(F.e)), FX_TOTAL) &&
+                  same_bits(fx_f(lucid_ema_tensor(S.ea)), fx_f(lucid_ema_tensor(F.ea)),
+                            FXB_TOTAL),
+          "EMA differs");
+    snprintf(nm, sizeof nm, "%s: gradients (processed with KEEP_GRADS, else unchanged)", name);
+    CHECK(nm, grads_ok, "gradients differ");
+    snprintf(nm, sizeof nm, "%s: frozen params and their grads untouched", name);
+    CHECK(nm, untouched_ok, "a non-trainable element changed");
+    lucid_param_values vs, vf;
+    lucid_param_block_read(ctx, S.pb, &vs);
+    lucid_param_block_read(ctx, F.pb, &vf);
+    snprintf(nm, sizeof nm, "%s: block state (step, skips, scale, norm, EMA count) bitwise", name);
+    CHECK(nm, memcmp(&vs.st, &vf.st, sizeof vs.st) == 0 && vf.st.skipped_steps == 1 &&
+                  vf.st.step == NFSCEN - 1 && vf.st.ema_updates == NFSCEN &&
+                  vf.st.nonfinite_norms == 2,
+          "step %lld/%lld skipped %lld/%lld ema %lld nonfinite %d/%d scale %g/%g",
+          (long long)vs.st.step, (long long)vf.st.step, (long long)vs.st.skipped_steps,
+          (long long)vf.st.skipped_steps, (long long)vf.st.ema_updates,
+          vs.st.nonfinite_norms, vf.st.nonfinite_norms, vs.st.loss_scale, vf.st.loss_scale);
+    rig_free(&S), rig_free(&F);
+}
+
+/* Newton–Schulz on X zero-padded to M x K equals the unpadded iteration
+ * on the real block, and the padding stays exactly zero. */
+static void test_ns_padding(int m, int k, int M, int K, int bf) {
+    char name[160];
+    snprintf(name, sizeof name,
+             "newton-schulz %dx%d zero-padded to %dx%d (%s) equals the unpadded one", m, k, M,
+             K, bf ? "bf16" : "f32");
+    float *x = calloc((size_t)m * k, sizeof *x), *xp = calloc((size_t)M * K, sizeof *xp);
+    float *w = calloc((size_t)3 * M * M + (size_t)M * K, sizeof *w);
+    double nrm = 0;
+    for (int i = 0; i < m * k; i++) x[i] = fx_randn(), nrm += (double)x[i] * x[i];
+    for (int i = 0; i < m * k; i++) {
+        x[i] = (float)(x[i] / sqrt(nrm));
+        if (bf) x[i] = lucid_bf16_to_f32(lucid_f32_to_bf16(x[i]));
+    }
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < k; c++) xp[r * K + c] = x[r * k + c];
+    lucid_cpu_ns5_iterate(x, m, k, bf, w, w + 3 * m * m);
+    lucid_cpu_ns5_iterate(xp, M, K, bf, w, w + 3 * M * M);
+    double e = 0, mx = 0;
+    int pad_zero = 1, bitwise = 1;
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < K; c++) {
+            float y = xp[r * K + c];
+            if (r >= m || c >= k) {
+                if (y != 0.0f) pad_zero = 0;
+                continue;
+            }
+            float z = x[r * k + c];
+            if (memcmp(&y, &z, 4)) bitwise = 0;
+            e = fmax(e, fabs((double)y - z));
+            mx = fmax(mx, fabs((double)z));
+        }
+    CHECK(name, pad_zero && e <= 1e-6 * mx && mx > 0.1,
+          "padding zero %d, max diff %.3g of max %.3g (bitwise %d)", pad_zero, e, mx, bitwise);
+    free(x), free(xp), free(w);
+}
+
+/* The bucket plan of a layout with many Muon shapes. */
+static void test_muon_plan(lucid_ctx *ctx) {
+    enum { N = 40 };
+    lucid_param_segment s[N];
+    char names[N][16];
+    int64_t off = 0;
+    for (int i = 0; i < N; i++) {
+        int r = 1 + (i * 37) % 97, c = 1 + (i * 53) % 211;
+        if (i % 5 == 0) r *= 4; /* some tall ones */
+        snprintf(names[i], sizeof names[i], "w%d", i);
+        s[i] = (lucid_param_segment){names[i], off, (int64_t)r * c, LUCID_KIND_WEIGHT, 2,
+                                     {r, c}, 1, 0};
+        if (i % 7 == 3) { /* a 1-D bias between them */
+            s[i].ndim = 1, s[i].shape[0] = s[i].numel, s[i].shape[1] = 0;
+        }
+        off += s[i].numel + 3;
+    }
+    lucid_device cpu = {LUCID_CPU, 0};
+    lucid_param_layout *l = NULL;
+    if (lucid_param_layout_create(ctx, cpu, off, s, N, &l) != LUCID_OK) {
+        TEST_FAIL("muon plan", "%s", lucid_ctx_error(ctx));
+        return;
+    }
+    int ok = l->nbuckets >= 1 && l->nbuckets <= LUCID_MUON_MAX_BUCKETS;
+    int seen[N] = {0}, mixed = 0;
+    int64_t xo = 0, ao = 0;
+    for (int b = 0; b < l->nbuckets && ok; b++) {
+        const lucid_muon_bucket *k = &l->buckets_host[b];
+        ok = ok && k->M % LUCID_MUON_ALIGN == 0 && k->K % LUCID_MUON_ALIGN == 0 &&
+             k->M <= k->K && k->x_off == xo && k->a_off == ao && k->count > 0;
+        xo += (int64_t)k->count * k->M * k->K;
+        ao += (int64_t)k->count * k->M * k->M;
+        for (int j = k->first; j < k->first + k->count && ok; j++) {
+            const lucid_muon_mat *mt = &l->mats_host[j];
+            const lucid_seg_info *sg = &l->seg_host[mt->seg];
+            ok = mt->bucket == b && mt->m <= k->M && mt->k <= k->K && mt->m <= mt->k &&
+                 mt->x_off == k->x_off + (int64_t)(j - k->first) * k->M * k->K &&
+                 sg->muon == j && (int64_t)mt->m * mt->k == sg->numel &&
+                 mt->tr == (sg->rows > sg->cols) && !seen[mt->seg] &&
+                 mt->nchunks == (sg->numel + LUCID_OPTIM_CHUNK - 1) / LUCID_OPTIM_CHUNK &&
+                 l->chunks_train_host[mt->first_chunk].seg == mt->seg &&
+                 l->chunks_train_host[mt->first_chunk].start == sg->offset;
+            seen[mt->seg] = 1;
+            if (j > k->first && (mt->m != mt[-1].m || mt->k != mt[-1].k)) mixed = 1;
+        }
+    }
+    int all = 1;
+    for (int i = 0; i < N; i++)
+        if ((s[i].ndim == 2) != (seen[i] == 1)) all = 0;
+    CHECK("muon plan: every matrix in one bucket of a padded shape that holds it",
+          ok && all && xo == l->muon_nx && ao == l->muon_na && l->nmuon > 0,
+          "plan invalid (%d buckets)", l->nbuckets);
+    CHECK("muon plan: a bucket mixes matrix shapes", mixed, "no bucket with two shapes");
+    lucid_param_layout_release(l);
+}
+
+static void test_fused_errors(lucid_ctx *ctx) {
+    lucid_device cpu = {LUCID_CPU, 0};
+    lucid_param_layout *l = fx_layout(ctx, cpu), *bl = NULL;
+    lucid_param_layout_create(ctx, cpu, FXB_TOTAL, fxb_segs, 2, &bl);
+    lucid_param_block *pb = NULL;
+    lucid_optim *o = NULL;
+    lucid_param_block_create(ctx, cpu, NULL, &pb);
+    lucid_optim_create(ctx, LUCID_OPTIM_SGD, l, &o);
+    lucid_tensor *P = fx_tensor(ctx, LUCID_F32, FX_TOTAL), *G = fx_tensor(ctx, LUCID_F32, FX_TOTAL);
+    lucid_tensor *B = fx_tensor(ctx, LUCID_F32, FXB_TOTAL);
+    lucid_ema *eb = NULL;
+    lucid_ema_create(ctx, bl, B, &eb);
+    lucid_optim_step_opts op = {0, eb, NULL, NULL};
+    lucid_status st = lucid_optim_step_fused(ctx, o, pb, P, G, &op);
+    CHECK("fused step refuses an EMA of another layout",
+          st == LUCID_ERR_ARG && strstr(lucid_ctx_error(ctx), "layout"), "status %d: %s", st,
+          lucid_ctx_error(ctx));
+    op = (lucid_optim_step_opts){0, NULL, eb, B};
+    st = lucid_optim_step_fused(ctx, o, pb, P, G, &op);
+    CHECK("fused step refuses aux_ema without ema", st == LUCID_ERR_ARG, "status %d", st);
+    op = (lucid_optim_step_opts){1 << 12, NULL, NULL, NULL};
+    st = lucid_optim_step_fused(ctx, o, pb, P, G, &op);
+    CHECK("fused step refuses unknown flags",
+          st == LUCID_ERR_ARG && strstr(lucid_ctx_error(ctx), "flags"), "status %d", st);
+    lucid_ema_release(eb);
+    lucid_tensor_release(P), lucid_tensor_release(G), lucid_tensor_release(B);
+    lucid_optim_release(o);
+    lucid_param_block_release(pb);
+    lucid_param_layout_release(l), lucid_param_layout_release(bl);
+}
+
 #define NEAR(a, b) (fabs((a) - (b)) <= 1e-12 * fmax(1.0, fabs(b)))
 
 static void test_schedule(void) {
@@ -455,6 +765,15 @@ int main(void) {
     test_param_block(ctx);
     test_layout_errors(ctx);
     test_ema(ctx);
+    test_fused_cpu(ctx, LUCID_OPTIM_SGD, "fused SGD step == separate calls, 7 steps (cpu, bitwise)");
+    test_fused_cpu(ctx, LUCID_OPTIM_ADAMW, "fused AdamW step == separate calls, 7 steps (cpu, bitwise)");
+    test_fused_cpu(ctx, LUCID_OPTIM_MUSGD, "fused MuSGD step == separate calls, 7 steps (cpu, bitwise)");
+    test_fused_errors(ctx);
+    test_ns_padding(6, 10, 8, 16, 0);
+    test_ns_padding(6, 10, 8, 16, 1);
+    test_ns_padding(20, 45, 32, 64, 0);
+    test_ns_padding(20, 45, 32, 64, 1);
+    test_muon_plan(ctx);
     test_schedule();
     lucid_ctx_release(ctx);
     return test_exit();

@@ -4,10 +4,25 @@
  * tolerance: GEMM summation order differs), gradient norm + clip for
  * f32/bf16/f16 (bitwise), value clip, unscale/found_inf/skip/scale update,
  * EMA. Prints skip lines and exits 0 without a usable GPU.
+ *
+ * The fused step (lucid_optim_step_fused on CUDA) runs against the
+ * separate calls on the CPU over 7 steps: clip with coef < 1, the fp16
+ * scaler with unscale, an Inf gradient (scaler skip, Inf norm, NaN grads),
+ * value clip, a 1e20 gradient (Inf norm without the scaler), plain steps;
+ * EMA of params (frozen segments included) and of a BN-buffer layout;
+ * frozen params untouched. SGD/AdamW bitwise; MuSGD within the tolerance
+ * of its plain test, on a layout whose Muon matrices of different shapes
+ * (one transposed, one with shape scale sqrt(15)) share one padded bucket,
+ * with the bf16 (tensor-core) and the f32 GEMM paths; the Muon direction
+ * alone (sgd_scale 0) is compared too. Finally the fused step is recorded
+ * as a CUDA graph (upload + step) and three replays must equal three eager
+ * steps bitwise.
  */
 #include "test.h"
 #include "internal.h"
 #include "train/optim.h"
+#include "train/optim_backend.h"
+#include "train/loss_backend.h"
 
 #define NSEG 9
 static const lucid_param_segment segs[NSEG] = {
@@ -243,9 +258,365 @@ static void test_value_scaler_ema(void) {
     free_side(&c); free_side(&g);
 }
 
+/* ------------------------------------------------ fused step vs CPU */
+
+/* The segments above plus a depthwise 16x1x3x3 (9 x 16 after the
+ * transpose... 16 x 9 view, m = 9) and a 1x64 head conv: with wide
+ * (64x300), tall (300x20, transposed, scale sqrt(15)) and conv (32x144)
+ * the plan puts Muon matrices of different shapes in one bucket. */
+#define FNSEG (NSEG + 2)
+#define FTOTAL 35434
+static lucid_param_segment fsegs[FNSEG];
+static void make_fsegs(void) {
+    for (int i = 0; i < NSEG; i++) fsegs[i] = segs[i];
+    fsegs[NSEG] = (lucid_param_segment){"dw.weight", 35226, 144, LUCID_KIND_WEIGHT, 4,
+                                        {16, 1, 3, 3}, 1, 0};
+    fsegs[NSEG + 1] = (lucid_param_segment){"cls.weight", 35370, 64, LUCID_KIND_WEIGHT, 4,
+                                            {1, 64, 1, 1}, 1, 1};
+}
+/* BN buffers for the aux EMA (two chunks in the second one, a gap). */
+#define BTOTAL 3128
+static const lucid_param_segment bsegs[2] = {
+    {"bn.running_mean", 0, 100, LUCID_KIND_WEIGHT, 1, {100}, 0, 0},
+    {"bn.running_var", 128, 3000, LUCID_KIND_WEIGHT, 1, {3000}, 0, 0},
+};
+
+typedef struct fused_rig {
+    lucid_device dev;
+    lucid_param_layout *l, *bl;
+    lucid_param_block *pb, *pbx; /* pbx: the separate route's aux EMA block */
+    lucid_optim *o;
+    lucid_ema *e, *ea;
+    lucid_tensor *P, *G, *B;
+} fused_rig;
+
+/* Copy host floats into t (any device). */
+static void put(lucid_tensor *t, const float *x, int64_t n) {
+    lucid_tensor *h = host(LUCID_F32, n);
+    memcpy(lucid_tensor_data(h), x, (size_t)n * sizeof(float));
+    if (lucid_copy(ctx, t, h) != LUCID_OK) printf("# put: %s\n", lucid_ctx_error(ctx));
+    lucid_tensor_release(h);
+}
+
+static int rig_make(fused_rig *r, lucid_device dev, lucid_optim_kind kind,
+                    const lucid_param_values *v, const float *p0, const float *b0) {
+    memset(r, 0, sizeof *r);
+    r->dev = dev;
+    int64_t np = FTOTAL, nb = BTOTAL;
+    if (lucid_param_layout_create(ctx, dev, FTOTAL, fsegs, FNSEG, &r->l) ||
+        lucid_param_layout_create(ctx, dev, BTOTAL, bsegs, 2, &r->bl) ||
+        lucid_param_block_create(ctx, dev, v, &r->pb) ||
+        lucid_param_block_create(ctx, dev, v, &r->pbx) ||
+        lucid_optim_create(ctx, kind, r->l, &r->o) ||
+        lucid_tensor_zeros(ctx, dev, LUCID_F32, 1, &np, &r->P) ||
+        lucid_tensor_zeros(ctx, dev, LUCID_F32, 1, &np, &r->G) ||
+        lucid_tensor_zeros(ctx, dev, LUCID_F32, 1, &nb, &r->B))
+        return 0;
+    put(r->P, p0, FTOTAL);
+    put(r->B, b0, BTOTAL);
+    return lucid_ema_create(ctx, r->l, r->P, &r->e) == LUCID_OK &&
+           lucid_ema_create(ctx, r->bl, r->B, &r->ea) == LUCID_OK;
+}
+
+static void rig_free(fused_rig *r) {
+    lucid_ema_release(r->e), lucid_ema_release(r->ea);
+    lucid_optim_release(r->o);
+    lucid_tensor_release(r->P), lucid_tensor_release(r->G), lucid_tensor_release(r->B);
+    lucid_param_block_release(r->pb), lucid_param_block_release(r->pbx);
+    lucid_param_layout_release(r->l), lucid_param_layout_release(r->bl);
+}
+
+static void rig_inputs(fused_rig *r, const lucid_param_values *v) {
+    lucid_param_block_update(r->pb, &v->in);
+    lucid_param_block_update(r->pbx, &v->in);
+    lucid_param_block_upload(ctx, r->pb);
+    lucid_param_block_upload(ctx, r->pbx);
+}
+
+static lucid_status rig_separate(fused_rig *r, int flags) {
+    lucid_status s = LUCID_OK;
+    if (flags & LUCID_STEP_UNSCALE) s = lucid_grad_unscale(ctx, r->l, r->pb, r->G);
+    if (!s && (flags & LUCID_STEP_CLIP_NORM)) s = lucid_grad_clip_norm(ctx, r->l, r->pb, r->G, 1);
+    if (!s && (flags & LUCID_STEP_CLIP_VALUE)) s = lucid_grad_clip_value(ctx, r->l, r->pb, r->G);
+    if (!s) s = lucid_optim_step(ctx, r->o, r->pb, r->P, r->G);
+    if (!s && (flags & LUCID_STEP_SCALER_UPDATE)) s = lucid_scaler_update(ctx, r->pb);
+    if (!s) s = lucid_ema_update(ctx, r->e, r->pb, r->P);
+    if (!s) s = lucid_ema_update(ctx, r->ea, r->pbx, r->B);
+    return s;
+}
+
+static lucid_status rig_fused(fused_rig *r, int flags) {
+    lucid_optim_step_opts o = {flags, r->e, r->ea, r->B};
+    return lucid_optim_step_fused(ctx, r->o, r->pb, r->P, r->G, &o);
+}
+
+typedef struct fused_scen {
+    int flags;
+    float max_norm, clip_value;
+    int scaler;
+    float gscale;
+    int special; /* 0 none, 1 +Inf at one element, 2 1e20 at one element */
+} fused_scen;
+
+#define KEEP LUCID_STEP_KEEP_GRADS
+#define SCU LUCID_STEP_SCALER_UPDATE
+static const fused_scen fscen[] = {
+    {LUCID_STEP_CLIP_NORM | SCU | KEEP, 1.0f, 0.0f, 0, 1.0f, 0},  /* coef < 1 */
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 1, 65536.0f, 0},
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 1, 65536.0f, 1},
+    {LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM | LUCID_STEP_CLIP_VALUE | SCU, 2.0f, 0.05f, 1,
+     32768.0f, 0},
+    {LUCID_STEP_CLIP_NORM | SCU | KEEP, 10.0f, 0.0f, 0, 1.0f, 2}, /* Inf norm, no scaler */
+    {LUCID_STEP_CLIP_VALUE | KEEP, 10.0f, 0.1f, 0, 1.0f, 0},
+    {0, 10.0f, 0.0f, 0, 1.0f, 0},
+};
+#define NFSCEN ((int)(sizeof fscen / sizeof *fscen))
+
+static int trainable_f(int64_t i) {
+    for (int s = 0; s < FNSEG; s++)
+        if (i >= fsegs[s].offset && i < fsegs[s].offset + fsegs[s].numel)
+            return fsegs[s].trainable;
+    return 0;
+}
+
+/* tol 0: bitwise (SGD, AdamW); else MuSGD's tolerance relative to the
+ * parameter change. */
+static void test_fused(lucid_optim_kind kind, int ns_bf16, double tol, const char *name) {
+    lucid_param_values v;
+    lucid_param_values_default(&v);
+    v.in.ns_bf16 = ns_bf16;
+    v.in.growth_interval = 2;
+    v.in.ema_tau = 3.0;
+    float *p0 = malloc(FTOTAL * sizeof(float)), *g = malloc(FTOTAL * sizeof(float));
+    float *b = malloc(BTOTAL * sizeof(float));
+    for (int i = 0; i < FTOTAL; i++) p0[i] = 0.3f * randn();
+    for (int i = 0; i < BTOTAL; i++) b[i] = randn();
+    fused_rig C, D;
+    if (!rig_make(&C, CPU, kind, &v, p0, b) || !rig_make(&D, GPU, kind, &v, p0, b)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        free(p0), free(g), free(b);
+        return;
+    }
+    lucid_tensor *P0 = host(LUCID_F32, FTOTAL);
+    memcpy(lucid_tensor_data(P0), p0, FTOTAL * sizeof(float));
+    int ok = 1, grads_ok = 1, untouched_ok = 1;
+    for (int k = 0; k < NFSCEN && ok; k++) {
+        const fused_scen *sc = &fscen[k];
+        for (int s = 0; s < LUCID_PARAM_SLOTS; s++) {
+            v.in.lr[s] = 0.01f + 0.002f * (float)(k + s);
+            v.in.momentum[s] = kind == LUCID_OPTIM_ADAMW ? 0.9f : 0.8f + 0.02f * (float)k;
+        }
+        v.in.clip_max_norm = sc->max_norm;
+        v.in.clip_value = sc->clip_value;
+        v.in.scaler_enabled = sc->scaler;
+        rig_inputs(&C, &v);
+        rig_inputs(&D, &v);
+        for (int i = 0; i < FTOTAL; i++) g[i] = randn() * sc->gscale;
+        if (sc->special == 1) g[100] = INFINITY;
+        if (sc->special == 2) g[5000] = 1e20f;
+        for (int i = 0; i < BTOTAL; i++) b[i] += 0.1f * randn();
+        put(C.G, g, FTOTAL), put(D.G, g, FTOTAL);
+        put(C.B, b, BTOTAL), put(D.B, b, BTOTAL);
+        if (rig_separate(&C, sc->flags) != LUCID_OK || rig_fused(&D, sc->flags) != LUCID_OK) {
+            TEST_FAIL(name, "step %d: %s", k, lucid_ctx_error(ctx));
+            ok = 0;
+            break;
+        }
+        /* gradients: processed and bitwise equal (KEEP_GRADS, MuSGD),
+         * else unchanged; frozen ones never touched */
+        lucid_tensor *dg = to_cpu(D.G);
+        const float *dgp = lucid_tensor_data(dg), *cgp = lucid_tensor_data(C.G);
+        int keep = (sc->flags & KEEP) || kind == LUCID_OPTIM_MUSGD;
+        for (int64_t i = 0; i < FTOTAL; i++) {
+            const float *want = keep ? &cgp[i] : &g[i];
+            if (memcmp(&dgp[i], want, 4) != 0 && !(isnan(dgp[i]) && isnan(*want))) grads_ok = 0;
+            if (!trainable_f(i) && memcmp(&dgp[i], &g[i], 4) != 0) untouched_ok = 0;
+        }
+        lucid_tensor_release(dg);
+    }
+    if (ok) {
+        int bw;
+        char nm[192];
+        double e = cmp(C.P, D.P, P0, &bw);
+        if (tol == 0) CHECK(name, bw, "params not bitwise equal: max rel diff %.3g", e);
+        else CHECK(name, e < tol, "params: max diff relative to the update %.3g (tol %.1g)", e, tol);
+        for (int i = 0; i < lucid_optim_state_count(C.o); i++) {
+            double es = cmp(lucid_optim_state(C.o, i), lucid_optim_state(D.o, i), NULL, &bw);
+            snprintf(nm, sizeof nm, "%s: state '%s'", name, lucid_optim_state_name(C.o, i));
+            if (tol == 0) CHECK(nm, bw, "not bitwise equal: %.3g", es);
+            else CHECK(nm, es < tol, "%.3g", es);
+        }
+        lucid_param_values vc, vd;
+        lucid_param_block_read(ctx, C.pb, &vc);
+        lucid_param_block_read(ctx, D.pb, &vd);
+        /* the EMA decay comes from exp() in f64 on each device; when the
+         * two libms ever round d differently, the EMA may differ by an ulp */
+        int same_d = memcmp(&vc.st.ema_d, &vd.st.ema_d, 4) == 0;
+        double ee = cmp(lucid_ema_tensor(C.e), lucid_ema_tensor(D.e), NULL, &bw);
+        int bw2;
+        double ea = cmp(lucid_ema_tensor(C.ea), lucid_ema_tensor(D.ea), NULL, &bw2);
+        snprintf(nm, sizeof nm, "%s: EMA of params (frozen included) and of BN buffers", name);
+        if (tol == 0 && same_d) CHECK(nm, bw && bw2, "not bitwise: %.3g / %.3g", ee, ea);
+        else CHECK(nm, ee < (tol ? tol : 1e-6) && (bw2 || ea < 1e-6), "%.3g / %.3g", ee, ea);
+        snprintf(nm, sizeof nm, "%s: gradients bitwise (processed with KEEP_GRADS, else unchanged)", name);
+        CHECK(nm, grads_ok, "differ");
+        lucid_tensor *dp = to_cpu(D.P);
+        for (int64_t i = 0; i < FTOTAL; i++)
+            if (!trainable_f(i) && memcmp(&((float *)lucid_tensor_data(dp))[i], &p0[i], 4))
+                untouched_ok = 0;
+        lucid_tensor_release(dp);
+        snprintf(nm, sizeof nm, "%s: frozen params, buffers, gaps and their grads untouched", name);
+        CHECK(nm, untouched_ok, "a non-trainable element changed");
+        int norm_same = memcmp(&vc.st.grad_norm, &vd.st.grad_norm, 4) == 0 ||
+                        (isnan(vc.st.grad_norm) && isnan(vd.st.grad_norm));
+        snprintf(nm, sizeof nm, "%s: block state CPU == CUDA (step, skip, scale, norm, EMA)", name);
+        CHECK(nm, vc.st.step == vd.st.step && vc.st.skipped_steps == vd.st.skipped_steps &&
+                      vd.st.skipped_steps == 1 && vc.st.loss_scale == vd.st.loss_scale &&
+                      vc.st.growth_tracker == vd.st.growth_tracker && vd.st.found_inf == 0 &&
+                      vc.st.nonfinite_norms == vd.st.nonfinite_norms &&
+                      vd.st.nonfinite_norms == 2 && vc.st.ema_updates == vd.st.ema_updates &&
+                      vd.st.ema_updates == NFSCEN && norm_same &&
+                      vc.st.clip_coef == vd.st.clip_coef &&
+                      vc.st.step_skipped == vd.st.step_skipped,
+              "step %lld/%lld skipped %lld/%lld scale %g/%g nonfinite %d/%d ema %lld/%lld "
+              "norm %.9g/%.9g",
+              (long long)vc.st.step, (long long)vd.st.step, (long long)vc.st.skipped_steps,
+              (long long)vd.st.skipped_steps, vc.st.loss_scale, vd.st.loss_scale,
+              vc.st.nonfinite_norms, vd.st.nonfinite_norms, (long long)vc.st.ema_updates,
+              (long long)vd.st.ema_updates, vc.st.grad_norm, vd.st.grad_norm);
+    }
+    lucid_tensor_release(P0);
+    rig_free(&C), rig_free(&D);
+    free(p0), free(g), free(b);
+}
+
+/* The plan of fsegs: one bucket holds Muon matrices of different shapes. */
+static void test_plan_mixed(void) {
+    lucid_param_layout *l = NULL;
+    if (lucid_param_layout_create(ctx, GPU, FTOTAL, fsegs, FNSEG, &l) != LUCID_OK) {
+        TEST_FAIL("muon plan of the test layout", "%s", lucid_ctx_error(ctx));
+        return;
+    }
+    int mixed = 0, tr = 0;
+    for (int b = 0; b < l->nbuckets; b++) {
+        const lucid_muon_bucket *k = &l->buckets_host[b];
+        for (int j = k->first + 1; j < k->first + k->count; j++)
+            if (l->mats_host[j].m != l->mats_host[k->first].m ||
+                l->mats_host[j].k != l->mats_host[k->first].k)
+                mixed = 1;
+    }
+    for (int j = 0; j < l->nmuon; j++) tr |= l->mats_host[j].tr;
+    CHECK("muon plan of the test layout: a bucket mixes shapes (one transposed)",
+          mixed && tr && l->nmuon == 5, "%d buckets, %d matrices", l->nbuckets, l->nmuon);
+    lucid_param_layout_release(l);
+}
+
+/* The Muon direction alone: sgd_scale = 0, so a Muon parameter moves by
+ * f32(-lr*muon) * O; max |dp_cuda - dp_cpu| / max |dp_cpu| over them. */
+static void test_muon_direction(int ns_bf16, double tol, const char *name) {
+    lucid_param_values v;
+    lucid_param_values_default(&v);
+    v.in.ns_bf16 = ns_bf16;
+    v.in.sgd_scale = 0.0f;
+    float *p0 = malloc(FTOTAL * sizeof(float)), *g = malloc(FTOTAL * sizeof(float));
+    float b[BTOTAL] = {0};
+    for (int i = 0; i < FTOTAL; i++) p0[i] = 0.3f * randn(), g[i] = randn();
+    fused_rig C, D;
+    if (!rig_make(&C, CPU, LUCID_OPTIM_MUSGD, &v, p0, b) ||
+        !rig_make(&D, GPU, LUCID_OPTIM_MUSGD, &v, p0, b)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        free(p0), free(g);
+        return;
+    }
+    put(C.G, g, FTOTAL), put(D.G, g, FTOTAL);
+    lucid_optim_step(ctx, C.o, C.pb, C.P, C.G);
+    lucid_optim_step(ctx, D.o, D.pb, D.P, D.G);
+    lucid_tensor *dp = to_cpu(D.P);
+    const float *pc = lucid_tensor_data(C.P), *pd = lucid_tensor_data(dp);
+    double e = 0, m = 1e-30;
+    for (int s = 0; s < FNSEG; s++) {
+        if (!fsegs[s].trainable || !(fsegs[s].ndim == 2 || fsegs[s].ndim == 4)) continue;
+        for (int64_t i = fsegs[s].offset; i < fsegs[s].offset + fsegs[s].numel; i++) {
+            double a = (double)pc[i] - p0[i], bb = (double)pd[i] - p0[i];
+            m = fmax(m, fabs(a));
+            e = isnan(bb) ? INFINITY : fmax(e, fabs(a - bb));
+        }
+    }
+    CHECK(name, e / m < tol && m > 1e-6, "max diff %.3g of max step %.3g (tol %.1g)", e / m, m,
+          tol);
+    lucid_tensor_release(dp);
+    rig_free(&C), rig_free(&D);
+    free(p0), free(g);
+}
+
+/* Record upload + fused step as a CUDA graph, replay it 3 times; compare
+ * with 3 eager fused steps from the same start (same device: bitwise). */
+typedef struct graph_arg {
+    fused_rig *r;
+    int flags;
+} graph_arg;
+static lucid_status graph_fn(void *a) {
+    graph_arg *ga = a;
+    lucid_status s = lucid_param_block_upload(ctx, ga->r->pb);
+    return s ? s : rig_fused(ga->r, ga->flags);
+}
+
+static void test_fused_graph(lucid_optim_kind kind, const char *name) {
+    const lucid_pose_loss_kernels *lk = lucid_pose_loss_cuda_kernels();
+    if (!lk) {
+        TEST_SKIP(name, "no capture hook in this build");
+        return;
+    }
+    lucid_param_values v;
+    lucid_param_values_default(&v);
+    v.in.clip_max_norm = 1.0f;
+    float *p0 = malloc(FTOTAL * sizeof(float)), *g = malloc(FTOTAL * sizeof(float));
+    float *b = malloc(BTOTAL * sizeof(float));
+    for (int i = 0; i < FTOTAL; i++) p0[i] = 0.3f * randn(), g[i] = randn();
+    for (int i = 0; i < BTOTAL; i++) b[i] = randn();
+    fused_rig E, R;
+    if (!rig_make(&E, GPU, kind, &v, p0, b) || !rig_make(&R, GPU, kind, &v, p0, b)) {
+        TEST_FAIL(name, "setup: %s", lucid_ctx_error(ctx));
+        free(p0), free(g), free(b);
+        return;
+    }
+    put(E.G, g, FTOTAL), put(R.G, g, FTOTAL);
+    const int flags = LUCID_STEP_CLIP_NORM | LUCID_STEP_SCALER_UPDATE;
+    for (int k = 0; k < 3; k++) {
+        lucid_param_block_upload(ctx, E.pb);
+        rig_fused(&E, flags);
+    }
+    graph_arg ga = {&R, flags};
+    lucid_status st = lk->capture(ctx, graph_fn, &ga, 3);
+    if (st != LUCID_OK) {
+        TEST_FAIL(name, "capture: %s", lucid_ctx_error(ctx));
+    } else {
+        int b1, b2, b3, b4;
+        lucid_tensor *ep = to_cpu(E.P), *ee = to_cpu(lucid_ema_tensor(E.e));
+        lucid_tensor *es = to_cpu(lucid_optim_state(E.o, 0)), *ea = to_cpu(lucid_ema_tensor(E.ea));
+        cmp(ep, R.P, NULL, &b1);
+        cmp(ee, lucid_ema_tensor(R.e), NULL, &b2);
+        cmp(es, lucid_optim_state(R.o, 0), NULL, &b3);
+        cmp(ea, lucid_ema_tensor(R.ea), NULL, &b4);
+        lucid_param_values ve, vr;
+        lucid_param_block_read(ctx, E.pb, &ve);
+        lucid_param_block_read(ctx, R.pb, &vr);
+        CHECK(name, b1 && b2 && b3 && b4 && memcmp(&ve.st, &vr.st, sizeof ve.st) == 0 &&
+                        vr.st.step == 3 && vr.st.ema_updates == 3,
+              "params %d ema %d state %d aux %d, step %lld ema_updates %lld", b1, b2, b3, b4,
+              (long long)vr.st.step, (long long)vr.st.ema_updates);
+        lucid_tensor_release(ep), lucid_tensor_release(ee);
+        lucid_tensor_release(es), lucid_tensor_release(ea);
+    }
+    rig_free(&E), rig_free(&R);
+    free(p0), free(g), free(b);
+}
+
 int main(void) {
     const char *names[] = {"sgd", "adamw", "musgd f32", "musgd bf16", "clip_norm",
-                           "clip_value/unscale/scaler/ema"};
+                           "clip_value/unscale/scaler/ema", "fused sgd", "fused adamw",
+                           "fused musgd (bf16 and f32 GEMMs)", "muon plan", "muon direction",
+                           "fused step as a CUDA graph"};
     if (!lucid_cuda_available()) {
         for (size_t i = 0; i < sizeof names / sizeof *names; i++)
             TEST_SKIP(names[i], "no CUDA device in this build/machine");
@@ -274,6 +645,17 @@ int main(void) {
     test_norm(LUCID_BF16, 0);
     test_norm(LUCID_F16, 0);
     test_value_scaler_ema();
+    make_fsegs();
+    test_plan_mixed();
+    test_fused(LUCID_OPTIM_SGD, 1, 0, "fused SGD step (CUDA) == separate calls (CPU), 7 steps bitwise");
+    test_fused(LUCID_OPTIM_ADAMW, 1, 0, "fused AdamW step (CUDA) == separate calls (CPU), 7 steps bitwise");
+    test_fused(LUCID_OPTIM_MUSGD, 0, 1e-4, "fused MuSGD step, f32 GEMMs (CUDA) ~ separate calls (CPU)");
+    test_fused(LUCID_OPTIM_MUSGD, 1, 3e-2, "fused MuSGD step, bf16 GEMMs (CUDA) ~ separate calls (CPU)");
+    test_muon_direction(0, 1e-3, "Muon direction alone, f32 GEMMs, mixed-shape bucket: CUDA ~ CPU");
+    test_muon_direction(1, 1e-1, "Muon direction alone, bf16 GEMMs, mixed-shape bucket: CUDA ~ CPU");
+    test_fused_graph(LUCID_OPTIM_SGD, "fused SGD step recorded as a CUDA graph: 3 replays == 3 eager steps");
+    test_fused_graph(LUCID_OPTIM_ADAMW, "fused AdamW step recorded as a CUDA graph: 3 replays == 3 eager steps");
+    test_fused_graph(LUCID_OPTIM_MUSGD, "fused MuSGD step recorded as a CUDA graph: 3 replays == 3 eager steps");
     lucid_ctx_release(ctx);
     return test_exit();
 }
