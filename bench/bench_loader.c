@@ -9,6 +9,11 @@
  *   build:  make build/libengine.a && gcc -std=c11 -O2 -D_GNU_SOURCE -Iengine \
  *             bench/bench_loader.c build/libengine.a <ALL_LIBS> -o build/bench_loader
  *   run:    build/bench_loader [dataset_images_dir] [seconds_per_config]
+ *                                [threads,...] [hsv: both|cpu|device]
+ *           e.g. build/bench_loader "" 3 1,2 device
+ *
+ * Besides wall ms/batch it prints the CPU time of the process per batch
+ * (all threads), the work the loader costs whatever the core count.
  *
  * Default dataset: $LUCID_DATASETS/coco-pose-mini/images/train, then
  * ../shared/datasets/..., then datasets/....
@@ -27,6 +32,12 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static const char *find_dataset(char *buf, size_t len) {
     const char *env = getenv("LUCID_DATASETS");
     const char *c[3] = {env, "../shared/datasets", "datasets"};
@@ -42,7 +53,7 @@ static const char *find_dataset(char *buf, size_t len) {
 /* batches per second over at least `secs` seconds (after one warm epoch) */
 static int measure(lucid_ctx *ctx, lucid_dataset *ds, int threads,
                    const lucid_aug_params *p, double secs, double *bps,
-                   double *ms) {
+                   double *ms, double *cpu_ms) {
     lucid_loader_options o = lucid_loader_options_default();
     o.batch = 4;
     o.imgsz = 640;
@@ -56,7 +67,7 @@ static int measure(lucid_ctx *ctx, lucid_dataset *ds, int threads,
     lucid_loader_start_epoch(ld, epoch++, p);
     while (lucid_loader_next(ld, &b) == LUCID_OK && b) {}
     long n = 0;
-    double t0 = now(), t = t0;
+    double t0 = now(), t = t0, c0 = cpu_now();
     while (t - t0 < secs) {
         lucid_loader_start_epoch(ld, epoch++, p);
         for (;;) {
@@ -71,9 +82,11 @@ static int measure(lucid_ctx *ctx, lucid_dataset *ds, int threads,
         }
         t = now();
     }
+    double c1 = cpu_now();
     lucid_loader_release(ld);
     *bps = n / (t - t0);
     *ms = 1000.0 / *bps;
+    *cpu_ms = 1000.0 * (c1 - c0) / (n > 0 ? n : 1);
     return 0;
 }
 
@@ -103,18 +116,32 @@ int main(int argc, char **argv) {
     lucid_dataset_summary(ds, sum, sizeof sum);
     printf("dataset %s: %s (scan %.2f s)\n", dir, sum, now() - t0);
     lucid_aug_params p = lucid_aug_params_default();
-    int threads[4] = {1, 2, 4, 8};
-    for (int hsv = 1; hsv >= 0; hsv--) {
+    int threads[16] = {1, 2, 4, 8}, nth = 4;
+    if (argc > 3 && argv[3][0]) {
+        nth = 0;
+        for (const char *c = argv[3]; *c && nth < 16;) {
+            char *e;
+            long v = strtol(c, &e, 10);
+            if (e == c || v < 1) break;
+            threads[nth++] = (int)v;
+            c = *e == ',' ? e + 1 : e;
+            if (!*e) break;
+        }
+    }
+    const char *modes = argc > 4 ? argv[4] : "both";
+    int hsv_hi = strcmp(modes, "device") ? 1 : 0, hsv_lo = strcmp(modes, "cpu") ? 0 : 1;
+    for (int hsv = hsv_hi; hsv >= hsv_lo; hsv--) {
         p.hsv_on_cpu = hsv;
-        for (int i = 0; i < 4; i++) {
-            double bps, ms;
-            if (measure(ctx, ds, threads[i], &p, secs, &bps, &ms)) {
+        for (int i = 0; i < nth; i++) {
+            double bps, ms, cpu_ms;
+            if (measure(ctx, ds, threads[i], &p, secs, &bps, &ms, &cpu_ms)) {
                 fprintf(stderr, "failed: %s\n", lucid_ctx_error(ctx));
                 return 1;
             }
             printf("loader batch 4 imgsz 640 mosaic+affine%s+flip cache threads %d: "
-                   "%.1f batches/s (%.2f ms/batch)\n",
-                   hsv ? "+HSV" : " (HSV on device)", threads[i], bps, ms);
+                   "%.1f batches/s (%.2f ms/batch, cpu %.2f ms/batch)\n",
+                   hsv ? "+HSV" : " (HSV on device)", threads[i], bps, ms,
+                   cpu_ms);
             fflush(stdout);
         }
     }

@@ -24,6 +24,13 @@
  *   - Bilinear weights are quantised to 1/32 (cv2 INTER_BITS = 5) and
  *     evaluated in integers, so the result is exact for a flat region and
  *     identical on every run and thread.
+ *   - The mosaic canvas can stay virtual (lucid_tiles: 4 rectangles of the
+ *     cached images on an unbounded 114 background). For an axis-aligned M
+ *     (no rotation, shear or perspective: the pose defaults) the warp
+ *     samples the tiles directly, separably (per output row: the two source
+ *     rows blended per column, then two columns per pixel; the exact
+ *     integer sum is the same), and writes HWC or CHW with HSV and flips;
+ *     the bytes equal the warp of the written canvas.
  *   - Randomness: every sample has its own Philox stream keyed by seed with
  *     the counter derived from (epoch, index); each stage reads from its own
  *     block range (stage * 256), so turning a stage off does not change the
@@ -185,18 +192,15 @@ static void fill_pad(lucid_image *img) {
     memset(img->data, PAD_VALUE, (size_t)img->w * img->h * 3);
 }
 
-lucid_status lucid_aug_mosaic4(lucid_ctx *ctx, const lucid_image *imgs[4],
-                               const lucid_labels *labels[4], int nkpt, int s,
-                               int xc, int yc, lucid_image *canvas,
-                               lucid_instances *out) {
-    if (canvas->w != 2 * s || canvas->h != 2 * s || !canvas->data)
-        return lucid_seterr(ctx, LUCID_ERR_ARG,
-                            "mosaic canvas must be %dx%d, got %dx%d", 2 * s,
-                            2 * s, canvas->w, canvas->h);
-    out->n = 0;
+/* Mosaic._mosaic4 placement: tile i covers canvas [x1a, x2a) x [y1a, y2a)
+ * and shows image i from (x1b, y1b); a tile whose two rectangles disagree
+ * (or are empty) is not drawn. pad[i] = (x1a - x1b, y1a - y1b), the label
+ * shift, in every case. */
+static void mosaic4_layout(const lucid_image *imgs[4], int s, int xc, int yc,
+                           lucid_tiles *tiles, int pad[4][2]) {
     int S2 = 2 * s;
-    int A[4][4], Bv[4][4]; /* per tile: x1a y1a x2a y2a, x1b y1b x2b y2b */
-    int placed[4];
+    tiles->w = tiles->h = S2;
+    tiles->n = 0;
     for (int i = 0; i < 4; i++) {
         int w = imgs[i]->w, h = imgs[i]->h;
         int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
@@ -222,50 +226,105 @@ lucid_status lucid_aug_mosaic4(lucid_ctx *ctx, const lucid_image *imgs[4],
             y2b = y2a - y1a < h ? y2a - y1a : h;
         }
         int cw = x2b - x1b, ch = y2b - y1b;
-        placed[i] = cw > 0 && ch > 0 && x2a - x1a == cw && y2a - y1a == ch;
-        A[i][0] = x1a; A[i][1] = y1a; A[i][2] = x2a; A[i][3] = y2a;
-        Bv[i][0] = x1b; Bv[i][1] = y1b; Bv[i][2] = x2b; Bv[i][3] = y2b;
-    }
-    /* pad (114) only where no tile lands: per row, the gaps between the
-     * (disjoint) x-ranges of the tiles covering it */
-    for (int y = 0; y < S2; y++) {
-        uint8_t *row = canvas->data + (size_t)y * S2 * 3;
-        int iv[4][2], k = 0;
-        for (int i = 0; i < 4; i++)
-            if (placed[i] && y >= A[i][1] && y < A[i][3]) {
-                int j = k++;
-                while (j > 0 && iv[j - 1][0] > A[i][0]) {
-                    iv[j][0] = iv[j - 1][0];
-                    iv[j][1] = iv[j - 1][1];
-                    j--;
-                }
-                iv[j][0] = A[i][0];
-                iv[j][1] = A[i][2];
-            }
-        int x = 0;
-        for (int j = 0; j < k; j++) {
-            if (iv[j][0] > x) memset(row + (size_t)x * 3, PAD_VALUE, (size_t)(iv[j][0] - x) * 3);
-            if (iv[j][1] > x) x = iv[j][1];
+        if (cw > 0 && ch > 0 && x2a - x1a == cw && y2a - y1a == ch) {
+            lucid_tile *t = &tiles->t[tiles->n++];
+            t->x0 = x1a; t->y0 = y1a; t->x1 = x2a; t->y1 = y2a;
+            t->stride = (size_t)w * 3;
+            t->data = imgs[i]->data + (size_t)y1b * t->stride + (size_t)x1b * 3;
         }
-        if (x < S2) memset(row + (size_t)x * 3, PAD_VALUE, (size_t)(S2 - x) * 3);
+        pad[i][0] = x1a - x1b;
+        pad[i][1] = y1a - y1b;
     }
-    for (int i = 0; i < 4; i++) {
-        int w = imgs[i]->w, h = imgs[i]->h;
-        int x1a = A[i][0], y1a = A[i][1], x1b = Bv[i][0], y1b = Bv[i][1];
-        int cw = Bv[i][2] - x1b, ch = Bv[i][3] - y1b;
-        if (placed[i]) {
-            for (int y = 0; y < ch; y++)
-                memcpy(canvas->data + ((size_t)(y1a + y) * S2 + x1a) * 3,
-                       imgs[i]->data + ((size_t)(y1b + y) * w + x1b) * 3,
-                       (size_t)cw * 3);
-        }
-        int padw = x1a - x1b, padh = y1a - y1b;
-        LUCID_TRY(lucid_instances_append(ctx, out, labels[i], nkpt, (float)w,
-                                         (float)h, (float)padw, (float)padh));
-    }
-    lucid_instances_clip(out, (float)S2, (float)S2);
+}
+
+static lucid_status mosaic4_labels(lucid_ctx *ctx, const lucid_image *imgs[4],
+                                   const lucid_labels *labels[4], int nkpt,
+                                   int s, const int pad[4][2],
+                                   lucid_instances *out) {
+    out->n = 0;
+    for (int i = 0; i < 4; i++)
+        LUCID_TRY(lucid_instances_append(ctx, out, labels[i], nkpt,
+                                         (float)imgs[i]->w, (float)imgs[i]->h,
+                                         (float)pad[i][0], (float)pad[i][1]));
+    lucid_instances_clip(out, (float)(2 * s), (float)(2 * s));
     lucid_instances_remove_zero_area(out);
     return LUCID_OK;
+}
+
+lucid_status lucid_aug_mosaic4_tiles(lucid_ctx *ctx, const lucid_image *imgs[4],
+                                     const lucid_labels *labels[4], int nkpt,
+                                     int s, int xc, int yc, lucid_tiles *tiles,
+                                     lucid_instances *out) {
+    int pad[4][2];
+    mosaic4_layout(imgs, s, xc, yc, tiles, pad);
+    return mosaic4_labels(ctx, imgs, labels, nkpt, s, pad, out);
+}
+
+lucid_status lucid_aug_mosaic4(lucid_ctx *ctx, const lucid_image *imgs[4],
+                               const lucid_labels *labels[4], int nkpt, int s,
+                               int xc, int yc, lucid_image *canvas,
+                               lucid_instances *out) {
+    if (canvas->w != 2 * s || canvas->h != 2 * s || !canvas->data)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "mosaic canvas must be %dx%d, got %dx%d", 2 * s,
+                            2 * s, canvas->w, canvas->h);
+    lucid_tiles tiles;
+    int pad[4][2];
+    mosaic4_layout(imgs, s, xc, yc, &tiles, pad);
+    lucid_tiles_fill(&tiles, canvas);
+    return mosaic4_labels(ctx, imgs, labels, nkpt, s, pad, out);
+}
+
+/* ---------------------------------------------------------------- tiles */
+
+/* A run of canvas row y: columns [x0, x1) show tile pixels from p (3 bytes
+ * per column), or the background when p is NULL. */
+typedef struct row_span {
+    int x0, x1;
+    const uint8_t *p;
+} row_span;
+
+/* Row y of the tiled canvas over columns [lo, hi) as runs, left to right
+ * (at most 2n + 1). */
+static int tiles_row(const lucid_tiles *tl, int y, int lo, int hi,
+                     row_span *sp) {
+    const lucid_tile *on[4];
+    int k = 0;
+    for (int i = 0; i < tl->n; i++) {
+        const lucid_tile *t = &tl->t[i];
+        if (y < t->y0 || y >= t->y1 || t->x1 <= lo || t->x0 >= hi) continue;
+        int j = k++;
+        while (j > 0 && on[j - 1]->x0 > t->x0) {
+            on[j] = on[j - 1];
+            j--;
+        }
+        on[j] = t;
+    }
+    int n = 0, x = lo;
+    for (int j = 0; j < k; j++) {
+        const lucid_tile *t = on[j];
+        int a = t->x0 > lo ? t->x0 : lo, b = t->x1 < hi ? t->x1 : hi;
+        if (a > x) sp[n++] = (row_span){x, a, NULL};
+        sp[n++] = (row_span){a, b,
+                             t->data + (size_t)(y - t->y0) * t->stride +
+                                 (size_t)(a - t->x0) * 3};
+        x = b;
+    }
+    if (x < hi) sp[n++] = (row_span){x, hi, NULL};
+    return n;
+}
+
+void lucid_tiles_fill(const lucid_tiles *tl, lucid_image *img) {
+    row_span sp[9];
+    for (int y = 0; y < img->h; y++) {
+        uint8_t *row = img->data + (size_t)y * img->w * 3;
+        int n = tiles_row(tl, y, 0, img->w, sp);
+        for (int i = 0; i < n; i++) {
+            size_t len = (size_t)(sp[i].x1 - sp[i].x0) * 3;
+            if (sp[i].p) memcpy(row + (size_t)sp[i].x0 * 3, sp[i].p, len);
+            else memset(row + (size_t)sp[i].x0 * 3, PAD_VALUE, len);
+        }
+    }
 }
 
 /* ---------------------------------------------------- random perspective */
@@ -386,72 +445,243 @@ static int clamp_fixed(double v) {
     return (int)lrint(v < -1e9 ? -1e9 : v > 1e9 ? 1e9 : v);
 }
 
-/* Warp for M without rotation or shear (Mi[1] = Mi[3] = 0, positive
- * scales; the pose defaults degrees = shear = 0): separable, with the same
- * fixed-point coordinates and the same integer sum as the general path, so
- * the bytes are identical. Per output row the two source rows are blended
- * once per source column (3 channels in 21-bit lanes: 255*32 per lane),
- * then each output pixel blends two columns. */
-static lucid_status warp_axis_aligned(lucid_ctx *ctx, const lucid_image *src,
-                                      const double Mi[9], lucid_image *dst) {
-    int W = dst->w, H = dst->h, sw = src->w, sh = src->h;
-    int *xi = malloc(sizeof(int) * (size_t)W);
-    uint64_t *vrow = malloc(sizeof(uint64_t) * ((size_t)sw + 1));
-    if (!xi || !vrow) {
-        free(xi);
-        free(vrow);
-        return lucid_seterr(ctx, LUCID_ERR_OOM, "warp: out of memory");
-    }
+/* ------------------------------------------------- axis-aligned warp */
+
+/* M without rotation or shear (Mi[1] = Mi[3] = 0, positive scales; the
+ * pose defaults degrees = shear = perspective = 0). The source point of
+ * output pixel (X, Y) is (Mi[0] (X+.5) + Mi[2] - .5, Mi[4] (Y+.5) + Mi[5] -
+ * .5) in 1/32 px, rounded as cv2.warpAffine does (AB_BITS = 10 for the
+ * X and row terms, then INTER_BITS = 5) and clamped far outside; the
+ * bilinear weights are (32 - f, f) per axis and the sum
+ * sum_ij p_ij wx_i wy_j + 512 >> 10 is exact in integers, so it is
+ * separable: per output row the two source rows are blended once per
+ * source column (u8 -> u16, at most 255 * 32; vectorised), the columns
+ * packed 3 channels to a uint64, then each output pixel blends two columns
+ * with one multiply. Same coordinates and same sum as the general path
+ * below, so the same bytes. */
+static int axis_aligned_inverse(const double M[9], double Mi[9]) {
+    if (mat3_inv(M, Mi)) return 0;
+    int affine = M[6] == 0 && M[7] == 0 && M[8] == 1;
+    return affine && Mi[1] == 0 && Mi[3] == 0 && Mi[0] > 0 && Mi[4] > 0;
+}
+
+int lucid_aug_warp_is_axis_aligned(const double M[9]) {
+    double Mi[9];
+    return axis_aligned_inverse(M, Mi);
+}
+
+static int clamp_coord(int64_t f) {
+    return (int)(f < -(1 << 26) ? -(1 << 26) : f > (1 << 26) ? 1 << 26 : f);
+}
+
+/* source x of output column X, 1/32 px (x term + offset term, as the
+ * general affine path tabulates them) */
+static int col_coord(const double Mi[9], int X) {
     int64_t bx = (int64_t)clamp_fixed((Mi[2] - 0.5) * 1024.0);
+    return clamp_coord(((int64_t)clamp_fixed(Mi[0] * (X + 0.5) * 1024.0) + bx) >> 5);
+}
+
+/* source y of output row Y, 1/32 px */
+static int row_coord(const double Mi[9], int Y) {
+    return clamp_coord((int64_t)clamp_fixed((Mi[4] * (Y + 0.5) + Mi[5] - 0.5) * 1024.0) >> 5);
+}
+
+/* v[i] = a[i] * wa + b[i] * wb for n bytes (wa + wb = 32: at most 8160).
+ * Fixed blocks of 32 so that -O2 vectorises the inner loop. */
+static void blend_bytes(const uint8_t *restrict a, const uint8_t *restrict b,
+                        size_t n, unsigned wa, unsigned wb,
+                        uint16_t *restrict v) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (size_t k = 0; k < 32; k++)
+            v[i + k] = (uint16_t)(a[i + k] * wa + b[i + k] * wb);
+    for (; i < n; i++) v[i] = (uint16_t)(a[i] * wa + b[i] * wb);
+}
+
+/* Columns [lo, hi) of the vertical blend of runs ra (weight 32 - wy) and rb
+ * (weight wy) into v (3 u16 per column); pad: hi - lo pixels of 114. */
+static void blend_runs(const row_span *ra, const row_span *rb, int lo, int hi,
+                       unsigned wy, const uint8_t *pad, uint16_t *v) {
+    for (int x = lo; x < hi;) {
+        while (ra->x1 <= x) ra++;
+        while (rb->x1 <= x) rb++;
+        int e = ra->x1 < rb->x1 ? ra->x1 : rb->x1;
+        const uint8_t *pa = ra->p ? ra->p + (size_t)(x - ra->x0) * 3 : pad;
+        const uint8_t *pb = rb->p ? rb->p + (size_t)(x - rb->x0) * 3 : pad;
+        blend_bytes(pa, pb, (size_t)(e - x) * 3, 32 - wy, wy,
+                    v + (size_t)(x - lo) * 3);
+        x = e;
+    }
+}
+
+/* Columns [0, n) of v (3 u16 each) as one uint64 each, the 3 channels in
+ * 21-bit lanes, so that one multiply weighs all three. */
+static void pack_cols(const uint16_t *restrict v, int n, uint64_t *restrict q) {
+    for (int x = 0; x < n; x++)
+        q[x] = (uint64_t)v[3 * x] | (uint64_t)v[3 * x + 1] << 21 |
+               (uint64_t)v[3 * x + 2] << 42;
+}
+
+/* Output pixels [0, n): left column q[col[i]], weight wx[i] for the right
+ * one; written with `step` bytes between pixels. Per lane a*l + b*r + 512
+ * with a = 32 - b, as l*32 + (r - l)*b: a lane stays below 8160 * 32 +
+ * 512 < 2^21 (no carry into the next), so the wrap-around of r - l cancels
+ * and the sum is exact. */
+static inline void gather_cols(const uint64_t *restrict q,
+                               const int32_t *restrict col,
+                               const uint8_t *restrict wx, int n,
+                               uint8_t *restrict d0, uint8_t *restrict d1,
+                               uint8_t *restrict d2, const ptrdiff_t step) {
+    const uint64_t round = 512ull | (512ull << 21) | (512ull << 42);
+    for (int i = 0; i < n; i++) {
+        const uint64_t *p = q + col[i];
+        uint64_t acc = (p[0] << 5) + (p[1] - p[0]) * wx[i] + round;
+        d0[i * step] = (uint8_t)(acc >> 10);
+        d1[i * step] = (uint8_t)(acc >> 31);
+        d2[i * step] = (uint8_t)(acc >> 52);
+    }
+}
+
+static void fill_cols(uint8_t *const d[3], int a, int b, ptrdiff_t step) {
+    if (b <= a) return;
+    if (step == 1) {
+        for (int c = 0; c < 3; c++) memset(d[c] + a, PAD_VALUE, (size_t)(b - a));
+        return;
+    }
+    for (int c = 0; c < 3; c++)
+        for (int i = a; i < b; i++) d[c][i * step] = PAD_VALUE;
+}
+
+lucid_warp_out lucid_warp_out_hwc(lucid_image *img) {
+    lucid_warp_out o;
+    memset(&o, 0, sizeof o);
+    o.w = img->w;
+    o.h = img->h;
+    for (int c = 0; c < 3; c++) o.ch[c] = img->data + c;
+    o.step = 3;
+    o.stride = (ptrdiff_t)img->w * 3;
+    return o;
+}
+
+lucid_warp_out lucid_warp_out_chw(uint8_t *chw, int w, int h) {
+    lucid_warp_out o;
+    memset(&o, 0, sizeof o);
+    o.w = w;
+    o.h = h;
+    for (int c = 0; c < 3; c++) o.ch[c] = chw + (size_t)c * w * h;
+    o.step = 1;
+    o.stride = w;
+    return o;
+}
+
+/* Scratch of one lucid_aug_warp_tiles call. */
+typedef struct warp_cols {
+    int32_t *col;   /* [W] by output column (flips applied): x0 - lo */
+    uint8_t *wx;    /* [W] weight of x0 + 1 */
+    uint64_t *q;    /* [hi - lo] packed blended columns */
+    uint16_t *v;    /* [3 (hi - lo)] blended columns */
+    uint8_t *pad;   /* [3 (hi - lo)] of PAD_VALUE */
+    int lo, hi;     /* source columns blended per row */
+    int da, db;     /* output columns [da, db) that touch a tile */
+} warp_cols;
+
+/* Column tables for output width W. An output column whose left source
+ * column x0 is outside [bx0 - 1, bx1) (the tiles span [bx0, bx1)) sees
+ * only background: it is not in [da, db). Returns 0 when out of memory. */
+static int warp_cols_init(warp_cols *wc, const double Mi[9], int W, int lr,
+                          int bx0, int bx1) {
+    memset(wc, 0, sizeof *wc);
     int xa = W, xb = 0;
     for (int X = 0; X < W; X++) {
-        int64_t f = ((int64_t)clamp_fixed(Mi[0] * (X + 0.5) * 1024.0) + bx) >> 5;
-        if (f < -(1 << 26)) f = -(1 << 26);
-        if (f > (1 << 26)) f = 1 << 26;
-        xi[X] = (int)f;
-        int x0 = (int)(f >> 5);
-        if (f >= 0 && x0 < sw - 1) {
+        int x0 = col_coord(Mi, X) >> 5;
+        if (x0 >= bx0 - 1 && x0 < bx1) {
             if (X < xa) xa = X;
             xb = X + 1;
         }
     }
-    size_t stride = (size_t)sw * 3;
-    for (int Y = 0; Y < H; Y++) {
-        uint8_t *d = dst->data + (size_t)Y * W * 3;
-        int64_t fy = (int64_t)clamp_fixed((Mi[4] * (Y + 0.5) + Mi[5] - 0.5) * 1024.0) >> 5;
-        if (fy < -(1 << 26)) fy = -(1 << 26);
-        if (fy > (1 << 26)) fy = 1 << 26;
-        int y0 = (int)(fy >> 5);
-        if (y0 < -1 || y0 >= sh) { /* the whole row samples the border */
-            memset(d, PAD_VALUE, (size_t)W * 3);
-            continue;
-        }
-        if (fy < 0 || y0 >= sh - 1 || xa >= xb) {
-            for (int X = 0; X < W; X++)
-                sample_fixed(src->data, sw, sh, xi[X], (int)fy, d + X * 3);
-            continue;
-        }
-        uint64_t wy = (uint64_t)(fy & 31);
-        const uint8_t *r0 = src->data + (size_t)y0 * stride, *r1 = r0 + stride;
-        int c0 = xi[xa] >> 5, c1 = (xi[xb - 1] >> 5) + 1;
-        for (int x = c0; x <= c1; x++)
-            vrow[x] = pack3(r0 + 3 * x) * (32 - wy) + pack3(r1 + 3 * x) * wy;
-        for (int X = 0; X < xa; X++)
-            sample_fixed(src->data, sw, sh, xi[X], (int)fy, d + X * 3);
-        for (int X = xa; X < xb; X++) {
-            int x0 = xi[X] >> 5;
-            uint64_t wx = (uint64_t)(xi[X] & 31);
-            uint64_t acc = vrow[x0] * (32 - wx) + vrow[x0 + 1] * wx + LANE_ROUND;
-            uint8_t *o = d + X * 3;
-            o[0] = (uint8_t)((acc >> 10) & 0x7FF);
-            o[1] = (uint8_t)((acc >> 31) & 0x7FF);
-            o[2] = (uint8_t)((acc >> 52) & 0x7FF);
-        }
-        for (int X = xb; X < W; X++)
-            sample_fixed(src->data, sw, sh, xi[X], (int)fy, d + X * 3);
+    if (xa >= xb) {
+        wc->da = wc->db = 0;
+        return 1;
     }
-    free(xi);
-    free(vrow);
+    wc->lo = col_coord(Mi, xa) >> 5;
+    wc->hi = (col_coord(Mi, xb - 1) >> 5) + 2;
+    size_t nc = (size_t)(wc->hi - wc->lo), n = nc * 3;
+    wc->q = malloc(sizeof(uint64_t) * nc + sizeof(int32_t) * (size_t)W +
+                   sizeof(uint16_t) * n + n + W);
+    if (!wc->q) return 0;
+    wc->col = (int32_t *)(wc->q + nc);
+    wc->v = (uint16_t *)(wc->col + W);
+    wc->pad = (uint8_t *)(wc->v + n);
+    wc->wx = wc->pad + n;
+    memset(wc->pad, PAD_VALUE, n);
+    wc->da = lr ? W - xb : xa;
+    wc->db = lr ? W - xa : xb;
+    for (int X = xa; X < xb; X++) {
+        int f = col_coord(Mi, X), Xd = lr ? W - 1 - X : X;
+        wc->col[Xd] = (f >> 5) - wc->lo;
+        wc->wx[Xd] = (uint8_t)(f & 31);
+    }
+    return 1;
+}
+
+static void hsv_row(const lucid_hsv_tables *t, uint8_t *const d[3], int W,
+                    ptrdiff_t step) {
+    for (int i = 0; i < W; i++) {
+        uint8_t *p0 = d[0] + i * step, *p1 = d[1] + i * step, *p2 = d[2] + i * step;
+        lucid_hsv_pixel(t, *p0, *p1, *p2, p0, p1, p2);
+    }
+}
+
+lucid_status lucid_aug_warp_tiles(lucid_ctx *ctx, const lucid_tiles *tl,
+                                  const double M[9], const lucid_warp_out *o) {
+    double Mi[9];
+    if (!axis_aligned_inverse(M, Mi))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "warp_tiles: M must be affine without rotation "
+                            "or shear, with positive scales");
+    const int W = o->w, H = o->h;
+    const int lr = (o->flips & LUCID_FLIP_LR) != 0, ud = (o->flips & LUCID_FLIP_UD) != 0;
+    /* bounding box of the tiles: outside it (and its 1-px rim) only 114 */
+    int bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
+    for (int i = 0; i < tl->n; i++) {
+        const lucid_tile *t = &tl->t[i];
+        if (i == 0 || t->x0 < bx0) bx0 = t->x0;
+        if (i == 0 || t->y0 < by0) by0 = t->y0;
+        if (i == 0 || t->x1 > bx1) bx1 = t->x1;
+        if (i == 0 || t->y1 > by1) by1 = t->y1;
+    }
+    warp_cols wc;
+    if (!warp_cols_init(&wc, Mi, W, lr, bx0, bx1))
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "warp: out of memory");
+    lucid_hsv_tables t;
+    if (o->hsv) lucid_hsv_tables_init(&t, o->rh, o->rs, o->rv);
+    const ptrdiff_t step = o->step;
+    row_span ra[9], rb[9];
+    for (int Y = 0; Y < H; Y++) {
+        int Yd = ud ? H - 1 - Y : Y;
+        uint8_t *d[3];
+        for (int c = 0; c < 3; c++) d[c] = o->ch[c] + (ptrdiff_t)Yd * o->stride;
+        int fy = row_coord(Mi, Y), y0 = fy >> 5;
+        if (wc.da >= wc.db || y0 < by0 - 1 || y0 >= by1) {
+            fill_cols(d, 0, W, step);
+        } else {
+            tiles_row(tl, y0, wc.lo, wc.hi, ra);
+            tiles_row(tl, y0 + 1, wc.lo, wc.hi, rb);
+            blend_runs(ra, rb, wc.lo, wc.hi, (unsigned)(fy & 31), wc.pad, wc.v);
+            pack_cols(wc.v, wc.hi - wc.lo, wc.q);
+            int n = wc.db - wc.da;
+            uint8_t *e0 = d[0] + wc.da * step, *e1 = d[1] + wc.da * step,
+                    *e2 = d[2] + wc.da * step;
+            if (step == 1)
+                gather_cols(wc.q, wc.col + wc.da, wc.wx + wc.da, n, e0, e1, e2, 1);
+            else
+                gather_cols(wc.q, wc.col + wc.da, wc.wx + wc.da, n, e0, e1, e2, 3);
+            fill_cols(d, 0, wc.da, step);
+            fill_cols(d, wc.db, W, step);
+        }
+        if (o->hsv) hsv_row(&t, d, W, step);
+    }
+    free(wc.q);
     return LUCID_OK;
 }
 
@@ -462,8 +692,17 @@ lucid_status lucid_aug_warp(lucid_ctx *ctx, const lucid_image *src,
         return lucid_seterr(ctx, LUCID_ERR_ARG, "warp: singular matrix");
     int affine = M[6] == 0 && M[7] == 0 && M[8] == 1;
     int W = dst->w, H = dst->h;
-    if (affine && Mi[1] == 0 && Mi[3] == 0 && Mi[0] > 0 && Mi[4] > 0)
-        return warp_axis_aligned(ctx, src, Mi, dst);
+    if (axis_aligned_inverse(M, Mi)) {
+        /* one tile: the source image at (0, 0) */
+        lucid_tiles tl;
+        memset(&tl, 0, sizeof tl);
+        tl.w = src->w;
+        tl.h = src->h;
+        tl.n = 1;
+        tl.t[0] = (lucid_tile){0, 0, src->w, src->h, src->data, (size_t)src->w * 3};
+        lucid_warp_out o = lucid_warp_out_hwc(dst);
+        return lucid_aug_warp_tiles(ctx, &tl, M, &o);
+    }
     if (affine) {
         /* src = Mi (X+.5, Y+.5) - .5, as cv2.warpAffine evaluates it: the
          * X terms are tabulated once (AB_BITS = 10 fixed point), the row
@@ -699,8 +938,7 @@ void lucid_instances_fliplr(lucid_instances *in, int W, const int *flip_idx) {
     }
 }
 
-void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
-                      const int *flip_idx) {
+static void image_fliplr(lucid_image *img) {
     int W = img->w;
     for (int y = 0; y < img->h; y++) {
         uint8_t *row = img->data + (size_t)y * W * 3;
@@ -711,7 +949,12 @@ void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
             pb[0] = t0; pb[1] = t1; pb[2] = t2;
         }
     }
-    lucid_instances_fliplr(in, W, flip_idx);
+}
+
+void lucid_aug_fliplr(lucid_image *img, lucid_instances *in,
+                      const int *flip_idx) {
+    image_fliplr(img);
+    lucid_instances_fliplr(in, img->w, flip_idx);
 }
 
 void lucid_instances_flipud(lucid_instances *in, int H) {
@@ -726,7 +969,7 @@ void lucid_instances_flipud(lucid_instances *in, int H) {
     }
 }
 
-void lucid_aug_flipud(lucid_image *img, lucid_instances *in) {
+static void image_flipud(lucid_image *img) {
     int W = img->w, H = img->h;
     size_t rb = (size_t)W * 3;
     for (int a = 0, b = H - 1; a < b; a++, b--) {
@@ -737,7 +980,16 @@ void lucid_aug_flipud(lucid_image *img, lucid_instances *in) {
             rbp[j] = t;
         }
     }
-    lucid_instances_flipud(in, H);
+}
+
+void lucid_aug_flipud(lucid_image *img, lucid_instances *in) {
+    image_flipud(img);
+    lucid_instances_flipud(in, img->h);
+}
+
+void lucid_image_flip(lucid_image *img, int flips) {
+    if (flips & LUCID_FLIP_UD) image_flipud(img);
+    if (flips & LUCID_FLIP_LR) image_fliplr(img);
 }
 
 /* -------------------------------------------------------------- letterbox */

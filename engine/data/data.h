@@ -369,7 +369,8 @@ lucid_status lucid_aug_letterbox(lucid_ctx *ctx, const lucid_image *src,
  * letterbox canvas, tile instances); zero-initialise, free with
  * lucid_aug_work_free. */
 typedef struct lucid_aug_work {
-    lucid_image canvas;   /* 2s x 2s */
+    lucid_image canvas;   /* 2s x 2s, allocated only when a warp needs the
+                             mosaic written out (rotation, shear, perspective) */
     lucid_image square;   /* s x s */
     int s;
 } lucid_aug_work;

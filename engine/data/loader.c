@@ -125,16 +125,18 @@ static void slot_free(slot *sl) {
     memset(sl, 0, sizeof *sl);
 }
 
-/* Write row j of a slot from an augmented sample (HWC image, pixel
- * instances). Returns the instance count. */
-static int write_row(lucid_loader *ld, slot *sl, int j, const lucid_image *img,
-                     const lucid_instances *in, const float hsv[3],
-                     int apply_hsv, const double hsv_d[3], int flips) {
+/* The image of row j of a slot (3 planes of S*S). */
+static uint8_t *row_image(lucid_loader *ld, slot *sl, int j) {
+    return (uint8_t *)lucid_tensor_data(sl->b.images) +
+           (size_t)j * 3 * ld->S * ld->S;
+}
+
+/* Write the targets of row j of a slot from an augmented sample (pixel
+ * instances; the image is already in place). Returns the instance count. */
+static int write_row(lucid_loader *ld, slot *sl, int j,
+                     const lucid_instances *in, const float hsv[3]) {
     int S = ld->S, G = ld->G, K = ld->K, KK = K > 0 ? K : 1;
     lucid_batch *b = &sl->b;
-    size_t plane = (size_t)S * S;
-    uint8_t *dimg = (uint8_t *)lucid_tensor_data(b->images) + (size_t)j * 3 * plane;
-    lucid_hwc_to_chw(img, dimg, apply_hsv, hsv_d[0], hsv_d[1], hsv_d[2], flips);
     float *cls = (float *)lucid_tensor_data(b->cls) + (size_t)j * G;
     float *box = (float *)lucid_tensor_data(b->boxes) + (size_t)j * G * 4;
     float *kp = (float *)lucid_tensor_data(b->kpts) + (size_t)j * G * KK * 3;
@@ -231,20 +233,16 @@ static void *worker_main(void *arg) {
 
         int j = (int)(pos % ld->B);
         float hsv[3] = {0, 0, 0};
-        double hsv_d[3] = {0, 0, 0};
-        int apply_hsv = p.augment && p.hsv_on_cpu &&
-                        (p.hsv_h || p.hsv_s || p.hsv_v);
-        int flips = 0;
         lucid_status st = ast;
+        /* the pixels go straight to the slot's planes (HSV when
+         * hsv_on_cpu, flips applied); img is scratch */
         if (st == LUCID_OK)
             st = lucid_augment_sample_ex(ectx, ld->ds, &p, ld->S, ld->opt.seed,
                                          epoch, idx, &work, &img, &inst, hsv,
-                                         hsv_d, LUCID_DEFER_HSV | LUCID_DEFER_FLIPS,
-                                         &flips);
+                                         row_image(ld, sl, j));
         int count = 0;
         if (st == LUCID_OK) {
-            count = write_row(ld, sl, j, &img, &inst, hsv, apply_hsv, hsv_d,
-                              flips);
+            count = write_row(ld, sl, j, &inst, hsv);
             sl->b.sample_index[j] = idx;
         }
 

@@ -13,6 +13,13 @@
  *   - The HSV gains are always drawn (so the device can apply the same ones
  *     when hsv_on_cpu = 0), and rounded to f32 before use: the batch
  *     carries them as f32, and CPU and device HSV must see the same values.
+ *   - Labels go through the stages in order; the pixels are made last, in
+ *     one pass where possible: with an axis-aligned matrix (the pose
+ *     defaults) the warp samples the four mosaic tiles directly
+ *     (lucid_aug_warp_tiles: the 2s x 2s canvas is never written) and
+ *     applies HSV and the flips while writing HWC or the loader's CHW
+ *     planes. Other matrices warp the written canvas, then HSV and flips.
+ *     Same bytes either way (HSV is per pixel and commutes with the flips).
  */
 #include "data_internal.h"
 
@@ -29,16 +36,17 @@ void lucid_aug_work_free(lucid_aug_work *w) {
     w->s = 0;
 }
 
-static lucid_status work_ensure(lucid_ctx *ctx, lucid_aug_work *w, int s) {
-    if (w->s == s && w->canvas.data && w->square.data) return LUCID_OK;
-    lucid_aug_work_free(w);
-    LUCID_TRY(lucid_image_alloc(ctx, 2 * s, 2 * s, &w->canvas));
-    lucid_status st = lucid_image_alloc(ctx, s, s, &w->square);
-    if (st != LUCID_OK) {
-        lucid_image_free(&w->canvas);
-        return st;
+/* The s x s letterbox canvas always; the 2s x 2s mosaic canvas only when a
+ * warp needs it materialised (rotation, shear or perspective). */
+static lucid_status work_ensure(lucid_ctx *ctx, lucid_aug_work *w, int s,
+                                int canvas) {
+    if (w->s != s) {
+        lucid_aug_work_free(w);
+        w->s = s;
     }
-    w->s = s;
+    if (!w->square.data) LUCID_TRY(lucid_image_alloc(ctx, s, s, &w->square));
+    if (canvas && !w->canvas.data)
+        LUCID_TRY(lucid_image_alloc(ctx, 2 * s, 2 * s, &w->canvas));
     return LUCID_OK;
 }
 
@@ -53,7 +61,42 @@ lucid_status lucid_augment_sample(lucid_ctx *ctx, const lucid_dataset *ds,
                                   lucid_aug_work *work, lucid_image *out,
                                   lucid_instances *inst, float hsv[3]) {
     return lucid_augment_sample_ex(ctx, ds, p, s, seed, epoch, index, work,
-                                   out, inst, hsv, NULL, 0, NULL);
+                                   out, inst, hsv, NULL);
+}
+
+/* The pixels of an augmented sample: the canvas (tiles) warped by M, HSV
+ * (when apply_hsv) and the flips, into chw (planar) or else out (HWC). An
+ * axis-aligned M samples the tiles directly into the destination (one pass);
+ * any other M warps the materialised canvas into out first. */
+static lucid_status augment_pixels(lucid_ctx *ctx, const lucid_tiles *tiles,
+                                   int use_mosaic, const double M[9],
+                                   int apply_hsv, const double g[3], int flips,
+                                   lucid_aug_work *work, lucid_image *out,
+                                   uint8_t *chw) {
+    if (lucid_aug_warp_is_axis_aligned(M)) {
+        lucid_warp_out o = chw ? lucid_warp_out_chw(chw, out->w, out->h)
+                               : lucid_warp_out_hwc(out);
+        o.flips = flips;
+        o.hsv = apply_hsv;
+        o.rh = g[0];
+        o.rs = g[1];
+        o.rv = g[2];
+        return lucid_aug_warp_tiles(ctx, tiles, M, &o);
+    }
+    const lucid_image *src = &work->square;
+    if (use_mosaic) {
+        LUCID_TRY(work_ensure(ctx, work, work->s, 1));
+        lucid_tiles_fill(tiles, &work->canvas);
+        src = &work->canvas;
+    }
+    LUCID_TRY(lucid_aug_warp(ctx, src, M, out));
+    if (chw) {
+        lucid_hwc_to_chw(out, chw, apply_hsv, g[0], g[1], g[2], flips);
+        return LUCID_OK;
+    }
+    if (apply_hsv) lucid_aug_hsv_apply(out, g[0], g[1], g[2]);
+    lucid_image_flip(out, flips);
+    return LUCID_OK;
 }
 
 lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
@@ -61,8 +104,7 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
                                      uint64_t seed, uint64_t epoch,
                                      int64_t index, lucid_aug_work *work,
                                      lucid_image *out, lucid_instances *inst,
-                                     float hsv[3], double hsv_d[3],
-                                     int defer, int *flips) {
+                                     float hsv[3], uint8_t *chw) {
     const lucid_pose_spec *spec = &ds->opt.spec;
     int K = spec->nkpt;
     if (out->w != s || out->h != s || !out->data)
@@ -73,12 +115,10 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
         return lucid_seterr(ctx, LUCID_ERR_ARG, "sample %lld outside [0, %lld)",
                             (long long)index, (long long)ds->n);
     if (hsv) hsv[0] = hsv[1] = hsv[2] = 0;
-    if (hsv_d) hsv_d[0] = hsv_d[1] = hsv_d[2] = 0;
-    if (flips) *flips = 0;
     lucid_aug_work local;
     memset(&local, 0, sizeof local);
     if (!work) work = &local;
-    LUCID_TRY(work_ensure(ctx, work, s));
+    LUCID_TRY(work_ensure(ctx, work, s, 0));
     inst->n = 0;
     LUCID_TRY(lucid_instances_reserve(ctx, inst, 16, K));
 
@@ -108,74 +148,63 @@ lucid_status lucid_augment_sample_ex(lucid_ctx *ctx, const lucid_dataset *ds,
         st = lucid_dataset_load_image(ctx, ds, idx[i], &imgs[i], &owned[i]);
     if (st != LUCID_OK) goto done;
 
-    lucid_image *src;
+    /* the canvas: mosaic tiles (not written out), or the letterbox */
+    lucid_tiles tiles;
+    memset(&tiles, 0, sizeof tiles);
     if (use_mosaic) {
         const lucid_image *ti[4] = {&imgs[0], &imgs[1], &imgs[2], &imgs[3]};
         const lucid_labels *tl[4];
         for (int i = 0; i < 4; i++) tl[i] = &ds->labels[idx[i]];
-        st = lucid_aug_mosaic4(ctx, ti, tl, K, s, xc, yc, &work->canvas, inst);
-        src = &work->canvas;
+        st = lucid_aug_mosaic4_tiles(ctx, ti, tl, K, s, xc, yc, &tiles, inst);
     } else {
         /* LetterBox(s, s) pre-transform (validation: the only transform) */
         st = lucid_instances_append(ctx, inst, &ds->labels[index], K,
                                     (float)imgs[0].w, (float)imgs[0].h, 0, 0);
-        if (st == LUCID_OK)
-            st = lucid_aug_letterbox(ctx, &imgs[0], s, s,
-                                     p->augment ? &work->square : out, inst);
-        src = &work->square;
+        lucid_image *lb = p->augment ? &work->square : out;
+        if (st == LUCID_OK) st = lucid_aug_letterbox(ctx, &imgs[0], s, s, lb, inst);
+        tiles.w = tiles.h = s;
+        tiles.n = 1;
+        tiles.t[0] = (lucid_tile){0, 0, s, s, lb->data, (size_t)s * 3};
     }
-    if (st != LUCID_OK || !p->augment) goto done;
+    if (st != LUCID_OK) goto done;
+    if (!p->augment) {
+        if (chw) lucid_hwc_to_chw(out, chw, 0, 0, 0, 0, 0);
+        goto done;
+    }
 
-    /* RandomPerspective: output s x s */
-    {
-        double M[9], sc;
-        lucid_rng_stream_seek(&r, STAGE_PERSPECTIVE);
-        lucid_aug_perspective_matrix(p, src->w, src->h, s, s, &r, M, &sc);
-        int identity = !use_mosaic && M[0] == 1 && M[1] == 0 && M[2] == 0 &&
-                       M[3] == 0 && M[4] == 1 && M[5] == 0 && M[6] == 0 &&
-                       M[7] == 0 && M[8] == 1;
-        if (identity) memcpy(out->data, src->data, (size_t)s * s * 3);
-        else st = lucid_aug_warp(ctx, src, M, out);
-        if (st != LUCID_OK) goto done;
-        lucid_aug_perspective_labels(inst, M, s, s, sc);
+    /* RandomPerspective: output s x s (labels here, pixels below) */
+    double M[9], sc;
+    lucid_rng_stream_seek(&r, STAGE_PERSPECTIVE);
+    lucid_aug_perspective_matrix(p, use_mosaic ? 2 * s : s, use_mosaic ? 2 * s : s,
+                                 s, s, &r, M, &sc);
+    lucid_aug_perspective_labels(inst, M, s, s, sc);
+    /* RandomHSV: the gains are always drawn, rounded to f32, the dtype of
+     * the batch's hsv tensor, so the device (hsv_on_cpu = 0) applies
+     * exactly the gains the CPU would */
+    double g[3];
+    lucid_rng_stream_seek(&r, STAGE_HSV);
+    g[0] = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_h);
+    g[1] = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_s);
+    g[2] = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_v);
+    if (hsv) { hsv[0] = (float)g[0]; hsv[1] = (float)g[1]; hsv[2] = (float)g[2]; }
+    int apply_hsv = p->hsv_on_cpu && (p->hsv_h || p->hsv_s || p->hsv_v);
+    /* RandomFlip vertical then horizontal (both need flip_idx for pose):
+     * labels here, pixels below */
+    lucid_rng_stream_seek(&r, STAGE_FLIP);
+    double ud = lucid_rng_uniform(&r, 0, 1);
+    double lr = lucid_rng_uniform(&r, 0, 1);
+    int flips_ok = K == 0 || spec->has_flip_idx, flips = 0;
+    if (flips_ok && ud < p->flipud) {
+        lucid_instances_flipud(inst, s);
+        flips |= LUCID_FLIP_UD;
     }
-    /* RandomHSV */
-    {
-        lucid_rng_stream_seek(&r, STAGE_HSV);
-        /* rounded to f32, the dtype of the batch's hsv tensor, so the
-         * device (hsv_on_cpu = 0) applies exactly the gains the CPU would */
-        double rh = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_h);
-        double rs = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_s);
-        double rv = (float)(lucid_rng_uniform(&r, -1, 1) * p->hsv_v);
-        if (hsv) { hsv[0] = (float)rh; hsv[1] = (float)rs; hsv[2] = (float)rv; }
-        if (hsv_d) { hsv_d[0] = rh; hsv_d[1] = rs; hsv_d[2] = rv; }
-        /* HSV is per pixel, so it commutes with the flips below: the loader
-         * may apply it later, while transposing to CHW */
-        if (!(defer & LUCID_DEFER_HSV) && p->hsv_on_cpu && (p->hsv_h || p->hsv_s || p->hsv_v))
-            lucid_aug_hsv_apply(out, rh, rs, rv);
+    if (flips_ok && lr < p->fliplr) {
+        lucid_instances_fliplr(inst, s, K > 0 ? spec->flip_idx : NULL);
+        flips |= LUCID_FLIP_LR;
     }
-    /* RandomFlip vertical then horizontal (both need flip_idx for pose) */
-    {
-        lucid_rng_stream_seek(&r, STAGE_FLIP);
-        double ud = lucid_rng_uniform(&r, 0, 1);
-        double lr = lucid_rng_uniform(&r, 0, 1);
-        int flips_ok = K == 0 || spec->has_flip_idx;
-        const int *fi = K > 0 ? spec->flip_idx : NULL;
-        if (defer & LUCID_DEFER_FLIPS) {
-            /* labels now, pixels in the loader's transpose */
-            if (flips_ok && ud < p->flipud) {
-                lucid_instances_flipud(inst, out->h);
-                *flips |= LUCID_FLIP_UD;
-            }
-            if (flips_ok && lr < p->fliplr) {
-                lucid_instances_fliplr(inst, out->w, fi);
-                *flips |= LUCID_FLIP_LR;
-            }
-        } else {
-            if (flips_ok && ud < p->flipud) lucid_aug_flipud(out, inst);
-            if (flips_ok && lr < p->fliplr) lucid_aug_fliplr(out, inst, fi);
-        }
-    }
+    /* HSV is per pixel, so it commutes with the flips */
+    st = augment_pixels(ctx, &tiles, use_mosaic, M, apply_hsv, g, flips, work,
+                        out, chw);
 done:
     for (int i = 0; i < 4; i++)
         if (owned[i]) lucid_image_free(&imgs[i]);

@@ -6,12 +6,16 @@
  *   - keypoints that leave the canvas get v=0;
  *   - an EXIF-rotated file and the physically rotated file give identical
  *     batches (labels stored in either frame, per exif_labels);
+ *   - the tiled warp (mosaic sampled without writing the canvas out, HSV
+ *     and flips on the way, HWC or CHW) equals the warp of the written
+ *     canvas byte for byte;
  *   - batches are byte-identical with 1, 2 and 4 worker threads;
  *   - overflow of max_gt is reported; the short last batch is padded;
  *   - validation letterbox.
  */
 #include "test.h"
 #include "test_data_util.h"
+#include "data/data_internal.h"
 
 static lucid_ctx *ctx;
 
@@ -225,6 +229,144 @@ static void test_warp_reference(void) {
     lucid_image_free(&src);
     lucid_image_free(&a);
     lucid_image_free(&b);
+}
+
+/* Reference of the axis-aligned warp with the coordinates rounded as the
+ * engine documents (cv2.warpAffine: X and offset terms to 1/1024 px, then
+ * >> 5), bilinear in 1/32 px, border 114: one pixel at a time. */
+static int ref_coord(double v) {
+    return (int)lrint(v < -1e9 ? -1e9 : v > 1e9 ? 1e9 : v);
+}
+
+static void ref_warp_fixed(const lucid_image *src, const double Mi[9],
+                           lucid_image *dst) {
+    for (int Y = 0; Y < dst->h; Y++)
+        for (int X = 0; X < dst->w; X++) {
+            int64_t qx = ((int64_t)ref_coord(Mi[0] * (X + 0.5) * 1024.0) +
+                          ref_coord((Mi[2] - 0.5) * 1024.0)) >> 5;
+            int64_t qy = (int64_t)ref_coord((Mi[4] * (Y + 0.5) + Mi[5] - 0.5) * 1024.0) >> 5;
+            if (qx < -(1 << 26)) qx = -(1 << 26);
+            if (qx > (1 << 26)) qx = 1 << 26;
+            if (qy < -(1 << 26)) qy = -(1 << 26);
+            if (qy > (1 << 26)) qy = 1 << 26;
+            int x0 = (int)(qx >> 5), y0 = (int)(qy >> 5);
+            int fx = (int)(qx & 31), fy = (int)(qy & 31);
+            for (int c = 0; c < 3; c++) {
+                int acc = 512;
+                for (int j = 0; j < 2; j++)
+                    for (int i = 0; i < 2; i++) {
+                        int x = x0 + i, y = y0 + j;
+                        int w = (i ? fx : 32 - fx) * (j ? fy : 32 - fy);
+                        int v = (x >= 0 && y >= 0 && x < src->w && y < src->h)
+                                    ? src->data[((size_t)y * src->w + x) * 3 + c] : 114;
+                        acc += w * v;
+                    }
+                dst->data[((size_t)Y * dst->w + X) * 3 + c] = (uint8_t)(acc >> 10);
+            }
+        }
+}
+
+/* lucid_aug_warp_tiles on the 4 tiles of a mosaic == the reference warp of
+ * the written canvas, then HSV and flips; HWC and CHW; random pose-default
+ * matrices and hand-made ones (far outside, strong up/down scaling). */
+static void test_warp_tiles(void) {
+    const int s = 96, S2 = 2 * s;
+    int sizes[4][2] = {{96, 70}, {50, 96}, {96, 96}, {33, 17}};
+    lucid_image im[4], canvas, ref, got, chw_img;
+    const lucid_image *ip[4];
+    lucid_labels lab;
+    memset(&lab, 0, sizeof lab);
+    const lucid_labels *lp[4] = {&lab, &lab, &lab, &lab};
+    uint32_t h = 12345;
+    for (int i = 0; i < 4; i++) {
+        lucid_image_alloc(ctx, sizes[i][0], sizes[i][1], &im[i]);
+        for (int k = 0; k < sizes[i][0] * sizes[i][1] * 3; k++) {
+            h = h * 1664525u + 1013904223u;
+            im[i].data[k] = (uint8_t)(h >> 24);
+        }
+        ip[i] = &im[i];
+    }
+    lucid_image_alloc(ctx, S2, S2, &canvas);
+    lucid_image_alloc(ctx, s, s, &ref);
+    lucid_image_alloc(ctx, s, s, &got);
+    lucid_image_alloc(ctx, s, s, &chw_img); /* 3 s s bytes as planes */
+    lucid_instances in;
+    memset(&in, 0, sizeof in);
+    lucid_aug_params p = lucid_aug_params_default();
+    p.scale = 0.9f;
+    p.translate = 0.45f;
+    int cases = 0, bad = 0;
+    char why[200] = "";
+    lucid_rng_stream r;
+    for (int k = 0; k < 48; k++) {
+        lucid_rng_stream_init(&r, 99, 0, (uint64_t)k);
+        int xc = (int)lucid_rng_uniform(&r, 0, S2), yc = (int)lucid_rng_uniform(&r, 0, S2);
+        if (k % 8 == 1) xc = 0;
+        if (k % 8 == 2) yc = S2;
+        lucid_tiles tl;
+        lucid_aug_mosaic4_tiles(ctx, ip, lp, 0, s, xc, yc, &tl, &in);
+        lucid_aug_mosaic4(ctx, ip, lp, 0, s, xc, yc, &canvas, &in);
+        double M[9], sc, Mi[9];
+        lucid_aug_perspective_matrix(&p, S2, S2, s, s, &r, M, &sc);
+        if (k % 6 == 3) { M[0] = 4.25; M[4] = 3.5; }           /* upscale */
+        if (k % 6 == 4) { M[0] = 0.3; M[4] = 0.45; }           /* downscale */
+        if (k % 12 == 5) M[2] = -1e7;                           /* far outside */
+        if (k % 12 == 11) M[5] = 5e8;
+        /* Mi of an axis-aligned M, rounded as the engine's cofactor
+         * inverse rounds it */
+        memset(Mi, 0, sizeof Mi);
+        double id = 1.0 / (M[0] * M[4]);
+        Mi[0] = M[4] * id; Mi[4] = M[0] * id;
+        Mi[2] = -(M[2] * M[4]) * id; Mi[5] = -(M[0] * M[5]) * id; Mi[8] = 1;
+        if (!lucid_aug_warp_is_axis_aligned(M)) { bad++; snprintf(why, sizeof why, "case %d not axis-aligned", k); continue; }
+        for (int f = 0; f < 8; f++) {
+            int flips = f & 3, hsv = f >> 2;
+            ref_warp_fixed(&canvas, Mi, &ref);
+            if (hsv) lucid_aug_hsv_apply(&ref, 0.3, -0.4, 0.25);
+            if (flips & LUCID_FLIP_UD) {
+                for (int y = 0; y < s / 2; y++)
+                    for (int b = 0; b < s * 3; b++) {
+                        uint8_t t = ref.data[y * s * 3 + b];
+                        ref.data[y * s * 3 + b] = ref.data[(s - 1 - y) * s * 3 + b];
+                        ref.data[(s - 1 - y) * s * 3 + b] = t;
+                    }
+            }
+            if (flips & LUCID_FLIP_LR) {
+                for (int y = 0; y < s; y++)
+                    for (int x = 0; x < s / 2; x++)
+                        for (int c = 0; c < 3; c++) {
+                            uint8_t *a = ref.data + (y * s + x) * 3 + c;
+                            uint8_t *b = ref.data + (y * s + s - 1 - x) * 3 + c;
+                            uint8_t t = *a; *a = *b; *b = t;
+                        }
+            }
+            lucid_warp_out o = lucid_warp_out_hwc(&got);
+            o.flips = flips; o.hsv = hsv; o.rh = 0.3; o.rs = -0.4; o.rv = 0.25;
+            memset(got.data, 0, (size_t)s * s * 3);
+            lucid_status st = lucid_aug_warp_tiles(ctx, &tl, M, &o);
+            lucid_warp_out oc = lucid_warp_out_chw(chw_img.data, s, s);
+            oc.flips = flips; oc.hsv = hsv; oc.rh = 0.3; oc.rs = -0.4; oc.rv = 0.25;
+            memset(chw_img.data, 0, (size_t)s * s * 3);
+            if (st == LUCID_OK) st = lucid_aug_warp_tiles(ctx, &tl, M, &oc);
+            int same = st == LUCID_OK && !memcmp(got.data, ref.data, (size_t)s * s * 3);
+            for (int i = 0; same && i < s * s; i++)
+                for (int c = 0; c < 3; c++)
+                    if (chw_img.data[c * s * s + i] != ref.data[i * 3 + c]) same = 0;
+            cases++;
+            if (!same && !bad++)
+                snprintf(why, sizeof why, "case %d (xc %d yc %d M %g %g %g %g) flips %d hsv %d: %s",
+                         k, xc, yc, M[0], M[2], M[4], M[5], flips, hsv,
+                         st == LUCID_OK ? "bytes differ" : lucid_ctx_error(ctx));
+        }
+    }
+    CHECK("tiled warp (mosaic not written out; HSV, flips; HWC and CHW) == reference warp of the canvas",
+          bad == 0 && cases == 48 * 8, "%d of %d cases: %s", bad, cases, why);
+    for (int i = 0; i < 4; i++) lucid_image_free(&im[i]);
+    lucid_image_free(&canvas);
+    lucid_image_free(&ref);
+    lucid_image_free(&got);
+    lucid_image_free(&chw_img);
+    lucid_instances_free(&in);
 }
 
 /* ------------------------------------------------------- batch compare */
@@ -520,6 +662,7 @@ int main(void) {
     }
     test_flip_unit();
     test_warp_reference();
+    test_warp_tiles();
     char root[256];
     lucid_dataset *ds = open_marked(root, sizeof root, 6, 256);
     if (ds) {
