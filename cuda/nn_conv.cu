@@ -4,7 +4,7 @@
  * implicit-GEMM tensor-core kernels (nn_conv_igemm.cu: no planning, no
  * per-shape warm-up, 3.5x less conv time per step than cuDNN's legacy API
  * on this network, bench/conv_lab); f32 and grouped convolutions go to cuDNN
- * (legacy convolution API); depthwise to the direct kernels below.
+ * (legacy convolution API); depthwise to nn_conv_dw.cu.
  *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
@@ -47,6 +47,7 @@
  */
 #include "nn_common.cuh"
 #include "nn_conv_igemm.cuh"
+#include "nn_conv_dw.cuh"
 
 #include <limits.h>
 #include <new>
@@ -64,7 +65,7 @@ typedef struct conv_geom {
 } conv_geom;
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
-enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2 };
+enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3 };
 
 struct lucid_cuda_conv_plan {
     int64_t key[16];
@@ -74,6 +75,7 @@ struct lucid_cuda_conv_plan {
     int depthwise;
     int igemm;        /* the implicit-GEMM kernels apply (bf16/f16, groups 1) */
     lucid_igemm_geom ig;
+    lucid_conv_dw_geom dwg; /* depthwise kernels (nn_conv_dw.cu) */
     size_t wbytes;    /* weight in the activation dtype (0 for f32) */
     int planned[3];   /* the pass's algorithm choice ran (have/ws final) */
     int have[3];      /* a cuDNN algorithm was chosen for the pass */
@@ -349,6 +351,8 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
     pl->dt = x->dtype;
     pl->g = g;
     pl->depthwise = g.Cg == 1 && g.Og == 1;
+    pl->dwg = lucid_conv_dw_geom{g.N, g.Cin, g.H, g.W, g.Ho, g.Wo, (int)g.kh, (int)g.kw,
+                                 g.sh, g.sw, g.ph, g.pw, g.dh, g.dw};
     pl->ig = lucid_igemm_geom{(int)g.N, (int)g.Cin, (int)g.H, (int)g.W, (int)g.Cout,
                               (int)g.Ho, (int)g.Wo, (int)g.kh, (int)g.kw, g.sh, g.sw,
                               g.ph, g.pw, g.dh, g.dw};
@@ -370,9 +374,10 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
 
 /* Route of a pass (*route: ROUTE_IGEMM, ROUTE_CUDNN or ROUTE_DIRECT).
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
- * with groups 1, direct kernels for depthwise, cuDNN otherwise (f32 and
- * grouped); 1 = direct kernels for everything; 2 = cuDNN for everything it
- * takes (depthwise included).  A cuDNN pass is planned on its first call;
+ * with groups 1, the depthwise kernels of nn_conv_dw.cu for depthwise (any
+ * dtype), cuDNN otherwise (f32 and grouped); 1 = the generic direct kernels
+ * below for everything; 2 = cuDNN for everything it takes (depthwise
+ * included).  A cuDNN pass is planned on its first call;
  * the pass's scratch is reserved here (the arena grows here, named `op`,
  * and never during capture).  *ws: the arena (cuDNN, and the split-K
  * partials of the implicit-GEMM backward-filter). */
@@ -388,7 +393,12 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
         if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
         return LUCID_OK;
     }
-    if (ns->conv_mode == 0 && pl->depthwise) return LUCID_OK;
+    if (ns->conv_mode == 0 && pl->depthwise) {
+        *route = ROUTE_DW;
+        size_t need = pass == PASS_BWD_FILTER ? lucid_conv_dw_wgrad_scratch_bytes(&pl->dwg) : 0;
+        if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+        return LUCID_OK;
+    }
 #if defined(LUCID_HAVE_CUDNN)
     LUCID_TRY(plan_pass(ctx, st, ns, pl, pass));
     if (!pl->have[pass]) return LUCID_OK;
@@ -599,6 +609,10 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
                                                  lucid_tensor_data(y), &pl->ig, st->stream));
         return LUCID_OK;
     }
+    if (route == ROUTE_DW)
+        return lucid_conv_dw_forward(ctx, st->stream, x->dtype, &pl->dwg, lucid_tensor_data(x),
+                                     (const float *)lucid_tensor_data(w), bp,
+                                     lucid_tensor_data(y));
 #if defined(LUCID_HAVE_CUDNN)
     if (route == ROUTE_CUDNN) {
         const void *wp = lucid_tensor_data(w);
@@ -655,6 +669,11 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
                             lucid_tensor_data(dx), (float)beta, &pl->ig, st->stream));
         return LUCID_OK;
     }
+    if (route == ROUTE_DW)
+        return lucid_conv_dw_backward_data(ctx, st->stream, dx->dtype, &pl->dwg,
+                                           lucid_tensor_data(dy),
+                                           (const float *)lucid_tensor_data(w),
+                                           lucid_tensor_data(dx), beta);
 #if defined(LUCID_HAVE_CUDNN)
     if (route == ROUTE_CUDNN) {
         const void *wp = lucid_tensor_data(w);
@@ -708,6 +727,12 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
             CUDA_CHECK(ctx, lucid_conv_igemm_backward_filter(
                                 x->dtype, lucid_tensor_data(x), lucid_tensor_data(dy), dwp,
                                 (float)beta, ws, &pl->ig, st->stream));
+            done = true;
+        }
+        if (route == ROUTE_DW) {
+            LUCID_TRY(lucid_conv_dw_backward_filter(
+                ctx, st->stream, x->dtype, &pl->dwg, lucid_tensor_data(x), lucid_tensor_data(dy),
+                dwp, beta, ws, lucid_conv_dw_wgrad_scratch_bytes(&pl->dwg)));
             done = true;
         }
 #if defined(LUCID_HAVE_CUDNN)
