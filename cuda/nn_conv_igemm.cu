@@ -51,7 +51,7 @@
 
 namespace wm = nvcuda::wmma;
 
-enum { IG_FWD = 0, IG_DGRAD = 1, IG_WGRAD = 2 };
+enum { IG_FWD = 0, IG_DGRAD = 1, IG_WGRAD = 2, IG_DGRAD_PH = 3 };
 
 #define BM 64
 #define BN 64
@@ -78,14 +78,41 @@ struct IgP {
     int direct;         /* wgrad: 1 = write dw with beta, 0 = write partials */
 };
 
+/* Backward-data of a strided convolution, one launch per stride phase
+ * (blockIdx.z = a*sw + b): the input pixels h = h0 + sh*i, w = w0 + sw*j
+ * with (h+ph) % sh == a and (w+pw) % sw == b receive only the taps
+ * r = a + sh*ri, q = b + sw*qi, so the GEMM of the phase has
+ * K = Cout*nR*nQ instead of Cout*kh*kw with (sh*sw-1)/(sh*sw) zeros. */
+struct Phase {
+    int a, b, h0, w0, Hp, Wp, nR, nQ;
+    int Nc, K;
+};
+
 /* host-callable too, so that a host emulation of the tile loop can check
  * the index maps on a machine without a GPU */
 #define HD __host__ __device__ __forceinline__
 #ifdef __CUDA_ARCH__
 #define UNROLL _Pragma("unroll")
+#define LDG16(p) __ldg((const uint4 *)(p))
 #else
 #define UNROLL
+#define LDG16(p) (*(const uint4 *)(p))
 #endif
+
+HD Phase phase_of(const IgP &P, int z) {
+    Phase f;
+    f.a = z / P.sw;
+    f.b = z % P.sw;
+    f.h0 = ((f.a - P.ph) % P.sh + P.sh) % P.sh;
+    f.w0 = ((f.b - P.pw) % P.sw + P.sw) % P.sw;
+    f.Hp = f.h0 < P.H ? (P.H - f.h0 + P.sh - 1) / P.sh : 0;
+    f.Wp = f.w0 < P.W ? (P.W - f.w0 + P.sw - 1) / P.sw : 0;
+    f.nR = f.a < P.kh ? (P.kh - f.a + P.sh - 1) / P.sh : 0;
+    f.nQ = f.b < P.kw ? (P.kw - f.b + P.sw - 1) / P.sw : 0;
+    f.Nc = P.N * f.Hp * f.Wp;
+    f.K = P.Cout * f.nR * f.nQ;
+    return f;
+}
 
 template <typename T> HD T to_t(float v);
 template <> HD __nv_bfloat16 to_t<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
@@ -94,43 +121,74 @@ template <typename T> HD float to_f(T v);
 template <> HD float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> HD float to_f<__half>(__half v) { return __half2float(v); }
 
-/* kernel extents: compile-time for KS = 1 or 3, else from the geometry */
-template <int KS> HD int kh_of(const IgP &P) { return KS ? KS : P.kh; }
-template <int KS> HD int kw_of(const IgP &P) { return KS ? KS : P.kw; }
+/* Kernel variants (KS): 1 and 3 = kh == kw == KS as compile-time constants
+ * (any stride, padding, dilation); 0 = any kernel size; KV1 = 1x1, stride
+ * 1, padding 0 with H*W % 8 == 0 and 16-byte aligned tensors: the operands
+ * that run along pixels are staged with 16-byte loads (8 elements). */
+enum { KV1 = 11 };
+template <int KS> HD int kh_of(const IgP &P) { return KS == KV1 ? 1 : KS ? KS : P.kh; }
+template <int KS> HD int kw_of(const IgP &P) { return KS == KV1 ? 1 : KS ? KS : P.kw; }
 
-/* One k tile of A (BM x BK, row-major) and B into registers.  Thread t
- * stages A elements (m = t/BK + j*(NT/BK), k = t%BK) and B elements:
+/* One k tile of A (BM x BK, row-major) and B into registers.  Scalar
+ * staging: thread t holds A elements (m = t/BK + j*(NT/BK), k = t%BK) and
+ * B elements
  *   row-major B (fwd, dgrad): (k = t/BN + j*(NT/BN), n = t%BN)
- *   col-major B (wgrad):      (n = t/BK + j*(NT/BK), k = t%BK)           */
+ *   col-major B (wgrad):      (n = t/BK + j*(NT/BK), k = t%BK)
+ * Vector staging (KV1): 16-byte vectors v = t + i*NT, i = 0, 1, of
+ *   row-major B (fwd, dgrad): k = v/(BN/8), n = (v%(BN/8))*8
+ *   wgrad A: m = v/(BK/8), k = (v%(BK/8))*8; wgrad B: n = v/(BK/8), same k */
 template <typename T, int MODE, int KS>
 struct Stage {
-    T a[PER_T], b[PER_T];
-    /* fixed per thread: the B column's pixel (fwd, dgrad) */
+    static constexpr bool VA = KS == KV1 && MODE == IG_WGRAD; /* A by vectors */
+    static constexpr bool VB = KS == KV1;                      /* B by vectors */
+    T a[VA ? 1 : PER_T], b[VB ? 1 : PER_T];
+    uint4 av[VA ? 2 : 1], bv[VB ? 2 : 1];
+    /* fixed per thread: the B column's pixel (fwd, dgrad; scalar B) */
     int img, p0h, p0w; /* fwd: ho*sh-ph, wo*sw-pw; dgrad: h+ph, w+pw */
     bool nvalid;
 
-    HD void init(const IgP &P, int n0, int t) {
-        if (MODE == IG_WGRAD) return;
+    HD void init(const IgP &P, const Phase &f, int n0, int t) {
+        img = p0h = p0w = 0;
+        nvalid = false;
+        if (MODE == IG_WGRAD || VB) return;
         int n = n0 + t % BN;
-        nvalid = n < P.Nc;
+        nvalid = n < f.Nc;
         if (!nvalid) n = 0;
         if (MODE == IG_FWD) {
             int wo = n % P.Wo, r = n / P.Wo, ho = r % P.Ho;
             img = r / P.Ho;
             p0h = ho * P.sh - P.ph;
             p0w = wo * P.sw - P.pw;
-        } else {
+        } else if (MODE == IG_DGRAD) {
             int w = n % P.W, r = n / P.W, h = r % P.H;
             img = r / P.H;
             p0h = h + P.ph;
             p0w = w + P.pw;
+        } else { /* IG_DGRAD_PH: n = (img, i, j) of the phase's pixel grid */
+            int j = n % f.Wp, r = n / f.Wp, i = r % f.Hp;
+            img = r / f.Hp;
+            p0h = f.h0 + P.sh * i + P.ph;
+            p0w = f.w0 + P.sw * j + P.pw;
         }
     }
 
-    HD void load(const IgP &P, int m0, int n0, int k0, int kend, int t) {
+    HD void load(const IgP &P, const Phase &f, int m0, int n0, int k0, int kend, int t) {
         const int KH = kh_of<KS>(P), KW = kw_of<KS>(P), KK = KH * KW;
         /* A */
-        {
+        if (VA) {
+            /* wgrad, 1x1: A(co, p) = dy[img][co][pix], 8 pixels per vector */
+            const int P2 = P.Ho * P.Wo;
+            UNROLL
+            for (int i = 0; i < 2; i++) {
+                int v = t + i * NT, m = m0 + v / (BK / 8), k = k0 + (v % (BK / 8)) * 8;
+                uint4 z = make_uint4(0, 0, 0, 0);
+                if (m < P.M && k < kend) {
+                    int im = k / P2, pix = k - im * P2;
+                    z = LDG16((const T *)P.a + ((size_t)im * P.Cout + m) * P2 + pix);
+                }
+                av[i] = z;
+            }
+        } else {
             const int k = k0 + t % BK;
             for (int j = 0; j < PER_T; j++) {
                 const int m = m0 + t / BK + j * (NT / BK);
@@ -141,6 +199,11 @@ struct Stage {
                     } else if (MODE == IG_DGRAD) {
                         int co = k / KK, rq = k - co * KK;
                         v = ((const float *)P.a)[((size_t)co * P.Cin + m) * KK + rq];
+                    } else if (MODE == IG_DGRAD_PH) {
+                        int nn = f.nR * f.nQ, co = k / nn, rr = k - co * nn, ri = rr / f.nQ,
+                            qi = rr - ri * f.nQ;
+                        int r = f.a + P.sh * ri, q = f.b + P.sw * qi;
+                        v = ((const float *)P.a)[(((size_t)co * P.Cin + m) * KH + r) * KW + q];
                     } else {
                         int P2 = P.Ho * P.Wo, im = k / P2, pix = k - im * P2;
                         v = to_f<T>(((const T *)P.a)[((size_t)im * P.Cout + m) * P2 + pix]);
@@ -150,8 +213,33 @@ struct Stage {
             }
         }
         /* B */
-        if (MODE == IG_FWD) {
-UNROLL
+        if (VB) {
+            const int HW = P.H * P.W; /* == Ho*Wo for 1x1 s1 p0 */
+            UNROLL
+            for (int i = 0; i < 2; i++) {
+                int v = t + i * NT;
+                uint4 z = make_uint4(0, 0, 0, 0);
+                if (MODE == IG_WGRAD) {
+                    /* B(p, ci) = x[img][ci][pix], 8 pixels per vector */
+                    int n = n0 + v / (BK / 8), k = k0 + (v % (BK / 8)) * 8;
+                    if (n < P.Nc && k < kend) {
+                        int im = k / HW, pix = k - im * HW;
+                        z = LDG16((const T *)P.b + ((size_t)im * P.Cin + n) * HW + pix);
+                    }
+                } else {
+                    /* B(c, pix) = x[img][c][pix] (fwd: c = ci; dgrad: c = co,
+                     * from dy), 8 pixels per vector */
+                    int k = k0 + v / (BN / 8), n = n0 + (v % (BN / 8)) * 8;
+                    if (n < P.Nc && k < kend) {
+                        int im = n / HW, pix = n - im * HW;
+                        int C = MODE == IG_FWD ? P.Cin : P.Cout;
+                        z = LDG16((const T *)P.b + ((size_t)im * C + k) * HW + pix);
+                    }
+                }
+                bv[i] = z;
+            }
+        } else if (MODE == IG_FWD) {
+            UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
                 T v = to_t<T>(0.0f);
@@ -164,7 +252,7 @@ UNROLL
                 b[j] = v;
             }
         } else if (MODE == IG_DGRAD) {
-UNROLL
+            UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
                 T v = to_t<T>(0.0f);
@@ -179,8 +267,26 @@ UNROLL
                 }
                 b[j] = v;
             }
+        } else if (MODE == IG_DGRAD_PH) {
+            const int nn = f.nR * f.nQ;
+            UNROLL
+            for (int j = 0; j < PER_T; j++) {
+                const int k = k0 + t / BN + j * (NT / BN);
+                T v = to_t<T>(0.0f);
+                if (nvalid && k < kend) {
+                    int co = k / nn, rr = k - co * nn, ri = rr / f.nQ, qi = rr - ri * f.nQ;
+                    /* exact: (h + ph - r) = sh*(i + (h0+ph-a)/sh - ri) */
+                    int hn = p0h - (f.a + P.sh * ri), wn = p0w - (f.b + P.sw * qi);
+                    if (hn >= 0 && wn >= 0) {
+                        int ho = hn / P.sh, wo = wn / P.sw;
+                        if (ho < P.Ho && wo < P.Wo)
+                            v = ((const T *)P.b)[(((size_t)img * P.Cout + co) * P.Ho + ho) * P.Wo + wo];
+                    }
+                }
+                b[j] = v;
+            }
         } else {
-            /* k = pixel (fixed per thread in this tile), n = (ci, r, q) */
+            /* wgrad: k = pixel (fixed per thread in this tile), n = (ci, r, q) */
             const int p = k0 + t % BK;
             const bool pv = p < kend;
             int im = 0, bh = 0, bw = 0;
@@ -190,7 +296,7 @@ UNROLL
                 bh = ho * P.sh - P.ph;
                 bw = wo * P.sw - P.pw;
             }
-UNROLL
+            UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int n = n0 + t / BK + j * (NT / BK);
                 T v = to_t<T>(0.0f);
@@ -206,17 +312,45 @@ UNROLL
     }
 
     HD void store(T *sA, T *sB, int t) const {
-UNROLL
-        for (int j = 0; j < PER_T; j++) sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = a[j];
-        if (MODE == IG_WGRAD) {
-UNROLL
+        if (VA) {
+            UNROLL
+            for (int i = 0; i < 2; i++) {
+                int v = t + i * NT;
+                *(uint4 *)(sA + (v / (BK / 8)) * LDA + (v % (BK / 8)) * 8) = av[i];
+            }
+        } else {
+            UNROLL
+            for (int j = 0; j < PER_T; j++) sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = a[j];
+        }
+        if (VB) {
+            UNROLL
+            for (int i = 0; i < 2; i++) {
+                int v = t + i * NT;
+                if (MODE == IG_WGRAD)
+                    *(uint4 *)(sB + (v / (BK / 8)) * LDBC + (v % (BK / 8)) * 8) = bv[i];
+                else
+                    *(uint4 *)(sB + (v / (BN / 8)) * LDBR + (v % (BN / 8)) * 8) = bv[i];
+            }
+        } else if (MODE == IG_WGRAD) {
+            UNROLL
             for (int j = 0; j < PER_T; j++) sB[(t / BK + j * (NT / BK)) * LDBC + t % BK] = b[j];
         } else {
-UNROLL
+            UNROLL
             for (int j = 0; j < PER_T; j++) sB[(t / BN + j * (NT / BN)) * LDBR + t % BN] = b[j];
         }
     }
 };
+
+/* Element offset of output (m, n) of a forward / backward-data tile. */
+HD size_t out_offset(const IgP &P, const Phase &f, int MODE_, int m, int n) {
+    if (MODE_ == IG_DGRAD_PH) {
+        int j = n % f.Wp, r = n / f.Wp, i = r % f.Hp, im = r / f.Hp;
+        return (((size_t)im * P.Cin + m) * P.H + f.h0 + P.sh * i) * P.W + f.w0 + P.sw * j;
+    }
+    const int PS = MODE_ == IG_FWD ? P.Ho * P.Wo : P.H * P.W;
+    int im = n / PS, pix = n - im * PS;
+    return ((size_t)im * P.M + m) * PS + pix;
+}
 
 template <typename T, int MODE, int KS>
 __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
@@ -227,7 +361,16 @@ __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
 
     const int t = threadIdx.x;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-    int kbeg = 0, kend = P.K;
+    Phase f;
+    if (MODE == IG_DGRAD_PH) {
+        f = phase_of(P, blockIdx.z);
+        if (n0 >= f.Nc) return; /* grid.x is sized for the largest phase */
+    } else {
+        f.a = f.b = f.h0 = f.w0 = f.Hp = f.Wp = f.nR = f.nQ = 0;
+        f.Nc = P.Nc;
+        f.K = P.K;
+    }
+    int kbeg = 0, kend = f.K;
     if (MODE == IG_WGRAD) {
         kbeg = blockIdx.z * P.kchunk;
         kend = min(P.K, kbeg + P.kchunk);
@@ -241,12 +384,12 @@ __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
         for (int j = 0; j < 2; j++) wm::fill_fragment(acc[i][j], 0.0f);
 
     Stage<T, MODE, KS> st;
-    st.init(P, n0, t);
-    if (kbeg < kend) st.load(P, m0, n0, kbeg, kend, t);
+    st.init(P, f, n0, t);
+    if (kbeg < kend) st.load(P, f, m0, n0, kbeg, kend, t);
     for (int k0 = kbeg; k0 < kend; k0 += BK) {
         st.store(sA, sB, t);
         __syncthreads();
-        if (k0 + BK < kend) st.load(P, m0, n0, k0 + BK, kend, t);
+        if (k0 + BK < kend) st.load(P, f, m0, n0, k0 + BK, kend, t);
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa[2];
@@ -289,13 +432,11 @@ __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
         }
     } else {
         /* C(m, pix) -> out[img][m][pix] */
-        const int PS = MODE == IG_FWD ? P.Ho * P.Wo : P.H * P.W;
         T *out = (T *)P.out;
         for (int e = t; e < BM * BN; e += NT) {
             int r = e / BN, c = e % BN, gm = m0 + r, gn = n0 + c;
-            if (gm >= P.M || gn >= P.Nc) continue;
-            int im = gn / PS, pix = gn - im * PS;
-            size_t o = ((size_t)im * P.M + gm) * PS + pix;
+            if (gm >= P.M || gn >= f.Nc) continue;
+            size_t o = out_offset(P, f, MODE, gm, gn);
             float v = sC[r * LDC + c];
             if (MODE == IG_FWD) {
                 if (P.bias) v += P.bias[gm];
@@ -335,8 +476,17 @@ static IgP params_of(const lucid_igemm_geom *g) {
     return P;
 }
 
-static int ks_of(const lucid_igemm_geom *g) {
-    if (g->kh == 1 && g->kw == 1) return 1;
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Kernel variant of a pass: KV1 needs a 1x1 stride-1 unpadded conv whose
+ * planes hold a multiple of 8 elements and 16-byte aligned operands that
+ * are read by vectors (p1, p2; the weight is read by scalars). */
+static int ks_of(const lucid_igemm_geom *g, const void *p1, const void *p2) {
+    if (g->kh == 1 && g->kw == 1) {
+        bool v = g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 &&
+                 ((long)g->H * g->W) % 8 == 0 && al16(p1) && (!p2 || al16(p2));
+        return v ? KV1 : 1;
+    }
     if (g->kh == 3 && g->kw == 3) return 3;
     return 0;
 }
@@ -344,6 +494,7 @@ static int ks_of(const lucid_igemm_geom *g) {
 template <typename T, int MODE>
 static void launch(const IgP &P, int ks, dim3 grid, cudaStream_t s) {
     switch (ks) {
+    case KV1: igemm_nchw<T, MODE, KV1><<<grid, NT, 0, s>>>(P); break;
     case 1: igemm_nchw<T, MODE, 1><<<grid, NT, 0, s>>>(P); break;
     case 3: igemm_nchw<T, MODE, 3><<<grid, NT, 0, s>>>(P); break;
     default: igemm_nchw<T, MODE, 0><<<grid, NT, 0, s>>>(P); break;
@@ -395,59 +546,112 @@ size_t lucid_conv_igemm_wgrad_scratch(const lucid_igemm_geom *g) {
     return (size_t)s * g->Cout * g->Cin * g->kh * g->kw * sizeof(float);
 }
 
+/* One pass ready to launch: parameters, grid, GEMM mode and kernel variant
+ * (shared by the launchers below and the host emulation test). */
+struct IgLaunch {
+    IgP P;
+    dim3 grid;
+    int mode, ks, splits;
+};
+
+static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const float *w,
+                             const float *b, void *y) {
+    IgLaunch L;
+    L.P = params_of(g);
+    L.P.a = w;
+    L.P.b = x;
+    L.P.out = y;
+    L.P.bias = b;
+    L.P.M = g->Cout;
+    L.P.Nc = g->N * g->Ho * g->Wo;
+    L.P.K = g->Cin * g->kh * g->kw;
+    L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), 1);
+    L.mode = IG_FWD;
+    L.ks = ks_of(g, x, NULL);
+    L.splits = 1;
+    return L;
+}
+
+static IgLaunch plan_backward_data(const lucid_igemm_geom *g, const void *dy, const float *w,
+                                   void *dx, float beta) {
+    IgLaunch L;
+    L.P = params_of(g);
+    L.P.a = w;
+    L.P.b = dy;
+    L.P.out = dx;
+    L.P.beta = beta;
+    L.P.M = g->Cin;
+    L.P.Nc = g->N * g->H * g->W;
+    L.P.K = g->Cout * g->kh * g->kw;
+    L.splits = 1;
+    if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1) {
+        /* one z slice per stride phase; grid.x for the largest phase */
+        int Hp = (g->H + g->sh - 1) / g->sh, Wp = (g->W + g->sw - 1) / g->sw;
+        L.grid = dim3(tiles(g->N * Hp * Wp, BN), tiles(L.P.M, BM), (unsigned)(g->sh * g->sw));
+        L.mode = IG_DGRAD_PH;
+        L.ks = g->kh == 3 && g->kw == 3 ? 3 : 0;
+    } else {
+        L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), 1);
+        L.mode = IG_DGRAD;
+        L.ks = ks_of(g, dy, NULL);
+    }
+    return L;
+}
+
+static IgLaunch plan_backward_filter(const lucid_igemm_geom *g, const void *x, const void *dy,
+                                     float *dw, float beta, void *scratch) {
+    IgLaunch L;
+    L.P = params_of(g);
+    L.P.a = dy;
+    L.P.b = x;
+    L.P.beta = beta;
+    L.P.M = g->Cout;
+    L.P.Nc = g->Cin * g->kh * g->kw;
+    L.P.K = g->N * g->Ho * g->Wo;
+    int splits = lucid_conv_igemm_wgrad_splits(g);
+    L.P.kchunk = wgrad_chunk(g, splits);
+    /* the last chunks may be empty after rounding to whole tiles: trim */
+    L.splits = (L.P.K + L.P.kchunk - 1) / L.P.kchunk;
+    L.P.direct = L.splits == 1;
+    L.P.out = L.P.direct ? (void *)dw : scratch;
+    L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), (unsigned)L.splits);
+    L.mode = IG_WGRAD;
+    L.ks = ks_of(g, x, dy);
+    return L;
+}
+
+static cudaError_t launch_plan(lucid_dtype dt, const IgLaunch &L, cudaStream_t s) {
+    switch (L.mode) {
+    case IG_FWD: return launch_dt<IG_FWD>(dt, L.P, L.ks, L.grid, s);
+    case IG_DGRAD: return launch_dt<IG_DGRAD>(dt, L.P, L.ks, L.grid, s);
+    case IG_DGRAD_PH: return launch_dt<IG_DGRAD_PH>(dt, L.P, L.ks, L.grid, s);
+    default: return launch_dt<IG_WGRAD>(dt, L.P, L.ks, L.grid, s);
+    }
+}
+
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
                                      const float *b, void *y, const lucid_igemm_geom *g,
                                      cudaStream_t stream) {
-    IgP P = params_of(g);
-    P.a = w;
-    P.b = x;
-    P.out = y;
-    P.bias = b;
-    P.M = g->Cout;
-    P.Nc = g->N * g->Ho * g->Wo;
-    P.K = g->Cin * g->kh * g->kw;
-    dim3 grid(tiles(P.Nc, BN), tiles(P.M, BM), 1);
-    return launch_dt<IG_FWD>(dt, P, ks_of(g), grid, stream);
+    return launch_plan(dt, plan_forward(g, x, w, b, y), stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
                                            void *dx, float beta, const lucid_igemm_geom *g,
                                            cudaStream_t stream) {
-    IgP P = params_of(g);
-    P.a = w;
-    P.b = dy;
-    P.out = dx;
-    P.beta = beta;
-    P.M = g->Cin;
-    P.Nc = g->N * g->H * g->W;
-    P.K = g->Cout * g->kh * g->kw;
-    dim3 grid(tiles(P.Nc, BN), tiles(P.M, BM), 1);
-    return launch_dt<IG_DGRAD>(dt, P, ks_of(g), grid, stream);
+    return launch_plan(dt, plan_backward_data(g, dy, w, dx, beta), stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,
                                              float *dw, float beta, void *scratch,
                                              const lucid_igemm_geom *g, cudaStream_t stream) {
-    IgP P = params_of(g);
-    P.a = dy;
-    P.b = x;
-    P.beta = beta;
-    P.M = g->Cout;
-    P.Nc = g->Cin * g->kh * g->kw;
-    P.K = g->N * g->Ho * g->Wo;
-    int splits = lucid_conv_igemm_wgrad_splits(g);
-    P.kchunk = wgrad_chunk(g, splits);
-    /* the last chunks may be empty after rounding to whole tiles: trim */
-    splits = (P.K + P.kchunk - 1) / P.kchunk;
-    P.direct = splits == 1;
-    if (!P.direct && !scratch) return cudaErrorInvalidValue;
-    P.out = P.direct ? (void *)dw : scratch;
-    dim3 grid(tiles(P.Nc, BN), tiles(P.M, BM), (unsigned)splits);
-    cudaError_t e = launch_dt<IG_WGRAD>(dt, P, ks_of(g), grid, stream);
-    if (e != cudaSuccess || P.direct) return e;
-    int n = P.M * P.Nc;
+    IgLaunch L = plan_backward_filter(g, x, dy, dw, beta, scratch);
+    if (!L.P.direct && !scratch) return cudaErrorInvalidValue;
+    cudaError_t e = launch_plan(dt, L, stream);
+    if (e != cudaSuccess || L.P.direct) return e;
+    int n = L.P.M * L.P.Nc;
     unsigned blocks = tiles(n, 256);
     if (blocks > 1024) blocks = 1024;
-    igemm_reduce_splits<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n, splits, beta);
+    igemm_reduce_splits<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n, L.splits,
+                                                    beta);
     return cudaGetLastError();
 }

@@ -14,28 +14,44 @@
 typedef __nv_bfloat16 T;
 static float rb(float v){ return __bfloat162float(__float2bfloat16_rn(v)); }
 static float frand(){ return (float)rand()/RAND_MAX*2-1; }
-// emulate a whole kernel grid on the host: returns out (as float) written
+// emulate a whole kernel grid on the host: out receives what the kernel writes
+// (as float; wgrad partials per split)
 template<int MODE,int KS>
-static void emulate(IgP P, dim3 grid, std::vector<float>& out, int PS){
+static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
   std::vector<T> sA(BM*LDA), sB(SB_ELEMS); std::vector<float> sC(BM*LDC);
   for(unsigned bz=0;bz<grid.z;bz++) for(unsigned by=0;by<grid.y;by++) for(unsigned bx=0;bx<grid.x;bx++){
-    int n0=bx*BN, m0=by*BM; int kbeg=0,kend=P.K;
+    int n0=bx*BN, m0=by*BM;
+    Phase f; f.a=f.b=f.h0=f.w0=f.Hp=f.Wp=f.nR=f.nQ=0; f.Nc=P.Nc; f.K=P.K;
+    if(MODE==IG_DGRAD_PH){ f=phase_of(P,bz); if(n0>=f.Nc) continue; }
+    int kbeg=0,kend=f.K;
     if(MODE==IG_WGRAD){kbeg=bz*P.kchunk; kend=std::min(P.K,kbeg+P.kchunk);}
     std::vector<Stage<T,MODE,KS>> st(NT);
-    for(int t=0;t<NT;t++) st[t].init(P,n0,t);
+    for(int t=0;t<NT;t++) st[t].init(P,f,n0,t);
     std::fill(sC.begin(),sC.end(),0.f);
     for(int k0=kbeg;k0<kend;k0+=BK){
-      for(int t=0;t<NT;t++){ st[t].load(P,m0,n0,k0,kend,t); st[t].store(sA.data(),sB.data(),t);}
+      for(int t=0;t<NT;t++){ st[t].load(P,f,m0,n0,k0,kend,t); st[t].store(sA.data(),sB.data(),t);}
       for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){ float a=0; for(int kk=0;kk<BK;kk++){
         float av=to_f(sA[r*LDA+kk]); float bv= MODE==IG_WGRAD? to_f(sB[c*LDBC+kk]) : to_f(sB[kk*LDBR+c]); a+=av*bv;} sC[r*LDC+c]+=a; }
     }
     if(MODE==IG_WGRAD){ size_t base = P.direct?0:(size_t)bz*P.M*P.Nc;
       for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=P.Nc) continue; out[base+(size_t)gm*P.Nc+gn]=sC[r*LDC+c];}
     } else {
-      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=P.Nc) continue;
-        int im=gn/PS,pix=gn-im*PS; size_t o=((size_t)im*P.M+gm)*PS+pix; float v=sC[r*LDC+c]; if(MODE==IG_FWD&&P.bias) v+=P.bias[gm]; out[o]=v;}
+      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=f.Nc) continue;
+        size_t o=out_offset(P,f,MODE,gm,gn); float v=sC[r*LDC+c]; if(MODE==IG_FWD&&P.bias) v+=P.bias[gm]; out[o]=v;}
     }
   }
+}
+template<int MODE>
+static void emulate_m(const IgLaunch& L, std::vector<float>& out){
+  switch(L.ks){ case KV1: emulate_t<MODE,KV1>(L.P,L.grid,out); break; case 1: emulate_t<MODE,1>(L.P,L.grid,out); break;
+    case 3: emulate_t<MODE,3>(L.P,L.grid,out); break; default: emulate_t<MODE,0>(L.P,L.grid,out); }
+}
+static void emulate(const IgLaunch& L, std::vector<float>& out){
+  switch(L.mode){ case IG_FWD: emulate_m<IG_FWD>(L,out); break; case IG_DGRAD: emulate_m<IG_DGRAD>(L,out); break;
+    case IG_DGRAD_PH: emulate_m<IG_DGRAD_PH>(L,out); break; default: emulate_m<IG_WGRAD>(L,out); }
+}
+static const char* variant(const IgLaunch& L){
+  static char b[48]; snprintf(b,48,"%s%s", L.mode==IG_DGRAD_PH?"phases ":"", L.ks==KV1?"vec1x1":L.ks==1?"k1":L.ks==3?"k3":"generic"); return b;
 }
 static int fails=0;
 static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r){
@@ -56,26 +72,23 @@ static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int
       size_t xi=(((size_t)n*Cin+ci)*H+hi)*W+wi, wi_=(((size_t)co*Cin+ci)*kh+r)*kw+q, yi=(((size_t)n*Cout+co)*Ho+ho)*Wo+wo;
       ry[yi]+= (double)wr[wi_]*xf[xi]; rdx[xi]+=(double)wr[wi_]*dyf[yi]; rdw[wi_]+=(double)dyf[yi]*xf[xi]; } }
   for(int n=0;n<N;n++) for(int co=0;co<Cout;co++) for(int i=0;i<Ho*Wo;i++) ry[((size_t)n*Cout+co)*Ho*Wo+i]+=b[co];
-  char nm[128]; int ks=ks_of(&g);
-  // fwd
-  { IgP P=params_of(&g); P.a=w.data(); P.b=x.data(); P.bias=b.data(); P.M=Cout; P.Nc=N*Ho*Wo; P.K=Cin*kh*kw;
-    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),1); std::vector<float> out(ny,NAN);
-    if(ks==1) emulate<IG_FWD,1>(P,grid,out,Ho*Wo); else if(ks==3) emulate<IG_FWD,3>(P,grid,out,Ho*Wo); else emulate<IG_FWD,0>(P,grid,out,Ho*Wo);
-    snprintf(nm,128,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d",N,Cin,Cout,H,W,kh,kw,s,p,d); check(nm,out,ry);}
-  { IgP P=params_of(&g); P.a=w.data(); P.b=dy.data(); P.M=Cin; P.Nc=N*H*W; P.K=Cout*kh*kw;
-    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),1); std::vector<float> out(nx,NAN);
-    if(ks==1) emulate<IG_DGRAD,1>(P,grid,out,H*W); else if(ks==3) emulate<IG_DGRAD,3>(P,grid,out,H*W); else emulate<IG_DGRAD,0>(P,grid,out,H*W);
-    snprintf(nm,128,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d",N,Cin,Cout,H,W,kh,kw,s,p,d); check(nm,out,rdx);}
-  { IgP P=params_of(&g); P.a=dy.data(); P.b=x.data(); P.M=Cout; P.Nc=Cin*kh*kw; P.K=N*Ho*Wo;
-    int splits=lucid_conv_igemm_wgrad_splits(&g); P.kchunk=wgrad_chunk(&g,splits); splits=(P.K+P.kchunk-1)/P.kchunk; P.direct=splits==1;
-    dim3 grid(tiles(P.Nc,BN),tiles(P.M,BM),splits); std::vector<float> part((size_t)splits*nw,NAN);
-    if(ks==1) emulate<IG_WGRAD,1>(P,grid,part,0); else if(ks==3) emulate<IG_WGRAD,3>(P,grid,part,0); else emulate<IG_WGRAD,0>(P,grid,part,0);
+  char nm[160];
+  { IgLaunch L=plan_forward(&g,x.data(),w.data(),b.data(),nullptr); std::vector<float> out(ny,NAN); emulate(L,out);
+    snprintf(nm,160,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,ry);}
+  { IgLaunch L=plan_backward_data(&g,dy.data(),w.data(),nullptr,0.f); std::vector<float> out(nx,NAN); emulate(L,out);
+    snprintf(nm,160,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,rdx);}
+  { IgLaunch L=plan_backward_filter(&g,x.data(),dy.data(),nullptr,0.f,nullptr); int splits=L.splits;
+    std::vector<float> part((size_t)splits*nw,NAN); emulate(L,part);
     std::vector<float> out(nw); for(size_t i=0;i<nw;i++){float sum=part[i]; for(int k=1;k<splits;k++) sum+=part[k*nw+i]; out[i]=sum;}
-    snprintf(nm,128,"wgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d splits %d",N,Cin,Cout,H,W,kh,kw,s,p,d,splits); check(nm,out,rdw);}
+    snprintf(nm,160,"wgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d splits %d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,splits,variant(L)); check(nm,out,rdw);}
 }
 int main(){
   run(2,8,13,11,16,3,3,1,1,1); run(2,16,17,15,8,3,3,2,1,1); run(3,32,9,10,24,1,1,1,0,1); run(2,8,12,13,8,3,3,1,2,2);
   run(1,3,64,64,16,3,3,2,1,1); run(2,51,20,20,51,3,3,1,1,1); run(2,70,9,9,33,1,1,2,0,1); run(1,5,11,9,7,5,5,1,2,1);
   run(4,32,40,40,32,3,3,1,1,1); run(2,64,23,23,80,3,3,2,1,1); run(1,3,7,9,5,2,3,1,0,1);
+  /* vectorised 1x1 (H*W % 8 == 0, aligned) and stride phases (s2 and s3, odd sizes, 1x1 s2, 2x2 s2) */
+  run(2,24,8,10,40,1,1,1,0,1); run(4,128,20,20,64,1,1,1,0,1); run(1,70,4,6,9,1,1,1,0,1);
+  run(2,16,16,16,32,3,3,2,1,1); run(1,8,15,13,6,3,3,3,1,1); run(2,12,9,9,10,1,1,2,0,1); run(1,6,10,11,4,2,2,2,0,1);
+  run(1,5,12,12,7,5,5,2,2,1);
   return fails != 0;
 }
