@@ -275,7 +275,9 @@ end
 local md, mode, first_fit = {}, nil, nil
 
 if #screen == 0 then
-  mode = "pairs"
+  -- its own section of write= per pair of arms (the default pair: "pairs")
+  mode = (opt.armA == "record=false" and opt.armB == "record=true") and "pairs"
+    or ("pairs:" .. opt.armA .. "|" .. opt.armB)
   local fa, fb, all = {}, {}, {}
   local stopped
   for i = 1, opt.pairs do

@@ -26,11 +26,6 @@ for lua in bench/bench_*.lua; do
   echo "== $(basename "$lua" .lua)"
   luajit "$lua" || rc=1
 done
-# the complete fit, eager vs recorded: one pair here (~2.5 min at today's
-# fit times) to leave room for the rest; `make bench-fit` runs the table of
-# docs/BENCH.md (bench/fit_pairs.lua). Skips itself without a CUDA device.
-echo "== fit_pairs (one pair; make bench-fit for the full table)"
-luajit bench/fit_pairs.lua pairs=1 || rc=1
 if python3 -c 'import torch' 2>/dev/null; then
   for py in bench/bench_*_torch.py; do
     echo "== $(basename "$py" .py)"
@@ -39,4 +34,16 @@ if python3 -c 'import torch' 2>/dev/null; then
 else
   echo "skip PyTorch baselines: no torch on this machine"
 fi
+# the complete fit (issue 9): eager vs recorded in alternating fresh-process
+# pairs, then the scaling screen and the recorded clip arm (issue 8), each
+# under a time budget so that the whole of `make bench` fits in one
+# 10-minute call on the GPU machine; the tables go into docs/BENCH.md.
+# Skips itself without a CUDA device.
+echo "== fit_pairs (eager vs recorded, 5 pairs)"
+luajit bench/fit_pairs.lua pairs=5 budget_s=${FIT_BUDGET:-260} write=docs/BENCH.md || rc=1
+echo "== fit_pairs (recorded vs recorded + capture_gradient_norm, 1 pair)"
+luajit bench/fit_pairs.lua pairs=1 budget_s=0 armA="record=true" \
+  armB="record=true clip.capture_gradient_norm=true" write=docs/BENCH.md || rc=1
+echo "== fit_pairs (scaling screen)"
+luajit bench/fit_pairs.lua screen=true budget_s=${SCREEN_BUDGET:-150} write=docs/BENCH.md || rc=1
 exit $rc
