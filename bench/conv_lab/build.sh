@@ -4,6 +4,11 @@
 # Finds nvcc and cuDNN the way the Makefile does: CUDA_HOME/include, /usr/include,
 # or the nvidia/cudnn package of the Python environment. Knobs: NVCC, CUDA_HOME,
 # CUDNN_HOME, ARCH (sm_90), OUTDIR (build/conv_lab).
+# The "lucid" route is the engine's own kernels: cuda/nn_conv_igemm.cu and
+# cuda/nn_conv_dw.cu are compiled from the working tree with the Makefile's
+# nvcc flags (-O2 -lineinfo, -DLUCID_HAVE_CUDNN=1) and linked in; conv_lab.cu
+# defines the three engine error helpers nn_conv_dw.cu calls, so neither
+# build/libengine.a nor `make` is needed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -31,8 +36,21 @@ for d in "$CUDNN_HOME/lib" "$CUDNN_HOME/lib64" "$CUDNN_HOME/lib/x86_64-linux-gnu
   if [ -e "$d/libcudnn.so" ]; then cudnnlib=-lcudnn; break; fi
   if [ -e "$d/libcudnn.so.9" ]; then cudnnlib=-l:libcudnn.so.9; break; fi
 done
+# three compiles in parallel (each fails the build on its own), then the link
+nv=("$NVCC" -std=c++17 -arch="$ARCH" -lineinfo -I"$CUDNN_HOME/include" -I"$root/engine" -I"$root/cuda")
+pids=()
+for f in nn_conv_igemm nn_conv_dw; do
+  ( set -x; "${nv[@]}" -O2 -Xcompiler -Wall -DLUCID_HAVE_CUDNN=1 -c "$root/cuda/$f.cu" -o "$OUTDIR/$f.o" ) &
+  pids+=($!)
+done
+( set -x; "${nv[@]}" -O3 -Xcompiler -Wall,-Wextra -Xptxas -warn-spills,-warn-lmem-usage \
+    -c "$here/conv_lab.cu" -o "$OUTDIR/conv_lab.o" ) &
+pids+=($!)
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+[ "$fail" = 0 ] || { echo "conv_lab build: compile failed" >&2; exit 1; }
 set -x
-"$NVCC" -std=c++17 -O3 -lineinfo -arch="$ARCH" -Xcompiler -Wall,-Wextra \
-  -I"$CUDNN_HOME/include" "$here/conv_lab.cu" -o "$OUTDIR/conv_lab" \
+"$NVCC" -arch="$ARCH" "$OUTDIR/conv_lab.o" "$OUTDIR/nn_conv_igemm.o" "$OUTDIR/nn_conv_dw.o" \
+  -o "$OUTDIR/conv_lab" \
   -L"$CUDA_HOME/lib64" -Xlinker -rpath="$CUDA_HOME/lib64" ${libdirs[@]+"${libdirs[@]}"} \
-  "$cudnnlib" -lcublas -Xptxas -warn-spills,-warn-lmem-usage
+  "$cudnnlib" -lcublas

@@ -2,10 +2,11 @@
  * bench/conv_lab/conv_lab.cu — conv kernel lab: every distinct conv shape of
  * YOLO11n-pose at batch 4, 640 (bench/conv_lab/shapes.txt), forward,
  * backward-data and backward-filter, bf16 activations, f32 accumulation,
- * through five routes:
+ * through six routes:
  *
- *   dnnNCHW  cuDNN legacy API, NCHW, algorithm = today's rule of
- *            cuda/nn_conv.cu: first of cudnnGet*Algorithm_v7's ranking
+ *   dnnNCHW  cuDNN legacy API, NCHW, algorithm = the rule of cuda/nn_conv.cu's
+ *            cuDNN route (lucid's bf16 route before the implicit-GEMM kernels;
+ *            still its f32 route): first of cudnnGet*Algorithm_v7's ranking
  *            (tensor-op math) that is deterministic, succeeds its workspace
  *            query and needs <= 512 MiB
  *   dnnNHWC  the same rule with CUDNN_TENSOR_NHWC tensors and KRSC filters
@@ -16,6 +17,11 @@
  *            gradient) and a direct depthwise 3x3 kernel (stride 1, pad 1)
  *   cublas   cublasGemmEx (bf16 in, f32 compute) for 1x1 stride-1 convs in
  *            NHWC (a 1x1 conv is [N*H*W, Cin] x [Cin, Cout])
+ *   lucid    the engine's own bf16 route, NCHW, f32 KCRS weights, f32 weight
+ *            gradient: cuda/nn_conv_igemm.cu for groups 1 and
+ *            cuda/nn_conv_dw.cu for depthwise, compiled from the engine's
+ *            sources by build.sh and called through their public headers
+ *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias)
  *
  * Checks (before any timing): for each shape, every route runs once on a
  * small geometry (batch 1, spatial size cut to <= 24, same channels, kernel,
@@ -31,7 +37,10 @@
  * device time of one call plus any gap while the host was still launching
  * it: the eager per-call cost.
  *
- *   conv_lab [shapes.txt] [iters=50] [csv=PATH]
+ *   conv_lab [shapes.txt] [iters=50] [csv=PATH] [routes=lucid,dnnNCHW,...]
+ *
+ * routes= (comma list of the names above, or "all") checks and times only
+ * those routes; the tables then show only their columns.
  *
  * Build: bench/conv_lab/build.sh.  README.md beside this says how to read
  * the output.
@@ -44,13 +53,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+/* the engine's conv route (engine/ and cuda/ are on the include path) */
+#include "internal.h" /* lucid_seterr, lucid_dtype_name: provided below */
+#include "nn_conv_dw.cuh"
+#include "nn_conv_igemm.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -64,6 +80,51 @@ typedef __nv_bfloat16 bf16;
         }                                                                              \
     } while (0)
 #define CKL(what) CK(cudaGetLastError())
+
+// ---------------------------------------------------------------------------
+// engine symbols.  cuda/nn_conv_igemm.cu needs nothing from the engine;
+// cuda/nn_conv_dw.cu needs three error helpers (nm -u of its object):
+// lucid_seterr and lucid_dtype_name (engine/core) and lucid_cuda_err
+// (cuda/backend.cu).  They are defined here instead of linking
+// build/libengine.a, which would pull in the whole engine and its host
+// libraries (OpenBLAS, libpng, libjpeg, libyaml, cJSON) and need `make` on the
+// GPU machine first.  The depthwise functions get ctx = NULL, which
+// lucid_seterr accepts (internal.h); the message is kept in lucid_msg for the
+// failure list.  Should the engine files ever need more of the engine, the
+// link fails naming the symbol.
+
+static char lucid_msg[256];
+
+extern "C" lucid_status lucid_seterr(lucid_ctx *ctx, lucid_status status, const char *fmt, ...) {
+    (void)ctx;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(lucid_msg, sizeof lucid_msg, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+extern "C" const char *lucid_dtype_name(lucid_dtype dt) {
+    switch (dt) {
+    case LUCID_F32: return "f32";
+    case LUCID_F64: return "f64";
+    case LUCID_BF16: return "bf16";
+    case LUCID_F16: return "f16";
+    case LUCID_U8: return "u8";
+    case LUCID_I32: return "i32";
+    case LUCID_I64: return "i64";
+    default: return "?";
+    }
+}
+
+/* declared in cuda/common.cuh (C++ linkage), defined in cuda/backend.cu */
+lucid_status lucid_cuda_err(lucid_ctx *ctx, cudaError_t e, const char *call, const char *file, int line);
+lucid_status lucid_cuda_err(lucid_ctx *ctx, cudaError_t e, const char *call, const char *file, int line) {
+    (void)cudaGetLastError(); /* clear a non-sticky error, as the engine does */
+    return lucid_seterr(ctx, e == cudaErrorMemoryAllocation ? LUCID_ERR_OOM : LUCID_ERR_DEVICE,
+                        "%s failed at %s:%d: %s: %s", call, file, line, cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+}
 
 static const size_t WS_CAP = (size_t)512 << 20;
 static const double TOL = 1e-2;
@@ -748,8 +809,11 @@ __global__ void empty_kernel() {}
 // ---------------------------------------------------------------------------
 // routes
 
-enum { V_NCHW = 0, V_NHWC, V_FIND, V_OWN, V_CUBLAS, NV };
-static const char *VNAME[NV] = {"dnnNCHW", "dnnNHWC", "dnnFind", "own", "cublas"};
+enum { V_NCHW = 0, V_NHWC, V_FIND, V_OWN, V_CUBLAS, V_LUCID, NV };
+static const char *VNAME[NV] = {"dnnNCHW", "dnnNHWC", "dnnFind", "own", "cublas", "lucid"};
+static const char *VCOL[NV] = {"NCHW", "NHWC", "Find", "own", "blas", "lucid"}; /* column heads */
+/* routes that read the NHWC copies (the NCHW ones and lucid do not) */
+static bool uses_nhwc(int v) { return v != V_NCHW && v != V_LUCID; }
 static const char *PNAME[3] = {"fwd", "dgrad", "wgrad"};
 enum { ST_NA = 0, ST_OK, ST_FAIL };
 
@@ -757,7 +821,7 @@ struct Res {
     int st = ST_NA;
     double ms = 0, err_small = -1, err_full = -1;
     int algo = -1;
-    char why[128] = "";
+    char why[320] = "";
 };
 
 struct Glob {
@@ -767,6 +831,8 @@ struct Glob {
     void *ws;  /* cuDNN workspace, WS_CAP bytes */
     int sms;
     int iters;
+    bool on[NV];    /* routes= selection */
+    bool nhwc;      /* some selected route is NHWC: make NHWC copies, time transposes */
 };
 static Glob G;
 
@@ -775,9 +841,10 @@ struct Bufs {
     Geo g;
     std::vector<float> hx[2], hdy[2], hw; /* NCHW / KCRS, bf16-exact values */
     bf16 *x_nchw[2], *x_nhwc[2], *dy_nchw[2], *dy_nhwc[2], *w_kcrs, *w_krsc;
+    float *w_f32;       /* KCRS f32 (the engine's master weight; lucid route) */
     bf16 *y, *dx, *dwb; /* outputs (bf16) */
     float *dwf;         /* filter gradient, f32 */
-    float *part;        /* split partials */
+    float *part;        /* split partials (own), backward-filter scratch (lucid) */
     size_t part_n;
     bf16 *tx, *ty;      /* transpose targets */
 };
@@ -811,25 +878,31 @@ static void bufs_make(Bufs &b, const Geo &g, uint64_t seed) {
     for (int s = 0; s < 2; s++) {
         to_bf16(b.hx[s], t);
         b.x_nchw[s] = dupload(t);
-        to_nhwc(b.hx[s], t, g.N, g.Cin, g.H * g.W);
-        b.x_nhwc[s] = dupload(t);
         to_bf16(b.hdy[s], t);
         b.dy_nchw[s] = dupload(t);
+        b.x_nhwc[s] = b.dy_nhwc[s] = NULL;
+        if (!G.nhwc) continue;
+        to_nhwc(b.hx[s], t, g.N, g.Cin, g.H * g.W);
+        b.x_nhwc[s] = dupload(t);
         to_nhwc(b.hdy[s], t, g.N, g.Cout, g.Ho * g.Wo);
         b.dy_nhwc[s] = dupload(t);
     }
     to_bf16(b.hw, t);
     b.w_kcrs = dupload(t);
-    to_nhwc(b.hw, t, g.Cout, g.Cg, g.k * g.k); /* KCRS -> KRSC */
-    b.w_krsc = dupload(t);
+    b.w_krsc = NULL;
+    if (G.nhwc) {
+        to_nhwc(b.hw, t, g.Cout, g.Cg, g.k * g.k); /* KCRS -> KRSC */
+        b.w_krsc = dupload(t);
+    }
+    b.w_f32 = dupload(b.hw);
     b.y = dalloc<bf16>(g.ny());
     b.dx = dalloc<bf16>(g.nx());
     b.dwb = dalloc<bf16>(g.nw());
     b.dwf = dalloc<float>(g.nw());
     b.part = NULL;
     b.part_n = 0;
-    b.tx = dalloc<bf16>(g.nx());
-    b.ty = dalloc<bf16>(g.ny());
+    b.tx = G.nhwc ? dalloc<bf16>(g.nx()) : NULL;
+    b.ty = G.nhwc ? dalloc<bf16>(g.ny()) : NULL;
 }
 
 static void bufs_free(Bufs &b) {
@@ -841,6 +914,7 @@ static void bufs_free(Bufs &b) {
     }
     CK(cudaFree(b.w_kcrs));
     CK(cudaFree(b.w_krsc));
+    CK(cudaFree(b.w_f32));
     CK(cudaFree(b.y));
     CK(cudaFree(b.dx));
     CK(cudaFree(b.dwb));
@@ -906,7 +980,7 @@ static bool dnn_descs(DnnPlan &p, const Geo &g, bool nhwc) {
     return true;
 }
 
-/* today's rule (cuda/nn_conv.cu plan_fwd/plan_bwd_data/plan_bwd_filter, bf16) */
+/* the cuDNN route's rule (cuda/nn_conv.cu plan_fwd/plan_bwd_data/plan_bwd_filter) */
 template <class Perf, class GetN, class GetV7, class WsQ>
 static bool pick_heur(DnnPlan &p, int pass, GetN getn, GetV7 getv7, WsQ wsq) {
     int n = 0, ret = 0;
@@ -1169,6 +1243,76 @@ static cublasStatus_t blas_run(const Bufs &b, int pass, int set) {
                         g.Cin, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+// ---- lucid route: the engine's kernels (cuda/nn_conv_igemm.cu, cuda/nn_conv_dw.cu), NCHW
+
+/* What cuda/nn_conv.cu's conv_route takes for a bf16 conv in mode 0 (auto):
+ * the implicit GEMM for groups 1 when lucid_conv_igemm_fits, the depthwise
+ * kernels for groups == Cin == Cout; anything else goes to cuDNN there and
+ * is '-' here. */
+struct LucidPlan {
+    bool dense = false;
+    lucid_igemm_geom ig;
+    lucid_conv_dw_geom dg;
+    size_t scratch = 0; /* backward-filter scratch, bytes (in Bufs::part) */
+};
+
+static bool lucid_applicable(const Geo &g) { return g.dense() || g.depthwise(); }
+
+static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
+    const Geo &g = b.g;
+    lp.dense = g.dense();
+    if (lp.dense) {
+        lp.ig = lucid_igemm_geom{g.N, g.Cin, g.H, g.W, g.Cout, g.Ho, g.Wo, g.k, g.k, g.s, g.s, g.p, g.p, 1, 1};
+        if (!lucid_conv_igemm_fits(&lp.ig)) {
+            snprintf(why, nwhy, "lucid_conv_igemm_fits: no (the engine takes cuDNN here)");
+            return false;
+        }
+        lp.scratch = lucid_conv_igemm_wgrad_scratch(&lp.ig);
+    } else {
+        lp.dg = lucid_conv_dw_geom{g.N, g.Cin, g.H, g.W, g.Ho, g.Wo, g.k, g.k, g.s, g.s, g.p, g.p, 1, 1};
+        lp.scratch = lucid_conv_dw_wgrad_scratch_bytes(&lp.dg);
+    }
+    size_t need = (lp.scratch + sizeof(float) - 1) / sizeof(float);
+    if (need > b.part_n) {
+        if (b.part) CK(cudaFree(b.part));
+        b.part = dalloc<float>(need); /* cudaMalloc: 256-byte aligned */
+        b.part_n = need;
+    }
+    return true;
+}
+
+/* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0); false with why */
+static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, char *why, size_t nwhy) {
+    void *scratch = lp.scratch ? (void *)b.part : NULL;
+    if (lp.dense) {
+        cudaError_t e;
+        if (pass == 0)
+            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, &lp.ig, G.stream);
+        else if (pass == 1)
+            e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, &lp.ig,
+                                               G.stream);
+        else
+            e = lucid_conv_igemm_backward_filter(LUCID_BF16, b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f,
+                                                 scratch, &lp.ig, G.stream);
+        if (e == cudaSuccess) return true;
+        snprintf(why, nwhy, "igemm %s: %s", PNAME[pass], cudaGetErrorString(e));
+        return false;
+    }
+    lucid_status st;
+    if (pass == 0)
+        st = lucid_conv_dw_forward(NULL, (void *)G.stream, LUCID_BF16, &lp.dg, b.x_nchw[set], b.w_f32, NULL,
+                                   b.y);
+    else if (pass == 1)
+        st = lucid_conv_dw_backward_data(NULL, (void *)G.stream, LUCID_BF16, &lp.dg, b.dy_nchw[set], b.w_f32,
+                                         b.dx, 0.0);
+    else
+        st = lucid_conv_dw_backward_filter(NULL, (void *)G.stream, LUCID_BF16, &lp.dg, b.x_nchw[set],
+                                           b.dy_nchw[set], b.dwf, 0.0, scratch, lp.scratch);
+    if (st == LUCID_OK) return true;
+    snprintf(why, nwhy, "dw %s: %s", PNAME[pass], lucid_msg);
+    return false;
+}
+
 // ---------------------------------------------------------------------------
 // fetch an output as NCHW / KCRS f32
 
@@ -1193,7 +1337,7 @@ static void from_last(std::vector<float> &v, int A, int Bsp, int C) {
 
 static void fetch_out(int v, const Bufs &b, int pass, std::vector<float> &h) {
     const Geo &g = b.g;
-    bool nhwc = v != V_NCHW;
+    bool nhwc = uses_nhwc(v);
     if (pass == 0) {
         fetch_bf16(b.y, g.ny(), h);
         if (nhwc) from_last(h, g.N, g.Ho * g.Wo, g.Cout);
@@ -1201,7 +1345,7 @@ static void fetch_out(int v, const Bufs &b, int pass, std::vector<float> &h) {
         fetch_bf16(b.dx, g.nx(), h);
         if (nhwc) from_last(h, g.N, g.H * g.W, g.Cin);
     } else {
-        if (v == V_OWN || v == V_CUBLAS) fetch_f32(b.dwf, g.nw(), h);
+        if (v == V_OWN || v == V_CUBLAS || v == V_LUCID) fetch_f32(b.dwf, g.nw(), h);
         else fetch_bf16(b.dwb, g.nw(), h);
         if (nhwc) from_last(h, g.Cout, g.k * g.k, g.Cg);
     }
@@ -1251,6 +1395,7 @@ static bool route_applies(int v, const Geo &g) {
     switch (v) {
     case V_OWN: return own_applicable(g);
     case V_CUBLAS: return g.pointwise();
+    case V_LUCID: return lucid_applicable(g);
     default: return true;
     }
 }
@@ -1261,9 +1406,10 @@ static void run_routes(const Shape &sh, Bufs &b, std::vector<float> ref[3], Shap
     const Geo &g = b.g;
     std::vector<float> out;
     for (int v = 0; v < NV; v++) {
-        if (!route_applies(v, g)) continue;
+        if (!G.on[v] || !route_applies(v, g)) continue;
         DnnPlan dp;
         OwnPlan op;
+        LucidPlan lp;
         bool dnn = v == V_NCHW || v == V_NHWC || v == V_FIND;
         if (dnn && !dnn_descs(dp, g, v != V_NCHW)) {
             for (int pass = 0; pass < 3; pass++) {
@@ -1274,10 +1420,17 @@ static void run_routes(const Shape &sh, Bufs &b, std::vector<float> ref[3], Shap
             continue;
         }
         if (v == V_OWN) own_plan(op, b);
+        char lwhy[sizeof R.r[v][0].why] = "";
+        bool lucid_ok = v != V_LUCID || lucid_plan(lp, b, lwhy, sizeof lwhy);
         for (int pass = 0; pass < 3; pass++) {
             if (pass == 1 && sh.dgrad == 0) continue; /* layer 0: no input gradient */
             Res &r = R.r[v][pass];
             if (r.st == ST_FAIL) continue; /* failed on the small geometry */
+            if (!lucid_ok) {
+                r.st = ST_FAIL;
+                snprintf(r.why, sizeof r.why, "%s", lwhy);
+                continue;
+            }
             if (dnn && !dnn_plan_pass(dp, b, pass, v == V_FIND)) {
                 r.st = ST_FAIL;
                 snprintf(r.why, sizeof r.why, "%s", dp.why[pass]);
@@ -1294,6 +1447,8 @@ static void run_routes(const Shape &sh, Bufs &b, std::vector<float> ref[3], Shap
                     }
                 } else if (v == V_OWN) {
                     own_run(op, b, pass, set);
+                } else if (v == V_LUCID) {
+                    if (!lucid_run(lp, b, pass, set, r.why, sizeof r.why)) return false;
                 } else {
                     cublasStatus_t s = blas_run(b, pass, set);
                     if (s != CUBLAS_STATUS_SUCCESS) {
@@ -1391,8 +1546,9 @@ static void run_shape(int idx, const Shape &sh, ShapeRes &R) {
         CK(cudaFree(fx)); CK(cudaFree(fdy)); CK(cudaFree(fw));
         CK(cudaFree(fy)); CK(cudaFree(fdx)); CK(cudaFree(fdw));
         run_routes(sh, b, ref, R, true);
-        /* layout cost if the rest of the network stayed NCHW: x in, y out */
-        {
+        /* layout cost if the rest of the network stayed NCHW: x in, y out
+         * (only when an NHWC route is selected) */
+        if (G.nhwc) {
             std::vector<float> chk;
             transpose(G.stream, b.x_nchw[0], b.tx, g.N, g.Cin, g.H * g.W);
             CK(cudaStreamSynchronize(G.stream));
@@ -1403,13 +1559,13 @@ static void run_shape(int idx, const Shape &sh, ShapeRes &R) {
                 fprintf(stderr, "conv_lab: transpose check failed on %s\n", sh.name.c_str());
                 exit(2);
             }
+            R.xpose_in = time_median([&](int i) {
+                transpose(G.stream, b.x_nchw[i & 1], b.tx, g.N, g.Cin, g.H * g.W);
+            });
+            R.xpose_out = time_median([&](int i) {
+                transpose(G.stream, b.dy_nhwc[i & 1], b.ty, g.N, g.Ho * g.Wo, g.Cout);
+            });
         }
-        R.xpose_in = time_median([&](int i) {
-            transpose(G.stream, b.x_nchw[i & 1], b.tx, g.N, g.Cin, g.H * g.W);
-        });
-        R.xpose_out = time_median([&](int i) {
-            transpose(G.stream, b.dy_nhwc[i & 1], b.ty, g.N, g.Ho * g.Wo, g.Cout);
-        });
         bufs_free(b);
     }
 }
@@ -1430,22 +1586,78 @@ static std::string shape_label(const Shape &s) {
     return b;
 }
 
+/* routes=a,b,...: names of VNAME or VCOL (any case) or "all" */
+static void parse_routes(const char *list) {
+    for (int v = 0; v < NV; v++) G.on[v] = false;
+    std::string l(list);
+    size_t pos = 0;
+    int n = 0;
+    while (pos <= l.size()) {
+        size_t e = l.find(',', pos);
+        if (e == std::string::npos) e = l.size();
+        std::string t = l.substr(pos, e - pos);
+        pos = e + 1;
+        if (t.empty()) continue;
+        bool found = false;
+        for (int v = 0; v < NV; v++)
+            if (!strcasecmp(t.c_str(), VNAME[v]) || !strcasecmp(t.c_str(), VCOL[v]) ||
+                !strcasecmp(t.c_str(), "all")) {
+                G.on[v] = true;
+                found = true;
+            }
+        if (!found) {
+            fprintf(stderr, "conv_lab: unknown route '%s' in routes= (known:", t.c_str());
+            for (int v = 0; v < NV; v++) fprintf(stderr, " %s", VNAME[v]);
+            fprintf(stderr, ", or all)\n");
+            exit(2);
+        }
+        n++;
+    }
+    if (!n) {
+        fprintf(stderr, "conv_lab: routes= names no route\n");
+        exit(2);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *path = "bench/conv_lab/shapes.txt";
     std::string csv;
     G.iters = 50;
+    for (int v = 0; v < NV; v++) G.on[v] = true;
     for (int i = 1; i < argc; i++) {
         if (!strncmp(argv[i], "iters=", 6)) G.iters = atoi(argv[i] + 6);
         else if (!strncmp(argv[i], "csv=", 4)) csv = argv[i] + 4;
-        else path = argv[i];
+        else if (!strncmp(argv[i], "routes=", 7)) parse_routes(argv[i] + 7);
+        else if (strchr(argv[i], '=')) {
+            fprintf(stderr, "conv_lab: unknown option %s (usage: conv_lab [shapes.txt] [iters=50] [csv=PATH] "
+                            "[routes=lucid,dnnNCHW,...])\n", argv[i]);
+            return 2;
+        } else path = argv[i];
     }
     G.iters = std::max(3, std::min(G.iters, 1000));
+    std::vector<int> sel; /* selected routes, in column order */
+    G.nhwc = false;
+    for (int v = 0; v < NV; v++)
+        if (G.on[v]) {
+            sel.push_back(v);
+            G.nhwc = G.nhwc || uses_nhwc(v);
+        }
+    const int ns = (int)sel.size();
     if (csv.empty()) {
         const char *o = getenv("OUT");
         csv = std::string(o && *o ? o : "build/conv_lab") + "/conv_lab.csv";
     }
     std::vector<Shape> shapes = read_shapes(path);
 
+    int ndev = 0;
+    cudaError_t de = cudaGetDeviceCount(&ndev);
+    if (de != cudaSuccess || ndev < 1) {
+        fprintf(stderr,
+                "conv_lab: no usable CUDA GPU here (cudaGetDeviceCount: %s). conv_lab checks and times "
+                "kernels on a GPU: run it on the GPU machine (bench/conv_lab/README.md).\n",
+                de != cudaSuccess ? cudaGetErrorString(de) : "0 devices");
+        return 2;
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     G.sms = prop.multiProcessorCount;
@@ -1456,30 +1668,47 @@ int main(int argc, char **argv) {
     cublasSetStream(G.blas, G.stream);
     CK(cudaMalloc(&G.ws, WS_CAP));
     for (int i = 0; i <= G.iters; i++) CK(cudaEventCreate(&EV[i]));
-    printf("conv_lab: %s, %d SMs, cuDNN %zu, cuBLAS %d, %zu shapes from %s, median of %d\n", prop.name,
+    printf("conv_lab: %s, %d SMs, cuDNN %zu, cuBLAS %d, %zu shapes from %s, median of %d; routes:", prop.name,
            G.sms, cudnnGetVersion(), CUBLAS_VERSION, shapes.size(), path, G.iters);
+    for (int v : sel) printf(" %s", VNAME[v]);
+    printf("\n");
 
     double t_empty = time_median([&](int) { empty_kernel<<<1, 32, 0, G.stream>>>(); });
 
     std::vector<ShapeRes> R(shapes.size());
     printf("\nper call, ms (median); '-' not applicable, FAIL see the failures list\n");
-    printf("%-3s %-24s %4s | %-34s | %-34s | %-34s | %s\n", "#", "shape (k Cin>Cout H s)", "cnt",
-           "fwd:   NCHW   NHWC   Find    own   blas", "dgrad: NCHW   NHWC   Find    own   blas",
-           "wgrad: NCHW   NHWC   Find    own   blas", "xpose in+out");
+    {
+        std::string h1, h2;
+        char b[64];
+        for (int pass = 0; pass < 3; pass++) {
+            snprintf(b, sizeof b, "| %-*s ", 7 * ns, PNAME[pass]);
+            h1 += b;
+            h2 += "| ";
+            for (int v : sel) {
+                snprintf(b, sizeof b, "%7s", VCOL[v]);
+                h2 += b;
+            }
+            h2 += " ";
+        }
+        printf("%-3s %-24s %4s %s| %s\n", "#", "shape (k Cin>Cout H s)", "cnt", h1.c_str(),
+               G.nhwc ? "xpose" : "");
+        printf("%-3s %-24s %4s %s| %s\n", "", "", "", h2.c_str(), G.nhwc ? "in+out" : "");
+    }
     for (size_t i = 0; i < shapes.size(); i++) {
         run_shape((int)i, shapes[i], R[i]);
         std::string line;
         char b[64];
         for (int pass = 0; pass < 3; pass++) {
             line += "| ";
-            for (int v = 0; v < NV; v++) {
+            for (int v : sel) {
                 cell(b, sizeof b, R[i].r[v][pass]);
                 line += b;
             }
             line += " ";
         }
-        printf("%-3zu %-24s %4d %s| %6.3f\n", i, shape_label(shapes[i]).c_str(), shapes[i].count, line.c_str(),
-               R[i].xpose_in + R[i].xpose_out);
+        if (G.nhwc) snprintf(b, sizeof b, "%6.3f", R[i].xpose_in + R[i].xpose_out);
+        else snprintf(b, sizeof b, "%6s", "-");
+        printf("%-3zu %-24s %4d %s| %s\n", i, shape_label(shapes[i]).c_str(), shapes[i].count, line.c_str(), b);
         fflush(stdout);
     }
 
@@ -1490,7 +1719,7 @@ int main(int argc, char **argv) {
                    "err_full,why\n");
         for (size_t i = 0; i < shapes.size(); i++) {
             const Shape &s = shapes[i];
-            for (int v = 0; v < NV; v++)
+            for (int v : sel)
                 for (int pass = 0; pass < 3; pass++) {
                     const Res &r = R[i].r[v][pass];
                     fprintf(f, "%zu,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%s,%s,%s,%.5f,%d,%.3g,%.3g,\"%s\"\n", i,
@@ -1499,9 +1728,10 @@ int main(int argc, char **argv) {
                             r.st == ST_OK ? "ok" : r.st == ST_FAIL ? "fail" : "na", r.ms, r.algo, r.err_small,
                             r.err_full, r.why);
                 }
-            fprintf(f, "%zu,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,xpose,in+out,ok,%.5f,-1,0,0,\"\"\n", i,
-                    s.name.c_str(), s.N, s.Cin, s.H, s.W, s.Cout, s.k, s.s, s.p, s.g, s.count, s.dgrad, s.gflop,
-                    R[i].xpose_in + R[i].xpose_out);
+            if (G.nhwc)
+                fprintf(f, "%zu,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.4f,xpose,in+out,ok,%.5f,-1,0,0,\"\"\n", i,
+                        s.name.c_str(), s.N, s.Cin, s.H, s.W, s.Cout, s.k, s.s, s.p, s.g, s.count, s.dgrad,
+                        s.gflop, R[i].xpose_in + R[i].xpose_out);
         }
         fclose(f);
         printf("\nfull results: %s\n", csv.c_str());
@@ -1511,7 +1741,7 @@ int main(int argc, char **argv) {
 
     /* check errors (cuDNN algorithm numbers and every error are in the CSV) */
     printf("\nworst check error (rel. Frobenius; small geometry vs CPU / full geometry vs naive GPU):");
-    for (int v = 0; v < NV; v++) {
+    for (int v : sel) {
         double ws = 0, wf = 0;
         for (size_t i = 0; i < shapes.size(); i++)
             for (int pass = 0; pass < 3; pass++)
@@ -1524,7 +1754,7 @@ int main(int argc, char **argv) {
     printf("\n");
     int nfail = 0;
     for (size_t i = 0; i < shapes.size(); i++)
-        for (int v = 0; v < NV; v++)
+        for (int v : sel)
             for (int pass = 0; pass < 3; pass++)
                 if (R[i].r[v][pass].st == ST_FAIL) {
                     if (!nfail++) printf("\nfailures (not timed):\n");
@@ -1544,8 +1774,8 @@ int main(int argc, char **argv) {
     enum { C_PW = 0, C_DW, C_KXK, C_ALL, NCLS };
     const char *CNAME[NCLS] = {"1x1", "dw3x3", "dense kxk", "all"};
     auto cls = [&](const Shape &s) { return s.g > 1 ? C_DW : s.k == 1 ? C_PW : C_KXK; };
-    /* tot[route][pass][class], cover[route][pass] calls */
-    const int NR = NV + 2; /* + best-of, + mix */
+    /* tot[route][pass][class], cover[route][pass] calls; rows NV (best of the
+     * selected routes) and NV + 1 (the own|blas, else NHWC mix) */
     double tot[NV + 2][3][NCLS];
     int cover[NV + 2][3];
     memset(tot, 0, sizeof tot);
@@ -1556,7 +1786,7 @@ int main(int argc, char **argv) {
             int m = mult(s, pass);
             if (!m) continue;
             double best = 1e30;
-            for (int v = 0; v < NV; v++) {
+            for (int v : sel) {
                 const Res &r = R[i].r[v][pass];
                 if (r.st != ST_OK) continue;
                 best = std::min(best, r.ms);
@@ -1586,15 +1816,19 @@ int main(int argc, char **argv) {
         xp_f += shapes[i].count * (R[i].xpose_in + R[i].xpose_out);
         xp_b += shapes[i].dgrad * (R[i].xpose_in + R[i].xpose_out);
     }
-    const char *RNAME[NV + 2] = {"dnnNCHW (today)", "dnnNHWC", "dnnFind (NHWC)", "own (igemm+dw)",
-                                 "cublas (1x1 only)", "best of all", "own|blas, else NHWC"};
+    const char *RNAME[NV + 2] = {"dnnNCHW (cuDNN)", "dnnNHWC",           "dnnFind (NHWC)", "own (igemm+dw)",
+                                 "cublas (1x1 only)", "lucid (engine)", "best of all",    "own|blas, else NHWC"};
+    /* rows: the selected routes, best of all, and the mix when one of its routes ran */
+    std::vector<int> rows = sel;
+    rows.push_back(NV);
+    if (G.on[V_OWN] || G.on[V_CUBLAS] || G.on[V_NHWC]) rows.push_back(NV + 1);
 
     printf("\nnetwork conv time per step by class, ms (fwd+dgrad+wgrad, weighted by multiplicity; "
            "partial routes cover only their shapes)\n");
     printf("%-20s", "route");
     for (int c = 0; c < NCLS; c++) printf(" %10s", CNAME[c]);
     printf("\n");
-    for (int v = 0; v < NR; v++) {
+    for (int v : rows) {
         printf("%-20s", RNAME[v]);
         for (int c = 0; c < NCLS; c++) printf(" %10.3f", tot[v][0][c] + tot[v][1][c] + tot[v][2][c]);
         printf("\n");
@@ -1604,13 +1838,14 @@ int main(int argc, char **argv) {
            "per step; target <= ~8 ms of conv time per step\n",
            calls[0], calls[1], calls[2]);
     printf("%-20s %8s %8s %8s %8s  %s\n", "route", "fwd", "dgrad", "wgrad", "sum", "calls covered (of f/d/w)");
-    for (int v = 0; v < NR; v++) {
+    for (int v : rows) {
         double sum = tot[v][0][C_ALL] + tot[v][1][C_ALL] + tot[v][2][C_ALL];
         printf("%-20s %8.3f %8.3f %8.3f %8.3f  %d/%d/%d\n", RNAME[v], tot[v][0][C_ALL], tot[v][1][C_ALL],
                tot[v][2][C_ALL], sum, cover[v][0], cover[v][1], cover[v][2]);
     }
-    printf("%-20s %8.3f %8.3f %8s %8.3f  (x to NHWC + y to NCHW per conv; dy in + dx out per dgrad)\n",
-           "NCHW<->NHWC xpose", xp_f, xp_b, "-", xp_f + xp_b);
+    if (G.nhwc)
+        printf("%-20s %8.3f %8.3f %8s %8.3f  (x to NHWC + y to NCHW per conv; dy in + dx out per dgrad)\n",
+               "NCHW<->NHWC xpose", xp_f, xp_b, "-", xp_f + xp_b);
     printf("%-20s %8.4f ms per launch -> %.2f ms for %d launches (the eager floor of one kernel per call)\n",
            "empty kernel", t_empty, t_empty * (calls[0] + calls[1] + calls[2]), calls[0] + calls[1] + calls[2]);
     printf("failures: %d (listed above)\n", nfail);
