@@ -10,6 +10,9 @@
 #   all        test + reference + bench
 #   quick      the CUDA C tests, the conv/model/optimizer/loader benchmarks,
 #              the layer profile and the default fit eager then recorded
+#   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
+#              (lucid vs cuDNN NCHW), bench_model and the default fit (both
+#              routes); logs packed into $out/logs.tgz
 # Logs go to $OUT (or build/gpu-logs when OUT is unset).
 set -uo pipefail
 what=${1:-test}
@@ -64,6 +67,29 @@ if [ "$what" = fit ]; then
     LUCID_PROFILE=1 timeout 280 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$out/fit_$r.log" 2>&1 || rc=1
     grep -E 'epoch [0-9]+/|time by phase|recorded step|final|lucid profile|rror' "$out/fit_$r.log" | tail -16
   done
+fi
+if [ "$what" = check ]; then
+  make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_input.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
+  l=$out/logs; mkdir -p "$l"
+  for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda* build/tests/test_input; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
+    echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
+    grep '^not ok' "$l/$n.log" | head -8
+  done
+  timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
+  echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
+  grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+  bash bench/conv_lab/build.sh > "$l/conv_lab_build.log" 2>&1 &&
+    timeout 100 build/conv_lab/conv_lab bench/conv_lab/shapes.txt routes=lucid,dnnNCHW csv="$l/conv_lab.csv" > "$l/conv_lab.log" 2>&1
+  tail -24 "$l/conv_lab.log"
+  timeout 100 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -2 "$l/bench_model.log"
+  export LUCID_PROGRESS=plain
+  for r in false true; do
+    timeout 100 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$l/fit_$r.log" 2>&1 || rc=1
+    grep -E 'epoch (1|10)/|time by phase|recorded step|final|rror' "$l/fit_$r.log" | tail -6
+  done
+  tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = quick ]; then
   make -j"$(nproc)" build/tests/test_conv_igemm_maps >/dev/null 2>&1
