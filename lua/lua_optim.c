@@ -33,8 +33,11 @@
  *                   muon=0.2, sgd=1.0, head_lr_scale=3, block=}
  *   lucid.optim.build{model=, name='auto', lr0=0.001, momentum=0.9,
  *                   decay=1e-5, iterations=1e5, nc=} -> opt, info
- *   opt:step(), opt:zero_grad(), opt:upload(), opt:state_tensors(),
- *   opt:state_views(), opt:last_norm(), opt:set_lr_factor(lf),
+ *   opt:step(), opt:step_fused{scaler=, max_norm=, clip_value=, ema=,
+ *   zero_grad=} (unscale, clips, update, scaler update, EMA of parameters
+ *   and f32 buffers in one engine call), opt:zero_grad(), opt:upload(),
+ *   opt:state_tensors(), opt:state_views(), opt:last_norm(),
+ *   opt:set_lr_factor(lf),
  *   opt:warmup(ni, nw, lf, {warmup_bias_lr, warmup_momentum, momentum}),
  *   opt:summary(); fields name, block, param_groups, nesterov, model
  *   group fields: name, lr, initial_lr, weight_decay, momentum (SGD/MuSGD),
@@ -65,12 +68,17 @@
  *   lucid._test.atomic_fail(stage | nil)  (tests: make the atomic writer
  *     fail at "open" | "write" | "fsync" | "rename")
  *
+ * EMA of the f32 buffers (BN running stats): it uses the d of the EMA's
+ * block, i.e. the same update counter, decay and tau as the parameter EMA,
+ * in opt:step_fused (aux_ema of lucid_optim_step_fused) and in ema:update()
+ * (lucid_ema_update_pair) alike, so the two routes can be mixed freely.
+ *
  * Host/device protocol: a Lua write to a hyperparameter goes to the host
  * staging copy of the block and marks it dirty; the next opt:step(),
- * ema:update(), clip or scaler call uploads it first (lucid_param_block_upload,
- * stream-ordered, asynchronous on CUDA). Reads of device-owned values
- * (pb:state(), opt:last_norm(), ema.updates, scaler:get_scale())
- * synchronize. As engine/train/optim.h requires, do not change a
+ * opt:step_fused(), ema:update(), clip or scaler call uploads it first
+ * (lucid_param_block_upload, stream-ordered, asynchronous on CUDA). Reads
+ * of device-owned values (pb:state(), opt:last_norm(), ema.updates,
+ * scaler:get_scale()) synchronize. As engine/train/optim.h requires, do not change a
  * hyperparameter while a previous upload may still be pending on the GPU
  * (any synchronization of the previous step, e.g. reading its loss, is
  * enough).
@@ -1319,8 +1327,11 @@ static int l_group_tostring(lua_State *L) {
     return 1;
 }
 
+static int l_optim_step_fused(lua_State *L); /* after the GradScaler section */
+
 static const luaL_Reg optim_methods[] = {
     {"step", l_optim_step},
+    {"step_fused", l_optim_step_fused},
     {"zero_grad", l_optim_zero_grad},
     {"upload", l_optim_upload},
     {"state_tensors", l_optim_state_tensors},
@@ -1490,9 +1501,12 @@ typedef struct {
     lucid_ema *pe;                /* EMA of the flat parameters */
     lucid_param_layout *blayout;  /* f32 buffers over the buffer view */
     lucid_tensor *bview;          /* f32 view of the set's flat buffers */
-    lucid_param_block *bpb;       /* private block of the buffer EMA */
+    lucid_param_block *bpb;       /* scratch block of the separate buffer
+                                     update (lucid_ema_update_pair: a device
+                                     copy of blk taken before each update,
+                                     so both EMAs use one d); no state of
+                                     its own */
     lucid_ema *be;                /* EMA of the f32 buffers (NULL if none) */
-    int bdirty;
 } ema_box;
 
 static ema_box *check_ema(lua_State *L, int idx) {
@@ -1518,17 +1532,13 @@ static int l_ema_gc(lua_State *L) {
     return 0;
 }
 
+/* decay and tau live in the EMA's (shared) block only: the buffer EMA uses
+ * that block's d, in the fused step and in ema:update() alike. */
 static void ema_set_hyper(ema_box *e, double decay, double tau) {
     lucid_param_inputs *in = lucid_param_block_staging(e->blk->pb);
     in->ema_decay = decay;
     in->ema_tau = tau;
     e->blk->dirty = 1;
-    if (e->bpb) {
-        in = lucid_param_block_staging(e->bpb);
-        in->ema_decay = decay;
-        in->ema_tau = tau;
-        e->bdirty = 1;
-    }
 }
 
 /*
@@ -1537,9 +1547,11 @@ static void ema_set_hyper(ema_box *e, double decay, double tau) {
  *   (trainable and frozen) and every floating buffer (BN running mean/var;
  *   not the i64 num_batches_tracked), taken now. ema:update() after each
  *   optimizer step: updates += 1; d = decay*(1 - exp(-updates/tau)) (f64);
- *   v = v*d + (1-d)*p in f32. block: share the optimizer's block (block=opt)
- *   so the EMA counter sits with the rest of the run's state; a new block
- *   otherwise. decay and tau live in the block (settable: ema.decay = x).
+ *   v = v*d + (1-d)*p in f32, parameters and f32 buffers with the same d.
+ *   block: share the optimizer's block (block=opt) so the EMA counter sits
+ *   with the rest of the run's state and opt:step_fused{ema=} runs the
+ *   update inside the optimizer step; a new block otherwise. decay and tau
+ *   live in the block (settable: ema.decay = x).
  */
 static int l_ema_new(lua_State *L) {
     static const char *const keys[] = {"model", "params", "decay", "tau", "block", NULL};
@@ -1607,34 +1619,35 @@ static int l_ema_new(lua_State *L) {
     block_read(L, blk, &v);
     v.st.ema_updates = 0;
     block_set_state(L, blk, &v.st);
-    if (e->bpb) {
-        st = lucid_param_block_read(ctx, e->bpb, &v);
-        if (st == LUCID_OK) {
-            v.st.ema_updates = 0;
-            st = lucid_param_block_set_state(ctx, e->bpb, &v.st);
-        }
-        if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
-    }
     lua_settop(L, ud);
     return 1;
 }
 
-/* ema:update() — one ModelEMA update from the model's current parameters
- * and f32 buffers (stream-ordered; no synchronization). */
-static int l_ema_update(lua_State *L) {
-    ema_box *e = check_ema(L, 1);
+/* The separate EMA update of e (ema:update(), and opt:step_fused's
+ * fallback for an EMA that does not share the optimizer's block): uploads
+ * pending edits of its block, then lucid_ema_update over the parameters,
+ * or lucid_ema_update_pair over parameters and f32 buffers (one update
+ * counter, one d: bitwise what the fused step's EMA does). */
+static void ema_update_run(lua_State *L, ema_box *e) {
     lucid_ctx *ctx = e->bind.ctx;
     block_sync(L, e->blk);
     lucid_tensor *flat = lucid_param_set_flat_params(e->bind.set);
-    lucid_status st = lucid_ema_update(ctx, e->pe, e->blk->pb, flat);
-    if (st == LUCID_OK && e->be) {
-        if (e->bdirty) {
-            st = lucid_param_block_upload(ctx, e->bpb);
-            e->bdirty = 0;
-        }
-        if (st == LUCID_OK) st = lucid_ema_update(ctx, e->be, e->bpb, e->bview);
-    }
-    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_status st = e->be ? lucid_ema_update_pair(ctx, e->pe, e->blk->pb, flat, e->be,
+                                                    e->bpb, e->bview)
+                            : lucid_ema_update(ctx, e->pe, e->blk->pb, flat);
+    if (st != LUCID_OK) lucid_lua_raise(L, ctx, st);
+}
+
+/*
+ * ema:update() — one ModelEMA update from the model's current parameters
+ *   and f32 buffers (reference §3.5): updates += 1 (once, in the EMA's
+ *   block); d = decay*(1 - exp(-updates/tau)) in f64; v = v*f32(d) +
+ *   f32(1-d)*p in f32 for every parameter and f32 buffer element, both
+ *   with the same d. Stream-ordered; no synchronization. opt:step_fused
+ *   with ema= does the same inside the optimizer step (bitwise equal).
+ */
+static int l_ema_update(lua_State *L) {
+    ema_update_run(L, check_ema(L, 1));
     return 0;
 }
 
@@ -1813,15 +1826,6 @@ static int l_ema_newindex(lua_State *L) {
         block_read(L, e->blk, &v);
         v.st.ema_updates = n;
         block_set_state(L, e->blk, &v.st);
-        if (e->bpb) {
-            lucid_ctx *ctx = e->bind.ctx;
-            lucid_status st = lucid_param_block_read(ctx, e->bpb, &v);
-            if (st == LUCID_OK) {
-                v.st.ema_updates = n;
-                st = lucid_param_block_set_state(ctx, e->bpb, &v.st);
-            }
-            if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
-        }
     } else if (strcmp(k, "decay") == 0) {
         double d = check_num(L, 3, "decay");
         if (!(d >= 0 && d <= 1)) return argerr(L, 3, "decay: expected [0, 1], got %f", d);
@@ -2045,6 +2049,149 @@ static const luaL_Reg scaler_methods[] = {
     {"get_scale", l_scaler_get_scale}, {"is_enabled", l_scaler_is_enabled},
     {"state", l_scaler_state},         {NULL, NULL},
 };
+
+/* ====================================================== fused step */
+
+/* Same parameter set and trainable flags at build time: the EMA's layout
+ * has the optimizer's segment table (what lucid_optim_step_fused requires
+ * of its ema). */
+static int ema_fusable(const ema_box *e, const optim_box *ob) {
+    if (e->blk != ob->blk || e->bind.set != ob->bind.set || e->bind.n != ob->bind.n)
+        return 0;
+    return e->bind.n == 0 ||
+           memcmp(e->bind.trainable, ob->bind.trainable, (size_t)e->bind.n) == 0;
+}
+
+/* Optional number field k of the table at t: 1 and *v when present; raises
+ * naming the field when it is not a number. */
+static int opt_present_num(lua_State *L, int t, const char *k, double *v) {
+    lua_getfield(L, t, k);
+    int has = !lua_isnil(L, -1);
+    if (has) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            argerr(L, t, "%s: expected a number, got %s", k, tname(L, -1));
+        *v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return has;
+}
+
+/*
+ * opt:step_fused{scaler=, max_norm=, clip_value=, ema=, zero_grad=false}
+ *   One whole optimizer step at an accumulation-window boundary as ONE
+ *   engine call, lucid_optim_step_fused (engine/train/optim.h; two kernel
+ *   launches on CUDA for SGD/AdamW), bitwise equal to the separate calls
+ *       scaler:unscale_(opt)                      (scaler given, enabled,
+ *                                                  not unscaled this step)
+ *       lucid.optim.clip_grad_norm(opt, max_norm) (max_norm given)
+ *       lucid.optim.clip_grad_value(opt, clip_value) (clip_value given)
+ *       opt:step() / scaler:step(opt)             (skipped on the device
+ *                                                  when found_inf)
+ *       scaler:update()                           (scaler given)
+ *       ema:update()                              (ema given)
+ *       opt:zero_grad()                           (zero_grad = true)
+ *   in that order (Ultralytics optimizer_step, torch GradScaler unscale_ ->
+ *   clip -> step -> update; formulas: optim.h, clipping reference §2-§4,
+ *   §8). Operates on the bound set's flat f32 parameters and gradients.
+ *   scaler: a lucid.GradScaler (bound to this optimizer now if it is not
+ *     yet; refused when bound to another block); a scaler:unscale_(opt)
+ *     already done this step (e.g. before a user clipping function) is not
+ *     repeated; the scaler's host flag is reset as scaler:update() does.
+ *   max_norm, clip_value: numbers written to the block (as the clip
+ *     functions do; not validated, as torch); the pre-clip norm stays on the
+ *     device (opt:last_norm(), pb:state().grad_norm), a NaN/Inf norm counts
+ *     in nonfinite_norms, a skipped fp16 step in skipped_steps.
+ *   ema: a lucid.EMA. When it shares this optimizer's block (lucid.EMA{
+ *     block = opt}) and parameter set, its parameter and f32-buffer
+ *     averages run inside the step with one d (ema_updates advances once);
+ *     otherwise ema:update() runs right after the step (same values).
+ *   zero_grad: true zeroes the flat gradients after the step (one fill);
+ *     false/nil leaves the processed (unscaled, clipped) gradients there,
+ *     as the separate calls do.
+ *   Uploads pending hyperparameter edits first; returns nothing; does not
+ *   synchronize; capturable in a CUDA graph (no allocation, no host read).
+ *   Raises on unknown options, wrong types, a parameter frozen/unfrozen
+ *   since construction, or an engine error ("lucid <status>: ...").
+ */
+static int l_optim_step_fused(lua_State *L) {
+    static const char *const keys[] = {"scaler", "max_norm", "clip_value", "ema",
+                                       "zero_grad", NULL};
+    optim_box *b = check_optim(L, 1);
+    if (lua_isnoneornil(L, 2)) {
+        lua_settop(L, 1);
+        lua_newtable(L);
+    }
+    if (!lua_istable(L, 2))
+        return argerr(L, 2, "opts: expected a table, got %s", tname(L, 2));
+    lua_settop(L, 2);
+    check_keys(L, 2, 2, keys, "scaler, max_norm, clip_value, ema, zero_grad");
+    pbind_check(L, &b->bind, "optimizer");
+    lucid_param_inputs *in = lucid_param_block_staging(b->blk->pb);
+    lucid_optim_step_opts o;
+    memset(&o, 0, sizeof o);
+    /* scaler (slot 3) */
+    scaler_box *sc = NULL;
+    lua_getfield(L, 2, "scaler");
+    if (!lua_isnil(L, 3)) {
+        sc = luaL_testudata(L, 3, SCALER_MT);
+        if (!sc) return argerr(L, 2, "scaler: expected lucid.GradScaler, got %s", tname(L, 3));
+        scaler_bind(L, 3, 1);
+        o.flags |= LUCID_STEP_SCALER_UPDATE;
+        if (sc->enabled && !sc->unscaled) o.flags |= LUCID_STEP_UNSCALE;
+    }
+    double m;
+    if (opt_present_num(L, 2, "max_norm", &m)) {
+        if (in->clip_max_norm != (float)m) {
+            in->clip_max_norm = (float)m;
+            b->blk->dirty = 1;
+        }
+        o.flags |= LUCID_STEP_CLIP_NORM;
+    }
+    if (opt_present_num(L, 2, "clip_value", &m)) {
+        if (in->clip_value != (float)m) {
+            in->clip_value = (float)m;
+            b->blk->dirty = 1;
+        }
+        o.flags |= LUCID_STEP_CLIP_VALUE;
+    }
+    /* ema (slot 4) */
+    ema_box *e = NULL;
+    int ema_after = 0;
+    lua_getfield(L, 2, "ema");
+    if (!lua_isnil(L, 4)) {
+        e = luaL_testudata(L, 4, EMA_MT);
+        if (!e) return argerr(L, 2, "ema: expected lucid.EMA, got %s", tname(L, 4));
+        if (!e->pe) return argerr(L, 2, "ema: freed (or its construction failed)");
+        if (ema_fusable(e, b)) {
+            o.ema = e->pe;
+            o.aux_ema = e->be;
+            o.aux = e->bview;
+        } else {
+            ema_after = 1;
+        }
+    }
+    lua_getfield(L, 2, "zero_grad");
+    int zero = 0;
+    if (!lua_isnil(L, 5)) {
+        if (!lua_isboolean(L, 5))
+            return argerr(L, 2, "zero_grad: expected a boolean, got %s", tname(L, 5));
+        zero = lua_toboolean(L, 5);
+    }
+    if (!zero) o.flags |= LUCID_STEP_KEEP_GRADS;
+    block_sync(L, b->blk);
+    lucid_tensor *p, *g;
+    bind_flats(L, &b->bind, &p, &g);
+    lucid_ctx *ctx = b->bind.ctx;
+    lucid_status st = lucid_optim_step_fused(ctx, b->o, b->blk->pb, p, g, &o);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    if (sc) sc->unscaled = 0;
+    if (ema_after) ema_update_run(L, e);
+    if (zero) {
+        st = lucid_param_set_zero_grad(ctx, b->bind.set);
+        if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    }
+    return 0;
+}
 
 /* ============================================================ schedules */
 

@@ -486,6 +486,138 @@ describe("clipping and loss scaling from Lua", function()
   end)
 end)
 
+-- ------------------------------------------------------------ fused step
+
+describe("opt:step_fused (one engine call: unscale, clips, update, scaler update, EMA)", function()
+  -- per step: the clipping policy and an injected gradient value
+  local PLAN = {
+    { clip = { max_norm = 0.5 } },                             -- coef < 1
+    { clip = { max_norm = 10.0, value = 0.05 } },
+    { clip = { max_norm = 1.0 }, inject = 1 / 0 },             -- overflow: skipped, scale halved
+    { clip = { value = 0.1 } },
+    { clip = {} },
+    { clip = { max_norm = 1.0 }, inject = 1e20 },              -- huge but finite after unscale
+  }
+
+  local function stack(kind, own_ema_block)
+    local s = small_set()
+    local opt = lucid.optim[kind]({ params = s, lr = 0.05 })
+    local scaler = lucid.amp.GradScaler({ init_scale = 1024, growth_interval = 2, optimizer = opt })
+    local ema = lucid.EMA({ model = s, tau = 3, block = (not own_ema_block) and opt or nil })
+    return { s = s, opt = opt, scaler = scaler, ema = ema }
+  end
+
+  -- the separate calls (the route the trainer took before the fused call)
+  local function separate(st, c)
+    st.scaler:unscale_(st.opt)
+    if c.max_norm then lucid.optim.clip_grad_norm(st.opt, c.max_norm) end
+    if c.value then lucid.optim.clip_grad_value(st.opt, c.value) end
+    st.scaler:step(st.opt)
+    st.scaler:update()
+    st.ema:update()
+  end
+
+  local function fused(st, c)
+    st.opt:step_fused{ scaler = st.scaler, max_norm = c.max_norm, clip_value = c.value, ema = st.ema }
+  end
+
+  -- the gradients of step k (scaled by the loss scale, as a backward would
+  -- leave them) and new BN statistics (a forward in train mode)
+  local function prepare(st, k)
+    local p = PLAN[k]
+    load_grads(st.s, (k - 1) % 3 + 1)
+    for _, n in ipairs(NAMES) do st.s:find(n):grad():mul_(1024) end
+    if p.inject then set_flat(st.s:find("b"):grad(), { p.inject, 0, 0 }) end
+    set_flat(st.s:find("bn.running_mean"):data(), { 0.1 * k, -0.2 * k, 0.3 + k })
+  end
+
+  local FIELDS = { "step", "skipped_steps", "loss_scale", "growth_tracker", "found_inf", "nonfinite_norms",
+    "grad_norm", "clip_coef", "ema_updates", "ema_d", "ema_1md" }
+
+  local function same(a, b, what, skip)
+    local function check(x, y, name)
+      assert.are.equal(lucid.hash_tensor(x), lucid.hash_tensor(y), what .. ": " .. name)
+    end
+    check(a.s:flat_params(), b.s:flat_params(), "params")
+    check(a.s:flat_grads(), b.s:flat_grads(), "grads")
+    for k, t in pairs(a.opt:state_tensors()) do check(t, b.opt:state_tensors()[k], "state " .. k) end
+    check(a.ema:flat(), b.ema:flat(), "EMA of the parameters")
+    check(a.ema:flat("buffers"), b.ema:flat("buffers"), "EMA of the BN buffers")
+    local sa, sb = a.opt.block:state(), b.opt.block:state()
+    for _, f in ipairs(FIELDS) do
+      if not (skip and skip[f]) then assert.are.equal(tostring(sa[f]), tostring(sb[f]), what .. ": block " .. f) end
+    end
+  end
+
+  for _, kind in ipairs({ "SGD", "AdamW", "MuSGD" }) do
+    it(kind .. ": bitwise equal to the separate calls over 6 steps (overflow, huge and clipped gradients); "
+      .. "fused and separate EMA updates mix; an unscale_ before it is not repeated", function()
+      local A, B, C = stack(kind), stack(kind), stack(kind)
+      local D = stack(kind, true) -- EMA on its own block: updated after the step, same values
+      for k = 1, #PLAN do
+        for _, st in ipairs({ A, B, C, D }) do prepare(st, k) end
+        local c = PLAN[k].clip
+        separate(A, c)
+        fused(B, c)
+        if k % 2 == 1 then
+          separate(C, c)
+        else
+          C.scaler:unscale_(C.opt) -- as before a user clip.fn
+          fused(C, c)
+        end
+        fused(D, c)
+        same(A, B, kind .. " step " .. k .. " fused")
+        same(A, C, kind .. " step " .. k .. " mixed")
+        same(A, D, kind .. " step " .. k .. " EMA on its own block", { ema_updates = true, ema_d = true, ema_1md = true })
+        assert.are.equal(k, D.ema.updates)
+      end
+      local st = B.opt.block:state()
+      assert.are.equal(1, st.skipped_steps)
+      assert.are.equal(#PLAN - 1, st.step)
+      assert.are.equal(#PLAN, st.ema_updates)
+      assert.are.equal(1, st.nonfinite_norms)     -- the overflow step's norm
+      assert.is_true(B.opt:last_norm() > 1e16)   -- pre-clip norm of the last step
+      assert.are.equal(2048, B.scaler:get_scale()) -- x2 (steps 1-2), x0.5 (3), x2 (4-5)
+    end)
+  end
+
+  it("zero_grad = true zeroes the gradients; no options is a plain update", function()
+    local A, B = stack("SGD"), stack("SGD")
+    for _, st in ipairs({ A, B }) do
+      load_grads(st.s, 1)
+      st.scaler = nil
+    end
+    A.opt:step()
+    B.opt:step_fused()
+    assert.are.equal(lucid.hash_tensor(A.s:flat_params()), lucid.hash_tensor(B.s:flat_params()))
+    assert.are.equal(lucid.hash_tensor(A.s:flat_grads()), lucid.hash_tensor(B.s:flat_grads()))
+    B.opt:step_fused{ max_norm = 1.0, zero_grad = true }
+    for _, n in ipairs(NAMES) do
+      for _, g in ipairs(grads(B.s:find(n))) do assert.equal(0, g) end
+    end
+  end)
+
+  it("refuses unknown options and wrong types by name", function()
+    local st = stack("SGD")
+    local function err_of(o)
+      local ok, e = pcall(st.opt.step_fused, st.opt, o)
+      assert.is_false(ok)
+      return tostring(e)
+    end
+    assert.truthy(err_of({ bogus = 1 }):find("unknown option 'bogus'", 1, true))
+    assert.truthy(err_of({ max_norm = "a" }):find("max_norm: expected a number, got string", 1, true))
+    assert.truthy(err_of({ clip_value = {} }):find("clip_value: expected a number", 1, true))
+    assert.truthy(err_of({ ema = 5 }):find("ema: expected lucid.EMA", 1, true))
+    assert.truthy(err_of({ scaler = st.opt }):find("scaler: expected lucid.GradScaler", 1, true))
+    assert.truthy(err_of({ zero_grad = 1 }):find("zero_grad: expected a boolean", 1, true))
+    assert.truthy(err_of(5):find("opts: expected a table", 1, true))
+    local other = lucid.optim.SGD({ params = small_set() })
+    local ok, e = pcall(other.step_fused, other, { scaler = st.scaler })
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("another parameter block", 1, true))
+  end)
+end)
+
 -- ----------------------------------------------------------------- misuse
 
 describe("misuse errors name the argument", function()

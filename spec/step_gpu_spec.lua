@@ -83,7 +83,8 @@ describe_gpu("recorded step on CUDA #gpu", function()
     for i = 1, 10 do both(e, r, H.batch(B, S, i), i % 2 == 0) end
     local s = r.step:stats()
     assert.are.equal("eager clip", s.route)
-    assert.is_true(s.recorded >= 2 and s.replays >= 6, "recorded " .. s.recorded .. " replays " .. s.replays)
+    -- fb; on this route the optimizer segment (one fused engine call) runs eagerly
+    assert.is_true(s.recorded >= 1 and s.replays >= 6, "recorded " .. s.recorded .. " replays " .. s.replays)
     assert.are.equal(0, s.retirements)
     assert.are.equal(0, s.full_checks)
     print(string.format("\n    contract check %.2f us/step over %d checks (JIT cold at first)", s.contract_check_us,
@@ -229,12 +230,14 @@ describe_gpu("recorded step on CUDA #gpu", function()
     assert.is_nil(next(r.model._recordings or {}))
   end)
 
-  for _, when in ipairs({ "warm-up", "recording fb", "recording opt_b" }) do
+  for _, when in ipairs({ "warm-up", "recording fb", "recording opt" }) do
     it("a failure during " .. when .. " re-raises the original error, leaves the eager route, keeps nothing recorded", function()
-      local e, r = pair{ precision = "bf16" }
+      -- the optimizer segment is recorded on the "recorded clip" route
+      local e, r = pair{ precision = "bf16",
+        clip = when == "recording opt" and { max_norm = 10.0, capture_gradient_norm = true } or nil }
       local sentinel = setmetatable({}, { __tostring = function() return "injected failure" end })
       local step = r.step
-      local orig_fb, orig_b = step._fb, step._opt_b
+      local orig_fb, orig_b = step._fb, step._optimizer
       local armed = true
       if when == "warm-up" then
         step._fb = function(self, b) if armed then armed = false; error(sentinel) end; return orig_fb(self, b) end
@@ -244,7 +247,7 @@ describe_gpu("recorded step on CUDA #gpu", function()
           return orig_fb(self, b)
         end
       else
-        step._opt_b = function(self)
+        step._optimizer = function(self)
           if lucid.graph.capturing(self.ctx) then error(sentinel) end
           return orig_b(self)
         end
@@ -268,7 +271,7 @@ describe_gpu("recorded step on CUDA #gpu", function()
         end
       end
       assert.is_truthy(failed_at, "the injected failure never fired")
-      step._fb, step._opt_b = nil, nil
+      step._fb, step._optimizer = nil, nil
       assert.is_nil(next(r.model._recordings or {}))
       release(e, r)
     end)
@@ -366,7 +369,7 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
     assert.are.equal(n1, stale.batch)
     assert.are.equal("eager clip", rr.step.route)
     assert.are.equal(0, rr.step.retirements)
-    assert.is_true(rr.step.recorded >= 2 and rr.step.replays > 0)
+    assert.is_true(rr.step.recorded >= 1 and rr.step.replays > 0)
     same_fit(re, ma, rr, mb, "bf16 fit")
     -- released after success: graphs, references, staging, the step's buffers
     assert.is_true(rec.released)

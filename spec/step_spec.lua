@@ -54,8 +54,11 @@ describe("recorded step state machine (fake recorder)", function()
     assert.are.equal("eager clip", r.step.route)
     for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 2 == 0) end
     local s = r.step:stats()
-    assert.are.equal(2, s.recorded)           -- fb, opt_b
-    assert.is_true(s.replays >= 4)
+    -- fb only: on this route the optimizer segment (one fused engine call
+    -- holding the norm pass and the update) runs eagerly
+    assert.are.equal(1, s.recorded)
+    assert.is_nil(r.step.graphs.opt)
+    assert.is_true(s.replays >= 3)
     assert.are.equal(0, s.retirements)
     assert.is_true(s.contract_check_us ~= nil)
     assert.are.equal(6, s.steps)
@@ -275,5 +278,79 @@ describe("recorded step state machine (fake recorder)", function()
     cls.forward = orig
     r.step:release()
     if not ok then error(err, 0) end
+  end)
+end)
+
+describe("the fused optimizer segment of the step (opt:step_fused)", function()
+  -- the separate calls the step issued before the fused call (reference
+  -- for the bits: same order, same inputs)
+  local function separate(self, clip)
+    local opt, scaler = self.optimizer, self.scaler
+    clip = clip or self.clip or {}
+    if scaler then scaler:unscale_(opt) end
+    if clip.fn then clip.fn(opt) end
+    if clip.max_norm then lucid.optim.clip_grad_norm(opt, clip.max_norm) end
+    if clip.value then lucid.optim.clip_grad_value(opt, clip.value) end
+    if scaler then
+      scaler:step(opt)
+      scaler:update()
+    else
+      opt:step()
+    end
+    opt:zero_grad()
+    self.ema:update()
+  end
+
+  local halve = function(opt) opt.model.params:flat_grads():mul_(0.5) end
+
+  it("equals the separate calls bitwise on YOLO11n-pose (norm clip, value clip, a user clip.fn; EMA of params and BN buffers)", function()
+    for _, clip in ipairs({ { max_norm = 0.5 }, { max_norm = 2.0, value = 0.01 }, { max_norm = 1.0, fn = halve } }) do
+      local a = H.stack{ B = B, S = S, clip = clip }
+      local b = H.stack{ B = B, S = S, clip = clip }
+      b.step._optimizer = separate
+      for i = 1, 3 do
+        local bt = H.batch(B, S, i)
+        a.step:run(bt, true)
+        b.step:run(bt, true)
+      end
+      H.same(a, b, "fused vs separate")
+      local sa, sb = a.opt.block:state(), b.opt.block:state()
+      for _, k in ipairs({ "step", "ema_updates", "grad_norm", "clip_coef", "nonfinite_norms", "skipped_steps", "ema_d" }) do
+        assert.are.equal(tostring(sa[k]), tostring(sb[k]), "block " .. k)
+      end
+      assert.are.equal(3, a.step.opt_steps)
+      a.step:release(); b.step:release()
+    end
+  end)
+
+  it("a user clip.fn (unscale, fn, fused call) and value clipping run on the eager clip route, identical to eager", function()
+    local n = 0
+    local clip = { max_norm = 1.0, value = 0.02, capture_gradient_norm = true,
+      fn = function(opt) n = n + 1; halve(opt) end }
+    local e, r = pair{ B = B, S = S, clip = clip }
+    assert.are.equal("eager clip", r.step.route)
+    for i = 1, 5 do both(e, r, H.batch(B, S, i), true) end
+    assert.are.equal(10, n)
+    assert.are.equal(1, r.step.recorded) -- fb
+    H.same(e, r, "clip.fn and value clip")
+    r.step:release(); e.step:release()
+  end)
+
+  it("a recorded MuSGD optimizer segment keeps its Newton-Schulz precision: changing ns_bf16 retires once", function()
+    local e, r = pair{ B = B, S = S, optimizer = "MuSGD", clip = { max_norm = 10.0, capture_gradient_norm = true } }
+    assert.are.equal("recorded clip", r.step.route)
+    for i = 1, 4 do both(e, r, H.batch(B, S, i), true) end
+    assert.is_truthy(r.step.graphs.opt)
+    assert.are.equal(0, r.step.retirements)
+    H.same(e, r, "MuSGD, recorded clip")
+    for _, st in ipairs({ e, r }) do st.opt.block.ns_bf16 = 0 end
+    both(e, r, H.batch(B, S, 5), true)
+    assert.are.equal(1, r.step.retirements)
+    assert.matches("ns_bf16", r.step.last_retire_reason)
+    for i = 6, 8 do both(e, r, H.batch(B, S, i), true) end
+    assert.is_truthy(r.step.graphs.opt)               -- re-recorded with f32 GEMMs
+    assert.are.equal(1, r.step.retirements)
+    H.same(e, r, "after the ns_bf16 change")
+    r.step:release(); e.step:release()
   end)
 end)

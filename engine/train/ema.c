@@ -11,6 +11,10 @@
  *     running mean/var): v = v * f32(d); v = v + f32(1 - d) * p, each
  *     operation rounded to f32 (ModelEMA: v *= d; v += (1 - d) * p).
  *   - Gaps between segments are left as they are.
+ *   - lucid_ema_update_pair: two EMAs (parameters, f32 BN buffers) with one
+ *     update counter and one d, as the fused optimizer step's ema/aux_ema:
+ *     the block is copied on the device into a scratch block first, so the
+ *     second update derives d from the same (updates, decay, tau).
  */
 #include "train/optim_backend.h"
 #include <stdlib.h>
@@ -86,4 +90,26 @@ lucid_status lucid_ema_update(lucid_ctx *ctx, lucid_ema *e,
                             lucid_tensor_data(params)));
     lucid_storage_bump_version(e->ema->storage);
     return LUCID_OK;
+}
+
+lucid_status lucid_ema_update_pair(lucid_ctx *ctx, lucid_ema *e,
+                                   lucid_param_block *pb,
+                                   const lucid_tensor *params, lucid_ema *aux,
+                                   lucid_param_block *scratch,
+                                   const lucid_tensor *x) {
+    if (!e || !aux || !pb || !scratch)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "ema_update_pair: NULL %s",
+                            !e ? "ema" : !aux ? "aux ema" : !pb ? "block" : "scratch block");
+    if (scratch == pb)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "ema_update_pair: the scratch block is the block itself");
+    if (pb->dev.type != scratch->dev.type ||
+        (pb->dev.type == LUCID_CUDA && pb->dev.index != scratch->dev.index))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "ema_update_pair: block and scratch block are on "
+                            "different devices");
+    /* scratch = pb before the update: same updates, decay and tau */
+    LUCID_TRY(lucid_copy(ctx, scratch->device, pb->device));
+    LUCID_TRY(lucid_ema_update(ctx, e, pb, params));
+    return lucid_ema_update(ctx, aux, scratch, x);
 }

@@ -361,6 +361,24 @@ lucid_param_layout *lucid_ema_layout(lucid_ema *e); /* borrowed */
 lucid_status lucid_ema_update(lucid_ctx *ctx, lucid_ema *e,
                               lucid_param_block *pb,
                               const lucid_tensor *params);
+/* Two EMAs advanced by ONE ModelEMA update: e over params (f32, e's
+ * layout), then aux over x (f32, aux's layout; e.g. the f32 BN buffers of
+ * the same model), with the same d: st.ema_updates of pb advances once and
+ * both use d = decay*(1 - exp(-updates/tau)) of that update (in.ema_decay
+ * and in.ema_tau of pb). Bitwise what lucid_optim_step_fused's ema +
+ * aux_ema produce, for a caller without an optimizer step (the separate
+ * route of lucid.EMA:update). scratch: a block on pb's device whose whole
+ * content this call overwrites: it receives a device copy of pb right
+ * before e's update, so aux's update (run on scratch) derives the same d;
+ * pb's own state is what ema_updates/ema_d/ema_1md read back. Stream
+ * ordered, no allocation, no host synchronization (capturable: one device
+ * copy and two EMA launches). Errors: NULL arguments, scratch == pb, pb and
+ * scratch on different devices, any error of lucid_ema_update. */
+lucid_status lucid_ema_update_pair(lucid_ctx *ctx, lucid_ema *e,
+                                   lucid_param_block *pb,
+                                   const lucid_tensor *params, lucid_ema *aux,
+                                   lucid_param_block *scratch,
+                                   const lucid_tensor *x);
 
 /* ------------------------------------------------------------- schedules
  * Pure host arithmetic of Ultralytics' trainer (reference §3.2-§3.4), in

@@ -21,12 +21,16 @@ Segments of one call with n == batch images, once recorded:
                     in the activation dtype), forward, loss, loss backward
                     (seed x loss scale), model backward (+= into the flat
                     gradients), running losses += items
-  at an optimizer step (do_opt):
-  eager  : parameter-block upload (host staging -> device)
-  route "eager clip":  [OPT_A graph: fp16 unscale] -> eager clip -> OPT_B graph
-  route "recorded clip": OPT graph = unscale, clip, step, update, zero_grad, EMA
-  OPT_B  : graph  — optimizer step (skipped on the device when found_inf),
-                    scaler update, zero_grad, EMA update
+  at an optimizer step (do_opt), the calls of lucid.step's Step:_optimizer:
+  one fused engine call (opt:step_fused -> lucid_optim_step_fused: unscale,
+  norm clip, value clip, update skipped on the device when found_inf,
+  scaler update, EMA of parameters and BN buffers) then zero_grad; with a
+  user clip.fn: scaler:unscale_, clip.fn, then the fused call for the rest.
+  route "recorded clip": eager parameter-block upload (host staging ->
+                    device), then OPT graph = those calls
+  route "eager clip":  those calls, eagerly (the fused call holds the
+                    gradient-norm pass and the update together, so keeping
+                    the norm out of the graph keeps the update out too)
 Before every replay the contract is checked (counters; the field-by-field
 check only when one moved). The first calls (warm-up), a short batch
 (n < batch), and every call after a second drift run the eager segments, in
@@ -290,28 +294,11 @@ function RS:_fb(b)
   b.items = items
 end
 
--- The optimizer segment of lucid.step (optimizer_step), in three parts.
-function RS:_opt_a()
-  if self.scaler then self.scaler:unscale_(self.optimizer) end
-end
-
-function RS:_clip()
-  local clip, opt = self.clip, self.optimizer
-  if clip.fn then clip.fn(opt) end
-  if clip.max_norm then lucid.optim.clip_grad_norm(opt, clip.max_norm) end
-  if clip.value then lucid.optim.clip_grad_value(opt, clip.value) end
-end
-
-function RS:_opt_b()
-  local opt, scaler = self.optimizer, self.scaler
-  if scaler then
-    scaler:step(opt)
-    scaler:update()
-  else
-    opt:step()
-  end
-  opt:zero_grad()
-  self.ema:update()
+-- The optimizer segment: exactly the calls of lucid.step's Step:_optimizer
+-- (one fused engine call + zero_grad; clip.fn: unscale, fn, fused call), with
+-- this step's clipping policy.
+function RS:_optimizer()
+  self.eager:_optimizer(self.clip)
 end
 
 -- Host bookkeeping of one call (what lucid.step's run counts).
@@ -331,8 +318,11 @@ end
 -- (refs:check, whose own cheap path reads the parameter set's version and
 -- the module epoch of lua_graph.c): the model's contract and mode
 -- versions, the clipping policy (table identity and its four fields), the
--- scaler (precision policy), the EMA decay/tau, the context (stream), and
--- the instance overrides of forward/backward present at record time
+-- scaler (precision policy), the EMA decay/tau, the context (stream), for a
+-- recorded MuSGD optimizer segment the Newton-Schulz GEMM precision
+-- (block.ns_bf16: the host picks bf16 or f32 GEMM operands when the step is
+-- enqueued, so a recording keeps its choice; one more C call, MuSGD only),
+-- and the instance overrides of forward/backward present at record time
 -- ("custom" modules: compared every time; usually none). The input shapes
 -- are verified by the staging copies themselves (copy_ compares shapes
 -- anyway; see RS:_stage), so they cost nothing here. When a counter moved,
@@ -407,6 +397,8 @@ function RS:_check()
   local ema = self.ema
   if ema.decay ~= c.ema_decay or ema.tau ~= c.ema_tau then return "EMA decay/tau changed" end
   if self.ctx ~= c.ctx then return "the context (stream) changed" end
+  local nb = c.ns_block -- MuSGD with a recorded OPT graph only
+  if nb and nb.ns_bf16 ~= c.ns_bf16 then return "MuSGD Newton-Schulz precision (ns_bf16) changed" end
   local cu = c.custom -- custom modules: checked every time
   for i = 1, #cu do
     local k = cu[i]
@@ -496,6 +488,7 @@ end
 --- step:run(batch, do_opt): one training step (see the file comment).
 function RS:run(batch, do_opt)
   local e = self.eager
+  e.clip = self.clip -- the eager calls (short batch, eager route) follow step.clip too
   if self.route == "eager" or batch.n ~= self.batch then
     -- eager route, or a short last batch (its own buffers and loss plan)
     return e:run(batch, do_opt)
@@ -574,13 +567,16 @@ function RS:_run_warm(batch, do_opt)
   self:_count(b, do_opt)
 end
 
--- The optimizer segments; recorded/replayed when `replay` and the optimizer
--- segment has been warmed up eagerly at least once.
+-- The optimizer segment. Route "recorded clip": recorded (graph "opt") once
+-- it has been warmed up eagerly at least once, then replayed after an eager
+-- upload of the parameter block. Route "eager clip": eager, the same calls
+-- (see the file comment). Either way the engine calls are those of the
+-- eager step's Step:_optimizer, in the same order.
 function RS:_opt(replay)
-  if not replay or self.opt_warm < 1 then
-    self:_opt_a()
-    self:_clip()
-    self:_opt_b()
+  if not replay or self.opt_warm < 1 or self.route ~= "recorded clip" then
+    -- eager: opt:step_fused uploads pending hyperparameter edits itself
+    -- (through pageable memory outside a capture: no race with the host)
+    self:_optimizer()
     self.opt_warm = self.opt_warm + 1
     return
   end
@@ -588,24 +584,18 @@ function RS:_opt(replay)
   opt:upload() -- staging -> device block, eagerly: the schedule moves freely
   if not self.ev_up then self.ev_up = self.recorder.event(self.ctx) end
   self.ev_up:record()
-  local G = self.graphs
-  if self.route == "recorded clip" then
-    if G.opt then
-      self:_launch("opt")
-      self.replays = self.replays + 1
-    else
-      self:_record("opt", function() self:_opt_a(); self:_clip(); self:_opt_b() end)
-    end
+  if self.graphs.opt then
+    self:_launch("opt")
+    self.replays = self.replays + 1
   else
-    if self.scaler then
-      if G.opt_a then self:_launch("opt_a") else self:_record("opt_a", function() self:_opt_a() end) end
-    end
-    self:_clip()
-    if G.opt_b then
-      self:_launch("opt_b")
-      self.replays = self.replays + 1
-    else
-      self:_record("opt_b", function() self:_opt_b() end)
+    self:_record("opt", function() self:_optimizer() end)
+    -- what the recording baked in besides the FB contract: a MuSGD step
+    -- keeps the Newton-Schulz GEMM precision (in.ns_bf16, read by the host
+    -- when the step is enqueued) of its recording
+    local c = self.contract
+    if c and opt.name == "MuSGD" then
+      c.ns_block = opt.block
+      c.ns_bf16 = c.ns_block.ns_bf16
     end
   end
   -- the host may write the next step's hyperparameters into the staging

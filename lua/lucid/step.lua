@@ -124,22 +124,37 @@ function Step:run(batch, do_opt)
   if self.ev_in then self.ev_in:synchronize() end
 end
 
---- The optimizer segment: unscale (fp16), clip, update, zero_grad, EMA.
-function Step:optimizer_step()
+--- The optimizer calls of one step, without the step counter (the
+-- recorded step, lua/lucid/recorded_step.lua, issues exactly these calls,
+-- eagerly or inside its OPT graph, so both routes run the same kernels in
+-- the same order): one fused engine call, opt:step_fused (lua/lua_optim.c ->
+-- lucid_optim_step_fused), for
+--   unscale (fp16 GradScaler) -> clip_grad_norm(clip.max_norm) ->
+--   clip_grad_value(clip.value) -> update (skipped on the device on
+--   found_inf) -> scaler update -> EMA of the parameters and of the f32 BN
+--   buffers (one d) -> zero_grad,
+-- bitwise equal to those separate calls (engine/train/optim.h). A user's
+-- clip.fn must see the unscaled gradients between the unscale and the
+-- clips: then the unscale runs first as its own call (scaler:unscale_),
+-- clip.fn(opt) after it, and the fused call does the rest (it does not
+-- unscale twice). The pre-clip norm, non-finite norms and skipped fp16
+-- steps stay in the block (opt:last_norm(), opt.block:state()).
+-- clip: the clipping policy {max_norm=, value=, fn=} (default self.clip).
+function Step:_optimizer(clip)
   local opt, scaler = self.optimizer, self.scaler
-  if scaler then scaler:unscale_(opt) end
-  local clip = self.clip or {}
-  if clip.fn then clip.fn(opt) end -- a user's own clipping function (first, as the recorded route)
-  if clip.max_norm then lucid.optim.clip_grad_norm(opt, clip.max_norm) end
-  if clip.value then lucid.optim.clip_grad_value(opt, clip.value) end
-  if scaler then
-    scaler:step(opt)
-    scaler:update()
-  else
-    opt:step()
+  clip = clip or self.clip or {}
+  if clip.fn then
+    if scaler then scaler:unscale_(opt) end
+    clip.fn(opt)
   end
-  opt:zero_grad()
-  self.ema:update()
+  opt:step_fused{ scaler = scaler, max_norm = clip.max_norm, clip_value = clip.value, ema = self.ema,
+    zero_grad = true }
+end
+
+--- The optimizer segment: unscale (fp16), clip, update, scaler update,
+-- EMA, zero_grad (Step:_optimizer), counted in opt_steps.
+function Step:optimizer_step()
+  self:_optimizer()
   self.opt_steps = self.opt_steps + 1
 end
 
