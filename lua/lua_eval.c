@@ -3,11 +3,17 @@
  *
  *   local val = lucid.PoseValidator{imgsz=640, nc=1, kpt_shape={17,3},
  *                                   conf=0.001, iou=0.7, max_det=300,
- *                                   ap="coco"}          -- or "ultralytics"
+ *                                   ap="coco",      -- or "ultralytics"
+ *                                   threads=0,      -- images of a batch in
+ *                                                   -- parallel (0: the
+ *                                                   -- context's CPU threads)
+ *                                   reference=false} -- true: the plain path
  *   val:add_batch(pred_box, pred_cls, pred_kpt, targets, n_images)
  *   local m = val:compute()  -- {box={precision=, recall=, map50=,
  *                            --  map50_95=}, pose={...}, images=, fitness=}
  *   local dets = val:detections(i) -- image i (1-based) of the last batch
+ *   local t = val:timings()  -- stage times since the last reset
+ *   local text, n = val:coco_json(i, image_id, geometry) -- COCO results JSON
  *
  * Head outputs and targets must be contiguous f32 CPU tensors (convert
  * device outputs with :to("cpu", "f32") first). Coordinates are pixels of
@@ -16,6 +22,7 @@
 #include "lua_common.h"
 #include "eval/eval.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define VAL_MT "lucid.PoseValidator"
@@ -38,7 +45,8 @@ static double num_field(lua_State *L, int idx, const char *key, double def) {
 }
 
 static const char *const VAL_KEYS[] = {"imgsz", "nc", "kpt_shape", "reg_max", "conf",
-                                       "iou", "max_det", "ap", "ctx", NULL};
+                                       "iou", "max_det", "ap", "reference", "threads",
+                                       "ctx", NULL};
 
 /* lucid.PoseValidator{...} (see the file comment). imgsz is required and a
  * multiple of 32; the anchor levels are imgsz/8, /16, /32. */
@@ -81,6 +89,11 @@ static int l_new(lua_State *L) {
             luaL_error(L, "PoseValidator: ap must be 'coco' or 'ultralytics', got '%s'", m);
     }
     lua_pop(L, 1);
+    lua_getfield(L, 1, "reference");
+    cfg.reference = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    cfg.threads = (int)num_field(L, 1, "threads", 0);
+    if (cfg.threads < 0) luaL_error(L, "PoseValidator: threads must be >= 0, got %d", cfg.threads);
     val_ud *u = lua_newuserdata(L, sizeof *u);
     memset(u, 0, sizeof *u);
     luaL_getmetatable(L, VAL_MT);
@@ -191,6 +204,71 @@ static int l_detections(lua_State *L) {
     return 1;
 }
 
+static double geom_field(lua_State *L, int idx, const char *k) {
+    lua_getfield(L, idx, k);
+    if (!lua_isnumber(L, -1))
+        luaL_error(L, "PoseValidator:coco_json: geometry.%s: expected a number, got %s", k,
+                   luaL_typename(L, -1));
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* val:coco_json(i, image_id, g) -> text, n
+ * The COCO results entries of image i (1-based) of the last batch in the
+ * original image's pixels (g: lucid.image.geometry(w, h, imgsz): rx, ry,
+ * pad_x, pad_y, w, h), as predict.unletterbox + predict.coco_entries +
+ * cjson.encode would write them, comma-separated without brackets; n is the
+ * number of entries. Raises on a NaN or infinite value (as cjson does). */
+static int l_coco_json(lua_State *L) {
+    val_ud *u = check_val(L, 1);
+    int i = (int)luaL_checkinteger(L, 2);
+    double image_id = luaL_checknumber(L, 3);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lucid_unletterbox g;
+    g.rx = geom_field(L, 4, "rx");
+    g.ry = geom_field(L, 4, "ry");
+    g.pad_x = geom_field(L, 4, "pad_x");
+    g.pad_y = geom_field(L, 4, "pad_y");
+    g.w = geom_field(L, 4, "w");
+    g.h = geom_field(L, 4, "h");
+    int n = 0;
+    const lucid_det *d = lucid_pose_val_dets(u->val, i - 1, &n);
+    char *buf = malloc(lucid_eval_coco_json_bound(n, u->nkpt));
+    if (!buf) return luaL_error(L, "PoseValidator:coco_json: out of memory");
+    int64_t len = lucid_eval_coco_json(d, n, u->nkpt, image_id, &g, buf);
+    if (len < 0) {
+        free(buf);
+        return luaL_error(L, "PoseValidator:coco_json: image %d has a detection with a NaN or "
+                             "infinite value, which JSON cannot hold", i);
+    }
+    lua_pushlstring(L, buf, (size_t)len);
+    free(buf);
+    lua_pushinteger(L, n);
+    return 2;
+}
+
+/* val:timings() -> {select=, decode=, nms=, kpts=, match=, accum= (seconds,
+ * summed over images: CPU time when images run in parallel), wall= (the
+ * add_batch calls), images=, candidates=, decoded=, kept=} accumulated
+ * since the last reset (engine/eval/eval.h lucid_eval_timings). */
+static int l_timings(lua_State *L) {
+    val_ud *u = check_val(L, 1);
+    lucid_eval_timings t;
+    lucid_pose_val_timings(u->val, &t);
+    lua_createtable(L, 0, 11);
+    const struct { const char *k; double v; } f[] = {
+        {"select", t.select}, {"decode", t.decode}, {"nms", t.nms},
+        {"kpts", t.kpts}, {"match", t.match}, {"accum", t.accum}, {"wall", t.wall},
+        {"images", (double)t.images}, {"candidates", (double)t.candidates},
+        {"decoded", (double)t.decoded}, {"kept", (double)t.kept}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        lua_pushnumber(L, f[i].v);
+        lua_setfield(L, -2, f[i].k);
+    }
+    return 1;
+}
+
 static int l_reset(lua_State *L) {
     lucid_pose_val_reset(check_val(L, 1)->val);
     return 0;
@@ -209,6 +287,8 @@ int lucid_lua_open_eval(lua_State *L) {
     static const luaL_Reg methods[] = {{"add_batch", l_add_batch},
                                        {"compute", l_compute},
                                        {"detections", l_detections},
+                                       {"timings", l_timings},
+                                       {"coco_json", l_coco_json},
                                        {"reset", l_reset},
                                        {"free", l_free},
                                        {NULL, NULL}};

@@ -70,7 +70,7 @@ describe("PoseValidator", function()
 
   it("rejects unknown options and wrong tensors by name", function()
     assert.has_error(function() lucid.PoseValidator{imgsz = 64, iou_thres = 0.5} end,
-      "PoseValidator: unknown option 'iou_thres' (expected one of imgsz, nc, kpt_shape, reg_max, conf, iou, max_det, ap, ctx)")
+      "PoseValidator: unknown option 'iou_thres' (expected one of imgsz, nc, kpt_shape, reg_max, conf, iou, max_det, ap, reference, threads, ctx)")
     assert.has_error(function() lucid.PoseValidator{imgsz = 60} end,
       "PoseValidator: imgsz must be a multiple of 32, got 60")
     local val = lucid.PoseValidator{imgsz = 64}

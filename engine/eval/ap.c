@@ -73,13 +73,15 @@ lucid_status lucid_ap_accum_add(lucid_ctx *ctx, lucid_ap_accum *a, int n_pred,
                                 (long long)need);
         a->cap = c1;
     }
-    memcpy(a->conf + a->n, conf, sizeof(float) * (size_t)n_pred);
-    memcpy(a->cls + a->n, pred_cls, sizeof(int) * (size_t)n_pred);
-    memcpy(a->tp + a->n * LUCID_EVAL_NTHR, tp, (size_t)n_pred * LUCID_EVAL_NTHR);
+    if (n_pred > 0) { /* (the arrays may be NULL when empty) */
+        memcpy(a->conf + a->n, conf, sizeof(float) * (size_t)n_pred);
+        memcpy(a->cls + a->n, pred_cls, sizeof(int) * (size_t)n_pred);
+        memcpy(a->tp + a->n * LUCID_EVAL_NTHR, tp, (size_t)n_pred * LUCID_EVAL_NTHR);
+    }
     a->n = need;
     if (grow((void **)&a->gt_cls, &a->gcap, a->ngt + n_gt, sizeof(int)))
         return lucid_seterr(ctx, LUCID_ERR_OOM, "ap accumulator: out of memory");
-    memcpy(a->gt_cls + a->ngt, gt_cls, sizeof(int) * (size_t)n_gt);
+    if (n_gt > 0) memcpy(a->gt_cls + a->ngt, gt_cls, sizeof(int) * (size_t)n_gt);
     a->ngt += n_gt;
     return LUCID_OK;
 }

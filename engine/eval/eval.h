@@ -54,6 +54,10 @@ lucid_nms_opts lucid_nms_opts_default(void);
  * v = sigmoid(raw_v) (Ultralytics Pose.kpts_decode).
  * Output: up to opts.max_det detections sorted by confidence, written to
  * dets (capacity max_det) with keypoints in kpt_out (capacity max_det*K*3).
+ * Candidates are ordered by descending confidence, ties by ascending anchor;
+ * only the boxes the greedy NMS walk reaches are decoded and only the kept
+ * detections get keypoints (nms.c); the result is bitwise that of
+ * lucid_eval_decode_nms_reference.
  * scratch: caller buffer of at least lucid_eval_scratch_bytes(A, nc, K).
  * Returns the number of detections (>= 0), or -1 on bad arguments. */
 typedef struct lucid_anchor_level {
@@ -66,6 +70,55 @@ int lucid_eval_decode_nms(const float *box_logits, const float *cls_logits,
                           int K, const lucid_anchor_level *levels, int nlevels,
                           const lucid_nms_opts *opts, void *scratch,
                           lucid_det *dets, float *kpt_out);
+
+/* Stage timings (seconds, lucid_eval_now) and counts accumulated by the
+ * validator and by lucid_eval_decode_nms_timed:
+ *   select  confidence of every anchor, conf filter, ordering
+ *   decode  DFL box decoding of the candidates NMS looked at
+ *   nms     the greedy NMS walk
+ *   kpts    keypoint decoding of the kept detections
+ *   match   ground truth setup, IoU and OKS matrices, matching, crowd rule
+ *   accum   appending to the AP accumulators
+ * candidates: above conf (after the max_nms cut); decoded: boxes decoded;
+ * kept: detections. */
+typedef struct lucid_eval_timings {
+    double select, decode, nms, kpts, match, accum;
+    double wall; /* add_batch calls from entry to return (the stages above
+                  * are summed over images, so over threads) */
+    int64_t images, candidates, decoded, kept;
+} lucid_eval_timings;
+
+/* lucid_eval_decode_nms with its stage times added to *tm (NULL: none). */
+int lucid_eval_decode_nms_timed(const float *box_logits,
+                                const float *cls_logits, const float *kpt_raw,
+                                int A, int reg_max, int nc, int K,
+                                const lucid_anchor_level *levels, int nlevels,
+                                const lucid_nms_opts *opts, void *scratch,
+                                lucid_det *dets, float *kpt_out,
+                                lucid_eval_timings *tm);
+
+/* Monotonic clock in seconds. */
+double lucid_eval_now(void);
+
+/* The straightforward path the optimised one must equal bit for bit
+ * (reference.c): full sort, every candidate decoded, lucid_nms_sorted.
+ * Same arguments as lucid_eval_decode_nms; scratch of at least
+ * lucid_eval_reference_scratch_bytes(A) (lucid_eval_scratch_bytes covers
+ * it). */
+size_t lucid_eval_reference_scratch_bytes(int A);
+int lucid_eval_decode_nms_reference_timed(
+    const float *box_logits, const float *cls_logits, const float *kpt_raw,
+    int A, int reg_max, int nc, int K, const lucid_anchor_level *levels,
+    int nlevels, const lucid_nms_opts *opts, void *scratch, lucid_det *dets,
+    float *kpt_out, lucid_eval_timings *tm);
+int lucid_eval_decode_nms_reference(const float *box_logits,
+                                    const float *cls_logits,
+                                    const float *kpt_raw, int A, int reg_max,
+                                    int nc, int K,
+                                    const lucid_anchor_level *levels,
+                                    int nlevels, const lucid_nms_opts *opts,
+                                    void *scratch, lucid_det *dets,
+                                    float *kpt_out);
 
 /* Greedy NMS over n boxes already sorted by descending score; keep[i] set to
  * 1 for survivors. Suppresses j when IoU(i, j) > iou_thres and same class
@@ -149,6 +202,32 @@ double lucid_compute_ap(const double *recall, const double *precision, int n,
 /* IoU/OKS thresholds 0.50, 0.55, ..., 0.95 as f32 (torch.linspace). */
 extern const float lucid_eval_thresholds[LUCID_EVAL_NTHR];
 
+/* ------------------------------------------------ COCO results as JSON
+ * What lua/lucid/predict.lua's unletterbox + coco_entries + lua-cjson
+ * produce for one image's detections, written directly (results_json.c). */
+
+/* Letterbox geometry of one image (lucid.image.geometry): network-input
+ * pixels -> original pixels as (x - pad) / ratio, clamped to [0, w|h]. */
+typedef struct lucid_unletterbox {
+    double rx, ry, pad_x, pad_y, w, h;
+} lucid_unletterbox;
+
+/* floor(x * 10^decimals + 0.5) / 10^decimals written as lua-cjson writes a
+ * number ("%.14g"); out holds at least 32 bytes. Returns the length, or -1
+ * for NaN / infinity (which cjson refuses too) or decimals outside 0..6. */
+int lucid_eval_format_rounded(char *out, double x, int decimals);
+
+/* Capacity lucid_eval_coco_json needs for n detections with K keypoints. */
+size_t lucid_eval_coco_json_bound(int n, int K);
+
+/* The n entries {"image_id", "category_id" (cls + 1), "bbox" [x, y, w, h]
+ * (3 decimals), "score" (5 decimals), "keypoints" [x, y, v] * K (3, 3, 5
+ * decimals)} in original-image pixels, separated by commas (no brackets),
+ * NUL-terminated. Returns the length, or -1 when a value is NaN/infinite. */
+int64_t lucid_eval_coco_json(const lucid_det *dets, int n, int K,
+                             double image_id, const lucid_unletterbox *g,
+                             char *out);
+
 /* ------------------------------------------------------ pose validator
  * Accumulates box and pose metrics over a validation set, one batch of head
  * outputs at a time (Ultralytics PoseValidator: update_metrics with
@@ -163,6 +242,11 @@ typedef struct lucid_pose_val_config {
     const float *sigmas; /* [K]; NULL = COCO sigmas (K = 17) or 1/K */
     lucid_nms_opts nms;
     lucid_ap_method ap_method;
+    int reference; /* 1: the straightforward decode/NMS path (reference.c),
+                    * one image after the other; for tests and benchmarks */
+    int threads;   /* images of a batch processed in parallel: 0 = the
+                    * context's CPU threads, 1 = in order on the caller's
+                    * thread. The results do not depend on it. */
 } lucid_pose_val_config;
 
 typedef struct lucid_pose_val lucid_pose_val;
@@ -196,6 +280,9 @@ lucid_status lucid_pose_val_add_batch(lucid_ctx *ctx, lucid_pose_val *v,
 
 /* Detections of image i (0-based) of the last batch; *n gets their count. */
 const lucid_det *lucid_pose_val_dets(const lucid_pose_val *v, int i, int *n);
+
+/* Stage timings accumulated since create or the last reset. */
+void lucid_pose_val_timings(const lucid_pose_val *v, lucid_eval_timings *out);
 
 typedef struct lucid_pose_metrics {
     lucid_ap_result box, pose;

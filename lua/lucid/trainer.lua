@@ -309,8 +309,11 @@ function Trainer:_fit(state, opts)
 
   local last_metrics
   local step_times = {}
-  -- wall seconds by phase (setup: from fit start to the first epoch)
-  local phase = { setup = lucid.wall_time() - t_fit0, training = 0, validation = 0, checkpoints = 0 }
+  -- wall seconds by phase (setup: from fit start to the first epoch);
+  -- val_parts splits validation (Trainer:validate's parts, and the final
+  -- epoch's JSON/PNG writing under outputs)
+  local phase = { setup = lucid.wall_time() - t_fit0, training = 0, validation = 0, checkpoints = 0,
+    val_parts = {} }
   for epoch = start_epoch, E - 1 do
     -- schedule: lr = initial_lr * lf(epoch) at the start of the epoch
     local lf = S_.lf(cfg.cos_lr and true or false, epoch, E, cfg.lrf)
@@ -383,9 +386,15 @@ function Trainer:_fit(state, opts)
         and val_output.new{ dataset = val_ds, imgsz = S, save_dir = save_dir, names = desc.names } or nil
       local tv0 = lucid.wall_time()
       metrics, val_losses = self:validate(model, ema, val, val_loader, step, out, vout)
-      phase.validation = phase.validation + lucid.wall_time() - tv0
+      local files
       if vout then
-        local files = vout:finish()
+        local tf0 = lucid.wall_time()
+        files = vout:finish()
+        self.val_times.outputs = self.val_times.outputs + lucid.wall_time() - tf0
+      end
+      phase.validation = phase.validation + lucid.wall_time() - tv0
+      for k, v in pairs(self.val_times) do phase.val_parts[k] = (phase.val_parts[k] or 0) + v end
+      if files then
         out:write(string.format("Predictions saved to %s (%d detections on %d images), %s\n", files.json,
           files.predictions, files.images, files.png or "no preview"))
       end
@@ -430,9 +439,12 @@ function Trainer:_fit(state, opts)
     fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil, step_windows = step_times,
     memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema,
     phases = phase, nonfinite_norms = state.nonfinite or 0, skipped_steps = state.skipped or 0 }
-  out:write(string.format("time by phase: setup %.1f s, training %.1f s (first epoch %.1f s), validation %.1f s, "
+  local vp = phase.val_parts
+  out:write(string.format("time by phase: setup %.1f s, training %.1f s (first epoch %.1f s), validation %.2f s "
+    .. "(loader %.2f, forward+copy %.2f, decode+nms %.2f, match %.2f, metrics %.2f, ema swap %.2f, outputs %.2f), "
     .. "checkpoints %.1f s\n", phase.setup, phase.training, step_times[1] and step_times[1].seconds or 0,
-    phase.validation, phase.checkpoints))
+    phase.validation, vp.loader or 0, (vp.forward or 0) + (vp.copy or 0), vp.nms or 0, vp.match or 0,
+    vp.metrics or 0, vp.swap or 0, vp.outputs or 0, phase.checkpoints))
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
@@ -453,38 +465,111 @@ function Trainer:mem_gb()
   return 0
 end
 
+-- The head outputs of a validation batch of n images as contiguous f32 CPU
+-- tensors for the validator. On the CPU they are already that (views, no
+-- copy); from a GPU, one device-to-host copy per output into host buffers
+-- kept for the fit (one set per batch size), instead of a fresh allocation
+-- of every output of every batch.
+function Trainer:_val_host(o, n)
+  if not self.on_gpu then
+    local function view(t) return t:narrow(1, 1, n):to("cpu", "f32"):contiguous() end
+    return view(o.boxes), view(o.scores), view(o.kpts)
+  end
+  local state = self.state
+  local cache = state and state.val_host or {}
+  if state then state.val_host = cache end
+  local b = cache[n]
+  local function same(t, buf)
+    return buf and table.concat(buf:shape(), ",") == table.concat(t:narrow(1, 1, n):shape(), ",")
+  end
+  if not (b and same(o.boxes, b.boxes) and same(o.scores, b.scores) and same(o.kpts, b.kpts)) then
+    if b then for _, t in pairs(b) do t:free() end end
+    b = {}
+    for _, k in ipairs({ "boxes", "scores", "kpts" }) do
+      b[k] = lucid.empty(o[k]:narrow(1, 1, n):shape(), { ctx = self.ctx, device = "cpu", dtype = "f32" })
+    end
+    cache[n] = b
+    if state and not state.val_host_owned then
+      state.val_host_owned = true
+      state.resources[#state.resources + 1] = { obj = cache, free = function(c)
+        for _, bb in pairs(c) do for _, t in pairs(bb) do t:free() end end
+      end }
+    end
+  end
+  b.boxes:copy_(o.boxes:narrow(1, 1, n))
+  b.scores:copy_(o.scores:narrow(1, 1, n))
+  b.kpts:copy_(o.kpts:narrow(1, 1, n))
+  return b.boxes, b.scores, b.kpts
+end
+
 --- Validation pass: EMA weights swapped in, eval mode, letterboxed val
 -- batches, metrics (and mean val losses) out; the training weights are
--- swapped back afterwards, also on error.
+-- swapped back afterwards, also on error. Wall seconds of its parts go to
+-- self.val_times: loader (waiting for batches), forward (the forward and the
+-- validation loss; on a GPU only their launch), copy (the head outputs to the
+-- host, which waits for the forward on a GPU, and the targets), nms and
+-- match (the validator: decode + NMS + keypoints, and matching + AP
+-- accumulation, its wall time split by the share of its stage times),
+-- outputs (collect:add_batch), swap (the EMA weights in and out, mode
+-- switches), metrics (AP/P/R, the table, the validation losses).
 function Trainer:validate(model, ema, val, loader, step, out, collect)
+  local now = lucid.wall_time
+  local vt = { loader = 0, forward = 0, copy = 0, nms = 0, match = 0, outputs = 0, swap = 0, metrics = 0 }
+  self.val_times = vt
+  local t0 = now()
   ema:swap(model)
   model:eval()
   val:reset()
+  vt.swap = now() - t0
   local ok, err = pcall(function()
+    local ta = now()
     loader:start_epoch(0, data.val)
     while true do
       local vb = loader:next()
+      local tb = now()
+      vt.loader = vt.loader + (tb - ta)
       if not vb then break end
       local o = step:predict(vb)
       local n = vb.n
       if step.val_loss then step:val_loss(o, vb, n) end
-      local function host(t) return t:narrow(1, 1, n):to("cpu", "f32"):contiguous() end
-      val:add_batch(host(o.boxes), host(o.scores), host(o.kpts), {
-        cls = vb.cls:narrow(1, 1, n):contiguous(), boxes = vb.boxes:narrow(1, 1, n):contiguous(),
-        kpts = vb.kpts:narrow(1, 1, n):contiguous(), mask = vb.mask:narrow(1, 1, n):to("f32"):contiguous() }, n)
+      local tc = now()
+      local pb, ps, pk = self:_val_host(o, n)
+      local tg = { cls = vb.cls:narrow(1, 1, n):contiguous(), boxes = vb.boxes:narrow(1, 1, n):contiguous(),
+        kpts = vb.kpts:narrow(1, 1, n):contiguous(), mask = vb.mask:narrow(1, 1, n):to("f32"):contiguous() }
+      local td = now()
+      val:add_batch(pb, ps, pk, tg, n)
+      local te = now()
       if collect then collect:add_batch(val, vb) end
+      ta = now()
+      vt.forward = vt.forward + (tc - tb)
+      vt.copy = vt.copy + (td - tc)
+      vt.nms = vt.nms + (te - td) -- split below
+      vt.outputs = vt.outputs + (ta - te)
     end
   end)
+  local ts = now()
   model:train()
   local sok, serr = pcall(ema.swap, ema, model)
+  vt.swap = vt.swap + now() - ts
   if not ok then
     if not sok then io.stderr:write("trainer: swapping the EMA weights back failed too: " .. tostring(serr) .. "\n") end
     error(err, 0)
   end
   if not sok then error(serr, 0) end
+  local tm0 = now()
   local m = val:compute()
   progress.val_table(m, out)
   local vl = step.val_losses and step:val_losses() or nil
+  vt.metrics = now() - tm0
+  -- the validator's wall time by the share of its stages (CPU time summed
+  -- over images, which may run in parallel)
+  local st = val.timings and val:timings()
+  if st then
+    local dn = st.select + st.decode + st.nms + st.kpts
+    local mt = st.match + st.accum
+    local wall = vt.nms
+    if dn + mt > 0 then vt.nms, vt.match = wall * dn / (dn + mt), wall * mt / (dn + mt) end
+  end
   return m, vl and losses_table(vl) or nil
 end
 

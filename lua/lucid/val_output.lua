@@ -16,12 +16,14 @@ lucid.val_output — what a user expects after the final validation of a fit:
   -- after the loop:
   local files = vout:finish()   -- {json = path, png = path | nil, predictions = n}
 
-The detections come from val:detections(i) (network-input pixels of the
-imgsz x imgsz letterboxed image); the original size of each image comes from
-the dataset (lucid.image.dataset_image_size, no decoding) and the letterbox
+The detections are the validator's (network-input pixels of the imgsz x
+imgsz letterboxed image); the original size of each image comes from the
+dataset (lucid.image.dataset_image_size, no decoding) and the letterbox
 geometry from lucid.image.geometry, which is the loader's validation path.
-Entries follow lucid.predict.coco_entries (image_id = numeric file stem,
-else the dataset index; category_id = cls + 1).
+Entries are what lucid.predict.unletterbox + coco_entries + cjson.encode
+give (image_id = numeric file stem, else the dataset index; category_id =
+cls + 1), written by the validator in C (val:coco_json: no Lua table per
+detection); only the preview images take their detections to Lua.
 ]]
 local lucid = require "lucid"
 local predict = require "lucid.predict"
@@ -59,7 +61,7 @@ end
 
 function VO:reset()
   self:_free_tiles()
-  self.entries, self.tiles, self.images = {}, {}, 0
+  self.chunks, self.predictions, self.tiles, self.images = {}, 0, {}, 0
 end
 
 function VO:_free_tiles()
@@ -74,18 +76,17 @@ function VO:add_batch(val, vb)
   for i = 1, vb.n do
     local idx = vb.sample_index[i]
     if idx and idx > 0 then
-      local raw = val:detections(i)
       local w, h = lucid.image.dataset_image_size(self.dataset, idx)
       local g = lucid.image.geometry(w, h, S)
-      local dets = {}
-      for k, d in ipairs(raw) do dets[k] = predict.unletterbox(d, g) end
-      predict.coco_entries(predict.image_id(self.dataset:image_path(idx), idx), dets, self.entries)
+      local text, n = val:coco_json(i, predict.image_id(self.dataset:image_path(idx), idx), g)
+      if n > 0 then self.chunks[#self.chunks + 1] = text end
+      self.predictions = self.predictions + n
       self.images = self.images + 1
       if #self.tiles < self.plot_images then
         -- the network input itself (CHW u8) as an HWC image, predictions on it
         local img = vb.images:select(1, i):to("cpu", "u8"):permute(2, 3, 1):contiguous()
-        lucid.image.draw_pose(img, raw, { conf = self.plot_conf, kpt_threshold = self.kpt_threshold,
-          names = self.names })
+        lucid.image.draw_pose(img, val:detections(i), { conf = self.plot_conf,
+          kpt_threshold = self.kpt_threshold, names = self.names })
         self.tiles[#self.tiles + 1] = img
       end
     end
@@ -110,9 +111,20 @@ end
 -- Returns {json = path, png = path | nil, predictions = n, images = n}.
 function VO:finish()
   os.execute("mkdir -p '" .. self.save_dir:gsub("'", "'\\''") .. "'")
-  local res = { json = self.save_dir .. "/" .. self.json_name, predictions = #self.entries,
+  local res = { json = self.save_dir .. "/" .. self.json_name, predictions = self.predictions,
     images = self.images }
-  predict.write_json(res.json, self.entries)
+  -- the array cjson.encode writes for the entries ("[]" when empty), then a
+  -- newline; a temporary file renamed into place (as predict.write_json)
+  local text = #self.chunks == 0 and "[]" or ("[" .. table.concat(self.chunks, ",") .. "]")
+  local tmp = res.json .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then error("val_output: cannot write " .. res.json .. ": " .. tostring(err), 2) end
+  local ok, werr = f:write(text, "\n")
+  f:close()
+  if not ok then os.remove(tmp); error("val_output: cannot write " .. res.json .. ": " .. tostring(werr), 2) end
+  local rok, rerr = os.rename(tmp, res.json)
+  if not rok then os.remove(tmp); error("val_output: cannot write " .. res.json .. ": " .. tostring(rerr), 2) end
+  self.chunks = {}
   if #self.tiles > 0 then
     local canvas = mosaic(self.tiles)
     res.png = self.save_dir .. "/" .. self.png_name

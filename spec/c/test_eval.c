@@ -2,7 +2,11 @@
  * test_eval.c — validation metrics against hand-derived values:
  * AP of simple curves (COCO and Ultralytics methods), matching semantics,
  * a two-threshold-regime dataset whose mAP50-95 is derived in the comments,
- * crowd regions, images without people, OKS, decoding and NMS.
+ * crowd regions, images without people, OKS, decoding and NMS; the
+ * optimised decode/NMS and validator against the straightforward reference
+ * path (reference.c) bit for bit on random inputs (many candidates, tied
+ * confidences, several classes, NaN boxes, caps reached, threads), and the
+ * COCO results JSON number formatting against "%.14g".
  */
 #include "test.h"
 #include "eval/eval.h"
@@ -222,6 +226,261 @@ static void test_decode_nms(void) {
           "accepted");
 }
 
+
+/* ------------------------------------------ fast path == reference path */
+
+static const lucid_device CPU = {LUCID_CPU, 0};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 2685821657736338717ull) >> 32);
+}
+static float unif(void) { return (float)(rnd() >> 8) / 16777216.0f; }
+static float gauss(void) { /* Irwin-Hall, 4 terms: mean 0, sd 1 */
+    return (unif() + unif() + unif() + unif() - 2.0f) * 1.7320508f;
+}
+/* coarse values: many exact ties (as bf16 outputs of the GPU run have) */
+static float quant(float x, float step) { return floorf(x / step + 0.5f) * step; }
+
+/* Bitwise comparison of two detection lists. */
+static int same_dets(const lucid_det *a, int na, const lucid_det *b, int nb, int K,
+                     char *why, size_t wn) {
+    if (na != nb) {
+        snprintf(why, wn, "%d vs %d detections", na, nb);
+        return 0;
+    }
+    for (int i = 0; i < na; i++) {
+        if (memcmp(a[i].box, b[i].box, sizeof a[i].box) || memcmp(&a[i].conf, &b[i].conf, 4) ||
+            a[i].cls != b[i].cls || (!a[i].kpts) != (!b[i].kpts) ||
+            (K && a[i].kpts && memcmp(a[i].kpts, b[i].kpts, sizeof(float) * 3 * K))) {
+            snprintf(why, wn, "detection %d differs: conf %a/%a cls %d/%d box %a/%a", i,
+                     a[i].conf, b[i].conf, a[i].cls, b[i].cls, a[i].box[0], b[i].box[0]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Random head outputs for one image: class logits quantised (ties), DFL
+ * logits quantised, optional NaN/inf in a few box logits. */
+static void random_head(float *box, float *cls, float *kpt, int A, int R, int nc, int K,
+                        float cls_mu, float cls_step, float box_scale, int specials) {
+    for (int i = 0; i < 4 * R * A; i++) box[i] = quant(gauss() * box_scale, 0.125f);
+    for (int i = 0; i < nc * A; i++) cls[i] = quant(cls_mu + gauss(), cls_step);
+    for (int i = 0; i < 3 * K * A; i++) kpt[i] = gauss();
+    for (int s = 0; s < specials; s++) {
+        int i = (int)(rnd() % (uint32_t)(4 * R * A));
+        box[i] = s % 3 == 0 ? NAN : s % 3 == 1 ? INFINITY : -INFINITY;
+    }
+}
+
+static void test_fast_equals_reference(void) {
+    enum { R = 16, K = 5, NC = 3 };
+    lucid_anchor_level lv[3] = {{24, 24, 8.0f}, {12, 12, 16.0f}, {6, 6, 32.0f}};
+    const int A = 24 * 24 + 12 * 12 + 6 * 6;
+    float *box = malloc(sizeof(float) * 4 * R * A), *cls = malloc(sizeof(float) * NC * A);
+    float *kpt = malloc(sizeof(float) * 3 * K * A);
+    void *s1 = malloc(lucid_eval_scratch_bytes(A, NC, K));
+    void *s2 = malloc(lucid_eval_scratch_bytes(A, NC, K));
+    lucid_det *d1 = malloc(sizeof(lucid_det) * A), *d2 = malloc(sizeof(lucid_det) * A);
+    float *k1 = malloc(sizeof(float) * A * 3 * K), *k2 = malloc(sizeof(float) * A * 3 * K);
+    /* option sets: defaults; max_det cap; max_nms cut; loose and strict IoU;
+     * high conf; every anchor (conf -1); IoU 0 and negative */
+    struct { float conf, iou; int max_det, max_nms; } opt[] = {
+        {0.001f, 0.7f, 300, 30000}, {0.001f, 0.7f, 17, 30000}, {0.001f, 0.7f, 300, 40},
+        {0.001f, 0.3f, 300, 30000}, {0.001f, 0.95f, 300, 30000}, {0.25f, 0.7f, 300, 30000},
+        {-1.0f, 0.7f, 300, 30000},  {0.001f, 0.0f, 300, 30000}, {0.001f, -0.5f, 50, 30000},
+        {0.001f, 0.7f, 1000, 30000}};
+    int nopt = (int)(sizeof opt / sizeof opt[0]);
+    int cases = 0, bad = 0, total_kept = 0;
+    char why[256] = "";
+    for (int trial = 0; trial < 24 && !bad; trial++) {
+        int nc = trial % 3 == 0 ? 1 : NC;
+        float mu = trial % 4 == 0 ? -4.5f : trial % 4 == 1 ? -1.0f : trial % 4 == 2 ? 2.0f : -7.0f;
+        float step = trial % 2 ? 0.25f : 0.0078125f;
+        float bs = trial % 5 == 0 ? 0.2f : trial % 5 == 1 ? 3.0f : 1.0f; /* flat / peaked DFL */
+        random_head(box, cls, kpt, A, R, nc, K, mu, step, bs, trial % 6 == 5 ? 40 : 0);
+        for (int o = 0; o < nopt && !bad; o++) {
+            lucid_nms_opts no = {opt[o].conf, opt[o].iou, opt[o].max_det, opt[o].max_nms};
+            int n1 = lucid_eval_decode_nms(box, cls, kpt, A, R, nc, K, lv, 3, &no, s1, d1, k1);
+            int n2 = lucid_eval_decode_nms_reference(box, cls, kpt, A, R, nc, K, lv, 3, &no, s2,
+                                                     d2, k2);
+            cases++;
+            total_kept += n1;
+            if (!same_dets(d1, n1, d2, n2, K, why, sizeof why)) {
+                bad = 1;
+                printf("# trial %d options %d: %s\n", trial, o, why);
+            }
+        }
+    }
+    CHECK("fast decode+NMS equals the reference bit for bit (random heads, ties, 1-3 classes, "
+          "NaN/inf boxes, caps)",
+          !bad, "%s", why);
+    CHECK("the random cases keep detections", total_kept > cases, "%d kept over %d cases",
+          total_kept, cases);
+    free(box); free(cls); free(kpt); free(s1); free(s2); free(d1); free(d2); free(k1); free(k2);
+}
+
+/* Whole validator: reference (one thread, plain path) vs fast (threads 1
+ * and 3): the same detections per image and bitwise equal metrics. */
+static void test_validator_fast_equals_reference(void) {
+    enum { Bn = 5, G = 6, K = 17, R = 16, NC = 2 };
+    const int S = 192, A = (24 * 24) + (12 * 12) + (6 * 6);
+    lucid_pose_val_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.nc = NC;
+    cfg.nkpt = K;
+    cfg.reg_max = R;
+    cfg.nlevels = 3;
+    for (int l = 0; l < 3; l++) {
+        cfg.levels[l].h = cfg.levels[l].w = S / (8 << l);
+        cfg.levels[l].stride = (float)(8 << l);
+    }
+    cfg.nms = lucid_nms_opts_default();
+    cfg.ap_method = LUCID_AP_COCO;
+    lucid_pose_val *v[3] = {NULL, NULL, NULL};
+    int threads[3] = {1, 1, 3};
+    for (int i = 0; i < 3; i++) {
+        cfg.reference = i == 0;
+        cfg.threads = threads[i];
+        if (lucid_pose_val_create(ctx, &cfg, &v[i]) != LUCID_OK) {
+            TEST_FAIL("validator create", "%s", lucid_ctx_error(ctx));
+            return;
+        }
+    }
+    int64_t sb[3] = {Bn, 4 * R, A}, sc[3] = {Bn, NC, A}, sk[3] = {Bn, 3 * K, A};
+    int64_t tc[2] = {Bn, G}, tb[3] = {Bn, G, 4}, tk[4] = {Bn, G, K, 3};
+    lucid_tensor *pb, *pc, *pk, *gc, *gb, *gk, *gm;
+    lucid_tensor_empty(ctx, CPU, LUCID_F32, 3, sb, &pb);
+    lucid_tensor_empty(ctx, CPU, LUCID_F32, 3, sc, &pc);
+    lucid_tensor_empty(ctx, CPU, LUCID_F32, 3, sk, &pk);
+    lucid_tensor_zeros(ctx, CPU, LUCID_F32, 2, tc, &gc);
+    lucid_tensor_zeros(ctx, CPU, LUCID_F32, 3, tb, &gb);
+    lucid_tensor_zeros(ctx, CPU, LUCID_F32, 4, tk, &gk);
+    lucid_tensor_zeros(ctx, CPU, LUCID_F32, 2, tc, &gm);
+    int ok = 1;
+    char why[256] = "";
+    for (int batch = 0; batch < 3 && ok; batch++) {
+        float *b = lucid_tensor_data(pb), *c = lucid_tensor_data(pc), *k = lucid_tensor_data(pk);
+        for (int i = 0; i < Bn; i++)
+            random_head(b + (size_t)i * 4 * R * A, c + (size_t)i * NC * A, k + (size_t)i * 3 * K * A,
+                        A, R, NC, K, batch == 1 ? 0.5f : -3.0f, 0.25f, 0.5f, 0);
+        /* ground truth: boxes around random points, keypoints near them */
+        float *g_c = lucid_tensor_data(gc), *g_b = lucid_tensor_data(gb);
+        float *g_k = lucid_tensor_data(gk), *g_m = lucid_tensor_data(gm);
+        for (int r = 0; r < Bn * G; r++) {
+            g_m[r] = (rnd() % 4) != 0 ? 1.0f : 0.0f;
+            g_c[r] = (float)(rnd() % NC);
+            g_b[4 * r] = 0.1f + 0.8f * unif();
+            g_b[4 * r + 1] = 0.1f + 0.8f * unif();
+            g_b[4 * r + 2] = 0.05f + 0.3f * unif();
+            g_b[4 * r + 3] = 0.05f + 0.3f * unif();
+            for (int q = 0; q < K; q++) {
+                g_k[(r * K + q) * 3] = g_b[4 * r] + 0.1f * (unif() - 0.5f);
+                g_k[(r * K + q) * 3 + 1] = g_b[4 * r + 1] + 0.1f * (unif() - 0.5f);
+                g_k[(r * K + q) * 3 + 2] = (float)(rnd() % 3);
+            }
+        }
+        lucid_pose_val_batch bt = {pb, pc, pk, gc, gb, gk, gm, NULL, NULL, 0, Bn - (batch == 2),
+                                   (float)S, (float)S};
+        for (int i = 0; i < 3; i++)
+            if (lucid_pose_val_add_batch(ctx, v[i], &bt) != LUCID_OK) {
+                ok = 0;
+                snprintf(why, sizeof why, "add_batch: %s", lucid_ctx_error(ctx));
+            }
+        for (int img = 0; img < bt.n_images && ok; img++) {
+            int n0, n1, n2;
+            const lucid_det *d0 = lucid_pose_val_dets(v[0], img, &n0);
+            const lucid_det *d1 = lucid_pose_val_dets(v[1], img, &n1);
+            const lucid_det *d2 = lucid_pose_val_dets(v[2], img, &n2);
+            ok = same_dets(d1, n1, d0, n0, K, why, sizeof why) &&
+                 same_dets(d2, n2, d0, n0, K, why, sizeof why);
+        }
+    }
+    CHECK("validator: fast path (1 and 3 threads) gives the reference's detections", ok, "%s", why);
+    lucid_pose_metrics m[3];
+    for (int i = 0; i < 3; i++) lucid_pose_val_compute(ctx, v[i], &m[i]);
+    int same = 1;
+    for (int i = 1; i < 3; i++) {
+        const lucid_ap_result *r[2][2] = {{&m[0].box, &m[0].pose}, {&m[i].box, &m[i].pose}};
+        for (int g = 0; g < 2; g++) {
+            same &= memcmp(&r[0][g]->precision, &r[1][g]->precision, 8) == 0;
+            same &= memcmp(&r[0][g]->recall, &r[1][g]->recall, 8) == 0;
+            same &= memcmp(&r[0][g]->map50, &r[1][g]->map50, 8) == 0;
+            same &= memcmp(&r[0][g]->map50_95, &r[1][g]->map50_95, 8) == 0;
+            same &= memcmp(r[0][g]->map, r[1][g]->map, sizeof r[0][g]->map) == 0;
+            same &= r[0][g]->n_gt == r[1][g]->n_gt && r[0][g]->n_pred == r[1][g]->n_pred;
+        }
+        same &= memcmp(&m[0].fitness, &m[i].fitness, 8) == 0 && m[0].images == m[i].images;
+    }
+    CHECK("validator: metrics bitwise equal to the reference (box and pose P, R, mAP50, "
+          "mAP50-95)",
+          same, "box mAP50-95 %.17g / %.17g / %.17g", m[0].box.map50_95, m[1].box.map50_95,
+          m[2].box.map50_95);
+    CHECK("validator: the random set has predictions and ground truth",
+          m[0].box.n_pred > 100 && m[0].box.n_gt > 10 && m[0].images == 14,
+          "%lld preds, %lld gt, %lld images", (long long)m[0].box.n_pred,
+          (long long)m[0].box.n_gt, (long long)m[0].images);
+    lucid_eval_timings t;
+    lucid_pose_val_timings(v[1], &t);
+    CHECK("validator: timings count images and stages", t.images == 14 && t.kept == m[1].box.n_pred &&
+          t.decoded >= t.kept && t.candidates >= t.decoded && t.wall > 0,
+          "images %lld kept %lld decoded %lld candidates %lld", (long long)t.images,
+          (long long)t.kept, (long long)t.decoded, (long long)t.candidates);
+    for (int i = 0; i < 3; i++) lucid_pose_val_free(v[i]);
+    lucid_tensor_release(pb); lucid_tensor_release(pc); lucid_tensor_release(pk);
+    lucid_tensor_release(gc); lucid_tensor_release(gb); lucid_tensor_release(gk);
+    lucid_tensor_release(gm);
+}
+
+/* The JSON numbers: round(x, d) then "%.14g", as predict.lua + cjson. */
+static void test_format_rounded(void) {
+    char a[64], b[64];
+    int bad = 0;
+    double worst = 0;
+    for (int i = 0; i < 400000 && !bad; i++) {
+        double x;
+        switch (i % 8) {
+        case 0: x = unif() * 700.0; break;                          /* pixels */
+        case 1: x = unif(); break;                                  /* scores */
+        case 2: x = unif() * 1e-3; break;                           /* tiny */
+        case 3: x = (double)(rnd() % 100000) / 1000.0; break;       /* exact decimals */
+        case 4: x = ((double)(rnd() % 2000000) + 0.5) / 1000.0; break; /* .5 boundaries */
+        case 5: x = -unif() * 50.0; break;                          /* negatives */
+        case 6: x = unif() * 1e12; break;                           /* large */
+        default: x = ldexp(unif(), (int)(rnd() % 80) - 40); break;  /* any exponent */
+        }
+        int d = i % 3 == 0 ? 5 : 3;
+        double m = d == 3 ? 1000.0 : 100000.0;
+        snprintf(b, sizeof b, "%.14g", floor(x * m + 0.5) / m);
+        int n = lucid_eval_format_rounded(a, x, d);
+        if (n != (int)strlen(b) || strcmp(a, b)) {
+            bad = 1;
+            worst = x;
+        }
+    }
+    CHECK("JSON numbers: round(x, 3|5) written as %.14g", !bad, "x = %.17g: got '%s', want '%s'",
+          worst, a, b);
+    double special[] = {0.0, -0.0, 1e-4, 0.00005, 0.000049, 1e14, -1e-9, 123.4564999, 0.99999};
+    bad = 0;
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        for (int d = 3; d <= 5; d += 2) {
+            double m = d == 3 ? 1000.0 : 100000.0;
+            snprintf(b, sizeof b, "%.14g", floor(special[i] * m + 0.5) / m);
+            lucid_eval_format_rounded(a, special[i], d);
+            if (strcmp(a, b)) {
+                bad = 1;
+                worst = special[i];
+            }
+        }
+    CHECK("JSON numbers: edge values", !bad, "x = %.17g: got '%s', want '%s'", worst, a, b);
+    CHECK("JSON numbers: NaN and infinity refused", lucid_eval_format_rounded(a, NAN, 3) < 0 &&
+          lucid_eval_format_rounded(a, INFINITY, 3) < 0, "accepted");
+}
+
 int main(void) {
     char err[256];
     if (lucid_ctx_create(NULL, &ctx, err, sizeof err) != LUCID_OK) {
@@ -233,6 +492,9 @@ int main(void) {
     test_match();
     test_dataset();
     test_decode_nms();
+    test_fast_equals_reference();
+    test_validator_fast_equals_reference();
+    test_format_rounded();
     lucid_ctx_release(ctx);
     return test_exit();
 }
