@@ -114,6 +114,23 @@ HD Phase phase_of(const IgP &P, int z) {
     return f;
 }
 
+/* k of a phase's GEMM -> (co, ri, qi), k = (co*nR + ri)*nQ + qi; shifts
+ * when nR and nQ are 1 or 2 (stride 2, kernel <= 4), divisions otherwise */
+HD void phase_k(const Phase &f, int k, int &co, int &ri, int &qi) {
+    if (f.nR <= 2 && f.nQ <= 2) {
+        int lq = f.nQ - 1, lr = f.nR - 1; /* log2 */
+        qi = k & lq;
+        ri = (k >> lq) & lr;
+        co = k >> (lq + lr);
+    } else {
+        int nn = f.nR * f.nQ, rr;
+        co = k / nn;
+        rr = k - co * nn;
+        ri = rr / f.nQ;
+        qi = rr - ri * f.nQ;
+    }
+}
+
 template <typename T> HD T to_t(float v);
 template <> HD __nv_bfloat16 to_t<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> HD __half to_t<__half>(float v) { return __float2half_rn(v); }
@@ -200,8 +217,8 @@ struct Stage {
                         int co = k / KK, rq = k - co * KK;
                         v = ((const float *)P.a)[((size_t)co * P.Cin + m) * KK + rq];
                     } else if (MODE == IG_DGRAD_PH) {
-                        int nn = f.nR * f.nQ, co = k / nn, rr = k - co * nn, ri = rr / f.nQ,
-                            qi = rr - ri * f.nQ;
+                        int co, ri, qi;
+                        phase_k(f, k, co, ri, qi);
                         int r = f.a + P.sh * ri, q = f.b + P.sw * qi;
                         v = ((const float *)P.a)[(((size_t)co * P.Cin + m) * KH + r) * KW + q];
                     } else {
@@ -268,17 +285,17 @@ struct Stage {
                 b[j] = v;
             }
         } else if (MODE == IG_DGRAD_PH) {
-            const int nn = f.nR * f.nQ;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
                 T v = to_t<T>(0.0f);
                 if (nvalid && k < kend) {
-                    int co = k / nn, rr = k - co * nn, ri = rr / f.nQ, qi = rr - ri * f.nQ;
+                    int co, ri, qi;
+                    phase_k(f, k, co, ri, qi);
                     /* exact: (h + ph - r) = sh*(i + (h0+ph-a)/sh - ri) */
                     int hn = p0h - (f.a + P.sh * ri), wn = p0w - (f.b + P.sw * qi);
                     if (hn >= 0 && wn >= 0) {
-                        int ho = hn / P.sh, wo = wn / P.sw;
+                        int ho = P.sh == 2 ? hn >> 1 : hn / P.sh, wo = P.sw == 2 ? wn >> 1 : wn / P.sw;
                         if (ho < P.Ho && wo < P.Wo)
                             v = ((const T *)P.b)[(((size_t)img * P.Cout + co) * P.Ho + ho) * P.Wo + wo];
                     }
@@ -341,15 +358,52 @@ struct Stage {
     }
 };
 
-/* Element offset of output (m, n) of a forward / backward-data tile. */
-HD size_t out_offset(const IgP &P, const Phase &f, int MODE_, int m, int n) {
-    if (MODE_ == IG_DGRAD_PH) {
-        int j = n % f.Wp, r = n / f.Wp, i = r % f.Hp, im = r / f.Hp;
-        return (((size_t)im * P.Cin + m) * P.H + f.h0 + P.sh * i) * P.W + f.w0 + P.sw * j;
+/* Thread t's share of the output tile (sC, f32 [BM][LDC]): column
+ * c = t % BN (fixed, so its pixel is decomposed once), rows t/BN + i*(NT/BN).
+ * wgrad: dw (direct, with beta) or split z's partial; fwd: + bias, one
+ * rounding; dgrad: beta*dx + C, one rounding.  Host-callable (emulation). */
+template <typename T, int MODE>
+HD void epilogue(const IgP &P, const Phase &f, int m0, int n0, int z, int t, const float *sC) {
+    const int c = t % BN, gn = n0 + c;
+    if (MODE == IG_WGRAD) {
+        if (gn >= P.Nc) return;
+        float *out = (float *)P.out;
+        if (!P.direct) out += (size_t)z * P.M * P.Nc;
+        for (int r = t / BN; r < BM; r += NT / BN) {
+            int gm = m0 + r;
+            if (gm >= P.M) break;
+            size_t o = (size_t)gm * P.Nc + gn;
+            float v = sC[r * LDC + c];
+            if (P.direct && P.beta != 0.0f) v = fmaf(P.beta, out[o], v);
+            out[o] = v;
+        }
+        return;
     }
-    const int PS = MODE_ == IG_FWD ? P.Ho * P.Wo : P.H * P.W;
-    int im = n / PS, pix = n - im * PS;
-    return ((size_t)im * P.M + m) * PS + pix;
+    if (gn >= f.Nc) return;
+    /* C(m, n) -> out[img][m][pixel of n]: base + m * plane */
+    size_t base, plane;
+    if (MODE == IG_DGRAD_PH) {
+        int j = gn % f.Wp, q = gn / f.Wp, i = q % f.Hp, im = q / f.Hp;
+        plane = (size_t)P.H * P.W;
+        base = (size_t)im * P.Cin * plane + (size_t)(f.h0 + P.sh * i) * P.W + f.w0 + P.sw * j;
+    } else {
+        plane = MODE == IG_FWD ? (size_t)P.Ho * P.Wo : (size_t)P.H * P.W;
+        int im = (int)(gn / plane);
+        base = (size_t)im * P.M * plane + (gn - (size_t)im * plane);
+    }
+    T *out = (T *)P.out;
+    for (int r = t / BN; r < BM; r += NT / BN) {
+        int gm = m0 + r;
+        if (gm >= P.M) break;
+        size_t o = base + (size_t)gm * plane;
+        float v = sC[r * LDC + c];
+        if (MODE == IG_FWD) {
+            if (P.bias) v += P.bias[gm];
+        } else if (P.beta != 0.0f) {
+            v = fmaf(P.beta, to_f<T>(out[o]), v);
+        }
+        out[o] = to_t<T>(v);
+    }
 }
 
 template <typename T, int MODE, int KS>
@@ -419,33 +473,7 @@ __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
                                   wm::mem_row_major);
     __syncthreads();
 
-    if (MODE == IG_WGRAD) {
-        float *out = (float *)P.out;
-        if (!P.direct) out += (size_t)blockIdx.z * P.M * P.Nc;
-        for (int e = t; e < BM * BN; e += NT) {
-            int r = e / BN, c = e % BN, gm = m0 + r, gn = n0 + c;
-            if (gm >= P.M || gn >= P.Nc) continue;
-            size_t o = (size_t)gm * P.Nc + gn;
-            float v = sC[r * LDC + c];
-            if (P.direct && P.beta != 0.0f) v = fmaf(P.beta, out[o], v);
-            out[o] = v;
-        }
-    } else {
-        /* C(m, pix) -> out[img][m][pix] */
-        T *out = (T *)P.out;
-        for (int e = t; e < BM * BN; e += NT) {
-            int r = e / BN, c = e % BN, gm = m0 + r, gn = n0 + c;
-            if (gm >= P.M || gn >= f.Nc) continue;
-            size_t o = out_offset(P, f, MODE, gm, gn);
-            float v = sC[r * LDC + c];
-            if (MODE == IG_FWD) {
-                if (P.bias) v += P.bias[gm];
-            } else if (P.beta != 0.0f) {
-                v = fmaf(P.beta, to_f<T>(out[o]), v);
-            }
-            out[o] = to_t<T>(v);
-        }
-    }
+    epilogue<T, MODE>(P, f, m0, n0, blockIdx.z, t, sC);
 }
 
 /* dw[i] = beta*dw[i] + sum over splits s = 0, 1, ... of part[s][i] */
@@ -523,14 +551,15 @@ int lucid_conv_igemm_fits(const lucid_igemm_geom *g) {
 }
 
 /* Splits of the backward-filter GEMM: enough blocks to cover the H200's 132
- * SMs about twice, each split at least 8 k tiles (256 pixels) long. */
+ * SMs about four times, each split at least 8 k tiles (256 pixels) long, at
+ * most 1024 splits. */
 int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
     int M = g->Cout, Nc = g->Cin * g->kh * g->kw, K = g->N * g->Ho * g->Wo;
     long blocks = (long)tiles(M, BM) * tiles(Nc, BN);
-    long want = (264 + blocks - 1) / blocks;
+    long want = (528 + blocks - 1) / blocks;
     long maxs = (K + 8 * BK - 1) / (8 * BK);
     long s = want < maxs ? want : maxs;
-    if (s > 64) s = 64;
+    if (s > 1024) s = 1024;
     return s < 1 ? 1 : (int)s;
 }
 

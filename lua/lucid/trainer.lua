@@ -448,8 +448,10 @@ function Trainer:_fit(state, opts)
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
-      .. "contract check %.2f us/step\n", sst.route, sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
-      sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_check_us or 0))
+      .. "contract check %.2f us/step (%d full checks after a counter moved, %.0f us each)\n", sst.route,
+      sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
+      sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_check_us or 0,
+      sst.full_checks or 0, sst.full_check_us or 0))
   end
   out:write(string.format("\n%d epoch%s completed in %.3f hours.\n", E - start_epoch, E - start_epoch == 1 and "" or "s",
     fit_seconds / 3600))

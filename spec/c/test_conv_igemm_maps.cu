@@ -3,8 +3,10 @@
  * (cuda/nn_conv_igemm.cu): the tile loop runs on the CPU with the kernels own
  * Stage loaders (index maps, padding, stride, dilation, split-K chunks) and a
  * scalar product in place of the tensor cores, against a float64 direct
- * convolution.  Needs nvcc, not a GPU (runs in CI).  Tolerance 1e-5 relative
- * Frobenius: operands are the same bf16 values, only the f32 sum order differs.
+ * convolution.  Needs nvcc, not a GPU (runs in CI).  Tolerance (relative
+ * Frobenius): 1e-5 for the f32 filter gradient (same bf16 operands, only the
+ * f32 sum order differs), 4e-3 for the bf16 outputs of forward and
+ * backward-data (one rounding, 2^-9 relative); a wrong index gives O(1).
  */
 #include "nn_conv_igemm.cu"
 #include <vector>
@@ -33,12 +35,12 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
       for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){ float a=0; for(int kk=0;kk<BK;kk++){
         float av=to_f(sA[r*LDA+kk]); float bv= MODE==IG_WGRAD? to_f(sB[c*LDBC+kk]) : to_f(sB[kk*LDBR+c]); a+=av*bv;} sC[r*LDC+c]+=a; }
     }
-    if(MODE==IG_WGRAD){ size_t base = P.direct?0:(size_t)bz*P.M*P.Nc;
-      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=P.Nc) continue; out[base+(size_t)gm*P.Nc+gn]=sC[r*LDC+c];}
-    } else {
-      for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){int gm=m0+r,gn=n0+c; if(gm>=P.M||gn>=f.Nc) continue;
-        size_t o=out_offset(P,f,MODE,gm,gn); float v=sC[r*LDC+c]; if(MODE==IG_FWD&&P.bias) v+=P.bias[gm]; out[o]=v;}
-    }
+    /* the kernel's own epilogue, thread by thread; fwd/dgrad write T */
+    std::vector<T> tout;
+    IgP Q=P;
+    if(MODE!=IG_WGRAD){ tout.assign(out.size(), __float2bfloat16_rn(NAN)); Q.out=tout.data(); } else Q.out=out.data();
+    for(int t=0;t<NT;t++) epilogue<T,MODE>(Q,f,m0,n0,bz,t,sC.data());
+    if(MODE!=IG_WGRAD) for(size_t i=0;i<out.size();i++){ float v=__bfloat162float(tout[i]); if(v==v) out[i]=v; }
   }
 }
 template<int MODE>
@@ -54,9 +56,9 @@ static const char* variant(const IgLaunch& L){
   static char b[48]; snprintf(b,48,"%s%s", L.mode==IG_DGRAD_PH?"phases ":"", L.ks==KV1?"vec1x1":L.ks==1?"k1":L.ks==3?"k3":"generic"); return b;
 }
 static int fails=0;
-static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r){
+static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r,double tol=1e-5){
   double num=0,den=0; for(size_t i=0;i<a.size();i++){double d=a[i]-r[i]; num+=d*d; den+=r[i]*r[i];}
-  double e=sqrt(num/(den+1e-30)); if(e<1e-5) printf("ok %s (rel %.2e)\n",name,e); else {printf("not ok %s: rel err %.2e > 1e-5\n",name,e); fails++;}
+  double e=sqrt(num/(den+1e-30)); if(e<tol) printf("ok %s (rel %.2e)\n",name,e); else {printf("not ok %s: rel err %.2e > %.0e\n",name,e,tol); fails++;}
 }
 static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int d){
   lucid_igemm_geom g; g.N=N;g.Cin=Cin;g.H=H;g.W=W;g.Cout=Cout;g.kh=kh;g.kw=kw;g.sh=g.sw=s;g.ph=g.pw=p;g.dh=g.dw=d;
@@ -74,9 +76,9 @@ static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int
   for(int n=0;n<N;n++) for(int co=0;co<Cout;co++) for(int i=0;i<Ho*Wo;i++) ry[((size_t)n*Cout+co)*Ho*Wo+i]+=b[co];
   char nm[160];
   { IgLaunch L=plan_forward(&g,x.data(),w.data(),b.data(),nullptr); std::vector<float> out(ny,NAN); emulate(L,out);
-    snprintf(nm,160,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,ry);}
+    snprintf(nm,160,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,ry,4e-3);}
   { IgLaunch L=plan_backward_data(&g,dy.data(),w.data(),nullptr,0.f); std::vector<float> out(nx,NAN); emulate(L,out);
-    snprintf(nm,160,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,rdx);}
+    snprintf(nm,160,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,rdx,4e-3);}
   { IgLaunch L=plan_backward_filter(&g,x.data(),dy.data(),nullptr,0.f,nullptr); int splits=L.splits;
     std::vector<float> part((size_t)splits*nw,NAN); emulate(L,part);
     std::vector<float> out(nw); for(size_t i=0;i<nw;i++){float sum=part[i]; for(int k=1;k<splits;k++) sum+=part[k*nw+i]; out[i]=sum;}
