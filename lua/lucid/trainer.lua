@@ -35,6 +35,9 @@ local val_output = require "lucid.val_output"
 local Trainer = {}
 Trainer.__index = Trainer
 
+-- training steps between two full Lua garbage collections (see the loop)
+local GC_EVERY = 8
+
 local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true, on_val_end = true,
                  on_epoch_end = true, on_fit_end = true, on_fit_error = true }
 
@@ -359,7 +362,13 @@ function Trainer:_fit(state, opts)
         bar:update(i, losses_table(step:running_losses()), self:mem_gb(), batch.max_count, S)
       end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
+      -- device memory held by tensors that are already garbage is invisible
+      -- to Lua's collector (it sees only the small userdata), so without a
+      -- regular full cycle the caching allocator keeps growing over an
+      -- epoch; a full collection every GC_EVERY steps bounds it
+      if i % GC_EVERY == 0 then collectgarbage() end
     end
+    collectgarbage()
     ctx:synchronize()
     local t_epoch1 = lucid.wall_time()
     step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i }
