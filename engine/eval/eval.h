@@ -106,6 +106,21 @@ double lucid_eval_now(void);
  * lucid_eval_reference_scratch_bytes(A) (lucid_eval_scratch_bytes covers
  * it). */
 size_t lucid_eval_reference_scratch_bytes(int A);
+
+/* Anchor a's centre (grid units, +0.5) and stride over the levels (row-major
+ * h x w each, in order); -1 when a is past the last level.  Source:
+ * Ultralytics make_anchors. */
+int lucid_eval_anchor(const lucid_anchor_level *lv, int nlv, int a, float *ax, float *ay,
+                      float *stride);
+
+/* One kept detection: box (x1 y1 x2 y2, input pixels), conf, cls and, for
+ * K > 0, the K keypoints of `anchor` decoded into kp [K][3] as Ultralytics
+ * Pose.kpts_decode ((raw*2 + (anchor - 0.5)) * stride, sigmoid visibility)
+ * from kpt_raw [3K][A]; d->kpts = kp (NULL when K == 0).  Shared by the fast
+ * and the reference path, so their detections agree bit for bit. */
+void lucid_eval_det_fill(lucid_det *d, const float box[4], float conf, int cls, int anchor,
+                         const lucid_anchor_level *levels, int nlevels, const float *kpt_raw,
+                         int A, int K, float *kp);
 int lucid_eval_decode_nms_reference_timed(
     const float *box_logits, const float *cls_logits, const float *kpt_raw,
     int A, int reg_max, int nc, int K, const lucid_anchor_level *levels,

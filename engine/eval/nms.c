@@ -95,9 +95,8 @@ size_t lucid_eval_scratch_bytes(int A, int nc, int K) {
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Anchor centre (grid units) and stride of anchor a. */
-static int anchor_of(const lucid_anchor_level *lv, int nlv, int a, float *ax,
-                     float *ay, float *stride) {
+int lucid_eval_anchor(const lucid_anchor_level *lv, int nlv, int a, float *ax,
+                      float *ay, float *stride) {
     for (int l = 0; l < nlv; l++) {
         int n = lv[l].h * lv[l].w;
         if (a < n) {
@@ -109,6 +108,27 @@ static int anchor_of(const lucid_anchor_level *lv, int nlv, int a, float *ax,
         a -= n;
     }
     return -1;
+}
+
+void lucid_eval_det_fill(lucid_det *d, const float box[4], float conf, int cls, int anchor,
+                         const lucid_anchor_level *levels, int nlevels, const float *kpt_raw,
+                         int A, int K, float *kp) {
+    memcpy(d->box, box, sizeof d->box);
+    d->conf = conf;
+    d->cls = cls;
+    d->kpts = NULL;
+    if (K <= 0) return;
+    float ax = 0, ay = 0, stride = 1;
+    lucid_eval_anchor(levels, nlevels, anchor, &ax, &ay, &stride);
+    for (int k = 0; k < K; k++) {
+        float rx = kpt_raw[(size_t)(3 * k) * A + anchor];
+        float ry = kpt_raw[(size_t)(3 * k + 1) * A + anchor];
+        float rv = kpt_raw[(size_t)(3 * k + 2) * A + anchor];
+        kp[3 * k] = (rx * 2.0f + (ax - 0.5f)) * stride;
+        kp[3 * k + 1] = (ry * 2.0f + (ay - 0.5f)) * stride;
+        kp[3 * k + 2] = sigmoidf_(rv);
+    }
+    d->kpts = kp;
 }
 
 /* Candidates by descending confidence, ties in their current (ascending
@@ -172,7 +192,7 @@ static void decode_boxes(const float *box_logits, int A, int reg_max,
     }
     for (int j = 0; j < cnt; j++) {
         float ax = 0, ay = 0, stride = 1;
-        anchor_of(levels, nlevels, c[j].anchor, &ax, &ay, &stride);
+        lucid_eval_anchor(levels, nlevels, c[j].anchor, &ax, &ay, &stride);
         float dist[4];
         for (int side = 0; side < 4; side++) {
             float(*v)[CHUNK] = g + side * reg_max;
@@ -383,26 +403,9 @@ int lucid_eval_decode_nms_timed(const float *box_logits,
     double t2 = tm ? lucid_eval_now() : 0;
     for (int o = 0; o < kept; o++) {
         int ci = kidx[o];
-        lucid_det *d = &dets[o];
-        memcpy(d->box, boxes + 4 * (size_t)ci, sizeof d->box);
-        d->conf = cands[ci].conf;
-        d->cls = cands[ci].cls;
-        d->kpts = NULL;
-        if (K > 0) {
-            int a = cands[ci].anchor;
-            float ax = 0, ay = 0, stride = 1;
-            anchor_of(levels, nlevels, a, &ax, &ay, &stride);
-            float *kp = kpt_out + (size_t)o * K * 3;
-            for (int k = 0; k < K; k++) {
-                float rx = kpt_raw[(size_t)(3 * k) * A + a];
-                float ry = kpt_raw[(size_t)(3 * k + 1) * A + a];
-                float rv = kpt_raw[(size_t)(3 * k + 2) * A + a];
-                kp[3 * k] = (rx * 2.0f + (ax - 0.5f)) * stride;
-                kp[3 * k + 1] = (ry * 2.0f + (ay - 0.5f)) * stride;
-                kp[3 * k + 2] = sigmoidf_(rv);
-            }
-            d->kpts = kp;
-        }
+        lucid_eval_det_fill(&dets[o], boxes + 4 * (size_t)ci, cands[ci].conf, cands[ci].cls,
+                            cands[ci].anchor, levels, nlevels, kpt_raw, A, K,
+                            kpt_out + (size_t)o * K * 3);
     }
     if (tm) tm->kpts += lucid_eval_now() - t2;
     return kept;

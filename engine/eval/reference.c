@@ -34,20 +34,6 @@ size_t lucid_eval_reference_scratch_bytes(int A) {
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-static int anchor_of(const lucid_anchor_level *lv, int nlv, int a, float *ax,
-                     float *ay, float *stride) {
-    for (int l = 0; l < nlv; l++) {
-        int n = lv[l].h * lv[l].w;
-        if (a < n) {
-            *ax = (float)(a % lv[l].w) + 0.5f;
-            *ay = (float)(a / lv[l].w) + 0.5f;
-            *stride = lv[l].stride;
-            return 0;
-        }
-        a -= n;
-    }
-    return -1;
-}
 
 int lucid_eval_decode_nms_reference_timed(
     const float *box_logits, const float *cls_logits, const float *kpt_raw,
@@ -90,7 +76,7 @@ int lucid_eval_decode_nms_reference_timed(
     for (int i = 0; i < n; i++) {
         int a = cands[i].anchor;
         float ax = 0, ay = 0, stride = 1;
-        anchor_of(levels, nlevels, a, &ax, &ay, &stride);
+        lucid_eval_anchor(levels, nlevels, a, &ax, &ay, &stride);
         float dist[4];
         for (int side = 0; side < 4; side++) {
             const float *lg = box_logits + (size_t)side * reg_max * A + a;
@@ -118,26 +104,9 @@ int lucid_eval_decode_nms_reference_timed(
     int out = 0;
     for (int i = 0; i < n && out < kept; i++) {
         if (!keep[i]) continue;
-        lucid_det *d = &dets[out];
-        memcpy(d->box, boxes + 4 * i, sizeof d->box);
-        d->conf = cands[i].conf;
-        d->cls = cands[i].cls;
-        d->kpts = NULL;
-        if (K > 0) {
-            int a = cands[i].anchor;
-            float ax = 0, ay = 0, stride = 1;
-            anchor_of(levels, nlevels, a, &ax, &ay, &stride);
-            float *kp = kpt_out + (size_t)out * K * 3;
-            for (int k = 0; k < K; k++) {
-                float rx = kpt_raw[(size_t)(3 * k) * A + a];
-                float ry = kpt_raw[(size_t)(3 * k + 1) * A + a];
-                float rv = kpt_raw[(size_t)(3 * k + 2) * A + a];
-                kp[3 * k] = (rx * 2.0f + (ax - 0.5f)) * stride;
-                kp[3 * k + 1] = (ry * 2.0f + (ay - 0.5f)) * stride;
-                kp[3 * k + 2] = sigmoidf_(rv);
-            }
-            d->kpts = kp;
-        }
+        lucid_eval_det_fill(&dets[out], boxes + 4 * i, cands[i].conf, cands[i].cls,
+                            cands[i].anchor, levels, nlevels, kpt_raw, A, K,
+                            kpt_out + (size_t)out * K * 3);
         out++;
     }
     if (tm) {
