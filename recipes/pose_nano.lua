@@ -67,6 +67,10 @@ if ... == "--defaults" then return defaults end
 -- message and exit with status 1; LUCID_DEBUG=1 adds the Lua traceback.
 local function main()
   local cfg = recipe.resolve(defaults, arg)
+  -- resume: the run's saved settings, with only the overrides a resume allows
+  local note
+  cfg, note = recipe.apply_resume(cfg, defaults, arg, require("lucid.checkpoint").load)
+  if note then print(note) end
   recipe.print(cfg)
 
   local Trainer = require "lucid.trainer"
@@ -88,6 +92,7 @@ local ok, err = xpcall(main, function(e)
   return tostring(e)
 end)
 if not ok then
+  io.stdout:flush() -- the configuration printed so far comes before the error when piped
   io.stderr:write("pose_nano: ", err, "\n")
   os.exit(1)
 end

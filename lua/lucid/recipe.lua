@@ -135,6 +135,75 @@ function recipe.resolve(defaults, args, overrides)
   return cfg
 end
 
+-- Settings a resume may change from the command line; every other setting
+-- comes from the checkpoint (Ultralytics check_resume keeps imgsz, batch,
+-- device and close_mosaic from the overrides; lucid adds the settings that
+-- only say where and how long to run: epochs extends a finished run).
+recipe.RESUME_OVERRIDES = {
+  imgsz = true, batch = true, device = true, ["augment.close_mosaic"] = true,
+  epochs = true, workers = true, project = true, name = true, exist_ok = true, resume = true,
+  quiet = true, save_period = true, val_period = true,
+}
+
+local function flatten(t, prefix, out)
+  for k, v in pairs(t) do
+    local name = prefix and (prefix .. "." .. k) or k
+    if type(v) == "table" and #v == 0 and next(v) ~= nil then flatten(v, name, out) else out[name] = v end
+  end
+  return out
+end
+
+--- The configuration of a resumed run: when cfg.resume is set (true: the
+-- run's weights/last.safetensors under project/name; a string: that file),
+-- the settings saved in the checkpoint replace the defaults, and of the
+-- command-line `args` only the keys of recipe.RESUME_OVERRIDES apply (the
+-- others are listed in the returned note and ignored, as Ultralytics'
+-- resume does). Without resume, cfg is returned unchanged.
+-- load_checkpoint: checkpoint.load (or a function path -> {config = table}).
+-- Errors: "resume: no checkpoint at <path> ..." when the file is missing; a
+-- file that is not a lucid checkpoint, or whose config metadata is not
+-- valid JSON, raises the checkpoint reader's error.
+-- @return cfg, note (string or nil: what was restored and ignored)
+function recipe.apply_resume(cfg, defaults, args, load_checkpoint)
+  local r = cfg.resume
+  if r == nil or r == false or r == "false" or r == "" then return cfg, nil end
+  local path = (type(r) == "string" and r ~= "true") and r
+    or ((cfg.project or "runs") .. "/" .. (cfg.name or "train") .. "/weights/last.safetensors")
+  local f = io.open(path, "rb")
+  if not f then
+    error(string.format("resume: no checkpoint at %s (a run resumes from its weights/last.safetensors; "
+      .. "check project= and name=, or start the run without resume=)", path), 0)
+  end
+  f:close()
+  local ck = load_checkpoint(path)
+  local saved = ck.config
+  if ck.close then ck:close() end
+  if type(saved) ~= "table" then return cfg, nil end
+  -- saved settings that this recipe still has, then the allowed overrides
+  local known = flatten(defaults, nil, {})
+  local base = {}
+  for k, v in pairs(flatten(saved, nil, {})) do
+    if known[k] ~= nil or rawget(known, k) ~= nil then base[k] = v end
+  end
+  local allowed, ignored = {}, {}
+  for _, a in ipairs(args or {}) do
+    if type(a) == "string" then
+      local k = a:match("^([%w_%.%-]+)=")
+      if k and recipe.RESUME_OVERRIDES[k] then allowed[#allowed + 1] = a
+      elseif k then ignored[#ignored + 1] = k end
+    end
+  end
+  local out = recipe.resolve(defaults, allowed, base)
+  out.resume = cfg.resume
+  local note = string.format("Resuming %s with the settings saved in it", path)
+  if #ignored > 0 then
+    table.sort(ignored)
+    note = note .. string.format(" (ignored on resume: %s; allowed: %s)", table.concat(ignored, ", "),
+      "imgsz, batch, device, augment.close_mosaic, epochs, workers, save_period, val_period, project, name, exist_ok, quiet")
+  end
+  return out, note
+end
+
 --- Render the resolved configuration, sorted by key, one "key: value" per
 -- line (nested tables flattened with dots).
 function recipe.format(cfg)

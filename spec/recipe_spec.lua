@@ -1,0 +1,79 @@
+-- lucid.recipe: key=value overrides and the configuration of a resumed run
+-- (the checkpoint's saved settings; only recipe.RESUME_OVERRIDES from the
+-- command line, as Ultralytics' check_resume).
+local recipe = require("lucid.recipe")
+
+local defaults = {
+  epochs = 10, batch = 4, imgsz = 640, lr0 = 0.01, device = "auto", name = "run", project = "runs",
+  exist_ok = false, resume = false, workers = 4,
+  augment = { mosaic = 1.0, close_mosaic = 0 },
+}
+
+describe("recipe.resolve", function()
+  it("parses overrides to the default's type and rejects unknown keys by name", function()
+    local cfg = recipe.resolve(defaults, { "epochs=3", "augment.mosaic=0.5", "device=cpu" })
+    assert.are.equal(3, cfg.epochs)
+    assert.are.equal(0.5, cfg.augment.mosaic)
+    assert.are.equal("cpu", cfg.device)
+    assert.are.equal(10, defaults.epochs) -- the defaults table is not modified
+    assert.has_error(function() recipe.resolve(defaults, { "epoch=3" }) end,
+      "recipe: unknown key 'epoch' (did you mean 'epochs'?)")
+  end)
+end)
+
+describe("recipe.apply_resume", function()
+  local path
+  before_each(function()
+    path = os.tmpname() .. ".safetensors"
+    local f = assert(io.open(path, "wb"))
+    f:write("x")
+    f:close()
+  end)
+  after_each(function() os.remove(path) end)
+
+  local saved = { epochs = 1, batch = 8, imgsz = 64, lr0 = 0.02, device = "cpu", name = "t1", project = "runs",
+                  exist_ok = false, resume = false, workers = 2, augment = { mosaic = 0.0, close_mosaic = 0 },
+                  gone = "a setting this recipe no longer has" }
+  local function loader(p)
+    assert.are.equal(path, p)
+    return { config = saved }
+  end
+
+  it("leaves a configuration without resume unchanged", function()
+    local cfg = recipe.resolve(defaults, { "epochs=2" })
+    local out, note = recipe.apply_resume(cfg, defaults, { "epochs=2" }, function() error("not called") end)
+    assert.are.equal(cfg, out)
+    assert.is_nil(note)
+  end)
+
+  it("takes the saved settings, applies only the allowed overrides and names the ignored ones", function()
+    local args = { "resume=" .. path, "epochs=3", "lr0=0.5", "augment.mosaic=1" }
+    local cfg = recipe.resolve(defaults, args)
+    local out, note = recipe.apply_resume(cfg, defaults, args, loader)
+    assert.are.equal(3, out.epochs)      -- allowed: extends the run
+    assert.are.equal(8, out.batch)       -- saved
+    assert.are.equal(64, out.imgsz)      -- saved
+    assert.are.equal(0.02, out.lr0)      -- saved; the override is ignored
+    assert.are.equal(0.0, out.augment.mosaic)
+    assert.are.equal("cpu", out.device)
+    assert.are.equal(path, out.resume)
+    assert.is_nil(out.gone)              -- settings the recipe no longer has are dropped
+    assert.truthy(note:find("ignored on resume: augment.mosaic, lr0", 1, true))
+  end)
+
+  it("lets imgsz, batch and device change on resume", function()
+    local args = { "resume=" .. path, "imgsz=128", "batch=2", "device=cuda" }
+    local out = recipe.apply_resume(recipe.resolve(defaults, args), defaults, args, loader)
+    assert.are.equal(128, out.imgsz)
+    assert.are.equal(2, out.batch)
+    assert.are.equal("cuda", out.device)
+  end)
+
+  it("says clearly when there is no checkpoint to resume", function()
+    local args = { "resume=true", "name=nothere", "project=/nonexistent-lucid" }
+    local cfg = recipe.resolve(defaults, args)
+    assert.has_error(function() recipe.apply_resume(cfg, defaults, args, loader) end,
+      "resume: no checkpoint at /nonexistent-lucid/nothere/weights/last.safetensors (a run resumes from its "
+        .. "weights/last.safetensors; check project= and name=, or start the run without resume=)")
+  end)
+end)
