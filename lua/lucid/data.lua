@@ -160,8 +160,8 @@ flip_idx (0-based), names, coco_json = {split = file} (optional), yaml
 "coco_pose_mini" (datasets/coco_pose_mini.lua) or a path to a .lua file. ]]
 function data.load_descriptor(name)
   local cands = {}
-  if name:match("%.lua$") then
-    cands[1] = name
+  if name:match("%.lua$") or name:find("/", 1, true) then
+    cands[1] = name:match("%.lua$") and name or (name .. ".lua") -- a path: that file only
   else
     cands[1] = "datasets/" .. name .. ".lua"
     cands[2] = repo_root() .. "/datasets/" .. name .. ".lua"
@@ -178,7 +178,8 @@ function data.load_descriptor(name)
       return d
     end
   end
-  error("dataset descriptor '" .. name .. "' not found (tried " .. table.concat(cands, ", ") .. ")", 2)
+  error("dataset descriptor '" .. name .. "' not found (tried " .. table.concat(cands, ", ")
+    .. "; data= takes a descriptor name of datasets/ or the path of a descriptor .lua file)", 0)
 end
 
 local OPEN_KEYS = { imgsz = true, cache = true, policy = true, max_reject_fraction = true,

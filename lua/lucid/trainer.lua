@@ -54,7 +54,7 @@ function Trainer.new(cfg)
   local prec = cfg.precision or "auto"
   if prec == "auto" then prec = self.on_gpu and "bf16" or "fp32" end
   local act = ({ bf16 = "bf16", fp16 = "f16", fp32 = "f32" })[prec]
-  if not act then error("trainer: precision must be auto, bf16, fp16 or fp32, got '" .. tostring(prec) .. "'", 2) end
+  if not act then error("trainer: precision = " .. tostring(prec) .. ": expected auto, bf16, fp16 or fp32", 0) end
   if not self.on_gpu and prec ~= "fp32" then
     error("trainer: precision " .. prec .. " needs a GPU; the CPU trains in fp32", 2)
   end
