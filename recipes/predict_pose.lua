@@ -29,6 +29,10 @@ local defaults = {
   ema = true, -- prefer a checkpoint's EMA weights
 }
 
+-- Errors (a bad setting, a missing or corrupt checkpoint, an unreadable
+-- image) print their message and exit with status 1; LUCID_DEBUG=1 adds the
+-- Lua traceback.
+local function main()
 local cfg = recipe.resolve(defaults, arg)
 recipe.print(cfg)
 if cfg.source == "" then
@@ -83,3 +87,14 @@ print(string.format("Speed: %.1fms preprocess, %.1fms inference, %.1fms postproc
   1000 * pre / n, 1000 * inf / n, 1000 * post / n, cfg.imgsz, cfg.imgsz))
 print(string.format("Results saved to %s (%d images, %d detections in %s)", cfg.out, #res.images,
   #res.entries, res.json))
+end
+
+local ok, err = xpcall(main, function(e)
+  if os.getenv("LUCID_DEBUG") == "1" then return debug.traceback(tostring(e), 2) end
+  return tostring(e)
+end)
+if not ok then
+  io.stdout:flush()
+  io.stderr:write("predict_pose: ", err, "\n")
+  os.exit(1)
+end

@@ -208,9 +208,20 @@ function Model:repr()
   return (s:gsub("^Model", self.class_name))
 end
 
---- Run the layers in order. x: [B, ch, H, W]. Returns the head's output
--- ({boxes, scores, kpts, feats} for Pose).
+--- Run the layers in order. x: [B, ch, H, W], H and W multiples of the
+-- head's largest stride (32 for the YOLO pose models; error otherwise,
+-- naming the size). Returns the head's output ({boxes, scores, kpts, feats}
+-- for Pose).
 function Model:forward(x)
+  local st = self.stride
+  local smax = type(st) == "table" and st[#st] or nil
+  if smax and type(x) ~= "table" then
+    local sh = x:shape()
+    if #sh == 4 and (sh[3] % smax ~= 0 or sh[4] % smax ~= 0) then
+      error(string.format("model: input %dx%d: height and width must be multiples of %d (the largest stride); "
+        .. "letterbox or resize the image first", sh[3], sh[4], smax), 2)
+    end
+  end
   local outs = {}
   local prev = x
   for _, L in ipairs(self.layers) do
