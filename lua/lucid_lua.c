@@ -104,10 +104,21 @@ static int l_wall_time(lua_State *L) {
     return 1;
 }
 
+/* lucid.cpu_count() -> n >= 1: the online CPUs (sysconf
+ * _SC_NPROCESSORS_ONLN; 1 when unknown), for sizing worker threads as
+ * Ultralytics does (min(os.cpu_count(), workers)). */
+static int l_cpu_count(lua_State *L) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    lua_pushinteger(L, n > 0 ? (lua_Integer)n : 1);
+    return 1;
+}
+
 int luaopen_lucid(lua_State *L) {
     lua_newtable(L);
     lua_pushcfunction(L, l_wall_time);
     lua_setfield(L, -2, "wall_time");
+    lua_pushcfunction(L, l_cpu_count);
+    lua_setfield(L, -2, "cpu_count");
     lua_pushliteral(L, LUCID_VERSION);
     lua_setfield(L, -2, "version");
     lucid_lua_open_tensor(L);

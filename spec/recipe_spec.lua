@@ -77,3 +77,15 @@ describe("recipe.apply_resume", function()
         .. "weights/last.safetensors; check project= and name=, or start the run without resume=)")
   end)
 end)
+
+describe("lucid.cpu_count", function()
+  it("returns the online CPUs as an integer >= 1 (the trainer's loader threads are min(workers, it))", function()
+    local n = require("lucid").cpu_count()
+    assert.are.equal("number", type(n))
+    assert.is_true(n >= 1 and n == math.floor(n))
+    local p = io.popen("nproc 2>/dev/null")
+    local want = p and tonumber(p:read("*l") or "")
+    if p then p:close() end
+    if want then assert.are.equal(want, n) end
+  end)
+end)

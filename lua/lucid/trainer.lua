@@ -222,8 +222,11 @@ function Trainer:_fit(state, opts)
     -- mosaic puts up to 4 images on one canvas
     max_gt = math.max(16, 8 * math.ceil(4 * max_inst / 8))
   end
+  -- loader threads: min(workers, CPUs), as Ultralytics build_dataloader
+  -- (batches are byte-identical whatever the thread count)
+  local workers = math.min(cfg.workers or 4, lucid.cpu_count())
   local function make_loader(ds, batch, shuffle)
-    return own(state, data.loader(ds, { batch = batch, imgsz = S, max_gt = max_gt, threads = cfg.workers,
+    return own(state, data.loader(ds, { batch = batch, imgsz = S, max_gt = max_gt, threads = workers,
       seed = cfg.seed, shuffle = shuffle, ctx = ctx }))
   end
   local train_loader = make_loader(train_ds, B, true)
@@ -305,8 +308,13 @@ function Trainer:_fit(state, opts)
     time_offset = csv:last_time()
   end
 
+  if cfg.optimizer == nil or cfg.optimizer == "auto" then
+    -- as Ultralytics build_optimizer says it: the printed lr/momentum are the rule's
+    out:write(string.format("optimizer: 'optimizer=auto' found, ignoring 'lr0=%g' and 'momentum=%g' and "
+      .. "determining best 'optimizer', 'lr0' and 'momentum' automatically...\n", cfg.lr0, cfg.momentum))
+  end
   out:write(string.format("%s %s\n", oinfo.log or "", ""))
-  out:write(string.format("Image sizes %d train, %d val\nUsing %d dataloader workers\n", S, S, cfg.workers))
+  out:write(string.format("Image sizes %d train, %d val\nUsing %d dataloader workers\n", S, S, workers))
   out:write(string.format("Logging results to %s\nStarting training for %d epochs...\n", save_dir, E))
   self:run_callbacks("on_fit_start", { save_dir = save_dir, epochs = E, nb = nb })
 
