@@ -64,7 +64,7 @@ local defaults = {
 if ... == "--defaults" then return defaults end
 
 -- Errors (a bad setting, a missing dataset, a failed fit) print their
--- message and exit with status 1; LUCID_DEBUG=1 adds the Lua traceback.
+-- message and exit with status 1 (recipe.run); LUCID_DEBUG=1 adds the Lua traceback.
 local function main()
   local cfg = recipe.resolve(defaults, arg)
   -- resume: the run's saved settings, with only the overrides a resume allows
@@ -87,12 +87,4 @@ local function main()
     m.box.map50, m.box.map50_95, m.pose.map50, m.pose.map50_95, res.fit_seconds))
 end
 
-local ok, err = xpcall(main, function(e)
-  if os.getenv("LUCID_DEBUG") == "1" then return debug.traceback(tostring(e), 2) end
-  return tostring(e)
-end)
-if not ok then
-  io.stdout:flush() -- the configuration printed so far comes before the error when piped
-  io.stderr:write("pose_nano: ", err, "\n")
-  os.exit(1)
-end
+recipe.run("pose_nano", main)

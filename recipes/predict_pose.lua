@@ -89,12 +89,4 @@ print(string.format("Results saved to %s (%d images, %d detections in %s)", cfg.
   #res.entries, res.json))
 end
 
-local ok, err = xpcall(main, function(e)
-  if os.getenv("LUCID_DEBUG") == "1" then return debug.traceback(tostring(e), 2) end
-  return tostring(e)
-end)
-if not ok then
-  io.stdout:flush()
-  io.stderr:write("predict_pose: ", err, "\n")
-  os.exit(1)
-end
+recipe.run("predict_pose", main)

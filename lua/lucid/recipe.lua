@@ -235,4 +235,20 @@ function recipe.print(cfg, out)
   out:write("configuration:\n", recipe.format(cfg), "\n")
 end
 
+--- Run a recipe's main function: on an error (a bad setting, a missing
+-- file, a failed fit) print "<name>: <message>" to stderr after flushing
+-- stdout (so a piped configuration listing comes first) and exit with
+-- status 1; LUCID_DEBUG=1 adds the Lua traceback.
+function recipe.run(name, main)
+  local ok, err = xpcall(main, function(e)
+    if os.getenv("LUCID_DEBUG") == "1" then return debug.traceback(tostring(e), 2) end
+    return tostring(e)
+  end)
+  if not ok then
+    io.stdout:flush()
+    io.stderr:write(name, ": ", err, "\n")
+    os.exit(1)
+  end
+end
+
 return recipe
