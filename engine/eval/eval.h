@@ -107,6 +107,22 @@ double lucid_eval_now(void);
  * it). */
 size_t lucid_eval_reference_scratch_bytes(int A);
 
+/* A detection candidate: sigmoid of its best class logit, its anchor and
+ * class. */
+typedef struct lucid_eval_cand {
+    float conf;
+    int anchor;
+    int cls;
+} lucid_eval_cand;
+
+/* The candidates of one image in anchor order: for each anchor the best
+ * class (the first of equal logits) of cls_logits [nc][A], kept when
+ * sigmoid(logit) > conf_thres (Ultralytics non_max_suppression's xc);
+ * writes out[0..n) and returns n (<= A).  Shared by the fast and the
+ * reference path. */
+int lucid_eval_candidates(const float *cls_logits, int A, int nc, float conf_thres,
+                          lucid_eval_cand *out);
+
 /* Anchor a's centre (grid units, +0.5) and stride over the levels (row-major
  * h x w each, in order); -1 when a is past the last level.  Source:
  * Ultralytics make_anchors. */

@@ -71,11 +71,7 @@ int lucid_nms_sorted(const float *boxes, const int *cls, int n,
     return kept;
 }
 
-typedef struct cand {
-    float conf;
-    int anchor;
-    int cls;
-} cand;
+typedef lucid_eval_cand cand;
 
 /* Scratch layout of the fast path: cands [A], radix buffer [A], boxes
  * [A][4], kept boxes as columns x1 y1 x2 y2 area and class [A + KBLK]
@@ -94,6 +90,28 @@ size_t lucid_eval_scratch_bytes(int A, int nc, int K) {
 }
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+int lucid_eval_candidates(const float *cls_logits, int A, int nc, float conf_thres,
+                          lucid_eval_cand *out) {
+    int n = 0;
+    for (int a = 0; a < A; a++) {
+        int best = 0;
+        float bl = cls_logits[a];
+        for (int c = 1; c < nc; c++)
+            if (cls_logits[(size_t)c * A + a] > bl) {
+                bl = cls_logits[(size_t)c * A + a];
+                best = c;
+            }
+        float conf = sigmoidf_(bl);
+        if (conf > conf_thres) {
+            out[n].conf = conf;
+            out[n].anchor = a;
+            out[n].cls = best;
+            n++;
+        }
+    }
+    return n;
+}
 
 int lucid_eval_anchor(const lucid_anchor_level *lv, int nlv, int a, float *ax,
                       float *ay, float *stride) {
@@ -329,23 +347,7 @@ int lucid_eval_decode_nms_timed(const float *box_logits,
     double t0 = tm ? lucid_eval_now() : 0, t1 = 0;
 
     /* 1. candidates: max class probability above conf_thres */
-    int n = 0;
-    for (int a = 0; a < A; a++) {
-        int best = 0;
-        float bl = cls_logits[a];
-        for (int c = 1; c < nc; c++)
-            if (cls_logits[(size_t)c * A + a] > bl) {
-                bl = cls_logits[(size_t)c * A + a];
-                best = c;
-            }
-        float conf = sigmoidf_(bl);
-        if (conf > opts->conf_thres) {
-            cands[n].conf = conf;
-            cands[n].anchor = a;
-            cands[n].cls = best;
-            n++;
-        }
-    }
+    int n = lucid_eval_candidates(cls_logits, A, nc, opts->conf_thres, cands);
     /* 2. order, top max_nms */
     sort_desc(cands, tmp, n);
     if (n > opts->max_nms) n = opts->max_nms;

@@ -14,11 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct cand {
-    float conf;
-    int anchor;
-    int cls;
-} cand;
+typedef lucid_eval_cand cand;
 
 /* Descending confidence; ties by anchor index (a total order). */
 static int cand_cmp(const void *pa, const void *pb) {
@@ -32,7 +28,6 @@ size_t lucid_eval_reference_scratch_bytes(int A) {
     return (size_t)A * (sizeof(cand) + 4 * sizeof(float) + 2 * sizeof(int)) + 64;
 }
 
-static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 
 int lucid_eval_decode_nms_reference_timed(
@@ -52,23 +47,7 @@ int lucid_eval_decode_nms_reference_timed(
     int *keep = cls + A;
     double t0 = tm ? lucid_eval_now() : 0;
 
-    int n = 0;
-    for (int a = 0; a < A; a++) {
-        int best = 0;
-        float bl = cls_logits[a];
-        for (int c = 1; c < nc; c++)
-            if (cls_logits[(size_t)c * A + a] > bl) {
-                bl = cls_logits[(size_t)c * A + a];
-                best = c;
-            }
-        float conf = sigmoidf_(bl);
-        if (conf > opts->conf_thres) {
-            cands[n].conf = conf;
-            cands[n].anchor = a;
-            cands[n].cls = best;
-            n++;
-        }
-    }
+    int n = lucid_eval_candidates(cls_logits, A, nc, opts->conf_thres, cands);
     qsort(cands, (size_t)n, sizeof *cands, cand_cmp);
     if (n > opts->max_nms) n = opts->max_nms;
     double t1 = tm ? lucid_eval_now() : 0;
