@@ -389,7 +389,7 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
     if (ns->conv_mode == 1) return LUCID_OK;
     if (ns->conv_mode == 0 && pl->igemm) {
         *route = ROUTE_IGEMM;
-        size_t need = pass == PASS_BWD_FILTER ? lucid_conv_igemm_wgrad_scratch(&pl->ig) : 0;
+        size_t need = lucid_conv_igemm_scratch(&pl->ig, pass);
         if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
         return LUCID_OK;
     }
@@ -606,7 +606,7 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
                                                  (const float *)lucid_tensor_data(w), bp,
-                                                 lucid_tensor_data(y), &pl->ig, st->stream));
+                                                 lucid_tensor_data(y), ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_DW)
@@ -666,7 +666,7 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
-                            lucid_tensor_data(dx), (float)beta, &pl->ig, st->stream));
+                            lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_DW)

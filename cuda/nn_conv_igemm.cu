@@ -74,8 +74,9 @@ struct IgP {
     float beta;
     int N, Cin, H, W, Cout, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw;
     int M, Nc, K;
-    int kchunk;         /* wgrad: k (pixel) range per split, multiple of BK */
-    int direct;         /* wgrad: 1 = write dw with beta, 0 = write partials */
+    int kchunk;         /* split-K: k range per split (multiple of BK); 0 = no split */
+    int direct;         /* 1 = final epilogue; 0 = write f32 partials (split z at z*part_n) */
+    int part_n;         /* fwd/dgrad split: elements of the output (N*M*plane) */
 };
 
 /* Backward-data of a strided convolution, one launch per stride phase
@@ -358,6 +359,17 @@ struct Stage {
     }
 };
 
+/* The k range [kbeg, kend) of grid slice z: all of the phase's K, or split
+ * z's chunk under split-K.  Host-callable (emulation). */
+HD void k_range(const IgP &P, const Phase &f, int MODE_, int z, int &kbeg, int &kend) {
+    kbeg = 0;
+    kend = f.K;
+    if (MODE_ != IG_DGRAD_PH && P.kchunk > 0) {
+        kbeg = z * P.kchunk;
+        kend = P.K < kbeg + P.kchunk ? P.K : kbeg + P.kchunk;
+    }
+}
+
 /* Thread t's share of the output tile (sC, f32 [BM][LDC]): column
  * c = t % BN (fixed, so its pixel is decomposed once), rows t/BN + i*(NT/BN).
  * wgrad: dw (direct, with beta) or split z's partial; fwd: + bias, one
@@ -390,6 +402,15 @@ HD void epilogue(const IgP &P, const Phase &f, int m0, int n0, int z, int t, con
         plane = MODE == IG_FWD ? (size_t)P.Ho * P.Wo : (size_t)P.H * P.W;
         int im = (int)(gn / plane);
         base = (size_t)im * P.M * plane + (gn - (size_t)im * plane);
+    }
+    if (!P.direct) { /* split-K: this split's f32 partial, in output order */
+        float *part = (float *)P.out + (size_t)z * P.part_n;
+        for (int r = t / BN; r < BM; r += NT / BN) {
+            int gm = m0 + r;
+            if (gm >= P.M) break;
+            part[base + (size_t)gm * plane] = sC[r * LDC + c];
+        }
+        return;
     }
     T *out = (T *)P.out;
     for (int r = t / BN; r < BM; r += NT / BN) {
@@ -424,11 +445,8 @@ __global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
         f.Nc = P.Nc;
         f.K = P.K;
     }
-    int kbeg = 0, kend = f.K;
-    if (MODE == IG_WGRAD) {
-        kbeg = blockIdx.z * P.kchunk;
-        kend = min(P.K, kbeg + P.kchunk);
-    }
+    int kbeg, kend;
+    k_range(P, f, MODE, blockIdx.z, kbeg, kend);
     const int warp = t >> 5, wr = (warp >> 1) * 32, wc = (warp & 1) * 32;
 
     wm::fragment<wm::accumulator, 16, 16, 16, float> acc[2][2];
@@ -486,6 +504,22 @@ __global__ void igemm_reduce_splits(const float *__restrict__ part, float *dw, i
     }
 }
 
+/* Split-K forward / backward-data: out[i] = round(sum over splits s = 0, 1,
+ * ... of part[s][i] (+ bias[c] | beta*out[i])), c = (i / plane) % M: the
+ * same operations, in the same order, as the unsplit epilogue after the
+ * f32 sum. */
+template <typename T>
+__global__ void igemm_reduce_out(const float *__restrict__ part, T *out, int n, int splits,
+                                 const float *__restrict__ bias, int plane, int M, float beta) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int k = 1; k < splits; k++) v += part[(size_t)k * n + i];
+        if (bias) v += bias[(i / plane) % M];
+        else if (beta != 0.0f) v = fmaf(beta, to_f<T>(out[i]), v);
+        out[i] = to_t<T>(v);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // host side
 
@@ -501,6 +535,7 @@ static IgP params_of(const lucid_igemm_geom *g) {
     P.M = P.Nc = P.K = 0;
     P.kchunk = 0;
     P.direct = 1;
+    P.part_n = 0;
     return P;
 }
 
@@ -563,6 +598,25 @@ int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
     return s < 1 ? 1 : (int)s;
 }
 
+/* Split-K of forward / backward-data (not the stride-phase form): only a
+ * grid that leaves SMs idle (< 132 blocks) is split, into up to 16 ranges
+ * of at least 4 k tiles, for about 2 blocks per SM.  A function of the
+ * geometry only.  M, Nc, K: the pass's GEMM. */
+static int fd_splits(int M, int Nc, int K) {
+    long blocks = (long)tiles(Nc, BN) * tiles(M, BM);
+    if (blocks >= 132) return 1;
+    long want = (264 + blocks - 1) / blocks;
+    long maxs = (K + BK - 1) / BK / 4;
+    long s = want < maxs ? want : maxs;
+    if (s > 16) s = 16;
+    return s < 1 ? 1 : (int)s;
+}
+
+static int chunk_of(int K, int splits) {
+    int per = (K + splits - 1) / splits;
+    return (per + BK - 1) / BK * BK;
+}
+
 static int wgrad_chunk(const lucid_igemm_geom *g, int splits) {
     int K = g->N * g->Ho * g->Wo;
     int per = (K + splits - 1) / splits;
@@ -583,6 +637,24 @@ struct IgLaunch {
     int mode, ks, splits;
 };
 
+/* Grid and split-K of a forward / backward-data plan (L.P's M, Nc, K set);
+ * nout: output elements.  With splits > 1 the kernel writes partials to the
+ * scratch (L.P.out is then set by the caller) and igemm_reduce_out finishes. */
+static void split_fd(IgLaunch &L, long nout) {
+    L.splits = fd_splits(L.P.M, L.P.Nc, L.P.K);
+    if (L.splits > 1) {
+        L.P.kchunk = chunk_of(L.P.K, L.splits);
+        L.splits = (L.P.K + L.P.kchunk - 1) / L.P.kchunk;
+    }
+    if (L.splits > 1) {
+        L.P.direct = 0;
+        L.P.part_n = (int)nout;
+    } else {
+        L.P.kchunk = 0;
+    }
+    L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), (unsigned)L.splits);
+}
+
 static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const float *w,
                              const float *b, void *y) {
     IgLaunch L;
@@ -594,10 +666,9 @@ static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const flo
     L.P.M = g->Cout;
     L.P.Nc = g->N * g->Ho * g->Wo;
     L.P.K = g->Cin * g->kh * g->kw;
-    L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), 1);
     L.mode = IG_FWD;
     L.ks = ks_of(g, x, NULL);
-    L.splits = 1;
+    split_fd(L, (long)g->N * g->Cout * g->Ho * g->Wo);
     return L;
 }
 
@@ -620,9 +691,9 @@ static IgLaunch plan_backward_data(const lucid_igemm_geom *g, const void *dy, co
         L.mode = IG_DGRAD_PH;
         L.ks = g->kh == 3 && g->kw == 3 ? 3 : 0;
     } else {
-        L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), 1);
         L.mode = IG_DGRAD;
         L.ks = ks_of(g, dy, NULL);
+        split_fd(L, (long)g->N * g->Cin * g->H * g->W);
     }
     return L;
 }
@@ -658,16 +729,48 @@ static cudaError_t launch_plan(lucid_dtype dt, const IgLaunch &L, cudaStream_t s
     }
 }
 
+/* Finishes a split forward / backward-data: the fold of the partials. */
+template <typename T>
+static void reduce_out(const IgLaunch &L, void *out, const float *bias, float beta,
+                       cudaStream_t s) {
+    int n = L.P.part_n;
+    unsigned blocks = tiles(n, 256);
+    if (blocks > 2048) blocks = 2048;
+    int plane = L.mode == IG_FWD ? L.P.Ho * L.P.Wo : L.P.H * L.P.W;
+    igemm_reduce_out<T><<<blocks, 256, 0, s>>>((const float *)L.P.out, (T *)out, n, L.splits,
+                                               bias, plane, L.P.M, beta);
+}
+
+static cudaError_t launch_fd(lucid_dtype dt, IgLaunch L, void *out, const float *bias,
+                             float beta, void *scratch, cudaStream_t s) {
+    if (L.P.direct) return launch_plan(dt, L, s);
+    if (!scratch) return cudaErrorInvalidValue;
+    L.P.out = scratch;
+    cudaError_t e = launch_plan(dt, L, s);
+    if (e != cudaSuccess) return e;
+    if (dt == LUCID_BF16) reduce_out<__nv_bfloat16>(L, out, bias, beta, s);
+    else reduce_out<__half>(L, out, bias, beta, s);
+    return cudaGetLastError();
+}
+
+size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass) {
+    if (pass == 2) return lucid_conv_igemm_wgrad_scratch(g);
+    IgLaunch L = pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
+                           : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
+    return L.P.direct ? 0 : (size_t)L.splits * L.P.part_n * sizeof(float);
+}
+
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
-                                     const float *b, void *y, const lucid_igemm_geom *g,
-                                     cudaStream_t stream) {
-    return launch_plan(dt, plan_forward(g, x, w, b, y), stream);
+                                     const float *b, void *y, void *scratch,
+                                     const lucid_igemm_geom *g, cudaStream_t stream) {
+    return launch_fd(dt, plan_forward(g, x, w, b, y), y, b, 0.0f, scratch, stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
-                                           void *dx, float beta, const lucid_igemm_geom *g,
-                                           cudaStream_t stream) {
-    return launch_plan(dt, plan_backward_data(g, dy, w, dx, beta), stream);
+                                           void *dx, float beta, void *scratch,
+                                           const lucid_igemm_geom *g, cudaStream_t stream) {
+    return launch_fd(dt, plan_backward_data(g, dy, w, dx, beta), dx, NULL, beta, scratch,
+                     stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,

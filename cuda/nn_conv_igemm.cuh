@@ -37,15 +37,25 @@ int lucid_conv_igemm_fits(const lucid_igemm_geom *g);
 int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g);
 size_t lucid_conv_igemm_wgrad_scratch(const lucid_igemm_geom *g);
 
-/* y = conv(x, w) + b (b may be NULL), one rounding of the f32 sum to dt. */
-cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
-                                     const float *b, void *y, const lucid_igemm_geom *g,
-                                     cudaStream_t stream);
+/* Scratch bytes of a pass (0 forward, 1 backward-data, 2 backward-filter):
+ * the f32 partials of a split-K GEMM; 0 when the pass is not split.  A
+ * function of the geometry only (and of the tensors' 16-byte alignment,
+ * which does not change it); reserve it before capturing. */
+size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass);
 
-/* dx = beta*dx + conv_transpose(dy, w); beta == 0 never reads dx. */
+/* y = conv(x, w) + b (b may be NULL), one rounding of the f32 sum to dt.
+ * scratch: lucid_conv_igemm_scratch(g, 0) bytes (may be NULL when 0): a
+ * grid too small for the GPU is split along K, its partials folded in split
+ * order by a second kernel. */
+cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
+                                     const float *b, void *y, void *scratch,
+                                     const lucid_igemm_geom *g, cudaStream_t stream);
+
+/* dx = beta*dx + conv_transpose(dy, w); beta == 0 never reads dx.
+ * scratch: lucid_conv_igemm_scratch(g, 1) bytes (may be NULL when 0). */
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
-                                           void *dx, float beta, const lucid_igemm_geom *g,
-                                           cudaStream_t stream);
+                                           void *dx, float beta, void *scratch,
+                                           const lucid_igemm_geom *g, cudaStream_t stream);
 
 /* dw = beta*dw + sum over (n, ho, wo) of dy * x-patch (f32); scratch holds
  * lucid_conv_igemm_wgrad_scratch(g) bytes (may be NULL when that is 0). */

@@ -1267,7 +1267,11 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
             snprintf(why, nwhy, "lucid_conv_igemm_fits: no (the engine takes cuDNN here)");
             return false;
         }
-        lp.scratch = lucid_conv_igemm_wgrad_scratch(&lp.ig);
+        lp.scratch = 0; /* the largest of the three passes' split-K partials */
+        for (int ps = 0; ps < 3; ps++) {
+            size_t n = lucid_conv_igemm_scratch(&lp.ig, ps);
+            if (n > lp.scratch) lp.scratch = n;
+        }
     } else {
         lp.dg = lucid_conv_dw_geom{g.N, g.Cin, g.H, g.W, g.Ho, g.Wo, g.k, g.k, g.s, g.s, g.p, g.p, 1, 1};
         lp.scratch = lucid_conv_dw_wgrad_scratch_bytes(&lp.dg);
@@ -1287,10 +1291,11 @@ static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, cha
     if (lp.dense) {
         cudaError_t e;
         if (pass == 0)
-            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, &lp.ig, G.stream);
+            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch, &lp.ig,
+                                         G.stream);
         else if (pass == 1)
-            e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, &lp.ig,
-                                               G.stream);
+            e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, scratch,
+                                               &lp.ig, G.stream);
         else
             e = lucid_conv_igemm_backward_filter(LUCID_BF16, b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f,
                                                  scratch, &lp.ig, G.stream);

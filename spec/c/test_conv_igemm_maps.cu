@@ -25,8 +25,7 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
     int n0=bx*BN, m0=by*BM;
     Phase f; f.a=f.b=f.h0=f.w0=f.Hp=f.Wp=f.nR=f.nQ=0; f.Nc=P.Nc; f.K=P.K;
     if(MODE==IG_DGRAD_PH){ f=phase_of(P,bz); if(n0>=f.Nc) continue; }
-    int kbeg=0,kend=f.K;
-    if(MODE==IG_WGRAD){kbeg=bz*P.kchunk; kend=std::min(P.K,kbeg+P.kchunk);}
+    int kbeg,kend; k_range(P,f,MODE,bz,kbeg,kend);
     std::vector<Stage<T,MODE,KS>> st(NT);
     for(int t=0;t<NT;t++) st[t].init(P,f,n0,t);
     std::fill(sC.begin(),sC.end(),0.f);
@@ -38,9 +37,10 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
     /* the kernel's own epilogue, thread by thread; fwd/dgrad write T */
     std::vector<T> tout;
     IgP Q=P;
-    if(MODE!=IG_WGRAD){ tout.assign(out.size(), __float2bfloat16_rn(NAN)); Q.out=tout.data(); } else Q.out=out.data();
+    const bool tpath = MODE!=IG_WGRAD && P.direct; /* else f32 (partials) */
+    if(tpath){ tout.assign(out.size(), __float2bfloat16_rn(NAN)); Q.out=tout.data(); } else Q.out=out.data();
     for(int t=0;t<NT;t++) epilogue<T,MODE>(Q,f,m0,n0,bz,t,sC.data());
-    if(MODE!=IG_WGRAD) for(size_t i=0;i<out.size();i++){ float v=__bfloat162float(tout[i]); if(v==v) out[i]=v; }
+    if(tpath) for(size_t i=0;i<out.size();i++){ float v=__bfloat162float(tout[i]); if(v==v) out[i]=v; }
   }
 }
 template<int MODE>
@@ -75,10 +75,20 @@ static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int
       ry[yi]+= (double)wr[wi_]*xf[xi]; rdx[xi]+=(double)wr[wi_]*dyf[yi]; rdw[wi_]+=(double)dyf[yi]*xf[xi]; } }
   for(int n=0;n<N;n++) for(int co=0;co<Cout;co++) for(int i=0;i<Ho*Wo;i++) ry[((size_t)n*Cout+co)*Ho*Wo+i]+=b[co];
   char nm[160];
-  { IgLaunch L=plan_forward(&g,x.data(),w.data(),b.data(),nullptr); std::vector<float> out(ny,NAN); emulate(L,out);
-    snprintf(nm,160,"fwd N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,ry,4e-3);}
-  { IgLaunch L=plan_backward_data(&g,dy.data(),w.data(),nullptr,0.f); std::vector<float> out(nx,NAN); emulate(L,out);
-    snprintf(nm,160,"dgrad N%d %d>%d %dx%d k%dx%d s%d p%d d%d [%s]",N,Cin,Cout,H,W,kh,kw,s,p,d,variant(L)); check(nm,out,rdx,4e-3);}
+  for(int pass=0;pass<2;pass++){
+    IgLaunch L= pass==0 ? plan_forward(&g,x.data(),w.data(),b.data(),nullptr) : plan_backward_data(&g,dy.data(),w.data(),nullptr,0.f);
+    size_t n= pass==0 ? ny : nx; const std::vector<double>& ref= pass==0 ? ry : rdx;
+    std::vector<float> out(n,NAN); double tol=4e-3;
+    if(!L.P.direct){ /* split-K: partials in output order, folded here as igemm_reduce_out does */
+      if((size_t)L.P.part_n!=n || lucid_conv_igemm_scratch(&g,pass)!=(size_t)L.splits*n*sizeof(float)){ printf("not ok split-K sizes\n"); fails++; }
+      std::vector<float> part((size_t)L.splits*n,NAN); emulate(L,part);
+      int plane= pass==0 ? Ho*Wo : H*W, M= pass==0 ? Cout : Cin;
+      for(size_t i=0;i<n;i++){ float v=part[i]; for(int k=1;k<L.splits;k++) v+=part[k*n+i]; if(pass==0) v+=b[(i/plane)%M]; out[i]=v; }
+      tol=1e-5;
+    } else emulate(L,out);
+    snprintf(nm,160,"%s N%d %d>%d %dx%d k%dx%d s%d p%d d%d splits %d [%s]",pass==0?"fwd":"dgrad",N,Cin,Cout,H,W,kh,kw,s,p,d,L.splits,variant(L));
+    check(nm,out,ref,tol);
+  }
   { IgLaunch L=plan_backward_filter(&g,x.data(),dy.data(),nullptr,0.f,nullptr); int splits=L.splits;
     std::vector<float> part((size_t)splits*nw,NAN); emulate(L,part);
     std::vector<float> out(nw); for(size_t i=0;i<nw;i++){float sum=part[i]; for(int k=1;k<splits;k++) sum+=part[k*nw+i]; out[i]=sum;}
@@ -92,5 +102,7 @@ int main(){
   run(2,24,8,10,40,1,1,1,0,1); run(4,128,20,20,64,1,1,1,0,1); run(1,70,4,6,9,1,1,1,0,1);
   run(2,16,16,16,32,3,3,2,1,1); run(1,8,15,13,6,3,3,3,1,1); run(2,12,9,9,10,1,1,2,0,1); run(1,6,10,11,4,2,2,2,0,1);
   run(1,5,12,12,7,5,5,2,2,1);
+  /* split-K forward / backward-data (grids under 132 blocks) */
+  run(4,64,20,20,64,3,3,1,1,1); run(4,256,20,20,64,3,3,1,1,1); run(4,128,20,20,256,1,1,1,0,1); run(2,51,13,11,33,3,3,1,1,1);
   return fails != 0;
 }
