@@ -48,6 +48,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace wm = nvcuda::wmma;
 
@@ -77,6 +78,7 @@ struct IgP {
     int kchunk;         /* split-K: k range per split (multiple of BK); 0 = no split */
     int direct;         /* 1 = final epilogue; 0 = write f32 partials (split z at z*part_n) */
     int part_n;         /* fwd/dgrad split: elements of the output (N*M*plane) */
+    int ct;             /* tap-major 3x3 (KT3): channel tiles per kernel tap; 0 otherwise */
 };
 
 /* Backward-data of a strided convolution, one launch per stride phase
@@ -111,7 +113,7 @@ HD Phase phase_of(const IgP &P, int z) {
     f.nR = f.a < P.kh ? (P.kh - f.a + P.sh - 1) / P.sh : 0;
     f.nQ = f.b < P.kw ? (P.kw - f.b + P.sw - 1) / P.sw : 0;
     f.Nc = P.N * f.Hp * f.Wp;
-    f.K = P.Cout * f.nR * f.nQ;
+    f.K = P.ct ? f.nR * f.nQ * P.ct * BK : P.Cout * f.nR * f.nQ;
     return f;
 }
 
@@ -143,9 +145,19 @@ template <> HD float to_f<__half>(__half v) { return __half2float(v); }
  * (any stride, padding, dilation); 0 = any kernel size; KV1 = 1x1, stride
  * 1, padding 0 with H*W % 8 == 0 and 16-byte aligned tensors: the operands
  * that run along pixels are staged with 16-byte loads (8 elements). */
-enum { KV1 = 11 };
-template <int KS> HD int kh_of(const IgP &P) { return KS == KV1 ? 1 : KS ? KS : P.kh; }
-template <int KS> HD int kw_of(const IgP &P) { return KS == KV1 ? 1 : KS ? KS : P.kw; }
+enum { KV1 = 11, KT3 = 33 };
+template <int KS> HD int kh_of(const IgP &P) { return KS == KV1 ? 1 : KS == KT3 ? 3 : KS ? KS : P.kh; }
+template <int KS> HD int kw_of(const IgP &P) { return KS == KV1 ? 1 : KS == KT3 ? 3 : KS ? KS : P.kw; }
+
+/* Tap-major 3x3 (KT3): the reduction runs over (kernel tap, channel) with the
+ * tap outer, in whole tiles of BK channels (fwd, dgrad: k = (tap*ct + c/BK)*BK
+ * + c%BK, channels past the last one read as 0) or, for the filter gradient,
+ * the GEMM's columns run over (tap, channel) in tiles of BN channels
+ * (n = (tap*ct + ci/BN)*BN + ci%BN).  Within one tile the tap is fixed, so a
+ * thread's pixel offset and its bounds test are computed once per tile and
+ * its elements are one stride (a channel plane) apart: a few instructions
+ * per staged element instead of a division chain.  Same sums as the
+ * channel-major order up to the order of the f32 accumulation. */
 
 /* One k tile of A (BM x BK, row-major) and B into registers.  Scalar
  * staging: thread t holds A elements (m = t/BK + j*(NT/BK), k = t%BK) and
@@ -159,6 +171,7 @@ template <typename T, int MODE, int KS>
 struct Stage {
     static constexpr bool VA = KS == KV1 && MODE == IG_WGRAD; /* A by vectors */
     static constexpr bool VB = KS == KV1;                      /* B by vectors */
+    static constexpr bool TM = KS == KT3;                      /* tap-major 3x3 */
     T a[VA ? 1 : PER_T], b[VB ? 1 : PER_T];
     uint4 av[VA ? 2 : 1], bv[VB ? 2 : 1];
     /* fixed per thread: the B column's pixel (fwd, dgrad; scalar B) */
@@ -206,6 +219,8 @@ struct Stage {
                 }
                 av[i] = z;
             }
+        } else if (TM && MODE != IG_WGRAD) {
+            load_a_tm(P, f, m0, k0, t);
         } else {
             const int k = k0 + t % BK;
             for (int j = 0; j < PER_T; j++) {
@@ -256,6 +271,8 @@ struct Stage {
                 }
                 bv[i] = z;
             }
+        } else if (TM) {
+            load_b_tm(P, f, n0, k0, kend, t);
         } else if (MODE == IG_FWD) {
             UNROLL
             for (int j = 0; j < PER_T; j++) {
@@ -329,6 +346,115 @@ struct Stage {
         }
     }
 
+    /* KT3: kernel tap (r, q) and first channel c0 of the k tile at k0 */
+    HD void tm_tap(const IgP &P, const Phase &f, int k0, int &r, int &q, int &c0) const {
+        const int kt = k0 / BK, tap = kt / P.ct;
+        c0 = (kt - tap * P.ct) * BK;
+        if (MODE == IG_DGRAD_PH) {
+            int ri = tap / f.nQ, qi = tap - ri * f.nQ;
+            r = f.a + P.sh * ri;
+            q = f.b + P.sw * qi;
+        } else {
+            r = tap / 3;
+            q = tap - r * 3;
+        }
+    }
+
+    /* KT3 A tile (fwd, dgrad): A(m, c) = w[m][c][r][q] (fwd) or w[c][m][r][q]
+     * (dgrad, m = ci), thread t: c = c0 + t%BK, m = m0 + t/BK + j*(NT/BK) */
+    HD void load_a_tm(const IgP &P, const Phase &f, int m0, int k0, int t) {
+        int r, q, c0;
+        tm_tap(P, f, k0, r, q, c0);
+        const int c = c0 + t % BK, C = MODE == IG_FWD ? P.Cin : P.Cout, mA = m0 + t / BK;
+        const float *w = (const float *)P.a;
+        size_t base, step;
+        if (MODE == IG_FWD) {
+            base = ((size_t)mA * P.Cin + c) * 9 + r * 3 + q;
+            step = (size_t)(NT / BK) * P.Cin * 9;
+        } else {
+            base = ((size_t)c * P.Cin + mA) * 9 + r * 3 + q;
+            step = (size_t)(NT / BK) * 9;
+        }
+        const bool cv = c < C;
+        UNROLL
+        for (int j = 0; j < PER_T; j++) {
+            float v = 0.0f;
+            if (cv && mA + j * (NT / BK) < P.M) v = w[base + j * step];
+            a[j] = to_t<T>(v);
+        }
+    }
+
+    /* KT3 B tile.  fwd: B(c, pix) = x[img][c][ho*sh-ph+r*dh][wo*sw-pw+q*dw];
+     * dgrad (stride 1): dy[img][c][h+ph-r*dh][w+pw-q*dw]; dgrad phase:
+     * dy[img][c][(h+ph-r)/sh][(w+pw-q)/sw] (exact by the phase's choice of
+     * taps).  Thread t: pixel fixed (init), c = c0 + t/BN + j*(NT/BN).
+     * wgrad: B(p, ci) = x[img][ci][ho*sh-ph+r*dh][wo*sw-pw+q*dw] with the
+     * pixel p = k0 + t%BK and ci = ci0 + t/BK + j*(NT/BK), tap and ci0 from
+     * the column tile n0. */
+    HD void load_b_tm(const IgP &P, const Phase &f, int n0, int k0, int kend, int t) {
+        const T zero = to_t<T>(0.0f);
+        if (MODE == IG_WGRAD) {
+            const int p = k0 + t % BK;
+            int im = 0, hi = 0, wi = 0;
+            bool ok = p < kend;
+            const int tap = n0 / (P.ct * BN), ci = n0 - tap * P.ct * BN + t / BK;
+            const int r = tap / 3, q = tap - r * 3;
+            if (ok) {
+                int wo = p % P.Wo, rr = p / P.Wo, ho = rr % P.Ho;
+                im = rr / P.Ho;
+                hi = ho * P.sh - P.ph + r * P.dh;
+                wi = wo * P.sw - P.pw + q * P.dw;
+                ok = hi >= 0 && hi < P.H && wi >= 0 && wi < P.W;
+            }
+            const size_t plane = (size_t)P.H * P.W;
+            const T *bp = (const T *)P.b + ((size_t)im * P.Cin + ci) * plane +
+                          (ok ? (size_t)hi * P.W + wi : 0);
+            UNROLL
+            for (int j = 0; j < PER_T; j++) {
+                T v = zero;
+                if (ok && ci + j * (NT / BK) < P.Cin) v = bp[(size_t)j * (NT / BK) * plane];
+                b[j] = v;
+            }
+            return;
+        }
+        int r, q, c0;
+        tm_tap(P, f, k0, r, q, c0);
+        const int c = c0 + t / BN;
+        int hh, ww, Hs, Ws, C;
+        bool ok = nvalid;
+        if (MODE == IG_FWD) {
+            hh = p0h + r * P.dh;
+            ww = p0w + q * P.dw;
+            Hs = P.H;
+            Ws = P.W;
+            C = P.Cin;
+        } else if (MODE == IG_DGRAD) { /* stride 1 */
+            hh = p0h - r * P.dh;
+            ww = p0w - q * P.dw;
+            Hs = P.Ho;
+            Ws = P.Wo;
+            C = P.Cout;
+        } else {
+            int hn = p0h - r, wn = p0w - q;
+            ok = ok && hn >= 0 && wn >= 0;
+            hh = P.sh == 2 ? hn >> 1 : hn / P.sh;
+            ww = P.sw == 2 ? wn >> 1 : wn / P.sw;
+            Hs = P.Ho;
+            Ws = P.Wo;
+            C = P.Cout;
+        }
+        ok = ok && hh >= 0 && hh < Hs && ww >= 0 && ww < Ws;
+        const size_t plane = (size_t)Hs * Ws;
+        const T *bp = (const T *)P.b + ((size_t)img * C + c) * plane +
+                      (ok ? (size_t)hh * Ws + ww : 0);
+        UNROLL
+        for (int j = 0; j < PER_T; j++) {
+            T v = zero;
+            if (ok && c + j * (NT / BN) < C) v = bp[(size_t)j * (NT / BN) * plane];
+            b[j] = v;
+        }
+    }
+
     HD void store(T *sA, T *sB, int t) const {
         if (VA) {
             UNROLL
@@ -378,13 +504,22 @@ template <typename T, int MODE>
 HD void epilogue(const IgP &P, const Phase &f, int m0, int n0, int z, int t, const float *sC) {
     const int c = t % BN, gn = n0 + c;
     if (MODE == IG_WGRAD) {
-        if (gn >= P.Nc) return;
+        /* column of dw: gn, or (KT3) channel ci of tap `tap` -> ci*9 + tap */
+        int col = gn, ncr = P.Nc;
+        if (P.ct) {
+            int tap = gn / (P.ct * BN), ci = gn - tap * P.ct * BN;
+            if (ci >= P.Cin) return;
+            col = ci * 9 + tap;
+            ncr = P.Cin * 9;
+        } else if (gn >= P.Nc) {
+            return;
+        }
         float *out = (float *)P.out;
-        if (!P.direct) out += (size_t)z * P.M * P.Nc;
+        if (!P.direct) out += (size_t)z * P.M * ncr;
         for (int r = t / BN; r < BM; r += NT / BN) {
             int gm = m0 + r;
             if (gm >= P.M) break;
-            size_t o = (size_t)gm * P.Nc + gn;
+            size_t o = (size_t)gm * ncr + col;
             float v = sC[r * LDC + c];
             if (P.direct && P.beta != 0.0f) v = fmaf(P.beta, out[o], v);
             out[o] = v;
@@ -536,6 +671,7 @@ static IgP params_of(const lucid_igemm_geom *g) {
     P.kchunk = 0;
     P.direct = 1;
     P.part_n = 0;
+    P.ct = 0;
     return P;
 }
 
@@ -554,12 +690,35 @@ static int ks_of(const lucid_igemm_geom *g, const void *p1, const void *p2) {
     return 0;
 }
 
+/* Smallest reduction channel count (fwd: Cin, dgrad: Cout) for which a 3x3
+ * pass runs tap-major, and the smallest Cin for the tap-major filter
+ * gradient (its column tiles hold BN = 64 channels of one tap).  Below, the
+ * channel-major k3 kernels waste less of a tile.  LUCID_IGEMM_TAP_MIN_C /
+ * LUCID_IGEMM_TAP_MIN_CW override them (bench/conv_lab comparisons; a huge
+ * value turns the variant off); read once. */
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+static int tap_min_c(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("LUCID_IGEMM_TAP_MIN_C", 16);
+    return v;
+}
+static int tap_min_cw(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("LUCID_IGEMM_TAP_MIN_CW", 48);
+    return v;
+}
+static bool is3x3(const lucid_igemm_geom *g) { return g->kh == 3 && g->kw == 3; }
+
 template <typename T, int MODE>
 static void launch(const IgP &P, int ks, dim3 grid, cudaStream_t s) {
     switch (ks) {
     case KV1: igemm_nchw<T, MODE, KV1><<<grid, NT, 0, s>>>(P); break;
     case 1: igemm_nchw<T, MODE, 1><<<grid, NT, 0, s>>>(P); break;
     case 3: igemm_nchw<T, MODE, 3><<<grid, NT, 0, s>>>(P); break;
+    case KT3: igemm_nchw<T, MODE, KT3><<<grid, NT, 0, s>>>(P); break;
     default: igemm_nchw<T, MODE, 0><<<grid, NT, 0, s>>>(P); break;
     }
 }
@@ -668,6 +827,11 @@ static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const flo
     L.P.K = g->Cin * g->kh * g->kw;
     L.mode = IG_FWD;
     L.ks = ks_of(g, x, NULL);
+    if (is3x3(g) && g->Cin >= tap_min_c()) {
+        L.ks = KT3;
+        L.P.ct = (int)tiles(g->Cin, BK);
+        L.P.K = 9 * L.P.ct * BK;
+    }
     split_fd(L, (long)g->N * g->Cout * g->Ho * g->Wo);
     return L;
 }
@@ -689,10 +853,19 @@ static IgLaunch plan_backward_data(const lucid_igemm_geom *g, const void *dy, co
         int Hp = (g->H + g->sh - 1) / g->sh, Wp = (g->W + g->sw - 1) / g->sw;
         L.grid = dim3(tiles(g->N * Hp * Wp, BN), tiles(L.P.M, BM), (unsigned)(g->sh * g->sw));
         L.mode = IG_DGRAD_PH;
-        L.ks = g->kh == 3 && g->kw == 3 ? 3 : 0;
+        L.ks = is3x3(g) ? 3 : 0;
+        if (is3x3(g) && g->Cout >= tap_min_c()) {
+            L.ks = KT3;
+            L.P.ct = (int)tiles(g->Cout, BK); /* phase K: nR*nQ*ct*BK (phase_of) */
+        }
     } else {
         L.mode = IG_DGRAD;
         L.ks = ks_of(g, dy, NULL);
+        if (is3x3(g) && g->sh == 1 && g->sw == 1 && g->Cout >= tap_min_c()) {
+            L.ks = KT3;
+            L.P.ct = (int)tiles(g->Cout, BK);
+            L.P.K = 9 * L.P.ct * BK;
+        }
         split_fd(L, (long)g->N * g->Cin * g->H * g->W);
     }
     return L;
@@ -717,6 +890,12 @@ static IgLaunch plan_backward_filter(const lucid_igemm_geom *g, const void *x, c
     L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), (unsigned)L.splits);
     L.mode = IG_WGRAD;
     L.ks = ks_of(g, x, dy);
+    if (is3x3(g) && g->Cin >= tap_min_cw()) {
+        L.ks = KT3;
+        L.P.ct = (int)tiles(g->Cin, BN);
+        L.P.Nc = 9 * L.P.ct * BN; /* padded columns; dw's are Cin*9 */
+        L.grid.x = tiles(L.P.Nc, BN);
+    }
     return L;
 }
 
@@ -780,7 +959,7 @@ cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, cons
     if (!L.P.direct && !scratch) return cudaErrorInvalidValue;
     cudaError_t e = launch_plan(dt, L, stream);
     if (e != cudaSuccess || L.P.direct) return e;
-    int n = L.P.M * L.P.Nc;
+    int n = g->Cout * g->Cin * g->kh * g->kw;
     unsigned blocks = tiles(n, 256);
     if (blocks > 1024) blocks = 1024;
     igemm_reduce_splits<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n, L.splits,

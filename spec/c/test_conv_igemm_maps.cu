@@ -46,14 +46,14 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
 template<int MODE>
 static void emulate_m(const IgLaunch& L, std::vector<float>& out){
   switch(L.ks){ case KV1: emulate_t<MODE,KV1>(L.P,L.grid,out); break; case 1: emulate_t<MODE,1>(L.P,L.grid,out); break;
-    case 3: emulate_t<MODE,3>(L.P,L.grid,out); break; default: emulate_t<MODE,0>(L.P,L.grid,out); }
+    case 3: emulate_t<MODE,3>(L.P,L.grid,out); break; case KT3: emulate_t<MODE,KT3>(L.P,L.grid,out); break; default: emulate_t<MODE,0>(L.P,L.grid,out); }
 }
 static void emulate(const IgLaunch& L, std::vector<float>& out){
   switch(L.mode){ case IG_FWD: emulate_m<IG_FWD>(L,out); break; case IG_DGRAD: emulate_m<IG_DGRAD>(L,out); break;
     case IG_DGRAD_PH: emulate_m<IG_DGRAD_PH>(L,out); break; default: emulate_m<IG_WGRAD>(L,out); }
 }
 static const char* variant(const IgLaunch& L){
-  static char b[48]; snprintf(b,48,"%s%s", L.mode==IG_DGRAD_PH?"phases ":"", L.ks==KV1?"vec1x1":L.ks==1?"k1":L.ks==3?"k3":"generic"); return b;
+  static char b[48]; snprintf(b,48,"%s%s", L.mode==IG_DGRAD_PH?"phases ":"", L.ks==KV1?"vec1x1":L.ks==1?"k1":L.ks==3?"k3":L.ks==KT3?"tap-major k3":"generic"); return b;
 }
 static int fails=0;
 static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r,double tol=1e-5){
@@ -104,5 +104,10 @@ int main(){
   run(1,5,12,12,7,5,5,2,2,1);
   /* split-K forward / backward-data (grids under 132 blocks) */
   run(4,64,20,20,64,3,3,1,1,1); run(4,256,20,20,64,3,3,1,1,1); run(4,128,20,20,256,1,1,1,0,1); run(2,51,13,11,33,3,3,1,1,1);
+  /* tap-major 3x3 (KT3): channel tails (70 = 2 tiles + 6, 51, 20, 17), stride 2
+   * and 3 phases, dilation 2, filter gradient with Cin >= 48 (one and two
+   * column tiles per tap) */
+  run(1,70,9,7,20,3,3,2,1,1); run(1,48,12,10,17,3,3,1,2,2); run(1,20,15,13,24,3,3,3,1,1);
+  run(2,96,6,5,70,3,3,1,1,1); run(1,130,5,6,40,3,3,2,1,1);
   return fails != 0;
 }
