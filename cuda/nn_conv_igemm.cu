@@ -172,6 +172,10 @@ struct Stage {
     static constexpr bool VA = KS == KV1 && MODE == IG_WGRAD; /* A by vectors */
     static constexpr bool VB = KS == KV1;                      /* B by vectors */
     static constexpr bool TM = KS == KT3;                      /* tap-major 3x3 */
+    /* KT3 backward-data stages A with m (= ci) along the threads: the weight
+     * w[c][m][r][q] is then read 9 floats apart by neighbouring threads
+     * instead of Cin*9 apart */
+    static constexpr bool AT = TM && (MODE == IG_DGRAD || MODE == IG_DGRAD_PH);
     T a[VA ? 1 : PER_T], b[VB ? 1 : PER_T];
     uint4 av[VA ? 2 : 1], bv[VB ? 2 : 1];
     /* fixed per thread: the B column's pixel (fwd, dgrad; scalar B) */
@@ -360,22 +364,30 @@ struct Stage {
         }
     }
 
-    /* KT3 A tile (fwd, dgrad): A(m, c) = w[m][c][r][q] (fwd) or w[c][m][r][q]
-     * (dgrad, m = ci), thread t: c = c0 + t%BK, m = m0 + t/BK + j*(NT/BK) */
+    /* KT3 A tile (fwd, dgrad): A(m, c) = w[m][c][r][q] (fwd; thread t: c =
+     * c0 + t%BK, m = m0 + t/BK + j*(NT/BK)) or w[c][m][r][q] (dgrad, m = ci;
+     * AT: m = m0 + t%BM, c = c0 + t/BM + j*(NT/BM)) */
     HD void load_a_tm(const IgP &P, const Phase &f, int m0, int k0, int t) {
         int r, q, c0;
         tm_tap(P, f, k0, r, q, c0);
-        const int c = c0 + t % BK, C = MODE == IG_FWD ? P.Cin : P.Cout, mA = m0 + t / BK;
         const float *w = (const float *)P.a;
-        size_t base, step;
-        if (MODE == IG_FWD) {
-            base = ((size_t)mA * P.Cin + c) * 9 + r * 3 + q;
-            step = (size_t)(NT / BK) * P.Cin * 9;
-        } else {
-            base = ((size_t)c * P.Cin + mA) * 9 + r * 3 + q;
-            step = (size_t)(NT / BK) * 9;
+        if (AT) {
+            const int m = m0 + t % BM, c = c0 + t / BM;
+            const bool mv = m < P.M;
+            const size_t base = ((size_t)c * P.Cin + m) * 9 + r * 3 + q;
+            const size_t step = (size_t)(NT / BM) * P.Cin * 9;
+            UNROLL
+            for (int j = 0; j < PER_T; j++) {
+                float v = 0.0f;
+                if (mv && c + j * (NT / BM) < P.Cout) v = w[base + j * step];
+                a[j] = to_t<T>(v);
+            }
+            return;
         }
-        const bool cv = c < C;
+        const int c = c0 + t % BK, mA = m0 + t / BK;
+        const size_t base = ((size_t)mA * P.Cin + c) * 9 + r * 3 + q;
+        const size_t step = (size_t)(NT / BK) * P.Cin * 9;
+        const bool cv = c < P.Cin;
         UNROLL
         for (int j = 0; j < PER_T; j++) {
             float v = 0.0f;
@@ -464,7 +476,10 @@ struct Stage {
             }
         } else {
             UNROLL
-            for (int j = 0; j < PER_T; j++) sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = a[j];
+            for (int j = 0; j < PER_T; j++) {
+                if (AT) sA[(t % BM) * LDA + t / BM + j * (NT / BM)] = a[j];
+                else sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = a[j];
+            }
         }
         if (VB) {
             UNROLL
@@ -639,6 +654,23 @@ __global__ void igemm_reduce_splits(const float *__restrict__ part, float *dw, i
     }
 }
 
+/* The same fold for many splits (> 16): one warp per element, lane l adds
+ * splits l, l+32, ... in order, then a fixed xor-shuffle tree (every lane
+ * ends with the same value).  A fixed order that depends on the split count
+ * only: bitwise identical run to run.  The sequential fold above is a chain
+ * of `splits` dependent adds per element, and with few elements (layer 0's
+ * 16x27 filter gradient in 528 splits) nothing hides its load latency. */
+__global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *dw, int n,
+                                         int splits, float beta) {
+    const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+    for (int i = blockIdx.x * wpb + (threadIdx.x >> 5); i < n; i += gridDim.x * wpb) {
+        float s = 0.0f;
+        for (int k = lane; k < splits; k += 32) s += part[(size_t)k * n + i];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
+    }
+}
+
 /* Split-K forward / backward-data: out[i] = round(sum over splits s = 0, 1,
  * ... of part[s][i] (+ bias[c] | beta*out[i])), c = (i / plane) % M: the
  * same operations, in the same order, as the unsplit epilogue after the
@@ -745,13 +777,14 @@ int lucid_conv_igemm_fits(const lucid_igemm_geom *g) {
 }
 
 /* Splits of the backward-filter GEMM: enough blocks to cover the H200's 132
- * SMs about four times, each split at least 8 k tiles (256 pixels) long, at
+ * SMs about four times, each split at least 2 k tiles (64 pixels) long (a
+ * short grid is latency-bound: each k tile is a dependent global load), at
  * most 1024 splits. */
 int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
     int M = g->Cout, Nc = g->Cin * g->kh * g->kw, K = g->N * g->Ho * g->Wo;
     long blocks = (long)tiles(M, BM) * tiles(Nc, BN);
     long want = (528 + blocks - 1) / blocks;
-    long maxs = (K + 8 * BK - 1) / (8 * BK);
+    long maxs = (K + 2 * BK - 1) / (2 * BK);
     long s = want < maxs ? want : maxs;
     if (s > 1024) s = 1024;
     return s < 1 ? 1 : (int)s;
@@ -759,13 +792,13 @@ int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
 
 /* Split-K of forward / backward-data (not the stride-phase form): only a
  * grid that leaves SMs idle (< 132 blocks) is split, into up to 16 ranges
- * of at least 4 k tiles, for about 2 blocks per SM.  A function of the
+ * of at least 2 k tiles, for about 2 blocks per SM.  A function of the
  * geometry only.  M, Nc, K: the pass's GEMM. */
 static int fd_splits(int M, int Nc, int K) {
     long blocks = (long)tiles(Nc, BN) * tiles(M, BM);
     if (blocks >= 132) return 1;
     long want = (264 + blocks - 1) / blocks;
-    long maxs = (K + BK - 1) / BK / 4;
+    long maxs = (K + BK - 1) / BK / 2;
     long s = want < maxs ? want : maxs;
     if (s > 16) s = 16;
     return s < 1 ? 1 : (int)s;
@@ -960,6 +993,13 @@ cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, cons
     cudaError_t e = launch_plan(dt, L, stream);
     if (e != cudaSuccess || L.P.direct) return e;
     int n = g->Cout * g->Cin * g->kh * g->kw;
+    if (L.splits > 16) {
+        unsigned blocks = tiles(n, 8); /* 8 warps of 256 threads, one per element */
+        if (blocks > 4096) blocks = 4096;
+        igemm_reduce_splits_warp<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n,
+                                                             L.splits, beta);
+        return cudaGetLastError();
+    }
     unsigned blocks = tiles(n, 256);
     if (blocks > 1024) blocks = 1024;
     igemm_reduce_splits<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n, L.splits,

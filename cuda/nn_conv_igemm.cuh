@@ -10,8 +10,10 @@
  * (CUDA-graph capturable) and returns cudaGetLastError() after its launches
  * (cudaErrorInvalidValue for a dtype other than bf16/f16).  Results are
  * bitwise identical run to run: every reduction has a fixed order (tensor-core
- * accumulation in k order within a tile, split-K partials folded in split
- * order by a separate kernel).
+ * accumulation in k order within a tile, split-K partials folded by a
+ * separate kernel in an order fixed by the split count: sequentially, or
+ * for more than 16 splits of the filter gradient by 32 lanes and a fixed
+ * shuffle tree).
  */
 #ifndef LUCID_CUDA_NN_CONV_IGEMM_CUH
 #define LUCID_CUDA_NN_CONV_IGEMM_CUH
