@@ -202,9 +202,9 @@ static int ks_of(const lucid_igemm_geom *g, const void *p1, const void *p2) {
 }
 
 /* Smallest reduction channel count (fwd: Cin, dgrad: Cout) for which a 3x3
- * pass runs tap-major (below, the channel-major k3 kernels waste less of a
- * k tile), and the smallest Cin for the tap-major filter gradient (every
- * Cin: its column slots shrink with Cin).  LUCID_IGEMM_TAP_MIN_C /
+ * pass runs tap-major (every count: the slots shrink with it; stride-phase
+ * backward-data from 16, one tap per k tile), and the smallest Cin for the
+ * tap-major filter gradient (every Cin).  LUCID_IGEMM_TAP_MIN_C /
  * LUCID_IGEMM_TAP_MIN_CW override them (bench/conv_lab comparisons; a huge
  * value turns the variant off); read once. */
 static int env_int(const char *name, int dflt) {
@@ -213,7 +213,7 @@ static int env_int(const char *name, int dflt) {
 }
 static int tap_min_c(void) {
     static int v = -1;
-    if (v < 0) v = env_int("LUCID_IGEMM_TAP_MIN_C", 16);
+    if (v < 0) v = env_int("LUCID_IGEMM_TAP_MIN_C", 1);
     return v;
 }
 static int tap_min_cw(void) {
@@ -326,6 +326,18 @@ static void split_fd(IgLaunch &L, long nout) {
     L.grid = dim3(tiles(L.P.Nc, BN), tiles(L.P.M, BM), (unsigned)L.splits);
 }
 
+/* Tap-major k of a 3x3 forward / stride-1 backward-data GEMM over C
+ * channels: slots of cpt = 2^lc channels (the power of two >= C, 4 .. 32),
+ * BK/cpt taps per k tile, K padded to whole tiles. */
+static void tap_major_k(IgLaunch &L, int C) {
+    int lc = 2;
+    while (lc < 5 && (1 << lc) < C) lc++;
+    L.ks = KT3;
+    L.P.lc = lc;
+    L.P.ct = (int)tiles(C, 1 << lc);
+    L.P.K = (int)tiles(9, BK >> lc) * L.P.ct * BK;
+}
+
 static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const float *w,
                              const float *b, void *y) {
     IgLaunch L;
@@ -339,11 +351,7 @@ static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const flo
     L.P.K = g->Cin * g->kh * g->kw;
     L.mode = IG_FWD;
     L.ks = ks_of(g, x, NULL);
-    if (is3x3(g) && g->Cin >= tap_min_c()) {
-        L.ks = KT3;
-        L.P.ct = (int)tiles(g->Cin, BK);
-        L.P.K = 9 * L.P.ct * BK;
-    }
+    if (is3x3(g) && g->Cin >= tap_min_c()) tap_major_k(L, g->Cin);
     split_fd(L, (long)g->N * g->Cout * g->Ho * g->Wo);
     return L;
 }
@@ -366,18 +374,16 @@ static IgLaunch plan_backward_data(const lucid_igemm_geom *g, const void *dy, co
         L.grid = dim3(tiles(g->N * Hp * Wp, BN), tiles(L.P.M, BM), (unsigned)(g->sh * g->sw));
         L.mode = IG_DGRAD_PH;
         L.ks = is3x3(g) ? 3 : 0;
-        if (is3x3(g) && g->Cout >= tap_min_c()) {
+        if (is3x3(g) && g->Cout >= 16 && g->Cout >= tap_min_c()) {
             L.ks = KT3;
+            L.P.lc = 5; /* one tap per k tile */
             L.P.ct = (int)tiles(g->Cout, BK); /* phase K: nR*nQ*ct*BK (phase_of) */
         }
     } else {
         L.mode = IG_DGRAD;
         L.ks = ks_of(g, dy, NULL);
-        if (is3x3(g) && g->sh == 1 && g->sw == 1 && g->Cout >= tap_min_c()) {
-            L.ks = KT3;
-            L.P.ct = (int)tiles(g->Cout, BK);
-            L.P.K = 9 * L.P.ct * BK;
-        }
+        if (is3x3(g) && g->sh == 1 && g->sw == 1 && g->Cout >= tap_min_c())
+            tap_major_k(L, g->Cout);
         split_fd(L, (long)g->N * g->Cin * g->H * g->W);
     }
     return L;

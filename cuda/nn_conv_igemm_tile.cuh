@@ -42,7 +42,8 @@ struct IgP {
     int direct;         /* 1 = final epilogue; 0 = write f32 partials (split z at z*part_n) */
     int part_n;         /* fwd/dgrad split: elements of the output (N*M*plane) */
     int ct;             /* tap-major 3x3 (KT3): channel tiles per kernel tap; 0 otherwise */
-    int lc;             /* KT3 filter gradient: log2 of the channels per column slot (2..6) */
+    int lc;             /* KT3: log2 of the channels per slot (fwd/dgrad 2..5 of a k tile,
+                           wgrad 2..6 of a column tile); stride phases: 5 */
 };
 
 /* Backward-data of a strided convolution, one launch per stride phase
@@ -314,10 +315,13 @@ struct Stage {
         }
     }
 
-    /* KT3: kernel tap (r, q) and first channel c0 of the k tile at k0 */
+    /* KT3: the k tile at k0 holds taps tap0 .. tap0 + BK/cpt - 1 (cpt = 2^lc
+     * channels each, channels c0 ..); (r, q): the kernel tap tap0 (with
+     * lc == 5 the tile's only tap) */
     HD void tm_tap(const IgP &P, const Phase &f, int k0, int &r, int &q, int &c0) const {
-        const int kt = k0 / BK, tap = kt / P.ct;
-        c0 = (kt - tap * P.ct) * BK;
+        int tap0;
+        tm_tile(P, k0, tap0, c0);
+        const int tap = tap0;
         if (MODE == IG_DGRAD_PH) {
             int ri = tap / f.nQ, qi = tap - ri * f.nQ;
             r = f.a + P.sh * ri;
@@ -328,13 +332,53 @@ struct Stage {
         }
     }
 
+    HD void tm_tile(const IgP &P, int k0, int &tap0, int &c0) const {
+        const int kt = k0 / BK, tg = kt / P.ct;
+        tap0 = tg * (BK >> P.lc);
+        c0 = (kt - tg * P.ct) << P.lc;
+    }
+
+    /* KT3 with few channels (lc < 5, fwd and stride-1 dgrad): slot s of the
+     * k tile -> tap and channel; false past the last tap or channel */
+    HD bool tm_slot(const IgP &P, int tap0, int c0, int s, int C, int &tap, int &c) const {
+        tap = tap0 + (s >> P.lc);
+        c = c0 + (s & ((1 << P.lc) - 1));
+        return tap < 9 && c < C;
+    }
+
     /* KT3 A tile (fwd, dgrad): A(m, c) = w[m][c][r][q] (fwd; thread t: c =
      * c0 + t%BK, m = m0 + t/BK + j*(NT/BK)) or w[c][m][r][q] (dgrad, m = ci;
      * AT: m = m0 + t%BM, c = c0 + t/BM + j*(NT/BM)) */
     HD void load_a_tm(const IgP &P, const Phase &f, int m0, int k0, int t) {
+        const float *w = (const float *)P.a;
+        if (MODE != IG_DGRAD_PH && P.lc < 5) { /* several taps per k tile */
+            int tap0, c0, tap, c;
+            tm_tile(P, k0, tap0, c0);
+            if (AT) {
+                const int m = m0 + t % BM;
+                UNROLL
+                for (int j = 0; j < PER_T; j++) {
+                    float v = 0.0f;
+                    if (tm_slot(P, tap0, c0, t / BM + j * (NT / BM), P.Cout, tap, c) && m < P.M)
+                        v = w[((size_t)c * P.Cin + m) * 9 + tap];
+                    a[j] = to_t<T>(v);
+                }
+            } else {
+                const int mA = m0 + t / BK;
+                const bool sv = tm_slot(P, tap0, c0, t % BK, P.Cin, tap, c);
+                const size_t base = sv ? ((size_t)mA * P.Cin + c) * 9 + tap : 0;
+                UNROLL
+                for (int j = 0; j < PER_T; j++) {
+                    float v = 0.0f;
+                    if (sv && mA + j * (NT / BK) < P.M)
+                        v = w[base + (size_t)j * (NT / BK) * P.Cin * 9];
+                    a[j] = to_t<T>(v);
+                }
+            }
+            return;
+        }
         int r, q, c0;
         tm_tap(P, f, k0, r, q, c0);
-        const float *w = (const float *)P.a;
         if (AT) {
             const int m = m0 + t % BM, c = c0 + t / BM;
             const bool mv = m < P.M;
@@ -410,6 +454,26 @@ struct Stage {
                     const int hi = bh + r * P.dh, wi = bw + q * P.dw;
                     if (hi >= 0 && hi < P.H && wi >= 0 && wi < P.W)
                         v = xb[(size_t)ci * plane + (size_t)hi * P.W + wi];
+                }
+                b[j] = v;
+            }
+            return;
+        }
+        if (MODE != IG_DGRAD_PH && P.lc < 5) { /* several taps per k tile */
+            const bool fw = MODE == IG_FWD;
+            const int C = fw ? P.Cin : P.Cout, Hs = fw ? P.H : P.Ho, Ws = fw ? P.W : P.Wo;
+            const int sg = fw ? 1 : -1; /* fwd: p0 + r*d; dgrad (stride 1): p0 - r*d */
+            const T *src = (const T *)P.b + (size_t)img * C * Hs * Ws;
+            int tap0, c0, tap, c;
+            tm_tile(P, k0, tap0, c0);
+            UNROLL
+            for (int j = 0; j < PER_T; j++) {
+                T v = zero;
+                if (nvalid && tm_slot(P, tap0, c0, t / BN + j * (NT / BN), C, tap, c)) {
+                    const int r = tap / 3, q = tap - r * 3;
+                    const int hh = p0h + sg * r * P.dh, ww = p0w + sg * q * P.dw;
+                    if (hh >= 0 && hh < Hs && ww >= 0 && ww < Ws)
+                        v = src[((size_t)c * Hs + hh) * Ws + ww];
                 }
                 b[j] = v;
             }

@@ -109,7 +109,9 @@ int main(){
    * column tiles per tap) */
   run(1,70,9,7,20,3,3,2,1,1); run(1,48,12,10,17,3,3,1,2,2); run(1,20,15,13,24,3,3,3,1,1);
   run(2,96,6,5,70,3,3,1,1,1); run(1,130,5,6,40,3,3,2,1,1);
-  /* tap-major filter gradient with few channels: slots of 4, 8, 16, 32 */
+  /* tap-major with few channels (filter gradient: slots of 4, 8, 16, 32) */
   run(2,3,17,15,16,3,3,2,1,1); run(1,5,9,9,6,3,3,1,1,1); run(1,16,10,12,8,3,3,1,1,1); run(1,32,9,7,12,3,3,2,1,1);
+  /* tap-major forward / backward-data with few channels (slots of 4, 8, 16: 8, 4, 2 taps per k tile), dilation */
+  run(1,3,12,11,8,3,3,1,1,1); run(1,7,10,9,3,3,3,1,2,2); run(1,12,8,8,5,3,3,2,1,1);
   return fails != 0;
 }
