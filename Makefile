@@ -44,7 +44,7 @@ endif
 OPT := $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
 CFLAGS_COMMON := $(OPT) -fPIC -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -pthread -Iengine -MMD -MP $(RT_CFLAGS)
 CFLAGS := -std=c11 $(CFLAGS_COMMON)
-LIBS := $(RT_LIBS) -lopenblas -lpng -ljpeg -lyaml -lcjson -lm -lpthread -ldl
+LIBS := $(RT_LIBS) -lopenblas -lpng -ljpeg -lyaml -lcjson -lz -lm -lpthread -ldl
 
 ENGINE_SRC := $(filter-out engine/core/cuda_absent.c,$(shell find engine -name '*.c' | sort))
 CUDA_SRC := $(sort $(wildcard cuda/*.cu))
@@ -134,7 +134,7 @@ bench-fit: all
 	luajit bench/fit_pairs.lua $(FIT)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
-  libpng-dev libjpeg62-turbo-dev libopenblas-dev libyaml-dev libcjson-dev
+  libpng-dev libjpeg62-turbo-dev libopenblas-dev libyaml-dev libcjson-dev zlib1g-dev
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -23,8 +23,7 @@
 
 /* -------------------------------------------------------------- type names */
 
-/* "lucid.Tensor" / "lucid.Context" for our userdata, else the Lua type. */
-static const char *value_type_name(lua_State *L, int idx) {
+const char *lucid_lua_type_name(lua_State *L, int idx) {
     if (lua_type(L, idx) == LUA_TUSERDATA && lua_getmetatable(L, idx)) {
         lua_getfield(L, -1, "__name");
         const char *name = lua_tostring(L, -1);
@@ -58,13 +57,13 @@ lucid_tensor *lucid_lua_check_tensor(lua_State *L, int idx,
     lucid_tensor **box = luaL_testudata(L, idx, LUCID_LUA_TENSOR_MT);
     if (!box) {
         const char *msg = lua_pushfstring(L, "%s: expected lucid.Tensor, got %s",
-                                          argname, value_type_name(L, idx));
-        luaL_argerror(L, idx, msg);
+                                          argname, lucid_lua_type_name(L, idx));
+        lucid_lua_argerror(L, idx, msg);
         return NULL;
     }
     if (!*box) {
         const char *msg = lua_pushfstring(L, "%s: tensor was freed", argname);
-        luaL_argerror(L, idx, msg);
+        lucid_lua_argerror(L, idx, msg);
         return NULL;
     }
     return *box;
@@ -96,7 +95,7 @@ void lucid_lua_push_tensor(lua_State *L, lucid_tensor *t) {
 static lucid_ctx *ctx_from_value(lua_State *L, int idx, int argidx) {
     lucid_ctx **box = luaL_testudata(L, idx, LUCID_LUA_CONTEXT_MT);
     if (!box) return NULL;
-    if (!*box) luaL_argerror(L, argidx, "ctx: context was freed");
+    if (!*box) lucid_lua_argerror(L, argidx, "ctx: context was freed");
     return *box;
 }
 
@@ -139,8 +138,8 @@ lucid_ctx *lucid_lua_ctx(lua_State *L, int idx) {
                 if (!c) {
                     const char *msg = lua_pushfstring(
                         L, "ctx: expected lucid.Context, got %s",
-                        value_type_name(L, -1));
-                    luaL_argerror(L, idx, msg);
+                        lucid_lua_type_name(L, -1));
+                    lucid_lua_argerror(L, idx, msg);
                 }
                 lua_pop(L, 1);
                 return c;
@@ -163,14 +162,15 @@ lucid_dtype lucid_lua_opt_dtype(lua_State *L, int idx, const char *field,
     if (!lua_isnil(L, -1)) {
         if (lua_type(L, -1) != LUA_TSTRING) {
             const char *msg = lua_pushfstring(L, "%s: expected a dtype name, got %s",
-                                              field, value_type_name(L, -1));
-            luaL_argerror(L, idx, msg);
+                                              field, lucid_lua_type_name(L, -1));
+            lucid_lua_argerror(L, idx, msg);
         }
         const char *name = lua_tostring(L, -1);
         if (lucid_dtype_parse(name, &dt) != 0) {
             const char *msg = lua_pushfstring(
-                L, "unknown dtype '%s' (expected one of %s)", name, DTYPE_LIST);
-            luaL_argerror(L, idx, msg);
+                L, "%s: unknown dtype '%s' (expected one of %s)", field, name,
+                DTYPE_LIST);
+            lucid_lua_argerror(L, idx, msg);
         }
     }
     lua_pop(L, 1);
@@ -185,15 +185,15 @@ lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
     if (!lua_isnil(L, -1)) {
         if (lua_type(L, -1) != LUA_TSTRING) {
             const char *msg = lua_pushfstring(L, "%s: expected a device name, got %s",
-                                              field, value_type_name(L, -1));
-            luaL_argerror(L, idx, msg);
+                                              field, lucid_lua_type_name(L, -1));
+            lucid_lua_argerror(L, idx, msg);
         }
         const char *name = lua_tostring(L, -1);
         if (lucid_device_parse(name, &dev) != 0) {
             const char *msg = lua_pushfstring(
-                L, "unknown device '%s' (expected cpu, cuda, cuda:N or auto)",
-                name);
-            luaL_argerror(L, idx, msg);
+                L, "%s: unknown device '%s' (expected cpu, cuda, cuda:N or auto)",
+                field, name);
+            lucid_lua_argerror(L, idx, msg);
         }
     }
     lua_pop(L, 1);
@@ -212,11 +212,11 @@ static int64_t shape_entry(lua_State *L, int v, int argidx, const char *argname,
         const char *msg = lua_pushfstring(
             L, "%s[%d]: expected a positive integer, got %s", argname, pos,
             lua_tostring(L, v) ? lua_tostring(L, v) : "?");
-        luaL_argerror(L, argidx, msg);
+        lucid_lua_argerror(L, argidx, msg);
     }
     const char *msg = lua_pushfstring(L, "%s[%d]: expected a positive integer, got %s",
-                                      argname, pos, value_type_name(L, v));
-    luaL_argerror(L, argidx, msg);
+                                      argname, pos, lucid_lua_type_name(L, v));
+    lucid_lua_argerror(L, argidx, msg);
     return 0;
 }
 
@@ -228,7 +228,7 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
         int n = 0;
         while (lua_type(L, idx + n) == LUA_TNUMBER) {
             if (n == LUCID_MAX_DIMS)
-                luaL_argerror(L, idx + n,
+                lucid_lua_argerror(L, idx + n,
                               lua_pushfstring(L, "%s: expected at most %d dims",
                                               argname, LUCID_MAX_DIMS));
             shape[n] = shape_entry(L, idx + n, idx + n, argname, n + 1);
@@ -238,14 +238,14 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
     }
     if (!lua_istable(L, idx)) {
         const char *msg = lua_pushfstring(L, "%s: expected a table of sizes, got %s",
-                                          argname, value_type_name(L, idx));
-        luaL_argerror(L, idx, msg);
+                                          argname, lucid_lua_type_name(L, idx));
+        lucid_lua_argerror(L, idx, msg);
     }
     int n = (int)lua_objlen(L, idx);
     if (n > LUCID_MAX_DIMS) {
         const char *msg = lua_pushfstring(L, "%s: expected at most %d dims, got %d",
                                           argname, LUCID_MAX_DIMS, n);
-        luaL_argerror(L, idx, msg);
+        lucid_lua_argerror(L, idx, msg);
     }
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, idx, i + 1);

@@ -24,8 +24,8 @@
  * "auto" (stored in the registry, never in a C global). Raises on failure. */
 lucid_ctx *lucid_lua_ctx(lua_State *L, int idx);
 
-/* The tensor at idx; raises "bad argument #idx to 'fn' (<argname>: expected
- * lucid.Tensor, got <type>)" or "... tensor was freed". */
+/* The tensor at idx; raises "<fn>: bad argument #idx (<argname>): expected
+ * lucid.Tensor, got <type>" or "... tensor was freed" (lucid_lua_argerror). */
 lucid_tensor *lucid_lua_check_tensor(lua_State *L, int idx, const char *argname);
 /* Like check_tensor but returns NULL when the value is not a tensor. */
 lucid_tensor *lucid_lua_to_tensor(lua_State *L, int idx);
@@ -74,5 +74,61 @@ void lucid_lua_register_class(lua_State *L, const char *name,
 /* Registration of sub-libraries into the module table at the top of stack. */
 int lucid_lua_open_tensor(lua_State *L);
 int lucid_lua_open_context(lua_State *L);
+
+/* "lucid.Tensor" / "lucid.Context" ... (the __name of a lucid userdata's
+ * metatable) for our userdata, else the Lua type name ("no value" for an
+ * absent argument). */
+const char *lucid_lua_type_name(lua_State *L, int idx);
+
+/* ------------------------------------------------- arguments (lua_args.c)
+ *
+ * Argument errors name the function as the user calls it:
+ *   "file:line: lucid.Tensor:reshape: bad argument #1 (shape): expected a
+ *    table of sizes, got string"
+ * <arg> in parentheses is the leading "name: " of msg when it has one.
+ * Methods count arguments after self (t:reshape(s): s is #1); a bad self
+ * reads "<fn>: bad self: <what>"; a negative (stack-relative) narg "<fn>:
+ * bad value: <msg>". The name is found from the running C function (see
+ * lua_args.c), so tail calls, pcall and aliases name it too. Never return.
+ *
+ * The checkers mirror lauxlib's (same arguments, same conversions) and
+ * raise through lucid_lua_argerror with "expected <what>, got <type>";
+ * checkoption lists the valid options. lauxlib's own argument checkers
+ * are poisoned below for every file of lua/ (they cannot name functions
+ * registered in tables and metatables). */
+int lucid_lua_argerror(lua_State *L, int narg, const char *msg);
+#define lucid_lua_argcheck(L, cond, narg, msg) \
+    ((void)((cond) || lucid_lua_argerror(L, (narg), (msg))))
+void *lucid_lua_checkudata(lua_State *L, int narg, const char *tname);
+const char *lucid_lua_checklstring(lua_State *L, int narg, size_t *len);
+#define lucid_lua_checkstring(L, n) lucid_lua_checklstring(L, (n), NULL)
+const char *lucid_lua_optlstring(lua_State *L, int narg, const char *def,
+                                 size_t *len);
+#define lucid_lua_optstring(L, n, d) lucid_lua_optlstring(L, (n), (d), NULL)
+lua_Number lucid_lua_checknumber(lua_State *L, int narg);
+lua_Number lucid_lua_optnumber(lua_State *L, int narg, lua_Number def);
+lua_Integer lucid_lua_checkinteger(lua_State *L, int narg);
+lua_Integer lucid_lua_optinteger(lua_State *L, int narg, lua_Integer def);
+void lucid_lua_checktype(lua_State *L, int narg, int t);
+int lucid_lua_checkoption(lua_State *L, int narg, const char *def,
+                          const char *const lst[]);
+
+/* Record the module table at idx (luaopen_lucid): the names of its
+ * functions, and of the methods of the lucid.* metatables, are what
+ * argument errors use (built on the first error). */
+void lucid_lua_set_module(lua_State *L, int idx);
+
+#undef luaL_checkstring
+#undef luaL_optstring
+#undef luaL_argcheck
+#undef luaL_checkint
+#undef luaL_optint
+#undef luaL_checklong
+#undef luaL_optlong
+#pragma GCC poison luaL_argerror luaL_typerror luaL_checkudata \
+    luaL_checklstring luaL_checkstring luaL_optlstring luaL_optstring \
+    luaL_checknumber luaL_optnumber luaL_checkinteger luaL_optinteger \
+    luaL_checktype luaL_checkany luaL_checkoption luaL_argcheck \
+    luaL_checkint luaL_optint luaL_checklong luaL_optlong
 
 #endif

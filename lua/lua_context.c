@@ -17,10 +17,10 @@
 static lucid_ctx *check_ctx(lua_State *L, int idx) {
     lucid_ctx **box = luaL_testudata(L, idx, LUCID_LUA_CONTEXT_MT);
     if (!box)
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "expected lucid.Context, got %s",
                                       luaL_typename(L, idx)));
-    if (!*box) luaL_argerror(L, idx, "context was freed");
+    if (!*box) lucid_lua_argerror(L, idx, "context was freed");
     return *box;
 }
 
@@ -34,10 +34,10 @@ static void push_device(lua_State *L, lucid_device d) {
 /* Device named by the optional string at idx, else def. */
 static lucid_device opt_device_arg(lua_State *L, int idx, lucid_device def) {
     if (lua_isnoneornil(L, idx)) return def;
-    const char *name = luaL_checkstring(L, idx);
+    const char *name = lucid_lua_checkstring(L, idx);
     lucid_device d;
     if (lucid_device_parse(name, &d) != 0)
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "unknown device '%s' (expected cpu, "
                                          "cuda, cuda:N or auto)",
                                       name));
@@ -46,9 +46,9 @@ static lucid_device opt_device_arg(lua_State *L, int idx, lucid_device def) {
 
 /* Seed from a Lua number: a non-negative integer below 2^53. */
 static uint64_t check_seed(lua_State *L, int idx, const char *what) {
-    lua_Number x = luaL_checknumber(L, idx);
+    lua_Number x = lucid_lua_checknumber(L, idx);
     if (!(x >= 0 && x < 9007199254740992.0 && x == (lua_Number)(uint64_t)x))
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "%s: expected a non-negative integer, "
                                          "got %s",
                                       what, lua_tostring(L, idx)));
@@ -80,13 +80,13 @@ static void push_stats(lua_State *L, const lucid_memory_stats *st) {
 static int l_context_new(lua_State *L) {
     lucid_ctx_options opt = lucid_ctx_options_default();
     if (!lua_isnoneornil(L, 1)) {
-        luaL_checktype(L, 1, LUA_TTABLE);
+        lucid_lua_checktype(L, 1, LUA_TTABLE);
         lua_pushnil(L);
         while (lua_next(L, 1)) {
             const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
             if (!k || (strcmp(k, "device") && strcmp(k, "seed") &&
                        strcmp(k, "threads")))
-                luaL_argerror(L, 1,
+                lucid_lua_argerror(L, 1,
                               lua_pushfstring(L, "unknown option '%s' (expected "
                                                  "device, seed, threads)",
                                               k ? k : luaL_typename(L, -2)));
@@ -98,8 +98,8 @@ static int l_context_new(lua_State *L) {
         lua_pop(L, 1);
         lua_getfield(L, 1, "threads");
         if (!lua_isnil(L, -1)) {
-            lua_Integer n = luaL_checkinteger(L, -1);
-            if (n < 0) luaL_argerror(L, 1, "threads: expected >= 0");
+            lua_Integer n = lucid_lua_checkinteger(L, -1);
+            if (n < 0) lucid_lua_argerror(L, 1, "threads: expected >= 0");
             opt.cpu_threads = (int)n;
         }
         lua_pop(L, 1);
@@ -172,7 +172,7 @@ static int l_ctx_rng_state(lua_State *L) {
  * the context keep it alive; further calls on the handle raise "context was
  * freed". A second free is a no-op. */
 static int l_ctx_free(lua_State *L) {
-    lucid_ctx **box = luaL_checkudata(L, 1, LUCID_LUA_CONTEXT_MT);
+    lucid_ctx **box = lucid_lua_checkudata(L, 1, LUCID_LUA_CONTEXT_MT);
     if (*box) {
         lucid_ctx_release(*box);
         *box = NULL;
@@ -184,7 +184,7 @@ static int l_ctx_free(lua_State *L) {
 static int l_ctx_gc(lua_State *L) { return l_ctx_free(L); }
 
 static int l_ctx_tostring(lua_State *L) {
-    lucid_ctx **box = luaL_checkudata(L, 1, LUCID_LUA_CONTEXT_MT);
+    lucid_ctx **box = lucid_lua_checkudata(L, 1, LUCID_LUA_CONTEXT_MT);
     if (!*box) {
         lua_pushliteral(L, "lucid.Context(freed)");
         return 1;

@@ -5,6 +5,9 @@
  *   open_yolo(images_dir, opts)        -> Dataset | nil, msg, status
  *   open_coco(json, images_dir, opts)  -> Dataset | nil, msg, status
  *   read_yaml(path)                    -> table | nil, msg, status
+ *       {dir (the YAML's folder), path, train, val (as written, absent when
+ *       absent), kpt_shape {K, D}, flip_idx (0-based), nc, names}; errors
+ *       name the file, line and key. data.load_yaml resolves the paths.
  *   decode(path [, ctx])               -> Tensor u8 [H,W,3], orientation | nil, msg, status
  *   Loader(dataset, opts)              -> Loader
  *   reject_reasons                     -> { "image_missing", ... }
@@ -168,8 +171,8 @@ static lucid_aug_params check_aug(lua_State *L, int idx) {
 /* ------------------------------------------------------------ Dataset */
 
 static lucid_dataset *check_dataset(lua_State *L, int idx) {
-    dataset_box *b = luaL_checkudata(L, idx, DATASET_MT);
-    if (!b->ds) luaL_argerror(L, idx, "dataset was freed");
+    dataset_box *b = lucid_lua_checkudata(L, idx, DATASET_MT);
+    if (!b->ds) lucid_lua_argerror(L, idx, "dataset was freed");
     return b->ds;
 }
 
@@ -190,7 +193,7 @@ static int push_failure(lua_State *L, lucid_ctx *ctx, lucid_status st) {
 }
 
 static int l_open_yolo(lua_State *L) {
-    const char *dir = luaL_checkstring(L, 1);
+    const char *dir = lucid_lua_checkstring(L, 1);
     lucid_dataset_options o = check_dataset_opts(L, 2);
     lucid_ctx *ctx = lucid_lua_ctx(L, 2);
     lucid_dataset *ds = NULL;
@@ -200,8 +203,8 @@ static int l_open_yolo(lua_State *L) {
 }
 
 static int l_open_coco(lua_State *L) {
-    const char *json = luaL_checkstring(L, 1);
-    const char *dir = luaL_checkstring(L, 2);
+    const char *json = lucid_lua_checkstring(L, 1);
+    const char *dir = lucid_lua_checkstring(L, 2);
     lucid_dataset_options o = check_dataset_opts(L, 3);
     lucid_ctx *ctx = lucid_lua_ctx(L, 3);
     lucid_dataset *ds = NULL;
@@ -263,9 +266,9 @@ static int l_ds_rejects(lua_State *L) {
 }
 
 static int64_t check_index(lua_State *L, lucid_dataset *ds, int idx) {
-    lua_Integer i = luaL_checkinteger(L, idx);
+    lua_Integer i = lucid_lua_checkinteger(L, idx);
     if (i < 1 || i > lucid_dataset_size(ds))
-        luaL_argerror(L, idx, lua_pushfstring(L, "index %d outside 1..%d", (int)i,
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "index %d outside 1..%d", (int)i,
                                               (int)lucid_dataset_size(ds)));
     return (int64_t)i - 1;
 }
@@ -363,14 +366,14 @@ static int l_ds_sample(lua_State *L) {
 }
 
 static int l_ds_free(lua_State *L) {
-    dataset_box *b = luaL_checkudata(L, 1, DATASET_MT);
+    dataset_box *b = lucid_lua_checkudata(L, 1, DATASET_MT);
     if (b->ds) lucid_dataset_release(b->ds);
     b->ds = NULL;
     return 0;
 }
 
 static int l_ds_tostring(lua_State *L) {
-    dataset_box *b = luaL_checkudata(L, 1, DATASET_MT);
+    dataset_box *b = lucid_lua_checkudata(L, 1, DATASET_MT);
     if (!b->ds) lua_pushliteral(L, "lucid.Dataset(freed)");
     else lua_pushfstring(L, "lucid.Dataset(%d images, imgsz %d)",
                          (int)lucid_dataset_size(b->ds),
@@ -381,8 +384,8 @@ static int l_ds_tostring(lua_State *L) {
 /* ------------------------------------------------------------- Loader */
 
 static loader_box *check_loader(lua_State *L, int idx) {
-    loader_box *b = luaL_checkudata(L, idx, LOADER_MT);
-    if (!b->ld) luaL_argerror(L, idx, "loader was freed");
+    loader_box *b = lucid_lua_checkudata(L, idx, LOADER_MT);
+    if (!b->ld) lucid_lua_argerror(L, idx, "loader was freed");
     return b;
 }
 
@@ -417,8 +420,8 @@ static int l_loader_new(lua_State *L) {
 
 static int l_loader_start_epoch(lua_State *L) {
     loader_box *b = check_loader(L, 1);
-    lua_Integer e = luaL_checkinteger(L, 2);
-    if (e < 0) luaL_argerror(L, 2, "epoch must be >= 0");
+    lua_Integer e = lucid_lua_checkinteger(L, 2);
+    if (e < 0) lucid_lua_argerror(L, 2, "epoch must be >= 0");
     lucid_aug_params p = check_aug(L, 3);
     lucid_status st = lucid_loader_start_epoch(b->ld, (uint64_t)e, &p);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
@@ -476,7 +479,7 @@ static int l_loader_num_batches(lua_State *L) {
 }
 
 static int l_loader_free(lua_State *L) {
-    loader_box *b = luaL_checkudata(L, 1, LOADER_MT);
+    loader_box *b = lucid_lua_checkudata(L, 1, LOADER_MT);
     if (b->ld) lucid_loader_release(b->ld);
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->ld = NULL;
@@ -485,7 +488,7 @@ static int l_loader_free(lua_State *L) {
 }
 
 static int l_loader_tostring(lua_State *L) {
-    loader_box *b = luaL_checkudata(L, 1, LOADER_MT);
+    loader_box *b = lucid_lua_checkudata(L, 1, LOADER_MT);
     if (!b->ld) lua_pushliteral(L, "lucid.Loader(freed)");
     else lua_pushfstring(L, "lucid.Loader(%d batches)",
                          (int)lucid_loader_num_batches(b->ld));
@@ -495,13 +498,15 @@ static int l_loader_tostring(lua_State *L) {
 /* ------------------------------------------------------------ functions */
 
 static int l_read_yaml(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lucid_lua_checkstring(L, 1);
     lucid_ctx *ctx = lucid_lua_ctx(L, 0);
     lucid_data_yaml y;
     lucid_status st = lucid_data_yaml_read(ctx, path, &y);
     if (st != LUCID_OK) return push_failure(L, ctx, st);
     /* no Lua error can happen below except memory exhaustion */
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 9);
+    lua_pushstring(L, y.dir);
+    lua_setfield(L, -2, "dir");
     if (y.path) { lua_pushstring(L, y.path); lua_setfield(L, -2, "path"); }
     if (y.train) { lua_pushstring(L, y.train); lua_setfield(L, -2, "train"); }
     if (y.val) { lua_pushstring(L, y.val); lua_setfield(L, -2, "val"); }
@@ -532,7 +537,7 @@ static int l_read_yaml(lua_State *L) {
 }
 
 static int l_decode(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lucid_lua_checkstring(L, 1);
     lucid_ctx *ctx = lucid_lua_ctx(L, 2);
     lucid_image img;
     int orient = 1;

@@ -35,8 +35,8 @@ typedef struct val_ud {
 } val_ud;
 
 static val_ud *check_val(lua_State *L, int idx) {
-    val_ud *u = luaL_checkudata(L, idx, VAL_MT);
-    if (!u->val) luaL_argerror(L, idx, "PoseValidator was freed");
+    val_ud *u = lucid_lua_checkudata(L, idx, VAL_MT);
+    if (!u->val) lucid_lua_argerror(L, idx, "PoseValidator was freed");
     return u;
 }
 
@@ -51,7 +51,7 @@ static const char *const VAL_KEYS[] = {"imgsz", "nc", "kpt_shape", "reg_max", "c
 /* lucid.PoseValidator{...} (see the file comment). imgsz is required and a
  * multiple of 32; the anchor levels are imgsz/8, /16, /32. */
 static int l_new(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     lucid_lua_check_options(L, 1, VAL_KEYS, "PoseValidator");
     lucid_ctx *ctx = lucid_lua_ctx(L, 1);
     lucid_pose_val_config cfg;
@@ -83,7 +83,7 @@ static int l_new(lua_State *L) {
     cfg.ap_method = LUCID_AP_COCO;
     lua_getfield(L, 1, "ap");
     if (!lua_isnil(L, -1)) {
-        const char *m = luaL_checkstring(L, -1);
+        const char *m = lucid_lua_checkstring(L, -1);
         if (strcmp(m, "ultralytics") == 0) cfg.ap_method = LUCID_AP_ULTRALYTICS;
         else if (strcmp(m, "coco") != 0)
             luaL_error(L, "PoseValidator: ap must be 'coco' or 'ultralytics', got '%s'", m);
@@ -125,12 +125,12 @@ static int l_add_batch(lua_State *L) {
     b.pred_box = lucid_lua_check_tensor(L, 2, "pred_box");
     b.pred_cls = lucid_lua_check_tensor(L, 3, "pred_cls");
     b.pred_kpt = u->nkpt ? lucid_lua_check_tensor(L, 4, "pred_kpt") : NULL;
-    luaL_checktype(L, 5, LUA_TTABLE);
+    lucid_lua_checktype(L, 5, LUA_TTABLE);
     b.cls = field_tensor(L, 5, "cls");
     b.boxes = field_tensor(L, 5, "boxes");
     b.mask = field_tensor(L, 5, "mask");
     if (u->nkpt) b.kpts = field_tensor(L, 5, "kpts");
-    b.n_images = (int)luaL_optinteger(L, 6, b.pred_box->shape[0]);
+    b.n_images = (int)lucid_lua_optinteger(L, 6, b.pred_box->shape[0]);
     b.img_w = b.img_h = u->img;
     lucid_status s = lucid_pose_val_add_batch(u->ctx, u->val, &b);
     if (s != LUCID_OK) return lucid_lua_raise(L, u->ctx, s);
@@ -175,7 +175,7 @@ static int l_compute(lua_State *L) {
  * for image i (1-based) of the last add_batch; cls is 0-based. */
 static int l_detections(lua_State *L) {
     val_ud *u = check_val(L, 1);
-    int i = (int)luaL_checkinteger(L, 2);
+    int i = (int)lucid_lua_checkinteger(L, 2);
     int n = 0;
     const lucid_det *d = lucid_pose_val_dets(u->val, i - 1, &n);
     lua_createtable(L, n, 0);
@@ -222,9 +222,9 @@ static double geom_field(lua_State *L, int idx, const char *k) {
  * number of entries. Raises on a NaN or infinite value (as cjson does). */
 static int l_coco_json(lua_State *L) {
     val_ud *u = check_val(L, 1);
-    int i = (int)luaL_checkinteger(L, 2);
-    double image_id = luaL_checknumber(L, 3);
-    luaL_checktype(L, 4, LUA_TTABLE);
+    int i = (int)lucid_lua_checkinteger(L, 2);
+    double image_id = lucid_lua_checknumber(L, 3);
+    lucid_lua_checktype(L, 4, LUA_TTABLE);
     lucid_unletterbox g;
     g.rx = geom_field(L, 4, "rx");
     g.ry = geom_field(L, 4, "ry");
@@ -275,7 +275,7 @@ static int l_reset(lua_State *L) {
 }
 
 static int l_free(lua_State *L) {
-    val_ud *u = luaL_checkudata(L, 1, VAL_MT);
+    val_ud *u = lucid_lua_checkudata(L, 1, VAL_MT);
     lucid_pose_val_free(u->val);
     u->val = NULL;
     if (u->ctx) lucid_ctx_release(u->ctx);

@@ -133,8 +133,8 @@ static int l_clock(lua_State *L) {
 /* ------------------------------------------------------------------ Graph */
 
 static graph_box *check_graph(lua_State *L, int idx) {
-    graph_box *b = luaL_checkudata(L, idx, GRAPH_MT);
-    if (!b->g) luaL_argerror(L, idx, "graph was freed");
+    graph_box *b = lucid_lua_checkudata(L, idx, GRAPH_MT);
+    if (!b->g) lucid_lua_argerror(L, idx, "graph was freed");
     return b;
 }
 
@@ -146,7 +146,7 @@ static int l_graph_launch(lua_State *L) {
 }
 
 static int l_graph_free(lua_State *L) {
-    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    graph_box *b = lucid_lua_checkudata(L, 1, GRAPH_MT);
     lucid_graph_destroy(b->g);
     b->g = NULL;
     if (b->ctx) lucid_ctx_release(b->ctx);
@@ -155,7 +155,7 @@ static int l_graph_free(lua_State *L) {
 }
 
 static int l_graph_tostring(lua_State *L) {
-    graph_box *b = luaL_checkudata(L, 1, GRAPH_MT);
+    graph_box *b = lucid_lua_checkudata(L, 1, GRAPH_MT);
     lua_pushstring(L, b->g ? "lucid.Graph" : "lucid.Graph (freed)");
     return 1;
 }
@@ -177,8 +177,8 @@ static int l_event_new(lua_State *L) {
 }
 
 static event_box *check_event(lua_State *L, int idx) {
-    event_box *b = luaL_checkudata(L, idx, EVENT_MT);
-    if (!b->e) luaL_argerror(L, idx, "event was freed");
+    event_box *b = lucid_lua_checkudata(L, idx, EVENT_MT);
+    if (!b->e) lucid_lua_argerror(L, idx, "event was freed");
     return b;
 }
 
@@ -197,7 +197,7 @@ static int l_event_synchronize(lua_State *L) {
 }
 
 static int l_event_free(lua_State *L) {
-    event_box *b = luaL_checkudata(L, 1, EVENT_MT);
+    event_box *b = lucid_lua_checkudata(L, 1, EVENT_MT);
     lucid_event_destroy(b->e);
     b->e = NULL;
     if (b->ctx) lucid_ctx_release(b->ctx);
@@ -208,14 +208,14 @@ static int l_event_free(lua_State *L) {
 /* ------------------------------------------------------------------- Refs */
 
 static lucid_param_set *check_set(lua_State *L, int idx) {
-    set_mirror *sb = luaL_checkudata(L, idx, PARAMSET_MT);
-    if (!sb->s) luaL_argerror(L, idx, "parameter set was freed");
+    set_mirror *sb = lucid_lua_checkudata(L, idx, PARAMSET_MT);
+    if (!sb->s) lucid_lua_argerror(L, idx, "parameter set was freed");
     return sb->s;
 }
 
 static int l_refs_new(lua_State *L) {
     lucid_param_set *set = lua_isnoneornil(L, 1) ? NULL : check_set(L, 1);
-    luaL_checktype(L, 2, LUA_TTABLE);
+    lucid_lua_checktype(L, 2, LUA_TTABLE);
     int n = (int)lua_objlen(L, 2);
     lucid_module **mods = calloc((size_t)(n ? n : 1), sizeof *mods);
     if (!mods) return luaL_error(L, "lucid oom: graph refs: out of host memory");
@@ -225,7 +225,7 @@ static int l_refs_new(lua_State *L) {
         module_mirror *mb = luaL_testudata(L, -1, CMODULE_MT);
         if (!mb || !mb->m) {
             free(mods);
-            return luaL_argerror(L, 2, lua_pushfstring(L, "modules[%d]: expected a live lucid.CModule",
+            return lucid_lua_argerror(L, 2, lua_pushfstring(L, "modules[%d]: expected a live lucid.CModule",
                                                        i + 1));
         }
         mods[i] = mb->m;
@@ -250,8 +250,8 @@ static int l_refs_new(lua_State *L) {
 }
 
 static refs_box *check_refs(lua_State *L, int idx) {
-    refs_box *b = luaL_checkudata(L, idx, REFS_MT);
-    if (!b->r) luaL_argerror(L, idx, "graph refs were freed");
+    refs_box *b = lucid_lua_checkudata(L, idx, REFS_MT);
+    if (!b->r) lucid_lua_argerror(L, idx, "graph refs were freed");
     return b;
 }
 
@@ -297,7 +297,7 @@ static int l_refs_counts(lua_State *L) {
 }
 
 static int l_refs_free(lua_State *L) {
-    refs_box *b = luaL_checkudata(L, 1, REFS_MT);
+    refs_box *b = lucid_lua_checkudata(L, 1, REFS_MT);
     lucid_graph_refs_release(b->r);
     b->r = NULL;
     b->set = NULL;
@@ -309,11 +309,11 @@ static int l_refs_free(lua_State *L) {
  * the same values) and bump its version, as a host program replacing a
  * parameter would. */
 static int l_test_replace_param(lua_State *L) {
-    set_mirror *sb = luaL_checkudata(L, 1, PARAMSET_MT);
-    const char *name = luaL_checkstring(L, 2);
-    if (!sb->s) return luaL_argerror(L, 1, "parameter set was freed");
+    set_mirror *sb = lucid_lua_checkudata(L, 1, PARAMSET_MT);
+    const char *name = lucid_lua_checkstring(L, 2);
+    if (!sb->s) return lucid_lua_argerror(L, 1, "parameter set was freed");
     lucid_param *p = lucid_param_set_find(sb->s, name);
-    if (!p || !p->data) return luaL_argerror(L, 2, "no such materialized entry");
+    if (!p || !p->data) return lucid_lua_argerror(L, 2, "no such materialized entry");
     lucid_tensor *t = NULL;
     lucid_status st = lucid_tensor_clone(sb->ctx, p->data, &t);
     if (st != LUCID_OK) return lucid_lua_raise(L, sb->ctx, st);
@@ -330,8 +330,8 @@ static int l_pinned(lua_State *L) {
     int64_t shape[LUCID_MAX_DIMS];
     int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
     lucid_dtype dt;
-    if (lucid_dtype_parse(luaL_checkstring(L, 2), &dt) != 0)
-        return luaL_argerror(L, 2, "dtype: unknown name");
+    if (lucid_dtype_parse(lucid_lua_checkstring(L, 2), &dt) != 0)
+        return lucid_lua_argerror(L, 2, "dtype: unknown name");
     lucid_ctx *ctx = opt_ctx(L, 3);
     int pinned = lucid_ctx_device(ctx).type == LUCID_CUDA;
     int64_t n = 1;

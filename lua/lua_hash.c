@@ -47,7 +47,7 @@ static uint64_t opt_seed(lua_State *L, int idx) {
     if (s && len == 16 && lua_type(L, idx) == LUA_TSTRING)
         h = strtoull(s, &end, 16);
     if (!s || len != 16 || lua_type(L, idx) != LUA_TSTRING || end != s + 16)
-        luaL_argerror(L, idx, lua_pushfstring(L, "h: expected a previous hash "
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "h: expected a previous hash "
                                                  "(16 hex digits), got %s",
                                               luaL_typename(L, idx)));
     return h;
@@ -86,7 +86,7 @@ static int l_hash_tensor(lua_State *L) {
 
 static int l_hash_string(lua_State *L) {
     size_t n;
-    const char *s = luaL_checklstring(L, 1, &n);
+    const char *s = lucid_lua_checklstring(L, 1, &n);
     uint64_t h = opt_seed(L, 2);
     return push_hash(L, fnv1a(h, (const unsigned char *)s, n));
 }

@@ -85,7 +85,7 @@ static lucid_tensor *check_hwc(lua_State *L, int idx, const char *fn,
 
 /* lucid.image.read(path [, ctx]) */
 static int l_read(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lucid_lua_checkstring(L, 1);
     lucid_ctx *ctx = lucid_lua_ctx(L, 2);
     lucid_image img;
     int orient = 1;
@@ -98,7 +98,7 @@ static int l_read(lua_State *L) {
 
 /* lucid.image.write_png(path, tensor) */
 static int l_write_png(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lucid_lua_checkstring(L, 1);
     lucid_tensor *t = lucid_lua_check_tensor(L, 2, "image");
     if (t->dtype != LUCID_U8 || lucid_tensor_device(t).type != LUCID_CPU)
         luaL_error(L, "lucid.image.write_png: expected a u8 CPU tensor, got %s on %s "
@@ -172,7 +172,7 @@ static const char *const DRAW_KEYS[] = {"kpt_threshold", "boxes", "labels", "nam
 static int l_draw_pose(lua_State *L) {
     lucid_image img;
     check_hwc(L, 1, "draw_pose", &img);
-    luaL_checktype(L, 2, LUA_TTABLE);
+    lucid_lua_checktype(L, 2, LUA_TTABLE);
     if (lua_istable(L, 3)) {
         lua_pushnil(L);
         while (lua_next(L, 3)) {
@@ -187,7 +187,7 @@ static int l_draw_pose(lua_State *L) {
                            lua_tostring(L, -1));
         }
     } else if (!lua_isnoneornil(L, 3)) {
-        luaL_checktype(L, 3, LUA_TTABLE);
+        lucid_lua_checktype(L, 3, LUA_TTABLE);
     }
     lucid_pose_draw_opts o = lucid_pose_draw_opts_default();
     o.kpt_threshold = (float)opt_num(L, 3, "kpt_threshold", o.kpt_threshold);
@@ -214,10 +214,10 @@ static int l_draw_pose(lua_State *L) {
         int nb = num_array(L, di, "box", box, 4, d);
         int nk = num_array(L, di, "kpts", kpts, 3 * LUCID_MAX_KPT, d);
         lua_getfield(L, di, "conf");
-        float conf = (float)luaL_optnumber(L, -1, 1.0);
+        float conf = (float)lucid_lua_optnumber(L, -1, 1.0);
         lua_pop(L, 1);
         lua_getfield(L, di, "cls");
-        int cls = (int)luaL_optinteger(L, -1, 0);
+        int cls = (int)lucid_lua_optinteger(L, -1, 0);
         lua_pop(L, 1);
         if (conf >= min_conf) {
             char label[64];
@@ -244,8 +244,8 @@ static int l_draw_pose(lua_State *L) {
 static int l_letterbox(lua_State *L) {
     lucid_image src;
     lucid_tensor *t = check_hwc(L, 1, "letterbox", &src);
-    int size = (int)luaL_checkinteger(L, 2);
-    if (size < 1) luaL_argerror(L, 2, "size: expected a positive integer");
+    int size = (int)lucid_lua_checkinteger(L, 2);
+    if (size < 1) lucid_lua_argerror(L, 2, "size: expected a positive integer");
     lucid_ctx *ctx = lucid_tensor_ctx(t);
     lucid_image dst;
     lucid_letterbox_geom g;
@@ -266,8 +266,8 @@ static void set_num(lua_State *L, const char *k, double v) {
 
 /* lucid.image.geometry(w, h, size) -> table */
 static int l_geometry(lua_State *L) {
-    int w = (int)luaL_checkinteger(L, 1), h = (int)luaL_checkinteger(L, 2);
-    int size = (int)luaL_checkinteger(L, 3);
+    int w = (int)lucid_lua_checkinteger(L, 1), h = (int)lucid_lua_checkinteger(L, 2);
+    int size = (int)lucid_lua_checkinteger(L, 3);
     if (w < 1 || h < 1 || size < 1)
         luaL_error(L, "lucid.image.geometry: sizes must be positive, got %d x %d -> %d", w, h,
                    size);
@@ -289,12 +289,12 @@ static int l_geometry(lua_State *L) {
 
 /* lucid.image.dataset_image_size(ds, i) -> w, h */
 static int l_dataset_image_size(lua_State *L) {
-    dataset_box_view *b = luaL_checkudata(L, 1, DATASET_MT);
-    if (!b->ds) luaL_argerror(L, 1, "dataset was freed");
+    dataset_box_view *b = lucid_lua_checkudata(L, 1, DATASET_MT);
+    if (!b->ds) lucid_lua_argerror(L, 1, "dataset was freed");
     int64_t n = lucid_dataset_size(b->ds);
-    lua_Number i = luaL_checknumber(L, 2);
+    lua_Number i = lucid_lua_checknumber(L, 2);
     if (!(i >= 1 && i <= (lua_Number)n && i == (lua_Number)(int64_t)i))
-        luaL_argerror(L, 2, lua_pushfstring(L, "index: expected 1..%d, got %s", (int)n,
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "index: expected 1..%d, got %s", (int)n,
                                             lua_tostring(L, 2)));
     int w = 0, h = 0;
     lucid_dataset_orig_size(NULL, b->ds, (int64_t)i - 1, &w, &h);

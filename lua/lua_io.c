@@ -11,10 +11,14 @@
  *     file:load(name, t)  copies tensor `name` into t (shapes must match;
  *                         float dtypes converted); error names file/tensor
  *     file:metadata()     -> {key = value}
+ *     file:checksummed()  -> true when the file carries data checksums
+ *                         (verified by the open; false: written without,
+ *                         e.g. by PyTorch's safetensors, and unverified)
  *     file:count(), file:path(), file:close() (also __gc)
  *   lucid.io.safetensors_save(path, entries, [metadata], [opts])
  *     entries: array of {name, tensor} written in that order, atomically
- *     metadata: table of string -> string
+ *     metadata: table of string -> string (data_crc32 and
+ *     data_crc32_tensors are reserved: the writer stores the checksums)
  * Errors: "lucid <status>: <message>" from the engine (names the file and
  * tensor), or a bad-argument error for misuse.
  */
@@ -31,13 +35,13 @@ typedef struct {
 } st_box;
 
 static st_box *check_file(lua_State *L, int idx) {
-    st_box *b = luaL_checkudata(L, idx, ST_MT);
-    if (!b->f) luaL_argerror(L, idx, "safetensors file was closed");
+    st_box *b = lucid_lua_checkudata(L, idx, ST_MT);
+    if (!b->f) lucid_lua_argerror(L, idx, "safetensors file was closed");
     return b;
 }
 
 static int l_st_open(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+    const char *path = lucid_lua_checkstring(L, 1);
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 2) ? 2 : 0);
     st_box *b = lua_newuserdata(L, sizeof *b);
     b->f = NULL;
@@ -52,7 +56,7 @@ static int l_st_open(lua_State *L) {
 }
 
 static int l_st_close(lua_State *L) {
-    st_box *b = luaL_checkudata(L, 1, ST_MT);
+    st_box *b = lucid_lua_checkudata(L, 1, ST_MT);
     if (b->f) lucid_safetensors_close(b->f);
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->f = NULL;
@@ -83,7 +87,7 @@ static int l_st_path(lua_State *L) {
 
 static int l_st_info(lua_State *L) {
     st_box *b = check_file(L, 1);
-    int i = lucid_safetensors_find(b->f, luaL_checkstring(L, 2));
+    int i = lucid_safetensors_find(b->f, lucid_lua_checkstring(L, 2));
     if (i < 0) {
         lua_pushnil(L);
         return 1;
@@ -103,7 +107,7 @@ static int l_st_info(lua_State *L) {
 
 static int l_st_load(lua_State *L) {
     st_box *b = check_file(L, 1);
-    const char *name = luaL_checkstring(L, 2);
+    const char *name = lucid_lua_checkstring(L, 2);
     lucid_tensor *t = lucid_lua_check_tensor(L, 3, "dst");
     lucid_ctx *ctx = lucid_tensor_ctx(t);
     lucid_status st = lucid_safetensors_load(ctx, b->f, name, t);
@@ -123,6 +127,11 @@ static int l_st_metadata(lua_State *L) {
     return 1;
 }
 
+static int l_st_checksummed(lua_State *L) {
+    lua_pushboolean(L, lucid_safetensors_checksummed(check_file(L, 1)->f));
+    return 1;
+}
+
 /* Raise after freeing the writer. */
 static int writer_fail(lua_State *L, lucid_ctx *ctx, lucid_st_writer *w, lucid_status st) {
     lucid_st_writer_free(w);
@@ -131,21 +140,21 @@ static int writer_fail(lua_State *L, lucid_ctx *ctx, lucid_st_writer *w, lucid_s
 
 /* safetensors_save(path, entries, [metadata], [opts]) */
 static int l_st_save(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
-    luaL_checktype(L, 2, LUA_TTABLE);
+    const char *path = lucid_lua_checkstring(L, 1);
+    lucid_lua_checktype(L, 2, LUA_TTABLE);
     int n = (int)lua_objlen(L, 2);
     /* validate every entry before allocating anything */
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 2, i);
         if (!lua_istable(L, -1))
-            return luaL_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
+            return lucid_lua_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
         lua_rawgeti(L, -1, 1);
         lua_rawgeti(L, -2, 2);
         if (!lua_isstring(L, -2) || !lucid_lua_to_tensor(L, -1))
-            return luaL_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
+            return lucid_lua_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
         lua_pop(L, 3);
     }
-    if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+    if (!lua_isnoneornil(L, 3)) lucid_lua_checktype(L, 3, LUA_TTABLE);
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 4) ? 4 : 0);
     lucid_st_writer *w = NULL;
     lucid_status st = lucid_st_writer_create(ctx, &w);
@@ -182,7 +191,7 @@ static int l_st_save(lua_State *L) {
 static const luaL_Reg st_methods[] = {
     {"names", l_st_names}, {"count", l_st_count},       {"path", l_st_path},
     {"info", l_st_info},   {"load", l_st_load},         {"metadata", l_st_metadata},
-    {"close", l_st_close}, {NULL, NULL},
+    {"checksummed", l_st_checksummed}, {"close", l_st_close}, {NULL, NULL},
 };
 
 static const luaL_Reg io_funcs[] = {

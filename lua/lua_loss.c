@@ -41,8 +41,8 @@ static void loss_release(loss_ud *u) {
 }
 
 static loss_ud *check_loss(lua_State *L, int idx) {
-    loss_ud *u = luaL_checkudata(L, idx, LOSS_MT);
-    if (!u->plan) luaL_argerror(L, idx, "PoseLoss was freed");
+    loss_ud *u = lucid_lua_checkudata(L, idx, LOSS_MT);
+    if (!u->plan) lucid_lua_argerror(L, idx, "PoseLoss was freed");
     return u;
 }
 
@@ -65,7 +65,7 @@ static int opt_int(lua_State *L, int idx, const char *key, int def, int lo) {
 /* lucid.PoseLoss{...}: see the file comment. batch, imgsz and max_gt are
  * required; imgsz is a number (square) or {h, w}, multiples of 32. */
 static int l_new(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     lucid_lua_check_options(L, 1, LOSS_KEYS, "PoseLoss");
     lucid_ctx *ctx = lucid_lua_ctx(L, 1);
     lucid_pose_loss_config cfg = lucid_pose_loss_config_default();
@@ -86,7 +86,7 @@ static int l_new(lua_State *L) {
     cfg.tal_beta = opt_number(L, 1, "tal_beta", cfg.tal_beta);
     lua_getfield(L, 1, "kpt_shape");
     if (!lua_isnil(L, -1)) {
-        luaL_argcheck(L, lua_istable(L, -1), 1, "kpt_shape: expected {K, 3}");
+        lucid_lua_argcheck(L, lua_istable(L, -1), 1, "kpt_shape: expected {K, 3}");
         lua_rawgeti(L, -1, 1);
         lua_rawgeti(L, -2, 2);
         int k = (int)lua_tointeger(L, -2), d = (int)lua_tointeger(L, -1);
@@ -170,7 +170,7 @@ static int l_forward(lua_State *L) {
     const lucid_tensor *pb = lucid_lua_check_tensor(L, 2, "pred_box");
     const lucid_tensor *pc = lucid_lua_check_tensor(L, 3, "pred_cls");
     const lucid_tensor *pk = lucid_lua_check_tensor(L, 4, "pred_kpt");
-    luaL_checktype(L, 5, LUA_TTABLE);
+    lucid_lua_checktype(L, 5, LUA_TTABLE);
     lucid_pose_targets tg;
     tg.cls = target_field(L, 5, "cls", 1);
     tg.boxes = target_field(L, 5, "boxes", 1);
@@ -264,13 +264,13 @@ static int l_assignment(lua_State *L) {
 }
 
 static int l_free(lua_State *L) {
-    loss_ud *u = luaL_checkudata(L, 1, LOSS_MT);
+    loss_ud *u = lucid_lua_checkudata(L, 1, LOSS_MT);
     loss_release(u);
     return 0;
 }
 
 static int l_tostring(lua_State *L) {
-    loss_ud *u = luaL_checkudata(L, 1, LOSS_MT);
+    loss_ud *u = lucid_lua_checkudata(L, 1, LOSS_MT);
     if (!u->plan) {
         lua_pushstring(L, "PoseLoss(freed)");
         return 1;

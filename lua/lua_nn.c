@@ -69,18 +69,18 @@ typedef struct {
 /* --------------------------------------------------------------- helpers */
 
 static set_box *check_set(lua_State *L, int idx) {
-    set_box *b = luaL_checkudata(L, idx, PARAMSET_MT);
-    if (!b->s) luaL_argerror(L, idx, "parameter set was freed");
+    set_box *b = lucid_lua_checkudata(L, idx, PARAMSET_MT);
+    if (!b->s) lucid_lua_argerror(L, idx, "parameter set was freed");
     return b;
 }
 
 static param_box *check_param(lua_State *L, int idx) {
-    return luaL_checkudata(L, idx, PARAM_MT);
+    return lucid_lua_checkudata(L, idx, PARAM_MT);
 }
 
 static module_box *check_module(lua_State *L, int idx) {
-    module_box *b = luaL_checkudata(L, idx, CMODULE_MT);
-    if (!b->m) luaL_argerror(L, idx, "module was freed");
+    module_box *b = lucid_lua_checkudata(L, idx, CMODULE_MT);
+    if (!b->m) lucid_lua_argerror(L, idx, "module was freed");
     return b;
 }
 
@@ -114,7 +114,7 @@ static void push_borrowed(lua_State *L, lucid_tensor *t) {
 }
 
 static int opt_int(lua_State *L, int idx, int def) {
-    return lua_isnoneornil(L, idx) ? def : (int)luaL_checkinteger(L, idx);
+    return lua_isnoneornil(L, idx) ? def : (int)lucid_lua_checkinteger(L, idx);
 }
 
 static const char *const group_names[] = {"decay", "norm", "bias", "none", NULL};
@@ -145,7 +145,7 @@ static int l_set_new(lua_State *L) {
 }
 
 static int l_set_gc(lua_State *L) {
-    set_box *b = luaL_checkudata(L, 1, PARAMSET_MT);
+    set_box *b = lucid_lua_checkudata(L, 1, PARAMSET_MT);
     if (b->s) lucid_param_set_release(b->s);
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->s = NULL;
@@ -161,7 +161,7 @@ static lucid_init_kind check_init_kind(lua_State *L, int idx, const char *name) 
                                             LUCID_INIT_FAN_IN, LUCID_INIT_ARANGE};
     for (int i = 0; names[i]; i++)
         if (strcmp(names[i], name) == 0) return kinds[i];
-    luaL_argerror(L, idx, lua_pushfstring(L, "opts.init.kind: unknown '%s' (zeros, "
+    lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts.init.kind: unknown '%s' (zeros, "
                                              "ones, constant, uniform, fan_in, arange)",
                                           name));
     return LUCID_INIT_ZEROS;
@@ -169,7 +169,7 @@ static lucid_init_kind check_init_kind(lua_State *L, int idx, const char *name) 
 
 static double field_number(lua_State *L, int t, const char *k, double def) {
     lua_getfield(L, t, k);
-    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    double v = lua_isnil(L, -1) ? def : lucid_lua_checknumber(L, -1);
     lua_pop(L, 1);
     return v;
 }
@@ -177,12 +177,12 @@ static double field_number(lua_State *L, int t, const char *k, double def) {
 /* set:declare(name, kind, shape, [opts]) -> Param */
 static int l_set_declare(lua_State *L) {
     set_box *b = check_set(L, 1);
-    const char *name = luaL_checkstring(L, 2);
+    const char *name = lucid_lua_checkstring(L, 2);
     static const char *const kinds[] = {"param", "buffer", NULL};
-    int kind = luaL_checkoption(L, 3, NULL, kinds);
+    int kind = lucid_lua_checkoption(L, 3, NULL, kinds);
     int64_t shape[LUCID_MAX_DIMS];
     int ndim = 0;
-    luaL_checktype(L, 4, LUA_TTABLE);
+    lucid_lua_checktype(L, 4, LUA_TTABLE);
     if (lua_objlen(L, 4) > 0) ndim = lucid_lua_check_shape(L, 4, shape, "shape");
     lucid_dtype dt = LUCID_F32;
     int trainable = kind == 0;
@@ -194,13 +194,13 @@ static int l_set_declare(lua_State *L) {
         if (!lua_isnil(L, -1)) trainable = lua_toboolean(L, -1);
         lua_pop(L, 1);
         lua_getfield(L, 5, "group");
-        if (!lua_isnil(L, -1)) group = group_values[luaL_checkoption(L, -1, NULL, group_names)];
+        if (!lua_isnil(L, -1)) group = group_values[lucid_lua_checkoption(L, -1, NULL, group_names)];
         lua_pop(L, 1);
         lua_getfield(L, 5, "init");
         if (lua_istable(L, -1)) {
             int t = lua_gettop(L);
             lua_getfield(L, t, "kind");
-            init.kind = check_init_kind(L, 5, luaL_optstring(L, -1, "zeros"));
+            init.kind = check_init_kind(L, 5, lucid_lua_optstring(L, -1, "zeros"));
             lua_pop(L, 1);
             init.a = field_number(L, t, "a", 0.0);
             init.b = field_number(L, t, "b", 0.0);
@@ -246,17 +246,17 @@ static int l_set_count(lua_State *L) {
 
 static int l_set_get(lua_State *L) {
     set_box *b = check_set(L, 1);
-    int i = (int)luaL_checkinteger(L, 2);
+    int i = (int)lucid_lua_checkinteger(L, 2);
     int n = lucid_param_set_count(b->s);
     if (i < 1 || i > n)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "index %d out of range 1..%d", i, n));
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "index %d out of range 1..%d", i, n));
     push_param(L, b->s, lucid_param_set_get(b->s, i - 1));
     return 1;
 }
 
 static int l_set_find(lua_State *L) {
     set_box *b = check_set(L, 1);
-    push_param(L, b->s, lucid_param_set_find(b->s, luaL_checkstring(L, 2)));
+    push_param(L, b->s, lucid_param_set_find(b->s, lucid_lua_checkstring(L, 2)));
     return 1;
 }
 
@@ -264,7 +264,7 @@ static int l_set_find(lua_State *L) {
 static int l_set_list(lua_State *L) {
     set_box *b = check_set(L, 1);
     static const char *const kinds[] = {"all", "param", "buffer", NULL};
-    int k = luaL_checkoption(L, 2, "all", kinds);
+    int k = lucid_lua_checkoption(L, 2, "all", kinds);
     int n = lucid_param_set_count(b->s), j = 0;
     lua_createtable(L, n, 0);
     for (int i = 0; i < n; i++) {
@@ -281,7 +281,7 @@ static int l_set_list(lua_State *L) {
 static int l_set_numel(lua_State *L) {
     set_box *b = check_set(L, 1);
     static const char *const kinds[] = {"param", "buffer", NULL};
-    int k = luaL_checkoption(L, 2, "param", kinds);
+    int k = lucid_lua_checkoption(L, 2, "param", kinds);
     lua_pushnumber(L, (lua_Number)lucid_param_set_numel(
                           b->s, k == 0 ? LUCID_PARAM_KIND_PARAM : LUCID_PARAM_KIND_BUFFER,
                           lua_toboolean(L, 3)));
@@ -345,7 +345,7 @@ static int l_set_tostring(lua_State *L) {
 /* ---------------------------------------------------------------- Param */
 
 static int l_param_gc(lua_State *L) {
-    param_box *b = luaL_checkudata(L, 1, PARAM_MT);
+    param_box *b = lucid_lua_checkudata(L, 1, PARAM_MT);
     if (b->s) lucid_param_set_release(b->s);
     b->s = NULL;
     b->p = NULL;
@@ -372,7 +372,7 @@ static int l_param_grad(lua_State *L) {
 
 static int l_param_index(lua_State *L) {
     param_box *b = check_param(L, 1);
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     const lucid_param *p = b->p;
     if (strcmp(k, "name") == 0) lua_pushstring(L, p->name);
     else if (strcmp(k, "kind") == 0)
@@ -394,9 +394,9 @@ static int l_param_index(lua_State *L) {
 /* p.trainable = bool (the only settable field). */
 static int l_param_newindex(lua_State *L) {
     param_box *b = check_param(L, 1);
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     if (strcmp(k, "trainable") != 0)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "param field '%s' is read-only "
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "param field '%s' is read-only "
                                                       "(only 'trainable' is settable)", k));
     if (b->p->kind != LUCID_PARAM_KIND_PARAM)
         return luaL_error(L, "param %s: a buffer cannot be made trainable", b->p->name);
@@ -443,7 +443,7 @@ static int push_module(lua_State *L, lucid_ctx *ctx, lucid_status st, lucid_modu
 }
 
 static int l_module_gc(lua_State *L) {
-    module_box *b = luaL_checkudata(L, 1, CMODULE_MT);
+    module_box *b = lucid_lua_checkudata(L, 1, CMODULE_MT);
     if (b->m) lucid_module_release(b->m);
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->m = NULL;
@@ -453,9 +453,9 @@ static int l_module_gc(lua_State *L) {
 
 static int l_conv2d(lua_State *L) {
     set_box *s = check_set(L, 1);
-    const char *prefix = luaL_checkstring(L, 2);
-    int c1 = (int)luaL_checkinteger(L, 3), c2 = (int)luaL_checkinteger(L, 4);
-    int k = (int)luaL_checkinteger(L, 5);
+    const char *prefix = lucid_lua_checkstring(L, 2);
+    int c1 = (int)lucid_lua_checkinteger(L, 3), c2 = (int)lucid_lua_checkinteger(L, 4);
+    int k = (int)lucid_lua_checkinteger(L, 5);
     int st_ = opt_int(L, 6, 1), p = opt_int(L, 7, -1), d = opt_int(L, 8, 1);
     int g = opt_int(L, 9, 1), bias = lua_toboolean(L, 10);
     lucid_module *m = NULL;
@@ -466,9 +466,9 @@ static int l_conv2d(lua_State *L) {
 
 static int l_batchnorm2d(lua_State *L) {
     set_box *s = check_set(L, 1);
-    const char *prefix = luaL_checkstring(L, 2);
-    int c = (int)luaL_checkinteger(L, 3);
-    double eps = luaL_optnumber(L, 4, 1e-3), mom = luaL_optnumber(L, 5, 0.03);
+    const char *prefix = lucid_lua_checkstring(L, 2);
+    int c = (int)lucid_lua_checkinteger(L, 3);
+    double eps = lucid_lua_optnumber(L, 4, 1e-3), mom = lucid_lua_optnumber(L, 5, 0.03);
     lucid_module *m = NULL;
     lucid_status st = lucid_module_batchnorm2d_create(s->ctx, s->s, prefix, c, eps, mom, &m);
     return push_module(L, s->ctx, st, m);
@@ -476,7 +476,7 @@ static int l_batchnorm2d(lua_State *L) {
 
 static int l_dfl(lua_State *L) {
     set_box *s = check_set(L, 1);
-    const char *prefix = luaL_checkstring(L, 2);
+    const char *prefix = lucid_lua_checkstring(L, 2);
     int r = opt_int(L, 3, 16);
     lucid_module *m = NULL;
     lucid_status st = lucid_module_dfl_create(s->ctx, s->s, prefix, r, &m);
@@ -497,7 +497,7 @@ static int l_silu(lua_State *L) {
 }
 
 static int l_maxpool2d(lua_State *L) {
-    int k = (int)luaL_checkinteger(L, 1);
+    int k = (int)lucid_lua_checkinteger(L, 1);
     int s = opt_int(L, 2, k), p = opt_int(L, 3, 0);
     lucid_ctx *ctx = free_ctx(L);
     lucid_module *m = NULL;
@@ -506,7 +506,7 @@ static int l_maxpool2d(lua_State *L) {
 }
 
 static int l_upsample(lua_State *L) {
-    int scale = (int)luaL_checkinteger(L, 1);
+    int scale = (int)lucid_lua_checkinteger(L, 1);
     lucid_ctx *ctx = free_ctx(L);
     lucid_module *m = NULL;
     lucid_status st = lucid_module_upsample_create(ctx, scale, &m);
@@ -514,7 +514,7 @@ static int l_upsample(lua_State *L) {
 }
 
 static int l_concat(lua_State *L) {
-    int n = (int)luaL_checkinteger(L, 1);
+    int n = (int)lucid_lua_checkinteger(L, 1);
     lucid_ctx *ctx = free_ctx(L);
     lucid_module *m = NULL;
     lucid_status st = lucid_module_concat_create(ctx, n, &m);
@@ -523,18 +523,18 @@ static int l_concat(lua_State *L) {
 
 /* split(n, [sizes]) — sizes: Lua array of n channel counts (nil: chunk). */
 static int l_split(lua_State *L) {
-    int n = (int)luaL_checkinteger(L, 1);
+    int n = (int)lucid_lua_checkinteger(L, 1);
     int64_t sizes[MAX_IO];
     int have = lua_istable(L, 2) && lua_objlen(L, 2) > 0;
     if (n < 1 || n > MAX_IO)
-        return luaL_argerror(L, 1, lua_pushfstring(L, "n: expected 1..%d, got %d", MAX_IO, n));
+        return lucid_lua_argerror(L, 1, lua_pushfstring(L, "n: expected 1..%d, got %d", MAX_IO, n));
     if (have) {
         if ((int)lua_objlen(L, 2) != n)
-            return luaL_argerror(L, 2, lua_pushfstring(L, "sizes: expected %d entries, got %d",
+            return lucid_lua_argerror(L, 2, lua_pushfstring(L, "sizes: expected %d entries, got %d",
                                                        n, (int)lua_objlen(L, 2)));
         for (int i = 0; i < n; i++) {
             lua_rawgeti(L, 2, i + 1);
-            sizes[i] = (int64_t)luaL_checkinteger(L, -1);
+            sizes[i] = (int64_t)lucid_lua_checkinteger(L, -1);
             lua_pop(L, 1);
         }
     }
@@ -561,7 +561,7 @@ static int l_softmax(lua_State *L) {
 /* matmul(trans_a, trans_b, [alpha=1]) */
 static int l_matmul(lua_State *L) {
     int ta = lua_toboolean(L, 1), tb = lua_toboolean(L, 2);
-    double alpha = luaL_optnumber(L, 3, 1.0);
+    double alpha = lucid_lua_optnumber(L, 3, 1.0);
     lucid_ctx *ctx = free_ctx(L);
     lucid_module *m = NULL;
     lucid_status st = lucid_module_matmul_create(ctx, ta, tb, alpha, &m);
@@ -582,7 +582,7 @@ static int gather(lua_State *L, int idx, const char *what, int nullable,
     }
     int n = expect > 0 ? expect : (int)lua_objlen(L, idx);
     if (n > MAX_IO)
-        return luaL_argerror(L, idx, lua_pushfstring(L, "%s: at most %d tensors", what, MAX_IO));
+        return lucid_lua_argerror(L, idx, lua_pushfstring(L, "%s: at most %d tensors", what, MAX_IO));
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, idx, i + 1);
         if (nullable && lua_isnil(L, -1)) {
@@ -590,7 +590,7 @@ static int gather(lua_State *L, int idx, const char *what, int nullable,
         } else {
             lucid_tensor *t = lucid_lua_to_tensor(L, -1);
             if (!t)
-                luaL_argerror(L, idx, lua_pushfstring(L, "%s[%d]: expected lucid.Tensor, got %s",
+                lucid_lua_argerror(L, idx, lua_pushfstring(L, "%s[%d]: expected lucid.Tensor, got %s",
                                                       what, i + 1, luaL_typename(L, -1)));
             out[i] = t;
         }
@@ -605,7 +605,7 @@ static int l_module_forward(lua_State *L) {
     const lucid_tensor *in[MAX_IO];
     int nin = gather(L, 2, "input", 0, in, 0);
     if (nin != b->m->ninputs)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
                                                    lucid_module_kind(b->m), b->m->ninputs,
                                                    nin));
     lucid_status st = lucid_module_forward(b->ctx, b->m, nin, in);
@@ -629,13 +629,13 @@ static int l_module_backward(lua_State *L) {
     const lucid_tensor *in[MAX_IO], *gout[MAX_IO];
     int nin = gather(L, 2, "input", 0, in, 0);
     if (nin != b->m->ninputs)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "input: %s takes %d input(s), got %d",
                                                    lucid_module_kind(b->m), b->m->ninputs,
                                                    nin));
     int nout = b->m->noutputs;
     if (nout == 1 && !lua_istable(L, 3)) gather(L, 3, "grad_output", 1, gout, 0);
     else {
-        luaL_checktype(L, 3, LUA_TTABLE);
+        lucid_lua_checktype(L, 3, LUA_TTABLE);
         gather(L, 3, "grad_output", 1, gout, nout);
     }
     lucid_status st = lucid_module_backward(b->ctx, b->m, nin, in, nout, gout);

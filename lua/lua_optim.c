@@ -83,8 +83,9 @@
  * (any synchronization of the previous step, e.g. reading its loss, is
  * enough).
  *
- * Errors: misuse raises "bad argument #n to 'fn' (<argument>: <what is
- * wrong>)"; engine failures raise "lucid <status>: <message>".
+ * Errors: misuse raises "<fn>: bad argument #n (<argument>): <what is
+ * wrong>" (lucid_lua_argerror); engine failures raise "lucid <status>:
+ * <message>".
  */
 #include "lua_common.h"
 #include "io/safetensors.h"
@@ -133,13 +134,13 @@ static const char *tname(lua_State *L, int idx) {
     return luaL_typename(L, idx);
 }
 
-/* Raise "bad argument #arg (<fmt...>)". */
+/* Raise "<fn>: bad argument #arg ..." with the formatted message. */
 static int argerr(lua_State *L, int arg, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     const char *msg = lua_pushvfstring(L, fmt, ap);
     va_end(ap);
-    return luaL_argerror(L, arg, msg);
+    return lucid_lua_argerror(L, arg, msg);
 }
 
 /* Optional number field k of the options table t (argument position arg).
@@ -293,7 +294,7 @@ static int l_block_new(lua_State *L) {
 }
 
 static int l_block_gc(lua_State *L) {
-    block_box *b = luaL_checkudata(L, 1, PBLOCK_MT);
+    block_box *b = lucid_lua_checkudata(L, 1, PBLOCK_MT);
     if (b->pb) lucid_param_block_release(b->pb);
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->pb = NULL;
@@ -350,7 +351,7 @@ static int l_block_state(lua_State *L) {
  */
 static int l_block_set_state(lua_State *L) {
     block_box *b = check_block(L, 1);
-    luaL_checktype(L, 2, LUA_TTABLE);
+    lucid_lua_checktype(L, 2, LUA_TTABLE);
     lucid_param_values v;
     block_read(L, b, &v);
     lucid_param_state *s = &v.st;
@@ -471,7 +472,7 @@ static int l_block_index(lua_State *L) {
  * block dirty (uploaded at the next step or pb:upload()). */
 static int l_block_newindex(lua_State *L) {
     block_box *b = check_block(L, 1);
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     const in_field *f = find_in_field(k);
     if (!f) {
         luaL_Buffer buf;
@@ -744,7 +745,7 @@ static void stage_groups(optim_box *b) {
 }
 
 static int l_optim_gc(lua_State *L) {
-    optim_box *b = luaL_checkudata(L, 1, OPTIM_MT);
+    optim_box *b = lucid_lua_checkudata(L, 1, OPTIM_MT);
     if (b->o) lucid_optim_release(b->o);
     b->o = NULL;
     pbind_free(&b->bind);
@@ -879,7 +880,7 @@ static optim_cfg cfg_defaults(void) {
  *   momentum, weight_decay) and its nesterov=True.
  */
 static int l_sgd(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, SGD_KEYS, "params, model, lr, momentum, nesterov, "
                                   "weight_decay, decay_all, block");
     optim_cfg c = cfg_defaults();
@@ -902,7 +903,7 @@ static int l_sgd(lua_State *L) {
  *   as SGD (Ultralytics: betas (momentum, 0.999), decay on "weight" only).
  */
 static int l_adamw(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, ADAMW_KEYS, "params, model, lr, momentum, betas, eps, "
                                     "weight_decay, decay_all, block");
     optim_cfg c = cfg_defaults();
@@ -941,7 +942,7 @@ static int l_adamw(lua_State *L) {
  *   copies (the last layer's cv3/one2one_cv3) with lr x head_lr_scale.
  */
 static int l_musgd(lua_State *L) {
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, MUSGD_KEYS, "params, model, lr, momentum, nesterov, "
                                     "weight_decay, muon, sgd, head_lr_scale, block");
     optim_cfg c = cfg_defaults();
@@ -994,7 +995,7 @@ static int l_build(lua_State *L) {
     static const char *const keys[] = {"model", "params", "name", "lr0", "lr",
                                        "momentum", "decay", "iterations", "nc",
                                        "block", NULL};
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, keys, "model, params, name, lr0, lr, momentum, decay, "
                               "iterations, nc, block");
     lua_getfield(L, 1, "name");
@@ -1186,7 +1187,7 @@ static int l_optim_warmup(lua_State *L) {
     double lf = check_num(L, 4, "lf");
     double wbl = 0.1, wm = 0.8, m = 0.937;
     if (!lua_isnoneornil(L, 5)) {
-        luaL_checktype(L, 5, LUA_TTABLE);
+        lucid_lua_checktype(L, 5, LUA_TTABLE);
         wbl = opt_num(L, 5, 5, "warmup_bias_lr", wbl, -HUGE_VAL, HUGE_VAL);
         wm = opt_num(L, 5, 5, "warmup_momentum", wm, 0, 1);
         m = opt_num(L, 5, 5, "momentum", m, 0, 1);
@@ -1208,7 +1209,7 @@ static int l_optim_summary(lua_State *L) {
 }
 
 static int l_optim_tostring(lua_State *L) {
-    optim_box *b = luaL_checkudata(L, 1, OPTIM_MT);
+    optim_box *b = lucid_lua_checkudata(L, 1, OPTIM_MT);
     if (!b->o) {
         lua_pushliteral(L, "Optimizer(uninitialised)");
         return 1;
@@ -1253,10 +1254,10 @@ static void push_groups(lua_State *L, int opt_idx) {
  * included), trainable (trainable tensor count), numel, head, slot (0-based
  * engine slot). Values are the host mirror (doubles as set). */
 static int l_group_index(lua_State *L) {
-    group_box *g = luaL_checkudata(L, 1, GROUP_MT);
+    group_box *g = lucid_lua_checkudata(L, 1, GROUP_MT);
     optim_box *b = g->ob;
     int s = g->slot;
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     if (strcmp(k, "name") == 0) lua_pushstring(L, slot_name(b, s));
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, b->lr[s]);
     else if (strcmp(k, "initial_lr") == 0) lua_pushnumber(L, b->initial_lr[s]);
@@ -1286,10 +1287,10 @@ static int l_group_index(lua_State *L) {
 /* group.lr / initial_lr / weight_decay / momentum / betas = value: host
  * mirror + staging (uploaded at the next step). */
 static int l_group_newindex(lua_State *L) {
-    group_box *g = luaL_checkudata(L, 1, GROUP_MT);
+    group_box *g = lucid_lua_checkudata(L, 1, GROUP_MT);
     optim_box *b = g->ob;
     int s = g->slot;
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     if (strcmp(k, "betas") == 0) {
         if (b->kind != LUCID_OPTIM_ADAMW)
             return argerr(L, 3, "betas: only AdamW groups have betas (use momentum)");
@@ -1318,7 +1319,7 @@ static int l_group_newindex(lua_State *L) {
 }
 
 static int l_group_tostring(lua_State *L) {
-    group_box *g = luaL_checkudata(L, 1, GROUP_MT);
+    group_box *g = lucid_lua_checkudata(L, 1, GROUP_MT);
     char lr[32], wd[32];
     pyfloat(lr, sizeof lr, g->ob->lr[g->slot]);
     pyfloat(wd, sizeof wd, g->ob->wd[g->slot]);
@@ -1371,7 +1372,7 @@ typedef struct {
 } clip_box;
 
 static int l_clip_gc(lua_State *L) {
-    clip_box *c = luaL_checkudata(L, 1, CLIPST_MT);
+    clip_box *c = lucid_lua_checkudata(L, 1, CLIPST_MT);
     pbind_free(&c->bind);
     return 0;
 }
@@ -1517,7 +1518,7 @@ static ema_box *check_ema(lua_State *L, int idx) {
 }
 
 static int l_ema_gc(lua_State *L) {
-    ema_box *e = luaL_checkudata(L, 1, EMA_MT);
+    ema_box *e = lucid_lua_checkudata(L, 1, EMA_MT);
     if (e->pe) lucid_ema_release(e->pe);
     if (e->be) lucid_ema_release(e->be);
     if (e->bpb) lucid_param_block_release(e->bpb);
@@ -1555,7 +1556,7 @@ static void ema_set_hyper(ema_box *e, double decay, double tau) {
  */
 static int l_ema_new(lua_State *L) {
     static const char *const keys[] = {"model", "params", "decay", "tau", "block", NULL};
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, keys, "model, params, decay, tau, block");
     double decay = opt_num(L, 1, 1, "decay", 0.9999, 0, 1);
     double tau = opt_num(L, 1, 1, "tau", 2000, 1e-30, HUGE_VAL);
@@ -1663,7 +1664,7 @@ static lucid_tensor *ema_flat_for(ema_box *e, const lucid_param *p) {
  * names, integer buffers). The view aliases the EMA. */
 static int l_ema_tensor(lua_State *L) {
     ema_box *e = check_ema(L, 1);
-    const char *name = luaL_checkstring(L, 2);
+    const char *name = lucid_lua_checkstring(L, 2);
     lucid_param *p = lucid_param_set_find(e->bind.set, name);
     lucid_tensor *flat = p ? ema_flat_for(e, p) : NULL;
     if (!flat) {
@@ -1775,7 +1776,7 @@ static int l_ema_swap(lua_State *L) {
 static int l_ema_flat(lua_State *L) {
     ema_box *e = check_ema(L, 1);
     static const char *const which[] = {"params", "buffers", NULL};
-    int w = luaL_checkoption(L, 2, "params", which);
+    int w = lucid_lua_checkoption(L, 2, "params", which);
     lucid_tensor *t = w == 0 ? lucid_ema_tensor(e->pe) : (e->be ? lucid_ema_tensor(e->be) : NULL);
     if (t) lucid_tensor_retain(t);
     lucid_lua_push_tensor(L, t);
@@ -1817,7 +1818,7 @@ static int l_ema_index(lua_State *L) {
 /* ema.updates = n (resume; synchronous), ema.decay = d, ema.tau = t. */
 static int l_ema_newindex(lua_State *L) {
     ema_box *e = check_ema(L, 1);
-    const char *k = luaL_checkstring(L, 2);
+    const char *k = lucid_lua_checkstring(L, 2);
     lucid_param_inputs *in = lucid_param_block_staging(e->blk->pb);
     if (strcmp(k, "updates") == 0) {
         int64_t n = check_int(L, 3, "updates");
@@ -2235,7 +2236,7 @@ static int l_s_lf(lua_State *L) {
     if (lua_isboolean(L, 1)) cos_lr = lua_toboolean(L, 1);
     else {
         static const char *const kinds[] = {"linear", "cos", NULL};
-        cos_lr = luaL_checkoption(L, 1, NULL, kinds);
+        cos_lr = lucid_lua_checkoption(L, 1, NULL, kinds);
     }
     lua_pushnumber(L, lucid_sched_lf(cos_lr, check_num(L, 2, "epoch"),
                                      (int)check_int(L, 3, "epochs"),
@@ -2347,7 +2348,7 @@ static int l_test_atomic_fail(lua_State *L) {
         return 0;
     }
     static const char *const stages[] = {"open", "write", "fsync", "rename", NULL};
-    int i = luaL_checkoption(L, 1, NULL, stages);
+    int i = lucid_lua_checkoption(L, 1, NULL, stages);
     snprintf(fail_stage, sizeof fail_stage, "%s", stages[i]);
     lucid_atomic_file_set_fail_hook(fail_hook, NULL);
     return 0;

@@ -48,7 +48,7 @@ static int l_decode_nms(lua_State *L) {
     lucid_tensor *tb = lucid_lua_check_tensor(L, 1, "pred_box");
     lucid_tensor *tc = lucid_lua_check_tensor(L, 2, "pred_cls");
     lucid_tensor *tk = lua_isnoneornil(L, 3) ? NULL : lucid_lua_check_tensor(L, 3, "pred_kpt");
-    luaL_checktype(L, 4, LUA_TTABLE);
+    lucid_lua_checktype(L, 4, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 4)) {
         lua_pop(L, 1);
@@ -65,8 +65,8 @@ static int l_decode_nms(lua_State *L) {
     if (lua_istable(L, -1)) {
         lua_rawgeti(L, -1, 1);
         lua_rawgeti(L, -2, 2);
-        ih = (int)luaL_checkinteger(L, -2);
-        iw = (int)luaL_checkinteger(L, -1);
+        ih = (int)lucid_lua_checkinteger(L, -2);
+        iw = (int)lucid_lua_checkinteger(L, -1);
         lua_pop(L, 2);
     } else if (lua_type(L, -1) == LUA_TNUMBER) {
         ih = iw = (int)lua_tointeger(L, -1);

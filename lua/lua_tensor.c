@@ -11,7 +11,8 @@
  *   - ops run on the context of their first tensor operand (its storage
  *     holds a reference to it), so tensors keep their context alive;
  *   - whole-tensor reductions return 0-d tensors (:item() reads them);
- *   - misuse raises "bad argument #n to 'fn' (what: expected X, got Y)";
+ *   - misuse raises "<fn>: bad argument #n (what): expected X, got Y"
+ *     (lucid_lua_argerror: "lucid.Tensor:narrow", "lucid.zeros");
  *     engine failures raise "lucid <status>: <message>" after every C
  *     temporary of the call has been released (see fail()).
  * The userdata is one `lucid_tensor *` slot holding one reference; :free()
@@ -71,17 +72,17 @@ static void check_device_usable(lua_State *L, lucid_device d) {
 
 /* 0-based dim from the 1-based (or negative) Lua value at idx. */
 static int check_dim(lua_State *L, int idx, int ndim, const char *what) {
-    lua_Number x = luaL_checknumber(L, idx);
+    lua_Number x = lucid_lua_checknumber(L, idx);
     int d = (int)x;
     if ((lua_Number)d == x) {
         if (d >= 1 && d <= ndim) return d - 1;
         if (d <= -1 && d >= -ndim) return ndim + d;
     }
     if (ndim == 0)
-        luaL_argerror(L, idx, lua_pushfstring(L, "%s: the tensor has no dims, "
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "%s: the tensor has no dims, "
                                                  "got %s",
                                               what, lua_tostring(L, idx)));
-    luaL_argerror(L, idx,
+    lucid_lua_argerror(L, idx,
                   lua_pushfstring(L, "%s: expected 1..%d or -%d..-1, got %s",
                                   what, ndim, ndim, lua_tostring(L, idx)));
     return 0;
@@ -139,7 +140,7 @@ static void check_keys(lua_State *L, int idx, const char *const *allowed,
             lua_pushvalue(L, -2);
             const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
                                                            : luaL_typename(L, -1);
-            luaL_argerror(L, idx,
+            lucid_lua_argerror(L, idx,
                           lua_pushfstring(L, "opts: unknown key '%s' (expected "
                                              "%s)",
                                           k, list));
@@ -155,7 +156,7 @@ static void check_opts(lua_State *L, int idx, ctor_opts *o) {
     lucid_device cpu = {LUCID_CPU, 0};
     int has = !lua_isnoneornil(L, idx);
     if (has && !lua_istable(L, idx))
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "opts: expected a table, got %s",
                                       luaL_typename(L, idx)));
     if (has) check_keys(L, idx, keys, "dtype, device, ctx");
@@ -204,9 +205,9 @@ static int l_ones(lua_State *L) { return fill_ctor(L, 1, 1.0); }
 /* lucid.full(shape, value, [opts]) — shape is a table here. */
 static int l_full(lua_State *L) {
     int64_t shape[LUCID_MAX_DIMS];
-    luaL_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
     int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
-    double v = luaL_checknumber(L, 2);
+    double v = lucid_lua_checknumber(L, 2);
     ctor_opts o;
     check_opts(L, 3, &o);
     lucid_tensor *t = new_tensor(L, o.ctx, o.dev, o.dt, ndim, shape);
@@ -258,7 +259,7 @@ static int l_arange(lua_State *L) {
     double start = 0, stop, step = 1;
     int nnum = 0;
     while (nnum < 3 && lua_type(L, nnum + 1) == LUA_TNUMBER) nnum++;
-    if (nnum == 0) luaL_checknumber(L, 1);
+    if (nnum == 0) lucid_lua_checknumber(L, 1);
     if (nnum == 1) stop = lua_tonumber(L, 1);
     else {
         start = lua_tonumber(L, 1);
@@ -266,10 +267,10 @@ static int l_arange(lua_State *L) {
         if (nnum == 3) step = lua_tonumber(L, 3);
     }
     if (step == 0 || !isfinite(start) || !isfinite(stop) || !isfinite(step))
-        luaL_argerror(L, nnum, "expected finite start, stop and a non-zero step");
+        lucid_lua_argerror(L, nnum, "expected finite start, stop and a non-zero step");
     double cnt = ceil((stop - start) / step);
     if (cnt < 0) cnt = 0;
-    if (cnt > 9.0e15) luaL_argerror(L, 1, "range too large");
+    if (cnt > 9.0e15) lucid_lua_argerror(L, 1, "range too large");
     ctor_opts o;
     check_opts(L, nnum + 1, &o);
     int64_t n = (int64_t)cnt;
@@ -282,7 +283,7 @@ static int l_arange(lua_State *L) {
 
 /* --- lucid.tensor: nested tables --- */
 
-/* Raise "bad argument #1 (data[i][j]: <msg>)" for the nested value at
+/* Raise "<fn>: bad argument #1 (data[i][j]): <msg>" for the nested value at
  * path[0..depth) (1-based indices); msg is on top of the stack. */
 static void nested_error(lua_State *L, const int64_t *path, int depth) {
     luaL_Buffer b;
@@ -296,7 +297,7 @@ static void nested_error(lua_State *L, const int64_t *path, int depth) {
     luaL_addstring(&b, ": ");
     luaL_addstring(&b, msg);
     luaL_pushresult(&b);
-    luaL_argerror(L, 1, lua_tostring(L, -1));
+    lucid_lua_argerror(L, 1, lua_tostring(L, -1));
 }
 
 /* Validate the nested value on top of the stack against shape[depth..]. */
@@ -359,7 +360,7 @@ static int l_tensor(lua_State *L) {
     int ndim = 0;
     lua_settop(L, 2); /* data, opts (nil when absent) */
     if (lua_type(L, 1) != LUA_TNUMBER && !lua_istable(L, 1))
-        luaL_argerror(L, 1,
+        lucid_lua_argerror(L, 1,
                       lua_pushfstring(L, "data: expected a number or a nested "
                                          "table of numbers, got %s",
                                       luaL_typename(L, 1)));
@@ -367,7 +368,7 @@ static int l_tensor(lua_State *L) {
     lua_pushvalue(L, 1);
     while (lua_istable(L, -1)) {
         if (ndim == LUCID_MAX_DIMS)
-            luaL_argerror(L, 1, lua_pushfstring(L, "data: nested deeper than "
+            lucid_lua_argerror(L, 1, lua_pushfstring(L, "data: nested deeper than "
                                                    "%d dims",
                                                 LUCID_MAX_DIMS));
         shape[ndim++] = (int64_t)lua_objlen(L, -1);
@@ -446,7 +447,7 @@ static int l_storage_version(lua_State *L) {
 /* t:free() — releases the storage reference now; later use raises "tensor
  *   was freed". A second free (or the later __gc) is a no-op. */
 static int l_free(lua_State *L) {
-    lucid_tensor **box = luaL_checkudata(L, 1, LUCID_LUA_TENSOR_MT);
+    lucid_tensor **box = lucid_lua_checkudata(L, 1, LUCID_LUA_TENSOR_MT);
     if (*box) {
         lucid_tensor_release(*box);
         *box = NULL;
@@ -502,10 +503,10 @@ static int l_to(lua_State *L) {
         dt = lucid_lua_opt_dtype(L, 2, "dtype", dt);
         return move_to(L, t, dev, dt, 2);
     }
-    const char *a = luaL_checkstring(L, 2);
+    const char *a = lucid_lua_checkstring(L, 2);
     if (lucid_device_parse(a, &dev) != 0) {
         if (lucid_dtype_parse(a, &dt) != 0)
-            luaL_argerror(L, 2,
+            lucid_lua_argerror(L, 2,
                           lua_pushfstring(L, "expected a device (cpu, cuda, "
                                              "cuda:N, auto) or a dtype (f32, "
                                              "f64, bf16, f16, u8, i32, i64), "
@@ -514,9 +515,9 @@ static int l_to(lua_State *L) {
         return move_to(L, t, dev, dt, 0);
     }
     if (!lua_isnoneornil(L, 3)) {
-        const char *b = luaL_checkstring(L, 3);
+        const char *b = lucid_lua_checkstring(L, 3);
         if (lucid_dtype_parse(b, &dt) != 0)
-            luaL_argerror(L, 3,
+            lucid_lua_argerror(L, 3,
                           lua_pushfstring(L, "unknown dtype '%s' (expected one "
                                              "of f32, f64, bf16, f16, u8, i32, "
                                              "i64)",
@@ -542,7 +543,7 @@ static int l_cuda(lua_State *L) {
     lucid_device dev = {LUCID_CUDA, 0};
     lucid_device own = lucid_ctx_device(lucid_tensor_ctx(t));
     if (!lua_isnoneornil(L, 2))
-        dev.index = (int)luaL_checkinteger(L, 2);
+        dev.index = (int)lucid_lua_checkinteger(L, 2);
     else if (own.type == LUCID_CUDA)
         dev = own;
     return move_to(L, t, dev, t->dtype, 0);
@@ -582,13 +583,13 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
     int n = 0, infer = -1;
     int varargs = lua_type(L, idx) == LUA_TNUMBER;
     if (!varargs && !lua_istable(L, idx))
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "shape: expected a table of sizes, got "
                                          "%s",
                                       luaL_typename(L, idx)));
     int count = varargs ? lua_gettop(L) - idx + 1 : (int)lua_objlen(L, idx);
     if (count > LUCID_MAX_DIMS)
-        luaL_argerror(L, idx, lua_pushfstring(L, "shape: expected at most %d "
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "shape: expected at most %d "
                                                  "dims, got %d",
                                               LUCID_MAX_DIMS, count));
     int64_t known = 1;
@@ -599,7 +600,7 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
         int ok = lua_type(L, v) == LUA_TNUMBER && x == floor(x) &&
                  (x >= 1 || (x == -1 && infer < 0)) && x < 9.0e18;
         if (!ok)
-            luaL_argerror(L, varargs ? v : idx,
+            lucid_lua_argerror(L, varargs ? v : idx,
                           lua_pushfstring(L, "shape[%d]: expected a positive "
                                              "integer or one -1, got %s",
                                           n + 1,
@@ -618,7 +619,7 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
     if (infer >= 0) {
         int64_t numel = lucid_tensor_numel(t);
         if (known == 0 || numel % known != 0)
-            luaL_argerror(L, idx,
+            lucid_lua_argerror(L, idx,
                           lua_pushfstring(L, "shape: cannot infer -1 for %d "
                                              "elements",
                                           (int)numel));
@@ -662,12 +663,12 @@ static int l_narrow(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *out = NULL;
     int d = check_dim(L, 2, t->ndim, "dim");
     int64_t size = t->shape[d];
-    lua_Number start = luaL_checknumber(L, 3), len = luaL_checknumber(L, 4);
+    lua_Number start = lucid_lua_checknumber(L, 3), len = lucid_lua_checknumber(L, 4);
     if (!(start >= 1 && start <= (lua_Number)size && start == floor(start)))
-        luaL_argerror(L, 3, lua_pushfstring(L, "start: expected 1..%d, got %s",
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "start: expected 1..%d, got %s",
                                             (int)size, lua_tostring(L, 3)));
     if (!(len >= 0 && len <= (lua_Number)size - start + 1 && len == floor(len)))
-        luaL_argerror(L, 4,
+        lucid_lua_argerror(L, 4,
                       lua_pushfstring(L, "length: expected 0..%d, got %s",
                                       (int)(size - (int64_t)start + 1),
                                       lua_tostring(L, 4)));
@@ -679,13 +680,13 @@ static int l_narrow(lua_State *L) {
 
 /* 0-based index along dim d from the 1-based (or negative) value at idx. */
 static int64_t check_index(lua_State *L, int idx, const lucid_tensor *t, int d) {
-    lua_Number x = luaL_checknumber(L, idx);
+    lua_Number x = lucid_lua_checknumber(L, idx);
     int64_t size = t->shape[d];
     if (x == floor(x)) {
         if (x >= 1 && x <= (lua_Number)size) return (int64_t)x - 1;
         if (x <= -1 && x >= -(lua_Number)size) return size + (int64_t)x;
     }
-    luaL_argerror(L, idx,
+    lucid_lua_argerror(L, idx,
                   lua_pushfstring(L, "index: expected 1..%d or -%d..-1 for dim "
                                      "%d of size %d, got %s",
                                   (int)size, (int)size, d + 1, (int)size,
@@ -717,7 +718,7 @@ static int l_transpose(lua_State *L) {
 static int l_t(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *out = NULL;
     if (t->ndim > 2)
-        luaL_argerror(L, 1, lua_pushfstring(L, "self: expected at most 2 dims, "
+        lucid_lua_argerror(L, 1, lua_pushfstring(L, "self: expected at most 2 dims, "
                                                "got %d (use transpose)",
                                             t->ndim));
     if (t->ndim < 2) {
@@ -736,7 +737,7 @@ static int l_permute(lua_State *L) {
     int table = lua_istable(L, 2);
     int n = table ? (int)lua_objlen(L, 2) : lua_gettop(L) - 1;
     if (n != t->ndim)
-        luaL_argerror(L, 2, lua_pushfstring(L, "dims: expected %d dims, got %d",
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "dims: expected %d dims, got %d",
                                             t->ndim, n));
     for (int i = 0; i < n; i++) {
         int v = 2 + i;
@@ -746,7 +747,7 @@ static int l_permute(lua_State *L) {
         }
         perm[i] = check_dim(L, v, t->ndim, "dims");
         if (seen[perm[i]])
-            luaL_argerror(L, table ? 2 : v,
+            lucid_lua_argerror(L, table ? 2 : v,
                           lua_pushfstring(L, "dims: dim %d repeated",
                                           perm[i] + 1));
         seen[perm[i]] = 1;
@@ -762,7 +763,7 @@ static int l_permute(lua_State *L) {
 /* t:fill_(value) -> t */
 static int l_fill_(lua_State *L) {
     lucid_tensor *t = self_tensor(L);
-    double v = luaL_checknumber(L, 2);
+    double v = lucid_lua_checknumber(L, 2);
     lucid_ctx *ctx = lucid_tensor_ctx(t);
     lucid_status s = lucid_fill(ctx, t, v);
     if (s != LUCID_OK) return fail(L, ctx, s, NULL, NULL);
@@ -796,7 +797,7 @@ static int l_item(lua_State *L) {
     lucid_tensor *t = self_tensor(L);
     int64_t n = lucid_tensor_numel(t);
     if (n != 1)
-        luaL_argerror(L, 1, lua_pushfstring(L, "self: expected a tensor with one "
+        lucid_lua_argerror(L, 1, lua_pushfstring(L, "self: expected a tensor with one "
                                                "element, got %d elements",
                                             (int)n));
     lucid_ctx *ctx = lucid_tensor_ctx(t);
@@ -877,7 +878,7 @@ static int broadcast_shape(lua_State *L, const lucid_tensor *a,
             }
             luaL_addstring(&buf, " do not broadcast");
             luaL_pushresult(&buf);
-            luaL_argerror(L, 2, lua_tostring(L, -1));
+            lucid_lua_argerror(L, 2, lua_tostring(L, -1));
         }
         shape[i] = x == 1 ? y : x;
     }
@@ -892,7 +893,7 @@ static lucid_tensor *tensor_or_number(lua_State *L, int idx, double *num,
         return NULL;
     }
     if (!luaL_testudata(L, idx, LUCID_LUA_TENSOR_MT))
-        luaL_argerror(L, idx,
+        lucid_lua_argerror(L, idx,
                       lua_pushfstring(L, "%s: expected lucid.Tensor or number, "
                                          "got %s",
                                       name, luaL_typename(L, idx)));
@@ -905,8 +906,8 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     double na = 0, nb = 0;
     lucid_tensor *a = tensor_or_number(L, 1, &na, "self");
     lucid_tensor *b = tensor_or_number(L, 2, &nb, "other");
-    if (!a && !b) luaL_argerror(L, 1, "expected at least one lucid.Tensor");
-    if (inplace && !a) luaL_argerror(L, 1, "self: expected lucid.Tensor");
+    if (!a && !b) lucid_lua_argerror(L, 1, "expected at least one lucid.Tensor");
+    if (inplace && !a) lucid_lua_argerror(L, 1, "self: expected lucid.Tensor");
     const lucid_tensor *base = a ? a : b;
     lucid_ctx *ctx = lucid_tensor_ctx(base);
     lucid_status s;
@@ -1017,8 +1018,8 @@ static int l_min(lua_State *L) { return reduce(L, LUCID_REDUCE_MIN); }
 /* t:norm([p]) -> 0-d tensor, the 2-norm over all elements (p must be 2). */
 static int l_norm(lua_State *L) {
     lucid_tensor *a = self_tensor(L);
-    if (!lua_isnoneornil(L, 2) && luaL_checknumber(L, 2) != 2)
-        luaL_argerror(L, 2, lua_pushfstring(L, "p: only the 2-norm is "
+    if (!lua_isnoneornil(L, 2) && lucid_lua_checknumber(L, 2) != 2)
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "p: only the 2-norm is "
                                                "implemented, got %s",
                                             lua_tostring(L, 2)));
     lua_settop(L, 1);
@@ -1072,14 +1073,14 @@ static int l_matmul(lua_State *L) {
     lucid_tensor *a = lucid_lua_check_tensor(L, 1, "self");
     lucid_tensor *b = lucid_lua_check_tensor(L, 2, "other");
     if (a->ndim == 0 || b->ndim == 0)
-        luaL_argerror(L, a->ndim == 0 ? 1 : 2, "expected at least 1 dim, got a "
+        lucid_lua_argerror(L, a->ndim == 0 ? 1 : 2, "expected at least 1 dim, got a "
                                                 "0-d tensor");
     if (a->ndim > 2 && b->ndim != a->ndim)
-        luaL_argerror(L, 2, lua_pushfstring(L, "other: expected %d dims like "
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "other: expected %d dims like "
                                                "self, got %d",
                                             a->ndim, b->ndim));
     if (b->ndim > 2 && a->ndim != b->ndim)
-        luaL_argerror(L, 2, lua_pushfstring(L, "other: %d dims but self has %d",
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "other: %d dims but self has %d",
                                             b->ndim, a->ndim));
     lucid_ctx *ctx = lucid_tensor_ctx(a);
     lucid_tensor *a2 = NULL, *b2 = NULL, *ua = NULL, *ub = NULL, *out = NULL;
@@ -1126,7 +1127,7 @@ static int l_gc(lua_State *L) { return l_free(L); }
 
 /* tostring(t) — PyTorch-style text (engine/core/format.c). */
 static int l_tostring(lua_State *L) {
-    lucid_tensor **box = luaL_checkudata(L, 1, LUCID_LUA_TENSOR_MT);
+    lucid_tensor **box = lucid_lua_checkudata(L, 1, LUCID_LUA_TENSOR_MT);
     if (!*box) {
         lua_pushliteral(L, "lucid.Tensor(freed)");
         return 1;
@@ -1151,7 +1152,7 @@ static int l_tostring(lua_State *L) {
 static int l_len(lua_State *L) {
     lucid_tensor *t = self_tensor(L);
     if (t->ndim == 0)
-        luaL_argerror(L, 1, "self: length of a 0-d tensor");
+        lucid_lua_argerror(L, 1, "self: length of a 0-d tensor");
     lua_pushnumber(L, (lua_Number)t->shape[0]);
     return 1;
 }
@@ -1173,7 +1174,7 @@ static int l_unm(lua_State *L) {
 static int l_index(lua_State *L) {
     if (lua_type(L, 2) == LUA_TNUMBER) {
         lucid_tensor *t = self_tensor(L), *out = NULL;
-        if (t->ndim == 0) luaL_argerror(L, 2, "index: a 0-d tensor has no dims");
+        if (t->ndim == 0) lucid_lua_argerror(L, 2, "index: a 0-d tensor has no dims");
         int64_t i = check_index(L, 2, t, 0);
         lucid_ctx *ctx = lucid_tensor_ctx(t);
         lucid_status s = lucid_tensor_select(ctx, t, 0, i, &out);
@@ -1198,11 +1199,11 @@ static int l_index(lua_State *L) {
 static int l_newindex(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *row = NULL;
     if (lua_type(L, 2) != LUA_TNUMBER)
-        luaL_argerror(L, 2, lua_pushfstring(L, "key: expected a number index, "
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "key: expected a number index, "
                                                "got %s (tensor fields are "
                                                "read-only)",
                                             luaL_typename(L, 2)));
-    if (t->ndim == 0) luaL_argerror(L, 2, "index: a 0-d tensor has no dims");
+    if (t->ndim == 0) lucid_lua_argerror(L, 2, "index: a 0-d tensor has no dims");
     int64_t i = check_index(L, 2, t, 0);
     double v = 0;
     lucid_tensor *src = tensor_or_number(L, 3, &v, "value");

@@ -134,5 +134,6 @@ int luaopen_lucid(lua_State *L) {
     if (lucid_lua_open_input) lucid_lua_open_input(L);
     if (lucid_lua_open_hash) lucid_lua_open_hash(L);
     add_package_path(L);
+    lucid_lua_set_module(L, -1); /* argument errors name its functions */
     return 1;
 }

@@ -4,6 +4,7 @@ recipes/pose_nano.lua — the main job: train the YOLO11 nano pose model
 
   luajit recipes/pose_nano.lua                      # the defaults below
   luajit recipes/pose_nano.lua epochs=3 imgsz=320 device=cpu name=try
+  luajit recipes/pose_nano.lua data=datasets/coco_pose_mini.yaml   # an Ultralytics data YAML
 
 Every setting is in `defaults` below (the complete-fit benchmark
 bench/fit_pairs.lua runs this same table) and can be overridden on the
@@ -28,6 +29,8 @@ local defaults = {
   -- model
   model = "yolo11", scale = "n",
   -- data
+  -- data: a descriptor of datasets/ (coco_pose_mini), a descriptor .lua, or an
+  -- Ultralytics data YAML (path/train/val/kpt_shape/flip_idx/names; lucid.data.load_yaml)
   data = "coco_pose_mini", imgsz = 640, batch = 4, cache = true,
   max_gt = "auto", -- instance slots per image; auto: 4 x the largest image count (mosaic)
   -- schedule

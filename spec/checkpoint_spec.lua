@@ -194,6 +194,163 @@ describe("checkpoint.save / checkpoint.load", function()
   end)
 end)
 
+-- The header of a safetensors file: its JSON (decoded) and the file offset
+-- of the data section.
+local cjson = require("cjson")
+local function header_of(bytes)
+  local n = 0
+  for i = 8, 1, -1 do n = n * 256 + bytes:byte(i) end
+  return cjson.decode(bytes:sub(9, 8 + n)), 8 + n
+end
+
+-- The file with its header text replaced by edit(json text) (padded to 8
+-- bytes; a text edit, so the rest of the header stays byte for byte).
+local function rewrite_header(bytes, edit)
+  local _, off = header_of(bytes)
+  local js = edit((bytes:sub(9, off):gsub(" +$", "")))
+  js = js .. string.rep(" ", (8 - #js % 8) % 8)
+  local len, n = {}, #js
+  for i = 1, 8 do len[i] = string.char(n % 256); n = math.floor(n / 256) end
+  return table.concat(len) .. js .. bytes:sub(off + 1)
+end
+
+-- The JSON text without the member "key":"<value matching vpat>" (the
+-- comma on either side goes with it; metadata keys come in any order).
+local function drop_member(js, key, vpat)
+  local m = '"' .. key .. '":"' .. vpat .. '"'
+  local out, n = js:gsub("," .. m, "", 1)
+  if n == 0 then out, n = js:gsub(m .. ",", "", 1) end
+  if n == 0 then out, n = js:gsub(m, "", 1) end
+  assert(n == 1, "no member " .. key)
+  return out
+end
+
+-- bytes with the byte at 0-based file offset k xor-ed with 0x01
+local function flip(bytes, k)
+  return bytes:sub(1, k) .. string.char(bit.bxor(bytes:byte(k + 1), 1)) .. bytes:sub(k + 2)
+end
+
+describe("checkpoint data checksums", function()
+  local dir
+  setup(function() dir = tmpdir() end)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("a saved checkpoint carries CRC-32s of its data and loads verified", function()
+    local r = small_run()
+    local path = dir .. "/ok.safetensors"
+    checkpoint.save(path, save_state(r))
+    local hdr = header_of(read_all(path))
+    assert.matches("^%x%x%x%x%x%x%x%x$", hdr.__metadata__.data_crc32)
+    local n = 0
+    for _ in hdr.__metadata__.data_crc32_tensors:gmatch("%x+") do n = n + 1 end
+    local ck = checkpoint.load(path)
+    assert.equal(#ck.names, n) -- one per tensor
+    assert.is_true(ck.checksummed)
+    ck:close()
+  end)
+
+  it("one flipped bit in a tensor is a clear error naming the file, the tensor and its bytes", function()
+    local r = small_run()
+    local good = dir .. "/good.safetensors"
+    checkpoint.save(good, save_state(r))
+    local bytes = read_all(good)
+    local hdr, off = header_of(bytes)
+    local range = hdr["optimizer.0.conv.weight.exp_avg"].data_offsets
+    local bad = dir .. "/flipped.safetensors"
+    write_all(bad, flip(bytes, off + range[1] + 5))
+    local ok, err = pcall(checkpoint.load, bad)
+    assert.is_false(ok)
+    assert.truthy(err:find("lucid format error: " .. bad .. ": checksum mismatch: tensor "
+      .. "'optimizer.0.conv.weight.exp_avg' (bytes [" .. range[1] .. ", " .. range[2] .. ") of the data section, "
+      .. "file offsets [" .. (off + range[1]) .. ", " .. (off + range[2]) .. "))", 1, true), err)
+    -- resume refuses it before touching the targets
+    local r2 = small_run(7)
+    local before = flatten(r2.set:find("0.conv.weight"):data():totable())
+    ok, err = pcall(checkpoint.resume, bad, { model = r2.set, optimizer = r2.opt, ema = r2.ema })
+    assert.is_false(ok)
+    assert.truthy(err:find("checksum mismatch", 1, true))
+    assert.same(before, flatten(r2.set:find("0.conv.weight"):data():totable()))
+    -- the good file is untouched and still loads
+    assert.equal(bytes, read_all(good))
+    checkpoint.load(good):close()
+  end)
+
+  it("a file without checksums (as PyTorch's safetensors writes it) loads unverified", function()
+    local r = small_run()
+    local path = dir .. "/c.safetensors"
+    checkpoint.save(path, save_state(r))
+    local plain = dir .. "/plain.safetensors"
+    write_all(plain, rewrite_header(read_all(path), function(js)
+      return drop_member(drop_member(js, "data_crc32", "%x*"), "data_crc32_tensors", "[%x ]*")
+    end))
+    local f = lucid.io.safetensors_open(plain)
+    assert.is_false(f:checksummed())
+    assert.is_nil(f:metadata().data_crc32)
+    f:close()
+    local ck = checkpoint.resume(plain, { model = small_run(9).set })
+    assert.is_false(ck.checksummed)
+    assert.equal(2, ck.epoch)
+  end)
+
+  it("the checksum keys are reserved", function()
+    local r = small_run()
+    local ok, err = pcall(checkpoint.save, dir .. "/x.safetensors", save_state(r, { metadata = { data_crc32 = "0" } }))
+    assert.is_false(ok)
+    assert.truthy(err:find("metadata key 'data_crc32' is reserved", 1, true))
+  end)
+end)
+
+describe("checkpoint epoch numbering", function()
+  local dir
+  setup(function() dir = tmpdir() end)
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("epoch is the last completed epoch 0-based; epochs_completed and epochs say it 1-based", function()
+    local r = small_run()
+    local path = dir .. "/e.safetensors"
+    -- the epoch the log shows as "3/10" is completed
+    checkpoint.save(path, save_state(r, { epoch = 2, epochs = 10 }))
+    local md = header_of(read_all(path)).__metadata__
+    assert.equal("2", md.epoch)
+    assert.equal("3", md.epochs_completed)
+    assert.equal("10", md.epochs)
+    local ck = checkpoint.load(path)
+    assert.equal(2, ck.epoch)
+    assert.equal(3, ck.epochs_completed)
+    assert.equal(10, ck.epochs)
+    ck:close()
+    -- no epoch given: none completed (a resume starts at the first)
+    checkpoint.save(path, { model = r.set })
+    ck = checkpoint.load(path)
+    assert.equal(-1, ck.epoch)
+    assert.equal(0, ck.epochs_completed)
+    assert.is_nil(ck.epochs)
+    ck:close()
+    local ok, err = pcall(checkpoint.save, path, { model = r.set, epoch = -2 })
+    assert.is_false(ok)
+    assert.truthy(err:find("state.epoch: expected the last completed epoch (0-based) or -1", 1, true))
+  end)
+
+  it("files written before epochs_completed derive it; inconsistent metadata is refused", function()
+    local r = small_run()
+    local path = dir .. "/o.safetensors"
+    checkpoint.save(path, save_state(r, { epoch = 4 }))
+    local bytes = read_all(path)
+    local old = dir .. "/old.safetensors"
+    write_all(old, rewrite_header(bytes, function(js) return drop_member(js, "epochs_completed", "%d+") end))
+    local ck = checkpoint.load(old)
+    assert.equal(4, ck.epoch)
+    assert.equal(5, ck.epochs_completed)
+    ck:close()
+    local bad = dir .. "/bad.safetensors"
+    write_all(bad, rewrite_header(bytes, function(js) return (js:gsub('"epochs_completed":"5"', '"epochs_completed":"4"')) end))
+    local ok, err = pcall(checkpoint.load, bad)
+    assert.is_false(ok)
+    assert.truthy(err:find("metadata epochs_completed = 4 but epoch = 4 (the last completed epoch, 0-based) says 5",
+      1, true), err)
+  end)
+end)
+
 describe("kill-and-resume equals the uninterrupted run (bitwise, CPU)", function()
   local dir
   setup(function() dir = tmpdir() end)

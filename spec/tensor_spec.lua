@@ -345,48 +345,48 @@ end)
 describe("lucid tensors: misuse raises errors naming the argument", function()
   it("bad shapes", function()
     assert.has_error(function() lucid.zeros({2, -3}) end,
-      "bad argument #1 to 'zeros' (shape[2]: expected a positive integer, got -3)")
+      "lucid.zeros: bad argument #1 (shape[2]): expected a positive integer, got -3")
     assert.has_error(function() lucid.zeros({2, 1.5}) end,
-      "bad argument #1 to 'zeros' (shape[2]: expected a positive integer, got 1.5)")
+      "lucid.zeros: bad argument #1 (shape[2]): expected a positive integer, got 1.5")
     assert.has_error(function() lucid.ones("x") end,
-      "bad argument #1 to 'ones' (shape: expected a table of sizes, got string)")
+      "lucid.ones: bad argument #1 (shape): expected a table of sizes, got string")
     assert.has_error(function() lucid.zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}) end,
-      "bad argument #1 to 'zeros' (shape: expected at most 8 dims, got 9)")
+      "lucid.zeros: bad argument #1 (shape): expected at most 8 dims, got 9")
   end)
   it("unknown dtypes, devices and option keys", function()
     local ok, err = pcall(function() local t = lucid.zeros({2}, {dtype = "fp8"}); return t end)
     assert.is_false(ok)
     assert.matches("unknown dtype 'fp8' %(expected one of f32, f64, bf16, f16, u8, i32, i64%)", err)
-    assert.matches("bad argument #2 to 'zeros'", err)
+    assert.matches("lucid%.zeros: bad argument #2 %(dtype%)", err)
     assert.has_error(function() lucid.zeros({2}, {device = "tpu"}) end,
-      "bad argument #2 to 'zeros' (unknown device 'tpu' (expected cpu, cuda, cuda:N or auto))")
+      "lucid.zeros: bad argument #2 (device): unknown device 'tpu' (expected cpu, cuda, cuda:N or auto)")
     assert.has_error(function() lucid.zeros({2}, {dtpye = "f32"}) end,
-      "bad argument #2 to 'zeros' (opts: unknown key 'dtpye' (expected dtype, device, ctx))")
+      "lucid.zeros: bad argument #2 (opts): unknown key 'dtpye' (expected dtype, device, ctx)")
     assert.has_error(function() lucid.ones({2}):to("fp8") end)
   end)
   it("ragged or non-numeric nested tables name the path", function()
     assert.has_error(function() lucid.tensor({{1, 2}, {3}}) end,
-      "bad argument #1 to 'tensor' (data[2]: ragged nested table: has 1 elements, expected 2)")
+      "lucid.tensor: bad argument #1 (data[2]): ragged nested table: has 1 elements, expected 2")
     assert.has_error(function() lucid.tensor({{1, 2}, {3, "x"}}) end,
-      "bad argument #1 to 'tensor' (data[2][2]: expected a number, got string)")
+      "lucid.tensor: bad argument #1 (data[2][2]): expected a number, got string")
     assert.has_error(function() lucid.tensor({{1, 2}, 3}) end,
-      "bad argument #1 to 'tensor' (data[2]: ragged nested table: expected a table of 2 elements, got number)")
+      "lucid.tensor: bad argument #1 (data[2]): ragged nested table: expected a table of 2 elements, got number")
   end)
   it("dims, indices and operands", function()
     local t = lucid.zeros({2, 3})
-    assert.has_error(function() t:size(3) end, "bad argument #1 to 'size' (dim: expected 1..2 or -2..-1, got 3)")
-    assert.has_error(function() t:narrow(2, 3, 2) end, "bad argument #3 to 'narrow' (length: expected 0..1, got 2)")
+    assert.has_error(function() t:size(3) end, "lucid.Tensor:size: bad argument #1 (dim): expected 1..2 or -2..-1, got 3")
+    assert.has_error(function() t:narrow(2, 3, 2) end, "lucid.Tensor:narrow: bad argument #3 (length): expected 0..1, got 2")
     assert.has_error(function() t:select(1, 3) end,
-      "bad argument #2 to 'select' (index: expected 1..2 or -2..-1 for dim 1 of size 2, got 3)")
+      "lucid.Tensor:select: bad argument #2 (index): expected 1..2 or -2..-1 for dim 1 of size 2, got 3")
     assert.has_error(function() return t + "a" end)
     assert.has_error(function() t:add({}) end,
-      "bad argument #1 to 'add' (other: expected lucid.Tensor or number, got table)")
+      "lucid.Tensor:add: bad argument #1 (other): expected lucid.Tensor or number, got table")
     assert.has_error(function() t:add(lucid.zeros({4})) end,
-      "bad argument #1 to 'add' (shapes {2,3} and {4} do not broadcast)")
+      "lucid.Tensor:add: bad argument #1: shapes {2,3} and {4} do not broadcast")
     assert.has_error(function() t:item() end,
-      "calling 'item' on bad self (self: expected a tensor with one element, got 6 elements)")
+      "lucid.Tensor:item: bad self: expected a tensor with one element, got 6 elements")
     assert.has_error(function() lucid.tensor({1}):matmul(5) end,
-      "bad argument #1 to 'matmul' (other: expected lucid.Tensor, got number)")
+      "lucid.Tensor:matmul: bad argument #1 (other): expected lucid.Tensor, got number")
   end)
   it("engine failures raise 'lucid <status>: <message>'", function()
     local ok, err = pcall(function() return lucid.zeros({2, 3}):view({4}) end)

@@ -4,6 +4,7 @@
 local lucid = require "lucid"
 local Trainer = require "lucid.trainer"
 local data = require "lucid.data"
+local checkpoint = require "lucid.checkpoint"
 
 local have_data = data.find_dataset("coco-pose-mini") ~= nil
 local tmp = os.tmpname()
@@ -24,6 +25,19 @@ local function tensors(path)
   end
   f:close()
   return out
+end
+
+local function read_bytes(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function write_bytes(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
 end
 
 local function read_lines(path)
@@ -81,9 +95,25 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
     local ok, err = pcall(tr.fit, tr, model)
     assert.is_false(ok)
     assert.matches("simulated kill at epoch 3", err)
+    -- the checkpoint left by the kill: epoch 2/3 completed, stored 0-based
+    -- as Ultralytics does (epoch = 1) and 1-based as epochs_completed
+    local left = checkpoint.load(tmp .. "/killed/weights/last.safetensors")
+    assert.are.same({ 1, 2, 3 }, { left.epoch, left.epochs_completed, left.epochs })
+    left:close()
     -- a fresh trainer and a fresh model resume from weights/last.safetensors
-    local tr2 = Trainer.new(cfg{ name = "killed", resume = true })
-    local res = tr2:fit(build(tr2))
+    -- (printing: the resume line and the progress use the same 1-based numbers)
+    local tr2 = Trainer.new(cfg{ name = "killed", resume = true, quiet = false })
+    local printed, stdout = {}, io.stdout
+    io.stdout = { write = function(self, ...) for _, v in ipairs({ ... }) do printed[#printed + 1] = v end
+      return self end, flush = function() end }
+    local rok, res = pcall(tr2.fit, tr2, build(tr2))
+    io.stdout = stdout
+    assert.is_true(rok, tostring(res))
+    local text = table.concat(printed)
+    assert.truthy(text:find("Resuming training from " .. tmp .. "/killed/weights/last.safetensors: epoch 2/3 "
+      .. "completed, continuing with epoch 3/3\n", 1, true), text)
+    assert.truthy(text:find("\nepoch 3/3 "), text)
+    assert.falsy(text:find("\nepoch [12]/3 "), text) -- no progress line of a completed epoch
     assert.are.equal(3, #read_lines(res.save_dir .. "/results.csv") - 1)
     local a = tensors(full.save_dir .. "/weights/last.safetensors")
     local b = tensors(res.save_dir .. "/weights/last.safetensors")
@@ -95,6 +125,41 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
       n = n + 1
     end
     assert.is_true(n > 1000) -- model, ema and optimizer tensors
+  end)
+
+  it("resume refuses a corrupt checkpoint and leaves the good last checkpoint as it was", function()
+    assert.is_truthy(full, "needs the first test")
+    local last = full.save_dir .. "/weights/last.safetensors"
+    local good, csv = read_bytes(last), read_bytes(full.save_dir .. "/results.csv")
+    -- one changed byte in the middle of the data section
+    local n = 0
+    for i = 8, 1, -1 do n = n * 256 + good:byte(i) end
+    local k = 8 + n + math.floor((#good - 8 - n) / 2)
+    local corrupt = tmp .. "/corrupt.safetensors"
+    write_bytes(corrupt, good:sub(1, k) .. string.char((good:byte(k + 1) + 1) % 256) .. good:sub(k + 2))
+    -- resume=<that file> into the good run: refused, nothing written
+    local tr = Trainer.new(cfg{ name = "full", resume = corrupt, epochs = 4 })
+    local ok, err = pcall(tr.fit, tr, build(tr))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(corrupt .. ": checksum mismatch: tensor '", 1, true), tostring(err))
+    assert.are.equal(good, read_bytes(last))
+    assert.are.equal(csv, read_bytes(full.save_dir .. "/results.csv"))
+    -- a run whose own last checkpoint is corrupt: refused, the file is kept
+    -- as it is (not overwritten by a fresh run)
+    os.execute(string.format("rm -rf '%s/bitrot' && cp -r '%s' '%s/bitrot'", tmp, full.save_dir, tmp))
+    write_bytes(tmp .. "/bitrot/weights/last.safetensors", read_bytes(corrupt))
+    tr = Trainer.new(cfg{ name = "bitrot", resume = true, epochs = 4 })
+    ok, err = pcall(tr.fit, tr, build(tr))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("bitrot/weights/last.safetensors: checksum mismatch", 1, true), tostring(err))
+    assert.are.equal(read_bytes(corrupt), read_bytes(tmp .. "/bitrot/weights/last.safetensors"))
+    assert.are.equal(csv, read_bytes(tmp .. "/bitrot/results.csv"))
+    -- and a finished run says so in the numbers the log uses
+    tr = Trainer.new(cfg{ name = "full", resume = true, epochs = 3 })
+    ok, err = pcall(tr.fit, tr, build(tr))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("has completed 3 epochs and epochs=3; nothing to resume", 1, true), tostring(err))
+    assert.are.equal(good, read_bytes(last))
   end)
 
   it("an error raised in a callback reaches the caller unchanged and keeps the last checkpoint", function()

@@ -145,11 +145,12 @@ void lucid_labels_orient(lucid_labels *l, int nkpt, int orientation);
 
 /* The Ultralytics data YAML (`path`, `train`, `val`, `kpt_shape`,
  * `flip_idx`, `names`). Strings are owned; free with lucid_data_yaml_free.
- * train/val are resolved against `path` (itself relative to the YAML's
- * folder when relative). */
+ * path, train and val are as written in the file (NULL when absent); the
+ * caller resolves them (lua/lucid/data.lua: as Ultralytics does). */
 typedef struct lucid_data_yaml {
-    char *path;
-    char *train;   /* image folder or list file (may be NULL) */
+    char *dir;     /* the YAML's folder ("." for a bare file name) */
+    char *path;    /* dataset root as written (NULL: absent) */
+    char *train;   /* image folder as written (may be NULL) */
     char *val;
     int kpt_shape[2];
     int has_flip_idx;

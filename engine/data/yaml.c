@@ -3,11 +3,17 @@
  *
  * Contract
  *   - Keys read: path, train, val (a string each), kpt_shape ([K, D]),
- *     flip_idx ([K ints]), names (a mapping id -> name or a list), nc.
- *     Other keys are ignored (a data YAML carries download scripts etc).
- *   - path is resolved against the YAML's folder when relative; train and
- *     val against path (Ultralytics check_det_dataset).
- *   - Errors are ERR_FORMAT "<file>:<line>: <what>" (ERR_IO when unreadable).
+ *     flip_idx ([K ints]), names (a mapping id -> name with the ids
+ *     0..n-1 in any order, or a list), nc. Other keys are ignored (a data
+ *     YAML carries test splits, kpt_names, download scripts, ...).
+ *   - path, train and val are returned as written, with the YAML's folder
+ *     in `dir`: resolving them (Ultralytics check_det_dataset: path
+ *     relative to the working directory or the datasets folder, train/val
+ *     relative to path) needs the datasets folders, which the caller knows
+ *     (lua/lucid/data.lua).
+ *   - names absent: class_0 .. class_{nc-1} (Ultralytics).
+ *   - Errors are ERR_FORMAT "<file>:<line>: <key> ..." (ERR_IO when
+ *     unreadable).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -23,6 +29,7 @@
 
 void lucid_data_yaml_free(lucid_data_yaml *y) {
     if (!y) return;
+    free(y->dir);
     free(y->path);
     free(y->train);
     free(y->val);
@@ -30,15 +37,6 @@ void lucid_data_yaml_free(lucid_data_yaml *y) {
         for (int i = 0; i < y->nc; i++) free(y->names[i]);
     free(y->names);
     memset(y, 0, sizeof *y);
-}
-
-static char *join_path(const char *dir, const char *p) {
-    if (!p) return NULL;
-    if (p[0] == '/' || !dir || !dir[0]) return strdup(p);
-    size_t n = strlen(dir) + strlen(p) + 2;
-    char *s = malloc(n);
-    if (s) snprintf(s, n, "%s/%s", dir, p);
-    return s;
 }
 
 static const char *scalar(yaml_node_t *n) {
@@ -115,6 +113,13 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
         if (!key) continue;
         if (!strcmp(key, "path")) {
             path = scalar(vn);
+            if (!path) {
+                st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                  "%s:%zu: 'path' must be a string (the "
+                                  "dataset root)",
+                                  file, line);
+                goto done;
+            }
         } else if (!strcmp(key, "train") || !strcmp(key, "val")) {
             const char *s = scalar(vn);
             if (!s) {
@@ -176,24 +181,28 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
             out->nc = cnt;
             for (int i = 0; i < cnt; i++) {
                 const char *nm;
+                int id = i;
                 if (vn->type == YAML_SEQUENCE_NODE) {
                     nm = scalar(yaml_document_get_node(
                         &doc, vn->data.sequence.items.start[i]));
                 } else {
                     yaml_node_pair_t *q = vn->data.mapping.pairs.start + i;
-                    int id;
                     if (parse_int(scalar(yaml_document_get_node(&doc, q->key)),
                                   &id) ||
-                        id != i) {
+                        id < 0 || id >= cnt || out->names[id]) {
                         st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
-                                          "%s:%zu: names must map ids 0..%d "
-                                          "in order",
+                                          "%s:%zu: 'names' must map each "
+                                          "class id 0..%d once to a name",
                                           file, line, cnt - 1);
                         goto done;
                     }
                     nm = scalar(yaml_document_get_node(&doc, q->value));
                 }
-                out->names[i] = strdup(nm ? nm : "");
+                out->names[id] = strdup(nm ? nm : "");
+                if (!out->names[id]) {
+                    st = lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", file);
+                    goto done;
+                }
             }
         }
     }
@@ -213,7 +222,7 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
         out->nc = ymlnc;
         for (int i = 0; out->names && i < ymlnc; i++) {
             char b[24];
-            snprintf(b, sizeof b, "class%d", i);
+            snprintf(b, sizeof b, "class_%d", i);
             out->names[i] = strdup(b);
         }
     }
@@ -234,10 +243,14 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0;
         else strcpy(dir, ".");
-        out->path = path ? join_path(dir, path) : strdup(dir);
-        free(dir);
-        out->train = join_path(out->path, train);
-        out->val = join_path(out->path, val);
+        out->dir = dir;
+        out->path = path ? strdup(path) : NULL;
+        out->train = train ? strdup(train) : NULL;
+        out->val = val ? strdup(val) : NULL;
+        if ((path && !out->path) || (train && !out->train) || (val && !out->val)) {
+            st = lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", file);
+            goto done;
+        }
     }
 done:
     yaml_document_delete(&doc);

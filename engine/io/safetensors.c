@@ -283,6 +283,7 @@ lucid_status lucid_safetensors_open(lucid_ctx *ctx, const char *path,
             st = parse_header(ctx, f, root);
         cJSON_Delete(root);
     }
+    if (st == LUCID_OK) st = lucid_safetensors_verify(ctx, f);
     if (st != LUCID_OK) {
         lucid_safetensors_close(f);
         return st;
@@ -292,6 +293,7 @@ lucid_status lucid_safetensors_open(lucid_ctx *ctx, const char *path,
 }
 
 const char *lucid_safetensors_path(const lucid_safetensors *f) { return f->path; }
+uint64_t lucid_safetensors_data_offset(const lucid_safetensors *f) { return f->data_off; }
 int lucid_safetensors_count(const lucid_safetensors *f) { return f->n; }
 
 const lucid_st_info *lucid_safetensors_info(const lucid_safetensors *f, int i) {
@@ -466,6 +468,11 @@ lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
                                           const char *key, const char *value) {
     if (!key || !value)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "safetensors writer: NULL metadata");
+    if (strcmp(key, LUCID_ST_CRC_KEY) == 0 || strcmp(key, LUCID_ST_CRC_TENSORS_KEY) == 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "safetensors writer: metadata key '%s' is reserved "
+                            "(the writer stores the data checksum there)",
+                            key);
     for (int i = 0; i < w->nmeta; i++)
         if (strcmp(w->meta[2 * i], key) == 0) {
             char *v = strdup(value);
@@ -488,13 +495,18 @@ lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
     return LUCID_OK;
 }
 
-static char *build_header(const lucid_st_writer *w) {
+/* The JSON header: __metadata__ (the caller's entries, then the two
+ * checksum entries), then the tensors in the order added. */
+static char *build_header(const lucid_st_writer *w, const char *crc,
+                          const char *crc_list) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
-    if (w->nmeta) {
-        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-        for (int i = 0; m && i < w->nmeta; i++)
-            cJSON_AddStringToObject(m, w->meta[2 * i], w->meta[2 * i + 1]);
+    cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
+    for (int i = 0; m && i < w->nmeta; i++)
+        cJSON_AddStringToObject(m, w->meta[2 * i], w->meta[2 * i + 1]);
+    if (m) {
+        cJSON_AddStringToObject(m, LUCID_ST_CRC_KEY, crc);
+        cJSON_AddStringToObject(m, LUCID_ST_CRC_TENSORS_KEY, crc_list);
     }
     uint64_t off = 0;
     for (int i = 0; i < w->n; i++) {
@@ -519,7 +531,24 @@ static char *build_header(const lucid_st_writer *w) {
 
 lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
                                   const char *path) {
-    char *json = build_header(w);
+    const void **data = malloc(((size_t)w->n + 1) * sizeof *data);
+    size_t *nbytes = malloc(((size_t)w->n + 1) * sizeof *nbytes);
+    if (!data || !nbytes) {
+        free(data);
+        free(nbytes);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", path);
+    }
+    for (int i = 0; i < w->n; i++) {
+        data[i] = w->items[i].data;
+        nbytes[i] = w->items[i].nbytes;
+    }
+    char crc[9], *crc_list = NULL;
+    lucid_status cst = lucid_st_checksum_strings(ctx, w->n, data, nbytes, crc, &crc_list);
+    free(data);
+    free(nbytes);
+    if (cst != LUCID_OK) return cst;
+    char *json = build_header(w, crc, crc_list);
+    free(crc_list);
     if (!json)
         return lucid_seterr(ctx, LUCID_ERR_OOM,
                             "%s: out of memory building the safetensors header", path);

@@ -76,6 +76,9 @@ int lucid_safetensors_count(const lucid_safetensors *f);
 const lucid_st_info *lucid_safetensors_info(const lucid_safetensors *f, int i);
 /* Index of a tensor name, or -1. */
 int lucid_safetensors_find(const lucid_safetensors *f, const char *name);
+/* File offset of the data section (8 + header length): tensor i's bytes
+ * are at file offsets [data_offset + begin, data_offset + end). */
+uint64_t lucid_safetensors_data_offset(const lucid_safetensors *f);
 /* Raw bytes of tensor i (end - begin bytes; may be unaligned). */
 const void *lucid_safetensors_bytes(const lucid_safetensors *f, int i);
 /* Copy tensor `name` into dst (any device; dst's shape must equal the
@@ -89,6 +92,38 @@ const char *lucid_safetensors_metadata_key(const lucid_safetensors *f, int i);
 /* Value of key, or NULL. */
 const char *lucid_safetensors_metadata_get(const lucid_safetensors *f,
                                            const char *key);
+
+/* ------------------------------------------------------------ checksums
+ *
+ * The writer stores two __metadata__ entries (reserved: set_metadata
+ * refuses them):
+ *   data_crc32          the CRC-32 (zlib's; Python zlib.crc32) of the whole
+ *                       data section, 8 lowercase hex digits
+ *   data_crc32_tensors  the CRC-32 of each tensor's bytes, in data-offset
+ *                       order, 8 hex digits each separated by one space
+ *                       (so a mismatch names the tensor)
+ * lucid_safetensors_open verifies them when present and fails with
+ * LUCID_ERR_FORMAT naming the file, the first tensor whose bytes changed,
+ * its byte range in the data section and in the file, and the two CRCs.
+ * A file without them (PyTorch's safetensors, older lucid files) opens
+ * unverified. The JSON header itself is not covered (a damaged header is
+ * caught by the structural checks above, not by these). */
+#define LUCID_ST_CRC_KEY "data_crc32"
+#define LUCID_ST_CRC_TENSORS_KEY "data_crc32_tensors"
+
+/* CRC-32 of n bytes continuing `crc` (start with 0); any length. */
+uint32_t lucid_crc32(uint32_t crc, const void *data, size_t n);
+/* Check the stored checksums (done by lucid_safetensors_open); LUCID_OK
+ * when they match or are absent. */
+lucid_status lucid_safetensors_verify(lucid_ctx *ctx, const lucid_safetensors *f);
+/* 1 when the file carries checksums (and, being open, matched them). */
+int lucid_safetensors_checksummed(const lucid_safetensors *f);
+/* The writer's two entries for n tensors of nbytes[i] bytes at data[i]:
+ * whole = 8 hex digits + NUL, *list = malloc'd "xxxxxxxx xxxxxxxx ...". */
+lucid_status lucid_st_checksum_strings(lucid_ctx *ctx, int n,
+                                       const void *const *data,
+                                       const size_t *nbytes, char whole[9],
+                                       char **list);
 
 /* ------------------------------------------------------------ writer */
 
@@ -105,7 +140,8 @@ lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
                                      const char *name, lucid_dtype dt,
                                      int ndim, const int64_t *shape,
                                      const void *data);
-/* Set (or replace) one metadata string. */
+/* Set (or replace) one metadata string; the checksum keys are reserved
+ * (LUCID_ERR_ARG): the writer fills them at save. */
 lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
                                           const char *key, const char *value);
 /* Write everything atomically to path. The writer stays usable. */

@@ -26,7 +26,15 @@
 --                                 save, so a resumed run applies them
 --   metadata (safetensors __metadata__, all strings)
 --     format = "lucid.checkpoint", format_version = "1",
---     lucid_version, date (UTC, ISO 8601), epoch, iteration, last_opt_step,
+--     lucid_version, date (UTC, ISO 8601),
+--     epoch             the last COMPLETED epoch, 0-BASED (Ultralytics'
+--                       `epoch`): "2" after the epoch the log shows as
+--                       "3/10"; -1 when none was completed. A resume
+--                       starts at epoch + 1 (0-based).
+--     epochs_completed  how many epochs are complete (= epoch + 1): the
+--                       1-based number of the last "N/E" the log printed
+--     epochs            (when the saver gives it) the planned total E
+--     iteration, last_opt_step,
 --     best_fitness (JSON number or null), rng (JSON {seed, offset}: the
 --     context generator), data (JSON: data-order state, e.g. {seed, epoch}),
 --     config (JSON: the resolved recipe configuration), optimizer (JSON:
@@ -36,9 +44,14 @@
 --     skipped_steps, nonfinite_norms, grad_norm, clip_coef), ema (JSON
 --     {updates, decay, tau}), scaler (JSON {enabled, scale, growth_tracker}).
 --
+--   data_crc32, data_crc32_tensors   CRC-32s of the data section and of
+--                       each tensor, written and verified by the safetensors
+--                       writer/reader (engine/io/safetensors.h)
+--
 -- Loading validates the file (the C reader checks the header, offsets and
--- sizes: a truncated or corrupt file is an error naming the file), then the
--- metadata; ckpt:restore validates EVERY tensor the targets need (name,
+-- sizes, and the data checksums when the file has them: a truncated or
+-- corrupt file, or one changed bit in a tensor, is an error naming the file
+-- and the tensor and its byte range), then the metadata; ckpt:restore validates EVERY tensor the targets need (name,
 -- shape, dtype) before it copies anything, and errors name the file and the
 -- tensor. Integer metadata are exact below 2^53.
 --
@@ -279,7 +292,10 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 --   scaler       lucid.GradScaler | nil (its scale lives in the block)
 --   block        lucid.ParamBlock | nil (default: optimizer.block, else
 --                ema.block): its device-owned state is saved
---   epoch, iteration, last_opt_step   integers (default 0, 0, -1)
+--   epoch        integer: the last completed epoch, 0-based (default -1:
+--                none); epochs_completed = epoch + 1 is stored with it
+--   epochs       integer | nil: the planned number of epochs
+--   iteration, last_opt_step   integers (default 0, -1)
 --   rng          {seed=, offset=} | nil (default: lucid.rng_state(ctx))
 --   ctx          Context whose generator to record (default context)
 --   data         table | nil: data-order state, e.g. {seed=, epoch=}
@@ -312,10 +328,16 @@ function M.save(path, state)
   local meta = {
     format = M.FORMAT, format_version = tostring(M.FORMAT_VERSION),
     lucid_version = lucid.version or "?", date = os.date("!%Y-%m-%dT%H:%M:%SZ"),
-    epoch = encode_number(int_field(state, "epoch", 0)),
+    epoch = encode_number(int_field(state, "epoch", -1)),
+    epochs_completed = encode_number(int_field(state, "epoch", -1) + 1),
     iteration = encode_number(int_field(state, "iteration", 0)),
     last_opt_step = encode_number(int_field(state, "last_opt_step", -1)),
   }
+  if int_field(state, "epoch", -1) < -1 then
+    error("checkpoint.save: state.epoch: expected the last completed epoch (0-based) or -1, got "
+      .. tostring(state.epoch), 2)
+  end
+  if state.epochs ~= nil then meta.epochs = encode_number(int_field(state, "epochs", 0)) end
   if state.best_fitness ~= nil and type(state.best_fitness) ~= "number" then
     error("checkpoint.save: state.best_fitness: expected a number, got " .. type(state.best_fitness), 2)
   end
@@ -399,7 +421,10 @@ end
 -- truncated or corrupt file raises "lucid format: <path>: ..."); then the
 -- format marker and every metadata entry are decoded.
 -- @param opts table|nil: ctx (Context for the reader)
--- @return ckpt table: path, epoch, iteration, last_opt_step, best_fitness
+-- @return ckpt table: path, epoch (last completed, 0-based; -1: none),
+--   epochs_completed (epoch + 1; derived for files written before it was
+--   stored), epochs (planned total or nil), checksummed (the file carried
+--   data checksums, verified), iteration, last_opt_step, best_fitness
 --   (number or nil), rng {seed, offset}, data, config (decoded table),
 --   config_json (string), optimizer, param_block, ema, scaler (decoded
 --   tables or nil), lucid_version, date, metadata (raw strings), names
@@ -424,6 +449,17 @@ function M.load(path, opts)
   local ok, ck = pcall(function()
     local c = setmetatable({ path = path, file = f, metadata = md, names = f:names() }, Ckpt)
     c.epoch = meta_int(path, md, "epoch")
+    if md.epochs_completed ~= nil then
+      c.epochs_completed = meta_int(path, md, "epochs_completed")
+      if c.epochs_completed ~= c.epoch + 1 then
+        error(string.format("checkpoint %s: metadata epochs_completed = %d but epoch = %d (the last completed "
+          .. "epoch, 0-based) says %d: inconsistent metadata", path, c.epochs_completed, c.epoch, c.epoch + 1), 0)
+      end
+    else
+      c.epochs_completed = c.epoch + 1 -- written before epochs_completed was stored
+    end
+    if md.epochs ~= nil then c.epochs = meta_int(path, md, "epochs") end
+    c.checksummed = f:checksummed()
     c.iteration = meta_int(path, md, "iteration")
     c.last_opt_step = meta_int(path, md, "last_opt_step")
     c.best_fitness = meta_json(path, md, "best_fitness", false)

@@ -128,11 +128,10 @@ local function repo_root()
 end
 data.repo_root = repo_root
 
---[[ data.find_dataset(name) -> folder | nil, searched
-Looks for <name> (a folder, e.g. "coco-pose-mini") in $LUCID_DATASETS, then
-../shared/datasets, then datasets/ — relative to the working directory and
-to the repository root. ]]
-function data.find_dataset(name)
+-- The datasets folders, in search order: $LUCID_DATASETS, then
+-- ../shared/datasets and datasets/ relative to the working directory and to
+-- the repository root (lucid's Ultralytics DATASETS_DIR).
+local function dataset_roots()
   local roots = {}
   local env = os.getenv("LUCID_DATASETS")
   if env and env ~= "" then roots[#roots + 1] = env end
@@ -141,8 +140,16 @@ function data.find_dataset(name)
     roots[#roots + 1] = base .. "/../shared/datasets"
     roots[#roots + 1] = base .. "/datasets"
   end
+  return roots
+end
+
+--[[ data.find_dataset(name) -> folder | nil, searched
+Looks for <name> (a folder, e.g. "coco-pose-mini") in $LUCID_DATASETS, then
+../shared/datasets, then datasets/ — relative to the working directory and
+to the repository root. ]]
+function data.find_dataset(name)
   local searched, seen = {}, {}
-  for _, r in ipairs(roots) do
+  for _, r in ipairs(dataset_roots()) do
     local p = r .. "/" .. name
     if not seen[p] then
       seen[p] = true
@@ -153,12 +160,101 @@ function data.find_dataset(name)
   return nil, table.concat(searched, ", ") .. " (set LUCID_DATASETS to the folder that holds " .. name .. ")"
 end
 
+--[[ data.load_yaml(file) -> descriptor
+An Ultralytics data YAML (e.g. coco8-pose.yaml), read with libyaml
+(lucid.data.read_yaml) and resolved as Ultralytics' check_det_dataset does:
+  path   the dataset root. Absent: the YAML's folder. Relative: relative to
+         the working directory when it exists there, else to the datasets
+         folder (Ultralytics' DATASETS_DIR; here the first of
+         $LUCID_DATASETS, ../shared/datasets, datasets/ that has it).
+  train, val   required; image folders relative to path (absolute ones as
+         they are); when path/x does not exist and x starts with "../",
+         path/x-without-"../" (Ultralytics' rule). Lists of folders and
+         image-list .txt files are not supported (one folder per split).
+  kpt_shape    required, [K, 2|3] (the pose models need it).
+  flip_idx     0-based keypoint permutation of a horizontal flip; absent:
+         horizontal flips are off (Ultralytics disables fliplr).
+  names  a list or a mapping {id: name} of the ids 0..n-1; nc (when given)
+         must agree; only nc: class_0 .. class_{nc-1}.
+A bare file name not found in the working directory is looked for in the
+repository's datasets/ too.
+Returns {name = file, yaml = file, descriptor_file = file, path (the
+resolved root), train, val (relative to path, or absolute), kpt_shape,
+flip_idx, names, nc}. Errors name the file and the key:
+"data YAML <file>: 'val' = images/va: <p> does not exist"; libyaml's
+syntax errors name the file and line. ]]
+function data.load_yaml(file)
+  if not file_exists(file) and not file:find("/", 1, true) then
+    -- a bare name: also the repository's datasets/ (as Ultralytics finds
+    -- coco8-pose.yaml in its own cfg/datasets)
+    local p = repo_root() .. "/datasets/" .. file
+    if file_exists(p) then file = p end
+  end
+  if not file_exists(file) then
+    error(string.format("data YAML %s: file not found", file), 0)
+  end
+  local y, err = C.read_yaml(file)
+  if not y then error("data YAML " .. tostring(err), 0) end
+  local function bad(key, fmt, ...)
+    error(string.format("data YAML %s: '%s' %s", file, key, string.format(fmt, ...)), 0)
+  end
+  -- the dataset root
+  local root
+  if y.path == nil or y.path == "" then
+    root = y.dir
+  elseif y.path:sub(1, 1) == "/" or dir_exists(y.path) then
+    root = y.path
+  else
+    local tried = { y.path .. " (working directory)" }
+    for _, r in ipairs(dataset_roots()) do
+      local p = r .. "/" .. y.path
+      if dir_exists(p) then root = p break end
+      tried[#tried + 1] = p
+    end
+    if not root then
+      bad("path", "= %s: no such folder (tried %s; set LUCID_DATASETS to the folder that holds it)", y.path,
+        table.concat(tried, ", "))
+    end
+  end
+  if not dir_exists(root) then bad("path", "= %s: no such folder", tostring(y.path or root)) end
+  local d = { name = file, yaml = file, descriptor_file = file, path = root }
+  for _, split in ipairs({ "train", "val" }) do
+    local rel = y[split]
+    if rel == nil or rel == "" then
+      bad(split, "is missing ('train' and 'val' are required in a data YAML)")
+    end
+    local p = rel:sub(1, 1) == "/" and rel or (root .. "/" .. rel)
+    if not dir_exists(p) and rel:sub(1, 3) == "../" then rel, p = rel:sub(4), root .. "/" .. rel:sub(4) end
+    if not dir_exists(p) then
+      if file_exists(p) then
+        bad(split, "= %s: %s is a file; lucid reads a folder of images per split (image-list files are "
+          .. "not supported)", rel, p)
+      end
+      bad(split, "= %s: %s does not exist (path = %s)", rel, p, root)
+    end
+    d[split] = rel -- relative to path (or absolute), as in a .lua descriptor
+  end
+  if not y.kpt_shape then
+    bad("kpt_shape", "is missing (a pose data YAML gives kpt_shape: [K, 3], e.g. [17, 3] for COCO keypoints)")
+  end
+  d.kpt_shape = y.kpt_shape
+  d.flip_idx = y.flip_idx
+  d.names = y.names
+  d.nc = y.nc
+  return d
+end
+
 --[[ data.load_descriptor(name_or_path) -> descriptor table
 A descriptor is a Lua file returning { name, path, train, val, kpt_shape,
 flip_idx (0-based), names, coco_json = {split = file} (optional), yaml
 (optional: an Ultralytics data YAML that supplies the fields) }. name may be
-"coco_pose_mini" (datasets/coco_pose_mini.lua) or a path to a .lua file. ]]
+"coco_pose_mini" (datasets/coco_pose_mini.lua), a path to a .lua file, or a
+path to an Ultralytics data YAML (.yaml / .yml; see data.load_yaml). ]]
 function data.load_descriptor(name)
+  if type(name) ~= "string" or name == "" then
+    error("data: expected a dataset name, a descriptor .lua or a data .yaml path, got " .. tostring(name), 0)
+  end
+  if name:match("%.ya?ml$") then return data.load_yaml(name) end
   local cands = {}
   if name:match("%.lua$") or name:find("/", 1, true) then
     cands[1] = name:match("%.lua$") and name or (name .. ".lua") -- a path: that file only
@@ -179,7 +275,8 @@ function data.load_descriptor(name)
     end
   end
   error("dataset descriptor '" .. name .. "' not found (tried " .. table.concat(cands, ", ")
-    .. "; data= takes a descriptor name of datasets/ or the path of a descriptor .lua file)", 0)
+    .. "; data= takes a descriptor name of datasets/, the path of a descriptor .lua file or of an "
+    .. "Ultralytics data .yaml)", 0)
 end
 
 local OPEN_KEYS = { imgsz = true, cache = true, policy = true, max_reject_fraction = true,
@@ -197,9 +294,10 @@ function data.open(desc, split, opts)
     if not OPEN_KEYS[k] then error("data.open: unknown option '" .. tostring(k) .. "'", 2) end
   end
   local d = copy(desc)
-  if d.yaml then
-    local y, err = C.read_yaml(d.yaml)
-    if not y then return nil, err end
+  if d.yaml and d.descriptor_file ~= d.yaml then
+    -- a .lua descriptor that takes the fields it lacks from a data YAML
+    local ok, y = pcall(data.load_yaml, d.yaml)
+    if not ok then return nil, y end
     for k, v in pairs(y) do if d[k] == nil then d[k] = v end end
   end
   if not d.path then

@@ -177,6 +177,7 @@ function recipe.apply_resume(cfg, defaults, args, load_checkpoint)
   f:close()
   local ck = load_checkpoint(path)
   local saved = ck.config
+  local done = ck.epochs_completed
   if ck.close then ck:close() end
   if type(saved) ~= "table" then return cfg, nil end
   -- saved settings that this recipe still has, then the allowed overrides
@@ -195,7 +196,8 @@ function recipe.apply_resume(cfg, defaults, args, load_checkpoint)
   end
   local out = recipe.resolve(defaults, allowed, base)
   out.resume = cfg.resume
-  local note = string.format("Resuming %s with the settings saved in it", path)
+  local note = string.format("Resuming %s%s with the settings saved in it", path,
+    done and string.format(" (%d epoch%s completed)", done, done == 1 and "" or "s") or "")
   if #ignored > 0 then
     table.sort(ignored)
     note = note .. string.format(" (ignored on resume: %s; allowed: %s)", table.concat(ignored, ", "),

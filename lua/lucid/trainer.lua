@@ -212,6 +212,11 @@ function Trainer:_fit(state, opts)
   -- data ------------------------------------------------------------------
   local desc = data.load_descriptor(cfg.data)
   local nkpt = desc.kpt_shape and desc.kpt_shape[1] or 17
+  if desc.kpt_shape and not desc.flip_idx and ((cfg.augment or {}).fliplr or data.defaults.fliplr) > 0 then
+    -- the loader then never flips (a flip without the map would swap left and right)
+    out:write(string.format("WARNING: no 'flip_idx' in %s, horizontal flips (fliplr) are off\n",
+      tostring(desc.descriptor_file or desc.name)))
+  end
   local nc = desc.names and #desc.names or desc.nc or 1
   local open_opts = { imgsz = S, cache = cfg.cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
@@ -281,7 +286,9 @@ function Trainer:_fit(state, opts)
   if resume then
     local path = type(resume) == "string" and resume or (save_dir .. "/weights/last.safetensors")
     local ck = checkpoint.resume(path, { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx })
-    start_epoch = (ck.epoch or -1) + 1
+    -- ck.epoch is the last completed epoch, 0-based (Ultralytics): the next
+    -- one, 0-based, is the number of completed epochs
+    start_epoch = ck.epochs_completed
     best_fitness = ck.best_fitness
     last_opt_step = ck.last_opt_step or -1
     -- the accumulation window in force at the save (after warmup it keeps the
@@ -289,10 +296,13 @@ function Trainer:_fit(state, opts)
     local acc = ck.metadata and tonumber(ck.metadata.accumulate)
     if acc then accumulate = acc; step.accumulate = acc end
     if start_epoch >= E then
-      error(string.format("trainer: %s already finished %d of epochs=%d; nothing to resume (raise epochs= to "
-        .. "train longer, or start a new run without resume)", path, start_epoch, E), 0)
+      error(string.format("trainer: %s has completed %d epoch%s and epochs=%d; nothing to resume (raise epochs= "
+        .. "to train longer, or start a new run without resume)", path, start_epoch, start_epoch == 1 and "" or "s",
+        E), 0)
     end
-    out:write(string.format("Resuming training from %s at epoch %d/%d\n", path, start_epoch + 1, E))
+    -- epochs are shown 1-based, as the progress lines print them
+    out:write(string.format("Resuming training from %s: epoch %d/%d completed, continuing with epoch %d/%d\n", path,
+      start_epoch, E, start_epoch + 1, E))
   end
   mkdir_p(save_dir .. "/weights")
   local probe = io.open(save_dir .. "/weights/.write_test", "w")
@@ -428,7 +438,9 @@ function Trainer:_fit(state, opts)
     local lr_by = {}
     for _, g in ipairs(opt.param_groups) do lr_by[g.name] = lr_by[g.name] or g.lr end
     local lrs = { lr_by.bias, lr_by.weight, lr_by.bn }
-    local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch,
+    -- epoch: this (completed) epoch 0-based, as Ultralytics stores it; the
+    -- checkpoint adds epochs_completed = epoch + 1 (the "N/E" shown above)
+    local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch, epochs = E,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1, metadata = { accumulate = tostring(accumulate) } }

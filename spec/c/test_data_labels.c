@@ -129,13 +129,37 @@ static void test_yaml(void) {
                    "names:\n  0: person\n");
     lucid_data_yaml y;
     lucid_status st = lucid_data_yaml_read(ctx, p, &y);
-    char want[600];
-    snprintf(want, sizeof want, "%s/./images/train", root);
+    /* path, train, val as written; the YAML's folder beside them (the Lua
+     * side resolves them as Ultralytics does) */
     CHECK("data yaml read", st == LUCID_OK && y.kpt_shape[0] == 17 &&
           y.kpt_shape[1] == 3 && y.nflip == 17 && y.flip_idx[1] == 2 &&
-          y.nc == 1 && !strcmp(y.names[0], "person") && !strcmp(y.train, want),
-          "st %d %s train %s", st, lucid_ctx_error(ctx), st ? "" : y.train);
+          y.nc == 1 && !strcmp(y.names[0], "person") && !strcmp(y.train, "images/train") &&
+          !strcmp(y.val, "images/val") && !strcmp(y.path, ".") && !strcmp(y.dir, root),
+          "st %d %s train %s dir %s", st, lucid_ctx_error(ctx), st ? "" : y.train,
+          st ? "" : y.dir);
     if (st == LUCID_OK) lucid_data_yaml_free(&y);
+
+    tdu_write_text(p, "train: a\nval: b\nkpt_shape: [1, 3]\nnames:\n  2: c\n  0: a\n  1: b\n");
+    st = lucid_data_yaml_read(ctx, p, &y);
+    CHECK("data yaml names: a mapping in any order; path absent", st == LUCID_OK && y.nc == 3 &&
+          !strcmp(y.names[0], "a") && !strcmp(y.names[2], "c") && y.path == NULL,
+          "%s", lucid_ctx_error(ctx));
+    if (st == LUCID_OK) lucid_data_yaml_free(&y);
+    tdu_write_text(p, "train: a\nnc: 2\n");
+    st = lucid_data_yaml_read(ctx, p, &y);
+    CHECK("data yaml with only nc: names class_0, class_1 (Ultralytics)", st == LUCID_OK &&
+          y.nc == 2 && !strcmp(y.names[1], "class_1"), "%s", lucid_ctx_error(ctx));
+    if (st == LUCID_OK) lucid_data_yaml_free(&y);
+    tdu_write_text(p, "train: a\nnames:\n  0: a\n  0: b\n");
+    st = lucid_data_yaml_read(ctx, p, &y);
+    CHECK("data yaml names with a repeated id is refused naming file, line and key",
+          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "data.yaml:3:") &&
+          strstr(lucid_ctx_error(ctx), "'names'"), "%s", lucid_ctx_error(ctx));
+    tdu_write_text(p, "path: [a, b]\ntrain: a\nnc: 1\n");
+    st = lucid_data_yaml_read(ctx, p, &y);
+    CHECK("data yaml path that is not a string is refused naming the key",
+          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "'path'"), "%s",
+          lucid_ctx_error(ctx));
 
     tdu_write_text(p, "path: .\ntrain: a\nkpt_shape: [3, 3]\nflip_idx: [0, 2, 2]\nnames: [person]\n");
     st = lucid_data_yaml_read(ctx, p, &y);

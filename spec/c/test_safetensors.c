@@ -1,13 +1,15 @@
 /*
  * test_safetensors.c — safetensors round trip (all seven dtypes, metadata,
- * a 0-d and an empty tensor), byte-exact layout of a hand-built file,
- * corrupt and truncated files (clear errors naming file and tensor), and
- * atomic writes: a failed save (injected at every stage, or into a
- * read-only directory) never replaces the good file and leaves no temp.
+ * a 0-d and an empty tensor), byte-exact layout of a written file (with
+ * its checksum entries), corrupt and truncated files (clear errors naming
+ * file and tensor), and atomic writes: a failed save (injected at every
+ * stage, or into a read-only directory) never replaces the good file and
+ * leaves no temp. Checksums: test_st_checksum.c.
  */
 #include "test.h"
 #include "io/safetensors.h"
 #include <dirent.h>
+#include <zlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -119,7 +121,8 @@ static void test_roundtrip(lucid_ctx *ctx, const char *path) {
     CHECK("round trip: metadata (replaced value, escaped JSON string)",
           ep && strcmp(ep, "4") == 0 && rp &&
           strcmp(rp, "{\"lr0\": 0.01, \"name\": \"pose \\\"nano\\\"\"}") == 0 &&
-          lucid_safetensors_metadata_count(f) == 2, "epoch %s recipe %s", ep, rp);
+          lucid_safetensors_metadata_count(f) == 4 && lucid_safetensors_checksummed(f),
+          "epoch %s recipe %s (the two checksum entries make 4)", ep, rp);
     /* load into a tensor with conversion f32 -> f64 */
     lucid_device cpu = {LUCID_CPU, 0};
     lucid_tensor *d = NULL;
@@ -156,7 +159,13 @@ static void test_header_layout(lucid_ctx *ctx, const char *path) {
     lucid_st_writer_free(w);
     unsigned char buf[256];
     size_t n = read_bytes(path, buf, sizeof buf);
-    const char *want = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    /* the CRC-32 computed here by zlib itself, not by lucid_crc32 */
+    unsigned crc = (unsigned)crc32(0L, (const unsigned char *)v, 8);
+    char want[256];
+    snprintf(want, sizeof want,
+             "{\"__metadata__\":{\"data_crc32\":\"%08x\",\"data_crc32_tensors\":\"%08x\"},"
+             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+             crc, crc);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | buf[i];
     CHECK("writer: exact header bytes, padded to 8 with spaces",

@@ -1,0 +1,87 @@
+-- arg_errors_spec.lua — argument errors of the C binding name the function
+-- as the user calls it ("lucid.Tensor:reshape: bad argument #1 (shape):
+-- ..."), however it was called: a plain call, a tail call, through pcall,
+-- through a local alias (lauxlib's luaL_argerror said "to '?'" for the last
+-- three). The naming lives in one place, lua/lua_args.c; lua_common.h
+-- poisons lauxlib's checkers in lua/, so no binding bypasses it.
+local lucid = require "lucid"
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
+
+-- the message without the "file:line: " of the caller
+local function bare(e) return (e:gsub("^[^:]*:%d+: ", "")) end
+
+describe("argument errors name their function", function()
+  local t
+
+  before_each(function() t = lucid.zeros({2, 3}) end)
+
+  it("a method: class and method, arguments counted after self", function()
+    local want = "lucid.Tensor:reshape: bad argument #1 (shape): expected a table of sizes, got string"
+    -- plain call (the caller's position comes first)
+    local e = err_of(function() local x = t:reshape("x"); return x end)
+    assert.matches("^spec/arg_errors_spec%.lua:%d+: ", e)
+    assert.are.equal(want, bare(e))
+    -- tail call, alias, pcall of the function itself: no call-site name
+    assert.are.equal(want, bare(err_of(function() return t:reshape("x") end)))
+    local reshape = t.reshape
+    assert.are.equal(want, bare(err_of(function() return reshape(t, "x") end)))
+    assert.are.equal(want, bare(err_of(t.reshape, t, "x")))
+    assert.is_nil(e:find("'?'", 1, true))
+  end)
+
+  it("module functions and nested sub-libraries", function()
+    assert.are.equal("lucid.zeros: bad argument #1 (shape): expected a table of sizes, got string",
+      bare(err_of(lucid.zeros, "a")))
+    assert.are.equal("lucid.zeros: bad argument #2 (dtype): unknown dtype 'zz' "
+      .. "(expected one of f32, f64, bf16, f16, u8, i32, i64)",
+      bare(err_of(function() return lucid.zeros({2}, { dtype = "zz" }) end)))
+    assert.are.equal("lucid.io.safetensors_open: bad argument #1: expected a string, got no value",
+      bare(err_of(lucid.io.safetensors_open)))
+    assert.are.equal("lucid.data.Loader: bad argument #1: expected lucid.Dataset, got nil",
+      bare(err_of(lucid.data.Loader, nil, {})))
+    assert.are.equal("lucid.optim.schedule.lf: bad argument #1: invalid option 'x' (expected one of linear, cos)",
+      bare(err_of(lucid.optim.schedule.lf, "x")))
+  end)
+
+  it("a module function that is also a method is named as called", function()
+    assert.are.equal("lucid.add: bad argument #2 (other): expected lucid.Tensor or number, got string",
+      bare(err_of(function() local x = lucid.add(t, "x"); return x end)))
+    assert.are.equal("lucid.Tensor:add: bad argument #1 (other): expected lucid.Tensor or number, got string",
+      bare(err_of(function() local x = t:add("x"); return x end)))
+  end)
+
+  it("metamethods and a bad self", function()
+    assert.are.equal("lucid.Tensor.__add: bad argument #2 (other): expected lucid.Tensor or number, got string",
+      bare(err_of(function() return t + "x" end)))
+    local u = lucid.zeros({2})
+    u:free()
+    assert.are.equal("lucid.Tensor:numel: bad self: tensor was freed",
+      bare(err_of(function() return u:numel() end)))
+  end)
+
+  it("a field assignment names the class and the field", function()
+    local set = lucid.nn.ParamSet()
+    set:declare("w", "param", { 2 })
+    set:materialize({})
+    local opt = lucid.optim.SGD({ params = set })
+    assert.are.equal("lucid.ParamGroup: setting 'betas': only AdamW groups have betas (use momentum)",
+      bare(err_of(function() opt.param_groups[1].betas = { 0.9, 0.999 } end)))
+  end)
+
+  it("methods of the other classes (lucid.SafeTensors)", function()
+    local path = os.tmpname()
+    lucid.io.safetensors_save(path, { { "w", lucid.ones({2}) } })
+    local f = lucid.io.safetensors_open(path)
+    assert.are.equal("lucid.SafeTensors:load: bad argument #2 (dst): expected lucid.Tensor, got number",
+      bare(err_of(function() return f:load("w", 5) end)))
+    assert.are.equal("lucid.SafeTensors:info: bad argument #1: expected a string, got no value",
+      bare(err_of(function() return f:info() end)))
+    f:close()
+    os.remove(path)
+  end)
+end)
