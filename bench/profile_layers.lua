@@ -11,6 +11,7 @@ layer table (model.0 ... model.23) and per primitive kind.
            bf16 on a GPU, fp32 on the CPU)  iters=10  warmup=3  seed=0
            loss=true (false: backward of fixed random output gradients, as
            bench/bench_model.lua)  max_gt=16 (instance slots per image)
+           fuse=true (false: the separate BatchNorm2d and SiLU calls)
 
 Three passes over the same step, each `iters` iterations after `warmup`
 untimed ones (host clock lucid.wall_time(), medians over the iterations):
@@ -19,9 +20,12 @@ untimed ones (host clock lucid.wall_time(), medians over the iterations):
   layer   ctx:synchronize() before and after the forward and the backward of
           every top-level layer and around the loss forward / backward
   kind    ctx:synchronize() before and after every primitive call (the leaf
-          modules of lucid.nn.prim/head: Conv2d, BatchNorm2d, SiLU, ...) and
-          every gradient sum of the Lua blocks (Tensor add/add_/copy_, the
-          work of containers.accumulate)
+          modules of lucid.nn.prim/head: Conv2d, BatchNorm2d, SiLU, ...; a
+          Conv's bn+act pair on the fused route is one call, kind "bn+silu",
+          timed through lucid.nn.prim's bn_silu_forward/backward) and every
+          gradient sum of the Lua blocks (Tensor add/add_/copy_, the work of
+          containers.accumulate). fuse=false (LUCID_FUSE_BN_SILU=0 does the
+          same) runs every pass on the separate BatchNorm2d and SiLU calls.
 The step itself is the library's: model:forward / model:backward of
 lua/lucid/model.lua run unchanged; the timing goes in as instance overrides
 of forward/backward on the modules (the mechanism of Model:replace_forward),
@@ -39,8 +43,10 @@ local recipe = require "lucid.recipe"
 
 local cfg = recipe.resolve({
   device = "auto", batch = 4, imgsz = "auto", precision = "auto", iters = 10, warmup = 3, seed = 0,
-  loss = true, max_gt = 16,
+  loss = true, max_gt = 16, fuse = true,
 }, arg)
+local prim = require "lucid.nn.prim"
+if cfg.fuse == false or cfg.fuse == "false" then prim.fuse_bn_silu = false end
 
 local ctx = lucid.Context{ device = cfg.device, seed = cfg.seed }
 local dev = ctx:device()
@@ -136,10 +142,10 @@ local rec = nil        -- the current iteration's record {key = seconds}, or nil
 local counts = nil     -- calls per key in the current iteration, or nil
 
 -- f() fenced by synchronisations; its seconds go to rec[key].
-local function timed(key, f, a, b, c)
+local function timed(key, f, a, b, c, d)
   sync()
   local t0 = wall()
-  local r1, r2, r3 = f(a, b, c)
+  local r1, r2, r3 = f(a, b, c, d)
   sync()
   local d = wall() - t0
   if rec then
@@ -203,14 +209,31 @@ end
 -- Kind pass: every primitive call and every Lua-level gradient sum timed,
 -- keyed "kind|layer|f/b"; the layers only set cur_layer.
 local function install_kind_pass()
+  -- the bn and act of a fusable pair stay unpatched (an override would make
+  -- the pair take the separate calls); the fused call is timed instead
+  local fused = {}
+  for _, L in ipairs(layers) do
+    L.module:apply(function(m)
+      if m.bn and m.act and prim.bn_silu_fusable(m.bn, m.act) then
+        fused[m.bn], fused[m.act] = true, true
+      end
+    end)
+  end
   for _, L in ipairs(layers) do
     for _, m in ipairs(leaves(L.module, {}, {})) do
-      local k = kind_of(m)
-      local f, b = m.forward, m.backward
-      patch(m, "forward", function(self, inp) return timed(k .. "|" .. cur_layer .. "|f", f, self, inp) end)
-      patch(m, "backward", function(self, inp, gy) return timed(k .. "|" .. cur_layer .. "|b", b, self, inp, gy) end)
+      if not fused[m] then
+        local k = kind_of(m)
+        local f, b = m.forward, m.backward
+        patch(m, "forward", function(self, inp) return timed(k .. "|" .. cur_layer .. "|f", f, self, inp) end)
+        patch(m, "backward", function(self, inp, gy) return timed(k .. "|" .. cur_layer .. "|b", b, self, inp, gy) end)
+      end
     end
   end
+  local pf, pb = prim.bn_silu_forward, prim.bn_silu_backward
+  patch(prim, "bn_silu_forward", function(bn, act, x) return timed("bn+silu|" .. cur_layer .. "|f", pf, bn, act, x) end)
+  patch(prim, "bn_silu_backward", function(bn, act, x, gy)
+    return timed("bn+silu|" .. cur_layer .. "|b", pb, bn, act, x, gy)
+  end)
   for _, L in ipairs(layers) do -- after the leaves: a layer that is a leaf (Concat, Upsample) wraps its leaf wrapper
     local m, i = L.module, L.i
     local f, b = m.forward, m.backward
@@ -323,8 +346,9 @@ end
 local function pct(v, tot) return tot > 0 and 100 * v / tot or 0 end
 
 local whole, whole_model = median(w_whole), median(w_model)
-print(string.format("profile_layers: YOLO11n-pose eager train step (forward%s + backward), %s %s, batch %d, %d px; "
-  .. "%d warm-up + %d timed iterations per pass, medians in ms", crit and " + PoseLoss" or "", dev, dt, B, S, WARM, ITERS))
+print(string.format("profile_layers: YOLO11n-pose eager train step (forward%s + backward), %s %s, batch %d, %d px, "
+  .. "BatchNorm2d+SiLU %s; %d warm-up + %d timed iterations per pass, medians in ms", crit and " + PoseLoss" or "", dev,
+  dt, B, S, prim.fuse_bn_silu and "fused" or "separate", WARM, ITERS))
 
 -- per layer (layer pass), with the top primitive kinds of the layer (kind pass)
 local shapes = model:infer_shapes(B, S, S)
@@ -425,6 +449,8 @@ print(string.format("%-14s %6s %8s %8s %8s %6s", "kind", "calls", "fwd", "bwd", 
 local function kprint(r, indent)
   local note = ""
   if r.calls == 0 and r.kind == "dfl" then note = "  not called in training (the loss decodes the DFL bins itself)" end
+  if r.calls == 0 and r.kind == "silu" then note = "  every SiLU runs inside bn+silu (fuse=false: separate)" end
+  if r.kind == "bn+silu" then note = "  the fused BatchNorm2d+SiLU of the Conv blocks" end
   if r.kind == "grad sum" then note = "  Tensor add/add_/copy_ of the Lua blocks and the DAG" end
   if r.kind == "loss" then note = "  PoseLoss forward / backward" end
   print(string.format("%-14s %6d %8.3f %8.3f %8.3f %5.1f%%%s", (indent and "  " or "") .. r.kind, r.calls, r.f, r.b,

@@ -3,8 +3,9 @@
  *
  * Contract
  *   - The slots of lucid_nn_kernels (engine/nn/nn.h) are implemented in
- *     nn_conv.cu (Conv2d), nn_norm.cu (BatchNorm2d + the per-channel sum used
- *     by the conv bias gradient), nn_pointwise.cu (SiLU, Add, channel_copy,
+ *     nn_conv.cu (Conv2d), nn_norm.cu (BatchNorm2d, the fused BatchNorm2d +
+ *     SiLU, and the per-channel sum used by the conv bias gradient),
+ *     nn_pointwise.cu (SiLU, Add, channel_copy,
  *     nearest Upsample, MaxPool2d) and nn_softmax.cu (softmax, DFL); the
  *     table and the per-context nn state live in nn_table.cu.
  *   - Activations are f32, bf16 or f16 (f64 is CPU-only: ERR_UNSUPPORTED);
@@ -158,6 +159,14 @@ lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *,
                                                const lucid_conv2d_params *,
                                                double);
 /* nn_norm.cu */
+lucid_status lucid_cuda_batchnorm2d_silu_forward(
+    lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,
+    const lucid_tensor *, lucid_tensor *, lucid_tensor *, lucid_tensor *,
+    lucid_tensor *, lucid_tensor *, int, double, double);
+lucid_status lucid_cuda_batchnorm2d_silu_backward(
+    lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
+    const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
+    const lucid_tensor *, lucid_tensor *, lucid_tensor *, int, double, double);
 lucid_status lucid_cuda_batchnorm2d_forward(
     lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,
     const lucid_tensor *, lucid_tensor *, lucid_tensor *, lucid_tensor *,
@@ -257,6 +266,12 @@ static inline int64_t nn_inner(const lucid_tensor *t, int from) {
     int64_t s = 1;
     for (int i = from; i < t->ndim; i++) s *= t->shape[i];
     return s;
+}
+
+/* sigmoid in f32 (the SiLU of nn_pointwise.cu and of the fused
+ * BatchNorm2d+SiLU of nn_norm.cu: one formula, so both give the same bits). */
+static __device__ __forceinline__ float nn_sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
 }
 
 /* Fixed-order block reductions (blockDim.x a multiple of 32, <= 1024):

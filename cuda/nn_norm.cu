@@ -19,7 +19,19 @@
  * f64.  Forward statistics: per-thread shifted sums (shift = the channel's
  * first element) turned into (count, mean, M2) and merged with Chan's
  * formula, so the variance does not suffer from E[x^2]-E[x]^2 cancellation.
- * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979).
+ *
+ * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
+ * launches with the SiLU inside.  Forward: the statistics kernels above
+ * unchanged, then bn_apply<T, true> stores a = z*sigmoid(z) of the f32
+ * z = fmaf(x, sc, sh) (z never stored): 3 launches in training (stats
+ * partial, stats final, apply) instead of 4 for batchnorm then silu, 2 in
+ * eval.  Backward: bn_grad_partial and bn_dx recompute z from x, the saved
+ * statistics, weight and bias, and use g = dy * s * (1 + z*(1-s)) where the
+ * plain kernels use dy (g never stored): 3 launches (grad partial, grad
+ * final, dx) instead of 4.  The partition and the folding order are those
+ * of the plain kernels, so the fused results are as deterministic.
+ * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
+ * docs.
  */
 #include "nn_common.cuh"
 
@@ -50,6 +62,25 @@ static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
 
 static inline unsigned bn_grid_y(int64_t C) {
     return (unsigned)(C < 65535 ? C : 65535);
+}
+
+/* Channel c's affine map z = fmaf(x, sc, sh) (sc = w*invstd,
+ * sh = b - mean*sc; w/b NULL: 1/0): one source expression for every kernel
+ * (bn_apply's PTX is unchanged by it), so the fused backward recomputes the
+ * forward's z from the same f32 statistics. */
+static __device__ __forceinline__ void bn_affine(int64_t c, const float *mean,
+                                                 const float *invstd,
+                                                 const float *w, const float *b,
+                                                 float *sc, float *sh) {
+    float k = (w ? w[c] : 1.0f) * invstd[c];
+    *sc = k;
+    *sh = (b ? b[c] : 0.0f) - mean[c] * k;
+}
+
+/* dL/dz of a = silu(z): dy * s * (1 + z*(1-s)) (the formula of silu_bwd). */
+static __device__ __forceinline__ float bn_silu_grad(float dy, float z) {
+    float s = nn_sigmoid(z);
+    return dy * s * (1.0f + z * (1.0f - s));
 }
 
 // ----------------------------------------------------------------------------
@@ -163,20 +194,24 @@ static __global__ void bn_stats_eval(int64_t C, const float *running_mean,
     save_invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + eps));
 }
 
-/* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale. */
-template <typename T>
+/* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale;
+ * SILU: y = z * sigmoid(z) of that z (kept in f32). */
+template <typename T, bool SILU>
 static __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, int64_t C,
                          int64_t S, int64_t NC, const float *mean,
                          const float *invstd, const float *w, const float *b) {
     for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
         int64_t c = pl % C;
-        float sc = (w ? w[c] : 1.0f) * invstd[c];
-        float sh = (b ? b[c] : 0.0f) - mean[c] * sc;
+        float sc, sh;
+        bn_affine(c, mean, invstd, w, b, &sc, &sh);
         const T *xp = x + pl * S;
         T *yp = y + pl * S;
         for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
-             s += (int64_t)gridDim.x * blockDim.x)
-            lucid_elem<T>::store(yp, s, fmaf(lucid_elem<T>::load(xp, s), sc, sh));
+             s += (int64_t)gridDim.x * blockDim.x) {
+            float v = fmaf(lucid_elem<T>::load(xp, s), sc, sh);
+            if (SILU) v = v * nn_sigmoid(v);
+            lucid_elem<T>::store(yp, s, v);
+        }
     }
 }
 
@@ -189,13 +224,14 @@ static void plane_grid(int64_t S, int64_t NC, dim3 *grid) {
     grid->z = 1;
 }
 
-extern "C" lucid_status lucid_cuda_batchnorm2d_forward(
+static lucid_status bn_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
     const lucid_tensor *weight, const lucid_tensor *bias,
     lucid_tensor *running_mean, lucid_tensor *running_var,
     lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
-    lucid_tensor *save_invstd, int training, double momentum, double eps) {
-    const char *op = "batchnorm2d_forward";
+    lucid_tensor *save_invstd, int training, double momentum, double eps,
+    bool silu) {
+    const char *op = silu ? "batchnorm2d_silu_forward" : "batchnorm2d_forward";
     LUCID_TRY(nn_check_act(ctx, op, x->dtype));
     LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
     LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
@@ -238,22 +274,52 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_forward(
     }
     dim3 grid;
     plane_grid(S, N * C, &grid);
-    NN_DISPATCH(x->dtype, (bn_apply<T><<<grid, BN_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x),
-                              (T *)lucid_tensor_data(y), C, S, N * C, sm, si, w, b)));
+    if (silu)
+        NN_DISPATCH(x->dtype, (bn_apply<T, true><<<grid, BN_THREADS, 0, st->stream>>>(
+                                  (const T *)lucid_tensor_data(x),
+                                  (T *)lucid_tensor_data(y), C, S, N * C, sm, si, w, b)));
+    else
+        NN_DISPATCH(x->dtype, (bn_apply<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                                  (const T *)lucid_tensor_data(x),
+                                  (T *)lucid_tensor_data(y), C, S, N * C, sm, si, w, b)));
     CUDA_CHECK_LAUNCH(ctx, "bn_apply");
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    return bn_forward(ctx, x, y, weight, bias, running_mean, running_var,
+                      num_batches_tracked, save_mean, save_invstd, training,
+                      momentum, eps, false);
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_silu_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    return bn_forward(ctx, x, y, weight, bias, running_mean, running_var,
+                      num_batches_tracked, save_mean, save_invstd, training,
+                      momentum, eps, true);
 }
 
 // ----------------------------------------------------------------------------
 // backward, and the per-channel sum
 
-/* partial[(c*parts + part)] = (sum dy, sum dy*xhat) of the part (the second
- * only when WITH_X). */
-template <typename T, bool WITH_X>
+/* partial[(c*parts + part)] = (sum g, sum g*xhat) of the part (the second
+ * only when WITH_X), g = dy, or SILU (needs WITH_X): g = dy * silu'(z) with
+ * z recomputed from x (w, b: the forward's weight and bias, nullable). */
+template <typename T, bool WITH_X, bool SILU>
 static __global__ void bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x,
                                 const float *mean, const float *invstd,
+                                const float *w, const float *b,
                                 bn_geom g, float2 *__restrict__ partial) {
+    static_assert(WITH_X || !SILU, "the fused SiLU gradient needs x");
     __shared__ float sh[32];
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
         int64_t part = blockIdx.x;
@@ -262,12 +328,18 @@ static __global__ void bn_grad_partial(const T *__restrict__ dy, const T *__rest
         int64_t s1 = s0 + g.chunk < g.S ? s0 + g.chunk : g.S;
         int64_t base = (n * g.C + c) * g.S;
         float mu = WITH_X ? mean[c] : 0.0f, is = WITH_X ? invstd[c] : 0.0f;
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         float a = 0.0f, bsum = 0.0f;
         for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
-            float gv = lucid_elem<T>::load(dy, base + s);
+            float gv = lucid_elem<T>::load(dy, base + s), xv = 0.0f;
+            if (SILU) {
+                xv = lucid_elem<T>::load(x, base + s);
+                gv = bn_silu_grad(gv, fmaf(xv, zs, zh));
+            }
             a += gv;
             if (WITH_X) {
-                float xh = (lucid_elem<T>::load(x, base + s) - mu) * is;
+                float xh = ((SILU ? xv : lucid_elem<T>::load(x, base + s)) - mu) * is;
                 bsum = fmaf(gv, xh, bsum);
             }
         }
@@ -304,12 +376,14 @@ static __global__ void bn_grad_final(const float2 *__restrict__ partial, bn_geom
 }
 
 /* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
- * dx = beta*dx + w*invstd*g                (eval)  */
-template <typename T, bool TRAIN>
+ * dx = beta*dx + w*invstd*g                (eval)
+ * g = dy, or SILU: dy * silu'(z), z recomputed from x (b: the forward's
+ * bias, nullable). */
+template <typename T, bool TRAIN, bool SILU>
 static __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy,
                       T *dx, int64_t C, int64_t S, int64_t NC,
                       const float *mean, const float *invstd, const float *w,
-                      const float3 *coef, float beta) {
+                      const float *b, const float3 *coef, float beta) {
     for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
         int64_t c = pl % C;
         float k, mdy = 0.0f, mdyx = 0.0f, mu = 0.0f, is = 0.0f;
@@ -320,13 +394,17 @@ static __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy,
         } else {
             k = (w ? w[c] : 1.0f) * invstd[c];
         }
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         int64_t base = pl * S;
         for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
              s += (int64_t)gridDim.x * blockDim.x) {
             float gv = lucid_elem<T>::load(dy, base + s);
+            float xv = (TRAIN || SILU) ? lucid_elem<T>::load(x, base + s) : 0.0f;
+            if (SILU) gv = bn_silu_grad(gv, fmaf(xv, zs, zh));
             float v;
             if (TRAIN) {
-                float xh = (lucid_elem<T>::load(x, base + s) - mu) * is;
+                float xh = (xv - mu) * is;
                 v = k * (gv - mdy - xh * mdyx);
             } else {
                 v = k * gv;
@@ -337,15 +415,16 @@ static __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy,
     }
 }
 
-extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
+static lucid_status bn_backward(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
-    lucid_tensor *dx, const lucid_tensor *weight,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
     const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
-    double beta_input, double beta_params) {
-    const char *op = "batchnorm2d_backward";
+    double beta_input, double beta_params, bool silu) {
+    const char *op = silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward";
     LUCID_TRY(nn_check_act(ctx, op, x->dtype));
     LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
     LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
     LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
     LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
@@ -356,6 +435,7 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
     const float *sm = (const float *)lucid_tensor_data(save_mean);
     const float *si = (const float *)lucid_tensor_data(save_invstd);
     const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = (silu && bias) ? (const float *)lucid_tensor_data(bias) : NULL;
     bool need_sums = dweight || dbias || (dx && training);
     float3 *coef = NULL;
     if (need_sums) {
@@ -373,13 +453,19 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
         coef = (dx && training) ? (float3 *)((char *)ws + pbytes) : NULL;
         dim3 grid((unsigned)g.parts, bn_grid_y(C));
         bool with_x = dweight || (dx && training);
-        if (with_x)
-            NN_DISPATCH(x->dtype, (bn_grad_partial<T, true><<<grid, BN_THREADS, 0, st->stream>>>(
+        if (silu) /* g needs x whatever is asked */
+            NN_DISPATCH(x->dtype, (bn_grad_partial<T, true, true><<<grid, BN_THREADS, 0, st->stream>>>(
                                       (const T *)lucid_tensor_data(dy),
-                                      (const T *)lucid_tensor_data(x), sm, si, g, part)));
+                                      (const T *)lucid_tensor_data(x), sm, si, w, b, g, part)));
+        else if (with_x)
+            NN_DISPATCH(x->dtype, (bn_grad_partial<T, true, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                                      (const T *)lucid_tensor_data(dy),
+                                      (const T *)lucid_tensor_data(x), sm, si, NULL, NULL, g,
+                                      part)));
         else
-            NN_DISPATCH(x->dtype, (bn_grad_partial<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
-                                      (const T *)lucid_tensor_data(dy), NULL, sm, si, g, part)));
+            NN_DISPATCH(x->dtype, (bn_grad_partial<T, false, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                                      (const T *)lucid_tensor_data(dy), NULL, sm, si, NULL, NULL,
+                                      g, part)));
         CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial");
         bn_grad_final<<<(unsigned)((C + 127) / 128), 128, 0, st->stream>>>(
             part, g, w, si, dweight ? (float *)lucid_tensor_data(dweight) : NULL,
@@ -390,20 +476,39 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
     dim3 grid;
     plane_grid(S, N * C, &grid);
     float bi = (float)beta_input;
-    if (training)
-        NN_DISPATCH(x->dtype, (bn_dx<T, true><<<grid, BN_THREADS, 0, st->stream>>>(
-                                  (const T *)lucid_tensor_data(x),
-                                  (const T *)lucid_tensor_data(dy),
-                                  (T *)lucid_tensor_data(dx), C, S, N * C, sm, si,
-                                  w, coef, bi)));
-    else
-        NN_DISPATCH(x->dtype, (bn_dx<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
-                                  (const T *)lucid_tensor_data(x),
-                                  (const T *)lucid_tensor_data(dy),
-                                  (T *)lucid_tensor_data(dx), C, S, N * C, sm, si,
-                                  w, coef, bi)));
+#define BN_DX_LAUNCH(TR, SI)                                                  \
+    NN_DISPATCH(x->dtype, (bn_dx<T, TR, SI><<<grid, BN_THREADS, 0, st->stream>>>(   \
+                              (const T *)lucid_tensor_data(x),                \
+                              (const T *)lucid_tensor_data(dy),               \
+                              (T *)lucid_tensor_data(dx), C, S, N * C, sm, si, \
+                              w, b, coef, bi)))
+    if (training && silu) BN_DX_LAUNCH(true, true);
+    else if (training) BN_DX_LAUNCH(true, false);
+    else if (silu) BN_DX_LAUNCH(false, true);
+    else BN_DX_LAUNCH(false, false);
+#undef BN_DX_LAUNCH
     CUDA_CHECK_LAUNCH(ctx, "bn_dx");
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    return bn_backward(ctx, x, dy, dx, weight, NULL, save_mean, save_invstd,
+                       dweight, dbias, training, beta_input, beta_params, false);
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_silu_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    return bn_backward(ctx, x, dy, dx, weight, bias, save_mean, save_invstd,
+                       dweight, dbias, training, beta_input, beta_params, true);
 }
 
 // ----------------------------------------------------------------------------
@@ -420,8 +525,8 @@ lucid_status lucid_cuda_nn_channel_sum(lucid_ctx *ctx, lucid_cuda_state *st,
     LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, sizeof(float2) * (size_t)(g.parts * C),
                                   "conv2d_backward_params (bias)", &ws));
     dim3 grid((unsigned)g.parts, bn_grid_y(C));
-    NN_DISPATCH(dt, (bn_grad_partial<T, false><<<grid, BN_THREADS, 0, st->stream>>>(
-                        (const T *)dy, NULL, NULL, NULL, g, (float2 *)ws)));
+    NN_DISPATCH(dt, (bn_grad_partial<T, false, false><<<grid, BN_THREADS, 0, st->stream>>>(
+                        (const T *)dy, NULL, NULL, NULL, NULL, NULL, g, (float2 *)ws)));
     CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial (bias)");
     bn_grad_final<<<(unsigned)((C + 127) / 128), 128, 0, st->stream>>>(
         (const float2 *)ws, g, NULL, NULL, NULL, out, beta, NULL);

@@ -31,10 +31,6 @@ static unsigned pw_blocks(int64_t n) { return lucid_cuda_blocks(n, PW_THREADS); 
 // ----------------------------------------------------------------------------
 // SiLU
 
-static __device__ __forceinline__ float nn_sigmoid(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
-
 template <typename T>
 static __global__ void silu_fwd(const T *__restrict__ x, T *__restrict__ y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;

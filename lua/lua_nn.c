@@ -29,6 +29,13 @@
  *     [momentum=0.03]), silu(), maxpool2d(k, [s=k], [p=0]), upsample(scale),
  *     concat(n), split(n, [sizes]), add(), softmax(), matmul(ta, tb, alpha),
  *     dfl(set, prefix, [reg_max=16])
+ *   Fused pair (engine/nn/nn.h lucid_module_batchnorm2d_silu_*):
+ *     batchnorm2d_silu_forward(bn, act, x) -> y: BatchNorm2d module bn then
+ *       SiLU module act in one pass (y is act's persistent output; bn's
+ *       statistics, running stats and mode as bn:forward)
+ *     batchnorm2d_silu_backward(bn, act, x, gy) -> gx (bn's persistent grad
+ *       input; nil when bn's need_grad_input is off); accumulates into bn's
+ *       trainable weight/bias gradients
  *   Module methods: m:forward(x | {x1, ...}) -> y | {y1, ...};
  *     m:backward(x | {x1, ...}, gy | {gy1, ...}) -> gx | {gx1, ...} (nil
  *     when need_grad_input is off); m:parameters(), m:buffers() -> {Param};
@@ -656,6 +663,31 @@ static int l_module_backward(lua_State *L) {
     return 1;
 }
 
+/* batchnorm2d_silu_forward(bn, act, x) -> y */
+static int l_bn_silu_forward(lua_State *L) {
+    module_box *bn = check_module(L, 1), *act = check_module(L, 2);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 3, "input");
+    lucid_tensor *y = NULL;
+    lucid_status st = lucid_module_batchnorm2d_silu_forward(bn->ctx, bn->m, act->m, x, &y);
+    if (st != LUCID_OK) return lucid_lua_raise(L, bn->ctx, st);
+    push_borrowed(L, y);
+    return 1;
+}
+
+/* batchnorm2d_silu_backward(bn, act, x, gy) -> gx | nil */
+static int l_bn_silu_backward(lua_State *L) {
+    module_box *bn = check_module(L, 1), *act = check_module(L, 2);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 3, "input");
+    lucid_tensor *gy = lucid_lua_check_tensor(L, 4, "grad_output");
+    lucid_tensor *gx = NULL;
+    lucid_status st =
+        lucid_module_batchnorm2d_silu_backward(bn->ctx, bn->m, act->m, x, gy, &gx);
+    if (st != LUCID_OK) return lucid_lua_raise(L, bn->ctx, st);
+    if (!gx) lua_pushnil(L);
+    else push_borrowed(L, gx);
+    return 1;
+}
+
 static int push_params_of(lua_State *L, lucid_module *m, lucid_param_kind kind) {
     lua_newtable(L);
     int j = 0;
@@ -754,6 +786,8 @@ static const luaL_Reg nn_funcs[] = {
     {"dfl", l_dfl},              {"silu", l_silu},       {"maxpool2d", l_maxpool2d},
     {"upsample", l_upsample},    {"concat", l_concat},   {"split", l_split},
     {"add", l_add},              {"softmax", l_softmax}, {"matmul", l_matmul},
+    {"batchnorm2d_silu_forward", l_bn_silu_forward},
+    {"batchnorm2d_silu_backward", l_bn_silu_backward},
     {NULL, NULL},
 };
 

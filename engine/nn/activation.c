@@ -17,13 +17,6 @@ NN_VECTORIZE_FILE
 #include <stdlib.h>
 #include <string.h>
 
-static inline double sigmoid(double x) {
-    /* stable for large |x| */
-    if (x >= 0) return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
-    return e / (1.0 + e);
-}
-
 // ----------------------------------------------------------------------------
 // f32 exp
 
@@ -147,7 +140,7 @@ lucid_status cpu_silu_forward(lucid_ctx *ctx, const lucid_tensor *x,
     void *yd = lucid_tensor_data(y);
     for (int64_t i = 0; i < n; i++) {
         double v = nn_ld(xd, x->dtype, i);
-        nn_st(yd, y->dtype, i, v * sigmoid(v));
+        nn_st(yd, y->dtype, i, v * nn_sigmoid_f64(v));
     }
     return LUCID_OK;
 }
@@ -160,7 +153,7 @@ lucid_status cpu_silu_backward(lucid_ctx *ctx, const lucid_tensor *x,
     const void *xd = lucid_tensor_data(x), *dyd = lucid_tensor_data(dy);
     void *dxd = lucid_tensor_data(dx);
     for (int64_t i = 0; i < n; i++) {
-        double v = nn_ld(xd, x->dtype, i), s = sigmoid(v);
+        double v = nn_ld(xd, x->dtype, i), s = nn_sigmoid_f64(v);
         double g = nn_ld(dyd, dy->dtype, i) * s * (1.0 + v * (1.0 - s));
         nn_st_beta(dxd, dx->dtype, i, g, beta);
     }

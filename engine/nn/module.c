@@ -457,6 +457,80 @@ lucid_status lucid_module_silu_create(lucid_ctx *ctx, lucid_module **out) {
 }
 
 // ----------------------------------------------------------------------------
+// BatchNorm2d + SiLU on a module pair (fused)
+
+static lucid_status fused_pair(lucid_ctx *ctx, const char *op, lucid_module *bn,
+                               lucid_module *act, const lucid_tensor *x) {
+    if (!bn || !act || !bn->vt || !act->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (bn->vt != &bn_vt || act->vt != &silu_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: expected a BatchNorm2d and a SiLU module, got "
+                            "%s and %s",
+                            op, bn->vt->kind, act->vt->kind);
+    if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: input is NULL", op);
+    if (!lucid_param_set_is_materialized(bn->set))
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "%s '%s': the parameter set is not materialized "
+                            "yet (call lucid_param_set_materialize)",
+                            op, bn->name);
+    return want_channels(ctx, bn, x, ((bn_priv *)bn->priv)->c);
+}
+
+lucid_status lucid_module_batchnorm2d_silu_forward(lucid_ctx *ctx,
+                                                   lucid_module *bn,
+                                                   lucid_module *act,
+                                                   const lucid_tensor *x,
+                                                   lucid_tensor **y) {
+    if (y) *y = NULL;
+    LUCID_TRY(fused_pair(ctx, "BatchNorm2d+SiLU forward", bn, act, x));
+    bn_priv *b = bn->priv;
+    lucid_device dev = lucid_tensor_device(x);
+    lucid_dtype pdt = lucid_param_set_dtype(bn->set);
+    int64_t cs[1] = {b->c};
+    LUCID_TRY(ensure_like(ctx, &act->outputs[0], x));
+    LUCID_TRY(ensure(ctx, &bn->saved[0], dev, pdt, 1, cs));
+    LUCID_TRY(ensure(ctx, &bn->saved[1], dev, pdt, 1, cs));
+    LUCID_TRY(lucid_nn_batchnorm2d_silu_forward(
+        ctx, x, act->outputs[0], bn->params[0]->data, bn->params[1]->data,
+        bn->params[2]->data, bn->params[3]->data, bn->params[4]->data,
+        bn->saved[0], bn->saved[1], bn->training, b->momentum, b->eps));
+    if (y) *y = act->outputs[0];
+    return LUCID_OK;
+}
+
+lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
+                                                    lucid_module *bn,
+                                                    lucid_module *act,
+                                                    const lucid_tensor *x,
+                                                    const lucid_tensor *dy,
+                                                    lucid_tensor **dx) {
+    const char *op = "BatchNorm2d+SiLU backward";
+    if (dx) *dx = NULL;
+    LUCID_TRY(fused_pair(ctx, op, bn, act, x));
+    if (!dy)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': grad_output is NULL", op,
+                            bn->name);
+    if (!act->outputs[0] || !bn->saved[0] || !bn->saved[1])
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s '%s': backward before forward",
+                            op, bn->name);
+    lucid_param *w = bn->params[0], *b = bn->params[1];
+    lucid_tensor *gx = NULL;
+    if (bn->need_grad_input) {
+        LUCID_TRY(ensure_like(ctx, &bn->grad_inputs[0], x));
+        gx = bn->grad_inputs[0];
+    }
+    lucid_tensor *dw = w->trainable ? w->grad : NULL;
+    lucid_tensor *db = b->trainable ? b->grad : NULL;
+    if (gx || dw || db)
+        LUCID_TRY(lucid_nn_batchnorm2d_silu_backward(
+            ctx, x, dy, gx, w->data, b->data, bn->saved[0], bn->saved[1], dw, db,
+            bn->training, 0.0, 1.0));
+    if (dx) *dx = gx;
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
 // MaxPool2d
 
 typedef struct pool_priv {

@@ -32,6 +32,8 @@ static const lucid_nn_kernels cpu_table = {
     .softmax_backward = cpu_softmax_backward,
     .dfl_forward = cpu_dfl_forward,
     .dfl_backward = cpu_dfl_backward,
+    .batchnorm2d_silu_forward = cpu_batchnorm2d_silu_forward,
+    .batchnorm2d_silu_backward = cpu_batchnorm2d_silu_backward,
 };
 
 const lucid_nn_kernels *lucid_nn_cpu_kernels(void) { return &cpu_table; }
@@ -279,13 +281,13 @@ static lucid_status chk_chan(lucid_ctx *ctx, const char *op, const char *arg,
     return chk_shape(ctx, op, arg, t, 1, &x->shape[1]);
 }
 
-lucid_status lucid_nn_batchnorm2d_forward(
-    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+/* The argument checks of the BatchNorm2d forward (plain and fused). */
+static lucid_status chk_bn_forward(
+    lucid_ctx *ctx, const char *op, const lucid_tensor *x, lucid_tensor *y,
     const lucid_tensor *weight, const lucid_tensor *bias,
     lucid_tensor *running_mean, lucid_tensor *running_var,
     lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
     lucid_tensor *save_invstd, int training, double momentum, double eps) {
-    const char *op = "batchnorm2d_forward";
     LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
     LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
     LUCID_TRY(chk(ctx, op, "y", y, 4, x));
@@ -323,11 +325,14 @@ lucid_status lucid_nn_batchnorm2d_forward(
                             "%s: need eps > 0 and momentum in [0, 1] (got %g, "
                             "%g)",
                             op, eps, momentum);
-    KT(ctx, x);
-    LUCID_TRY(kt_->batchnorm2d_forward(ctx, x, y, weight, bias, running_mean,
-                                       running_var, num_batches_tracked,
-                                       save_mean, save_invstd, training,
-                                       momentum, eps));
+    return LUCID_OK;
+}
+
+static void bump_bn_forward(lucid_tensor *y, lucid_tensor *save_mean,
+                            lucid_tensor *save_invstd,
+                            lucid_tensor *running_mean,
+                            lucid_tensor *running_var,
+                            lucid_tensor *num_batches_tracked, int training) {
     bump(y);
     bump(save_mean);
     bump(save_invstd);
@@ -336,16 +341,18 @@ lucid_status lucid_nn_batchnorm2d_forward(
         bump(running_var);
         bump(num_batches_tracked);
     }
-    return LUCID_OK;
 }
 
-lucid_status lucid_nn_batchnorm2d_backward(
-    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
-    lucid_tensor *dx, const lucid_tensor *weight,
-    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
-    lucid_tensor *dweight, lucid_tensor *dbias, int training,
-    double beta_input, double beta_params) {
-    const char *op = "batchnorm2d_backward";
+/* The argument checks of the BatchNorm2d backward (plain and fused). */
+static lucid_status chk_bn_backward(lucid_ctx *ctx, const char *op,
+                                    const lucid_tensor *x,
+                                    const lucid_tensor *dy,
+                                    const lucid_tensor *dx,
+                                    const lucid_tensor *weight,
+                                    const lucid_tensor *save_mean,
+                                    const lucid_tensor *save_invstd,
+                                    const lucid_tensor *dweight,
+                                    const lucid_tensor *dbias) {
     LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
     LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
     LUCID_TRY(chk(ctx, op, "grad_output", dy, 4, x));
@@ -361,11 +368,99 @@ lucid_status lucid_nn_batchnorm2d_backward(
     LUCID_TRY(chk_chan(ctx, op, "save_invstd", save_invstd, x));
     if (dweight) LUCID_TRY(chk_chan(ctx, op, "grad_weight", dweight, x));
     if (dbias) LUCID_TRY(chk_chan(ctx, op, "grad_bias", dbias, x));
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    const char *op = "batchnorm2d_forward";
+    LUCID_TRY(chk_bn_forward(ctx, op, x, y, weight, bias, running_mean,
+                             running_var, num_batches_tracked, save_mean,
+                             save_invstd, training, momentum, eps));
+    KT(ctx, x);
+    LUCID_TRY(kt_->batchnorm2d_forward(ctx, x, y, weight, bias, running_mean,
+                                       running_var, num_batches_tracked,
+                                       save_mean, save_invstd, training,
+                                       momentum, eps));
+    bump_bn_forward(y, save_mean, save_invstd, running_mean, running_var,
+                    num_batches_tracked, training);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    const char *op = "batchnorm2d_backward";
+    LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
+                              save_invstd, dweight, dbias));
     KT(ctx, x);
     if (lucid_tensor_numel(x) == 0) return LUCID_OK;
     LUCID_TRY(kt_->batchnorm2d_backward(ctx, x, dy, dx, weight, save_mean,
                                         save_invstd, dweight, dbias, training,
                                         beta_input, beta_params));
+    bump(dx);
+    bump(dweight);
+    bump(dbias);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// BatchNorm2d + SiLU (fused)
+
+static lucid_status no_fused(lucid_ctx *ctx, const char *op,
+                             const lucid_nn_kernels *k) {
+    return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                        "%s: the %s kernel table has no fused BatchNorm2d+SiLU "
+                        "(use batchnorm2d then silu)",
+                        op, k->name);
+}
+
+lucid_status lucid_nn_batchnorm2d_silu_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    const char *op = "batchnorm2d_silu_forward";
+    LUCID_TRY(chk_bn_forward(ctx, op, x, y, weight, bias, running_mean,
+                             running_var, num_batches_tracked, save_mean,
+                             save_invstd, training, momentum, eps));
+    KT(ctx, x);
+    if (!kt_->batchnorm2d_silu_forward) return no_fused(ctx, op, kt_);
+    LUCID_TRY(kt_->batchnorm2d_silu_forward(ctx, x, y, weight, bias,
+                                            running_mean, running_var,
+                                            num_batches_tracked, save_mean,
+                                            save_invstd, training, momentum,
+                                            eps));
+    bump_bn_forward(y, save_mean, save_invstd, running_mean, running_var,
+                    num_batches_tracked, training);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_silu_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    const char *op = "batchnorm2d_silu_backward";
+    LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
+                              save_invstd, dweight, dbias));
+    if (bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
+    KT(ctx, x);
+    if (!kt_->batchnorm2d_silu_backward) return no_fused(ctx, op, kt_);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    LUCID_TRY(kt_->batchnorm2d_silu_backward(ctx, x, dy, dx, weight, bias,
+                                             save_mean, save_invstd, dweight,
+                                             dbias, training, beta_input,
+                                             beta_params));
     bump(dx);
     bump(dweight);
     bump(dbias);

@@ -150,6 +150,20 @@ typedef struct lucid_nn_kernels {
     lucid_status (*dfl_backward)(lucid_ctx *ctx, const lucid_tensor *x,
                                  const lucid_tensor *dy, lucid_tensor *dx,
                                  int reg_max, double beta);
+    /* ---- BatchNorm2d + SiLU fused (nullable: a table without them makes
+     * the entry points return ERR_UNSUPPORTED) */
+    lucid_status (*batchnorm2d_silu_forward)(
+        lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+        const lucid_tensor *weight, const lucid_tensor *bias,
+        lucid_tensor *running_mean, lucid_tensor *running_var,
+        lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+        lucid_tensor *save_invstd, int training, double momentum, double eps);
+    lucid_status (*batchnorm2d_silu_backward)(
+        lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+        lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+        const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+        lucid_tensor *dweight, lucid_tensor *dbias, int training,
+        double beta_input, double beta_params);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -224,6 +238,48 @@ lucid_status lucid_nn_batchnorm2d_forward(
 lucid_status lucid_nn_batchnorm2d_backward(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
     lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params);
+
+/* ------------------------------------------- BatchNorm2d + SiLU (fused)
+ * a = silu(z), z = BatchNorm2d(x): nn.BatchNorm2d followed by nn.SiLU (the
+ * conv -> bn -> act of Ultralytics' Conv block) in one pass, without
+ * storing z.  Arguments, shapes, dtypes, modes, NULL rules and errors are
+ * those of lucid_nn_batchnorm2d_forward, and the statistics are computed by
+ * the same code, so save_mean, save_invstd, running_mean, running_var and
+ * num_batches_tracked are bitwise those of the unfused call; y receives
+ *   a = z * sigmoid(z),  z = (x - mean) * invstd * weight + bias
+ * with z in f32 (f64 for f64 activations on the CPU), rounded once to the
+ * activation dtype as a.  Numerics against the unfused route (batchnorm2d
+ * then silu): f32/f64 activations give the same values (the CPU: bitwise);
+ * bf16/f16 activations differ by about one rounding, because the unfused
+ * route rounds z to the activation dtype before the SiLU and this one does
+ * not.  ERR_UNSUPPORTED when the device's kernel table has no fused slot.
+ * Source: PyTorch nn.BatchNorm2d and nn.SiLU documentation. */
+lucid_status lucid_nn_batchnorm2d_silu_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps);
+/* Backward of the above.  dy is the gradient of a; x, weight, bias,
+ * save_mean, save_invstd and training are those of the forward (bias is
+ * needed to recompute z; weight/bias NULL: 1/0).  With
+ *   z = (x-mean)*invstd*weight + bias, s = sigmoid(z),
+ *   g = dy * s * (1 + z*(1-s))        (dL/dz, the SiLU backward)
+ * it computes exactly lucid_nn_batchnorm2d_backward with grad_output g:
+ *   training: dx = beta_input*dx + invstd*w*(g - mean(g) - xhat*mean(g*xhat))
+ *   eval:     dx = beta_input*dx + invstd*w*g
+ *   dweight = beta_params*dweight + sum(g*xhat); dbias = beta_params*dbias
+ *   + sum(g).  dx, dweight, dbias are each nullable (skipped).
+ * g is recomputed in f32 (f64 for f64) inside the reductions and the dx
+ * pass and never stored (the unfused route rounds it to bf16/f16 first).
+ * Shapes and dtypes: as lucid_nn_batchnorm2d_backward; bias [C] like
+ * weight. */
+lucid_status lucid_nn_batchnorm2d_silu_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
     const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
     double beta_input, double beta_params);
@@ -512,6 +568,31 @@ lucid_status lucid_module_forward1(lucid_ctx *ctx, lucid_module *m,
 lucid_status lucid_module_backward1(lucid_ctx *ctx, lucid_module *m,
                                     const lucid_tensor *x,
                                     const lucid_tensor *dy, lucid_tensor **dx);
+/* BatchNorm2d followed by SiLU, fused (lucid_nn_batchnorm2d_silu_*), on a
+ * pair of existing modules: bn a BatchNorm2d, act a SiLU (else ERR_ARG).
+ * The pair behaves as bn then act would, with each module's own state:
+ *   forward: bn's parameters, buffers, mode (bn->training), eps and momentum;
+ *     the statistics go to bn's saved tensors and the running stats to its
+ *     buffers (as bn's forward); a goes to act's persistent output
+ *     (*y = act->outputs[0], borrowed).  bn's output is not written.
+ *   backward (after a fused forward with the same x): the input gradient
+ *     goes to bn's persistent grad_inputs[0] (*dx, borrowed; NULL and not
+ *     computed when bn->need_grad_input == 0), gradients ACCUMULATE into
+ *     bn's trainable weight/bias (frozen ones get nothing).  act's grad
+ *     input is not written.
+ * ERR_STATE before materialize or for a backward before the fused forward;
+ * otherwise the errors of the entry points. */
+lucid_status lucid_module_batchnorm2d_silu_forward(lucid_ctx *ctx,
+                                                   lucid_module *bn,
+                                                   lucid_module *act,
+                                                   const lucid_tensor *x,
+                                                   lucid_tensor **y);
+lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
+                                                    lucid_module *bn,
+                                                    lucid_module *act,
+                                                    const lucid_tensor *x,
+                                                    const lucid_tensor *dy,
+                                                    lucid_tensor **dx);
 lucid_tensor *lucid_module_output(const lucid_module *m, int i);
 lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i);
 const char *lucid_module_kind(const lucid_module *m);

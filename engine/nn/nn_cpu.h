@@ -22,6 +22,7 @@
 #include "internal.h"
 #include "cpu/cpu.h"
 #include "nn/nn.h"
+#include <math.h>
 
 static inline double nn_ld(const void *p, lucid_dtype dt, int64_t i) {
     switch (dt) {
@@ -181,6 +182,14 @@ static inline void nn_parallel(lucid_ctx *ctx, int64_t n, int64_t grain,
     cpu_parallel_for(ctx, n, grain, fn, arg);
 }
 
+/* sigmoid(x) = 1 / (1 + exp(-x)) in f64, stable for large |x| (the f64
+ * reference of SiLU). */
+static inline double nn_sigmoid_f64(double x) {
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
 /* Vectorisable f32 exp (Cephes expf: Cody-Waite reduction, degree-6
  * polynomial, exponent by bit assembly): within 2 ulp of expf on
  * [-87.3, 88.7]; inputs are clamped to that range (NaN stays NaN).
@@ -237,6 +246,16 @@ lucid_status cpu_batchnorm2d_backward(lucid_ctx *, const lucid_tensor *,
                                       const lucid_tensor *,
                                       const lucid_tensor *, lucid_tensor *,
                                       lucid_tensor *, int, double, double);
+lucid_status cpu_batchnorm2d_silu_forward(lucid_ctx *, const lucid_tensor *,
+                                          lucid_tensor *, const lucid_tensor *,
+                                          const lucid_tensor *, lucid_tensor *,
+                                          lucid_tensor *, lucid_tensor *,
+                                          lucid_tensor *, lucid_tensor *, int,
+                                          double, double);
+lucid_status cpu_batchnorm2d_silu_backward(
+    lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
+    const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
+    const lucid_tensor *, lucid_tensor *, lucid_tensor *, int, double, double);
 /* activation.c */
 lucid_status cpu_silu_forward(lucid_ctx *, const lucid_tensor *,
                               lucid_tensor *);

@@ -28,17 +28,32 @@ function Conv.__init(self, c1, c2, k, s, p, g, d, act)
 end
 
 --- y = act(bn(conv(x))). x [N, c1, H, W] -> [N, c2, H', W'].
+-- bn and act run as one fused BatchNorm2d+SiLU call when
+-- P.bn_silu_fusable(bn, act) (plain BatchNorm2d and SiLU, nothing replaced),
+-- else as two calls; the backward follows the route of the last forward.
 function Conv:forward(x)
-  self._a = self.conv:forward(x)
-  self._b = self.bn:forward(self._a)
-  self.output = self.act:forward(self._b)
+  local a = self.conv:forward(x)
+  self._a = a
+  if P.bn_silu_fusable(self.bn, self.act) then
+    self._fused, self._b = true, nil
+    self.output = P.bn_silu_forward(self.bn, self.act, a)
+  else
+    self._fused = false
+    self._b = self.bn:forward(a)
+    self.output = self.act:forward(self._b)
+  end
   return self.output
 end
 
 --- Gradient through act, bn, conv; accumulates into their parameters.
 function Conv:backward(x, gy)
-  local g = self.act:backward(self._b, gy)
-  g = self.bn:backward(self._a, g)
+  local g
+  if self._fused then
+    g = P.bn_silu_backward(self.bn, self.act, self._a, gy)
+  else
+    g = self.act:backward(self._b, gy)
+    g = self.bn:backward(self._a, g)
+  end
   self.grad_input = self.conv:backward(x, g)
   return self.grad_input
 end

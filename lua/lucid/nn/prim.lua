@@ -107,6 +107,68 @@ function SiLU.__init(self) Leaf.__init(self) end
 function SiLU:_make(C, set, prefix, ctx) return C.silu({ ctx = ctx }) end
 function SiLU:extra_repr() return "inplace=True" end
 
+------------------------------------------------ BatchNorm2d + SiLU fused
+-- The Conv block's bn -> act pair as one engine call
+-- (lucid_nn_batchnorm2d_silu_*: the BatchNorm2d kernels with the SiLU inside
+-- the apply, grad-partial and dx passes; the pre-activation is never stored).
+-- The pair keeps its two modules, names, parameters, buffers and printing;
+-- only the calls change. In bf16/f16 the fused result differs from bn then
+-- act by about one rounding (the separate route rounds the pre-activation
+-- to the activation dtype, the fused one does not).
+
+--- Fusion switch: false makes every pair take the separate calls. Default
+-- on, off when LUCID_FUSE_BN_SILU=0 in the environment. A recorded step
+-- does not watch it: change it before recording (or call
+-- model:bump_version() after changing it).
+P.fuse_bn_silu = os.getenv("LUCID_FUSE_BN_SILU") ~= "0"
+
+local LEAF_FWD, LEAF_BWD = Leaf.forward, Leaf.backward
+local fused_fwd, fused_bwd -- the binding's functions (false: absent), on first use
+
+local function fused_binding()
+  local ok, lucid = pcall(require, "lucid")
+  local C = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
+  fused_fwd = C and C.batchnorm2d_silu_forward or false
+  fused_bwd = C and C.batchnorm2d_silu_backward or false
+end
+
+--- Whether bn then act may run fused: P.fuse_bn_silu on, bn exactly a
+-- BatchNorm2d and act exactly a SiLU (not subclasses), both materialised,
+-- both with the Leaf forward/backward (no instance or class override, e.g.
+-- Model:replace_forward), and the fused functions present in the binding.
+-- Checked on every forward of the pair; anything else takes the separate
+-- calls.
+-- @return boolean
+function P.bn_silu_fusable(bn, act)
+  if not P.fuse_bn_silu then return false end
+  if getmetatable(bn) ~= BatchNorm2d or getmetatable(act) ~= SiLU then return false end
+  if not (bn._c and act._c) then return false end
+  if bn.forward ~= LEAF_FWD or bn.backward ~= LEAF_BWD or act.forward ~= LEAF_FWD
+    or act.backward ~= LEAF_BWD then
+    return false
+  end
+  if fused_fwd == nil then fused_binding() end
+  return fused_fwd ~= false and fused_bwd ~= false
+end
+
+--- a = act(bn(x)) in one call (check P.bn_silu_fusable first). a is act's
+-- persistent output (also act.output); bn updates its statistics and
+-- running stats as bn:forward would; bn.output is nil (not computed).
+function P.bn_silu_forward(bn, act, x)
+  local y = fused_fwd(bn._c, act._c, x)
+  bn.output, act.output = nil, y
+  return y
+end
+
+--- Backward of P.bn_silu_forward with the same x: returns the gradient
+-- w.r.t. x (bn.grad_input) and accumulates into bn's trainable weight and
+-- bias gradients; act.grad_input is nil (not computed).
+function P.bn_silu_backward(bn, act, x, gy)
+  local gx = fused_bwd(bn._c, act._c, x, gy)
+  bn.grad_input, act.grad_input = gx, nil
+  return gx
+end
+
 --------------------------------------------------------------- Identity
 local Identity = util.class("Identity", Module)
 P.Identity = Identity

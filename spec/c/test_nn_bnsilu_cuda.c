@@ -1,0 +1,704 @@
+/*
+ * test_nn_bnsilu_cuda.c — the fused BatchNorm2d + SiLU on the GPU
+ * (cuda/nn_norm.cu, lucid_nn_batchnorm2d_silu_* and the module pair) against
+ * the CPU reference (engine/nn/batchnorm.c) and against the separate GPU
+ * calls (batchnorm2d then silu; silu then batchnorm2d backward).
+ *
+ * Inputs are drawn with the engine's Philox generator (the seed is printed;
+ * LUCID_TEST_SEED=<n> replays it), rounded once to the activation dtype, and
+ * the same values go to both sides.  GPU outputs are poisoned with NaN first
+ * (forward outputs, beta-0 backward outputs); beta-1 destinations start from
+ * the same random values on both sides.  NaN never passes.
+ *
+ * Tolerances (those of spec/c/test_nn_cuda.c for BatchNorm2d, which has a
+ * reduction inside):
+ *   GPU vs CPU, activations   f32: relative Frobenius <= 1e-6 (forward),
+ *                             1e-5 (dx); bf16/f16: <= 1 ulp per element or
+ *                             |diff| <= 1e-5 * max|ref|
+ *   GPU vs CPU, f32 side      save_mean, save_invstd, running stats: relative
+ *   outputs                   Frobenius 1e-6 (f32 input) / 1e-5 (bf16/f16);
+ *                             dweight, dbias 1e-5; num_batches_tracked exact
+ *   fused vs separate GPU     statistics, running stats, num_batches_tracked:
+ *                             bitwise (the same kernels compute them);
+ *                             f32 y: relative Frobenius 1e-6, f32 dx/dw/db
+ *                             1e-5; bf16/f16 (the separate route rounds z and
+ *                             dL/dz to the activation dtype): max|diff| <=
+ *                             4u * max|ref| for y, 6u for dx, 10u for
+ *                             dweight/dbias (u = 2^-8 bf16, 2^-11 f16; the
+ *                             CPU's bf16/f16 routes, 40 draws of these
+ *                             shapes, reach 2.0u, 2.0u and 4.5u)
+ *   determinism               every fused call run twice is bitwise identical
+ *   nullable outputs          dx only / dweight only / dbias only equal the
+ *                             full call bitwise
+ *   graph capture             forward + backward captured after one eager
+ *                             warm-up and replayed equals the eager call
+ *                             bitwise (outputs, statistics, running stats,
+ *                             num_batches_tracked, gradients)
+ * Shapes: one part per plane (4x16x32x32), several parts per plane
+ * (2x8x100x90: 9000 > 4096 elements), a YOLO-like 4x64x40x40, tiny planes
+ * (8x5x1x1), no affine parameters (3x7x5x3); f32, bf16, f16; train and eval.
+ * Without a CUDA device every group prints "skip ...: no CUDA device" and
+ * the program exits 0.
+ */
+#include "test.h"
+
+#include "nn/nn.h"
+#include "train/graph.h"
+
+#include <stdint.h>
+#include <time.h>
+
+/* cuda/nn_table.cu test hook; absent (NULL) in a CPU-only build */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
+
+static const lucid_device CPU = {LUCID_CPU, 0};
+static const lucid_device GPU = {LUCID_CUDA, 0};
+static lucid_ctx *ctx;
+static uint64_t g_seed, g_off;
+static char nm[256];
+
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+#define MOM 0.03
+#define EPS 1e-3
+
+/* ------------------------------------------------------------ tensors
+ * Every tensor made here is kept in a pool released at the end of a test
+ * case (pool_free), so the cases need no per-tensor cleanup. */
+
+static lucid_tensor *pool[2048];
+static int npool;
+
+static lucid_tensor *keep(lucid_tensor *t) {
+    if (!t) return NULL;
+    if (npool == (int)(sizeof pool / sizeof pool[0])) {
+        /* more than a case ever makes: leak-free refusal */
+        lucid_tensor_release(t);
+        return NULL;
+    }
+    pool[npool++] = t;
+    return t;
+}
+
+static void pool_free(void) {
+    for (int i = 0; i < npool; i++) lucid_tensor_release(pool[i]);
+    npool = 0;
+}
+
+/* Host tensor of dtype dt, uniform in [lo, hi) (Philox in f32, rounded once). */
+static lucid_tensor *hrand(lucid_dtype dt, int ndim, const int64_t *shape, double lo,
+                           double hi) {
+    lucid_tensor *f = NULL, *o = NULL;
+    if (lucid_tensor_empty(ctx, CPU, LUCID_F32, ndim, shape, &f) != LUCID_OK) return NULL;
+    int64_t n = lucid_tensor_numel(f);
+    if (lucid_rand_uniform(ctx, f, g_seed, g_off, lo, hi) != LUCID_OK) {
+        lucid_tensor_release(f);
+        return NULL;
+    }
+    g_off += (uint64_t)n;
+    if (dt == LUCID_F32) return keep(f);
+    if (lucid_tensor_to(ctx, f, CPU, dt, &o) != LUCID_OK) o = NULL;
+    lucid_tensor_release(f);
+    return keep(o);
+}
+
+static lucid_tensor *hzeros(lucid_dtype dt, int ndim, const int64_t *shape) {
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_zeros(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
+    return keep(t);
+}
+
+/* device copy of a host tensor, host copy of a device tensor (synchronised) */
+static lucid_tensor *dev(const lucid_tensor *t) {
+    lucid_tensor *o = NULL;
+    if (!t || lucid_tensor_to(ctx, t, GPU, t->dtype, &o) != LUCID_OK) return NULL;
+    return keep(o);
+}
+
+static lucid_tensor *host(const lucid_tensor *t) {
+    lucid_tensor *o = NULL;
+    if (!t || lucid_ctx_synchronize(ctx) != LUCID_OK) return NULL;
+    if (lucid_tensor_to(ctx, t, CPU, t->dtype, &o) != LUCID_OK) return NULL;
+    return keep(o);
+}
+
+static lucid_tensor *poison(lucid_device d, lucid_dtype dt, int ndim,
+                            const int64_t *shape) {
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_empty(ctx, d, dt, ndim, shape, &t) != LUCID_OK) return NULL;
+    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
+        lucid_tensor_release(t);
+        return NULL;
+    }
+    return keep(t);
+}
+#define dpoison(dt, nd, s) poison(GPU, dt, nd, s)
+#define hpoison(dt, nd, s) poison(CPU, dt, nd, s)
+
+static double hget(const lucid_tensor *t, int64_t i) {
+    const void *p = lucid_tensor_data(t);
+    switch (t->dtype) {
+    case LUCID_F32: return ((const float *)p)[i];
+    case LUCID_F64: return ((const double *)p)[i];
+    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_I32: return ((const int32_t *)p)[i];
+    case LUCID_I64: return (double)((const int64_t *)p)[i];
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------ comparisons
+ * g: a device tensor; r: a host tensor (host() a device reference first). */
+
+#define RUN(name, expr)                                                       \
+    do {                                                                      \
+        lucid_status s_ = (expr);                                             \
+        if (s_ != LUCID_OK) {                                                 \
+            TEST_FAIL(name, "%s: %s", lucid_status_name(s_), lucid_ctx_error(ctx)); \
+            goto done;                                                        \
+        }                                                                     \
+    } while (0)
+
+static int copy_failed(const char *name, const lucid_tensor *h, const lucid_tensor *r) {
+    if (h && r) return 0;
+    TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+    return 1;
+}
+
+/* relative Frobenius error */
+static void cmp_rel(const char *name, const lucid_tensor *g, const lucid_tensor *r,
+                    double tol) {
+    lucid_tensor *h = host(g);
+    if (copy_failed(name, h, r)) return;
+    int64_t n = lucid_tensor_numel(r), bad = -1;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = hget(h, i), b = hget(r, i);
+        if (!isfinite(a) || !isfinite(b)) {
+            if (bad < 0) bad = i;
+            continue;
+        }
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (bad >= 0)
+        TEST_FAIL(name, "non-finite at %lld: gpu %g ref %g", (long long)bad, hget(h, bad),
+                  hget(r, bad));
+    else if (!(e <= tol))
+        TEST_FAIL(name, "relative error %.3g > %.1g", e, tol);
+    else
+        TEST_OK(name);
+}
+
+static int64_t ulp16(uint16_t a, uint16_t b) {
+    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
+    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
+    return x > y ? x - y : y - x;
+}
+
+/* bf16/f16: each element within maxulp ulp, or |a-b| <= absf * max|ref| */
+static void cmp_ulp(const char *name, const lucid_tensor *g, const lucid_tensor *r,
+                    int64_t maxulp, double absf) {
+    lucid_tensor *h = host(g);
+    if (copy_failed(name, h, r)) return;
+    int64_t n = lucid_tensor_numel(r), nbad = 0, first = -1;
+    double mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double b = fabs(hget(r, i));
+        if (b > mx && isfinite(b)) mx = b;
+    }
+    const uint16_t *ha = lucid_tensor_data(h), *rb = lucid_tensor_data(r);
+    for (int64_t i = 0; i < n; i++) {
+        double a = hget(h, i), b = hget(r, i);
+        int ok = isfinite(a) && isfinite(b) &&
+                 (ulp16(ha[i], rb[i]) <= maxulp || fabs(a - b) <= absf * mx);
+        if (!ok) {
+            if (first < 0) first = i;
+            nbad++;
+        }
+    }
+    if (nbad)
+        TEST_FAIL(name, "%lld of %lld elements off (first %lld: gpu %.8g ref %.8g)",
+                  (long long)nbad, (long long)n, (long long)first, hget(h, first),
+                  hget(r, first));
+    else
+        TEST_OK(name);
+}
+
+/* activation output vs the CPU: f32 relative Frobenius ftol; bf16/f16 1 ulp
+ * or 1e-5 * max|ref| */
+static void cmp_act(const char *name, const lucid_tensor *g, const lucid_tensor *r,
+                    double ftol) {
+    if (r->dtype == LUCID_F32) cmp_rel(name, g, r, ftol);
+    else cmp_ulp(name, g, r, 1, 1e-5);
+}
+
+/* bitwise equality of g (device) and r (host) */
+static void cmp_bits(const char *name, const lucid_tensor *g, const lucid_tensor *r) {
+    lucid_tensor *h = host(g);
+    if (copy_failed(name, h, r)) return;
+    if (memcmp(lucid_tensor_data(h), lucid_tensor_data(r), lucid_tensor_nbytes(r)) != 0) {
+        int64_t n = lucid_tensor_numel(r), i = 0;
+        while (i < n && memcmp((const char *)lucid_tensor_data(h) + i * lucid_dtype_size(r->dtype),
+                               (const char *)lucid_tensor_data(r) + i * lucid_dtype_size(r->dtype),
+                               lucid_dtype_size(r->dtype)) == 0)
+            i++;
+        TEST_FAIL(name, "differs bitwise at %lld: %.9g vs %.9g", (long long)i,
+                  i < n ? hget(h, i) : 0.0, i < n ? hget(r, i) : 0.0);
+    } else {
+        TEST_OK(name);
+    }
+}
+
+/* max|g - r| <= tol * max|r| (any float dtype; NaN fails) */
+static void cmp_maxrel(const char *name, const lucid_tensor *g, const lucid_tensor *r,
+                       double tol) {
+    lucid_tensor *h = host(g);
+    if (copy_failed(name, h, r)) return;
+    int64_t n = lucid_tensor_numel(r), worst = 0;
+    double mx = 0, md = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = hget(h, i), b = hget(r, i), d = fabs(a - b);
+        if (!isfinite(a) || !isfinite(b)) d = INFINITY;
+        if (fabs(b) > mx) mx = fabs(b);
+        if (!(d <= md)) md = d, worst = i;
+    }
+    if (!(md <= tol * mx))
+        TEST_FAIL(name, "max diff %.3g at %lld (gpu %.8g ref %.8g) > %.2g * max|ref| %.3g", md,
+                  (long long)worst, hget(h, worst), hget(r, worst), tol, mx);
+    else
+        TEST_OK(name);
+}
+
+static double unit(lucid_dtype dt) {
+    return dt == LUCID_BF16 ? 1.0 / 256.0 : dt == LUCID_F16 ? 1.0 / 2048.0 : 0.0;
+}
+
+/* ================================================= kernels: one case */
+
+static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
+                      lucid_dtype dt) {
+    char pre[160];
+    snprintf(pre, sizeof pre, "bn+silu %lldx%lldx%lldx%lld%s %s", (long long)N,
+             (long long)C, (long long)H, (long long)W, affine ? "" : " no-affine",
+             lucid_dtype_name(dt));
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    const int lowp = dt != LUCID_F32;
+    const double u = unit(dt);
+    const double ptol = lowp ? 1e-5 : 1e-6; /* f32 side outputs */
+    lucid_tensor *hw = affine ? hrand(LUCID_F32, 1, cs, 0.5, 1.5) : NULL;
+    lucid_tensor *hb = affine ? hrand(LUCID_F32, 1, cs, -0.5, 0.5) : NULL;
+    lucid_tensor *gw = affine ? dev(hw) : NULL, *gb = affine ? dev(hb) : NULL;
+    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2);
+    lucid_tensor *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2.0);
+    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
+    /* fused (g*), fused again for determinism (g*2), separate (s*) */
+    lucid_tensor *grm = dev(hrm), *grv = dev(hrv), *gnb = dev(hnb);
+    lucid_tensor *grm2 = dev(hrm), *grv2 = dev(hrv), *gnb2 = dev(hnb);
+    lucid_tensor *srm = dev(hrm), *srv = dev(hrv), *snb = dev(hnb);
+    lucid_tensor *hsm = hpoison(LUCID_F32, 1, cs), *hsi = hpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm = dpoison(LUCID_F32, 1, cs), *gsi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm2 = dpoison(LUCID_F32, 1, cs), *gsi2 = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *ssm = dpoison(LUCID_F32, 1, cs), *ssi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *hx = NULL, *gx = NULL, *hy = NULL, *gy = NULL, *gy2 = NULL, *sz = NULL,
+                 *sy = NULL;
+    if (!hrm || !hrv || !hnb || !grm || !grv || !gnb || !grm2 || !grv2 || !gnb2 || !srm ||
+        !srv || !snb || !hsm || !hsi || !gsm || !gsi || !gsm2 || !gsi2 || !ssm || !ssi ||
+        (affine && (!hw || !hb || !gw || !gb))) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+
+    /* ---- two training steps, fresh x each */
+    for (int step = 1; step <= 2; step++) {
+        hx = hrand(dt, 4, xs, -1.5 - step, 2.5 + step);
+        gx = dev(hx);
+        hy = hpoison(dt, 4, xs);
+        gy = dpoison(dt, 4, xs);
+        gy2 = dpoison(dt, 4, xs);
+        sz = dpoison(dt, 4, xs);
+        sy = dpoison(dt, 4, xs);
+        if (!gx || !hy || !gy || !gy2 || !sz || !sy) {
+            TEST_FAIL(NAME("%s: setup step %d", pre, step), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        RUN(NAME("%s: train forward cpu", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, hx, hy, hw, hb, hrm, hrv, hnb, hsm, hsi,
+                                              1, MOM, EPS));
+        RUN(NAME("%s: train forward", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, gx, gy, gw, gb, grm, grv, gnb, gsm, gsi,
+                                              1, MOM, EPS));
+        RUN(NAME("%s: train forward again", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, gx, gy2, gw, gb, grm2, grv2, gnb2, gsm2,
+                                              gsi2, 1, MOM, EPS));
+        RUN(NAME("%s: separate train forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, sz, gw, gb, srm, srv, snb, ssm, ssi, 1,
+                                         MOM, EPS));
+        RUN(NAME("%s: separate silu forward", pre), lucid_nn_silu_forward(ctx, sz, sy));
+        cmp_act(NAME("%s: train y = cpu, step %d", pre, step), gy, hy, 1e-6);
+        cmp_rel(NAME("%s: save_mean = cpu, step %d", pre, step), gsm, hsm, ptol);
+        cmp_rel(NAME("%s: save_invstd = cpu, step %d", pre, step), gsi, hsi, ptol);
+        cmp_bits(NAME("%s: train y deterministic, step %d", pre, step), gy2, host(gy));
+        cmp_bits(NAME("%s: save_mean = separate (bitwise), step %d", pre, step), gsm,
+                 host(ssm));
+        cmp_bits(NAME("%s: save_invstd = separate (bitwise), step %d", pre, step), gsi,
+                 host(ssi));
+        if (!lowp)
+            cmp_rel(NAME("%s: train y = separate, step %d", pre, step), gy, host(sy), 1e-6);
+        else
+            cmp_maxrel(NAME("%s: train y = separate within 4u*max (z rounded there), step %d",
+                            pre, step),
+                       gy, host(sy), 4 * u);
+    }
+    cmp_rel(NAME("%s: running_mean = cpu after 2 steps", pre), grm, hrm, ptol);
+    cmp_rel(NAME("%s: running_var = cpu after 2 steps", pre), grv, hrv, ptol);
+    cmp_bits(NAME("%s: num_batches_tracked = cpu (2)", pre), gnb, hnb);
+    cmp_bits(NAME("%s: running_mean deterministic", pre), grm2, host(grm));
+    cmp_bits(NAME("%s: running_var deterministic", pre), grv2, host(grv));
+    cmp_bits(NAME("%s: running_mean = separate (bitwise)", pre), grm, host(srm));
+    cmp_bits(NAME("%s: running_var = separate (bitwise)", pre), grv, host(srv));
+    cmp_bits(NAME("%s: num_batches_tracked = separate", pre), gnb, host(snb));
+
+    /* ---- training backward (the last step's statistics, each side its own) */
+    {
+        lucid_tensor *hdy = hrand(dt, 4, xs, -1, 1), *gdy = dev(hdy);
+        lucid_tensor *hdx = hpoison(dt, 4, xs), *gdx = dpoison(dt, 4, xs);
+        lucid_tensor *hdw = hpoison(LUCID_F32, 1, cs), *gdw = dpoison(LUCID_F32, 1, cs);
+        lucid_tensor *hdb = hpoison(LUCID_F32, 1, cs), *gdb = dpoison(LUCID_F32, 1, cs);
+        lucid_tensor *hdx1 = hrand(dt, 4, xs, -1, 1), *gdx1 = dev(hdx1);
+        lucid_tensor *hdw1 = hrand(LUCID_F32, 1, cs, -1, 1), *gdw1 = dev(hdw1);
+        lucid_tensor *hdb1 = hrand(LUCID_F32, 1, cs, -1, 1), *gdb1 = dev(hdb1);
+        lucid_tensor *sg = dpoison(dt, 4, xs), *sdx = dpoison(dt, 4, xs);
+        lucid_tensor *sdw = dpoison(LUCID_F32, 1, cs), *sdb = dpoison(LUCID_F32, 1, cs);
+        lucid_tensor *odx = dpoison(dt, 4, xs), *odw = dpoison(LUCID_F32, 1, cs),
+                     *odb = dpoison(LUCID_F32, 1, cs);
+        if (!gdy || !hdx || !gdx || !hdw || !gdw || !hdb || !gdb || !gdx1 || !gdw1 ||
+            !gdb1 || !sg || !sdx || !sdw || !sdb || !odx || !odw || !odb) {
+            TEST_FAIL(NAME("%s: setup backward", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        lucid_tensor *dwa = affine ? hdw : NULL, *dba = affine ? hdb : NULL;
+        lucid_tensor *gdwa = affine ? gdw : NULL, *gdba = affine ? gdb : NULL;
+        RUN(NAME("%s: train backward cpu", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, hx, hdy, hdx, hw, hb, hsm, hsi, dwa, dba,
+                                               1, 0.0, 0.0));
+        RUN(NAME("%s: train backward", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdwa,
+                                               gdba, 1, 0.0, 0.0));
+        cmp_act(NAME("%s: train dx = cpu (beta 0)", pre), gdx, hdx, 1e-5);
+        if (affine) {
+            cmp_rel(NAME("%s: train dweight = cpu (beta 0)", pre), gdw, hdw, 1e-5);
+            cmp_rel(NAME("%s: train dbias = cpu (beta 0)", pre), gdb, hdb, 1e-5);
+        }
+        lucid_tensor *s1 = host(gdx), *s2 = affine ? host(gdw) : NULL,
+                     *s3 = affine ? host(gdb) : NULL;
+        RUN(NAME("%s: train backward again", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdwa,
+                                               gdba, 1, 0.0, 0.0));
+        cmp_bits(NAME("%s: train dx deterministic", pre), gdx, s1);
+        if (affine) {
+            cmp_bits(NAME("%s: train dweight deterministic", pre), gdw, s2);
+            cmp_bits(NAME("%s: train dbias deterministic", pre), gdb, s3);
+        }
+        /* nullable outputs: each alone equals the full call bitwise */
+        RUN(NAME("%s: train backward dx only", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, odx, gw, gb, gsm, gsi, NULL,
+                                               NULL, 1, 0.0, 0.0));
+        cmp_bits(NAME("%s: train dx only = full call", pre), odx, s1);
+        if (affine) {
+            RUN(NAME("%s: train backward dweight only", pre),
+                lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, NULL, gw, gb, gsm, gsi, odw,
+                                                   NULL, 1, 0.0, 0.0));
+            RUN(NAME("%s: train backward dbias only", pre),
+                lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, NULL, gw, gb, gsm, gsi,
+                                                   NULL, odb, 1, 0.0, 0.0));
+            cmp_bits(NAME("%s: train dweight only = full call", pre), odw, s2);
+            cmp_bits(NAME("%s: train dbias only = full call", pre), odb, s3);
+        }
+        /* beta 1: accumulate onto the same random values */
+        RUN(NAME("%s: train backward cpu beta 1", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, hx, hdy, hdx1, hw, hb, hsm, hsi,
+                                               affine ? hdw1 : NULL, affine ? hdb1 : NULL, 1,
+                                               1.0, 1.0));
+        RUN(NAME("%s: train backward beta 1", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx1, gw, gb, gsm, gsi,
+                                               affine ? gdw1 : NULL, affine ? gdb1 : NULL, 1,
+                                               1.0, 1.0));
+        cmp_act(NAME("%s: train dx = cpu (beta 1)", pre), gdx1, hdx1, 1e-5);
+        if (affine) {
+            cmp_rel(NAME("%s: train dweight = cpu (beta 1)", pre), gdw1, hdw1, 1e-5);
+            cmp_rel(NAME("%s: train dbias = cpu (beta 1)", pre), gdb1, hdb1, 1e-5);
+        }
+        /* the separate GPU route: silu backward on the stored z, then BN */
+        RUN(NAME("%s: separate silu backward", pre),
+            lucid_nn_silu_backward(ctx, sz, gdy, sg, 0.0));
+        RUN(NAME("%s: separate batchnorm2d backward", pre),
+            lucid_nn_batchnorm2d_backward(ctx, gx, sg, sdx, gw, ssm, ssi,
+                                          affine ? sdw : NULL, affine ? sdb : NULL, 1, 0.0,
+                                          0.0));
+        if (!lowp) {
+            cmp_rel(NAME("%s: train dx = separate", pre), gdx, host(sdx), 1e-5);
+            if (affine) {
+                cmp_rel(NAME("%s: train dweight = separate", pre), gdw, host(sdw), 1e-5);
+                cmp_rel(NAME("%s: train dbias = separate", pre), gdb, host(sdb), 1e-5);
+            }
+        } else {
+            cmp_maxrel(NAME("%s: train dx = separate within 6u*max (dL/dz rounded there)",
+                            pre),
+                       gdx, host(sdx), 6 * u);
+            if (affine) {
+                cmp_maxrel(NAME("%s: train dweight = separate within 10u*max", pre), gdw,
+                           host(sdw), 10 * u);
+                cmp_maxrel(NAME("%s: train dbias = separate within 10u*max", pre), gdb,
+                           host(sdb), 10 * u);
+            }
+        }
+
+        /* ---- eval: running statistics, no update; backward with dw, db */
+        lucid_tensor *rm0 = host(grm), *nb0 = host(gnb);
+        lucid_fill(ctx, gy, NAN);
+        RUN(NAME("%s: eval forward cpu", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, hx, hy, hw, hb, hrm, hrv, hnb, hsm, hsi,
+                                              0, MOM, EPS));
+        RUN(NAME("%s: eval forward", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, gx, gy, gw, gb, grm, grv, gnb, gsm, gsi,
+                                              0, MOM, EPS));
+        cmp_act(NAME("%s: eval y = cpu", pre), gy, hy, 1e-6);
+        cmp_rel(NAME("%s: eval save_invstd = cpu", pre), gsi, hsi, ptol);
+        cmp_bits(NAME("%s: eval leaves running_mean", pre), grm, rm0);
+        cmp_bits(NAME("%s: eval leaves num_batches_tracked", pre), gnb, nb0);
+        RUN(NAME("%s: separate eval forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, sz, gw, gb, srm, srv, NULL, ssm, ssi, 0,
+                                         MOM, EPS));
+        RUN(NAME("%s: separate eval silu", pre), lucid_nn_silu_forward(ctx, sz, sy));
+        if (!lowp) cmp_rel(NAME("%s: eval y = separate", pre), gy, host(sy), 1e-6);
+        else
+            cmp_maxrel(NAME("%s: eval y = separate within 4u*max", pre), gy, host(sy), 4 * u);
+        lucid_fill(ctx, gdx, NAN);
+        if (affine) {
+            lucid_fill(ctx, gdw, NAN);
+            lucid_fill(ctx, gdb, NAN);
+        }
+        RUN(NAME("%s: eval backward cpu", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, hx, hdy, hdx, hw, hb, hsm, hsi, dwa, dba,
+                                               0, 0.0, 0.0));
+        RUN(NAME("%s: eval backward", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdwa,
+                                               gdba, 0, 0.0, 0.0));
+        cmp_act(NAME("%s: eval dx = cpu", pre), gdx, hdx, 1e-5);
+        if (affine) {
+            cmp_rel(NAME("%s: eval dweight = cpu", pre), gdw, hdw, 1e-5);
+            cmp_rel(NAME("%s: eval dbias = cpu", pre), gdb, hdb, 1e-5);
+        }
+        lucid_fill(ctx, odx, NAN);
+        RUN(NAME("%s: eval backward dx only", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, odx, gw, gb, gsm, gsi, NULL,
+                                               NULL, 0, 0.0, 0.0));
+        cmp_bits(NAME("%s: eval dx only = full call", pre), odx, host(gdx));
+    }
+done:
+    pool_free();
+}
+
+/* ======================================= graph capture of the fused calls */
+
+static void test_capture(lucid_dtype dt) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "bn+silu capture %s", lucid_dtype_name(dt));
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(pre, "graphs not available on this context");
+        return;
+    }
+    int64_t xs[4] = {4, 24, 40, 40}, cs[1] = {24}, one[1] = {1};
+    lucid_graph *g = NULL;
+    lucid_tensor *hw = hrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2), *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
+    lucid_tensor *hx = hrand(dt, 4, xs, -2, 3), *hdy = hrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = dev(hw), *gb = dev(hb), *gx = dev(hx), *gdy = dev(hdy);
+    /* E: eager, R: recorded; same starting running stats */
+    lucid_tensor *erm = dev(hrm), *erv = dev(hrv), *enb = dev(hnb);
+    lucid_tensor *rrm = dev(hrm), *rrv = dev(hrv), *rnb = dev(hnb);
+    lucid_tensor *esm = dpoison(LUCID_F32, 1, cs), *esi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *rsm = dpoison(LUCID_F32, 1, cs), *rsi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *ey = dpoison(dt, 4, xs), *ry = dpoison(dt, 4, xs);
+    lucid_tensor *edx = dpoison(dt, 4, xs), *rdx = dpoison(dt, 4, xs);
+    lucid_tensor *edw = dpoison(LUCID_F32, 1, cs), *rdw = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *edb = dpoison(LUCID_F32, 1, cs), *rdb = dpoison(LUCID_F32, 1, cs);
+    if (!gw || !gb || !gx || !gdy || !erm || !erv || !enb || !rrm || !rrv || !rnb || !esm ||
+        !esi || !rsm || !rsi || !ey || !ry || !edx || !rdx || !edw || !rdw || !edb || !rdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    /* eager (also the warm-up: the nn arena reaches its size here) */
+    RUN(NAME("%s: eager forward", pre),
+        lucid_nn_batchnorm2d_silu_forward(ctx, gx, ey, gw, gb, erm, erv, enb, esm, esi, 1,
+                                          MOM, EPS));
+    RUN(NAME("%s: eager backward", pre),
+        lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, edx, gw, gb, esm, esi, edw, edb, 1,
+                                           0.0, 0.0));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_status s1 = lucid_nn_batchnorm2d_silu_forward(ctx, gx, ry, gw, gb, rrm, rrv,
+                                                            rnb, rsm, rsi, 1, MOM, EPS);
+        lucid_status s2 = s1 ? s1
+                             : lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, rdx, gw, gb,
+                                                                  rsm, rsi, rdw, rdb, 1, 0.0,
+                                                                  0.0);
+        if (s2 != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s",
+                      lucid_status_name(s2), lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    TEST_OK(NAME("%s: forward + backward capture without allocation", pre));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    cmp_bits(NAME("%s: replay y = eager (bitwise)", pre), ry, host(ey));
+    cmp_bits(NAME("%s: replay save_mean = eager", pre), rsm, host(esm));
+    cmp_bits(NAME("%s: replay save_invstd = eager", pre), rsi, host(esi));
+    cmp_bits(NAME("%s: replay running_mean = eager", pre), rrm, host(erm));
+    cmp_bits(NAME("%s: replay running_var = eager", pre), rrv, host(erv));
+    cmp_bits(NAME("%s: replay num_batches_tracked = eager", pre), rnb, host(enb));
+    cmp_bits(NAME("%s: replay dx = eager", pre), rdx, host(edx));
+    cmp_bits(NAME("%s: replay dweight = eager", pre), rdw, host(edw));
+    cmp_bits(NAME("%s: replay dbias = eager", pre), rdb, host(edb));
+done:
+    if (g) lucid_graph_destroy(g);
+    pool_free();
+}
+
+/* ============================================ the module pair on the GPU */
+
+typedef struct pair {
+    lucid_param_set *set;
+    lucid_module *bn, *act;
+} pair;
+
+static lucid_status pair_make(pair *p, int c, const lucid_tensor *hw, const lucid_tensor *hb) {
+    memset(p, 0, sizeof *p);
+    lucid_status st = lucid_param_set_create(ctx, &p->set);
+    if (!st)
+        st = lucid_module_batchnorm2d_create(ctx, p->set, "model.0.bn", c, EPS, MOM, &p->bn);
+    if (!st) st = lucid_module_silu_create(ctx, &p->act);
+    if (!st) st = lucid_param_set_materialize(ctx, p->set, GPU, LUCID_F32);
+    if (!st) st = lucid_copy(ctx, p->bn->params[0]->data, hw);
+    if (!st) st = lucid_copy(ctx, p->bn->params[1]->data, hb);
+    return st;
+}
+
+static void pair_free(pair *p) {
+    lucid_module_release(p->bn);
+    lucid_module_release(p->act);
+    lucid_param_set_release(p->set);
+}
+
+static void test_modules(lucid_dtype dt) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "bn+silu modules %s", lucid_dtype_name(dt));
+    int64_t xs[4] = {2, 12, 19, 23}, cs[1] = {12};
+    const double u = unit(dt);
+    pair f, s;
+    memset(&f, 0, sizeof f);
+    memset(&s, 0, sizeof s);
+    lucid_tensor *hw = hrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_status st = hw && hb ? pair_make(&f, 12, hw, hb) : LUCID_ERR_OOM;
+    if (!st) st = pair_make(&s, 12, hw, hb);
+    if (st) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_tensor *gx = dev(hrand(dt, 4, xs, -2, 3)), *gdy = dev(hrand(dt, 4, xs, -1, 1));
+    lucid_tensor *y = NULL, *z = NULL, *ys = NULL, *dx = NULL, *g = NULL, *dxs = NULL;
+    for (int step = 0; step < 2; step++) {
+        RUN(NAME("%s: fused forward", pre),
+            lucid_module_batchnorm2d_silu_forward(ctx, f.bn, f.act, gx, &y));
+        RUN(NAME("%s: fused backward", pre),
+            lucid_module_batchnorm2d_silu_backward(ctx, f.bn, f.act, gx, gdy, &dx));
+        RUN(NAME("%s: bn forward", pre), lucid_module_forward1(ctx, s.bn, gx, &z));
+        RUN(NAME("%s: silu forward", pre), lucid_module_forward1(ctx, s.act, z, &ys));
+        RUN(NAME("%s: silu backward", pre), lucid_module_backward1(ctx, s.act, z, gdy, &g));
+        RUN(NAME("%s: bn backward", pre), lucid_module_backward1(ctx, s.bn, gx, g, &dxs));
+    }
+    TEST_OK(NAME("%s: two fused and two separate steps run", pre));
+    CHECK(NAME("%s: y in act's output slot, dx in bn's grad_input slot", pre),
+          y == lucid_module_output(f.act, 0) && dx == lucid_module_grad_input(f.bn, 0),
+          "slots differ");
+    for (int i = 2; i < 5; i++)
+        cmp_bits(NAME("%s: %s = separate (bitwise)", pre, f.bn->params[i]->name),
+                 f.bn->params[i]->data, host(s.bn->params[i]->data));
+    if (dt == LUCID_F32) {
+        cmp_rel(NAME("%s: y = separate", pre), y, host(ys), 1e-6);
+        cmp_rel(NAME("%s: dx = separate", pre), dx, host(dxs), 1e-5);
+        cmp_rel(NAME("%s: accumulated dweight = separate", pre), f.bn->params[0]->grad,
+                host(s.bn->params[0]->grad), 1e-5);
+        cmp_rel(NAME("%s: accumulated dbias = separate", pre), f.bn->params[1]->grad,
+                host(s.bn->params[1]->grad), 1e-5);
+    } else {
+        cmp_maxrel(NAME("%s: y = separate within 4u*max", pre), y, host(ys), 4 * u);
+        cmp_maxrel(NAME("%s: dx = separate within 6u*max", pre), dx, host(dxs), 6 * u);
+        cmp_maxrel(NAME("%s: accumulated dweight = separate within 10u*max", pre),
+                   f.bn->params[0]->grad, host(s.bn->params[0]->grad), 10 * u);
+        cmp_maxrel(NAME("%s: accumulated dbias = separate within 10u*max", pre),
+                   f.bn->params[1]->grad, host(s.bn->params[1]->grad), 10 * u);
+    }
+done:
+    pair_free(&f);
+    pair_free(&s);
+    pool_free();
+}
+
+/* ============================================================ main */
+
+static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu capture",
+                               "cuda bn+silu modules"};
+
+int main(void) {
+    if (!lucid_cuda_available()) {
+        for (size_t i = 0; i < sizeof GROUPS / sizeof GROUPS[0]; i++)
+            TEST_SKIP(GROUPS[i], "no CUDA device");
+        return 0;
+    }
+    const lucid_nn_kernels *k = lucid_nn_cuda_kernels();
+    if (!k || !k->batchnorm2d_silu_forward || !k->batchnorm2d_silu_backward) {
+        TEST_FAIL("cuda nn table has the fused BatchNorm2d+SiLU slots",
+                  "table %p (cuda/nn_table.cu not linked or slots missing)", (const void *)k);
+        return test_exit();
+    }
+    TEST_OK("cuda nn table has the fused BatchNorm2d+SiLU slots");
+    const char *env = getenv("LUCID_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    printf("# test_nn_bnsilu_cuda: seed %llu (LUCID_TEST_SEED to replay)\n",
+           (unsigned long long)g_seed);
+    lucid_ctx_options o = lucid_ctx_options_default();
+    o.device = GPU;
+    o.seed = g_seed;
+    char err[512] = "";
+    lucid_status st = lucid_ctx_create(&o, &ctx, err, sizeof err);
+    if (st != LUCID_OK) {
+        TEST_FAIL("cuda context create", "%s: %s", lucid_status_name(st), err);
+        return test_exit();
+    }
+    TEST_OK("cuda context create");
+
+    static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
+    for (int d = 0; d < 3; d++) {
+        lucid_dtype dt = DTS[d];
+        test_case(4, 16, 32, 32, 1, dt);
+        test_case(2, 8, 100, 90, 1, dt);
+        test_case(4, 64, 40, 40, 1, dt);
+        test_case(8, 5, 1, 1, 1, dt);
+        test_case(3, 7, 5, 3, 0, dt);
+        test_capture(dt);
+        test_modules(dt);
+    }
+    if (lucid_cuda_nn_state_destroy) lucid_cuda_nn_state_destroy(ctx);
+    lucid_ctx_release(ctx);
+    return test_exit();
+}
