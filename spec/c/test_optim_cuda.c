@@ -24,7 +24,10 @@
 #include "train/optim_backend.h"
 #include "train/loss_backend.h"
 
-#define NSEG 9
+/* Offsets: most multiples of 4 (16-byte accesses on CUDA), big.bias not;
+ * odd.bias and long.bias start aligned and end inside a group of 4 (the
+ * elementwise tail of a vectorised chunk). */
+#define NSEG 11
 static const lucid_param_segment segs[NSEG] = {
     {"conv.weight", 0, 4608, LUCID_KIND_WEIGHT, 4, {32, 16, 3, 3}, 1, 0},
     {"bn.weight", 4608, 32, LUCID_KIND_NORM, 1, {32}, 1, 0},
@@ -35,8 +38,10 @@ static const lucid_param_segment segs[NSEG] = {
     {"bn.running_var", 30172, 32, LUCID_KIND_NORM, 1, {32}, 0, 0},
     {"dfl.weight", 30210, 16, LUCID_KIND_WEIGHT, 4, {1, 16, 1, 1}, 0, 0},
     {"big.bias", 30226, 5000, LUCID_KIND_BIAS, 1, {5000}, 1, 0},
+    {"odd.bias", 35228, 51, LUCID_KIND_BIAS, 1, {51}, 1, 0},
+    {"long.bias", 35280, 3075, LUCID_KIND_NORM, 1, {3075}, 1, 0},
 };
-#define TOTAL 35226
+#define TOTAL 38355
 
 static uint64_t rng = 12345;
 static float randn(void) {
@@ -265,13 +270,13 @@ static void test_value_scaler_ema(void) {
  * (64x300), tall (300x20, transposed, scale sqrt(15)) and conv (32x144)
  * the plan puts Muon matrices of different shapes in one bucket. */
 #define FNSEG (NSEG + 2)
-#define FTOTAL 35434
+#define FTOTAL (TOTAL + 208)
 static lucid_param_segment fsegs[FNSEG];
 static void make_fsegs(void) {
     for (int i = 0; i < NSEG; i++) fsegs[i] = segs[i];
-    fsegs[NSEG] = (lucid_param_segment){"dw.weight", 35226, 144, LUCID_KIND_WEIGHT, 4,
+    fsegs[NSEG] = (lucid_param_segment){"dw.weight", TOTAL, 144, LUCID_KIND_WEIGHT, 4,
                                         {16, 1, 3, 3}, 1, 0};
-    fsegs[NSEG + 1] = (lucid_param_segment){"cls.weight", 35370, 64, LUCID_KIND_WEIGHT, 4,
+    fsegs[NSEG + 1] = (lucid_param_segment){"cls.weight", TOTAL + 144, 64, LUCID_KIND_WEIGHT, 4,
                                             {1, 64, 1, 1}, 1, 1};
 }
 /* BN buffers for the aux EMA (two chunks in the second one, a gap). */
