@@ -11,11 +11,21 @@ logs=build/test-logs
 mkdir -p "$logs"
 passed=0 failed=0 skipped=0
 
+# the C test programs run concurrently (one per CPU; each writes its own log
+# and exit status), then are summarised in name order
+jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+rm -f "$logs"/*.rc
 for t in build/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    "$t" >"$logs/$name.log" 2>&1
-    rc=$?
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    ( "$t" >"$logs/$name.log" 2>&1; echo $? >"$logs/$name.rc" ) &
+done
+wait
+for t in build/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    rc=$(cat "$logs/$name.rc" 2>/dev/null || echo 1)
     p=$(grep -c '^ok ' "$logs/$name.log")
     f=$(grep -c '^not ok ' "$logs/$name.log")
     s=$(grep -c '^skip ' "$logs/$name.log")
