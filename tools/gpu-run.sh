@@ -10,6 +10,9 @@
 #   all        test + reference + bench
 #   quick      the CUDA C tests, the conv/model/optimizer/loader benchmarks,
 #              the layer profile and the default fit eager then recorded
+#   verify     make test-gpu (timed, one command), then bench_optim (with and
+#              without the programmatic dependent launch), bench_bnsilu,
+#              bench_model; logs packed into $out/logs.tgz
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
 #              routes); logs packed into $out/logs.tgz
@@ -89,6 +92,23 @@ if [ "$what" = check ]; then
     timeout 100 luajit recipes/pose_nano.lua name=fit_rec_$r exist_ok=true record=$r > "$l/fit_$r.log" 2>&1 || rc=1
     grep -E 'epoch (1|10)/|time by phase|recorded step|final|rror' "$l/fit_$r.log" | tail -6
   done
+  tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
+fi
+if [ "$what" = verify ]; then
+  l=$out/logs; mkdir -p "$l"
+  t0=$(date +%s)
+  timeout "${TEST_TIMEOUT:-420}" make -j"$(nproc)" test-gpu > "$l/test.log" 2>&1; rc=$?
+  echo "make test-gpu: rc $rc, $(( $(date +%s) - t0 )) s"
+  tar czf "$l/test-logs.tgz" build/test-logs 2>/dev/null
+  grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log"
+  grep -E '^    (not ok|busted exited)' "$l/test.log" | head -30
+  flags=$(make -s print-link-flags); mkdir -p build/bench
+  gcc -O2 -std=c11 -D_GNU_SOURCE -Iengine bench/bench_optim.c build/libengine.a $flags -o build/bench/bench_optim &&
+    { timeout 60 build/bench/bench_optim > "$l/bench_optim.log" 2>&1;
+      LUCID_OPTIM_PDL=0 timeout 60 build/bench/bench_optim > "$l/bench_optim_nopdl.log" 2>&1; }
+  grep -E '  cuda ' "$l/bench_optim.log" | cut -c1-120; echo "-- LUCID_OPTIM_PDL=0"; grep -E '  cuda ' "$l/bench_optim_nopdl.log" | cut -c1-120
+  timeout 90 luajit bench/bench_bnsilu.lua > "$l/bench_bnsilu.log" 2>&1; tail -3 "$l/bench_bnsilu.log"
+  timeout 90 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -1 "$l/bench_model.log"
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = quick ]; then
