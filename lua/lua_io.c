@@ -15,19 +15,141 @@
  *                         (verified by the open; false: written without,
  *                         e.g. by PyTorch's safetensors, and unverified)
  *     file:count(), file:path(), file:close() (also __gc)
- *   lucid.io.safetensors_save(path, entries, [metadata], [opts])
- *     entries: array of {name, tensor} written in that order, atomically
+ *   lucid.io.safetensors_save(path | {path, ...}, entries, [metadata], [opts])
+ *     entries: array of {name (string), tensor} written in that order
  *     metadata: table of string -> string (data_crc32 and
  *     data_crc32_tensors are reserved: the writer stores the checksums)
+ *     opts: ctx (the Context whose device the tensors are on), async
+ *     Every save goes through this Lua state's background writer
+ *     (engine/io/st_queue.h, one thread, jobs in order):
+ *       1. wait for the previous save (so at most one write is in flight
+ *          and one snapshot is held); its failure is raised here;
+ *       2. snapshot the tensors into host memory on this thread (device ->
+ *          host copies, the device synchronized): the tensors may change
+ *          as soon as the call returns;
+ *       3. the writer thread computes the CRC-32s and the header once and
+ *          writes the same bytes to every path in order, each atomically
+ *          (temporary file, fsync, rename): independent, identical files.
+ *     async = false (default): returns when every path is written (errors
+ *     raised here). async = true: returns after the snapshot; a failed
+ *     write is raised by the next save, lucid.io.wait, or an open of that
+ *     path, never dropped (at exit it is printed on stderr).
+ *   lucid.io.wait([path])   wait for pending writes (all, or the ones of
+ *     path); raises the first unreported failure, naming the file
+ *   lucid.io.pending()      -> number of saves not yet written
+ *   lucid.io.writer_stats() -> {jobs, failed, files, bytes, seconds}
+ *     (seconds: wall time the writer thread spent writing)
+ * safetensors_open waits for pending writes to the same path first.
  * Errors: "lucid <status>: <message>" from the engine (names the file and
  * tensor), or a bad-argument error for misuse.
  */
 #include "lua_common.h"
 #include "io/safetensors.h"
+#include "io/st_queue.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ST_MT "lucid.SafeTensors"
+#define WRITER_MT "lucid.io.Writer"
+/* Registry key of this Lua state's background writer (a WRITER_MT box). */
+#define WRITER_KEY "lucid.io.writer"
+/* Most paths one save may write (last + best need two). */
+#define ST_MAX_PATHS 8
+
+/* ------------------------------------------------- the background writer */
+
+/* One per Lua state, created by the first save. ctx is a private CPU
+ * context that holds the writer's error messages (never the caller's, so
+ * a failure read at a wait cannot be overwritten by unrelated work). */
+typedef struct {
+    lucid_st_queue *q;
+    lucid_ctx *ctx;
+} writer_box;
+
+/* __gc (lua_close): finish every pending write; a failure nobody waited
+ * for is printed, as there is no caller left to raise it to. */
+static int l_writer_gc(lua_State *L) {
+    writer_box *b = lua_touserdata(L, 1);
+    if (b->q) {
+        if (lucid_st_queue_close(b->ctx, b->q) != LUCID_OK)
+            fprintf(stderr, "lucid: when the Lua state closed: %s\n", lucid_ctx_error(b->ctx));
+        b->q = NULL;
+    }
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->ctx = NULL;
+    return 0;
+}
+
+/* This state's writer; created when `create`, else NULL when none yet. */
+static writer_box *get_writer(lua_State *L, int create) {
+    lua_getfield(L, LUA_REGISTRYINDEX, WRITER_KEY);
+    writer_box *b = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (b || !create) return b;
+    b = lua_newuserdata(L, sizeof *b);
+    b->q = NULL;
+    b->ctx = NULL;
+    if (luaL_newmetatable(L, WRITER_MT)) {
+        lua_pushliteral(L, WRITER_MT);
+        lua_setfield(L, -2, "__name");
+        lua_pushcfunction(L, l_writer_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    lucid_ctx_options o = lucid_ctx_options_default();
+    char err[256] = "";
+    if (lucid_ctx_create(&o, &b->ctx, err, sizeof err) != LUCID_OK) {
+        luaL_where(L, 1);
+        lua_pushfstring(L, "lucid io: cannot create the checkpoint writer: %s", err);
+        lua_concat(L, 2);
+        lua_error(L);
+    }
+    lucid_status st = lucid_st_queue_create(b->ctx, &b->q);
+    if (st != LUCID_OK) /* the box stays on the stack while raising; its __gc
+                           * releases the context later */
+        lucid_lua_raise(L, b->ctx, st);
+    lua_setfield(L, LUA_REGISTRYINDEX, WRITER_KEY);
+    return b;
+}
+
+/* lucid.io.wait([path]) */
+static int l_io_wait(lua_State *L) {
+    const char *path = lua_isnoneornil(L, 1) ? NULL : lucid_lua_checkstring(L, 1);
+    writer_box *b = get_writer(L, 0);
+    if (!b) return 0;
+    lucid_status st = path ? lucid_st_queue_wait_path(b->ctx, b->q, path)
+                           : lucid_st_queue_wait(b->ctx, b->q, 0);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+/* lucid.io.pending() -> n */
+static int l_io_pending(lua_State *L) {
+    writer_box *b = get_writer(L, 0);
+    lua_pushinteger(L, b ? lucid_st_queue_pending(b->q) : 0);
+    return 1;
+}
+
+/* lucid.io.writer_stats() -> {jobs, failed, files, bytes, seconds} */
+static int l_io_writer_stats(lua_State *L) {
+    writer_box *b = get_writer(L, 0);
+    lucid_st_queue_stats s = {0};
+    if (b) lucid_st_queue_stats_get(b->q, &s);
+    lua_createtable(L, 0, 5);
+    lua_pushnumber(L, (lua_Number)s.jobs);
+    lua_setfield(L, -2, "jobs");
+    lua_pushnumber(L, (lua_Number)s.failed);
+    lua_setfield(L, -2, "failed");
+    lua_pushnumber(L, (lua_Number)s.files);
+    lua_setfield(L, -2, "files");
+    lua_pushnumber(L, (lua_Number)s.bytes);
+    lua_setfield(L, -2, "bytes");
+    lua_pushnumber(L, s.seconds);
+    lua_setfield(L, -2, "seconds");
+    return 1;
+}
 
 typedef struct {
     lucid_safetensors *f;
@@ -43,6 +165,11 @@ static st_box *check_file(lua_State *L, int idx) {
 static int l_st_open(lua_State *L) {
     const char *path = lucid_lua_checkstring(L, 1);
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 2) ? 2 : 0);
+    writer_box *wb = get_writer(L, 0);
+    if (wb) { /* a pending (or failed) write of this file comes first */
+        lucid_status ws = lucid_st_queue_wait_path(wb->ctx, wb->q, path);
+        if (ws != LUCID_OK) return lucid_lua_raise(L, wb->ctx, ws);
+    }
     st_box *b = lua_newuserdata(L, sizeof *b);
     b->f = NULL;
     b->ctx = NULL;
@@ -132,15 +259,29 @@ static int l_st_checksummed(lua_State *L) {
     return 1;
 }
 
-/* Raise after freeing the writer. */
-static int writer_fail(lua_State *L, lucid_ctx *ctx, lucid_st_writer *w, lucid_status st) {
-    lucid_st_writer_free(w);
-    return lucid_lua_raise(L, ctx, st);
-}
-
-/* safetensors_save(path, entries, [metadata], [opts]) */
+/* safetensors_save(path | {path, ...}, entries, [metadata], [opts]) */
 static int l_st_save(lua_State *L) {
-    const char *path = lucid_lua_checkstring(L, 1);
+    const char *paths[ST_MAX_PATHS];
+    int np = 0;
+    if (lua_type(L, 1) == LUA_TSTRING) {
+        paths[np++] = lua_tostring(L, 1);
+    } else if (lua_istable(L, 1)) {
+        int n = (int)lua_objlen(L, 1);
+        if (n < 1 || n > ST_MAX_PATHS)
+            return lucid_lua_argerror(L, 1, lua_pushfstring(L, "path: expected 1 to %d paths, got %d",
+                                                            ST_MAX_PATHS, n));
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, 1, i);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                return lucid_lua_argerror(L, 1, lua_pushfstring(L, "path[%d]: expected a string, got %s",
+                                                                i, luaL_typename(L, -1)));
+            paths[np++] = lua_tostring(L, -1); /* anchored by the table */
+            lua_pop(L, 1);
+        }
+    } else {
+        return lucid_lua_argerror(L, 1, lua_pushfstring(L, "path: expected a string or a list of strings, got %s",
+                                                        luaL_typename(L, 1)));
+    }
     lucid_lua_checktype(L, 2, LUA_TTABLE);
     int n = (int)lua_objlen(L, 2);
     /* validate every entry before allocating anything */
@@ -150,41 +291,61 @@ static int l_st_save(lua_State *L) {
             return lucid_lua_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
         lua_rawgeti(L, -1, 1);
         lua_rawgeti(L, -2, 2);
-        if (!lua_isstring(L, -2) || !lucid_lua_to_tensor(L, -1))
+        if (lua_type(L, -2) != LUA_TSTRING || !lucid_lua_to_tensor(L, -1))
             return lucid_lua_argerror(L, 2, lua_pushfstring(L, "entries[%d]: expected {name, tensor}", i));
         lua_pop(L, 3);
     }
     if (!lua_isnoneornil(L, 3)) lucid_lua_checktype(L, 3, LUA_TTABLE);
+    static const char *const opt_keys[] = {"ctx", "async", NULL};
+    lucid_lua_check_options(L, 4, opt_keys, "safetensors_save options");
+    int async = lucid_lua_opt_boolean(L, 4, "async", 0, "safetensors_save options");
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 4) ? 4 : 0);
+    writer_box *wb = get_writer(L, 1);
+    /* the previous save first: one write in flight; its failure is raised */
+    lucid_status st = lucid_st_queue_wait(wb->ctx, wb->q, 0);
+    if (st != LUCID_OK) return lucid_lua_raise(L, wb->ctx, st);
+
+    const char **names = malloc(((size_t)n + 1) * sizeof *names);
+    const lucid_tensor **ts = malloc(((size_t)n + 1) * sizeof *ts);
     lucid_st_writer *w = NULL;
-    lucid_status st = lucid_st_writer_create(ctx, &w);
-    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
-    for (int i = 1; i <= n; i++) {
+    if (!names || !ts) {
+        free(names);
+        free(ts);
+        return luaL_error(L, "lucid out of memory: safetensors_save: %d entries", n);
+    }
+    for (int i = 1; i <= n; i++) { /* strings and tensors anchored by entries */
         lua_rawgeti(L, 2, i);
         lua_rawgeti(L, -1, 1);
         lua_rawgeti(L, -2, 2);
-        const char *name = lua_tostring(L, -2);
-        lucid_tensor *t = lucid_lua_to_tensor(L, -1);
-        st = lucid_st_writer_add(ctx, w, name, t);
+        names[i - 1] = lua_tostring(L, -2);
+        ts[i - 1] = lucid_lua_to_tensor(L, -1);
         lua_pop(L, 3);
-        if (st != LUCID_OK) return writer_fail(L, ctx, w, st);
     }
-    if (lua_istable(L, 3)) {
+    st = lucid_st_writer_create(ctx, &w);
+    if (st == LUCID_OK) st = lucid_st_writer_add_tensors(ctx, w, n, names, ts);
+    free(names);
+    free(ts);
+    if (st == LUCID_OK && lua_istable(L, 3)) {
         lua_pushnil(L);
         while (lua_next(L, 3)) {
             if (lua_type(L, -2) == LUA_TSTRING && lua_isstring(L, -1)) {
                 st = lucid_st_writer_set_metadata(ctx, w, lua_tostring(L, -2), lua_tostring(L, -1));
                 if (st != LUCID_OK) {
                     lua_pop(L, 2);
-                    return writer_fail(L, ctx, w, st);
+                    break;
                 }
             }
             lua_pop(L, 1);
         }
     }
-    st = lucid_st_writer_save(ctx, w, path);
-    if (st != LUCID_OK) return writer_fail(L, ctx, w, st);
-    lucid_st_writer_free(w);
+    if (st != LUCID_OK) {
+        lucid_st_writer_free(w);
+        return lucid_lua_raise(L, ctx, st);
+    }
+    uint64_t seq = 0;
+    st = lucid_st_queue_submit(wb->ctx, wb->q, w, paths, np, &seq); /* takes w */
+    if (st == LUCID_OK && !async) st = lucid_st_queue_wait(wb->ctx, wb->q, seq);
+    if (st != LUCID_OK) return lucid_lua_raise(L, wb->ctx, st);
     return 0;
 }
 
@@ -197,6 +358,9 @@ static const luaL_Reg st_methods[] = {
 static const luaL_Reg io_funcs[] = {
     {"safetensors_open", l_st_open},
     {"safetensors_save", l_st_save},
+    {"wait", l_io_wait},
+    {"pending", l_io_pending},
+    {"writer_stats", l_io_writer_stats},
     {NULL, NULL},
 };
 

@@ -65,8 +65,10 @@
  *     scaler:state()
  *   lucid.rng_state([ctx]) -> seed, offset; lucid.set_rng_state(seed,
  *     offset, [ctx]) (registered here when lua_context.c has not)
- *   lucid._test.atomic_fail(stage | nil)  (tests: make the atomic writer
- *     fail at "open" | "write" | "fsync" | "rename")
+ *   lucid._test.atomic_fail(stage | nil, [errno "EIO" | "ENOSPC"]) (tests:
+ *     make the atomic writer fail at "open" | "write" | "fsync" | "rename")
+ *   lucid._test.atomic_stall(stage | nil, [seconds]) (tests: make it sleep
+ *     before that stage: a write held in flight)
  *
  * EMA of the f32 buffers (BN running stats): it uses the d of the EMA's
  * block, i.e. the same update counter, decay and tau as the parameter EMA,
@@ -92,12 +94,14 @@
 #include "nn/nn.h"
 #include "train/optim.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define PBLOCK_MT "lucid.ParamBlock"
 #define OPTIM_MT "lucid.Optimizer"
@@ -2330,27 +2334,66 @@ static int l_set_rng_state(lua_State *L) {
     return 0;
 }
 
-/* Test hook of the atomic writer: fail at the named stage. */
-static char fail_stage[16];
+/* Test hook of the atomic writer: stall and/or fail at named stages. It
+ * runs on the thread that writes (the background checkpoint writer). */
+static char fail_stage[16], stall_stage[16];
+static int fail_errno;
+static double stall_seconds;
 
 static int fail_hook(const char *stage, void *ud) {
     (void)ud;
-    return strcmp(stage, fail_stage) == 0;
+    if (stall_stage[0] && strcmp(stage, stall_stage) == 0 && stall_seconds > 0) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)stall_seconds;
+        ts.tv_nsec = (long)((stall_seconds - (double)ts.tv_sec) * 1e9);
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    if (fail_stage[0] && strcmp(stage, fail_stage) == 0) {
+        errno = fail_errno;
+        return 1;
+    }
+    return 0;
 }
 
-/* lucid._test.atomic_fail(stage | nil) — make every atomic file write fail
- * at "open", "write", "fsync" or "rename" (process-wide; tests only); nil
- * removes the hook. */
+static void update_hook(void) {
+    lucid_atomic_file_set_fail_hook(fail_stage[0] || stall_stage[0] ? fail_hook : NULL, NULL);
+}
+
+static const char *const atomic_stages[] = {"open", "write", "fsync", "rename", NULL};
+
+/* lucid._test.atomic_fail(stage | nil, [errno]) — make every atomic file
+ * write fail at "open", "write", "fsync" or "rename" with errno "EIO"
+ * (default) or "ENOSPC" (a full disk); process-wide, tests only; nil
+ * removes it. Change it only while no write is pending (lucid.io.wait). */
 static int l_test_atomic_fail(lua_State *L) {
     if (lua_isnoneornil(L, 1)) {
-        lucid_atomic_file_set_fail_hook(NULL, NULL);
         fail_stage[0] = '\0';
+        update_hook();
         return 0;
     }
-    static const char *const stages[] = {"open", "write", "fsync", "rename", NULL};
-    int i = lucid_lua_checkoption(L, 1, NULL, stages);
-    snprintf(fail_stage, sizeof fail_stage, "%s", stages[i]);
-    lucid_atomic_file_set_fail_hook(fail_hook, NULL);
+    int i = lucid_lua_checkoption(L, 1, NULL, atomic_stages);
+    static const char *const errs[] = {"EIO", "ENOSPC", NULL};
+    int e = lucid_lua_checkoption(L, 2, "EIO", errs);
+    fail_errno = e == 0 ? EIO : ENOSPC;
+    snprintf(fail_stage, sizeof fail_stage, "%s", atomic_stages[i]);
+    update_hook();
+    return 0;
+}
+
+/* lucid._test.atomic_stall(stage | nil, [seconds = 0.5]) — make every
+ * atomic file write sleep before that stage (a write held in flight, for
+ * kill and wait tests); nil removes it. */
+static int l_test_atomic_stall(lua_State *L) {
+    if (lua_isnoneornil(L, 1)) {
+        stall_stage[0] = '\0';
+        update_hook();
+        return 0;
+    }
+    int i = lucid_lua_checkoption(L, 1, NULL, atomic_stages);
+    stall_seconds = lucid_lua_optnumber(L, 2, 0.5);
+    snprintf(stall_stage, sizeof stall_stage, "%s", atomic_stages[i]);
+    update_hook();
     return 0;
 }
 
@@ -2474,6 +2517,8 @@ int lucid_lua_open_optim(lua_State *L) {
     subtable(L, module, "_test");
     lua_pushcfunction(L, l_test_atomic_fail);
     lua_setfield(L, -2, "atomic_fail");
+    lua_pushcfunction(L, l_test_atomic_stall);
+    lua_setfield(L, -2, "atomic_stall");
     lua_settop(L, module);
     return 0;
 }

@@ -14,8 +14,11 @@
  *     same on purpose. Every error names the path and the failing call.
  *   - Test hook: lucid_atomic_file_set_fail_hook installs a process-wide
  *     callback asked before each stage ("open", "write", "fsync", "rename");
- *     a non-zero return makes that stage fail with EIO. Test use only; not
- *     thread-safe.
+ *     a non-zero return makes that stage fail with the errno the hook set
+ *     (EIO when it left errno 0; e.g. ENOSPC simulates a full disk). It is
+ *     called on the thread that writes (the background checkpoint writer,
+ *     io/st_queue.h, for queued saves). Test use only: install or remove it
+ *     while no write is in flight.
  */
 #include "io/safetensors.h"
 #include "internal.h"
@@ -44,8 +47,10 @@ void lucid_atomic_file_set_fail_hook(int (*hook)(const char *stage, void *ud),
 }
 
 static int injected(const char *stage) {
-    if (fail_hook && fail_hook(stage, fail_ud)) {
-        errno = EIO;
+    if (!fail_hook) return 0;
+    errno = 0;
+    if (fail_hook(stage, fail_ud)) {
+        if (errno == 0) errno = EIO;
         return 1;
     }
     return 0;

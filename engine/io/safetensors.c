@@ -374,6 +374,7 @@ typedef struct st_item {
     int64_t shape[LUCID_MAX_DIMS];
     size_t nbytes;
     void *data;
+    int borrowed; /* data lies in one of the writer's blocks (not freed alone) */
 } st_item;
 
 struct lucid_st_writer {
@@ -381,6 +382,8 @@ struct lucid_st_writer {
     st_item *items;
     int nmeta;
     char **meta;
+    int nblocks, cap_blocks;
+    void **blocks; /* adopted snapshot blocks (lucid_st_writer_adopt_block) */
 };
 
 lucid_status lucid_st_writer_create(lucid_ctx *ctx, lucid_st_writer **out) {
@@ -393,18 +396,37 @@ void lucid_st_writer_free(lucid_st_writer *w) {
     if (!w) return;
     for (int i = 0; i < w->n; i++) {
         free(w->items[i].name);
-        free(w->items[i].data);
+        if (!w->items[i].borrowed) free(w->items[i].data);
     }
     for (int i = 0; i < 2 * w->nmeta; i++) free(w->meta[i]);
+    for (int i = 0; i < w->nblocks; i++) free(w->blocks[i]);
     free(w->items);
     free(w->meta);
+    free(w->blocks);
     free(w);
 }
 
-lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
-                                     const char *name, lucid_dtype dt,
-                                     int ndim, const int64_t *shape,
-                                     const void *data) {
+lucid_status lucid_st_writer_adopt_block(lucid_ctx *ctx, lucid_st_writer *w,
+                                         void *block) {
+    if (w->nblocks == w->cap_blocks) {
+        int cap = w->cap_blocks ? 2 * w->cap_blocks : 8;
+        void **b = realloc(w->blocks, (size_t)cap * sizeof *b);
+        if (!b) {
+            free(block);
+            return lucid_seterr(ctx, LUCID_ERR_OOM, "safetensors writer: out of memory");
+        }
+        w->blocks = b;
+        w->cap_blocks = cap;
+    }
+    w->blocks[w->nblocks++] = block;
+    return LUCID_OK;
+}
+
+/* Append one tensor: its bytes copied (copy = 1) or borrowed from an
+ * adopted block (copy = 0). Checks name, dtype, dims and uniqueness. */
+static lucid_status add_item(lucid_ctx *ctx, lucid_st_writer *w,
+                             const char *name, lucid_dtype dt, int ndim,
+                             const int64_t *shape, const void *data, int copy) {
     if (!name || !*name || strcmp(name, "__metadata__") == 0)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "safetensors writer: invalid tensor name '%s'",
@@ -437,20 +459,41 @@ lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
     memset(it, 0, sizeof *it);
     it->nbytes = numel * lucid_dtype_size(dt);
     it->name = strdup(name);
-    it->data = malloc(it->nbytes ? it->nbytes : 1);
+    it->borrowed = !copy;
+    it->data = copy ? malloc(it->nbytes ? it->nbytes : 1) : (void *)data;
     if (!it->name || !it->data) {
         free(it->name);
-        free(it->data);
+        if (copy) free(it->data);
         return lucid_seterr(ctx, LUCID_ERR_OOM,
                             "safetensors writer: out of memory for '%s' (%zu bytes)",
                             name, it->nbytes);
     }
-    if (it->nbytes) memcpy(it->data, data, it->nbytes);
+    if (copy && it->nbytes) memcpy(it->data, data, it->nbytes);
     it->dtype = dt;
     it->ndim = ndim;
     for (int d = 0; d < ndim; d++) it->shape[d] = shape[d];
     w->n++;
     return LUCID_OK;
+}
+
+lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
+                                     const char *name, lucid_dtype dt,
+                                     int ndim, const int64_t *shape,
+                                     const void *data) {
+    return add_item(ctx, w, name, dt, ndim, shape, data, 1);
+}
+
+lucid_status lucid_st_writer_add_borrowed(lucid_ctx *ctx, lucid_st_writer *w,
+                                          const char *name, lucid_dtype dt,
+                                          int ndim, const int64_t *shape,
+                                          const void *data) {
+    return add_item(ctx, w, name, dt, ndim, shape, data, 0);
+}
+
+size_t lucid_st_writer_data_bytes(const lucid_st_writer *w) {
+    size_t n = 0;
+    for (int i = 0; i < w->n; i++) n += w->items[i].nbytes;
+    return n;
 }
 
 lucid_status lucid_st_writer_add(lucid_ctx *ctx, lucid_st_writer *w,
@@ -529,14 +572,16 @@ static char *build_header(const lucid_st_writer *w, const char *crc,
     return s;
 }
 
-lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
-                                  const char *path) {
+lucid_status lucid_st_writer_encode(lucid_ctx *ctx, const lucid_st_writer *w,
+                                    unsigned char **hdr_out, size_t *hdr_len) {
+    *hdr_out = NULL;
+    *hdr_len = 0;
     const void **data = malloc(((size_t)w->n + 1) * sizeof *data);
     size_t *nbytes = malloc(((size_t)w->n + 1) * sizeof *nbytes);
     if (!data || !nbytes) {
         free(data);
         free(nbytes);
-        return lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", path);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "safetensors writer: out of memory");
     }
     for (int i = 0; i < w->n; i++) {
         data[i] = w->items[i].data;
@@ -551,26 +596,49 @@ lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
     free(crc_list);
     if (!json)
         return lucid_seterr(ctx, LUCID_ERR_OOM,
-                            "%s: out of memory building the safetensors header", path);
+                            "safetensors writer: out of memory building the header");
     size_t jl = strlen(json), hl = (jl + 7) & ~(size_t)7;
     unsigned char *hdr = malloc(8 + hl);
     if (!hdr) {
         cJSON_free(json);
-        return lucid_seterr(ctx, LUCID_ERR_OOM, "%s: out of memory", path);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "safetensors writer: out of memory");
     }
     for (int i = 0; i < 8; i++) hdr[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(hdr + 8, json, jl);
     memset(hdr + 8 + jl, ' ', hl - jl);
     cJSON_free(json);
+    *hdr_out = hdr;
+    *hdr_len = 8 + hl;
+    return LUCID_OK;
+}
+
+lucid_status lucid_st_writer_write_file(lucid_ctx *ctx, const lucid_st_writer *w,
+                                        const unsigned char *hdr, size_t hdr_len,
+                                        const char *path) {
     lucid_atomic_file *f = NULL;
-    lucid_status st = lucid_atomic_file_open(ctx, path, &f);
-    if (st == LUCID_OK) st = lucid_atomic_file_write(ctx, f, hdr, 8 + hl);
+    LUCID_TRY(lucid_atomic_file_open(ctx, path, &f));
+    lucid_status st = lucid_atomic_file_write(ctx, f, hdr, hdr_len);
     for (int i = 0; st == LUCID_OK && i < w->n; i++)
         st = lucid_atomic_file_write(ctx, f, w->items[i].data, w->items[i].nbytes);
-    free(hdr);
     if (st != LUCID_OK) {
-        if (f) lucid_atomic_file_abort(f);
+        lucid_atomic_file_abort(f);
         return st;
     }
     return lucid_atomic_file_commit(ctx, f);
+}
+
+lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
+                                  const char *path) {
+    unsigned char *hdr = NULL;
+    size_t hl = 0;
+    lucid_status st = lucid_st_writer_encode(ctx, w, &hdr, &hl);
+    if (st != LUCID_OK) {
+        /* name the file in the message (encode cannot know it) */
+        char msg[sizeof ((lucid_ctx *)0)->errmsg];
+        snprintf(msg, sizeof msg, "%s", lucid_ctx_error(ctx));
+        return lucid_seterr(ctx, st, "%s: %s", path, msg);
+    }
+    st = lucid_st_writer_write_file(ctx, w, hdr, hl, path);
+    free(hdr);
+    return st;
 }

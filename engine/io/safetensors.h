@@ -50,7 +50,9 @@ void lucid_atomic_file_abort(lucid_atomic_file *f);
 lucid_status lucid_atomic_write(lucid_ctx *ctx, const char *path,
                                 const void *data, size_t n);
 /* Tests: hook asked before each stage ("open", "write", "fsync",
- * "rename"); non-zero fails it with EIO. NULL removes it. Process-wide. */
+ * "rename") on the writing thread; non-zero fails it with the errno the
+ * hook set (EIO if it left errno 0). NULL removes it. Process-wide; change
+ * it only while no write is in flight. */
 void lucid_atomic_file_set_fail_hook(int (*hook)(const char *stage, void *ud),
                                      void *ud);
 
@@ -144,9 +146,49 @@ lucid_status lucid_st_writer_add_raw(lucid_ctx *ctx, lucid_st_writer *w,
  * (LUCID_ERR_ARG): the writer fills them at save. */
 lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
                                           const char *key, const char *value);
-/* Write everything atomically to path. The writer stays usable. */
+/* Write everything atomically to path. The writer stays usable.
+ * = lucid_st_writer_encode + lucid_st_writer_write_file. */
 lucid_status lucid_st_writer_save(lucid_ctx *ctx, lucid_st_writer *w,
                                   const char *path);
+/* The file's first bytes: the 8-byte length, the JSON header (metadata with
+ * the two checksum entries, computed here over every tensor's bytes: the
+ * CPU-heavy part of a save) padded with spaces to a multiple of 8.
+ * *hdr is malloc'd (the caller frees it), *hdr_len its size in bytes.
+ * Errors: LUCID_ERR_OOM. Touches no file and no device. */
+lucid_status lucid_st_writer_encode(lucid_ctx *ctx, const lucid_st_writer *w,
+                                    unsigned char **hdr, size_t *hdr_len);
+/* Write hdr (from lucid_st_writer_encode of the same writer) and the data
+ * section to path through the atomic writer (temporary file, fsync,
+ * rename, directory fsync). Calling it for several paths with one encoded
+ * header gives byte-identical, independent files. Errors: LUCID_ERR_IO
+ * naming path and the failing call; the previous file stays intact. */
+lucid_status lucid_st_writer_write_file(lucid_ctx *ctx, const lucid_st_writer *w,
+                                        const unsigned char *hdr, size_t hdr_len,
+                                        const char *path);
+/* Sum of the tensors' byte sizes (the data section). */
+size_t lucid_st_writer_data_bytes(const lucid_st_writer *w);
+
+/* Snapshot blocks (engine/io/st_snapshot.c): the writer takes ownership of
+ * a malloc'd block (freed with the writer; freed at once if this fails), and
+ * a tensor whose bytes lie inside an adopted block can be added without a
+ * copy (the same checks as add_raw). */
+lucid_status lucid_st_writer_adopt_block(lucid_ctx *ctx, lucid_st_writer *w,
+                                         void *block);
+lucid_status lucid_st_writer_add_borrowed(lucid_ctx *ctx, lucid_st_writer *w,
+                                          const char *name, lucid_dtype dt,
+                                          int ndim, const int64_t *shape,
+                                          const void *data);
+/* Snapshot n tensors (any devices, any dtypes of the seven) under names,
+ * in that order, with as few device->host copies as possible: contiguous
+ * tensors that share a storage and lie close together (gaps <= 64 KiB) are
+ * copied as one byte range into one block; the others one by one
+ * (lucid_st_writer_add). When it returns LUCID_OK the writer holds host
+ * copies of every tensor (the device is synchronized) and the tensors may
+ * change. Errors: as lucid_st_writer_add (name checks, device copy, OOM);
+ * on failure the writer holds a prefix of the tensors (free it). */
+lucid_status lucid_st_writer_add_tensors(lucid_ctx *ctx, lucid_st_writer *w,
+                                         int n, const char *const *names,
+                                         const lucid_tensor *const *tensors);
 
 /* "F32", "F64", "BF16", "F16", "U8", "I32", "I64"; parse returns 0 / -1. */
 const char *lucid_st_dtype_name(lucid_dtype dt);

@@ -6,13 +6,19 @@
 --     epoch = epoch, iteration = ni, last_opt_step = last_opt_step,
 --     data = {seed = seed, epoch = epoch}, config = cfg, best_fitness = best,
 --   })
+--   checkpoint.save({last, best}, state, { async = true }) -- one snapshot, two
+--                                               -- files, written in the background
+--   checkpoint.wait()                           -- raises a failed background write
 --   local ckpt = checkpoint.load(path)          -- validates the file
 --   ckpt:restore{model = model, ema = ema, optimizer = opt, scaler = scaler}
 --
 -- File format: ONE safetensors file (DESIGN.md decision 8), written
 -- atomically (engine/io atomic writer: temporary file, fsync, rename, fsync
 -- of the directory), so a failed or killed save never replaces the previous
--- good file.
+-- good file. checkpoint.save(path, state, {async = true}) snapshots the
+-- tensors and returns; a background thread writes the file (the next save,
+-- checkpoint.wait, and a load of that path wait for it; docs/DECISIONS.md,
+-- "Background checkpoint writes").
 --   tensors
 --     <name>                      every model parameter and buffer under its
 --                                 reference (Ultralytics state-dict) name,
@@ -283,8 +289,12 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 
 -- --------------------------------------------------------------- saving
 
---- checkpoint.save(path, state) — write one checkpoint atomically.
--- @param path string: target file (its directory must exist)
+--- checkpoint.save(path, state, [opts]) — write one checkpoint atomically.
+-- @param path string | {string, ...}: target file(s) (their directories
+--   must exist). Several paths get the same bytes from ONE snapshot
+--   (serialised once; each file written, fsynced and renamed on its own:
+--   independent files, e.g. {last, best} in the trainer); a failed path
+--   stops the job, and the paths after it keep their previous contents.
 -- @param state table:
 --   model        Model | ParamSet (required): parameters and buffers
 --   ema          lucid.EMA | nil
@@ -303,12 +313,36 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 --                (tables are JSON-encoded; strings must already be JSON)
 --   best_fitness number | nil
 --   metadata     table | nil: extra string -> string entries
--- Synchronizes the device (tensors are copied to the host). Errors: a bad
--- state field raises naming it; an I/O failure raises "lucid io: ..." and
--- leaves any existing file at path untouched.
-function M.save(path, state)
-  if type(path) ~= "string" then error("checkpoint.save: path: expected a string, got " .. type(path), 2) end
+-- @param opts table | nil:
+--   async        boolean (default false). false: returns when every file
+--                is written. true: returns once the tensors are copied to
+--                host memory (the snapshot); the files are written by the
+--                background writer (lucid.io, one thread, saves in order)
+--                and the model may train on at once. See checkpoint.wait.
+-- Every save first waits for the previous one (one write in flight, one
+-- snapshot in host memory), and raises ITS failure if it failed. Then the
+-- device is synchronized and every tensor copied to the host. Errors: a bad
+-- state field raises naming it; an I/O failure raises "lucid io error:
+-- background write of <path> failed: ..." (now when synchronous, else at
+-- the next save, checkpoint.wait, or load of that path) and leaves the
+-- existing file at path untouched.
+function M.save(path, state, opts)
+  local paths = path
+  if type(path) == "string" then
+    paths = { path }
+  elseif type(path) == "table" and #path >= 1 then
+    for i = 1, #path do
+      if type(path[i]) ~= "string" then
+        error(string.format("checkpoint.save: path[%d]: expected a string, got %s", i, type(path[i])), 2)
+      end
+    end
+  else
+    error("checkpoint.save: path: expected a string or a list of strings, got " .. type(path), 2)
+  end
   if type(state) ~= "table" then error("checkpoint.save: state: expected a table, got " .. type(state), 2) end
+  if opts ~= nil and type(opts) ~= "table" then error("checkpoint.save: opts: expected a table, got " .. type(opts), 2) end
+  local async = opts and opts.async or false
+  if type(async) ~= "boolean" then error("checkpoint.save: opts.async: expected a boolean, got " .. type(async), 2) end
   local set = set_of(state.model, "checkpoint.save: state.model")
   local entries, seen = {}, {}
   local function add(name, t)
@@ -389,8 +423,29 @@ function M.save(path, state)
     if meta[k] ~= nil then error("checkpoint.save: state.metadata." .. tostring(k) .. " would overwrite a reserved key", 2) end
     meta[k] = tostring(v)
   end
-  lucid.io.safetensors_save(path, entries, meta, state.ctx and { ctx = state.ctx } or nil)
+  lucid.io.safetensors_save(paths, entries, meta, { ctx = state.ctx, async = async })
 end
+
+--- checkpoint.wait([path]) — block until the pending background writes are
+-- on disk (all of them, or those of path). Raises the first failed write
+-- not yet reported ("lucid io error: background write of <path> failed:
+-- <why>"; the previous file at that path is intact). Each failure is
+-- raised once. The trainer calls it before fit returns, on success and on
+-- error.
+function M.wait(path)
+  if path ~= nil and type(path) ~= "string" then
+    error("checkpoint.wait: path: expected a string or nil, got " .. type(path), 2)
+  end
+  lucid.io.wait(path)
+end
+
+--- checkpoint.pending() -> number of saves not yet written to disk.
+function M.pending() return lucid.io.pending() end
+
+--- checkpoint.writer_stats() -> {jobs, failed, files, bytes, seconds}:
+-- the background writer's counters (seconds: wall time it spent writing,
+-- off the caller's thread).
+function M.writer_stats() return lucid.io.writer_stats() end
 
 -- -------------------------------------------------------------- loading
 
@@ -417,7 +472,8 @@ local function meta_int(path, md, key)
 end
 
 --- checkpoint.load(path, [opts]) -> ckpt: open and validate a checkpoint.
--- The whole file is read and its structure checked by the C reader (a
+-- A pending background write of path is waited for first (its failure is
+-- raised). The whole file is read and its structure checked by the C reader (a
 -- truncated or corrupt file raises "lucid format: <path>: ..."); then the
 -- format marker and every metadata entry are decoded.
 -- @param opts table|nil: ctx (Context for the reader)

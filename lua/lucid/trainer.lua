@@ -18,10 +18,19 @@ on_fit_error. A callback is bound to the fit it was added for unless added
 with {persistent = true}: a later fit of another model never calls a stale
 callback (the error hook included).
 
+Checkpoints: weights/last.safetensors every save_period epochs (and at the
+end), and weights/best.safetensors from the same snapshot when the fitness
+improved; the training loop only takes the snapshot (checkpoint.save with
+async = true), a background thread writes the files, and fit returns after
+they are on disk (a failed write raises, naming the file). A callback that
+reads the files with anything but lucid (which waits by itself) should call
+require("lucid.checkpoint").wait() first.
+
 Failure path: any error during fit releases the loaders, the loss plans and
-the validator, leaves the last checkpoint on disk intact (checkpoints are
-written atomically), calls on_fit_error, and re-raises the ORIGINAL error
-(cleanup errors are reported on stderr, never raised over it).
+the validator, waits for the queued checkpoint writes, leaves the last
+checkpoint on disk intact (checkpoints are written atomically), calls
+on_fit_error, and re-raises the ORIGINAL error (cleanup errors are reported
+on stderr, never raised over it).
 ]]
 local lucid = require "lucid"
 local data = require "lucid.data"
@@ -173,6 +182,11 @@ function Trainer:fit(model, opts)
   if state.step then
     local rok, rerr = pcall(state.step.release, state.step)
     if not rok then cleanup_errors[#cleanup_errors + 1] = "step release: " .. tostring(rerr) end
+  end
+  if not ok then
+    -- a failed fit still leaves its queued checkpoints on disk (or says why not)
+    local wok, werr = pcall(checkpoint.wait)
+    if not wok then cleanup_errors[#cleanup_errors + 1] = "checkpoint write: " .. tostring(werr) end
   end
   self.fitting = false
   self.state = nil
@@ -333,8 +347,12 @@ function Trainer:_fit(state, opts)
   -- wall seconds by phase (setup: from fit start to the first epoch);
   -- val_parts splits validation (Trainer:validate's parts, and the final
   -- epoch's JSON/PNG writing under outputs)
+  -- checkpoints: the training loop's time in checkpoint.save (snapshot,
+  -- including any wait for the previous write) and in the final wait;
+  -- ckpt_parts.background: the writer thread's own seconds (off the loop)
   local phase = { setup = lucid.wall_time() - t_fit0, training = 0, validation = 0, checkpoints = 0,
-    val_parts = {} }
+    val_parts = {}, ckpt_parts = { snapshot = 0, final_wait = 0, background = 0 } }
+  local writer0 = checkpoint.writer_stats()
   for epoch = start_epoch, E - 1 do
     -- schedule: lr = initial_lr * lf(epoch) at the start of the epoch
     local lf = S_.lf(cfg.cos_lr and true or false, epoch, E, cfg.lrf)
@@ -445,18 +463,33 @@ function Trainer:_fit(state, opts)
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1, metadata = { accumulate = tostring(accumulate) } }
     local sp = cfg.save_period or 1
-    local tc0 = lucid.wall_time()
-    if final or (epoch + 1) % sp == 0 or state.is_best then
-      checkpoint.save(save_dir .. "/weights/last.safetensors", ck)
+    -- last (and best, from the same snapshot: one serialisation, two
+    -- independent files) are written by the background writer; the loop
+    -- only pays for the snapshot, and for waiting when the previous epoch's
+    -- write is still running (its failure is raised here)
+    local paths = {}
+    if final or (epoch + 1) % sp == 0 or state.is_best then paths[#paths + 1] = save_dir .. "/weights/last.safetensors" end
+    if state.is_best then paths[#paths + 1] = save_dir .. "/weights/best.safetensors" end
+    if #paths > 0 then
+      local tc0 = lucid.wall_time()
+      checkpoint.save(paths, ck, { async = true })
+      local dt = lucid.wall_time() - tc0
+      phase.checkpoints = phase.checkpoints + dt
+      phase.ckpt_parts.snapshot = phase.ckpt_parts.snapshot + dt
     end
-    if state.is_best then checkpoint.save(save_dir .. "/weights/best.safetensors", ck) end
-    phase.checkpoints = phase.checkpoints + lucid.wall_time() - tc0
-    -- the row goes in after the checkpoint: a run killed in between resumes
-    -- from the previous checkpoint and rewrites this epoch's row
+    -- the row goes in after the checkpoint's snapshot: a run killed before
+    -- that write is on disk resumes from the previous checkpoint, and
+    -- csv:truncate_after drops this epoch's row
     if metrics then csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
     self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = metrics and metrics.fitness,
       train_losses = train_losses })
   end
+  -- every checkpoint on disk before fit returns (a failed write raises here)
+  local tw0 = lucid.wall_time()
+  checkpoint.wait()
+  phase.ckpt_parts.final_wait = lucid.wall_time() - tw0
+  phase.checkpoints = phase.checkpoints + phase.ckpt_parts.final_wait
+  phase.ckpt_parts.background = checkpoint.writer_stats().seconds - writer0.seconds
   ctx:synchronize()
   local fit_seconds = lucid.wall_time() - t_fit0
   -- steady step: epochs after the first three (all of them when fewer)
@@ -469,11 +502,13 @@ function Trainer:_fit(state, opts)
     memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema,
     phases = phase, nonfinite_norms = state.nonfinite or 0, skipped_steps = state.skipped or 0 }
   local vp = phase.val_parts
+  local cp = phase.ckpt_parts
   out:write(string.format("time by phase: setup %.1f s, training %.1f s (first epoch %.1f s), validation %.2f s "
     .. "(loader %.2f, forward+copy %.2f, decode+nms %.2f, match %.2f, metrics %.2f, ema swap %.2f, outputs %.2f), "
-    .. "checkpoints %.1f s\n", phase.setup, phase.training, step_times[1] and step_times[1].seconds or 0,
+    .. "checkpoints %.2f s (snapshot %.2f, final wait %.2f; written in the background %.2f)\n", phase.setup,
+    phase.training, step_times[1] and step_times[1].seconds or 0,
     phase.validation, vp.loader or 0, (vp.forward or 0) + (vp.copy or 0), vp.nms or 0, vp.match or 0,
-    vp.metrics or 0, vp.swap or 0, vp.outputs or 0, phase.checkpoints))
+    vp.metrics or 0, vp.swap or 0, vp.outputs or 0, phase.checkpoints, cp.snapshot, cp.final_wait, cp.background))
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
