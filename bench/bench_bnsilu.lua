@@ -10,19 +10,10 @@ step). Median over timed iterations after warm-up. Run by `make bench`.
   luajit bench/bench_bnsilu.lua [device=auto] [batch=4] [imgsz=640] [iters=30]
 ]]
 local lucid = require "lucid"
-local recipe = require "lucid.recipe"
 local P = require "lucid.nn.prim"
-local cfg = recipe.resolve({ device = "auto", batch = 4, imgsz = 640, iters = 30, warmup = 5, dtype = "auto" }, arg)
-local ctx = lucid.Context{ device = cfg.device }
-local dev = ctx:device()
-local gpu = dev:sub(1, 4) == "cuda"
-if not gpu and cfg.device == "auto" then
-  print("skip bench_bnsilu: no CUDA device (run with device=cpu imgsz=128 for the CPU)")
-  return
-end
-local dt = cfg.dtype == "auto" and (gpu and "bf16" or "f32") or cfg.dtype
-local model = require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 }, ctx = ctx, device = dev }
-model:train()
+local util = require "bench.util"
+local cfg, ctx, dev, dt, model = util.setup("bench_bnsilu", arg, "run with device=cpu imgsz=128 for the CPU")
+if not cfg then return end
 local B, S = cfg.batch, cfg.imgsz
 
 -- every Conv block whose bn -> act pair can be fused, with a copy of its
@@ -58,22 +49,8 @@ local function fused()
   end
 end
 
-local function measure(fn)
-  for _ = 1, cfg.warmup do fn() end
-  ctx:synchronize()
-  local t = {}
-  for i = 1, cfg.iters do
-    local t0 = lucid.wall_time()
-    fn()
-    ctx:synchronize()
-    t[i] = (lucid.wall_time() - t0) * 1000
-  end
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)], t[1], t[#t]
-end
-
-local ms, s_lo, s_hi = measure(separate)
-local mf, f_lo, f_hi = measure(fused)
+local ms, s_lo, s_hi = util.measure(ctx, separate, cfg.warmup, cfg.iters)
+local mf, f_lo, f_hi = util.measure(ctx, fused, cfg.warmup, cfg.iters)
 local tag = string.format("[%s, %s, batch %d, %dpx, %d pairs]", dev, dt, B, S, #pairs_)
 print(string.format("lucid %-30s %9.3f ms  (min %.3f, max %.3f)  %s", "bn+silu fwd+bwd, separate", ms, s_lo, s_hi, tag))
 print(string.format("lucid %-30s %9.3f ms  (min %.3f, max %.3f)  %s", "bn+silu fwd+bwd, fused", mf, f_lo, f_hi, tag))

@@ -278,6 +278,31 @@ __device__ __forceinline__ void st4(H *p, const float *o) {
     for (int k = 0; k < 4; k++) lucid_elem<H>::store(p, k, o[k]);
 }
 
+/* x[k] = base[e + k] for k < 4, 0 from len on: one ld4 when v4 and all
+ * four are below len, else elementwise. */
+template <typename G>
+__device__ __forceinline__ void ld4_upto(const G *base, int e, int len, int v4, float *x) {
+    if (v4 && e + 4 <= len) {
+        ld4(base + e, x);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) x[k] = e + k < len ? lucid_elem<G>::load(base, e + k) : 0.0f;
+    }
+}
+
+/* base[e + k] = x[k] for the k < 4 below len: one st4 when v4 and all four
+ * are below len, else elementwise. */
+template <typename G>
+__device__ __forceinline__ void st4_upto(G *base, int e, int len, int v4, const float *x) {
+    if (v4 && e + 4 <= len) {
+        st4(base + e, x);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (e + k < len) lucid_elem<G>::store(base, e + k, x[k]);
+    }
+}
+
 /* One pass over the trainable gradients, one warp per chunk (PW chunks per
  * block):
  *   UNSCALE (scaler on): found_inf |= any non-finite; x *= inv (inv =
@@ -318,16 +343,8 @@ __global__ void __launch_bounds__(T, 2) k_prepass(const lucid_chunk *chunks, int
 #pragma unroll
         for (int i = 0; i < PER; i++) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int e = i * T + h * (T / 2) + 4 * w;
-                if (v4 && e + 4 <= len) {
-                    ld4(base + e, x[i][h]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        x[i][h][k] = e + k < len ? lucid_elem<G>::load(base, e + k) : 0.0f;
-                }
-            }
+            for (int h = 0; h < 2; h++)
+                ld4_upto(base, i * T + h * (T / 2) + 4 * w, len, v4, x[i][h]);
         }
         float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         int found = 0;
@@ -351,16 +368,8 @@ __global__ void __launch_bounds__(T, 2) k_prepass(const lucid_chunk *chunks, int
 #pragma unroll
             for (int i = 0; i < PER; i++) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int e = i * T + h * (T / 2) + 4 * w;
-                    if (v4 && e + 4 <= len) {
-                        st4(base + e, x[i][h]);
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            if (e + k < len) lucid_elem<G>::store(base, e + k, x[i][h][k]);
-                    }
-                }
+                for (int h = 0; h < 2; h++)
+                    st4_upto(base, i * T + h * (T / 2) + 4 * w, len, v4, x[i][h]);
             }
         }
         if (found) {
@@ -647,64 +656,54 @@ __device__ __forceinline__ void step_chunk(const step_args &a, const lucid_chunk
     typedef slot_groups<VEC> SG;
     float *v2 = KIND == LUCID_OPTIM_ADAMW ? a.s1 + c.start : NULL;
     float *e2 = ema ? a.ema + c.start : NULL;
-    /* each group is stored as soon as it is computed (fewer live values) */
+    /* the step's scalars of KIND (those of the other kind stay 0, unused) */
+    float lr = 0.0f, mu = 0.0f, wd = 0.0f;
+    int nest = 0;
+    float eps = 0.0f, b2 = 0.0f, omb2 = 0.0f, w1 = 0.0f, dm = 0.0f, bc2 = 0.0f, nss = 0.0f;
     if (KIND == LUCID_OPTIM_SGD) {
-        const float lr = __ldcg(&blk->in.lr[s]), mu = __ldcg(&blk->in.momentum[s]);
-        const float wd = __ldcg(&blk->in.weight_decay[s]);
-        const int nest = __ldcg(&blk->in.nesterov);
-#pragma unroll
-        for (int q = 0; q < SG::N; q++) {
-#pragma unroll
-            for (int k = 0; k < SG::S; k++) {
-                const int i = q * SG::S + k;
-                const float gi = proc ? q_(gv[i]) : gv[i];
-                gv[i] = gi;
-                if (!skip) {
-                    float b = mv[i];
-                    pv[i] = sgd_elem(pv[i], gi, &b, lr, mu, wd, nest);
-                    mv[i] = b;
-                }
-                if (ema) ev[i] = ema_elem(ev[i], pv[i], d, omd);
-            }
-            if (!skip) {
-                st_group<VEC, 0>(p, pv, q, len);
-                st_group<VEC, 1>(m, mv, q, len);
-            }
-            if (ema) st_group<VEC, 1>(e2, ev, q, len);
-            if (keep) st_group<VEC, 0>(g, gv, q, len);
-        }
+        lr = __ldcg(&blk->in.lr[s]);
+        mu = __ldcg(&blk->in.momentum[s]);
+        wd = __ldcg(&blk->in.weight_decay[s]);
+        nest = __ldcg(&blk->in.nesterov);
     } else {
-        const float eps = __ldcg(&blk->in.eps), b2 = __ldcg(&blk->in.beta2);
-        const float omb2 = (float)(1.0 - (double)b2);
-        const float w1 = (float)(1.0 - (double)__ldcg(&blk->in.momentum[s]));
-        const float dm = __ldcg(&blk->st.decay_mul[s]), bc2 = __ldcg(&blk->st.bc2_sqrt[s]);
-        const float nss = -__ldcg(&blk->st.step_size[s]);
+        eps = __ldcg(&blk->in.eps);
+        b2 = __ldcg(&blk->in.beta2);
+        omb2 = (float)(1.0 - (double)b2);
+        w1 = (float)(1.0 - (double)__ldcg(&blk->in.momentum[s]));
+        dm = __ldcg(&blk->st.decay_mul[s]);
+        bc2 = __ldcg(&blk->st.bc2_sqrt[s]);
+        nss = -__ldcg(&blk->st.step_size[s]);
+    }
+    /* each group is stored as soon as it is computed (fewer live values) */
 #pragma unroll
-        for (int q = 0; q < SG::N; q++) {
+    for (int q = 0; q < SG::N; q++) {
 #pragma unroll
-            for (int k = 0; k < SG::S; k++) {
-                const int i = q * SG::S + k;
-                const float gi = proc ? q_(gv[i]) : gv[i];
-                gv[i] = gi;
-                if (!skip) {
-                    float pi = MUL(pv[i], dm);
-                    float mi = lerp_aten(mv[i], gi, w1);
-                    float vi = ADD(MUL(vv[i], b2), MUL(omb2, MUL(gi, gi)));
-                    float den = ADD(DIV(__fsqrt_rn(vi), bc2), eps);
-                    pv[i] = ADD(pi, MUL(nss, DIV(mi, den)));
-                    mv[i] = mi;
-                    vv[i] = vi;
-                }
-                if (ema) ev[i] = ema_elem(ev[i], pv[i], d, omd);
+        for (int k = 0; k < SG::S; k++) {
+            const int i = q * SG::S + k;
+            const float gi = proc ? q_(gv[i]) : gv[i];
+            gv[i] = gi;
+            if (!skip && KIND == LUCID_OPTIM_SGD) {
+                float b = mv[i];
+                pv[i] = sgd_elem(pv[i], gi, &b, lr, mu, wd, nest);
+                mv[i] = b;
+            } else if (!skip) {
+                float pi = MUL(pv[i], dm);
+                float mi = lerp_aten(mv[i], gi, w1);
+                float vi = ADD(MUL(vv[i], b2), MUL(omb2, MUL(gi, gi)));
+                float den = ADD(DIV(__fsqrt_rn(vi), bc2), eps);
+                pv[i] = ADD(pi, MUL(nss, DIV(mi, den)));
+                mv[i] = mi;
+                vv[i] = vi;
             }
-            if (!skip) {
-                st_group<VEC, 0>(p, pv, q, len);
-                st_group<VEC, 1>(m, mv, q, len);
-                st_group<VEC, 1>(v2, vv, q, len);
-            }
-            if (ema) st_group<VEC, 1>(e2, ev, q, len);
-            if (keep) st_group<VEC, 0>(g, gv, q, len);
+            if (ema) ev[i] = ema_elem(ev[i], pv[i], d, omd);
         }
+        if (!skip) {
+            st_group<VEC, 0>(p, pv, q, len);
+            st_group<VEC, 1>(m, mv, q, len);
+            if (KIND != LUCID_OPTIM_SGD) st_group<VEC, 1>(v2, vv, q, len);
+        }
+        if (ema) st_group<VEC, 1>(e2, ev, q, len);
+        if (keep) st_group<VEC, 0>(g, gv, q, len);
     }
 }
 

@@ -403,9 +403,8 @@ lua_Number lucid_lua_optnumber(lua_State *L, int narg, lua_Number def) {
 }
 
 lua_Integer lucid_lua_checkinteger(lua_State *L, int narg) {
-    lua_Integer d = lua_tointeger(L, narg);
-    if (d == 0 && !lua_isnumber(L, narg)) type_error(L, narg, "a number");
-    return d;
+    lucid_lua_checknumber(L, narg); /* the type check: a number */
+    return lua_tointeger(L, narg);
 }
 
 lua_Integer lucid_lua_optinteger(lua_State *L, int narg, lua_Integer def) {

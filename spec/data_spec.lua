@@ -5,25 +5,14 @@
 -- augmentation geometry in depth.
 local lucid = require "lucid"
 local data = require "lucid.data"
+local files = require "support.files"
+local write, read = files.write, files.read
 
 local function tmpdir()
   local p = os.tmpname()
   os.remove(p)
   assert(os.execute("mkdir -p '" .. p .. "/images/train' '" .. p .. "/labels/train'"))
   return p
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
 end
 
 local function same(a, b)

@@ -6,6 +6,8 @@
 local ffi = require "ffi"
 local lucid = require "lucid"
 local data = require "lucid.data"
+local files = require "support.files"
+local write, read = files.write, files.read
 
 ffi.cdef [[
 int setenv(const char *name, const char *value, int overwrite);
@@ -14,17 +16,12 @@ int unsetenv(const char *name);
 
 local mini = data.find_dataset("coco-pose-mini")
 
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
+-- the number of images of split in descriptor d (opened, then freed)
+local function size_of(d, split)
+  local ds = assert(data.open(d, split, { imgsz = 64 }))
+  local n = #ds
+  ds:free()
+  return n
 end
 
 -- the error message of f(...) (which must fail)
@@ -81,9 +78,7 @@ describe("data= as an Ultralytics data YAML", function()
     assert.are.same({ "person" }, d.names)
     assert.are.equal(y, d.descriptor_file)
     if not mini then pending("coco-pose-mini not found (the images come from it)") return end
-    local ds = assert(data.open(d, "train", { imgsz = 64 }))
-    assert.are.equal(2, #ds)
-    ds:free()
+    assert.are.equal(2, size_of(d, "train"))
   end)
 
   it("path relative: the working directory first, then the datasets folder (LUCID_DATASETS)", function()
@@ -113,9 +108,7 @@ describe("data= as an Ultralytics data YAML", function()
     assert.are.equal("images/train", d.train) -- root/../images/train is absent: root/images/train
     assert.are.equal(root .. "/images/val", d.val)
     if not mini then return end
-    local ds = assert(data.open(d, "val", { imgsz = 64 }))
-    assert.are.equal(1, #ds)
-    ds:free()
+    assert.are.equal(1, size_of(d, "val"))
   end)
 
   it("errors name the file and the key", function()
@@ -147,8 +140,7 @@ describe("data= as an Ultralytics data YAML", function()
     local d = data.load_yaml(y)
     assert.is_nil(d.flip_idx)
     if not mini then return end
-    local ds = assert(data.open(d, "train", { imgsz = 64 }))
-    ds:free()
+    size_of(d, "train")
   end)
 end)
 

@@ -328,21 +328,6 @@ static lucid_status chk_bn_forward(
     return LUCID_OK;
 }
 
-static void bump_bn_forward(lucid_tensor *y, lucid_tensor *save_mean,
-                            lucid_tensor *save_invstd,
-                            lucid_tensor *running_mean,
-                            lucid_tensor *running_var,
-                            lucid_tensor *num_batches_tracked, int training) {
-    bump(y);
-    bump(save_mean);
-    bump(save_invstd);
-    if (training) {
-        bump(running_mean);
-        bump(running_var);
-        bump(num_batches_tracked);
-    }
-}
-
 /* The argument checks of the BatchNorm2d backward (plain and fused). */
 static lucid_status chk_bn_backward(lucid_ctx *ctx, const char *op,
                                     const lucid_tensor *x,
@@ -371,49 +356,6 @@ static lucid_status chk_bn_backward(lucid_ctx *ctx, const char *op,
     return LUCID_OK;
 }
 
-lucid_status lucid_nn_batchnorm2d_forward(
-    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
-    const lucid_tensor *weight, const lucid_tensor *bias,
-    lucid_tensor *running_mean, lucid_tensor *running_var,
-    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
-    lucid_tensor *save_invstd, int training, double momentum, double eps) {
-    const char *op = "batchnorm2d_forward";
-    LUCID_TRY(chk_bn_forward(ctx, op, x, y, weight, bias, running_mean,
-                             running_var, num_batches_tracked, save_mean,
-                             save_invstd, training, momentum, eps));
-    KT(ctx, x);
-    LUCID_TRY(kt_->batchnorm2d_forward(ctx, x, y, weight, bias, running_mean,
-                                       running_var, num_batches_tracked,
-                                       save_mean, save_invstd, training,
-                                       momentum, eps));
-    bump_bn_forward(y, save_mean, save_invstd, running_mean, running_var,
-                    num_batches_tracked, training);
-    return LUCID_OK;
-}
-
-lucid_status lucid_nn_batchnorm2d_backward(
-    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
-    lucid_tensor *dx, const lucid_tensor *weight,
-    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
-    lucid_tensor *dweight, lucid_tensor *dbias, int training,
-    double beta_input, double beta_params) {
-    const char *op = "batchnorm2d_backward";
-    LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
-                              save_invstd, dweight, dbias));
-    KT(ctx, x);
-    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
-    LUCID_TRY(kt_->batchnorm2d_backward(ctx, x, dy, dx, weight, save_mean,
-                                        save_invstd, dweight, dbias, training,
-                                        beta_input, beta_params));
-    bump(dx);
-    bump(dweight);
-    bump(dbias);
-    return LUCID_OK;
-}
-
-// ----------------------------------------------------------------------------
-// BatchNorm2d + SiLU (fused)
-
 static lucid_status no_fused(lucid_ctx *ctx, const char *op,
                              const lucid_nn_kernels *k) {
     return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
@@ -422,26 +364,100 @@ static lucid_status no_fused(lucid_ctx *ctx, const char *op,
                         op, k->name);
 }
 
+/* The BatchNorm2d forward, plain or (silu) fused with SiLU: the checks, the
+ * kernel of x's device table, the version bumps of what it wrote. */
+static lucid_status bn_forward_entry(
+    lucid_ctx *ctx, const char *op, int silu, const lucid_tensor *x,
+    lucid_tensor *y, const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    LUCID_TRY(chk_bn_forward(ctx, op, x, y, weight, bias, running_mean,
+                             running_var, num_batches_tracked, save_mean,
+                             save_invstd, training, momentum, eps));
+    KT(ctx, x);
+    if (silu && !kt_->batchnorm2d_silu_forward) return no_fused(ctx, op, kt_);
+    LUCID_TRY((silu ? kt_->batchnorm2d_silu_forward : kt_->batchnorm2d_forward)(
+        ctx, x, y, weight, bias, running_mean, running_var, num_batches_tracked,
+        save_mean, save_invstd, training, momentum, eps));
+    bump(y);
+    bump(save_mean);
+    bump(save_invstd);
+    if (training) {
+        bump(running_mean);
+        bump(running_var);
+        bump(num_batches_tracked);
+    }
+    return LUCID_OK;
+}
+
+/* The BatchNorm2d backward, plain (bias NULL) or (silu) fused with SiLU:
+ * the checks, the kernel of x's device table (none for an empty x), the
+ * version bumps of what it wrote. */
+static lucid_status bn_backward_entry(
+    lucid_ctx *ctx, const char *op, int silu, const lucid_tensor *x,
+    const lucid_tensor *dy, lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *bias, const lucid_tensor *save_mean,
+    const lucid_tensor *save_invstd, lucid_tensor *dweight,
+    lucid_tensor *dbias, int training, double beta_input,
+    double beta_params) {
+    LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
+                              save_invstd, dweight, dbias));
+    if (bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
+    KT(ctx, x);
+    if (silu && !kt_->batchnorm2d_silu_backward) return no_fused(ctx, op, kt_);
+    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
+    if (silu)
+        LUCID_TRY(kt_->batchnorm2d_silu_backward(ctx, x, dy, dx, weight, bias,
+                                                 save_mean, save_invstd,
+                                                 dweight, dbias, training,
+                                                 beta_input, beta_params));
+    else
+        LUCID_TRY(kt_->batchnorm2d_backward(ctx, x, dy, dx, weight, save_mean,
+                                            save_invstd, dweight, dbias,
+                                            training, beta_input,
+                                            beta_params));
+    bump(dx);
+    bump(dweight);
+    bump(dbias);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    return bn_forward_entry(ctx, "batchnorm2d_forward", 0, x, y, weight, bias,
+                            running_mean, running_var, num_batches_tracked,
+                            save_mean, save_invstd, training, momentum, eps);
+}
+
+lucid_status lucid_nn_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    return bn_backward_entry(ctx, "batchnorm2d_backward", 0, x, dy, dx, weight,
+                             NULL, save_mean, save_invstd, dweight, dbias,
+                             training, beta_input, beta_params);
+}
+
+// ----------------------------------------------------------------------------
+// BatchNorm2d + SiLU (fused)
+
 lucid_status lucid_nn_batchnorm2d_silu_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
     const lucid_tensor *weight, const lucid_tensor *bias,
     lucid_tensor *running_mean, lucid_tensor *running_var,
     lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
     lucid_tensor *save_invstd, int training, double momentum, double eps) {
-    const char *op = "batchnorm2d_silu_forward";
-    LUCID_TRY(chk_bn_forward(ctx, op, x, y, weight, bias, running_mean,
-                             running_var, num_batches_tracked, save_mean,
-                             save_invstd, training, momentum, eps));
-    KT(ctx, x);
-    if (!kt_->batchnorm2d_silu_forward) return no_fused(ctx, op, kt_);
-    LUCID_TRY(kt_->batchnorm2d_silu_forward(ctx, x, y, weight, bias,
-                                            running_mean, running_var,
-                                            num_batches_tracked, save_mean,
-                                            save_invstd, training, momentum,
-                                            eps));
-    bump_bn_forward(y, save_mean, save_invstd, running_mean, running_var,
-                    num_batches_tracked, training);
-    return LUCID_OK;
+    return bn_forward_entry(ctx, "batchnorm2d_silu_forward", 1, x, y, weight,
+                            bias, running_mean, running_var,
+                            num_batches_tracked, save_mean, save_invstd,
+                            training, momentum, eps);
 }
 
 lucid_status lucid_nn_batchnorm2d_silu_backward(
@@ -450,21 +466,9 @@ lucid_status lucid_nn_batchnorm2d_silu_backward(
     const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
     double beta_input, double beta_params) {
-    const char *op = "batchnorm2d_silu_backward";
-    LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
-                              save_invstd, dweight, dbias));
-    if (bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
-    KT(ctx, x);
-    if (!kt_->batchnorm2d_silu_backward) return no_fused(ctx, op, kt_);
-    if (lucid_tensor_numel(x) == 0) return LUCID_OK;
-    LUCID_TRY(kt_->batchnorm2d_silu_backward(ctx, x, dy, dx, weight, bias,
-                                             save_mean, save_invstd, dweight,
-                                             dbias, training, beta_input,
-                                             beta_params));
-    bump(dx);
-    bump(dweight);
-    bump(dbias);
-    return LUCID_OK;
+    return bn_backward_entry(ctx, "batchnorm2d_silu_backward", 1, x, dy, dx,
+                             weight, bias, save_mean, save_invstd, dweight,
+                             dbias, training, beta_input, beta_params);
 }
 
 // ----------------------------------------------------------------------------

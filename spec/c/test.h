@@ -12,6 +12,7 @@
 #define LUCID_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,30 @@ static inline double test_relerr(double a, double b) {
     if (isnan(a) || isnan(b)) return INFINITY;
     double d = fabs(a - b), m = fabs(b);
     return m > 1e-30 ? d / m : d;
+}
+
+/* Element i of a contiguous host tensor as double (f32, f64, bf16, f16, u8,
+ * i32, i64; 0 for other dtypes). */
+static inline double test_hget(const lucid_tensor *t, int64_t i) {
+    const void *p = lucid_tensor_data(t);
+    switch (t->dtype) {
+    case LUCID_F32: return ((const float *)p)[i];
+    case LUCID_F64: return ((const double *)p)[i];
+    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
+    case LUCID_U8: return ((const uint8_t *)p)[i];
+    case LUCID_I32: return ((const int32_t *)p)[i];
+    case LUCID_I64: return (double)((const int64_t *)p)[i];
+    default: return 0;
+    }
+}
+
+/* Distance in units in the last place between two 16-bit floats (bf16 or
+ * f16 bit patterns of one dtype). */
+static inline int64_t test_ulp16(uint16_t a, uint16_t b) {
+    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
+    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
+    return x > y ? x - y : y - x;
 }
 
 static inline int test_exit(void) { return test_failures_ ? 1 : 0; }

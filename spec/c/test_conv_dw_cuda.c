@@ -35,12 +35,9 @@
  * around LUCID_DW_BENCH_ITERS back-to-back calls per pass, default 50; 0
  * skips) and printed as "# timing" lines (information, not checks).
  */
-#include "test.h"
+#include "test_cuda_util.h"
 
 #include "../../cuda/nn_conv_dw.cuh"
-
-#include <stdint.h>
-#include <time.h>
 
 /* The kernels exist only in CUDA builds.  There the references are strong,
  * so the linker takes cuda/nn_conv_dw.o out of build/libengine.a even while
@@ -69,18 +66,8 @@
 __attribute__((weak))
 #endif
 void *lucid_cuda_nn_stream(lucid_ctx *ctx); /* cuda/nn_table.cu */
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
-void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
 
-static const lucid_device CPU = {LUCID_CPU, 0};
-static const lucid_device GPU = {LUCID_CUDA, 0};
-static lucid_ctx *ctx;
 static void *stream;
-static char nm[320];
-
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 
 /* ------------------------------------------------------------ values */
 
@@ -630,7 +617,5 @@ int main(void) {
     const char *env = getenv("LUCID_DW_BENCH_ITERS");
     int iters = env ? atoi(env) : 50;
     if (iters > 0) bench_net(iters);
-    if (lucid_cuda_nn_state_destroy) lucid_cuda_nn_state_destroy(ctx);
-    lucid_ctx_release(ctx);
-    return test_exit();
+    return cuda_test_finish();
 }

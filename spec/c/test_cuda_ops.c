@@ -63,20 +63,6 @@ static double draw(dom d) {
 
 /* ------------------------------------------------------------ host tensors */
 
-static double hget(const lucid_tensor *t, int64_t i) {
-    const void *p = lucid_tensor_data(t);
-    switch (t->dtype) {
-    case LUCID_F32: return ((const float *)p)[i];
-    case LUCID_F64: return ((const double *)p)[i];
-    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_U8: return ((const uint8_t *)p)[i];
-    case LUCID_I32: return ((const int32_t *)p)[i];
-    case LUCID_I64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
-}
-
 static void hset(lucid_tensor *t, int64_t i, double v) {
     void *p = lucid_tensor_data(t);
     switch (t->dtype) {
@@ -93,13 +79,6 @@ static void hset(lucid_tensor *t, int64_t i, double v) {
 
 static uint16_t hbits16(const lucid_tensor *t, int64_t i) {
     return ((const uint16_t *)lucid_tensor_data(t))[i];
-}
-
-/* Signed distance in units in the last place between two 16-bit floats. */
-static int64_t ulp16(uint16_t a, uint16_t b) {
-    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
-    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
-    return x > y ? x - y : y - x;
 }
 
 /* New contiguous host tensor of random values (drawn in f64, rounded once). */
@@ -171,14 +150,14 @@ static int compare(const char *name, const lucid_tensor *ref,
     double maxerr = 0;
     int64_t bad = -1, nbad = 0;
     for (int64_t i = 0; i < n; i++) {
-        double r = hget(ref, i), g = hget(got, i);
+        double r = test_hget(ref, i), g = test_hget(got, i);
         int fail;
         double err;
         if (isnan(r) || isnan(g)) {
             fail = !(allow_nan && isnan(r) && isnan(g));
             err = fail ? INFINITY : 0;
         } else if (half) {
-            err = (double)ulp16(hbits16(ref, i), hbits16(got, i));
+            err = (double)test_ulp16(hbits16(ref, i), hbits16(got, i));
             fail = err > ulps;
         } else if (integer) {
             err = fabs(g - r);
@@ -201,7 +180,7 @@ static int compare(const char *name, const lucid_tensor *ref,
                   "%lld of %lld elements off; first at %lld: gpu %.9g cpu %.9g "
                   "(max err %.3g, tol %s %g)",
                   (long long)nbad, (long long)n, (long long)bad,
-                  hget(got, bad), hget(ref, bad), maxerr,
+                  test_hget(got, bad), test_hget(ref, bad), maxerr,
                   half ? "ulps" : "rel", half ? (double)ulps : tol);
         return 0;
     }
@@ -219,7 +198,7 @@ static void compare_frob(const char *name, const lucid_tensor *ref,
     double num = 0, den = 0;
     int64_t n = lucid_tensor_numel(ref);
     for (int64_t i = 0; i < n; i++) {
-        double r = hget(ref, i), g = hget(got, i);
+        double r = test_hget(ref, i), g = test_hget(got, i);
         if (isnan(r) || isnan(g) || isinf(g)) {
             TEST_FAIL(name, "non-finite at %lld: gpu %g cpu %g", (long long)i, g,
                       r);
@@ -539,7 +518,7 @@ static double sum_abs(const lucid_tensor *t, int op) {
     double s = 0;
     int64_t n = lucid_tensor_numel(t);
     for (int64_t i = 0; i < n; i++) {
-        double v = hget(t, i);
+        double v = test_hget(t, i);
         s += (op == LUCID_REDUCE_SUMSQ || op == LUCID_REDUCE_NORM2) ? v * v : fabs(v);
     }
     if (op == LUCID_REDUCE_MEAN) s /= (double)(n ? n : 1);
@@ -643,7 +622,7 @@ static void test_reduce_nan(lucid_ctx *ctx, int op) {
         lucid_tensor_empty(ctx, GPU, LUCID_F32, 0, NULL, &rg) != LUCID_OK ||
         lucid_reduce_all(ctx, (lucid_reduce_op)op, rg, ag) != LUCID_OK ||
         !(h = to_host(ctx, rg))) { FAILST(name); goto done; }
-    CHECK(name, isnan(hget(h, 0)), "got %g", hget(h, 0));
+    CHECK(name, isnan(test_hget(h, 0)), "got %g", test_hget(h, 0));
     /* reduce_dim: row 3 holds the NaN ([7,10000] view of 70000 elements) */
     snprintf(name, sizeof name, "cuda reduce_dim %s propagates NaN", RED_NAMES[op]);
     {
@@ -655,11 +634,11 @@ static void test_reduce_nan(lucid_ctx *ctx, int op) {
             !(hd = to_host(ctx, rd))) {
             FAILST(name);
         } else {
-            int ok = isnan(hget(hd, 3));
+            int ok = isnan(test_hget(hd, 3));
             for (int i = 0; i < 7; i++)
-                if (i != 3 && isnan(hget(hd, i))) ok = 0;
-            CHECK(name, ok, "row 3 = %g (NaN expected), row 0 = %g", hget(hd, 3),
-                  hget(hd, 0));
+                if (i != 3 && isnan(test_hget(hd, i))) ok = 0;
+            CHECK(name, ok, "row 3 = %g (NaN expected), row 0 = %g", test_hget(hd, 3),
+                  test_hget(hd, 0));
         }
         rel(v); rel(vv);
     }

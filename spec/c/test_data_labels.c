@@ -118,6 +118,18 @@ static void test_rows(void) {
     lucid_labels_free(&l);
 }
 
+/* Write text to the data YAML at path and check that reading it fails with
+ * ERR_FORMAT, the message holding need and (when not NULL) need2. */
+static void check_yaml_refused(const char *name, const char *path, const char *text,
+                               const char *need, const char *need2) {
+    lucid_data_yaml y;
+    tdu_write_text(path, text);
+    lucid_status st = lucid_data_yaml_read(ctx, path, &y);
+    const char *e = lucid_ctx_error(ctx);
+    CHECK(name, st == LUCID_ERR_FORMAT && strstr(e, need) && (!need2 || strstr(e, need2)),
+          "%s", e);
+}
+
 static void test_yaml(void) {
     char root[256], p[512];
     tdu_make_split(root, sizeof root, "train");
@@ -150,27 +162,18 @@ static void test_yaml(void) {
     CHECK("data yaml with only nc: names class_0, class_1 (Ultralytics)", st == LUCID_OK &&
           y.nc == 2 && !strcmp(y.names[1], "class_1"), "%s", lucid_ctx_error(ctx));
     if (st == LUCID_OK) lucid_data_yaml_free(&y);
-    tdu_write_text(p, "train: a\nnames:\n  0: a\n  0: b\n");
-    st = lucid_data_yaml_read(ctx, p, &y);
-    CHECK("data yaml names with a repeated id is refused naming file, line and key",
-          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "data.yaml:3:") &&
-          strstr(lucid_ctx_error(ctx), "'names'"), "%s", lucid_ctx_error(ctx));
-    tdu_write_text(p, "path: [a, b]\ntrain: a\nnc: 1\n");
-    st = lucid_data_yaml_read(ctx, p, &y);
-    CHECK("data yaml path that is not a string is refused naming the key",
-          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "'path'"), "%s",
-          lucid_ctx_error(ctx));
+    check_yaml_refused("data yaml names with a repeated id is refused naming file, line and key",
+                       p, "train: a\nnames:\n  0: a\n  0: b\n", "data.yaml:3:", "'names'");
+    check_yaml_refused("data yaml path that is not a string is refused naming the key", p,
+                       "path: [a, b]\ntrain: a\nnc: 1\n", "'path'", NULL);
 
-    tdu_write_text(p, "path: .\ntrain: a\nkpt_shape: [3, 3]\nflip_idx: [0, 2, 2]\nnames: [person]\n");
-    st = lucid_data_yaml_read(ctx, p, &y);
-    CHECK("data yaml with bad flip_idx rejected naming the file",
-          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "data.yaml") &&
-          strstr(lucid_ctx_error(ctx), "flip_idx"), "%s", lucid_ctx_error(ctx));
-    tdu_write_text(p, "path: .\ntrain: a\nkpt_shape: [3, 3\nnames: [person]\n");
-    st = lucid_data_yaml_read(ctx, p, &y);
-    CHECK("data yaml syntax error names file:line",
-          st == LUCID_ERR_FORMAT && strstr(lucid_ctx_error(ctx), "data.yaml:"),
-          "%s", lucid_ctx_error(ctx));
+    check_yaml_refused("data yaml with bad flip_idx rejected naming the file", p,
+                       "path: .\ntrain: a\nkpt_shape: [3, 3]\nflip_idx: [0, 2, 2]\n"
+                       "names: [person]\n",
+                       "data.yaml", "flip_idx");
+    check_yaml_refused("data yaml syntax error names file:line", p,
+                       "path: .\ntrain: a\nkpt_shape: [3, 3\nnames: [person]\n", "data.yaml:",
+                       NULL);
     tdu_rm_rf(root);
 }
 

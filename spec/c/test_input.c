@@ -79,18 +79,6 @@ static lucid_tensor *gains_t(lucid_device dev, int N, const float *g) {
     return d;
 }
 
-/* Element i of a contiguous CPU float tensor as double (exact). */
-static double value_of(const lucid_tensor *t, int64_t i) {
-    const void *p = lucid_tensor_data(t);
-    switch (t->dtype) {
-    case LUCID_F32: return ((const float *)p)[i];
-    case LUCID_F64: return ((const double *)p)[i];
-    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return NAN;
-    }
-}
-
 /* The straightforward expected output: per image an HWC copy, RandomHSV
  * through lucid_aug_hsv_apply (the loader's function) when its gains are
  * not all zero, then v / 255 in dt. Returns a malloc'd buffer of x's bytes. */
@@ -160,7 +148,7 @@ static void test_values(void) {
         int bad = -1;
         for (int i = 0; i < 768 && st == LUCID_OK && bad < 0; i++) {
             int v = p[i];
-            double y = value_of(x, i);
+            double y = test_hget(x, i);
             if (dt == LUCID_F64) {
                 if (y != (double)v / 255.0) bad = i;
                 continue;

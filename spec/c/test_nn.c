@@ -15,56 +15,10 @@
 #define TEST_NN_SEED 0x9e3779b97f4a7c15ull
 #include "test_nn_util.h"
 
-/* copy with conversion (through the core copy op) */
-static lucid_tensor *conv_to(const lucid_tensor *t, lucid_dtype dt) {
-    lucid_tensor *o = like(t, dt);
-    for (int64_t i = 0; i < numel(t); i++) set(o, i, get(t, i));
-    return o;
-}
-static double max_abs_diff(const lucid_tensor *a, const lucid_tensor *b) {
-    double m = 0;
-    for (int64_t i = 0; i < numel(a); i++) {
-        double d = fabs(get(a, i) - get(b, i));
-        if (isnan(d)) return INFINITY;
-        if (d > m) m = d;
-    }
-    return m;
-}
-static double max_abs(const lucid_tensor *a) {
-    double m = 0;
-    for (int64_t i = 0; i < numel(a); i++)
-        if (fabs(get(a, i)) > m) m = fabs(get(a, i));
-    return m;
-}
-static void rel(lucid_tensor **ts, int n) {
-    for (int i = 0; i < n; i++) lucid_tensor_release(ts[i]);
-}
-
-/* Finite-difference check of d loss / d var against `analytic`. */
-/* |lo - ref| <= u*|ref| + atol elementwise */
-static void check_lowp(const char *name, const lucid_tensor *lo,
-                       const lucid_tensor *ref, double u) {
-    double worst = 0;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < numel(ref); i++) {
-        double r = get(ref, i), d = fabs(get(lo, i) - r);
-        double lim = u * fabs(r) + 1e-6;
-        if (!(d <= lim)) {
-            if (bad < 0 || d / lim > worst) bad = i, worst = d / lim;
-        }
-    }
-    CHECK(name, bad < 0, "element %lld: %g vs f32 %g (%.2fx the bound)",
-          (long long)bad, bad >= 0 ? get(lo, bad) : 0.0,
-          bad >= 0 ? get(ref, bad) : 0.0, worst);
-}
-
 static lucid_tensor *rounded(const lucid_tensor *t, lucid_dtype dt) {
     /* t rounded to dt, returned as dt */
     return conv_to(t, dt);
 }
-
-#define U_BF16 (1.0 / 256.0)
-#define U_F16 (1.0 / 2048.0)
 
 // ----------------------------------------------------------------------------
 // Conv2d
@@ -726,13 +680,7 @@ static void test_table(void) {
 }
 
 int main(void) {
-    lucid_ctx_options o = lucid_ctx_options_default();
-    o.seed = 1;
-    char err[256];
-    if (lucid_ctx_create(&o, &ctx, err, sizeof err) != LUCID_OK) {
-        printf("not ok context: %s\n", err);
-        return 1;
-    }
+    nn_ctx_open(1);
     test_table();
     test_conv();
     test_bn();

@@ -28,39 +28,10 @@
 #define TEST_NN_SEED 0x7f4a7c159e3779b9ull
 #include "test_nn_util.h"
 
-#define U_BF16 (1.0 / 256.0)
-#define U_F16 (1.0 / 2048.0)
 #define MOM 0.03
 #define EPS 1e-3
 
-static void rel(lucid_tensor **ts, int n) {
-    for (int i = 0; i < n; i++) lucid_tensor_release(ts[i]);
-}
-
-static lucid_tensor *conv_to(const lucid_tensor *t, lucid_dtype dt) {
-    lucid_tensor *o = like(t, dt);
-    for (int64_t i = 0; i < numel(t); i++) set(o, i, get(t, i));
-    return o;
-}
-
 static lucid_tensor *clone(const lucid_tensor *t) { return conv_to(t, t->dtype); }
-
-static double max_abs(const lucid_tensor *a) {
-    double m = 0;
-    for (int64_t i = 0; i < numel(a); i++)
-        if (fabs(get(a, i)) > m) m = fabs(get(a, i));
-    return m;
-}
-
-static double max_abs_diff(const lucid_tensor *a, const lucid_tensor *b) {
-    double m = 0;
-    for (int64_t i = 0; i < numel(a); i++) {
-        double d = fabs(get(a, i) - get(b, i));
-        if (isnan(d)) return INFINITY;
-        if (d > m) m = d;
-    }
-    return m;
-}
 
 /* bitwise equality of two tensors of one dtype */
 static int same_bits(const lucid_tensor *a, const lucid_tensor *b) {
@@ -74,21 +45,6 @@ static void check_close(const char *name, const lucid_tensor *a,
                         const lucid_tensor *ref, double tol) {
     double d = max_abs_diff(a, ref), m = max_abs(ref);
     CHECK(name, d <= tol * m, "max diff %.3g > %.1g * max|ref| %.3g", d, tol, m);
-}
-
-/* |lo - ref| <= u*|ref| + 1e-6 elementwise */
-static void check_lowp(const char *name, const lucid_tensor *lo,
-                       const lucid_tensor *ref, double u) {
-    double worst = 0;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < numel(ref); i++) {
-        double r = get(ref, i), d = fabs(get(lo, i) - r);
-        double lim = u * fabs(r) + 1e-6;
-        if (!(d <= lim) && (bad < 0 || d / lim > worst)) bad = i, worst = d / lim;
-    }
-    CHECK(name, bad < 0, "element %lld: %g vs f32 %g (%.2fx the bound)",
-          (long long)bad, bad >= 0 ? get(lo, bad) : 0.0,
-          bad >= 0 ? get(ref, bad) : 0.0, worst);
 }
 
 // ----------------------------------------------------------------------------
@@ -549,13 +505,7 @@ done:
 }
 
 int main(void) {
-    lucid_ctx_options o = lucid_ctx_options_default();
-    o.seed = 1;
-    char err[256];
-    if (lucid_ctx_create(&o, &ctx, err, sizeof err) != LUCID_OK) {
-        printf("not ok context: %s\n", err);
-        return 1;
-    }
+    nn_ctx_open(1);
     test_gradcheck();
     test_vs_separate(LUCID_F64, 1, 3, 4, 3, 2);
     test_vs_separate(LUCID_F64, 0, 2, 3, 5, 1);

@@ -40,33 +40,18 @@
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
-#include "test.h"
+#include "test_cuda_util.h"
 
 #include "nn/nn.h"
 #include "train/graph.h"
 
-#include <stdint.h>
-#include <time.h>
-
-/* cuda/nn_table.cu test hook; absent (NULL) in a CPU-only build */
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
-void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
-
-static const lucid_device CPU = {LUCID_CPU, 0};
-static const lucid_device GPU = {LUCID_CUDA, 0};
-static lucid_ctx *ctx;
-static uint64_t g_seed, g_off;
-static char nm[256];
-
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 #define MOM 0.03
 #define EPS 1e-3
 
 /* ------------------------------------------------------------ tensors
  * Every tensor made here is kept in a pool released at the end of a test
- * case (pool_free), so the cases need no per-tensor cleanup. */
+ * case (pool_free), so the cases need no per-tensor cleanup: the p*
+ * constructors are those of test_cuda_util.h with their result kept. */
 
 static lucid_tensor *pool[2048];
 static int npool;
@@ -87,147 +72,25 @@ static void pool_free(void) {
     npool = 0;
 }
 
-/* Host tensor of dtype dt, uniform in [lo, hi) (Philox in f32, rounded once). */
-static lucid_tensor *hrand(lucid_dtype dt, int ndim, const int64_t *shape, double lo,
-                           double hi) {
-    lucid_tensor *f = NULL, *o = NULL;
-    if (lucid_tensor_empty(ctx, CPU, LUCID_F32, ndim, shape, &f) != LUCID_OK) return NULL;
-    int64_t n = lucid_tensor_numel(f);
-    if (lucid_rand_uniform(ctx, f, g_seed, g_off, lo, hi) != LUCID_OK) {
-        lucid_tensor_release(f);
-        return NULL;
-    }
-    g_off += (uint64_t)n;
-    if (dt == LUCID_F32) return keep(f);
-    if (lucid_tensor_to(ctx, f, CPU, dt, &o) != LUCID_OK) o = NULL;
-    lucid_tensor_release(f);
-    return keep(o);
+static lucid_tensor *phrand(lucid_dtype dt, int ndim, const int64_t *shape, double lo,
+                            double hi) {
+    return keep(hrand(dt, ndim, shape, lo, hi));
 }
-
-static lucid_tensor *hzeros(lucid_dtype dt, int ndim, const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_zeros(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
-    return keep(t);
+static lucid_tensor *phzeros(lucid_dtype dt, int ndim, const int64_t *shape) {
+    return keep(hzeros(dt, ndim, shape));
 }
-
-/* device copy of a host tensor, host copy of a device tensor (synchronised) */
-static lucid_tensor *dev(const lucid_tensor *t) {
-    lucid_tensor *o = NULL;
-    if (!t || lucid_tensor_to(ctx, t, GPU, t->dtype, &o) != LUCID_OK) return NULL;
-    return keep(o);
+static lucid_tensor *pdev(const lucid_tensor *t) { return keep(dev(t)); }
+static lucid_tensor *phost(const lucid_tensor *t) { return keep(host(t)); }
+static lucid_tensor *pdpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
+    return keep(dpoison(dt, ndim, shape));
 }
-
-static lucid_tensor *host(const lucid_tensor *t) {
-    lucid_tensor *o = NULL;
-    if (!t || lucid_ctx_synchronize(ctx) != LUCID_OK) return NULL;
-    if (lucid_tensor_to(ctx, t, CPU, t->dtype, &o) != LUCID_OK) return NULL;
-    return keep(o);
-}
-
-static lucid_tensor *poison(lucid_device d, lucid_dtype dt, int ndim,
-                            const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_empty(ctx, d, dt, ndim, shape, &t) != LUCID_OK) return NULL;
-    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
-        lucid_tensor_release(t);
-        return NULL;
-    }
-    return keep(t);
-}
-#define dpoison(dt, nd, s) poison(GPU, dt, nd, s)
-#define hpoison(dt, nd, s) poison(CPU, dt, nd, s)
-
-static double hget(const lucid_tensor *t, int64_t i) {
-    const void *p = lucid_tensor_data(t);
-    switch (t->dtype) {
-    case LUCID_F32: return ((const float *)p)[i];
-    case LUCID_F64: return ((const double *)p)[i];
-    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_I32: return ((const int32_t *)p)[i];
-    case LUCID_I64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
+static lucid_tensor *phpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
+    return keep(hpoison(dt, ndim, shape));
 }
 
 /* ------------------------------------------------------------ comparisons
- * g: a device tensor; r: a host tensor (host() a device reference first). */
-
-#define RUN(name, expr)                                                       \
-    do {                                                                      \
-        lucid_status s_ = (expr);                                             \
-        if (s_ != LUCID_OK) {                                                 \
-            TEST_FAIL(name, "%s: %s", lucid_status_name(s_), lucid_ctx_error(ctx)); \
-            goto done;                                                        \
-        }                                                                     \
-    } while (0)
-
-static int copy_failed(const char *name, const lucid_tensor *h, const lucid_tensor *r) {
-    if (h && r) return 0;
-    TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
-    return 1;
-}
-
-/* relative Frobenius error */
-static void cmp_rel(const char *name, const lucid_tensor *g, const lucid_tensor *r,
-                    double tol) {
-    lucid_tensor *h = host(g);
-    if (copy_failed(name, h, r)) return;
-    int64_t n = lucid_tensor_numel(r), bad = -1;
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double a = hget(h, i), b = hget(r, i);
-        if (!isfinite(a) || !isfinite(b)) {
-            if (bad < 0) bad = i;
-            continue;
-        }
-        num += (a - b) * (a - b);
-        den += b * b;
-    }
-    double e = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (bad >= 0)
-        TEST_FAIL(name, "non-finite at %lld: gpu %g ref %g", (long long)bad, hget(h, bad),
-                  hget(r, bad));
-    else if (!(e <= tol))
-        TEST_FAIL(name, "relative error %.3g > %.1g", e, tol);
-    else
-        TEST_OK(name);
-}
-
-static int64_t ulp16(uint16_t a, uint16_t b) {
-    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
-    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
-    return x > y ? x - y : y - x;
-}
-
-/* bf16/f16: each element within maxulp ulp, or |a-b| <= absf * max|ref| */
-static void cmp_ulp(const char *name, const lucid_tensor *g, const lucid_tensor *r,
-                    int64_t maxulp, double absf) {
-    lucid_tensor *h = host(g);
-    if (copy_failed(name, h, r)) return;
-    int64_t n = lucid_tensor_numel(r), nbad = 0, first = -1;
-    double mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double b = fabs(hget(r, i));
-        if (b > mx && isfinite(b)) mx = b;
-    }
-    const uint16_t *ha = lucid_tensor_data(h), *rb = lucid_tensor_data(r);
-    for (int64_t i = 0; i < n; i++) {
-        double a = hget(h, i), b = hget(r, i);
-        int ok = isfinite(a) && isfinite(b) &&
-                 (ulp16(ha[i], rb[i]) <= maxulp || fabs(a - b) <= absf * mx);
-        if (!ok) {
-            if (first < 0) first = i;
-            nbad++;
-        }
-    }
-    if (nbad)
-        TEST_FAIL(name, "%lld of %lld elements off (first %lld: gpu %.8g ref %.8g)",
-                  (long long)nbad, (long long)n, (long long)first, hget(h, first),
-                  hget(r, first));
-    else
-        TEST_OK(name);
-}
+ * (test_cuda_util.h) g: a device tensor; r: a host tensor (phost() a device
+ * reference first). */
 
 /* activation output vs the CPU: f32 relative Frobenius ftol; bf16/f16 1 ulp
  * or 1e-5 * max|ref| */
@@ -235,43 +98,6 @@ static void cmp_act(const char *name, const lucid_tensor *g, const lucid_tensor 
                     double ftol) {
     if (r->dtype == LUCID_F32) cmp_rel(name, g, r, ftol);
     else cmp_ulp(name, g, r, 1, 1e-5);
-}
-
-/* bitwise equality of g (device) and r (host) */
-static void cmp_bits(const char *name, const lucid_tensor *g, const lucid_tensor *r) {
-    lucid_tensor *h = host(g);
-    if (copy_failed(name, h, r)) return;
-    if (memcmp(lucid_tensor_data(h), lucid_tensor_data(r), lucid_tensor_nbytes(r)) != 0) {
-        int64_t n = lucid_tensor_numel(r), i = 0;
-        while (i < n && memcmp((const char *)lucid_tensor_data(h) + i * lucid_dtype_size(r->dtype),
-                               (const char *)lucid_tensor_data(r) + i * lucid_dtype_size(r->dtype),
-                               lucid_dtype_size(r->dtype)) == 0)
-            i++;
-        TEST_FAIL(name, "differs bitwise at %lld: %.9g vs %.9g", (long long)i,
-                  i < n ? hget(h, i) : 0.0, i < n ? hget(r, i) : 0.0);
-    } else {
-        TEST_OK(name);
-    }
-}
-
-/* max|g - r| <= tol * max|r| (any float dtype; NaN fails) */
-static void cmp_maxrel(const char *name, const lucid_tensor *g, const lucid_tensor *r,
-                       double tol) {
-    lucid_tensor *h = host(g);
-    if (copy_failed(name, h, r)) return;
-    int64_t n = lucid_tensor_numel(r), worst = 0;
-    double mx = 0, md = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double a = hget(h, i), b = hget(r, i), d = fabs(a - b);
-        if (!isfinite(a) || !isfinite(b)) d = INFINITY;
-        if (fabs(b) > mx) mx = fabs(b);
-        if (!(d <= md)) md = d, worst = i;
-    }
-    if (!(md <= tol * mx))
-        TEST_FAIL(name, "max diff %.3g at %lld (gpu %.8g ref %.8g) > %.2g * max|ref| %.3g", md,
-                  (long long)worst, hget(h, worst), hget(r, worst), tol, mx);
-    else
-        TEST_OK(name);
 }
 
 static double unit(lucid_dtype dt) {
@@ -290,20 +116,20 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
     const int lowp = dt != LUCID_F32;
     const double u = unit(dt);
     const double ptol = lowp ? 1e-5 : 1e-6; /* f32 side outputs */
-    lucid_tensor *hw = affine ? hrand(LUCID_F32, 1, cs, 0.5, 1.5) : NULL;
-    lucid_tensor *hb = affine ? hrand(LUCID_F32, 1, cs, -0.5, 0.5) : NULL;
-    lucid_tensor *gw = affine ? dev(hw) : NULL, *gb = affine ? dev(hb) : NULL;
-    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2);
-    lucid_tensor *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2.0);
-    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
+    lucid_tensor *hw = affine ? phrand(LUCID_F32, 1, cs, 0.5, 1.5) : NULL;
+    lucid_tensor *hb = affine ? phrand(LUCID_F32, 1, cs, -0.5, 0.5) : NULL;
+    lucid_tensor *gw = affine ? pdev(hw) : NULL, *gb = affine ? pdev(hb) : NULL;
+    lucid_tensor *hrm = phrand(LUCID_F32, 1, cs, -0.2, 0.2);
+    lucid_tensor *hrv = phrand(LUCID_F32, 1, cs, 0.5, 2.0);
+    lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
     /* fused (g*), fused again for determinism (g*2), separate (s*) */
-    lucid_tensor *grm = dev(hrm), *grv = dev(hrv), *gnb = dev(hnb);
-    lucid_tensor *grm2 = dev(hrm), *grv2 = dev(hrv), *gnb2 = dev(hnb);
-    lucid_tensor *srm = dev(hrm), *srv = dev(hrv), *snb = dev(hnb);
-    lucid_tensor *hsm = hpoison(LUCID_F32, 1, cs), *hsi = hpoison(LUCID_F32, 1, cs);
-    lucid_tensor *gsm = dpoison(LUCID_F32, 1, cs), *gsi = dpoison(LUCID_F32, 1, cs);
-    lucid_tensor *gsm2 = dpoison(LUCID_F32, 1, cs), *gsi2 = dpoison(LUCID_F32, 1, cs);
-    lucid_tensor *ssm = dpoison(LUCID_F32, 1, cs), *ssi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *grm = pdev(hrm), *grv = pdev(hrv), *gnb = pdev(hnb);
+    lucid_tensor *grm2 = pdev(hrm), *grv2 = pdev(hrv), *gnb2 = pdev(hnb);
+    lucid_tensor *srm = pdev(hrm), *srv = pdev(hrv), *snb = pdev(hnb);
+    lucid_tensor *hsm = phpoison(LUCID_F32, 1, cs), *hsi = phpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm = pdpoison(LUCID_F32, 1, cs), *gsi = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm2 = pdpoison(LUCID_F32, 1, cs), *gsi2 = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *ssm = pdpoison(LUCID_F32, 1, cs), *ssi = pdpoison(LUCID_F32, 1, cs);
     lucid_tensor *hx = NULL, *gx = NULL, *hy = NULL, *gy = NULL, *gy2 = NULL, *sz = NULL,
                  *sy = NULL;
     if (!hrm || !hrv || !hnb || !grm || !grv || !gnb || !grm2 || !grv2 || !gnb2 || !srm ||
@@ -315,13 +141,13 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
 
     /* ---- two training steps, fresh x each */
     for (int step = 1; step <= 2; step++) {
-        hx = hrand(dt, 4, xs, -1.5 - step, 2.5 + step);
-        gx = dev(hx);
-        hy = hpoison(dt, 4, xs);
-        gy = dpoison(dt, 4, xs);
-        gy2 = dpoison(dt, 4, xs);
-        sz = dpoison(dt, 4, xs);
-        sy = dpoison(dt, 4, xs);
+        hx = phrand(dt, 4, xs, -1.5 - step, 2.5 + step);
+        gx = pdev(hx);
+        hy = phpoison(dt, 4, xs);
+        gy = pdpoison(dt, 4, xs);
+        gy2 = pdpoison(dt, 4, xs);
+        sz = pdpoison(dt, 4, xs);
+        sy = pdpoison(dt, 4, xs);
         if (!gx || !hy || !gy || !gy2 || !sz || !sy) {
             TEST_FAIL(NAME("%s: setup step %d", pre, step), "%s", lucid_ctx_error(ctx));
             goto done;
@@ -342,40 +168,40 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
         cmp_act(NAME("%s: train y = cpu, step %d", pre, step), gy, hy, 1e-6);
         cmp_rel(NAME("%s: save_mean = cpu, step %d", pre, step), gsm, hsm, ptol);
         cmp_rel(NAME("%s: save_invstd = cpu, step %d", pre, step), gsi, hsi, ptol);
-        cmp_bits(NAME("%s: train y deterministic, step %d", pre, step), gy2, host(gy));
+        cmp_bits(NAME("%s: train y deterministic, step %d", pre, step), gy2, phost(gy));
         cmp_bits(NAME("%s: save_mean = separate (bitwise), step %d", pre, step), gsm,
-                 host(ssm));
+                 phost(ssm));
         cmp_bits(NAME("%s: save_invstd = separate (bitwise), step %d", pre, step), gsi,
-                 host(ssi));
+                 phost(ssi));
         if (!lowp)
-            cmp_rel(NAME("%s: train y = separate, step %d", pre, step), gy, host(sy), 1e-6);
+            cmp_rel(NAME("%s: train y = separate, step %d", pre, step), gy, phost(sy), 1e-6);
         else
             cmp_maxrel(NAME("%s: train y = separate within 4u*max (z rounded there), step %d",
                             pre, step),
-                       gy, host(sy), 4 * u);
+                       gy, phost(sy), 4 * u);
     }
     cmp_rel(NAME("%s: running_mean = cpu after 2 steps", pre), grm, hrm, ptol);
     cmp_rel(NAME("%s: running_var = cpu after 2 steps", pre), grv, hrv, ptol);
     cmp_bits(NAME("%s: num_batches_tracked = cpu (2)", pre), gnb, hnb);
-    cmp_bits(NAME("%s: running_mean deterministic", pre), grm2, host(grm));
-    cmp_bits(NAME("%s: running_var deterministic", pre), grv2, host(grv));
-    cmp_bits(NAME("%s: running_mean = separate (bitwise)", pre), grm, host(srm));
-    cmp_bits(NAME("%s: running_var = separate (bitwise)", pre), grv, host(srv));
-    cmp_bits(NAME("%s: num_batches_tracked = separate", pre), gnb, host(snb));
+    cmp_bits(NAME("%s: running_mean deterministic", pre), grm2, phost(grm));
+    cmp_bits(NAME("%s: running_var deterministic", pre), grv2, phost(grv));
+    cmp_bits(NAME("%s: running_mean = separate (bitwise)", pre), grm, phost(srm));
+    cmp_bits(NAME("%s: running_var = separate (bitwise)", pre), grv, phost(srv));
+    cmp_bits(NAME("%s: num_batches_tracked = separate", pre), gnb, phost(snb));
 
     /* ---- training backward (the last step's statistics, each side its own) */
     {
-        lucid_tensor *hdy = hrand(dt, 4, xs, -1, 1), *gdy = dev(hdy);
-        lucid_tensor *hdx = hpoison(dt, 4, xs), *gdx = dpoison(dt, 4, xs);
-        lucid_tensor *hdw = hpoison(LUCID_F32, 1, cs), *gdw = dpoison(LUCID_F32, 1, cs);
-        lucid_tensor *hdb = hpoison(LUCID_F32, 1, cs), *gdb = dpoison(LUCID_F32, 1, cs);
-        lucid_tensor *hdx1 = hrand(dt, 4, xs, -1, 1), *gdx1 = dev(hdx1);
-        lucid_tensor *hdw1 = hrand(LUCID_F32, 1, cs, -1, 1), *gdw1 = dev(hdw1);
-        lucid_tensor *hdb1 = hrand(LUCID_F32, 1, cs, -1, 1), *gdb1 = dev(hdb1);
-        lucid_tensor *sg = dpoison(dt, 4, xs), *sdx = dpoison(dt, 4, xs);
-        lucid_tensor *sdw = dpoison(LUCID_F32, 1, cs), *sdb = dpoison(LUCID_F32, 1, cs);
-        lucid_tensor *odx = dpoison(dt, 4, xs), *odw = dpoison(LUCID_F32, 1, cs),
-                     *odb = dpoison(LUCID_F32, 1, cs);
+        lucid_tensor *hdy = phrand(dt, 4, xs, -1, 1), *gdy = pdev(hdy);
+        lucid_tensor *hdx = phpoison(dt, 4, xs), *gdx = pdpoison(dt, 4, xs);
+        lucid_tensor *hdw = phpoison(LUCID_F32, 1, cs), *gdw = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *hdb = phpoison(LUCID_F32, 1, cs), *gdb = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *hdx1 = phrand(dt, 4, xs, -1, 1), *gdx1 = pdev(hdx1);
+        lucid_tensor *hdw1 = phrand(LUCID_F32, 1, cs, -1, 1), *gdw1 = pdev(hdw1);
+        lucid_tensor *hdb1 = phrand(LUCID_F32, 1, cs, -1, 1), *gdb1 = pdev(hdb1);
+        lucid_tensor *sg = pdpoison(dt, 4, xs), *sdx = pdpoison(dt, 4, xs);
+        lucid_tensor *sdw = pdpoison(LUCID_F32, 1, cs), *sdb = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *odx = pdpoison(dt, 4, xs), *odw = pdpoison(LUCID_F32, 1, cs),
+                     *odb = pdpoison(LUCID_F32, 1, cs);
         if (!gdy || !hdx || !gdx || !hdw || !gdw || !hdb || !gdb || !gdx1 || !gdw1 ||
             !gdb1 || !sg || !sdx || !sdw || !sdb || !odx || !odw || !odb) {
             TEST_FAIL(NAME("%s: setup backward", pre), "%s", lucid_ctx_error(ctx));
@@ -394,8 +220,8 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
             cmp_rel(NAME("%s: train dweight = cpu (beta 0)", pre), gdw, hdw, 1e-5);
             cmp_rel(NAME("%s: train dbias = cpu (beta 0)", pre), gdb, hdb, 1e-5);
         }
-        lucid_tensor *s1 = host(gdx), *s2 = affine ? host(gdw) : NULL,
-                     *s3 = affine ? host(gdb) : NULL;
+        lucid_tensor *s1 = phost(gdx), *s2 = affine ? phost(gdw) : NULL,
+                     *s3 = affine ? phost(gdb) : NULL;
         RUN(NAME("%s: train backward again", pre),
             lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdwa,
                                                gdba, 1, 0.0, 0.0));
@@ -441,25 +267,25 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
                                           affine ? sdw : NULL, affine ? sdb : NULL, 1, 0.0,
                                           0.0));
         if (!lowp) {
-            cmp_rel(NAME("%s: train dx = separate", pre), gdx, host(sdx), 1e-5);
+            cmp_rel(NAME("%s: train dx = separate", pre), gdx, phost(sdx), 1e-5);
             if (affine) {
-                cmp_rel(NAME("%s: train dweight = separate", pre), gdw, host(sdw), 1e-5);
-                cmp_rel(NAME("%s: train dbias = separate", pre), gdb, host(sdb), 1e-5);
+                cmp_rel(NAME("%s: train dweight = separate", pre), gdw, phost(sdw), 1e-5);
+                cmp_rel(NAME("%s: train dbias = separate", pre), gdb, phost(sdb), 1e-5);
             }
         } else {
             cmp_maxrel(NAME("%s: train dx = separate within 6u*max (dL/dz rounded there)",
                             pre),
-                       gdx, host(sdx), 6 * u);
+                       gdx, phost(sdx), 6 * u);
             if (affine) {
                 cmp_maxrel(NAME("%s: train dweight = separate within 10u*max", pre), gdw,
-                           host(sdw), 10 * u);
+                           phost(sdw), 10 * u);
                 cmp_maxrel(NAME("%s: train dbias = separate within 10u*max", pre), gdb,
-                           host(sdb), 10 * u);
+                           phost(sdb), 10 * u);
             }
         }
 
         /* ---- eval: running statistics, no update; backward with dw, db */
-        lucid_tensor *rm0 = host(grm), *nb0 = host(gnb);
+        lucid_tensor *rm0 = phost(grm), *nb0 = phost(gnb);
         lucid_fill(ctx, gy, NAN);
         RUN(NAME("%s: eval forward cpu", pre),
             lucid_nn_batchnorm2d_silu_forward(ctx, hx, hy, hw, hb, hrm, hrv, hnb, hsm, hsi,
@@ -475,9 +301,9 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
             lucid_nn_batchnorm2d_forward(ctx, gx, sz, gw, gb, srm, srv, NULL, ssm, ssi, 0,
                                          MOM, EPS));
         RUN(NAME("%s: separate eval silu", pre), lucid_nn_silu_forward(ctx, sz, sy));
-        if (!lowp) cmp_rel(NAME("%s: eval y = separate", pre), gy, host(sy), 1e-6);
+        if (!lowp) cmp_rel(NAME("%s: eval y = separate", pre), gy, phost(sy), 1e-6);
         else
-            cmp_maxrel(NAME("%s: eval y = separate within 4u*max", pre), gy, host(sy), 4 * u);
+            cmp_maxrel(NAME("%s: eval y = separate within 4u*max", pre), gy, phost(sy), 4 * u);
         lucid_fill(ctx, gdx, NAN);
         if (affine) {
             lucid_fill(ctx, gdw, NAN);
@@ -498,7 +324,7 @@ static void test_case(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
         RUN(NAME("%s: eval backward dx only", pre),
             lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, odx, gw, gb, gsm, gsi, NULL,
                                                NULL, 0, 0.0, 0.0));
-        cmp_bits(NAME("%s: eval dx only = full call", pre), odx, host(gdx));
+        cmp_bits(NAME("%s: eval dx only = full call", pre), odx, phost(gdx));
     }
 done:
     pool_free();
@@ -515,20 +341,22 @@ static void test_capture(lucid_dtype dt) {
     }
     int64_t xs[4] = {4, 24, 40, 40}, cs[1] = {24}, one[1] = {1};
     lucid_graph *g = NULL;
-    lucid_tensor *hw = hrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cs, -0.5, 0.5);
-    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2), *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2);
-    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
-    lucid_tensor *hx = hrand(dt, 4, xs, -2, 3), *hdy = hrand(dt, 4, xs, -1, 1);
-    lucid_tensor *gw = dev(hw), *gb = dev(hb), *gx = dev(hx), *gdy = dev(hdy);
+    lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
+    lucid_tensor *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = phrand(LUCID_F32, 1, cs, -0.2, 0.2);
+    lucid_tensor *hrv = phrand(LUCID_F32, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
+    lucid_tensor *hx = phrand(dt, 4, xs, -2, 3), *hdy = phrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = pdev(hw), *gb = pdev(hb), *gx = pdev(hx), *gdy = pdev(hdy);
     /* E: eager, R: recorded; same starting running stats */
-    lucid_tensor *erm = dev(hrm), *erv = dev(hrv), *enb = dev(hnb);
-    lucid_tensor *rrm = dev(hrm), *rrv = dev(hrv), *rnb = dev(hnb);
-    lucid_tensor *esm = dpoison(LUCID_F32, 1, cs), *esi = dpoison(LUCID_F32, 1, cs);
-    lucid_tensor *rsm = dpoison(LUCID_F32, 1, cs), *rsi = dpoison(LUCID_F32, 1, cs);
-    lucid_tensor *ey = dpoison(dt, 4, xs), *ry = dpoison(dt, 4, xs);
-    lucid_tensor *edx = dpoison(dt, 4, xs), *rdx = dpoison(dt, 4, xs);
-    lucid_tensor *edw = dpoison(LUCID_F32, 1, cs), *rdw = dpoison(LUCID_F32, 1, cs);
-    lucid_tensor *edb = dpoison(LUCID_F32, 1, cs), *rdb = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *erm = pdev(hrm), *erv = pdev(hrv), *enb = pdev(hnb);
+    lucid_tensor *rrm = pdev(hrm), *rrv = pdev(hrv), *rnb = pdev(hnb);
+    lucid_tensor *esm = pdpoison(LUCID_F32, 1, cs), *esi = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *rsm = pdpoison(LUCID_F32, 1, cs), *rsi = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *ey = pdpoison(dt, 4, xs), *ry = pdpoison(dt, 4, xs);
+    lucid_tensor *edx = pdpoison(dt, 4, xs), *rdx = pdpoison(dt, 4, xs);
+    lucid_tensor *edw = pdpoison(LUCID_F32, 1, cs), *rdw = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *edb = pdpoison(LUCID_F32, 1, cs), *rdb = pdpoison(LUCID_F32, 1, cs);
     if (!gw || !gb || !gx || !gdy || !erm || !erv || !enb || !rrm || !rrv || !rnb || !esm ||
         !esi || !rsm || !rsi || !ey || !ry || !edx || !rdx || !edw || !rdw || !edb || !rdb) {
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
@@ -560,15 +388,15 @@ static void test_capture(lucid_dtype dt) {
     RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
     TEST_OK(NAME("%s: forward + backward capture without allocation", pre));
     RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
-    cmp_bits(NAME("%s: replay y = eager (bitwise)", pre), ry, host(ey));
-    cmp_bits(NAME("%s: replay save_mean = eager", pre), rsm, host(esm));
-    cmp_bits(NAME("%s: replay save_invstd = eager", pre), rsi, host(esi));
-    cmp_bits(NAME("%s: replay running_mean = eager", pre), rrm, host(erm));
-    cmp_bits(NAME("%s: replay running_var = eager", pre), rrv, host(erv));
-    cmp_bits(NAME("%s: replay num_batches_tracked = eager", pre), rnb, host(enb));
-    cmp_bits(NAME("%s: replay dx = eager", pre), rdx, host(edx));
-    cmp_bits(NAME("%s: replay dweight = eager", pre), rdw, host(edw));
-    cmp_bits(NAME("%s: replay dbias = eager", pre), rdb, host(edb));
+    cmp_bits(NAME("%s: replay y = eager (bitwise)", pre), ry, phost(ey));
+    cmp_bits(NAME("%s: replay save_mean = eager", pre), rsm, phost(esm));
+    cmp_bits(NAME("%s: replay save_invstd = eager", pre), rsi, phost(esi));
+    cmp_bits(NAME("%s: replay running_mean = eager", pre), rrm, phost(erm));
+    cmp_bits(NAME("%s: replay running_var = eager", pre), rrv, phost(erv));
+    cmp_bits(NAME("%s: replay num_batches_tracked = eager", pre), rnb, phost(enb));
+    cmp_bits(NAME("%s: replay dx = eager", pre), rdx, phost(edx));
+    cmp_bits(NAME("%s: replay dweight = eager", pre), rdw, phost(edw));
+    cmp_bits(NAME("%s: replay dbias = eager", pre), rdb, phost(edb));
 done:
     if (g) lucid_graph_destroy(g);
     pool_free();
@@ -607,14 +435,15 @@ static void test_modules(lucid_dtype dt) {
     pair f, s;
     memset(&f, 0, sizeof f);
     memset(&s, 0, sizeof s);
-    lucid_tensor *hw = hrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
+    lucid_tensor *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
     lucid_status st = hw && hb ? pair_make(&f, 12, hw, hb) : LUCID_ERR_OOM;
     if (!st) st = pair_make(&s, 12, hw, hb);
     if (st) {
         TEST_FAIL(NAME("%s: setup", pre), "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
         goto done;
     }
-    lucid_tensor *gx = dev(hrand(dt, 4, xs, -2, 3)), *gdy = dev(hrand(dt, 4, xs, -1, 1));
+    lucid_tensor *gx = pdev(phrand(dt, 4, xs, -2, 3)), *gdy = pdev(phrand(dt, 4, xs, -1, 1));
     lucid_tensor *y = NULL, *z = NULL, *ys = NULL, *dx = NULL, *g = NULL, *dxs = NULL;
     for (int step = 0; step < 2; step++) {
         RUN(NAME("%s: fused forward", pre),
@@ -632,21 +461,21 @@ static void test_modules(lucid_dtype dt) {
           "slots differ");
     for (int i = 2; i < 5; i++)
         cmp_bits(NAME("%s: %s = separate (bitwise)", pre, f.bn->params[i]->name),
-                 f.bn->params[i]->data, host(s.bn->params[i]->data));
+                 f.bn->params[i]->data, phost(s.bn->params[i]->data));
     if (dt == LUCID_F32) {
-        cmp_rel(NAME("%s: y = separate", pre), y, host(ys), 1e-6);
-        cmp_rel(NAME("%s: dx = separate", pre), dx, host(dxs), 1e-5);
+        cmp_rel(NAME("%s: y = separate", pre), y, phost(ys), 1e-6);
+        cmp_rel(NAME("%s: dx = separate", pre), dx, phost(dxs), 1e-5);
         cmp_rel(NAME("%s: accumulated dweight = separate", pre), f.bn->params[0]->grad,
-                host(s.bn->params[0]->grad), 1e-5);
+                phost(s.bn->params[0]->grad), 1e-5);
         cmp_rel(NAME("%s: accumulated dbias = separate", pre), f.bn->params[1]->grad,
-                host(s.bn->params[1]->grad), 1e-5);
+                phost(s.bn->params[1]->grad), 1e-5);
     } else {
-        cmp_maxrel(NAME("%s: y = separate within 4u*max", pre), y, host(ys), 4 * u);
-        cmp_maxrel(NAME("%s: dx = separate within 6u*max", pre), dx, host(dxs), 6 * u);
+        cmp_maxrel(NAME("%s: y = separate within 4u*max", pre), y, phost(ys), 4 * u);
+        cmp_maxrel(NAME("%s: dx = separate within 6u*max", pre), dx, phost(dxs), 6 * u);
         cmp_maxrel(NAME("%s: accumulated dweight = separate within 10u*max", pre),
-                   f.bn->params[0]->grad, host(s.bn->params[0]->grad), 10 * u);
+                   f.bn->params[0]->grad, phost(s.bn->params[0]->grad), 10 * u);
         cmp_maxrel(NAME("%s: accumulated dbias = separate within 10u*max", pre),
-                   f.bn->params[1]->grad, host(s.bn->params[1]->grad), 10 * u);
+                   f.bn->params[1]->grad, phost(s.bn->params[1]->grad), 10 * u);
     }
 done:
     pair_free(&f);
@@ -660,11 +489,7 @@ static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu captu
                                "cuda bn+silu modules"};
 
 int main(void) {
-    if (!lucid_cuda_available()) {
-        for (size_t i = 0; i < sizeof GROUPS / sizeof GROUPS[0]; i++)
-            TEST_SKIP(GROUPS[i], "no CUDA device");
-        return 0;
-    }
+    if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
     const lucid_nn_kernels *k = lucid_nn_cuda_kernels();
     if (!k || !k->batchnorm2d_silu_forward || !k->batchnorm2d_silu_backward) {
         TEST_FAIL("cuda nn table has the fused BatchNorm2d+SiLU slots",
@@ -672,20 +497,7 @@ int main(void) {
         return test_exit();
     }
     TEST_OK("cuda nn table has the fused BatchNorm2d+SiLU slots");
-    const char *env = getenv("LUCID_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    printf("# test_nn_bnsilu_cuda: seed %llu (LUCID_TEST_SEED to replay)\n",
-           (unsigned long long)g_seed);
-    lucid_ctx_options o = lucid_ctx_options_default();
-    o.device = GPU;
-    o.seed = g_seed;
-    char err[512] = "";
-    lucid_status st = lucid_ctx_create(&o, &ctx, err, sizeof err);
-    if (st != LUCID_OK) {
-        TEST_FAIL("cuda context create", "%s: %s", lucid_status_name(st), err);
-        return test_exit();
-    }
-    TEST_OK("cuda context create");
+    if (!cuda_test_ctx_create("test_nn_bnsilu_cuda")) return test_exit();
 
     static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
     for (int d = 0; d < 3; d++) {
@@ -698,7 +510,5 @@ int main(void) {
         test_capture(dt);
         test_modules(dt);
     }
-    if (lucid_cuda_nn_state_destroy) lucid_cuda_nn_state_destroy(ctx);
-    lucid_ctx_release(ctx);
-    return test_exit();
+    return cuda_test_finish();
 }

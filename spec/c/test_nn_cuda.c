@@ -33,30 +33,15 @@
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
-#include "test.h"
+#include "test_cuda_util.h"
 
 #include "nn/nn.h"
 
-#include <stdint.h>
-#include <time.h>
-
-/* cuda/nn_table.cu test hooks; absent (NULL) in a CPU-only build */
+/* cuda/nn_table.cu test hook; absent (NULL) in a CPU-only build */
 #if defined(__GNUC__)
 __attribute__((weak))
 #endif
 int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
-void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
-
-static const lucid_device CPU = {LUCID_CPU, 0};
-static const lucid_device GPU = {LUCID_CUDA, 0};
-static lucid_ctx *ctx;
-static uint64_t g_seed, g_off;
-static char nm[256];
-
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 
 static void rel(lucid_tensor *t) {
     if (t) lucid_tensor_release(t);
@@ -64,216 +49,20 @@ static void rel(lucid_tensor *t) {
 
 static const char *dname(lucid_dtype dt) { return lucid_dtype_name(dt); }
 
-/* ------------------------------------------------------------ tensors */
-
-/* Host tensor of dtype dt with uniform values in [lo, hi) (Philox, drawn in
- * f32 and rounded once to dt). */
-static lucid_tensor *hrand(lucid_dtype dt, int ndim, const int64_t *shape,
-                           double lo, double hi) {
-    lucid_tensor *f = NULL, *o = NULL;
-    if (lucid_tensor_empty(ctx, CPU, LUCID_F32, ndim, shape, &f) != LUCID_OK)
-        return NULL;
-    int64_t n = lucid_tensor_numel(f);
-    if (lucid_rand_uniform(ctx, f, g_seed, g_off, lo, hi) != LUCID_OK) {
-        rel(f);
-        return NULL;
-    }
-    g_off += (uint64_t)n;
-    if (dt == LUCID_F32) return f;
-    if (lucid_tensor_to(ctx, f, CPU, dt, &o) != LUCID_OK) o = NULL;
-    rel(f);
-    return o;
-}
-
-static lucid_tensor *hzeros(lucid_dtype dt, int ndim, const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_zeros(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
-    return t;
-}
-
-static lucid_tensor *dev(const lucid_tensor *t) {
-    lucid_tensor *o = NULL;
-    if (!t || lucid_tensor_to(ctx, t, GPU, t->dtype, &o) != LUCID_OK) return NULL;
-    return o;
-}
-
-static lucid_tensor *host(const lucid_tensor *t) {
-    lucid_tensor *o = NULL;
-    if (!t) return NULL;
-    if (lucid_ctx_synchronize(ctx) != LUCID_OK) return NULL;
-    if (lucid_tensor_to(ctx, t, CPU, t->dtype, &o) != LUCID_OK) return NULL;
-    return o;
-}
-
-/* Empty device tensor like t, filled with NaN (poison). */
-static lucid_tensor *dpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_empty(ctx, GPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
-    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
-        rel(t);
-        return NULL;
-    }
-    return t;
-}
-
-static lucid_tensor *hpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
-    lucid_tensor *t = NULL;
-    if (lucid_tensor_empty(ctx, CPU, dt, ndim, shape, &t) != LUCID_OK) return NULL;
-    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
-        rel(t);
-        return NULL;
-    }
-    return t;
-}
-
-static double hget(const lucid_tensor *t, int64_t i) {
-    const void *p = lucid_tensor_data(t);
-    switch (t->dtype) {
-    case LUCID_F32: return ((const float *)p)[i];
-    case LUCID_F64: return ((const double *)p)[i];
-    case LUCID_BF16: return lucid_bf16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_F16: return lucid_f16_to_f32(((const uint16_t *)p)[i]);
-    case LUCID_I32: return ((const int32_t *)p)[i];
-    case LUCID_I64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
-}
-
-/* ------------------------------------------------------------ comparisons */
-
-static int fail_status(const char *name, lucid_status s) {
-    TEST_FAIL(name, "%s: %s", lucid_status_name(s), lucid_ctx_error(ctx));
-    return 0;
-}
-
-#define RUN(name, expr)                                                       \
-    do {                                                                      \
-        lucid_status s_ = (expr);                                             \
-        if (s_ != LUCID_OK) {                                                 \
-            fail_status(name, s_);                                            \
-            goto done;                                                        \
-        }                                                                     \
-    } while (0)
-
-/* relative Frobenius error of GPU tensor g against host reference r */
-static void cmp_rel(const char *name, const lucid_tensor *g,
-                    const lucid_tensor *r, double tol) {
-    lucid_tensor *h = host(g);
-    if (!h || !r) {
-        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
-        rel(h);
-        return;
-    }
-    int64_t n = lucid_tensor_numel(r), bad = -1;
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double a = hget(h, i), b = hget(r, i);
-        if (isnan(a) || isnan(b) || isinf(a) || isinf(b)) {
-            if (bad < 0) bad = i;
-            continue;
-        }
-        num += (a - b) * (a - b);
-        den += b * b;
-    }
-    double e = den > 0 ? sqrt(num / den) : sqrt(num);
-    if (bad >= 0)
-        TEST_FAIL(name, "non-finite at %lld: gpu %g cpu %g", (long long)bad,
-                  hget(h, bad), hget(r, bad));
-    else if (!(e <= tol))
-        TEST_FAIL(name, "relative error %.3g > %.1g", e, tol);
-    else
-        TEST_OK(name);
-    rel(h);
-}
-
-static int64_t ulp16(uint16_t a, uint16_t b) {
-    int64_t x = (a & 0x8000) ? -(int64_t)(a & 0x7fff) : (int64_t)(a & 0x7fff);
-    int64_t y = (b & 0x8000) ? -(int64_t)(b & 0x7fff) : (int64_t)(b & 0x7fff);
-    return x > y ? x - y : y - x;
-}
-
-/* bf16/f16: <= 1 ulp per element, or |a-b| <= absf * max|ref|. */
-static void cmp_ulp(const char *name, const lucid_tensor *g,
-                    const lucid_tensor *r, double absf) {
-    lucid_tensor *h = host(g);
-    if (!h || !r) {
-        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
-        rel(h);
-        return;
-    }
-    int64_t n = lucid_tensor_numel(r), nbad = 0, first = -1;
-    double mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double b = fabs(hget(r, i));
-        if (b > mx && !isinf(b)) mx = b;
-    }
-    const uint16_t *ha = lucid_tensor_data(h), *rb = lucid_tensor_data(r);
-    for (int64_t i = 0; i < n; i++) {
-        double a = hget(h, i), b = hget(r, i);
-        int ok = !isnan(a) && !isnan(b) && !isinf(a) && !isinf(b) &&
-                 (ulp16(ha[i], rb[i]) <= 1 || fabs(a - b) <= absf * mx);
-        if (!ok) {
-            if (first < 0) first = i;
-            nbad++;
-        }
-    }
-    if (nbad)
-        TEST_FAIL(name, "%lld of %lld elements off by > 1 ulp (first %lld: gpu "
-                  "%.8g cpu %.8g)",
-                  (long long)nbad, (long long)n, (long long)first,
-                  hget(h, first), hget(r, first));
-    else
-        TEST_OK(name);
-    rel(h);
-}
+/* ------------------------------------------------------------ comparisons
+ * (test_cuda_util.h; g: a device tensor, r: its host reference) */
 
 /* pointwise output: f32 rel 1e-6; bf16/f16 1 ulp (+ absf*max for reductions) */
 static void cmp_pw(const char *name, const lucid_tensor *g,
                    const lucid_tensor *r, double absf) {
     if (r->dtype == LUCID_F32) cmp_rel(name, g, r, 1e-6);
-    else cmp_ulp(name, g, r, absf);
+    else cmp_ulp(name, g, r, 1, absf);
 }
 
 static double conv_tol(lucid_dtype dt) { return dt == LUCID_F32 ? 1e-5 : 1e-2; }
 
-/* exact equality (integer outputs) */
-static void cmp_exact(const char *name, const lucid_tensor *g,
-                      const lucid_tensor *r) {
-    lucid_tensor *h = host(g);
-    if (!h) {
-        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
-        return;
-    }
-    size_t nb = lucid_tensor_nbytes(r);
-    if (memcmp(lucid_tensor_data(h), lucid_tensor_data(r), nb) != 0) {
-        int64_t n = lucid_tensor_numel(r), i = 0;
-        while (i < n && hget(h, i) == hget(r, i)) i++;
-        TEST_FAIL(name, "differs at %lld: gpu %g cpu %g", (long long)i,
-                  i < n ? hget(h, i) : 0.0, i < n ? hget(r, i) : 0.0);
-    } else {
-        TEST_OK(name);
-    }
-    rel(h);
-}
-
 /* Snapshot of a device tensor (host copy) for the determinism checks. */
 static lucid_tensor *snap(const lucid_tensor *g) { return host(g); }
-
-static void cmp_bits(const char *name, const lucid_tensor *a_host,
-                     const lucid_tensor *g) {
-    lucid_tensor *b = host(g);
-    if (!a_host || !b) {
-        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
-        rel(b);
-        return;
-    }
-    if (memcmp(lucid_tensor_data(a_host), lucid_tensor_data(b),
-               lucid_tensor_nbytes(a_host)) != 0)
-        TEST_FAIL(name, "two GPU runs differ bitwise");
-    else
-        TEST_OK(name);
-    rel(b);
-}
 
 /* ============================================================ Conv2d */
 
@@ -350,7 +139,7 @@ static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
     s1 = snap(gdx0);
     RUN(NAME("%s: backward_input again", pre),
         lucid_nn_conv2d_backward_input(ctx, dx_, ddy, gdx0, dw_, &p, 0.0));
-    cmp_bits(NAME("%s: backward_input deterministic", pre), s1, gdx0);
+    cmp_bits(NAME("%s: backward_input deterministic", pre), gdx0, s1);
     RUN(NAME("%s: backward_input cpu beta 1", pre),
         lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx1, hw, &p, 1.0));
     RUN(NAME("%s: backward_input beta 1", pre),
@@ -369,8 +158,8 @@ static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
     s3 = snap(gdb0);
     RUN(NAME("%s: backward_params again", pre),
         lucid_nn_conv2d_backward_params(ctx, dx_, ddy, gdw0, gdb0, &p, 0.0));
-    cmp_bits(NAME("%s: backward_params dw deterministic", pre), s2, gdw0);
-    cmp_bits(NAME("%s: backward_params db deterministic", pre), s3, gdb0);
+    cmp_bits(NAME("%s: backward_params dw deterministic", pre), gdw0, s2);
+    cmp_bits(NAME("%s: backward_params db deterministic", pre), gdb0, s3);
     RUN(NAME("%s: backward_params cpu beta 1", pre),
         lucid_nn_conv2d_backward_params(ctx, hx, hdy, rdw1, rdb1, &p, 1.0));
     RUN(NAME("%s: backward_params beta 1", pre),
@@ -451,15 +240,15 @@ static void test_bn(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
         cmp_rel(NAME("%s: save_mean step %d", pre, step + 1), gsm, hsm, ptol);
         cmp_rel(NAME("%s: save_invstd step %d", pre, step + 1), gsi, hsi, ptol);
         s1 = snap(gy);
-        cmp_bits(NAME("%s: train forward deterministic step %d", pre, step + 1), s1, gy2);
+        cmp_bits(NAME("%s: train forward deterministic step %d", pre, step + 1), gy2, s1);
         rel(s1); s1 = NULL;
     }
     cmp_rel(NAME("%s: running_mean after 2 steps", pre), grm, hrm, ptol);
     cmp_rel(NAME("%s: running_var after 2 steps", pre), grv, hrv, ptol);
-    cmp_exact(NAME("%s: num_batches_tracked after 2 steps", pre), gnb, hnb);
+    cmp_bits(NAME("%s: num_batches_tracked after 2 steps", pre), gnb, hnb);
     s1 = snap(grm); s2 = snap(grv);
-    cmp_bits(NAME("%s: running_mean deterministic", pre), s1, grm2);
-    cmp_bits(NAME("%s: running_var deterministic", pre), s2, grv2);
+    cmp_bits(NAME("%s: running_mean deterministic", pre), grm2, s1);
+    cmp_bits(NAME("%s: running_var deterministic", pre), grv2, s2);
     rel(s1); rel(s2); s1 = s2 = NULL;
 
     /* training backward (uses the last step's saved statistics) */
@@ -491,9 +280,9 @@ static void test_bn(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
     RUN(NAME("%s: train backward again", pre),
         lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx, gw, gsm, gsi, gdwt, gdbs, 1, 0.0,
                                       0.0));
-    cmp_bits(NAME("%s: train backward dx deterministic", pre), s1, gdx);
-    cmp_bits(NAME("%s: train backward dweight deterministic", pre), s2, gdwt);
-    cmp_bits(NAME("%s: train backward dbias deterministic", pre), s3, gdbs);
+    cmp_bits(NAME("%s: train backward dx deterministic", pre), gdx, s1);
+    cmp_bits(NAME("%s: train backward dweight deterministic", pre), gdwt, s2);
+    cmp_bits(NAME("%s: train backward dbias deterministic", pre), gdbs, s3);
     RUN(NAME("%s: train backward cpu beta 1", pre),
         lucid_nn_batchnorm2d_backward(ctx, hx, hdy, hdx1, hw, hsm, hsi, hdw1, hdb1, 1, 1.0,
                                       1.0));
@@ -599,7 +388,7 @@ static void test_pw(const char *tag, const pw_op *o, int ndim, const int64_t *xs
     RUN(NAME("%s: forward cpu", pre), pw_fwd(o, hx, hy, hi_));
     RUN(NAME("%s: forward", pre), pw_fwd(o, gx, gy, gi));
     cmp_pw(NAME("%s: forward", pre), gy, hy, o->kind == 1 || o->kind == 2 ? 1e-6 : 0.0);
-    if (o->kind == 4) cmp_exact(NAME("%s: forward indices", pre), gi, hi_);
+    if (o->kind == 4) cmp_bits(NAME("%s: forward indices", pre), gi, hi_);
     /* the backward of softmax takes y: give both sides the CPU's y */
     if (o->kind == 1) {
         rel(gy);
@@ -610,7 +399,7 @@ static void test_pw(const char *tag, const pw_op *o, int ndim, const int64_t *xs
     cmp_pw(NAME("%s: backward beta 0", pre), gdx, hdx, absf);
     s1 = snap(gdx);
     RUN(NAME("%s: backward again", pre), pw_bwd(o, gx, gy, gdy, gdx, gi, 0.0));
-    cmp_bits(NAME("%s: backward deterministic", pre), s1, gdx);
+    cmp_bits(NAME("%s: backward deterministic", pre), gdx, s1);
     RUN(NAME("%s: backward cpu beta 1", pre), pw_bwd(o, hx, hy, hdy, hdx1, hi_, 1.0));
     RUN(NAME("%s: backward beta 1", pre), pw_bwd(o, gx, gy, gdy, gdx1, gi, 1.0));
     cmp_pw(NAME("%s: backward beta 1", pre), gdx1, hdx1, absf);
@@ -654,9 +443,9 @@ static void test_channel_copy(lucid_dtype ddt, lucid_dtype sdt, double beta) {
     RUN(NAME("%s", pre), lucid_nn_channel_copy(ctx, gd, 3, gs, 1, 4, beta));
     /* untouched channels must stay bitwise as they were */
     if (ddt == LUCID_F32) cmp_rel(NAME("%s", pre), gd, hd, 1e-6);
-    else cmp_ulp(NAME("%s", pre), gd, hd, 0.0);
+    else cmp_ulp(NAME("%s", pre), gd, hd, 1, 0.0);
     /* bitwise: same dtype copies move bits */
-    if (ddt == sdt && beta == 0.0) cmp_exact(NAME("%s: bitwise", pre), gd, hd);
+    if (ddt == sdt && beta == 0.0) cmp_bits(NAME("%s: bitwise", pre), gd, hd);
 done:
     rel(hd); rel(hs); rel(gd); rel(gs);
 }
@@ -668,11 +457,7 @@ static const char *GROUPS[] = {"cuda nn conv2d", "cuda nn batchnorm2d", "cuda nn
                                "cuda nn maxpool2d", "cuda nn softmax", "cuda nn dfl"};
 
 int main(void) {
-    if (!lucid_cuda_available()) {
-        for (size_t i = 0; i < sizeof GROUPS / sizeof GROUPS[0]; i++)
-            TEST_SKIP(GROUPS[i], "no CUDA device");
-        return 0;
-    }
+    if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
     if (!lucid_nn_cuda_kernels()) {
         TEST_FAIL("cuda nn table linked",
                   "lucid_nn_cuda_kernels() is NULL in a build with a CUDA "
@@ -680,21 +465,7 @@ int main(void) {
         return test_exit();
     }
     TEST_OK("cuda nn table linked");
-    const char *env = getenv("LUCID_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    printf("# test_nn_cuda: seed %llu (LUCID_TEST_SEED to replay)\n",
-           (unsigned long long)g_seed);
-
-    lucid_ctx_options o = lucid_ctx_options_default();
-    o.device = GPU;
-    o.seed = g_seed;
-    char err[512] = "";
-    lucid_status st = lucid_ctx_create(&o, &ctx, err, sizeof err);
-    if (st != LUCID_OK) {
-        TEST_FAIL("cuda context create", "%s: %s", lucid_status_name(st), err);
-        return test_exit();
-    }
-    TEST_OK("cuda context create");
+    if (!cuda_test_ctx_create("test_nn_cuda")) return test_exit();
 
     static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
     for (int d = 0; d < 3; d++) {
@@ -757,7 +528,5 @@ int main(void) {
         test_pw("dfl R7 [3,28,11]", &dfl7, 3, dc, dt, -3, 3);
     }
 
-    if (lucid_cuda_nn_state_destroy) lucid_cuda_nn_state_destroy(ctx);
-    lucid_ctx_release(ctx);
-    return test_exit();
+    return cuda_test_finish();
 }

@@ -25,6 +25,18 @@
 static lucid_ctx *ctx;
 static const lucid_device CPU = {LUCID_CPU, 0};
 
+/* ctx: a CPU context whose generator has this seed; exits 1 after a
+ * "not ok context" line when it cannot be made. */
+static inline void nn_ctx_open(uint64_t seed) {
+    lucid_ctx_options o = lucid_ctx_options_default();
+    o.seed = seed;
+    char err[256];
+    if (lucid_ctx_create(&o, &ctx, err, sizeof err) != LUCID_OK) {
+        printf("not ok context: %s\n", err);
+        exit(1);
+    }
+}
+
 static uint64_t rng_state = TEST_NN_SEED;
 static inline double urand(double lo, double hi) {
     rng_state ^= rng_state << 13;
@@ -64,6 +76,58 @@ static inline double dot(const lucid_tensor *a, const lucid_tensor *b) {
     double s = 0;
     for (int64_t i = 0; i < numel(a); i++) s += get(a, i) * get(b, i);
     return s;
+}
+
+/* Release the n tensors of ts. */
+static inline void rel(lucid_tensor **ts, int n) {
+    for (int i = 0; i < n; i++) lucid_tensor_release(ts[i]);
+}
+
+/* A new tensor like t in dtype dt holding t's values (rounded once to dt). */
+static inline lucid_tensor *conv_to(const lucid_tensor *t, lucid_dtype dt) {
+    lucid_tensor *o = like(t, dt);
+    for (int64_t i = 0; i < numel(t); i++) set(o, i, get(t, i));
+    return o;
+}
+
+/* max |a| */
+static inline double max_abs(const lucid_tensor *a) {
+    double m = 0;
+    for (int64_t i = 0; i < numel(a); i++)
+        if (fabs(get(a, i)) > m) m = fabs(get(a, i));
+    return m;
+}
+
+/* max |a - b| (+inf when any difference is NaN) */
+static inline double max_abs_diff(const lucid_tensor *a, const lucid_tensor *b) {
+    double m = 0;
+    for (int64_t i = 0; i < numel(a); i++) {
+        double d = fabs(get(a, i) - get(b, i));
+        if (isnan(d)) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+/* Unit roundoff of the reduced-precision activation dtypes. */
+#define U_BF16 (1.0 / 256.0)
+#define U_F16 (1.0 / 2048.0)
+
+/* A bf16/f16 result lo against the f32 result ref on the same values:
+ * |lo - ref| <= u*|ref| + 1e-6 elementwise (one rounding of the output);
+ * the failure names the worst element against its bound. */
+static inline void check_lowp(const char *name, const lucid_tensor *lo,
+                              const lucid_tensor *ref, double u) {
+    double worst = 0;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < numel(ref); i++) {
+        double r = get(ref, i), d = fabs(get(lo, i) - r);
+        double lim = u * fabs(r) + 1e-6;
+        if (!(d <= lim) && (bad < 0 || d / lim > worst)) bad = i, worst = d / lim;
+    }
+    CHECK(name, bad < 0, "element %lld: %g vs f32 %g (%.2fx the bound)",
+          (long long)bad, bad >= 0 ? get(lo, bad) : 0.0,
+          bad >= 0 ? get(ref, bad) : 0.0, worst);
 }
 
 /* A scalar loss of the state; gradcheck perturbs var in place. */
