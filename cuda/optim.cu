@@ -13,12 +13,8 @@
  *     call's fixed flags (which parts of the step the call runs).
  *   - Scalar work runs through the shared lucid_pb_* helpers (same code as
  *     the CPU): in the last block of a one-launch reduction where there is
- *     one (norm + unscale pass: lucid_pb_chain_x; EMA: the decay), else in a
- *     one-block kernel (k_scalar). The chain itself runs in one thread; the
- *     block's other lanes first load the block into shared memory (one
- *     word each) and derive the AdamW slot scalars and the EMA decay in
- *     parallel (lucid_pb_pre), which the chain copies.
- *     "Last block" = the block that draws the last
+ *     one (norm + unscale pass: lucid_pb_chain; EMA: the decay), else in a
+ *     one-thread kernel. "Last block" = the block that draws the last
  *     ticket of an int32 counter (layout->counters, reset to 0 by that
  *     block); writers fence before taking a ticket and the last block
  *     reads through L2 (__ldcg), so it sees every partial and found_inf.
@@ -35,30 +31,10 @@
  *     atomics; found_inf is an int written with atomicExch, whose result is
  *     order independent). MuSGD's GEMMs go through cuBLAS and are
  *     deterministic but not bitwise equal to OpenBLAS.
- *   - Chunks (LUCID_OPTIM_CHUNK elements) map to the hardware as follows.
- *     The gradient pass (norm / unscale, k_prepass): one warp per chunk,
- *     each lane holding 8 of the norm's T lanes (see k_prepass), 16-byte
- *     loads. The SGD / AdamW update (k_step): one block of TU threads per
- *     chunk, PU elements per thread: groups of 4 consecutive elements with
- *     16-byte accesses when the buffers are 16-byte aligned and the chunk
- *     starts at a multiple of 4 (every chunk of a layout whose offsets are
- *     multiples of 4, as engine/nn/params.c places them), elementwise
- *     otherwise and for a chunk's last partial group; loads first, then
- *     arithmetic, then stores. Elementwise results do not depend on the
- *     map. The MuSGD kernels, k_clip_*, k_ema: one block of T threads per
- *     chunk, thread t handles chunk elements t + i*T (the norm's lane
- *     order, which the Muon Frobenius partials use).
- *   - The update kernel of lucid_optim_step(_fused) (SGD, AdamW) is
- *     launched with programmatic stream serialization on sm_90+ (pdl_ok;
- *     LUCID_OPTIM_PDL=0 turns it off): the pass / k_scalar before it let
- *     it start as soon as all their blocks run; it loads its operands
- *     (which they do not write), then waits for them to finish
- *     (griddepcontrol.wait: their writes are visible) and reads the block
- *     through L2. So the update's loads overlap the pass's fold and the
- *     scalar chain, and the launch gap between the two disappears.
- *   - Cache policy of the update: operands are loaded and the state / EMA
- *     stored with the streaming hint (evict first), so the gradients the
- *     pass just read (normal policy) tend to stay in L2 for the update.
+ *   - One block of LUCID_OPTIM_THREADS threads per chunk of
+ *     LUCID_OPTIM_CHUNK elements; thread t handles chunk elements t + i*T
+ *     (i < CHUNK/T, loads first, then arithmetic, then stores), which is
+ *     the lane order of the norm.
  *
  * Launches per optimizer step (N = trainable chunks):
  *   lucid_optim_step (SGD, AdamW)            prologue, update           = 2
@@ -67,7 +43,6 @@
  *                                            block: the scalar chain),
  *                                            update (+ EMA of params,
  *                                            frozen segments, aux)      = 2
- *     (the update launched early, see above)
  *   separate calls: unscale 1, clip_norm 2 (pass+fold, apply),
  *     EMA 1 per tensor, scaler_update 1.
  *   MuSGD: as above, then pack 1, 5 x (3 GEMMs per bucket + 3
@@ -179,224 +154,92 @@ __device__ __forceinline__ int ticket(unsigned *counter, unsigned total) {
     return last;
 }
 
-/* Programmatic dependent launch (sm_90+; optim_step launches the update
- * kernel with it, see pdl_ok): the gradient pass and k_scalar let the
- * update grid start early; the update kernel loads its chunk, then waits
- * for them (all their blocks done, their writes visible) before it reads
- * the block. Without the launch attribute the wait returns at once. */
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+/* Thread 0 of a last block: a coherent copy of the block (other blocks set
+ * found_inf with atomics; this SM's L1 may hold an older line). */
+__device__ __forceinline__ void blk_load_cg(lucid_param_values *dst,
+                                            const lucid_param_values *src) {
+    const unsigned *s = (const unsigned *)src;
+    unsigned *d = (unsigned *)dst;
+    for (int i = 0; i < (int)(sizeof(lucid_param_values) / sizeof(unsigned)); i++)
+        d[i] = __ldcg(s + i);
 }
 
 /* ------------------------------------------------------------ scalar work */
 
-/* The scalar work of a one-launch reduction's last block, or of k_scalar;
- * every thread of the (T-thread) block calls it. A coherent copy of the
- * block goes to shared memory, one word per thread through L2 (other
- * blocks set found_inf with atomics; this SM's L1 may hold an older line).
- * PRE_STEP: lanes of warp 1 derive the AdamW scalars of one slot each and a
- * lane of warp 2 the EMA decay (lucid_pb_pre: pure functions of the copy),
- * then thread 0 runs lucid_pb_chain_x with them; else only the unscale /
- * norm parts. Thread 0 stores st and resets the counter (when given). */
-__device__ __forceinline__ void scalar_tail(lucid_param_values *blk, int mode, int flags,
-                                            int kind, float total, unsigned *counter) {
-    enum { NW = (int)(sizeof(lucid_param_values) / sizeof(unsigned)) };
-    static_assert(sizeof(lucid_param_values) % sizeof(unsigned) == 0, "block words");
-    static_assert(NW <= T && 64 < T && 32 + LUCID_PARAM_SLOTS <= 64, "tail lanes");
-    __shared__ union {
-        lucid_param_values v;
-        unsigned w[NW];
-    } sv;
-    __shared__ lucid_pb_pre pre;
-    if ((int)threadIdx.x < NW) sv.w[threadIdx.x] = __ldcg((const unsigned *)blk + threadIdx.x);
-    __syncthreads();
+/* One thread: the scalar chain without an element pass (sumsq = 0: the
+ * norm of no element). PRE_STEP: lucid_pb_chain; else only the unscale /
+ * norm parts (separate calls over a layout without trainable chunks). */
+__global__ void k_scalar(lucid_param_values *blk, int mode, int flags, int kind) {
     if (mode == PRE_STEP) {
-        const int l = (int)threadIdx.x - 32;
-        if (kind == LUCID_OPTIM_ADAMW && l >= 0 && l < LUCID_PARAM_SLOTS)
-            lucid_pb_adamw_slot(&sv.v, l, sv.v.st.step + 1, &pre.step_size[l], &pre.bc2_sqrt[l],
-                                &pre.decay_mul[l]);
-        if ((flags & (LUCID_STEP_EMA_BIT | LUCID_STEP_AUX_BIT)) && threadIdx.x == 64)
-            lucid_pb_ema_coefs(&sv.v, sv.v.st.ema_updates + 1, &pre.ema_d, &pre.ema_1md);
+        lucid_pb_chain(blk, flags, (lucid_optim_kind)kind, 0.0f);
+        return;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (mode == PRE_STEP) {
-            lucid_pb_chain_x(&sv.v, flags, (lucid_optim_kind)kind, total, &pre);
-        } else {
-            if ((flags & LUCID_STEP_UNSCALE) && sv.v.in.scaler_enabled) lucid_pb_unscale_prep(&sv.v);
-            if (flags & LUCID_STEP_CLIP_NORM) lucid_pb_norm_finish(&sv.v, total);
-        }
-        blk->st = sv.v.st;
-        if (counter) *counter = 0;
-    }
-}
-
-/* One block of T threads: the scalar chain without an element pass
- * (sumsq = 0: the norm of no element). PRE_STEP: lucid_pb_chain; else only
- * the unscale / norm parts (separate calls over a layout without trainable
- * chunks). */
-__global__ void __launch_bounds__(T) k_scalar(lucid_param_values *blk, int mode, int flags,
-                                              int kind) {
-    pdl_trigger();
-    scalar_tail(blk, mode, flags, kind, 0.0f, NULL);
+    if ((flags & LUCID_STEP_UNSCALE) && blk->in.scaler_enabled) lucid_pb_unscale_prep(blk);
+    if (flags & LUCID_STEP_CLIP_NORM) lucid_pb_norm_finish(blk, 0.0f);
 }
 __global__ void k_ema_prep(lucid_param_values *blk) { lucid_pb_ema_prep(blk); }
 __global__ void k_scaler_update(lucid_param_values *blk) { lucid_pb_scaler_update(blk); }
 
 /* ------------------------------------------------------------ grads */
 
-/* Chunks per block of the gradient pass: one warp each. */
-#define PW (T / 32)
-
-/* Four consecutive gradient elements as f32 (p: 4 * sizeof(G)-byte
- * aligned); the store (f32 only: lucid_grad_unscale writes f32). */
-__device__ __forceinline__ void ld4(const float *p, float *o) {
-    const float4 v = *(const float4 *)p;
-    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
-}
-template <typename H>
-__device__ __forceinline__ void ld4(const H *p, float *o) {
-    const uint2 r = *(const uint2 *)p;
-    H h[4];
-    memcpy(h, &r, sizeof r);
-#pragma unroll
-    for (int k = 0; k < 4; k++) o[k] = lucid_elem<H>::load(h, k);
-}
-__device__ __forceinline__ void st4(float *p, const float *o) {
-    *(float4 *)p = make_float4(o[0], o[1], o[2], o[3]);
-}
-template <typename H>
-__device__ __forceinline__ void st4(H *p, const float *o) {
-#pragma unroll
-    for (int k = 0; k < 4; k++) lucid_elem<H>::store(p, k, o[k]);
-}
-
-/* x[k] = base[e + k] for k < 4, 0 from len on: one ld4 when v4 and all
- * four are below len, else elementwise. */
-template <typename G>
-__device__ __forceinline__ void ld4_upto(const G *base, int e, int len, int v4, float *x) {
-    if (v4 && e + 4 <= len) {
-        ld4(base + e, x);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) x[k] = e + k < len ? lucid_elem<G>::load(base, e + k) : 0.0f;
-    }
-}
-
-/* base[e + k] = x[k] for the k < 4 below len: one st4 when v4 and all four
- * are below len, else elementwise. */
-template <typename G>
-__device__ __forceinline__ void st4_upto(G *base, int e, int len, int v4, const float *x) {
-    if (v4 && e + 4 <= len) {
-        st4(base + e, x);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (e + k < len) lucid_elem<G>::store(base, e + k, x[k]);
-    }
-}
-
-/* One pass over the trainable gradients, one warp per chunk (PW chunks per
- * block):
+/* One pass over the trainable gradients, one block per chunk:
  *   UNSCALE (scaler on): found_inf |= any non-finite; x *= inv (inv =
  *     f32(1/f64(S)), derived per block, committed by the last block) unless
  *     inv == 1; PRE_UNSCALE_WRITE stores x back (lucid_grad_unscale);
- *   CLIP_NORM: the chunk's sum of x*x in the norm order of optim_backend.h
- *     -> part[chunk].
- * Lane w of the warp holds the norm lanes 4w+k and T/2+4w+k (k < 4), so it
- * reads 4 consecutive elements per row of T (16-byte loads when vec and
- * the chunk start is a multiple of 4; elementwise otherwise and past the
- * chunk's end) and sums each of its 8 norm lanes in row order, as the
- * lane order does. The halving tree: h = T/2 inside the lane, h = 64 .. 4
- * by shuffles from lane w + h/4, h = 2, 1 inside lane 0; every step adds
- * the same two values as s[i] += s[i+h]. The last block folds the
- * partials and runs the scalar work (scalar_tail): PRE_STEP the whole
- * chain of a fused step, else unscale/norm only. */
+ *   CLIP_NORM: the chunk's sum of x*x (lane order) -> part[chunk].
+ * The last block folds the partials and runs the scalar work: PRE_STEP the
+ * whole lucid_pb_chain of a fused step, else unscale/norm only. */
 template <typename G>
-__global__ void __launch_bounds__(T, 2) k_prepass(const lucid_chunk *chunks, int nchunks,
-                                                  lucid_param_values *blk, G *g, float *part,
-                                                  unsigned *counter, int mode, int flags,
-                                                  int kind, int vec) {
-    static_assert(T == 256 && PER == 8, "the lane map below assumes 256 lanes, 8 rows");
+__global__ void __launch_bounds__(T, 4) k_prepass(const lucid_chunk *chunks, lucid_param_values *blk, G *g,
+                          float *part, unsigned *counter, int mode, int flags, int kind) {
     __shared__ float sh[T];
-    pdl_trigger();
+    const lucid_chunk c = chunks[blockIdx.x];
     const int uns = (flags & LUCID_STEP_UNSCALE) && blk->in.scaler_enabled;
     const float inv = uns ? lucid_pb_inv_scale(blk->st.loss_scale) : 1.0f;
     const int scale = uns && inv != 1.0f;
     const int wr = mode == PRE_UNSCALE_WRITE && scale;
     const int norm = (flags & LUCID_STEP_CLIP_NORM) != 0;
-    const int w = (int)(threadIdx.x & 31);
-    const int ci = (int)blockIdx.x * PW + (int)(threadIdx.x >> 5);
-    if (ci < nchunks) { /* uniform over the warp */
-        const lucid_chunk c = chunks[ci];
-        G *base = g + c.start;
-        const int len = c.len;
-        const int v4 = vec && (c.start & 3) == 0;
-        float x[PER][2][4]; /* element i*T + h*T/2 + 4w + k */
+    float xv[PER];
 #pragma unroll
-        for (int i = 0; i < PER; i++) {
+    for (int i = 0; i < PER; i++) {
+        int j = threadIdx.x + i * T;
+        xv[i] = j < c.len ? lucid_elem<G>::load(g, c.start + j) : 0.0f;
+    }
+    float s = 0.0f;
+    int found = 0;
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-                ld4_upto(base, i * T + h * (T / 2) + 4 * w, len, v4, x[i][h]);
-        }
-        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        int found = 0;
-#pragma unroll
-        for (int i = 0; i < PER; i++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (i * T + h * (T / 2) + 4 * w + k < len) {
-                        float v = x[i][h][k];
-                        if (uns && !is_finite_f(v)) found = 1;
-                        if (scale) v = MUL(v, inv);
-                        x[i][h][k] = v;
-                        if (norm) s[h][k] = ADD(s[h][k], MUL(v, v));
-                    }
-                }
-            }
-        }
-        if (wr) {
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    st4_upto(base, i * T + h * (T / 2) + 4 * w, len, v4, x[i][h]);
-            }
-        }
-        if (found) {
-            atomicExch(&blk->st.found_inf, 1);
-            __threadfence();
-        }
-        if (norm) {
-            float t[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) t[k] = ADD(s[0][k], s[1][k]); /* h = T/2 */
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) /* h = 4*off: 64 .. 4 */
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-                    t[k] = ADD(t[k], __shfl_down_sync(0xffffffffu, t[k], off));
-            t[0] = ADD(t[0], t[2]); /* h = 2 */
-            t[1] = ADD(t[1], t[3]);
-            t[0] = ADD(t[0], t[1]); /* h = 1 */
-            if (w == 0) {
-                part[ci] = t[0];
-                __threadfence();
-            }
+    for (int i = 0; i < PER; i++) {
+        int j = threadIdx.x + i * T;
+        if (j < c.len) {
+            float x = xv[i];
+            if (uns && !is_finite_f(x)) found = 1;
+            if (scale) x = MUL(x, inv);
+            if (wr) lucid_elem<G>::store(g, c.start + j, x);
+            if (norm) s = ADD(s, MUL(x, x));
         }
     }
+    if (found) {
+        atomicExch(&blk->st.found_inf, 1);
+        __threadfence();
+    }
+    if (norm) {
+        float r = block_fold(s, sh);
+        if (threadIdx.x == 0) part[blockIdx.x] = r;
+    }
     if (!ticket(counter, gridDim.x)) return;
-    const float total = norm ? fold_partials_cg(part, nchunks, sh) : 0.0f;
-    scalar_tail(blk, mode, flags, kind, total, counter);
+    float total = norm ? fold_partials_cg(part, (int)gridDim.x, sh) : 0.0f;
+    if (threadIdx.x == 0) {
+        lucid_param_values v;
+        blk_load_cg(&v, blk);
+        if (mode == PRE_STEP) {
+            lucid_pb_chain(&v, flags, (lucid_optim_kind)kind, total);
+        } else {
+            if (uns) lucid_pb_unscale_prep(&v);
+            if (norm) lucid_pb_norm_finish(&v, total);
+        }
+        blk->st = v.st;
+        *counter = 0;
+    }
 }
 
 template <typename G>
@@ -452,8 +295,6 @@ typedef struct step_args {
     float *mpart, *den;
     unsigned *mcnt;              /* per-matrix tickets */
     int bf16_path;
-    /* SGD / AdamW: p, g, s0 (s1, ema when used) are 16-byte aligned */
-    int vec;
 } step_args;
 
 /* The gradient processing of optim_cpu.c: g*inv, g*coef, clamp. */
@@ -479,19 +320,6 @@ __device__ __forceinline__ gproc make_gproc(const lucid_param_values *blk, int f
     q.coef = blk->st.clip_coef;
     q.value = (flags & LUCID_STEP_CLIP_VALUE) != 0;
     q.cv = blk->in.clip_value;
-    return q;
-}
-
-/* make_gproc reading the block through L2 (the update kernel, after the
- * dependency wait). */
-__device__ __forceinline__ gproc make_gproc_cg(const lucid_param_values *blk, int flags) {
-    gproc q;
-    q.inv = __ldcg(&blk->st.inv_scale);
-    q.scale = (flags & LUCID_STEP_UNSCALE) && __ldcg(&blk->in.scaler_enabled) && q.inv != 1.0f;
-    q.norm = (flags & LUCID_STEP_CLIP_NORM) != 0;
-    q.coef = __ldcg(&blk->st.clip_coef);
-    q.value = (flags & LUCID_STEP_CLIP_VALUE) != 0;
-    q.cv = __ldcg(&blk->in.clip_value);
     return q;
 }
 
@@ -536,194 +364,79 @@ __device__ __forceinline__ float sgd_elem(float p, float g, float *buf, float lr
     return ADD(p, MUL(-lr, u));
 }
 
-/* The SGD / AdamW update kernel: TU threads per chunk, PU elements each. */
-#define TU 512
-#define PU (LUCID_OPTIM_CHUNK / TU)
-
-/* Chunk element of a thread's slot i (i < PU) in the update kernel.
- * VEC (16-byte accesses): groups of 4 consecutive elements, group t, t +
- * TU, ... (element 4(t + (i/4) TU) + i%4); else t + i TU. */
-template <int VEC>
-__device__ __forceinline__ int elem_at(int i) {
-    return VEC ? 4 * ((int)threadIdx.x + (i / 4) * TU) + (i % 4) : (int)threadIdx.x + i * TU;
-}
-
-/* Slot groups: VEC: PU/4 groups of 4 slots (one 16-byte access each),
- * else PU groups of one slot. */
-template <int VEC>
-struct slot_groups {
-    enum { N = VEC ? PU / 4 : PU, S = VEC ? 4 : 1 };
-};
-
-/* One operand of a chunk into registers (0 past len), streaming loads
- * (evict first: each element is read once per step). */
-template <int VEC>
-__device__ __forceinline__ void ld_chunk(float (&v)[PU], const float *p, int len) {
-    if (VEC) {
-#pragma unroll
-        for (int q = 0; q < PU / 4; q++) {
-            const int e = elem_at<1>(4 * q);
-            if (e + 4 <= len) {
-                const float4 f = __ldcs((const float4 *)(p + e));
-                v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[4 * q + k] = e + k < len ? __ldcs(p + e + k) : 0.0f;
-            }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < PU; i++) {
-            const int e = elem_at<0>(i);
-            v[i] = e < len ? __ldcs(p + e) : 0.0f;
-        }
-    }
-}
-
-__device__ __forceinline__ void st1(float *p, float v, int cs) {
-    if (cs) __stcs(p, v);
-    else *p = v;
-}
-
-/* Group q of one operand back to memory, its elements below len (CS:
- * streaming stores). */
-template <int VEC, int CS>
-__device__ __forceinline__ void st_group(float *p, const float (&v)[PU], int q, int len) {
-    if (VEC) {
-        const int e = elem_at<1>(4 * q);
-        if (e + 4 <= len) {
-            const float4 f = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-            if (CS) __stcs((float4 *)(p + e), f);
-            else *(float4 *)(p + e) = f;
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (e + k < len) st1(p + e + k, v[4 * q + k], CS);
-        }
-    } else {
-        const int e = elem_at<0>(q);
-        if (e < len) st1(p + e, v[q], CS);
-    }
-}
-
-/* The whole chunk of one operand (every group). */
-template <int VEC, int CS>
-__device__ __forceinline__ void st_chunk(float *p, const float (&v)[PU], int len) {
-#pragma unroll
-    for (int q = 0; q < slot_groups<VEC>::N; q++) st_group<VEC, CS>(p, v, q, len);
-}
-
-/* Blocks past the trainable chunks of the update kernel: the EMA of frozen
- * segments and of the aux tensor (elementwise; loads before the wait). */
-__device__ __forceinline__ void step_ema_only(const step_args &a, int b) {
-    const int fz = b < a.nfrozen;
-    const lucid_chunk c = fz ? a.frozen[b] : a.aux_chunks[b - a.nfrozen];
-    float *e = (fz ? a.ema : a.aux_ema) + c.start;
-    const float *p = (fz ? a.p : a.aux) + c.start;
-    float ev[PU], pv[PU];
-    ld_chunk<0>(ev, e, c.len);
-    ld_chunk<0>(pv, p, c.len);
-    pdl_wait();
-    const float d = __ldcg(&a.blk->st.ema_d), omd = __ldcg(&a.blk->st.ema_1md);
-#pragma unroll
-    for (int i = 0; i < PU; i++) ev[i] = ema_elem(ev[i], pv[i], d, omd);
-    st_chunk<0, 1>(e, ev, c.len);
-}
-
-/* One trainable chunk of the update kernel: every operand is loaded, then
- * the kernel waits for the scalar chain (pdl_wait) and reads the block
- * through L2; the arithmetic of each element is that of optim_cpu.c (and
- * of the previous per-element loop), done on all PU slots (past the
- * chunk's end on zeros, never stored). */
-template <int KIND, int VEC>
-__device__ __forceinline__ void step_chunk(const step_args &a, const lucid_chunk c, int s) {
-    const int len = c.len;
-    const int ema = a.ema != NULL;
-    float *p = a.p + c.start, *g = a.g + c.start, *m = a.s0 + c.start;
-    float gv[PU], pv[PU], mv[PU], vv[PU] = {}, ev[PU] = {};
-    ld_chunk<VEC>(gv, g, len);
-    ld_chunk<VEC>(pv, p, len);
-    ld_chunk<VEC>(mv, m, len);
-    if (KIND == LUCID_OPTIM_ADAMW) ld_chunk<VEC>(vv, a.s1 + c.start, len);
-    if (ema) ld_chunk<VEC>(ev, a.ema + c.start, len);
-    pdl_wait();
+/* SGD / AdamW update of the trainable chunks, gradient processing on the
+ * fly, the EMA of each new value; EMA-only blocks after them. A skipped
+ * step (st.step_skipped) leaves p and the state alone but still writes the
+ * processed grads (KEEP_GRADS) and runs the EMA, as the separate calls. */
+template <int KIND>
+__global__ void __launch_bounds__(T, 4) k_step(step_args a) {
+    if (ema_only_block(a)) return;
     const lucid_param_values *blk = a.blk;
-    const int skip = __ldcg(&blk->st.step_skipped);
-    const gproc q_ = make_gproc_cg(blk, a.flags);
-    const int proc = q_.scale || q_.norm || q_.value;
+    const lucid_chunk c = a.chunks[blockIdx.x];
+    const int s = a.segs[c.seg].slot;
+    const int skip = blk->st.step_skipped;
+    const gproc q = make_gproc(blk, a.flags);
+    const int proc = q.scale || q.norm || q.value;
     const int keep = proc && (a.flags & LUCID_STEP_KEEP_GRADS);
-    const float d = __ldcg(&blk->st.ema_d), omd = __ldcg(&blk->st.ema_1md);
-    typedef slot_groups<VEC> SG;
-    float *v2 = KIND == LUCID_OPTIM_ADAMW ? a.s1 + c.start : NULL;
-    float *e2 = ema ? a.ema + c.start : NULL;
-    /* the step's scalars of KIND (those of the other kind stay 0, unused) */
-    float lr = 0.0f, mu = 0.0f, wd = 0.0f;
-    int nest = 0;
-    float eps = 0.0f, b2 = 0.0f, omb2 = 0.0f, w1 = 0.0f, dm = 0.0f, bc2 = 0.0f, nss = 0.0f;
-    if (KIND == LUCID_OPTIM_SGD) {
-        lr = __ldcg(&blk->in.lr[s]);
-        mu = __ldcg(&blk->in.momentum[s]);
-        wd = __ldcg(&blk->in.weight_decay[s]);
-        nest = __ldcg(&blk->in.nesterov);
-    } else {
-        eps = __ldcg(&blk->in.eps);
-        b2 = __ldcg(&blk->in.beta2);
-        omb2 = (float)(1.0 - (double)b2);
-        w1 = (float)(1.0 - (double)__ldcg(&blk->in.momentum[s]));
-        dm = __ldcg(&blk->st.decay_mul[s]);
-        bc2 = __ldcg(&blk->st.bc2_sqrt[s]);
-        nss = -__ldcg(&blk->st.step_size[s]);
+    const int ema = a.ema != NULL;
+    const float d = blk->st.ema_d, omd = blk->st.ema_1md;
+    float gv[PER], pv[PER], mv[PER], vv[PER], ev[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int j = threadIdx.x + i * T;
+        if (j < c.len) {
+            int64_t x = c.start + j;
+            gv[i] = a.g[x];
+            pv[i] = a.p[x];
+            mv[i] = a.s0[x];
+            if (KIND == LUCID_OPTIM_ADAMW) vv[i] = a.s1[x];
+            if (ema) ev[i] = a.ema[x];
+        }
     }
-    /* each group is stored as soon as it is computed (fewer live values) */
+    if (KIND == LUCID_OPTIM_SGD) {
+        const float lr = blk->in.lr[s], mu = blk->in.momentum[s], wd = blk->in.weight_decay[s];
+        const int nest = blk->in.nesterov;
 #pragma unroll
-    for (int q = 0; q < SG::N; q++) {
-#pragma unroll
-        for (int k = 0; k < SG::S; k++) {
-            const int i = q * SG::S + k;
-            const float gi = proc ? q_(gv[i]) : gv[i];
-            gv[i] = gi;
-            if (!skip && KIND == LUCID_OPTIM_SGD) {
+        for (int i = 0; i < PER; i++) {
+            int j = threadIdx.x + i * T;
+            if (j >= c.len) continue;
+            int64_t x = c.start + j;
+            float gi = proc ? q(gv[i]) : gv[i];
+            if (!skip) {
                 float b = mv[i];
                 pv[i] = sgd_elem(pv[i], gi, &b, lr, mu, wd, nest);
-                mv[i] = b;
-            } else if (!skip) {
+                a.p[x] = pv[i];
+                a.s0[x] = b;
+            }
+            if (ema) a.ema[x] = ema_elem(ev[i], pv[i], d, omd);
+            if (keep) a.g[x] = gi;
+        }
+    } else {
+        const float eps = blk->in.eps, b2 = blk->in.beta2;
+        const float omb2 = (float)(1.0 - (double)b2);
+        const float w1 = (float)(1.0 - (double)blk->in.momentum[s]);
+        const float dm = blk->st.decay_mul[s], bc2 = blk->st.bc2_sqrt[s];
+        const float nss = -blk->st.step_size[s];
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int j = threadIdx.x + i * T;
+            if (j >= c.len) continue;
+            int64_t x = c.start + j;
+            float gi = proc ? q(gv[i]) : gv[i];
+            if (!skip) {
                 float pi = MUL(pv[i], dm);
                 float mi = lerp_aten(mv[i], gi, w1);
                 float vi = ADD(MUL(vv[i], b2), MUL(omb2, MUL(gi, gi)));
                 float den = ADD(DIV(__fsqrt_rn(vi), bc2), eps);
                 pv[i] = ADD(pi, MUL(nss, DIV(mi, den)));
-                mv[i] = mi;
-                vv[i] = vi;
+                a.p[x] = pv[i];
+                a.s0[x] = mi;
+                a.s1[x] = vi;
             }
-            if (ema) ev[i] = ema_elem(ev[i], pv[i], d, omd);
+            if (ema) a.ema[x] = ema_elem(ev[i], pv[i], d, omd);
+            if (keep) a.g[x] = gi;
         }
-        if (!skip) {
-            st_group<VEC, 0>(p, pv, q, len);
-            st_group<VEC, 1>(m, mv, q, len);
-            if (KIND != LUCID_OPTIM_SGD) st_group<VEC, 1>(v2, vv, q, len);
-        }
-        if (ema) st_group<VEC, 1>(e2, ev, q, len);
-        if (keep) st_group<VEC, 0>(g, gv, q, len);
     }
-}
-
-/* SGD / AdamW update of the trainable chunks, gradient processing on the
- * fly, the EMA of each new value; EMA-only blocks after them. A skipped
- * step (st.step_skipped) leaves p and the state alone but still writes the
- * processed grads (KEEP_GRADS) and runs the EMA, as the separate calls.
- * Every block waits for the previous kernel (pdl_wait) before it reads the
- * block, so the kernel ends after it even when launched early. */
-template <int KIND>
-__global__ void __launch_bounds__(TU, KIND == LUCID_OPTIM_SGD ? 3 : 2) k_step(step_args a) {
-    const int b = (int)blockIdx.x;
-    if (b >= a.ntrain) {
-        step_ema_only(a, b - a.ntrain);
-        return;
-    }
-    const lucid_chunk c = a.chunks[b];
-    const int s = a.segs[c.seg].slot;
-    if (a.vec && (c.start & 3) == 0) step_chunk<KIND, 1>(a, c, s);
-    else step_chunk<KIND, 0>(a, c, s);
 }
 
 /* ------------------------------------------------------------ MuSGD */
@@ -954,75 +667,17 @@ static unsigned *counter0(const lucid_param_layout *l) {
     return (unsigned *)lucid_tensor_data(l->counters);
 }
 
-static int aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
-
-/* The gradient pass over the layout's trainable chunks (nchunks_train > 0):
- * PW chunks per block; 4-element loads where g allows. */
-template <typename G>
-static void launch_prepass(lucid_cuda_state *st, const lucid_param_layout *l,
-                           lucid_param_values *blk, G *g, int mode, int flags, int kind) {
-    const int n = l->nchunks_train;
-    k_prepass<G><<<(unsigned)((n + PW - 1) / PW), T, 0, st->stream>>>(
-        l->chunks_train_dev, n, blk, g, (float *)lucid_tensor_data(l->partials), counter0(l),
-        mode, flags, kind, aligned(g, 4 * sizeof(G)));
-}
-
-/* Whether the update kernel may be launched with programmatic stream
- * serialization: a device of compute capability 9 or later running this
- * file's kernels compiled for it (PTX 9.0+: the griddepcontrol
- * instructions are in them), unless LUCID_OPTIM_PDL=0 (an A/B switch for
- * benchmarks). Cached per device ordinal. */
-static int pdl_ok(const lucid_cuda_state *st) {
-    static int env = -1, ptx = -1;
-    static int cc[64];
-    if (env < 0) {
-        const char *e = getenv("LUCID_OPTIM_PDL");
-        env = !(e && strcmp(e, "0") == 0);
-    }
-    if (!env || st->device < 0 || st->device >= 64) return 0;
-    if (ptx < 0) {
-        cudaFuncAttributes fa;
-        ptx = cudaFuncGetAttributes(&fa, k_step<LUCID_OPTIM_SGD>) == cudaSuccess ? fa.ptxVersion
-                                                                                : 0;
-        (void)cudaGetLastError();
-    }
-    int *c = &cc[st->device];
-    if (*c == 0) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device) !=
-            cudaSuccess)
-            major = 0;
-        (void)cudaGetLastError();
-        *c = major > 0 ? major : -1;
-    }
-    return ptx >= 90 && *c >= 9;
-}
-
-/* The update kernel, with programmatic stream serialization when pdl. */
-static cudaError_t launch_step(void (*kern)(step_args), unsigned grid, cudaStream_t stream,
-                               int pdl, const step_args &a) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(TU);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, a);
-}
-
 static lucid_status cu_unscale(lucid_ctx *ctx, const lucid_param_layout *l,
                                lucid_param_values *blk, float *g) {
     CUDA_ENTER(ctx, st);
     if (l->nchunks_train == 0) {
-        k_scalar<<<1, T, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_UNSCALE, 0);
+        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_UNSCALE, 0);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (unscale)");
         return LUCID_OK;
     }
-    launch_prepass<float>(st, l, blk, g, PRE_UNSCALE_WRITE, LUCID_STEP_UNSCALE, 0);
+    k_prepass<float><<<l->nchunks_train, T, 0, st->stream>>>(
+        l->chunks_train_dev, blk, g, (float *)lucid_tensor_data(l->partials), counter0(l),
+        PRE_UNSCALE_WRITE, LUCID_STEP_UNSCALE, 0);
     CUDA_CHECK_LAUNCH(ctx, "k_prepass (unscale)");
     return LUCID_OK;
 }
@@ -1031,11 +686,13 @@ template <typename G>
 static lucid_status norm_t(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_param_layout *l,
                           lucid_param_values *blk, G *g, int apply) {
     if (l->nchunks_train == 0) {
-        k_scalar<<<1, T, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
+        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (norm)");
         return LUCID_OK;
     }
-    launch_prepass<G>(st, l, blk, g, PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
+    k_prepass<G><<<l->nchunks_train, T, 0, st->stream>>>(
+        l->chunks_train_dev, blk, g, (float *)lucid_tensor_data(l->partials), counter0(l),
+        PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
     CUDA_CHECK_LAUNCH(ctx, "k_prepass (norm)");
     if (apply) {
         k_clip_apply<G><<<l->nchunks_train, T, 0, st->stream>>>(l->chunks_train_dev, blk, g);
@@ -1150,10 +807,12 @@ static lucid_status cu_optim_step(lucid_ctx *ctx, const lucid_param_layout *l,
     /* 1. the gradient pass whose last block runs the scalar chain, or the
      *    chain alone */
     if ((f & (LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM)) && l->nchunks_train > 0) {
-        launch_prepass<float>(st, l, blk, call->grad, PRE_STEP, f, kind);
+        k_prepass<float><<<l->nchunks_train, T, 0, st->stream>>>(
+            l->chunks_train_dev, blk, call->grad, (float *)lucid_tensor_data(l->partials),
+            counter0(l), PRE_STEP, f, kind);
         CUDA_CHECK_LAUNCH(ctx, "k_prepass (step)");
     } else {
-        k_scalar<<<1, T, 0, st->stream>>>(blk, PRE_STEP, f, kind);
+        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_STEP, f, kind);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (step)");
     }
     /* 2. the update (+ EMA) */
@@ -1177,24 +836,13 @@ static lucid_status cu_optim_step(lucid_ctx *ctx, const lucid_param_layout *l,
         a.naux = call->aux_layout->nchunks_all;
     }
     unsigned grid = (unsigned)(a.ntrain + a.nfrozen + a.naux);
-    a.vec = aligned(a.p, 16) && aligned(a.g, 16) && aligned(a.s0, 16) &&
-            (call->kind != LUCID_OPTIM_ADAMW || aligned(a.s1, 16)) &&
-            (!a.ema || aligned(a.ema, 16));
     switch (call->kind) {
     case LUCID_OPTIM_SGD:
-    case LUCID_OPTIM_ADAMW: {
-        if (!grid) break;
-        /* launched early behind the pass / k_scalar just queued (their
-         * blocks trigger it); it waits for them before reading blk */
-        cudaError_t e = launch_step(call->kind == LUCID_OPTIM_SGD ? k_step<LUCID_OPTIM_SGD>
-                                                                 : k_step<LUCID_OPTIM_ADAMW>,
-                                    grid, st->stream, pdl_ok(st), a);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return lucid_cuda_err(ctx, e, "launch of optimizer update", __FILE__, __LINE__);
-        }
+        if (grid) k_step<LUCID_OPTIM_SGD><<<grid, T, 0, st->stream>>>(a);
         break;
-    }
+    case LUCID_OPTIM_ADAMW:
+        if (grid) k_step<LUCID_OPTIM_ADAMW><<<grid, T, 0, st->stream>>>(a);
+        break;
     default: {
         if (l->nmuon > 0 && !call->work)
             return lucid_seterr(ctx, LUCID_ERR_ARG, "MuSGD: no Newton–Schulz workspace");

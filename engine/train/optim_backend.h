@@ -8,8 +8,7 @@
  *     elements (the last chunk of a segment may be shorter); the "all" list
  *     does the same over every segment (EMA); the "frozen" list over the
  *     non-trainable segments only (the EMA-only blocks of a fused step).
- *     CUDA: one block per chunk (updates, EMA), one warp per chunk (the
- *     gradient pass of the norm / unscale); see cuda/optim.cu.
+ *     One CUDA block per chunk.
  *   - Norm order (bitwise CPU == CUDA): chunk c's partial is the sum over
  *     LUCID_OPTIM_THREADS lanes; lane t sums x*x of elements t, t+T, ... of
  *     the chunk in increasing order (f32, no FMA); the T lane sums are
@@ -283,46 +282,13 @@ float lucid_cpu_muon_sumsq(const float *u, int64_t n);
 #define LUCID_NS_STEPS 5
 #define LUCID_NS_EPS 1e-7f
 
-/* The AdamW scalars of slot s at step `step` (the step count after its
- * increment), as torch.optim.AdamW derives them in Python floats (f64),
- * each rounded once to f32. A pure function of the inputs and `step`. */
-static inline LUCID_HD void lucid_pb_adamw_slot(const lucid_param_values *v,
-                                                int s, int64_t step,
-                                                float *step_size,
-                                                float *bc2_sqrt,
-                                                float *decay_mul) {
-    double t = (double)step;
-    double lr = v->in.lr[s], b1 = v->in.momentum[s];
-    double b2 = v->in.beta2, wd = v->in.weight_decay[s];
-    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-    *step_size = (float)(lr / bc1);
-    *bc2_sqrt = (float)sqrt(bc2);
-    *decay_mul = (float)(1.0 - lr * wd);
-}
-
-/* Per-step scalars that are pure functions of the block as the chain
- * finds it, derived ahead of the chain (CUDA: in parallel lanes of the
- * block that runs it, while its thread 0 runs the rest) and only copied
- * by it: the AdamW scalars of every slot at step st.step + 1
- * (lucid_pb_adamw_slot) and the EMA decay after st.ema_updates + 1
- * updates (lucid_pb_ema_coefs). Nothing the chain does before it reaches
- * them changes their inputs, so the copies equal what it would compute.
- * NULL everywhere: computed in place (the CPU). */
-typedef struct lucid_pb_pre {
-    float step_size[LUCID_PARAM_SLOTS];
-    float bc2_sqrt[LUCID_PARAM_SLOTS];
-    float decay_mul[LUCID_PARAM_SLOTS];
-    float ema_d, ema_1md;
-} lucid_pb_pre;
-
 /* Optimizer prologue (one thread): returns 0 when the step is skipped
- * (found_inf); else advances st.step and derives the AdamW scalars
- * (lucid_pb_adamw_slot; copied from pre when given). st.step_skipped
- * records the decision: the update kernels read it (not found_inf, which a
- * fused step's scaler update may reset before them). */
-static inline LUCID_HD int lucid_pb_optim_prep_x(lucid_param_values *v,
-                                                 lucid_optim_kind kind,
-                                                 const lucid_pb_pre *pre) {
+ * (found_inf); else advances st.step and derives the AdamW scalars as
+ * torch.optim.AdamW does in Python floats (f64), rounded once to f32.
+ * st.step_skipped records the decision: the update kernels read it (not
+ * found_inf, which a fused step's scaler update may reset before them). */
+static inline LUCID_HD int lucid_pb_optim_prep(lucid_param_values *v,
+                                               lucid_optim_kind kind) {
     if (v->st.found_inf) {
         v->st.skipped_steps += 1;
         v->st.step_skipped = 1;
@@ -331,23 +297,17 @@ static inline LUCID_HD int lucid_pb_optim_prep_x(lucid_param_values *v,
     v->st.step_skipped = 0;
     v->st.step += 1;
     if (kind == LUCID_OPTIM_ADAMW) {
+        double t = (double)v->st.step;
         for (int s = 0; s < LUCID_PARAM_SLOTS; s++) {
-            if (pre) {
-                v->st.step_size[s] = pre->step_size[s];
-                v->st.bc2_sqrt[s] = pre->bc2_sqrt[s];
-                v->st.decay_mul[s] = pre->decay_mul[s];
-            } else {
-                lucid_pb_adamw_slot(v, s, v->st.step, &v->st.step_size[s],
-                                    &v->st.bc2_sqrt[s], &v->st.decay_mul[s]);
-            }
+            double lr = v->in.lr[s], b1 = v->in.momentum[s];
+            double b2 = v->in.beta2, wd = v->in.weight_decay[s];
+            double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+            v->st.step_size[s] = (float)(lr / bc1);
+            v->st.bc2_sqrt[s] = (float)sqrt(bc2);
+            v->st.decay_mul[s] = (float)(1.0 - lr * wd);
         }
     }
     return 1;
-}
-
-static inline LUCID_HD int lucid_pb_optim_prep(lucid_param_values *v,
-                                               lucid_optim_kind kind) {
-    return lucid_pb_optim_prep_x(v, kind, NULL);
 }
 
 /* EMA decay after `updates` updates: d = decay*(1 - exp(-updates/tau))
@@ -361,21 +321,10 @@ static inline LUCID_HD void lucid_pb_ema_coefs(const lucid_param_values *v,
     *omd = (float)(1.0 - x);
 }
 
-/* EMA prologue: updates += 1, then lucid_pb_ema_coefs (copied from pre
- * when given). */
-static inline LUCID_HD void lucid_pb_ema_prep_x(lucid_param_values *v,
-                                               const lucid_pb_pre *pre) {
-    v->st.ema_updates += 1;
-    if (pre) {
-        v->st.ema_d = pre->ema_d;
-        v->st.ema_1md = pre->ema_1md;
-    } else {
-        lucid_pb_ema_coefs(v, v->st.ema_updates, &v->st.ema_d, &v->st.ema_1md);
-    }
-}
-
+/* EMA prologue: updates += 1, then lucid_pb_ema_coefs. */
 static inline LUCID_HD void lucid_pb_ema_prep(lucid_param_values *v) {
-    lucid_pb_ema_prep_x(v, NULL);
+    v->st.ema_updates += 1;
+    lucid_pb_ema_coefs(v, v->st.ema_updates, &v->st.ema_d, &v->st.ema_1md);
 }
 
 /* inv = f32(1/f64(S)) (torch GradScaler.unscale_). */
@@ -431,22 +380,15 @@ static inline LUCID_HD void lucid_pb_scaler_update(lucid_param_values *v) {
  *   the optimizer prologue (skip decision, step, AdamW scalars);
  *   SCALER_UPDATE: lucid_pb_scaler_update (resets found_inf);
  *   EMA: lucid_pb_ema_prep.
- * The update kernels then read everything they need from the block.
- * pre: see lucid_pb_pre (NULL: everything computed here). */
-static inline LUCID_HD void lucid_pb_chain_x(lucid_param_values *v, int flags,
-                                             lucid_optim_kind kind, float sumsq,
-                                             const lucid_pb_pre *pre) {
+ * The update kernels then read everything they need from the block. */
+static inline LUCID_HD void lucid_pb_chain(lucid_param_values *v, int flags,
+                                           lucid_optim_kind kind, float sumsq) {
     if ((flags & LUCID_STEP_UNSCALE) && v->in.scaler_enabled)
         lucid_pb_unscale_prep(v);
     if (flags & LUCID_STEP_CLIP_NORM) lucid_pb_norm_finish(v, sumsq);
-    lucid_pb_optim_prep_x(v, kind, pre);
+    lucid_pb_optim_prep(v, kind);
     if (flags & LUCID_STEP_SCALER_UPDATE) lucid_pb_scaler_update(v);
-    if (flags & (LUCID_STEP_EMA_BIT | LUCID_STEP_AUX_BIT)) lucid_pb_ema_prep_x(v, pre);
-}
-
-static inline LUCID_HD void lucid_pb_chain(lucid_param_values *v, int flags,
-                                           lucid_optim_kind kind, float sumsq) {
-    lucid_pb_chain_x(v, flags, kind, sumsq, NULL);
+    if (flags & (LUCID_STEP_EMA_BIT | LUCID_STEP_AUX_BIT)) lucid_pb_ema_prep(v);
 }
 
 /* The halving tree of the norm order over T lane sums (in place). */
