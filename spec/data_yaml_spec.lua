@@ -14,6 +14,7 @@ int setenv(const char *name, const char *value, int overwrite);
 int unsetenv(const char *name);
 ]]
 
+local env0 = os.getenv("LUCID_DATASETS") -- restored by the first block's teardown
 local mini = data.find_dataset("coco-pose-mini")
 
 -- the number of images of split in descriptor d (opened, then freed)
@@ -57,7 +58,8 @@ describe("data= as an Ultralytics data YAML", function()
     end
   end)
   teardown(function()
-    ffi.C.unsetenv("LUCID_DATASETS")
+    -- the caller's setting back (later specs find the mini dataset through it)
+    if env0 then ffi.C.setenv("LUCID_DATASETS", env0, 1) else ffi.C.unsetenv("LUCID_DATASETS") end
     os.execute("rm -rf '" .. base .. "'")
   end)
   local saved_env
