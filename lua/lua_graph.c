@@ -11,14 +11,25 @@
  *   Graph: g:launch(), g:free() (also __gc)
  *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:free()
  *   lucid.graph.Refs(paramset, {cmodule, ...}) -> Refs
- *     r:check() -> nil | reason, full, fast
- *                  (nil: unchanged; full: the field-by-field check ran;
- *                   fast: answered from the two counters below alone)
+ *     r:check() -> nil | reason, full, fast, params, modules
+ *                  (nil: unchanged; fast: answered from the two counters
+ *                   below and the watched block inputs alone; full: the
+ *                   engine's check ran instead — every module's mode
+ *                   compared with the recorded one — and what it found
+ *                   had moved: params, the set's version (the entries
+ *                   were compared field by field); modules, the version
+ *                   of one of the recorded modules)
+ *     r:watch(block, "ema" | "ns_bf16")  (compare these inputs of a
+ *                  lucid.ParamBlock's staging at every check, from their
+ *                  values now: EMA decay/tau, the MuSGD Newton-Schulz
+ *                  precision; the block is kept alive)
  *     r:restore() -> n                  (recorded module buffers reinstalled)
  *     r:counts() -> nmodules, nparams;  r:free() (also __gc)
  *   lucid.graph._test_replace_param(paramset, name)   (tests only: replace
  *     the entry's data tensor by a fresh copy, as a host program could)
  *   lucid.graph.module_epoch() -> n, on  (the counter below; on: cheap path)
+ *   lucid.graph.bump_epoch()      (move it: Model:bump_version and
+ *                                  Model:train/eval do, see below)
  *   lucid.graph.clock() -> seconds (CLOCK_MONOTONIC, for the µs timings)
  *   lucid.graph.pinned(shape, dtype, [ctx]) -> Tensor (page-locked CPU
  *     memory on a CUDA context: fixed staging buffers)
@@ -28,15 +39,21 @@
  *
  * The cheap path of r:check() (docs/STEP.md, "Contract"): it answers
  * "unchanged" from two integers — the parameter set's version and a
- * process-wide module epoch — without touching any module. The epoch moves
+ * process-wide module epoch — and the watched parameter-block inputs
+ * (r:watch), without touching any module. The epoch moves
  * whenever a C module's version moves (mode, need_grad_input); the only
  * callers of lucid_module_set_training / lucid_module_set_need_grad_input
  * are the CModule methods train / eval / need_grad_input of lua_nn.c, which
  * lucid_lua_open_graph wraps (the wrapper compares m->version before and
  * after). When a counter moved, the engine's lucid_graph_refs_check runs
- * (every module version; field by field when one moved). If the methods
+ * (every module's mode compared with the recorded one; the parameter
+ * entries field by field when the set's version moved). If the methods
  * cannot be wrapped (their registration changed), the cheap path is off and
- * every check is the engine's. The natural home of this epoch is
+ * every check is the engine's. Lua code whose change a recording must see
+ * moves the epoch too (lucid.graph.bump_epoch: Model:bump_version,
+ * replace_forward, and Model:train/eval when the mode changes), so that a
+ * recorded step's cheap path can leave the model's own counters to the
+ * slow path (lua/lucid/recorded_step.lua). The natural home of this epoch is
  * engine/nn/module.c (bumped inside the two setters); until it moves there,
  * a C caller of those setters outside lua_nn.c must bump it too.
  * Errors: engine failures raise "lucid <status>: <message>".
@@ -55,9 +72,12 @@
 #define REFS_MT "lucid.GraphRefs"
 #define PARAMSET_MT "lucid.ParamSet"
 #define CMODULE_MT "lucid.CModule"
+#define PBLOCK_MT "lucid.ParamBlock"
 
 typedef struct { lucid_param_set *s; lucid_ctx *ctx; } set_mirror;
 typedef struct { lucid_module *m; lucid_ctx *ctx; } module_mirror;
+/* lua_optim.c's ParamBlock userdata (block_box), mirrored the same way. */
+typedef struct { lucid_param_block *pb; lucid_ctx *ctx; int dirty; } block_mirror;
 
 typedef struct { lucid_graph *g; lucid_ctx *ctx; } graph_box;
 typedef struct { lucid_event *e; lucid_ctx *ctx; } event_box;
@@ -67,6 +87,7 @@ typedef struct { lucid_event *e; lucid_ctx *ctx; } event_box;
 typedef struct {
     lucid_graph_refs *r;
     lucid_param_set *set;
+    lucid_ctx *ctx;           /* one reference: errors of r:watch */
     uint64_t set_version, module_epoch;
     int fast;
 } refs_box;
@@ -243,14 +264,26 @@ static int l_refs_new(lua_State *L) {
     free(mods);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
     b->set = set;
+    lucid_ctx_retain(ctx);
+    b->ctx = ctx;
     b->set_version = set ? lucid_param_set_version(set) : 0;
     b->module_epoch = epoch;
     b->fast = 1; /* the create snapshot is a check that found nothing changed */
     return 1;
 }
 
+/* The methods of Refs are closures over the metatable (upvalue 1): the
+ * type check compares metatables, without the registry lookup of
+ * lucid_lua_checkudata (r:check runs before every replay). */
 static refs_box *check_refs(lua_State *L, int idx) {
-    refs_box *b = lucid_lua_checkudata(L, idx, REFS_MT);
+    refs_box *b = lua_touserdata(L, idx);
+    int ok = b && lua_getmetatable(L, idx);
+    if (ok) {
+        ok = lua_rawequal(L, -1, lua_upvalueindex(1));
+        lua_pop(L, 1);
+    }
+    /* not a refs object: the checker of lua_args.c raises the named error */
+    if (!ok) b = lucid_lua_checkudata(L, idx, REFS_MT);
     if (!b->r) lucid_lua_argerror(L, idx, "graph refs were freed");
     return b;
 }
@@ -259,16 +292,23 @@ static int l_refs_check(lua_State *L) {
     refs_box *b = check_refs(L, 1);
     uint64_t epoch = module_epoch();
     uint64_t sv = b->set ? lucid_param_set_version(b->set) : 0;
+    char why[512];
     if (b->fast && atomic_load_explicit(&g_epoch_ok, memory_order_relaxed) &&
         epoch == b->module_epoch && sv == b->set_version) {
-        lua_pushnil(L);
+        if (lucid_graph_refs_check_watched(b->r, why, sizeof why)) {
+            b->fast = 0;
+            lua_pushstring(L, why);
+        } else {
+            lua_pushnil(L);
+        }
         lua_pushboolean(L, 0);
         lua_pushboolean(L, 1);
-        return 3;
+        lua_pushboolean(L, 0);
+        lua_pushboolean(L, 0);
+        return 5;
     }
-    char why[512];
-    int full = 0;
-    if (lucid_graph_refs_check(b->r, why, sizeof why, &full)) {
+    int moved = 0;
+    if (lucid_graph_refs_check(b->r, why, sizeof why, &moved)) {
         b->fast = 0;
         lua_pushstring(L, why);
     } else {
@@ -279,9 +319,24 @@ static int l_refs_check(lua_State *L) {
         b->fast = 1;
         lua_pushnil(L);
     }
-    lua_pushboolean(L, full);
+    lua_pushboolean(L, 1);
     lua_pushboolean(L, 0);
-    return 3;
+    lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_PARAMS);
+    lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_MODULES);
+    return 5;
+}
+
+/* r:watch(block, "ema" | "ns_bf16") (see the file comment). */
+static int l_refs_watch(lua_State *L) {
+    static const char *const names[] = {"ema", "ns_bf16", NULL};
+    static const unsigned bits[] = {LUCID_GRAPH_WATCH_EMA, LUCID_GRAPH_WATCH_NS_BF16};
+    refs_box *b = check_refs(L, 1);
+    block_mirror *bb = lucid_lua_checkudata(L, 2, PBLOCK_MT);
+    if (!bb->pb) return lucid_lua_argerror(L, 2, "parameter block was freed");
+    int w = lucid_lua_checkoption(L, 3, NULL, names);
+    lucid_status st = lucid_graph_refs_watch_block(b->ctx, b->r, bb->pb, bits[w]);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
 }
 
 static int l_refs_restore(lua_State *L) {
@@ -301,6 +356,8 @@ static int l_refs_free(lua_State *L) {
     lucid_graph_refs_release(b->r);
     b->r = NULL;
     b->set = NULL;
+    if (b->ctx) lucid_ctx_release(b->ctx);
+    b->ctx = NULL;
     b->fast = 0;
     return 0;
 }
@@ -403,6 +460,13 @@ static void hook_module_modes(lua_State *L) {
     atomic_store(&g_epoch_ok, !atomic_load(&g_epoch_broken));
 }
 
+/* lucid.graph.bump_epoch(): move the module epoch (see the file comment). */
+static int l_bump_epoch(lua_State *L) {
+    (void)L;
+    atomic_fetch_add_explicit(&g_module_epoch, 1, memory_order_relaxed);
+    return 0;
+}
+
 /* lucid.graph.module_epoch() -> integer, fast_path -> boolean (tests). */
 static int l_module_epoch(lua_State *L) {
     lua_pushnumber(L, (lua_Number)module_epoch());
@@ -412,13 +476,20 @@ static int l_module_epoch(lua_State *L) {
 
 /* ---------------------------------------------------------------- register */
 
+/* A metatable `name` with __index = methods; mt_upvalue: every method is
+ * a closure over the metatable (check_refs). */
 static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods,
-                   lua_CFunction gc, lua_CFunction tostring) {
+                   lua_CFunction gc, lua_CFunction tostring, int mt_upvalue) {
     if (luaL_newmetatable(L, name)) {
         lua_pushstring(L, name);
         lua_setfield(L, -2, "__name");
         lua_newtable(L);
-        luaL_register(L, NULL, methods);
+        if (mt_upvalue) {
+            lua_pushvalue(L, -2);
+            luaL_openlib(L, NULL, methods, 1);
+        } else {
+            luaL_register(L, NULL, methods);
+        }
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, gc);
         lua_setfield(L, -2, "__gc");
@@ -436,7 +507,7 @@ static const luaL_Reg event_methods[] = {
     {"record", l_event_record}, {"synchronize", l_event_synchronize},
     {"free", l_event_free}, {NULL, NULL}};
 static const luaL_Reg refs_methods[] = {
-    {"check", l_refs_check}, {"restore", l_refs_restore},
+    {"check", l_refs_check}, {"watch", l_refs_watch}, {"restore", l_refs_restore},
     {"counts", l_refs_counts}, {"free", l_refs_free}, {NULL, NULL}};
 static const luaL_Reg graph_funcs[] = {
     {"available", l_available},
@@ -450,13 +521,14 @@ static const luaL_Reg graph_funcs[] = {
     {"pinned", l_pinned},
     {"_test_replace_param", l_test_replace_param},
     {"module_epoch", l_module_epoch},
+    {"bump_epoch", l_bump_epoch},
     {NULL, NULL}};
 
 /* Registers lucid.graph into the module table at the top of the stack. */
 int lucid_lua_open_graph(lua_State *L) {
-    new_mt(L, GRAPH_MT, graph_methods, l_graph_free, l_graph_tostring);
-    new_mt(L, EVENT_MT, event_methods, l_event_free, NULL);
-    new_mt(L, REFS_MT, refs_methods, l_refs_free, NULL);
+    new_mt(L, GRAPH_MT, graph_methods, l_graph_free, l_graph_tostring, 0);
+    new_mt(L, EVENT_MT, event_methods, l_event_free, NULL, 0);
+    new_mt(L, REFS_MT, refs_methods, l_refs_free, NULL, 1);
     hook_module_modes(L);
     lua_newtable(L);
     luaL_register(L, NULL, graph_funcs);

@@ -234,6 +234,7 @@ static void env_get(lua_State *L, int idx, const char *k) {
 
 /* ============================================================ ParamBlock */
 
+/* Mirrored by lua/lua_graph.c (block_mirror, for r:watch): keep identical. */
 typedef struct {
     lucid_param_block *pb;
     lucid_ctx *ctx;

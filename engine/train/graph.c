@@ -5,6 +5,7 @@
  */
 #include "train/graph.h"
 #include "internal.h"
+#include "train/optim.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,29 +139,47 @@ typedef struct {
     lucid_dtype dtype;
     lucid_device device;
     int trainable;
-    uint64_t version;
 } ref_param;
 
 #define REF_SAVED 4
 
+/* The persistent buffers of one module at record time (restore()). */
 typedef struct {
-    lucid_module *m;             /* retained */
-    int training, need_grad_input;
-    uint64_t version;
     int nout, nin;
     lucid_tensor **outputs;      /* (nout) retained, may be NULL */
     lucid_tensor **grad_inputs;  /* (nin) retained, may be NULL */
     lucid_tensor *saved[REF_SAVED];
-} ref_module;
+} ref_bufs;
+
+/* Mode bits of a module: what a recording baked in of its mode. */
+#define MODE_TRAIN 1u
+#define MODE_GRAD_INPUT 2u
+
+static unsigned char mode_bits(const lucid_module *m) {
+    return (unsigned char)((m->training ? MODE_TRAIN : 0u) |
+                           (m->need_grad_input ? MODE_GRAD_INPUT : 0u));
+}
 
 struct lucid_graph_refs {
     lucid_param_set *set;        /* retained */
-    uint64_t set_version;
+    uint64_t set_version;        /* at the last check that found it equal */
     int nparams;
     ref_param *params;
     lucid_tensor *flat[3];       /* params, grads, buffers (retained) */
+    /* modules, as flat arrays: the mode pass of check() reads mods[] and
+     * modes[] (contiguous) and one word of each module */
     int nmodules;
-    ref_module *mods;
+    lucid_module **mods;         /* (nmodules) retained, may hold NULL */
+    unsigned char *modes;        /* (nmodules) recorded mode bits */
+    uint64_t *versions;          /* (nmodules) module versions at the last check */
+    ref_bufs *bufs;              /* (nmodules) */
+    /* watched parameter-block inputs (lucid_graph_refs_watch_block): the
+     * block of each watch bit (retained) and its recorded values */
+    unsigned watch;
+    lucid_param_block *ema_block, *ns_block;
+    const lucid_param_inputs *ema_in, *ns_in; /* their staging (fixed) */
+    double ema_decay, ema_tau;
+    int32_t ns_bf16;
 };
 
 static lucid_tensor *keep(lucid_tensor *t) {
@@ -182,7 +201,6 @@ static void snap_param(ref_param *r, lucid_param *p) {
     r->dtype = p->data ? p->data->dtype : p->dtype;
     r->device = p->data ? lucid_tensor_device(p->data) : (lucid_device){LUCID_CPU, 0};
     r->trainable = p->trainable;
-    r->version = p->version;
 }
 
 lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
@@ -206,34 +224,64 @@ lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
         r->flat[1] = keep(lucid_param_set_flat_grads(set));
         r->flat[2] = keep(lucid_param_set_flat_buffers(set));
     }
-    r->mods = calloc((size_t)(nmodules ? nmodules : 1), sizeof *r->mods);
-    if (!r->mods) goto oom;
+    size_t nm = (size_t)(nmodules ? nmodules : 1);
+    r->mods = calloc(nm, sizeof *r->mods);
+    r->modes = calloc(nm, sizeof *r->modes);
+    r->versions = calloc(nm, sizeof *r->versions);
+    r->bufs = calloc(nm, sizeof *r->bufs);
+    if (!r->mods || !r->modes || !r->versions || !r->bufs) goto oom;
+    r->nmodules = nmodules;
     for (int i = 0; i < nmodules; i++) {
         lucid_module *m = modules[i];
-        ref_module *rm = &r->mods[i];
+        ref_bufs *rb = &r->bufs[i];
         if (!m) continue;
         lucid_module_retain(m);
-        rm->m = m;
-        r->nmodules = i + 1;
-        rm->training = m->training;
-        rm->need_grad_input = m->need_grad_input;
-        rm->version = m->version;
-        rm->nout = m->noutputs;
-        rm->nin = m->ninputs;
-        rm->outputs = calloc((size_t)(rm->nout ? rm->nout : 1), sizeof *rm->outputs);
-        rm->grad_inputs = calloc((size_t)(rm->nin ? rm->nin : 1), sizeof *rm->grad_inputs);
-        if (!rm->outputs || !rm->grad_inputs) goto oom;
-        for (int k = 0; k < rm->nout; k++) rm->outputs[k] = keep(m->outputs ? m->outputs[k] : NULL);
-        for (int k = 0; k < rm->nin; k++)
-            rm->grad_inputs[k] = keep(m->grad_inputs ? m->grad_inputs[k] : NULL);
-        for (int k = 0; k < REF_SAVED; k++) rm->saved[k] = keep(m->saved[k]);
+        r->mods[i] = m;
+        r->modes[i] = mode_bits(m);
+        r->versions[i] = m->version;
+        rb->nout = m->noutputs;
+        rb->nin = m->ninputs;
+        rb->outputs = calloc((size_t)(rb->nout ? rb->nout : 1), sizeof *rb->outputs);
+        rb->grad_inputs = calloc((size_t)(rb->nin ? rb->nin : 1), sizeof *rb->grad_inputs);
+        if (!rb->outputs || !rb->grad_inputs) goto oom;
+        for (int k = 0; k < rb->nout; k++) rb->outputs[k] = keep(m->outputs ? m->outputs[k] : NULL);
+        for (int k = 0; k < rb->nin; k++)
+            rb->grad_inputs[k] = keep(m->grad_inputs ? m->grad_inputs[k] : NULL);
+        for (int k = 0; k < REF_SAVED; k++) rb->saved[k] = keep(m->saved[k]);
     }
-    r->nmodules = nmodules;
     *out = r;
     return LUCID_OK;
 oom:
     lucid_graph_refs_release(r);
     return lucid_seterr(ctx, LUCID_ERR_OOM, "graph refs: out of host memory");
+}
+
+/* Point *slot at pb (one reference), releasing what it held. */
+static void hold_block(lucid_param_block **slot, lucid_param_block *pb) {
+    if (*slot == pb) return;
+    lucid_param_block_retain(pb);
+    if (*slot) lucid_param_block_release(*slot);
+    *slot = pb;
+}
+
+lucid_status lucid_graph_refs_watch_block(lucid_ctx *ctx, lucid_graph_refs *r,
+                                          lucid_param_block *pb, unsigned what) {
+    if (!r || !pb || !what || (what & ~(unsigned)LUCID_GRAPH_WATCH_ALL))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "graph refs: watch_block: bad arguments");
+    const lucid_param_inputs *in = lucid_param_block_staging(pb);
+    if (what & LUCID_GRAPH_WATCH_EMA) {
+        hold_block(&r->ema_block, pb);
+        r->ema_in = in;
+        r->ema_decay = in->ema_decay;
+        r->ema_tau = in->ema_tau;
+    }
+    if (what & LUCID_GRAPH_WATCH_NS_BF16) {
+        hold_block(&r->ns_block, pb);
+        r->ns_in = in;
+        r->ns_bf16 = in->ns_bf16;
+    }
+    r->watch |= what;
+    return LUCID_OK;
 }
 
 void lucid_graph_refs_release(lucid_graph_refs *r) {
@@ -244,18 +292,23 @@ void lucid_graph_refs_release(lucid_graph_refs *r) {
     }
     free(r->params);
     for (int k = 0; k < 3; k++) lucid_tensor_release(r->flat[k]);
-    for (int i = 0; r->mods && i < r->nmodules; i++) {
-        ref_module *rm = &r->mods[i];
-        if (!rm->m) continue;
-        for (int k = 0; rm->outputs && k < rm->nout; k++) lucid_tensor_release(rm->outputs[k]);
-        for (int k = 0; rm->grad_inputs && k < rm->nin; k++)
-            lucid_tensor_release(rm->grad_inputs[k]);
-        for (int k = 0; k < REF_SAVED; k++) lucid_tensor_release(rm->saved[k]);
-        free(rm->outputs);
-        free(rm->grad_inputs);
-        lucid_module_release(rm->m);
+    for (int i = 0; r->mods && r->bufs && i < r->nmodules; i++) {
+        ref_bufs *rb = &r->bufs[i];
+        if (!r->mods[i]) continue;
+        for (int k = 0; rb->outputs && k < rb->nout; k++) lucid_tensor_release(rb->outputs[k]);
+        for (int k = 0; rb->grad_inputs && k < rb->nin; k++)
+            lucid_tensor_release(rb->grad_inputs[k]);
+        for (int k = 0; k < REF_SAVED; k++) lucid_tensor_release(rb->saved[k]);
+        free(rb->outputs);
+        free(rb->grad_inputs);
+        lucid_module_release(r->mods[i]);
     }
     free(r->mods);
+    free(r->modes);
+    free(r->versions);
+    free(r->bufs);
+    if (r->ema_block) lucid_param_block_release(r->ema_block);
+    if (r->ns_block) lucid_param_block_release(r->ns_block);
     if (r->set) lucid_param_set_release(r->set);
     free(r);
 }
@@ -306,52 +359,70 @@ static int param_changed(const ref_param *r, char *why, size_t n) {
     return 0;
 }
 
+int lucid_graph_refs_check_watched(const lucid_graph_refs *r, char *why, size_t whylen) {
+    if (!r->watch) return 0;
+    if (r->watch & LUCID_GRAPH_WATCH_EMA) {
+        const lucid_param_inputs *in = r->ema_in;
+        if (in->ema_decay != r->ema_decay || in->ema_tau != r->ema_tau) {
+            if (why && whylen) snprintf(why, whylen, "EMA decay/tau changed");
+            return 1;
+        }
+    }
+    if ((r->watch & LUCID_GRAPH_WATCH_NS_BF16) &&
+        r->ns_in->ns_bf16 != r->ns_bf16) {
+        if (why && whylen)
+            snprintf(why, whylen, "MuSGD Newton-Schulz precision (ns_bf16) changed");
+        return 1;
+    }
+    return 0;
+}
+
 int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
-                           int *full) {
-    if (full) *full = 0;
+                           int *moved) {
+    if (moved) *moved = 0;
     if (why && whylen) why[0] = '\0';
     char scratch[8];
     if (!why || !whylen) {
         why = scratch;
         whylen = sizeof scratch;
     }
-    int moved = r->set && lucid_param_set_version(r->set) != r->set_version;
     if (r->set && lucid_param_set_count(r->set) != r->nparams) {
         snprintf(why, whylen, "the parameter set changed size (%d -> %d entries)",
                  r->nparams, lucid_param_set_count(r->set));
         return 1;
     }
-    for (int i = 0; !moved && i < r->nmodules; i++) {
-        const ref_module *rm = &r->mods[i];
-        if (rm->m && rm->m->version != rm->version) moved = 1;
+    if (lucid_graph_refs_check_watched(r, why, whylen)) return 1;
+    /* the entries, field by field, only when the set's version moved (every
+     * entry change bumps it; a bump with every field equal is a load in
+     * place: the recording stays valid) */
+    if (r->set && lucid_param_set_version(r->set) != r->set_version) {
+        if (moved) *moved |= LUCID_GRAPH_MOVED_PARAMS;
+        for (int i = 0; i < r->nparams; i++)
+            if (param_changed(&r->params[i], why, whylen)) return 1;
+        r->set_version = lucid_param_set_version(r->set);
     }
-    if (!moved) return 0;
-    if (full) *full = 1;
-    /* every entry, field by field (a version bump with every field equal
-     * is a load in place: the recording stays valid) */
-    for (int i = 0; i < r->nparams; i++)
-        if (param_changed(&r->params[i], why, whylen)) return 1;
+    /* every module's mode against the recorded one: exact, so a mode
+     * switched and back (validation) needs nothing more; the versions (same
+     * cache line) only say whether one of these modules was switched */
     for (int i = 0; i < r->nmodules; i++) {
-        const ref_module *rm = &r->mods[i];
-        if (!rm->m) continue;
-        if (rm->m->training != rm->training) {
-            snprintf(why, whylen, "module %s (%s): mode %s -> %s",
-                     rm->m->name[0] ? rm->m->name : "?", lucid_module_kind(rm->m),
-                     rm->training ? "train" : "eval", rm->m->training ? "train" : "eval");
-            return 1;
+        const lucid_module *m = r->mods[i];
+        if (!m) continue;
+        if (m->version != r->versions[i]) {
+            r->versions[i] = m->version;
+            if (moved) *moved |= LUCID_GRAPH_MOVED_MODULES;
         }
-        if (rm->m->need_grad_input != rm->need_grad_input) {
-            snprintf(why, whylen, "module %s (%s): need_grad_input %d -> %d",
-                     rm->m->name[0] ? rm->m->name : "?", lucid_module_kind(rm->m),
-                     rm->need_grad_input, rm->m->need_grad_input);
-            return 1;
-        }
+        unsigned char now = mode_bits(m), rec = r->modes[i];
+        if (now == rec) continue;
+        const char *name = m->name[0] ? m->name : "?";
+        if ((now ^ rec) & MODE_TRAIN)
+            snprintf(why, whylen, "module %s (%s): mode %s -> %s", name, lucid_module_kind(m),
+                     (rec & MODE_TRAIN) ? "train" : "eval", (now & MODE_TRAIN) ? "train" : "eval");
+        else
+            snprintf(why, whylen, "module %s (%s): need_grad_input %d -> %d", name,
+                     lucid_module_kind(m), (rec & MODE_GRAD_INPUT) ? 1 : 0,
+                     (now & MODE_GRAD_INPUT) ? 1 : 0);
+        return 1;
     }
-    /* nothing that the graph depends on changed: refresh the counters */
-    if (r->set) r->set_version = lucid_param_set_version(r->set);
-    for (int i = 0; i < r->nparams; i++) r->params[i].version = r->params[i].p->version;
-    for (int i = 0; i < r->nmodules; i++)
-        if (r->mods[i].m) r->mods[i].version = r->mods[i].m->version;
     return 0;
 }
 
@@ -366,17 +437,17 @@ static int reinstall(lucid_tensor **slot, lucid_tensor *rec) {
 int lucid_graph_refs_restore(lucid_graph_refs *r) {
     int n = 0;
     for (int i = 0; i < r->nmodules; i++) {
-        ref_module *rm = &r->mods[i];
-        lucid_module *m = rm->m;
+        const ref_bufs *rb = &r->bufs[i];
+        lucid_module *m = r->mods[i];
         if (!m) continue;
         /* only slots the recording saw filled: an empty recorded slot (e.g.
          * grad_inputs of a first layer) is left as the module has it */
-        for (int k = 0; k < rm->nout && m->outputs; k++)
-            if (rm->outputs[k]) n += reinstall(&m->outputs[k], rm->outputs[k]);
-        for (int k = 0; k < rm->nin && m->grad_inputs; k++)
-            if (rm->grad_inputs[k]) n += reinstall(&m->grad_inputs[k], rm->grad_inputs[k]);
+        for (int k = 0; k < rb->nout && m->outputs; k++)
+            if (rb->outputs[k]) n += reinstall(&m->outputs[k], rb->outputs[k]);
+        for (int k = 0; k < rb->nin && m->grad_inputs; k++)
+            if (rb->grad_inputs[k]) n += reinstall(&m->grad_inputs[k], rb->grad_inputs[k]);
         for (int k = 0; k < REF_SAVED; k++)
-            if (rm->saved[k]) n += reinstall(&m->saved[k], rm->saved[k]);
+            if (rb->saved[k]) n += reinstall(&m->saved[k], rb->saved[k]);
     }
     return n;
 }

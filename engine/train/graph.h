@@ -75,17 +75,22 @@ void lucid_event_destroy(lucid_event *e);
 /* ------------------------------------------------- recording references
  * What a recording of a model's step baked in, on the C side: for every
  * entry of the parameter set its storage, data pointer, offset, shape,
- * strides, dtype, device, trainability and version; for every module its
- * mode, need_grad_input, version and the identity of its persistent
+ * strides, dtype, device and trainability; for every module its mode
+ * (training, need_grad_input) and the identity of its persistent
  * outputs[], grad_inputs[] and saved[] tensors. It holds a reference on
  * every one of those tensors (and the set and modules), so nothing a graph
- * reads or writes can be freed and reused under it.
+ * reads or writes can be freed and reused under it. Optionally it also
+ * watches inputs of a parameter block that the recorded step treats as
+ * part of its contract (lucid_graph_refs_watch_block).
  *
- * check() is the per-replay test: it compares the set's version and every
- * module's version (a few hundred integer compares), and only when one of
- * them moved runs the field-by-field check; when that finds nothing
- * changed (a mode switched and back, a load that rewrote values in place)
- * the counters are refreshed and the recording stays valid.
+ * check() is the test before a replay: the watched block inputs (a few
+ * compares); the entries field by field only when the set's version moved
+ * (every entry change bumps it; a bump with every field equal, a load in
+ * place, refreshes the snapshot and the recording stays valid); and every
+ * module's mode against the recorded one, in one pass over flat arrays
+ * (one word of each module, as for comparing module versions, and exact:
+ * a mode switched and back, as around a validation pass, needs nothing
+ * more).
  *
  * restore() puts the recorded persistent tensors back into every module
  * whose outputs/grad_inputs/saved were reallocated by an eager pass with
@@ -93,16 +98,44 @@ void lucid_event_destroy(lucid_event *e);
  * are again the module's buffers.
  */
 typedef struct lucid_graph_refs lucid_graph_refs;
+typedef struct lucid_param_block lucid_param_block; /* train/optim.h */
 
 lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
                                      int nmodules, lucid_module *const *modules,
                                      lucid_graph_refs **out);
-/* 0: unchanged (counters equal, or moved with every field equal: refreshed).
- * 1: changed; a one-line reason ("model.3.conv.weight: trainable 1 -> 0",
- * "module model.2.m.0 (BatchNorm2d): mode train -> eval", ...) is written to
- * why. *full (may be NULL) is set to 1 when the field-by-field check ran. */
+/* What had moved since the last check (bits of check()'s *moved). */
+enum {
+    LUCID_GRAPH_MOVED_PARAMS = 1,  /* the set's version: the entries were
+                                      compared field by field */
+    LUCID_GRAPH_MOVED_MODULES = 2  /* a module's version (mode or
+                                      need_grad_input switched, maybe back) */
+};
+/* 0: unchanged (nothing moved, or moved with every field equal: a mode
+ * switched and back, a load in place; refreshed). 1: changed; a one-line
+ * reason ("model.3.conv.weight: trainable 1 -> 0", "module model.2.m.0
+ * (BatchNorm2d): mode train -> eval", "EMA decay/tau changed", ...) is
+ * written to why. *moved (may be NULL) receives LUCID_GRAPH_MOVED_* bits. */
 int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
-                           int *full);
+                           int *moved);
+
+/* Block inputs a recording may watch (bits of `what`):
+ *   LUCID_GRAPH_WATCH_EMA      staging ema_decay and ema_tau
+ *   LUCID_GRAPH_WATCH_NS_BF16  staging ns_bf16 (read by the host when a
+ *                              MuSGD step is enqueued: baked into a graph) */
+enum {
+    LUCID_GRAPH_WATCH_EMA = 1,
+    LUCID_GRAPH_WATCH_NS_BF16 = 2,
+    LUCID_GRAPH_WATCH_ALL = 3
+};
+/* Watch `what` of pb's staging inputs from their values now (the bits add
+ * up over calls; watching a bit again re-snapshots it, from pb). Holds a
+ * reference on pb until the refs are released. */
+lucid_status lucid_graph_refs_watch_block(lucid_ctx *ctx, lucid_graph_refs *r,
+                                          lucid_param_block *pb, unsigned what);
+/* The watched block inputs alone (part of check(); a few compares, for a
+ * caller's own cheap path): 1 + reason in why when one changed. */
+int lucid_graph_refs_check_watched(const lucid_graph_refs *r, char *why,
+                                   size_t whylen);
 /* Reinstall the recorded persistent tensors where a module's differ;
  * returns how many slots were reinstalled. */
 int lucid_graph_refs_restore(lucid_graph_refs *r);

@@ -286,14 +286,25 @@ function Model:backward(x, gy)
   return res
 end
 
+-- Move the module epoch of lucid.graph (docs/STEP.md, "Contract"): every
+-- change of this model's contract or mode version does, so a recorded
+-- step's cheap path reads these counters only after the epoch moved. A
+-- no-op without the C binding.
+local function move_epoch()
+  local ok, lucid = pcall(require, "lucid")
+  local G = ok and type(lucid) == "table" and lucid.graph or nil
+  if G and G.bump_epoch then G.bump_epoch() end
+end
+
 --- The contract version of the model: a counter that recorded steps
 -- compare before every replay (docs/STEP.md); replace_forward() and
--- bump_version() bump it, and a recording that sees it move retires.
+-- bump_version() bump it (and the module epoch of lucid.graph), and a
+-- recording that sees it move retires.
 function Model:contract_version() return self._contract_version or 0 end
 
 --- The mode version: bumped by train()/eval() when the mode changes. A
 -- recording that sees it move compares the modes (a switch to eval and back
--- for validation keeps the recording).
+-- for validation keeps the recording: the mode round trip of docs/STEP.md).
 function Model:mode_version() return self._mode_version or 0 end
 
 --- Mark a change a recorded step cannot see through its other counters (a
@@ -302,15 +313,19 @@ function Model:mode_version() return self._mode_version or 0 end
 function Model:bump_version(reason)
   self._contract_version = (self._contract_version or 0) + 1
   self._contract_reason = reason or "model changed (bump_version)"
+  move_epoch()
 end
 
---- Switch train/eval mode (Module:train) and bump the mode version when
--- the mode changes.
+--- Switch train/eval mode (Module:train) and bump the mode version (and
+-- the module epoch of lucid.graph) when the mode changes.
 function Model:train(mode)
   if mode == nil then mode = true end
   local changed = self.training ~= mode
   Module.train(self, mode)
-  if changed then self._mode_version = (self._mode_version or 0) + 1 end
+  if changed then
+    self._mode_version = (self._mode_version or 0) + 1
+    move_epoch()
+  end
   return self
 end
 

@@ -31,13 +31,15 @@ Segments of one call with n == batch images, once recorded:
   route "eager clip":  those calls, eagerly (the fused call holds the
                     gradient-norm pass and the update together, so keeping
                     the norm out of the graph keeps the update out too)
-Before every replay the contract is checked (counters; the field-by-field
-check only when one moved). The first calls (warm-up), a short batch
+Before every replay the contract is checked (counters; after validation's
+eval/train, one pass over the module modes; the full check only when
+something else moved). The first calls (warm-up), a short batch
 (n < batch), and every call after a second drift run the eager segments, in
 the same order with the same kernels, so both routes give the same bits.
 ]]
 local lucid = require "lucid"
 local step_mod = require "lucid.step"
+local Model = require "lucid.model"
 
 local M = {}
 local RS = {}
@@ -147,9 +149,10 @@ function M.new(o)
   self.last_retire_reason = nil
   self.calls = 0          -- calls with n == batch since the last (re)start
   self.opt_warm = 0       -- eager optimizer segments run since then
-  self.check_s, self.checks = 0, 0
-  self.full_check_s = 0
-  self.full_checks, self.restored = 0, 0
+  self.check_s, self.checks = 0, 0                 -- cheap path
+  self.mode_check_s, self.mode_checks = 0, 0       -- mode round trips
+  self.full_check_s, self.full_checks = 0, 0       -- full checks
+  self.restored = 0
   self.graphs = {}
   local device = o.ctx:device()
   if device:sub(1, 4) ~= "cuda" and not o.recorder then
@@ -314,58 +317,108 @@ end
 
 -- --------------------------------------------------------------- contract
 --
--- The cheap path (every replay) compares a handful of integers and
--- identities, allocates nothing, builds no string and makes one C call
--- (refs:check, whose own cheap path reads the parameter set's version and
--- the module epoch of lua_graph.c): the model's contract and mode
--- versions, the clipping policy (table identity and its four fields), the
--- scaler (precision policy), the EMA decay/tau, the context (stream), for a
+-- The cheap path (every replay) compares a handful of identities and
+-- numbers, allocates nothing, builds no string and makes one C call: the
+-- clipping policy (table identity and its four fields), the scaler
+-- (precision policy), the EMA, the context (stream), the instance
+-- overrides of forward/backward present at record time ("custom" modules:
+-- compared every time; usually none), then refs:check, whose own cheap
+-- path reads the parameter set's version, the module epoch of lua_graph.c
+-- and the watched parameter-block inputs (the EMA decay/tau, and for a
 -- recorded MuSGD optimizer segment the Newton-Schulz GEMM precision
--- (block.ns_bf16: the host picks bf16 or f32 GEMM operands when the step is
--- enqueued, so a recording keeps its choice; one more C call, MuSGD only),
--- and the instance overrides of forward/backward present at record time
--- ("custom" modules: compared every time; usually none). The input shapes
--- are verified by the staging copies themselves (copy_ compares shapes
--- anyway; see RS:_stage), so they cost nothing here. When a counter moved,
--- the full check runs: C field by field (refs), and on the Lua side the
--- module tree is walked again (same C modules in the same order, same
--- custom overrides, same class forward/backward).
+-- block.ns_bf16, which the host reads when the step is enqueued, so a
+-- recording keeps its choice). The model's contract and mode versions are
+-- left to the slow path: every change of them moves the module epoch
+-- (Model:bump_version, replace_forward, Model:train/eval; a model with
+-- other contract_version/mode_version methods has them compared every
+-- time). The input shapes are verified by the staging copies themselves
+-- (copy_ compares shapes anyway; see RS:_stage), so they cost nothing here.
+--
+-- When a counter moved (RS:_check_moved), the model's versions are
+-- compared, then what moved decides the rest:
+--   mode round trip  the model's mode version moved (Model:train/eval) and
+--                    model.training is the recorded mode: refs:check has
+--                    run the engine's one pass comparing every C module's
+--                    mode with the recorded one (exact), and the class
+--                    forward/backward functions are compared; no tree walk.
+--                    This is validation's eval/train around every epoch
+--                    boundary.
+--   full check       anything else of this recording (the set's version:
+--                    the entries field by field; a recorded module's
+--                    version without a model-level mode switch, e.g. its
+--                    mode or need_grad_input set directly and back): the
+--                    engine's check, and on the Lua side the module tree
+--                    walked again (same C modules in the same order, same
+--                    custom overrides, same class forward/backward),
+--                    allocating nothing.
+-- (The epoch is process-wide: when it moved for another model only, the
+-- engine's pass finds nothing of this recording moved, and that is all.)
 
 -- What the recording baked in, on the Lua side (the C side is self.refs).
 function RS:_snapshot(b)
   local model = self.model
   local cmods, custom, classes = collect(model)
   local clip = self.clip
+  local cv, mv = model.contract_version, model.mode_version
   self.contract = {
-    has_cv = model.contract_version ~= nil, has_mv = model.mode_version ~= nil,
-    model_version = model.contract_version and model:contract_version() or 0,
-    mode_version = model.mode_version and model:mode_version() or 0, training = model.training,
-    ema_decay = self.ema.decay, ema_tau = self.ema.tau,
+    has_cv = cv ~= nil, has_mv = mv ~= nil,
+    -- the model's versions move the module epoch (Model's own methods)
+    epoch = (cv == nil or cv == Model.contract_version) and (mv == nil or mv == Model.mode_version),
+    model_version = cv and model:contract_version() or 0,
+    mode_version = mv and model:mode_version() or 0, training = model.training,
     clip = clip, max_norm = clip.max_norm, value = clip.value, fn = clip.fn,
     capture = clip.capture_gradient_norm and true or false,
-    scaler = self.scaler, ctx = self.ctx,
+    scaler = self.scaler, ema = self.ema, ctx = self.ctx,
     custom = custom, classes = classes, cmods = cmods,
   }
   self.cmods = cmods
   self.buffers = b -- the eager step's buffers for n == batch stay alive with it
+  self.seen = setmetatable({}, { __mode = "k" }) -- visit marks of the tree walk
+  self.walks = 0
 end
 
--- The full Lua-side check (a counter moved): the module tree, the custom
--- overrides and the class functions are as recorded. nil or the reason.
-function RS:_check_tree()
-  local c = self.contract
-  local cmods, custom = collect(self.model)
-  local rc = c.cmods
-  if #cmods ~= #rc then return "the module tree changed" end
-  for i = 1, #cmods do
-    if cmods[i] ~= rc[i] then return "the module tree changed" end
+-- The tree walk of a full check: visits the modules as collect() does and
+-- compares on the fly with the recorded lists (c.cmods, c.custom).
+-- `seen` marks the visited modules with this walk's number `stamp` (one
+-- table reused by every walk: nothing is allocated once warm). Returns the
+-- counts of C modules and custom modules seen, or nil and the reason.
+local function walk(m, c, seen, stamp, nc, nu)
+  if seen[m] == stamp then return nc, nu end
+  seen[m] = stamp
+  local cm = m._c
+  if cm then
+    nc = nc + 1
+    if c.cmods[nc] ~= cm then return nil, "the module tree changed" end
   end
-  if #custom ~= #c.custom then return "a module's custom forward was replaced" end
-  for i, k in ipairs(custom) do
-    local r = c.custom[i]
-    if k.m ~= r.m or k.fwd ~= r.fwd or k.bwd ~= r.bwd then return "a module's custom forward was replaced" end
+  local f, bw = rawget(m, "forward"), rawget(m, "backward")
+  if f ~= nil or bw ~= nil then
+    nu = nu + 1
+    local r = c.custom[nu]
+    if not r or r.m ~= m or r.fwd ~= f or r.bwd ~= bw then return nil, "a module's custom forward was replaced" end
   end
-  for _, k in ipairs(c.classes) do
+  local mods = m._modules
+  if mods then
+    for _, e in ipairs(mods) do
+      nc, nu = walk(e.module, c, seen, stamp, nc, nu)
+      if not nc then return nil, nu end
+    end
+  end
+  local hidden = m._hidden
+  if hidden then
+    for _, h in ipairs(hidden) do
+      nc, nu = walk(h, c, seen, stamp, nc, nu)
+      if not nc then return nil, nu end
+    end
+  end
+  return nc, nu
+end
+
+-- The class forward/backward functions are those of the recording: nil or
+-- the reason (a few dozen compares: part of a mode round trip too).
+function RS:_check_classes()
+  local cl = self.contract.classes
+  for i = 1, #cl do
+    local k = cl[i]
     if k.cls.forward ~= k.fwd or k.cls.backward ~= k.bwd then
       return "forward/backward of class " .. tostring(k.cls.__name) .. " replaced"
     end
@@ -373,45 +426,95 @@ function RS:_check_tree()
   return nil
 end
 
--- nil when the recording may replay, else the reason (see above).
-function RS:_check()
+-- The full Lua-side check (a counter other than the mode moved): the
+-- module tree, the custom overrides and the class functions are as
+-- recorded. nil or the reason.
+function RS:_check_tree()
   local c = self.contract
-  local model = self.model
-  if c.has_cv and model:contract_version() ~= c.model_version then
-    return model._contract_reason or "model contract version moved"
+  self.walks = self.walks + 1
+  local nc, nu = walk(self.model, c, self.seen, self.walks, 0, 0)
+  if not nc then return nu end
+  if nc ~= #c.cmods then return "the module tree changed" end
+  if nu ~= #c.custom then return "a module's custom forward was replaced" end
+  return self:_check_classes()
+end
+
+-- nil when the recording may replay, else the reason (see above). Second
+-- result: what ran besides the cheap path: nil, "mode" (a mode round trip)
+-- or "full" (counted in self.mode_checks / self.full_checks).
+function RS:_check()
+  -- g: the recorded values of the cheap path in one small array (two cache
+  -- lines where the contract table's hash slots span a dozen: the check
+  -- runs once per step, with cold caches, mostly interpreted); slots as
+  -- written by RS:_guard
+  local g = self.guard
+  local clip = self.clip
+  if clip ~= g[1] or clip.max_norm ~= g[2] or clip.value ~= g[3] or clip.fn ~= g[4]
+    or (clip.capture_gradient_norm and true or false) ~= g[5] then
+    return "clipping policy changed"
   end
-  local tree = false
+  if self.scaler ~= g[6] then return "precision policy changed" end
+  if self.ema ~= g[7] then return "EMA replaced" end
+  if self.ctx ~= g[8] then return "the context (stream) changed" end
+  if g[9] then -- custom modules: checked every time
+    local cu = self.contract.custom
+    for i = 1, #cu do
+      local k = cu[i]
+      if rawget(k.m, "forward") ~= k.fwd or rawget(k.m, "backward") ~= k.bwd then
+        return "a module's custom forward was replaced"
+      end
+    end
+  end
+  local why, engine, _, params, modules = g[10](g[11])
+  if not engine and g[12] then return why end -- the cheap path
+  return self:_check_moved(why, engine, params, modules)
+end
+
+-- The cheap path's recorded values (self.guard, read by RS:_check): the
+-- clipping policy (table, max_norm, value, fn, capture), the scaler, the
+-- EMA, the context, whether there are custom modules, refs.check and the
+-- refs, whether the model's versions move the module epoch.
+function RS:_guard()
+  local c, refs = self.contract, self.refs
+  self.guard = { c.clip, c.max_norm, c.value, c.fn, c.capture, c.scaler, c.ema, c.ctx, #c.custom > 0,
+    refs.check, refs, c.epoch }
+end
+
+-- Count a check that did more than the cheap path; returns why, kind.
+function RS:_counted(why, kind)
+  if kind == "full" then
+    self.full_checks = self.full_checks + 1
+  elseif kind == "mode" then
+    self.mode_checks = self.mode_checks + 1
+  end
+  return why, kind
+end
+
+-- The slow path of RS:_check (a counter moved, or a model outside the
+-- epoch), given the results of refs:check: why (reason or nil), engine (the
+-- engine's check ran: every module's mode compared), params (the set's
+-- version had moved: the entries were compared field by field) and
+-- modules (a recorded module's version had moved).
+function RS:_check_moved(why, engine, params, modules)
+  local c, model = self.contract, self.model
+  local kind = engine and (params and "full" or "mode") or nil
+  if c.has_cv and model:contract_version() ~= c.model_version then
+    return self:_counted(model._contract_reason or "model contract version moved", kind)
+  end
+  local mode_moved = false
   if c.has_mv and model:mode_version() ~= c.mode_version then
     -- switched and maybe back (validation): compare, then refresh
     if model.training ~= c.training then
-      return "model mode " .. (c.training and "train -> eval" or "eval -> train")
+      return self:_counted("model mode " .. (c.training and "train -> eval" or "eval -> train"), kind)
     end
-    c.mode_version = model:mode_version()
-    tree = true
+    mode_moved = true
   end
-  local clip = self.clip
-  if clip ~= c.clip or clip.max_norm ~= c.max_norm or clip.value ~= c.value or clip.fn ~= c.fn
-    or (clip.capture_gradient_norm and true or false) ~= c.capture then
-    return "clipping policy changed"
-  end
-  if self.scaler ~= c.scaler then return "precision policy changed" end
-  local ema = self.ema
-  if ema.decay ~= c.ema_decay or ema.tau ~= c.ema_tau then return "EMA decay/tau changed" end
-  if self.ctx ~= c.ctx then return "the context (stream) changed" end
-  local nb = c.ns_block -- MuSGD with a recorded OPT graph only
-  if nb and nb.ns_bf16 ~= c.ns_bf16 then return "MuSGD Newton-Schulz precision (ns_bf16) changed" end
-  local cu = c.custom -- custom modules: checked every time
-  for i = 1, #cu do
-    local k = cu[i]
-    if rawget(k.m, "forward") ~= k.fwd or rawget(k.m, "backward") ~= k.bwd then
-      return "a module's custom forward was replaced"
-    end
-  end
-  local why, full = self.refs:check()
-  if full or tree then self.full_checks = self.full_checks + 1 end
-  if why then return why end
-  if full or tree then return self:_check_tree() end
-  return nil
+  if why then return self:_counted(why, kind) end
+  if mode_moved then c.mode_version = model:mode_version() end
+  if params or (modules and not mode_moved) then return self:_counted(self:_check_tree(), "full") end
+  if mode_moved then return self:_counted(self:_check_classes(), "mode") end
+  -- nothing of this recording moved (the epoch moved for another model)
+  return self:_counted(nil, kind)
 end
 
 -- ---------------------------------------------------------- lifecycle
@@ -424,7 +527,7 @@ function RS:_drop()
     self.graphs[k] = nil
   end
   if self.refs then pcall(self.refs.free, self.refs) end
-  self.refs, self.contract, self.cmods, self.buffers = nil, nil, nil, nil
+  self.refs, self.contract, self.guard, self.cmods, self.buffers = nil, nil, nil, nil, nil
   if self.model._recordings then self.model._recordings[self] = nil end
 end
 
@@ -501,16 +604,18 @@ function RS:run(batch, do_opt)
   local replay = self.graphs.fb ~= nil
   if replay then
     local clock = self.recorder.clock
-    local t0, nfull = clock(), self.full_checks
-    local why = self:_check()
-    -- the common case (counters only) and the full field-by-field checks
-    -- (after a counter moved, e.g. the train/eval switch of each
-    -- validation) are timed apart: the first is the per-step cost
-    if self.full_checks ~= nfull then
-      self.full_check_s = self.full_check_s + (clock() - t0)
+    local t0 = clock()
+    local why, kind = RS._check(self) -- (not self:_check(): no detour through the metatable)
+    local dt = clock() - t0
+    -- the cheap path (counters only), the mode round trips (validation's
+    -- eval/train at each epoch boundary) and the full checks (any other
+    -- counter moved) are timed apart; stats() has their mean per replay too
+    if kind == nil then
+      self.check_s, self.checks = self.check_s + dt, self.checks + 1
+    elseif kind == "mode" then
+      self.mode_check_s = self.mode_check_s + dt -- counted by _check
     else
-      self.check_s = self.check_s + (clock() - t0)
-      self.checks = self.checks + 1
+      self.full_check_s = self.full_check_s + dt
     end
     if why then return self:_retire_run(why, batch, do_opt) end
   end
@@ -534,7 +639,10 @@ function RS:run(batch, do_opt)
     self:_record("fb", function() self:_fb(b) end)
     local ok, err = pcall(function()
       self:_snapshot(b)
-      self.refs = self.recorder.refs(model.params, self.cmods)
+      local refs = self.recorder.refs(model.params, self.cmods)
+      self.refs = refs
+      refs:watch(self.ema.block, "ema") -- EMA decay/tau: compared in C
+      self:_guard()
     end)
     if not ok then self:_fail(err, "recording fb") end
     model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
@@ -599,12 +707,8 @@ function RS:_opt(replay)
     self:_record("opt", function() self:_optimizer() end)
     -- what the recording baked in besides the FB contract: a MuSGD step
     -- keeps the Newton-Schulz GEMM precision (in.ns_bf16, read by the host
-    -- when the step is enqueued) of its recording
-    local c = self.contract
-    if c and opt.name == "MuSGD" then
-      c.ns_block = opt.block
-      c.ns_bf16 = c.ns_block.ns_bf16
-    end
+    -- when the step is enqueued) of its recording (compared in refs:check)
+    if self.refs and opt.name == "MuSGD" then self.refs:watch(opt.block, "ns_bf16") end
   end
   -- the host may write the next step's hyperparameters into the staging
   -- copy once this step's upload has been read
@@ -620,15 +724,23 @@ function RS:val_loss(o, vb, n) return self.eager:val_loss(o, vb, n) end
 function RS:val_losses() return self.eager:val_losses() end
 
 --- Counters and timings (goes into the fit results as results.step).
+-- contract_checks / contract_check_us: replays answered by the cheap path
+-- and their mean host time; mode_checks / mode_check_us: mode round trips;
+-- full_checks / full_check_us: full checks; contract_us_per_replay: the
+-- mean over all three (the per-step host cost of the contract).
 function RS:stats()
   local e = self.eager
+  local nall = self.checks + self.mode_checks + self.full_checks
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
-    contract_checks = self.checks, full_checks = self.full_checks, buffers_restored = self.restored,
+    contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,
+    buffers_restored = self.restored,
     contract_check_us = self.checks > 0 and 1e6 * self.check_s / self.checks or nil,
+    mode_check_us = self.mode_checks > 0 and 1e6 * self.mode_check_s / self.mode_checks or nil,
     full_check_us = self.full_checks > 0 and 1e6 * self.full_check_s / self.full_checks or nil,
+    contract_us_per_replay = nall > 0 and 1e6 * (self.check_s + self.mode_check_s + self.full_check_s) / nall or nil,
   }
 end
 

@@ -156,8 +156,9 @@ end
 -- epoch: the stream fenced before the first step and after the last one,
 -- before validation), memory (ctx:memory_stats() at the end), losses (every
 -- step, when cfg.record_losses), step (step:stats(): route, recorded, replays,
--- retirements, contract_check_us when cfg.record), optimizer and ema (the
--- fit's final lucid.Optimizer and lucid.EMA)}. opts.resume = true | checkpoint path overrides cfg.resume.
+-- retirements, contract_us_per_replay and its parts when cfg.record),
+-- optimizer and ema (the fit's final lucid.Optimizer and lucid.EMA)}.
+-- opts.resume = true | checkpoint path overrides cfg.resume.
 function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
   self.fit_id = self.fit_id + 1
@@ -512,10 +513,11 @@ function Trainer:_fit(state, opts)
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
-      .. "contract check %.2f us/step (%d full checks after a counter moved, %.0f us each)\n", sst.route,
-      sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
-      sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_check_us or 0,
-      sst.full_checks or 0, sst.full_check_us or 0))
+      .. "contract check %.2f us/step (cheap path %.2f us; %d mode round trips, %.0f us each; %d full checks, "
+      .. "%.0f us each)\n", sst.route, sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
+      sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_us_per_replay or 0,
+      sst.contract_check_us or 0, sst.mode_checks or 0, sst.mode_check_us or 0, sst.full_checks or 0,
+      sst.full_check_us or 0))
   end
   out:write(string.format("\n%d epoch%s completed in %.3f hours.\n", E - start_epoch, E - start_epoch == 1 and "" or "s",
     fit_seconds / 3600))
