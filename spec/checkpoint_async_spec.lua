@@ -316,6 +316,29 @@ describe_data("Trainer with background checkpoint writes (CPU, imgsz 64)", funct
     ck:close()
   end)
 
+  it("best is written before last: a kill between the two leaves the previous last, never a last whose best_fitness no file holds", function()
+    local calls, save = {}, checkpoint.save
+    checkpoint.save = function(paths, ...)
+      calls[#calls + 1] = type(paths) == "table" and paths or { paths }
+      return save(paths, ...)
+    end
+    local ok, err = pcall(function()
+      local tr = Trainer.new(fit_cfg.cfg(tmp, { name = "order", epochs = 2, val_outputs = false }))
+      tr:fit(fit_cfg.build(tr))
+    end)
+    checkpoint.save = save
+    assert.is_true(ok, tostring(err))
+    local pairs_seen = 0
+    for _, p in ipairs(calls) do
+      if #p == 2 then
+        pairs_seen = pairs_seen + 1
+        assert.truthy(p[1]:find("/best%.safetensors$"), p[1])
+        assert.truthy(p[2]:find("/last%.safetensors$"), p[2])
+      end
+    end
+    assert.is_true(pairs_seen >= 1, "no epoch wrote best and last together (the first epoch is always a best)")
+  end)
+
   it("phases: the loop pays the snapshot and the final wait, the writer the rest", function()
     local tr = Trainer.new(fit_cfg.cfg(tmp, { name = "phases", epochs = 2 }))
     local res = tr:fit(fit_cfg.build(tr))

@@ -6,7 +6,7 @@
 --     epoch = epoch, iteration = ni, last_opt_step = last_opt_step,
 --     data = {seed = seed, epoch = epoch}, config = cfg, best_fitness = best,
 --   })
---   checkpoint.save({last, best}, state, { async = true }) -- one snapshot, two
+--   checkpoint.save({best, last}, state, { async = true }) -- one snapshot, two
 --                                               -- files, written in the background
 --   checkpoint.wait()                           -- raises a failed background write
 --   local ckpt = checkpoint.load(path)          -- validates the file
@@ -293,7 +293,7 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 -- @param path string | {string, ...}: target file(s) (their directories
 --   must exist). Several paths get the same bytes from ONE snapshot
 --   (serialised once; each file written, fsynced and renamed on its own:
---   independent files, e.g. {last, best} in the trainer); a failed path
+--   independent files, e.g. {best, last} in the trainer); a failed path
 --   stops the job, and the paths after it keep their previous contents.
 -- @param state table:
 --   model        Model | ParamSet (required): parameters and buffers

@@ -464,13 +464,16 @@ function Trainer:_fit(state, opts)
       data = { seed = cfg.seed, epoch = epoch }, config = cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1, metadata = { accumulate = tostring(accumulate) } }
     local sp = cfg.save_period or 1
-    -- last (and best, from the same snapshot: one serialisation, two
-    -- independent files) are written by the background writer; the loop
+    -- best and last, from the same snapshot (one serialisation, two
+    -- independent files), are written by the background writer; the loop
     -- only pays for the snapshot, and for waiting when the previous epoch's
-    -- write is still running (its failure is raised here)
+    -- write is still running (its failure is raised here). best goes first:
+    -- a kill between the two leaves the previous last, whose resume redoes
+    -- this epoch and writes best again; the other order could leave a last
+    -- whose best_fitness points at weights no file holds.
     local paths = {}
-    if final or (epoch + 1) % sp == 0 or state.is_best then paths[#paths + 1] = save_dir .. "/weights/last.safetensors" end
     if state.is_best then paths[#paths + 1] = save_dir .. "/weights/best.safetensors" end
+    if final or (epoch + 1) % sp == 0 or state.is_best then paths[#paths + 1] = save_dir .. "/weights/last.safetensors" end
     if #paths > 0 then
       local tc0 = lucid.wall_time()
       checkpoint.save(paths, ck, { async = true })
