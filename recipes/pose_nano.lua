@@ -82,7 +82,12 @@ local function main()
 
   local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
   local build = require(assert(builders[cfg.model], "model must be yolo11 or yolov8"))
-  local model = build{ scale = cfg.scale, nc = 1, kpt_shape = { 17, 3 }, ctx = trainer.ctx, device = trainer.device }
+  -- the head follows the dataset: its classes (names) and keypoint shape (as Ultralytics
+  -- builds the model from the data YAML's nc and kpt_shape)
+  local desc = require("lucid.data").load_descriptor(cfg.data)
+  local nc = desc.names and #desc.names or desc.nc or 1
+  local model = build{ scale = cfg.scale, nc = nc, kpt_shape = desc.kpt_shape or { 17, 3 }, ctx = trainer.ctx,
+    device = trainer.device }
 
   local res = trainer:fit(model)
   local m = res.metrics

@@ -181,4 +181,34 @@ describe("the mini dataset through its data YAML", function()
     assert.are.equal(68, res.metrics.box.instances)
     os.execute("rm -rf '" .. tmp .. "'")
   end)
+
+  it("the model follows the data's classes: a mismatch is an error naming the data, before any step; "
+    .. "the recipe builds the head from names/nc and kpt_shape", function()
+    local Trainer = require "lucid.trainer"
+    local fit_cfg = require "support.fit_cfg"
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    os.execute("mkdir -p '" .. tmp .. "'")
+    local y = tmp .. "/two.yaml"
+    write(y, "path: " .. mini .. "\ntrain: images/train\nval: images/val\n" .. POSE .. "names: [person, dog]\n")
+    local tr = Trainer.new(fit_cfg.cfg(tmp, { name = "nc2", epochs = 1, data = y }))
+    local ok, err = pcall(tr.fit, tr, fit_cfg.build(tr)) -- an nc=1 model
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("the model has nc=1 classes, the data " .. y .. " has 2", 1, true), tostring(err))
+    -- the recipe's way: the head from the data (nc 2, 17x3) trains
+    local desc = data.load_descriptor(y)
+    local tr2 = Trainer.new(fit_cfg.cfg(tmp, { name = "nc2b", epochs = 1, data = y }))
+    local m = require("lucid.models.yolo11_pose"){ scale = "n", nc = #desc.names, kpt_shape = desc.kpt_shape,
+      ctx = tr2.ctx, device = tr2.device }
+    local res = tr2:fit(m)
+    assert.are.equal(1, res.epochs)
+    -- and the recipe itself (it builds the head from the data)
+    local cmd = string.format("luajit recipes/pose_nano.lua epochs=1 imgsz=64 batch=8 device=cpu workers=1 "
+      .. "data=%s project=%s name=rec exist_ok=true 2>&1", y, tmp)
+    local p = io.popen(cmd)
+    local out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("final:", 1, true), out) -- the recipe's last line: it trained and validated
+    os.execute("rm -rf '" .. tmp .. "'")
+  end)
 end)

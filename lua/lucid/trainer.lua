@@ -233,6 +233,18 @@ function Trainer:_fit(state, opts)
       tostring(desc.descriptor_file or desc.name)))
   end
   local nc = desc.names and #desc.names or desc.nc or 1
+  -- a model built for other classes or keypoints fails here, naming the data's keys,
+  -- not later inside the loss
+  local dfile = tostring(desc.descriptor_file or desc.name or cfg.data)
+  if model.nc and model.nc ~= nc then
+    error(string.format("trainer: the model has nc=%d classes, the data %s has %d (names/nc); build the model "
+      .. "with nc=%d", model.nc, dfile, nc, nc), 0)
+  end
+  local mk = model.kpt_shape
+  if mk and desc.kpt_shape and (mk[1] ~= desc.kpt_shape[1] or mk[2] ~= desc.kpt_shape[2]) then
+    error(string.format("trainer: the model has kpt_shape={%d,%d}, the data %s has kpt_shape={%d,%d}; build the "
+      .. "model with the data's kpt_shape", mk[1], mk[2], dfile, desc.kpt_shape[1], desc.kpt_shape[2]), 0)
+  end
   local open_opts = { imgsz = S, cache = cfg.cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
