@@ -284,6 +284,18 @@ static int l_st_save(lua_State *L) {
     }
     lucid_lua_checktype(L, 2, LUA_TTABLE);
     int n = (int)lua_objlen(L, 2);
+    /* an array only: a map {name = tensor} would otherwise write an empty file */
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TNUMBER || lua_tonumber(L, -1) < 1 || lua_tonumber(L, -1) > n ||
+            lua_tonumber(L, -1) != (lua_Number)(int)lua_tonumber(L, -1)) {
+            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1);
+            return lucid_lua_argerror(
+                L, 2, lua_pushfstring(L, "entries: expected an array of {name, tensor}, got the key '%s' "
+                                         "(write { {\"%s\", t} }, not { %s = t })", k, k, k));
+        }
+    }
     /* validate every entry before allocating anything */
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 2, i);

@@ -13,6 +13,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -113,7 +114,26 @@ static int l_cpu_count(lua_State *L) {
     return 1;
 }
 
+/* A file-size limit (ulimit -f) sends SIGXFSZ, whose default action kills
+ * the process with no message, leaving a checkpoint's temporary file behind.
+ * Ignored (as CPython does at startup), the write fails with EFBIG instead
+ * and the checkpoint writer reports it, naming the file, with the previous
+ * checkpoint kept.  Only a default disposition is changed: a host
+ * application's own handler stays. */
+static void ignore_sigxfsz(void) {
+    struct sigaction old;
+    if (sigaction(SIGXFSZ, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_IGN;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGXFSZ, &sa, NULL);
+    }
+}
+
 int luaopen_lucid(lua_State *L) {
+    ignore_sigxfsz();
     lua_newtable(L);
     lua_pushcfunction(L, l_wall_time);
     lua_setfield(L, -2, "wall_time");

@@ -244,6 +244,30 @@ describe("exit and kill with a background write in flight (separate processes)",
   setup(function() dir = tmpdir() end)
   teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
 
+  it("a file-size limit (ulimit -f) fails the write with a message, not the process (SIGXFSZ ignored)", function()
+    local target = dir .. "/fsize.safetensors"
+    local script = "local lucid = require 'lucid'; "
+      .. "local ok, err = pcall(lucid.io.safetensors_save, '" .. target .. "', { { 'w', lucid.zeros({ 4194304 }) } }); "
+      .. "print(ok, err)"
+    local p = io.popen("sh -c \"ulimit -f 2000; luajit -e \\\"" .. script .. "\\\"\" 2>&1; echo \"rc=$?\"")
+    local text = p:read("*a")
+    p:close()
+    assert.truthy(text:find("rc=0", 1, true), text) -- not killed by SIGXFSZ (rc 153)
+    assert.truthy(text:find("background write of " .. target .. " failed", 1, true), text)
+    assert.truthy(text:find("File too large", 1, true), text)
+    assert.is_nil(io.open(target, "rb")) -- nothing half-written under the name
+    local left = io.popen("ls -a '" .. dir .. "' | grep -c fsize"):read("*l")
+    assert.are.equal("0", left) -- and no temporary file left beside it
+  end)
+
+  it("entries given as a map are refused, naming the key (it wrote an empty file)", function()
+    local ok, err = pcall(lucid.io.safetensors_save, dir .. "/map.safetensors", { w = lucid.zeros({ 2 }) })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("(entries): expected an array of {name, tensor}, got the key 'w'", 1, true),
+      tostring(err))
+    assert.is_nil(io.open(dir .. "/map.safetensors", "rb"))
+  end)
+
   local function run(mode, out, ckpt)
     local cmd = string.format("luajit spec/fixtures/ckpt_train.lua %s AdamW '%s' '%s' 12 5 2>&1; echo \"rc=$?\"",
       mode, out, ckpt)
