@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define ST_MAX_HEADER (100u << 20) /* as the reference implementation */
 
@@ -63,6 +64,13 @@ static lucid_status read_file(lucid_ctx *ctx, const char *path,
     if (!fp)
         return lucid_seterr(ctx, LUCID_ERR_IO, "%s: cannot open: %s", path,
                             strerror(errno));
+    struct stat stt;
+    if (fstat(fileno(fp), &stt) == 0 && !S_ISREG(stt.st_mode)) {
+        /* a folder opens for reading on Linux; its "size" is not a length */
+        fclose(fp);
+        return lucid_seterr(ctx, LUCID_ERR_IO, "%s: %s, not a safetensors file", path,
+                            S_ISDIR(stt.st_mode) ? "is a directory" : "is not a regular file");
+    }
     if (fseek(fp, 0, SEEK_END) != 0) goto ioerr;
     long sz = ftell(fp);
     if (sz < 0 || fseek(fp, 0, SEEK_SET) != 0) goto ioerr;
