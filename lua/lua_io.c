@@ -36,6 +36,9 @@
  *     path, never dropped (at exit it is printed on stderr).
  *   lucid.io.wait([path])   wait for pending writes (all, or the ones of
  *     path); raises the first unreported failure, naming the file
+ *   lucid.io.remove_stale_temps(path) -> n: removes the temporary files a
+ *     killed writer left beside path (".<name>.tmp.XXXXXX"), after waiting
+ *     for this state's pending writes of path; n removed
  *   lucid.io.pending()      -> number of saves not yet written
  *   lucid.io.writer_stats() -> {jobs, failed, files, bytes, seconds}
  *     (seconds: wall time the writer thread spent writing)
@@ -361,6 +364,22 @@ static int l_st_save(lua_State *L) {
     return 0;
 }
 
+/* remove_stale_temps(path) -> n */
+static int l_io_remove_stale(lua_State *L) {
+    const char *path = lucid_lua_checkstring(L, 1);
+    lucid_lua_argcheck(L, *path, 1, "path: expected a non-empty string");
+    /* this state's own writes of path first: their temp files are live */
+    lua_pushcfunction(L, l_io_wait);
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 0);
+    lucid_ctx *ctx = lucid_lua_ctx(L, 0);
+    int n = 0;
+    lucid_status st = lucid_atomic_file_remove_stale(ctx, path, &n);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lua_pushinteger(L, n);
+    return 1;
+}
+
 static const luaL_Reg st_methods[] = {
     {"names", l_st_names}, {"count", l_st_count},       {"path", l_st_path},
     {"info", l_st_info},   {"load", l_st_load},         {"metadata", l_st_metadata},
@@ -371,6 +390,7 @@ static const luaL_Reg io_funcs[] = {
     {"safetensors_open", l_st_open},
     {"safetensors_save", l_st_save},
     {"wait", l_io_wait},
+    {"remove_stale_temps", l_io_remove_stale},
     {"pending", l_io_pending},
     {"writer_stats", l_io_writer_stats},
     {NULL, NULL},

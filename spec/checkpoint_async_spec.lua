@@ -363,6 +363,17 @@ describe_data("Trainer with background checkpoint writes (CPU, imgsz 64)", funct
     assert.is_true(pairs_seen >= 1, "no epoch wrote best and last together (the first epoch is always a best)")
   end)
 
+  it("a fit removes the temporary checkpoint files an interrupted run left in its weights folder", function()
+    os.execute("mkdir -p '" .. tmp .. "/stale/weights'")
+    local t1, t2 = tmp .. "/stale/weights/.last.safetensors.tmp.Xy12Ab", tmp .. "/stale/weights/.best.safetensors.tmp.Q9w8e7"
+    for _, f in ipairs({ t1, t2 }) do local h = assert(io.open(f, "wb")); h:write("partial"); h:close() end
+    local tr = Trainer.new(fit_cfg.cfg(tmp, { name = "stale", epochs = 1, val_outputs = false }))
+    tr:fit(fit_cfg.build(tr))
+    assert.is_nil(io.open(t1, "rb"))
+    assert.is_nil(io.open(t2, "rb"))
+    assert.is_not_nil(io.open(tmp .. "/stale/weights/last.safetensors", "rb"))
+  end)
+
   it("phases: the loop pays the snapshot and the final wait, the writer the rest", function()
     local tr = Trainer.new(fit_cfg.cfg(tmp, { name = "phases", epochs = 2 }))
     local res = tr:fit(fit_cfg.build(tr))

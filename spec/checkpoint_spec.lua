@@ -162,6 +162,20 @@ describe("checkpoint.save / checkpoint.load", function()
     assert.equal(bytes, read_all(good))
   end)
 
+  it("lucid.io.remove_stale_temps removes only the temporary files of that checkpoint name", function()
+    local d = tmpdir()
+    local keep = { "last.safetensors", ".last.safetensors.tmp", ".last.safetensors.tmp.abc", ".best.safetensors.tmp.Ab12Cd",
+      ".last.safetensors.tmp.Ab12Cd.x", "x.last.safetensors.tmp.Ab12Cd" }
+    local gone = { ".last.safetensors.tmp.Ab12Cd", ".last.safetensors.tmp.zzzzzz" }
+    for _, f in ipairs(keep) do write_all(d .. "/" .. f, "k") end
+    for _, f in ipairs(gone) do write_all(d .. "/" .. f, "g") end
+    assert.are.equal(2, lucid.io.remove_stale_temps(d .. "/last.safetensors"))
+    for _, f in ipairs(keep) do assert.is_not_nil(io.open(d .. "/" .. f, "rb"), f) end
+    for _, f in ipairs(gone) do assert.is_nil(io.open(d .. "/" .. f, "rb"), f) end
+    assert.are.equal(0, lucid.io.remove_stale_temps(d .. "/nosuch/last.safetensors")) -- no folder: nothing
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
   it("a folder given as a checkpoint is named as a folder (was: out of memory reading 2^63 bytes)", function()
     local d = tmpdir()
     local ok, err = pcall(checkpoint.load, d)

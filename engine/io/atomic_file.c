@@ -24,6 +24,7 @@
 #include "internal.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,4 +185,66 @@ lucid_status lucid_atomic_write(lucid_ctx *ctx, const char *path,
         return st;
     }
     return lucid_atomic_file_commit(ctx, f);
+}
+
+/* The names lucid_atomic_file_open gives temp files of `base`:
+ * "." base ".tmp." and six mkstemp characters ([A-Za-z0-9]). */
+static int is_stale_temp(const char *name, const char *base) {
+    size_t nb = strlen(base);
+    if (name[0] != '.' || strncmp(name + 1, base, nb) != 0) return 0;
+    const char *t = name + 1 + nb;
+    if (strncmp(t, ".tmp.", 5) != 0) return 0;
+    t += 5;
+    size_t k = 0;
+    for (; t[k]; k++)
+        if (!((t[k] >= 'a' && t[k] <= 'z') || (t[k] >= 'A' && t[k] <= 'Z') ||
+              (t[k] >= '0' && t[k] <= '9')))
+            return 0;
+    return k == 6;
+}
+
+lucid_status lucid_atomic_file_remove_stale(lucid_ctx *ctx, const char *path,
+                                            int *removed) {
+    *removed = 0;
+    if (!path || !*path)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "remove stale temporaries: empty path");
+    char *d1 = strdup(path), *d2 = strdup(path);
+    if (!d1 || !d2) {
+        free(d1);
+        free(d2);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "remove stale temporaries: out of memory");
+    }
+    const char *dir = dirname(d1), *base = basename(d2);
+    lucid_status st = LUCID_OK;
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        /* no folder yet: nothing stale */
+        if (errno != ENOENT)
+            st = lucid_seterr(ctx, LUCID_ERR_IO, "%s: cannot list the folder: %s", dir,
+                              strerror(errno));
+    } else {
+        struct dirent *e;
+        while ((e = readdir(dp)) != NULL) {
+            if (!is_stale_temp(e->d_name, base)) continue;
+            size_t n = strlen(dir) + strlen(e->d_name) + 2;
+            char *full = malloc(n);
+            if (!full) {
+                st = lucid_seterr(ctx, LUCID_ERR_OOM, "remove stale temporaries: out of memory");
+                break;
+            }
+            snprintf(full, n, "%s/%s", dir, e->d_name);
+            if (unlink(full) == 0) {
+                (*removed)++;
+            } else if (errno != ENOENT) {
+                st = lucid_seterr(ctx, LUCID_ERR_IO, "%s: cannot remove: %s", full, strerror(errno));
+                free(full);
+                break;
+            }
+            free(full);
+        }
+        closedir(dp);
+    }
+    free(d1);
+    free(d2);
+    return st;
 }

@@ -49,6 +49,14 @@ void lucid_atomic_file_abort(lucid_atomic_file *f);
 /* open + write + commit of one buffer. */
 lucid_status lucid_atomic_write(lucid_ctx *ctx, const char *path,
                                 const void *data, size_t n);
+/* Remove the temporary files a killed writer left for `path`
+ * ("<dir>/.<name>.tmp.XXXXXX", the names lucid_atomic_file_open makes);
+ * *removed: how many.  Call it only while no write to `path` is in flight
+ * (the trainer does at the start of a fit, after checkpoint.wait()).
+ * Errors: LUCID_ERR_IO naming the folder or file (a missing folder is not
+ * an error), LUCID_ERR_ARG for an empty path. */
+lucid_status lucid_atomic_file_remove_stale(lucid_ctx *ctx, const char *path,
+                                            int *removed);
 /* Tests: hook asked before each stage ("open", "write", "fsync",
  * "rename") on the writing thread; non-zero fails it with the errno the
  * hook set (EIO if it left errno 0). NULL removes it. Process-wide; change

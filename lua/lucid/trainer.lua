@@ -338,6 +338,16 @@ function Trainer:_fit(state, opts)
   end
   probe:close()
   os.remove(save_dir .. "/weights/.write_test")
+  -- temporary files a killed run left beside its checkpoints (up to a
+  -- checkpoint's size each); this state's own writes of them are waited for
+  local stale = 0
+  for _, f in ipairs({ "last.safetensors", "best.safetensors" }) do
+    stale = stale + lucid.io.remove_stale_temps(save_dir .. "/weights/" .. f)
+  end
+  if stale > 0 then
+    out:write(string.format("removed %d temporary checkpoint file(s) an interrupted run left in %s/weights\n",
+      stale, save_dir))
+  end
   local csv = results_csv.open(save_dir .. "/results.csv")
   local time_offset = 0
   if resume then
