@@ -303,7 +303,8 @@ describe("checkpoint data checksums", function()
     checkpoint.save(path, save_state(r))
     local plain = dir .. "/plain.safetensors"
     write_all(plain, rewrite_header(read_all(path), function(js)
-      return drop_member(drop_member(js, "data_crc32", "%x*"), "data_crc32_tensors", "[%x ]*")
+      return drop_member(drop_member(drop_member(js, "data_crc32", "%x*"), "data_crc32_tensors", "[%x ]*"),
+        "header_crc32", "%x*")
     end))
     local f = lucid.io.safetensors_open(plain)
     assert.is_false(f:checksummed())
@@ -312,6 +313,26 @@ describe("checkpoint data checksums", function()
     local ck = checkpoint.resume(plain, { model = small_run(9).set })
     assert.is_false(ck.checksummed)
     assert.equal(2, ck.epoch)
+  end)
+
+  it("a changed metadata value is caught by header_crc32 (a flipped best_fitness digit loaded before)", function()
+    local r = small_run()
+    local path = dir .. "/h.safetensors"
+    checkpoint.save(path, save_state(r, { best_fitness = 0.000214 }))
+    local bytes = read_all(path)
+    local md = header_of(bytes).__metadata__
+    assert.truthy(md.header_crc32 and #md.header_crc32 == 8)
+    local at = bytes:find('"best_fitness":"', 1, true)
+    assert.truthy(at)
+    at = at + #'"best_fitness":"' -- the first digit of the value
+    local d = bytes:sub(at, at)
+    local edited = bytes:sub(1, at - 1) .. (d == "9" and "8" or "9") .. bytes:sub(at + 1)
+    local bad = dir .. "/h_bad.safetensors"
+    write_all(bad, edited)
+    local ok, err = pcall(checkpoint.load, bad)
+    assert.is_false(ok)
+    assert.truthy(err:find(bad .. ": checksum mismatch: the header (file offsets [0, ", 1, true), err)
+    checkpoint.load(path):close() -- the original still loads
   end)
 
   it("the checksum keys are reserved", function()
@@ -359,13 +380,18 @@ describe("checkpoint epoch numbering", function()
     checkpoint.save(path, save_state(r, { epoch = 4 }))
     local bytes = read_all(path)
     local old = dir .. "/old.safetensors"
-    write_all(old, rewrite_header(bytes, function(js) return drop_member(js, "epochs_completed", "%d+") end))
+    -- (older files carry no header_crc32 either: an edited header with one is refused as corrupt)
+    write_all(old, rewrite_header(bytes, function(js)
+      return drop_member(drop_member(js, "epochs_completed", "%d+"), "header_crc32", "%x+")
+    end))
     local ck = checkpoint.load(old)
     assert.equal(4, ck.epoch)
     assert.equal(5, ck.epochs_completed)
     ck:close()
     local bad = dir .. "/bad.safetensors"
-    write_all(bad, rewrite_header(bytes, function(js) return (js:gsub('"epochs_completed":"5"', '"epochs_completed":"4"')) end))
+    write_all(bad, rewrite_header(bytes, function(js)
+      return drop_member((js:gsub('"epochs_completed":"5"', '"epochs_completed":"4"')), "header_crc32", "%x+")
+    end))
     local ok, err = pcall(checkpoint.load, bad)
     assert.is_false(ok)
     assert.truthy(err:find("metadata epochs_completed = 4 but epoch = 4 (the last completed epoch, 0-based) says 5",

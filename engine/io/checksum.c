@@ -6,6 +6,9 @@
  *     b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
  *     meta = json.loads(b[8:8 + n])["__metadata__"]
  *     assert "%08x" % zlib.crc32(b[8 + n:]) == meta["data_crc32"]
+ *     h = meta["header_crc32"]; z = b[:8 + n].replace(
+ *         b'"header_crc32":"' + h.encode() + b'"', b'"header_crc32":"00000000"')
+ *     assert "%08x" % zlib.crc32(z) == h
  */
 #include "io/safetensors.h"
 #include "internal.h"
@@ -67,14 +70,63 @@ static int parse_crc(const char *s, int exact, uint32_t *out) {
 
 int lucid_safetensors_checksummed(const lucid_safetensors *f) {
     return lucid_safetensors_metadata_get(f, LUCID_ST_CRC_KEY) != NULL ||
-           lucid_safetensors_metadata_get(f, LUCID_ST_CRC_TENSORS_KEY) != NULL;
+           lucid_safetensors_metadata_get(f, LUCID_ST_CRC_TENSORS_KEY) != NULL ||
+           lucid_safetensors_metadata_get(f, LUCID_ST_HEADER_CRC_KEY) != NULL;
+}
+
+/* Offset of the 8 digits of "header_crc32":"XXXXXXXX" in the header
+ * (the JSON at hdr[8 .. n)), or 0 when absent.  A JSON string escapes its
+ * quotes, so the pattern can only be the key itself. */
+static size_t header_crc_at(const unsigned char *hdr, size_t n) {
+    static const char pat[] = "\"" LUCID_ST_HEADER_CRC_KEY "\":\"";
+    size_t m = sizeof pat - 1;
+    for (size_t i = 8; i + m + 9 <= n; i++)
+        if (memcmp(hdr + i, pat, m) == 0 && hdr[i + m + 8] == '"') return i + m;
+    return 0;
+}
+
+/* CRC-32 of the header with its header_crc32 digits (at `at`) read as zeros. */
+static uint32_t header_crc(const unsigned char *hdr, size_t n, size_t at) {
+    static const unsigned char zeros[8] = {'0', '0', '0', '0', '0', '0', '0', '0'};
+    uint32_t c = lucid_crc32(0, hdr, at);
+    c = lucid_crc32(c, zeros, 8);
+    return lucid_crc32(c, hdr + at + 8, n - at - 8);
+}
+
+void lucid_st_header_crc_fill(unsigned char *hdr, size_t n) {
+    size_t at = header_crc_at(hdr, n);
+    if (!at) return;
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)header_crc(hdr, n, at));
+    memcpy(hdr + at, hex, 8);
 }
 
 lucid_status lucid_safetensors_verify(lucid_ctx *ctx, const lucid_safetensors *f) {
     const char *path = lucid_safetensors_path(f);
     const char *whole_s = lucid_safetensors_metadata_get(f, LUCID_ST_CRC_KEY);
     const char *list = lucid_safetensors_metadata_get(f, LUCID_ST_CRC_TENSORS_KEY);
-    if (!whole_s && !list) return LUCID_OK; /* written without checksums */
+    const char *hcrc_s = lucid_safetensors_metadata_get(f, LUCID_ST_HEADER_CRC_KEY);
+    if (hcrc_s) {
+        uint32_t want_h = 0;
+        const unsigned char *hdr = lucid_safetensors_buffer(f);
+        size_t hn = (size_t)lucid_safetensors_data_offset(f);
+        size_t at = header_crc_at(hdr, hn);
+        if (parse_crc(hcrc_s, 1, &want_h) || !at)
+            return lucid_seterr(ctx, LUCID_ERR_FORMAT,
+                                "%s: __metadata__ %s = \"%.40s\" is not a CRC-32 "
+                                "(8 hex digits)",
+                                path, LUCID_ST_HEADER_CRC_KEY, hcrc_s);
+        uint32_t got_h = header_crc(hdr, hn, at);
+        if (got_h != want_h)
+            return lucid_seterr(
+                ctx, LUCID_ERR_FORMAT,
+                "%s: checksum mismatch: the header (file offsets [0, %llu): the "
+                "metadata and the tensor table) has CRC-32 %08x, %s records %08x: "
+                "the file is corrupt (changed on disk or in a copy); use another copy",
+                path, (unsigned long long)lucid_safetensors_data_offset(f),
+                (unsigned)got_h, LUCID_ST_HEADER_CRC_KEY, (unsigned)want_h);
+    }
+    if (!whole_s && !list) return LUCID_OK; /* written without data checksums */
     uint32_t want_all = 0;
     if (whole_s && parse_crc(whole_s, 1, &want_all))
         return lucid_seterr(ctx, LUCID_ERR_FORMAT,

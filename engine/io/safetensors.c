@@ -302,6 +302,7 @@ lucid_status lucid_safetensors_open(lucid_ctx *ctx, const char *path,
 
 const char *lucid_safetensors_path(const lucid_safetensors *f) { return f->path; }
 uint64_t lucid_safetensors_data_offset(const lucid_safetensors *f) { return f->data_off; }
+const unsigned char *lucid_safetensors_buffer(const lucid_safetensors *f) { return f->buf; }
 int lucid_safetensors_count(const lucid_safetensors *f) { return f->n; }
 
 const lucid_st_info *lucid_safetensors_info(const lucid_safetensors *f, int i) {
@@ -519,7 +520,8 @@ lucid_status lucid_st_writer_set_metadata(lucid_ctx *ctx, lucid_st_writer *w,
                                           const char *key, const char *value) {
     if (!key || !value)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "safetensors writer: NULL metadata");
-    if (strcmp(key, LUCID_ST_CRC_KEY) == 0 || strcmp(key, LUCID_ST_CRC_TENSORS_KEY) == 0)
+    if (strcmp(key, LUCID_ST_CRC_KEY) == 0 || strcmp(key, LUCID_ST_CRC_TENSORS_KEY) == 0 ||
+        strcmp(key, LUCID_ST_HEADER_CRC_KEY) == 0)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "safetensors writer: metadata key '%s' is reserved "
                             "(the writer stores the data checksum there)",
@@ -558,6 +560,8 @@ static char *build_header(const lucid_st_writer *w, const char *crc,
     if (m) {
         cJSON_AddStringToObject(m, LUCID_ST_CRC_KEY, crc);
         cJSON_AddStringToObject(m, LUCID_ST_CRC_TENSORS_KEY, crc_list);
+        /* filled in by lucid_st_writer_encode once the header's bytes exist */
+        cJSON_AddStringToObject(m, LUCID_ST_HEADER_CRC_KEY, "00000000");
     }
     uint64_t off = 0;
     for (int i = 0; i < w->n; i++) {
@@ -615,6 +619,7 @@ lucid_status lucid_st_writer_encode(lucid_ctx *ctx, const lucid_st_writer *w,
     memcpy(hdr + 8, json, jl);
     memset(hdr + 8 + jl, ' ', hl - jl);
     cJSON_free(json);
+    lucid_st_header_crc_fill(hdr, 8 + hl);
     *hdr_out = hdr;
     *hdr_len = 8 + hl;
     return LUCID_OK;

@@ -89,6 +89,12 @@ int lucid_safetensors_find(const lucid_safetensors *f, const char *name);
 /* File offset of the data section (8 + header length): tensor i's bytes
  * are at file offsets [data_offset + begin, data_offset + end). */
 uint64_t lucid_safetensors_data_offset(const lucid_safetensors *f);
+/* The whole file as read (size: data offset + data section). */
+const unsigned char *lucid_safetensors_buffer(const lucid_safetensors *f);
+/* Writer side of header_crc32: given the encoded header (8-byte length,
+ * JSON, padding; n bytes) holding "header_crc32":"00000000", writes the
+ * CRC-32 of those bytes into the 8 digits. */
+void lucid_st_header_crc_fill(unsigned char *hdr, size_t n);
 /* Raw bytes of tensor i (end - begin bytes; may be unaligned). */
 const void *lucid_safetensors_bytes(const lucid_safetensors *f, int i);
 /* Copy tensor `name` into dst (any device; dst's shape must equal the
@@ -116,10 +122,14 @@ const char *lucid_safetensors_metadata_get(const lucid_safetensors *f,
  * LUCID_ERR_FORMAT naming the file, the first tensor whose bytes changed,
  * its byte range in the data section and in the file, and the two CRCs.
  * A file without them (PyTorch's safetensors, older lucid files) opens
- * unverified. The JSON header itself is not covered (a damaged header is
- * caught by the structural checks above, not by these). */
+ * unverified. header_crc32 (below) covers the header itself. */
 #define LUCID_ST_CRC_KEY "data_crc32"
 #define LUCID_ST_CRC_TENSORS_KEY "data_crc32_tensors"
+/* header_crc32: the CRC-32 of the header (the 8-byte length, the JSON and
+ * its padding) with these 8 digits read as "00000000": a changed metadata
+ * value, tensor name, shape, dtype or offset is caught too.  Verified
+ * when present, like the two above. */
+#define LUCID_ST_HEADER_CRC_KEY "header_crc32"
 
 /* CRC-32 of n bytes continuing `crc` (start with 0); any length. */
 uint32_t lucid_crc32(uint32_t crc, const void *data, size_t n);

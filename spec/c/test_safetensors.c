@@ -121,8 +121,8 @@ static void test_roundtrip(lucid_ctx *ctx, const char *path) {
     CHECK("round trip: metadata (replaced value, escaped JSON string)",
           ep && strcmp(ep, "4") == 0 && rp &&
           strcmp(rp, "{\"lr0\": 0.01, \"name\": \"pose \\\"nano\\\"\"}") == 0 &&
-          lucid_safetensors_metadata_count(f) == 4 && lucid_safetensors_checksummed(f),
-          "epoch %s recipe %s (the two checksum entries make 4)", ep, rp);
+          lucid_safetensors_metadata_count(f) == 5 && lucid_safetensors_checksummed(f),
+          "epoch %s recipe %s (the three checksum entries make 5)", ep, rp);
     /* load into a tensor with conversion f32 -> f64 */
     lucid_device cpu = {LUCID_CPU, 0};
     lucid_tensor *d = NULL;
@@ -162,12 +162,23 @@ static void test_header_layout(lucid_ctx *ctx, const char *path) {
     /* the CRC-32 computed here by zlib itself, not by lucid_crc32 */
     unsigned crc = (unsigned)crc32(0L, (const unsigned char *)v, 8);
     char want[256];
-    snprintf(want, sizeof want,
-             "{\"__metadata__\":{\"data_crc32\":\"%08x\",\"data_crc32_tensors\":\"%08x\"},"
-             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-             crc, crc);
+    /* header_crc32: zlib's CRC-32 of the header (length, JSON, padding)
+     * with its own 8 digits as zeros */
+    const char *fmt = "{\"__metadata__\":{\"data_crc32\":\"%08x\",\"data_crc32_tensors\":\"%08x\","
+                      "\"header_crc32\":\"%s\"},"
+                      "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | buf[i];
+    unsigned char z[256];
+    snprintf(want, sizeof want, fmt, crc, crc, "00000000");
+    size_t wl = strlen(want);
+    if (hl < wl || 8 + hl > sizeof z) hl = 0; /* fails below */
+    memcpy(z, buf, 8);
+    memcpy(z + 8, want, wl);
+    memset(z + 8 + wl, ' ', hl > wl ? hl - wl : 0);
+    char hc[9];
+    snprintf(hc, sizeof hc, "%08x", (unsigned)crc32(0L, z, (uInt)(8 + hl)));
+    snprintf(want, sizeof want, fmt, crc, crc, hc);
     CHECK("writer: exact header bytes, padded to 8 with spaces",
           hl % 8 == 0 && memcmp(buf + 8, want, strlen(want)) == 0 &&
           buf[8 + hl - 1] == ' ' && n == 8 + hl + 8 &&
