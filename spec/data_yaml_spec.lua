@@ -79,6 +79,12 @@ describe("data= as an Ultralytics data YAML", function()
     assert.are.same({ 0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15 }, d.flip_idx)
     assert.are.same({ "person" }, d.names)
     assert.are.equal(y, d.descriptor_file)
+    -- a YAML null (path: ~ / null) is absent too
+    for _, v in ipairs({ "~", "null" }) do
+      local yn = root .. "/null_" .. (v == "~" and "tilde" or v) .. ".yaml"
+      write(yn, "path: " .. v .. "\ntrain: images/train\nval: images/val\n" .. POSE)
+      assert.are.equal(root, data.load_descriptor(yn).path)
+    end
     if not mini then pending("coco-pose-mini not found (the images come from it)") return end
     assert.are.equal(2, size_of(d, "train"))
   end)

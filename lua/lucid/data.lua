@@ -200,6 +200,9 @@ function data.load_yaml(file)
   end
   -- the dataset root
   local root
+  -- YAML's null spellings (the reader returns scalars as written): absent, as Ultralytics reads them
+  local nulls = { ["~"] = true, null = true, Null = true, NULL = true }
+  if y.path ~= nil and nulls[y.path] then y.path = nil end
   if y.path == nil or y.path == "" then
     root = y.dir
   elseif y.path:sub(1, 1) == "/" or dir_exists(y.path) then
