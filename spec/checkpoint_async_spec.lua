@@ -10,35 +10,8 @@ local nn = require("lucid.nn")
 local checkpoint = require("lucid.checkpoint")
 local data = require("lucid.data")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p '" .. d .. "'"))
-  return d
-end
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function listdir(d)
-  local p = io.popen("ls -A '" .. d .. "'")
-  local names = {}
-  for line in p:lines() do names[#names + 1] = line end
-  p:close()
-  table.sort(names)
-  return names
-end
-
-local function flatten(t, out)
-  out = out or {}
-  if type(t) == "number" then out[#out + 1] = t; return out end
-  for i = 1, #t do flatten(t[i], out) end
-  return out
-end
+local files = require "support.files"
+local read_all, tmpdir, listdir, flatten = files.read, files.tmpdir, files.listdir, files.flatten
 
 -- A small conv model with BN buffers, EMA and AdamW state, one step taken.
 local function small_run(seed)

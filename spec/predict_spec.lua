@@ -12,19 +12,8 @@ local cjson = require("cjson")
 local mini = data.find_dataset("coco-pose-mini")
 local describe_data = mini and describe or pending
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p '" .. d .. "'"))
-  return d
-end
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local files = require "support.files"
+local read_all, tmpdir = files.read, files.tmpdir
 
 local function val_images(n)
   local list = predict.list_sources(mini .. "/images/val")

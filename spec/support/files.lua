@@ -1,6 +1,7 @@
--- Shared by the specs that write their own fixture files (spec/data_spec.lua,
--- spec/data_yaml_spec.lua): whole-file write and read, binary, failing the
--- spec on an I/O error.
+-- Shared by the specs that write their own fixture files (data, data YAML,
+-- checkpoint, background checkpoint and predict specs): whole-file write and
+-- read (binary), a fresh temporary folder, a sorted folder listing and the
+-- numbers of a nested table; each fails the spec on an I/O error.
 local M = {}
 
 --- M.write(path, s): the file at path holds exactly s.
@@ -16,6 +17,32 @@ function M.read(path)
   local s = f:read("*a")
   f:close()
   return s
+end
+
+--- M.tmpdir() -> the path of a new, empty folder under the system's temp dir.
+function M.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p '" .. d .. "'"))
+  return d
+end
+
+--- M.listdir(d) -> the names in folder d (dot files included), sorted.
+function M.listdir(d)
+  local p = io.popen("ls -A '" .. d .. "'")
+  local names = {}
+  for line in p:lines() do names[#names + 1] = line end
+  p:close()
+  table.sort(names)
+  return names
+end
+
+--- M.flatten(t) -> the numbers of a nested table (Tensor:totable()) in order.
+function M.flatten(t, out)
+  out = out or {}
+  if type(t) == "number" then out[#out + 1] = t; return out end
+  for i = 1, #t do M.flatten(t[i], out) end
+  return out
 end
 
 return M
