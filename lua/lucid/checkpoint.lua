@@ -341,6 +341,11 @@ function M.save(path, state, opts)
   end
   if type(state) ~= "table" then error("checkpoint.save: state: expected a table, got " .. type(state), 2) end
   if opts ~= nil and type(opts) ~= "table" then error("checkpoint.save: opts: expected a table, got " .. type(opts), 2) end
+  for k in pairs(opts or {}) do
+    if k ~= "async" then
+      error(string.format("checkpoint.save: opts: unknown option '%s' (expected async)", tostring(k)), 2)
+    end
+  end
   local async = opts and opts.async or false
   if type(async) ~= "boolean" then error("checkpoint.save: opts.async: expected a boolean, got " .. type(async), 2) end
   local set = set_of(state.model, "checkpoint.save: state.model")

@@ -48,6 +48,10 @@ P.Conv2d = Conv2d
 -- U(+-1/sqrt(fan_in)), fan_in = c1/g*k*k.
 function Conv2d.__init(self, c1, c2, k, s, p, g, d, bias)
   Leaf.__init(self)
+  local ci = util.check_int
+  ci("nn.Conv2d", "c1", c1, 1); ci("nn.Conv2d", "c2", c2, 1); ci("nn.Conv2d", "k", k, 1)
+  ci("nn.Conv2d", "s", s, 1, true); ci("nn.Conv2d", "p", p, 0, true)
+  ci("nn.Conv2d", "g", g, 1, true); ci("nn.Conv2d", "d", d, 1, true)
   s, g, d = s or 1, g or 1, d or 1
   if p == nil then p = util.int(d * (k - 1) / 2) end
   assert(c1 % g == 0 and c2 % g == 0, "Conv2d: groups must divide channels")

@@ -111,4 +111,18 @@ function M.shape_str(shape)
   return "[" .. table.concat(p, ", ") .. "]"
 end
 
+--- M.check_int(who, name, v, min, optional) -> v: a named argument error
+-- ("nn.Conv2d: bad argument c1: expected an integer >= 1, got string 'a'")
+-- unless v is an integer >= min (or nil when optional).  Raised at the
+-- user's constructor call (level 4: check_int, __init, new, the caller).
+function M.check_int(who, name, v, min, optional)
+  if v == nil and optional then return v end
+  if type(v) ~= "number" or v ~= math.floor(v) or v < min then
+    local got = type(v) == "string" and string.format("string '%s'", v) or
+      (type(v) == "number" and tostring(v) or type(v))
+    error(string.format("%s: bad argument %s: expected an integer >= %d, got %s", who, name, min, got), 4)
+  end
+  return v
+end
+
 return M
