@@ -21,6 +21,25 @@ describe("recipe.resolve", function()
   end)
 end)
 
+describe("recipe.print", function()
+  local function printed(cfg)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    recipe.print(cfg, f)
+    f:close()
+    f = assert(io.open(path, "r"))
+    local s = f:read("*a")
+    f:close()
+    os.remove(path)
+    return s
+  end
+  it("lists the configuration, and nothing with quiet=true", function()
+    assert.truthy(printed({ epochs = 3, quiet = false }):find("configuration:", 1, true))
+    assert.truthy(printed({ epochs = 3 }):find("epochs", 1, true))
+    assert.are.equal("", printed({ epochs = 3, quiet = true }))
+  end)
+end)
+
 describe("recipe.apply_resume", function()
   local path
   before_each(function()

@@ -232,7 +232,10 @@ function recipe.format(cfg)
   return table.concat(lines, "\n")
 end
 
+--- Print the resolved configuration (recipe.format) to out (io.stdout);
+-- nothing when cfg.quiet is true (the trainer's progress is silent then too).
 function recipe.print(cfg, out)
+  if cfg.quiet == true then return end
   out = out or io.stdout
   out:write("configuration:\n", recipe.format(cfg), "\n")
 end
