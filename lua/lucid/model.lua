@@ -164,7 +164,41 @@ end
 local MODEL_OPTS = { scale = true, nc = true, kpt_shape = true, ch = true, materialize = true, device = true,
   dtype = true, ctx = true, input_grad = true }
 
+-- Types and ranges of the options (raised at the user's call, level 5:
+-- bad, check_opts, __init, new, the caller).
+local function check_opts(cfg, opts)
+  local function bad(fmt, ...) error("model: " .. string.format(fmt, ...), 5) end
+  if opts.nc ~= nil and (type(opts.nc) ~= "number" or opts.nc ~= math.floor(opts.nc) or opts.nc < 1) then
+    bad("nc: expected an integer >= 1 (the number of classes), got %s", tostring(opts.nc))
+  end
+  local k = opts.kpt_shape
+  if k ~= nil and (type(k) ~= "table" or #k ~= 2 or type(k[1]) ~= "number" or k[1] < 1 or k[1] ~= math.floor(k[1])
+      or (k[2] ~= 2 and k[2] ~= 3)) then
+    bad("kpt_shape: expected {K, 2} or {K, 3} (K keypoints >= 1; x, y[, visibility]), got %s",
+      type(k) == "table" and "{" .. table.concat((function() local t = {} for i, v in ipairs(k) do t[i] = tostring(v) end return t end)(), ", ") .. "}"
+        or tostring(k))
+  end
+  local sc = opts.scale
+  local triple = type(sc) == "table" and #sc == 3 and type(sc[1]) == "number" and type(sc[2]) == "number"
+    and type(sc[3]) == "number"
+  if sc ~= nil and not triple and (type(sc) ~= "string" or not (cfg.scales or {})[sc]) then
+    local names = {}
+    for n in pairs(cfg.scales or {}) do names[#names + 1] = n end
+    table.sort(names)
+    bad("scale: expected one of %s or a {depth, width, max_channels} triple, got %s", table.concat(names, ", "),
+      tostring(sc))
+  end
+  if opts.ch ~= nil and (type(opts.ch) ~= "number" or opts.ch < 1 or opts.ch ~= math.floor(opts.ch)) then
+    bad("ch: expected an integer >= 1 (input channels), got %s", tostring(opts.ch))
+  end
+end
+
 function Model.__init(self, cfg, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(string.format("model: expected an options table (e.g. {scale = \"n\", nc = 1, kpt_shape = {17, 3}}), got %s",
+      type(opts)), 3)
+  end
+  check_opts(cfg, opts or {})
   for k in pairs(opts or {}) do
     if not MODEL_OPTS[k] then
       error(string.format("model: unknown option '%s' (expected one of scale, nc, kpt_shape, ch, materialize, "
