@@ -6,34 +6,15 @@
 -- exit path waits; a SIGKILL during a write leaves the previous checkpoint;
 -- a fit whose write fails raises.
 local lucid = require("lucid")
-local nn = require("lucid.nn")
 local checkpoint = require("lucid.checkpoint")
 local data = require("lucid.data")
 
 local files = require "support.files"
 local read_all, tmpdir, listdir, flatten = files.read, files.tmpdir, files.listdir, files.flatten
 
--- A small conv model with BN buffers, EMA and AdamW state, one step taken.
-local function small_run(seed)
-  lucid.manual_seed(seed or 3)
-  local model = nn.Sequential({ nn.Conv(3, 8, 3, 2), nn.Conv(8, 4, 1, 1) })
-  local set = nn.materialize(model)
-  local opt = lucid.optim.AdamW({ params = set, lr = 0.01 })
-  local ema = lucid.EMA({ model = set, block = opt })
-  local x = lucid.randn({ 2, 3, 8, 8 })
-  local y = model:forward(x)
-  model:backward(x, y)
-  opt:step()
-  ema:update()
-  return { model = model, set = set, opt = opt, ema = ema }
-end
-
-local function state(r, extra)
-  local st = { model = r.set, optimizer = r.opt, ema = r.ema, epoch = 2, iteration = 17,
-    last_opt_step = 16, data = { seed = 5, epoch = 2 }, config = { imgsz = 64 }, best_fitness = 0.125 }
-  for k, v in pairs(extra or {}) do st[k] = v end
-  return st
-end
+local run = require "support.ckpt_run"
+local function small_run(seed) return run.small_run(seed, 8, 4) end
+local function state(r, extra) return run.state(r, { imgsz = 64 }, extra) end
 
 -- the metadata "date" has a one-second resolution: save both within one
 local function same_second_pair(save_a, save_b, pa, pb)

@@ -3,34 +3,14 @@
 -- kill-and-resume equals the uninterrupted run bitwise (CPU); truncated or
 -- corrupt files give clear errors and never replace a good file.
 local lucid = require("lucid")
-local nn = require("lucid.nn")
 local checkpoint = require("lucid.checkpoint")
 
 local files = require "support.files"
 local read_all, write_all, tmpdir, listdir, flatten = files.read, files.write, files.tmpdir, files.listdir, files.flatten
 
--- A small conv model with BN buffers, one optimizer step taken.
-local function small_run(seed, width)
-  lucid.manual_seed(seed or 3)
-  local model = nn.Sequential({ nn.Conv(3, width or 4, 3, 2), nn.Conv(width or 4, 2, 1, 1) })
-  local set = nn.materialize(model)
-  local opt = lucid.optim.AdamW({ params = set, lr = 0.01 })
-  local ema = lucid.EMA({ model = set, block = opt })
-  local x = lucid.randn({ 2, 3, 8, 8 })
-  local y = model:forward(x)
-  model:backward(x, y)
-  opt:step()
-  ema:update()
-  return { model = model, set = set, opt = opt, ema = ema }
-end
-
-local function save_state(r, extra)
-  local st = { model = r.set, optimizer = r.opt, ema = r.ema, epoch = 2, iteration = 17,
-    last_opt_step = 16, data = { seed = 5, epoch = 2 }, config = { imgsz = 64, name = "t" },
-    best_fitness = 0.125 }
-  for k, v in pairs(extra or {}) do st[k] = v end
-  return st
-end
+local run = require "support.ckpt_run"
+local small_run = run.small_run
+local function save_state(r, extra) return run.state(r, { imgsz = 64, name = "t" }, extra) end
 
 describe("checkpoint.save / checkpoint.load", function()
   local dir
