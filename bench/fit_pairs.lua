@@ -15,7 +15,10 @@ Each fit is a fresh process, `luajit bench/fit_once.lua <common> <arm>`
 A B A B ...; the driver stamps the whole process around each child. It
 prints per-fit lines as it goes, then a markdown table: per arm the median
 and [min, max] of complete fit s, whole process s, steady train step ms,
-peak allocated / reserved MiB; then whether the value-byte hashes (final
+host time of the recorded step's contract check in µs per replay (recorded
+routes: step:stats().contract_us_per_replay, every check of the fit, cheap,
+mode round trip and full, divided by the replays), peak allocated /
+reserved MiB; then whether the value-byte hashes (final
 model, optimizer state, EMA, every step's losses, validation metrics) are
 identical across ALL fits of both arms, listing the ones that differ.
 
@@ -171,14 +174,17 @@ local function run_fit(tag, args)
   local res = cjson.decode(line)
   res.whole_s = whole
   res.tag = tag
+  -- host time of the recorded step's contract check, per replay (recorded routes only)
+  res.contract_us = type(res.step) == "table" and (res.step.replays or 0) > 0 and res.step.contract_us_per_replay or nil
   if json_out then
     json_out:write(cjson.encode(res), "\n")
     json_out:flush()
   end
   if not opt.keep then os.execute("rm -rf " .. shq(dir)) end
   local step = res.steady_step_ms
-  print(string.format("%-8s fit %8.2f s  process %8.2f s  step %s ms  peak alloc %.0f MiB  reserved %.0f MiB  route %s  %d steps",
+  print(string.format("%-8s fit %8.2f s  process %8.2f s  step %s ms  contract %s us  peak alloc %.0f MiB  reserved %.0f MiB  route %s  %d steps",
     tag, res.fit_s, res.whole_s, type(step) == "number" and string.format("%.3f", step) or "-",
+    res.contract_us and string.format("%.2f", res.contract_us) or "-",
     res.peak_allocated_mib, res.peak_reserved_mib, res.route, res.steps))
   io.stdout:flush()
   return res
@@ -232,11 +238,12 @@ local function hash_line(fits, what)
   return string.format("**Hashes: DIFFER across the %d fits of %s** — %s.", #fits, what, table.concat(diffs, "; "))
 end
 
-local COLS = "| complete fit, s | whole process, s | steady train step, ms | peak allocated, MiB | peak reserved, MiB |"
-local COLS_ALIGN = "| ---: | ---: | ---: | ---: | ---: |"
+local COLS = "| complete fit, s | whole process, s | steady train step, ms | contract check, µs/step | peak allocated, MiB | peak reserved, MiB |"
+local COLS_ALIGN = "| ---: | ---: | ---: | ---: | ---: | ---: |"
 local function metric_cells(fits)
-  return string.format("| %s | %s | %s | %s | %s |", cell(fits, "fit_s", "%.2f"), cell(fits, "whole_s", "%.2f"),
-    cell(fits, "steady_step_ms", "%.3f"), cell(fits, "peak_allocated_mib", "%.0f"), cell(fits, "peak_reserved_mib", "%.0f"))
+  return string.format("| %s | %s | %s | %s | %s | %s |", cell(fits, "fit_s", "%.2f"), cell(fits, "whole_s", "%.2f"),
+    cell(fits, "steady_step_ms", "%.3f"), cell(fits, "contract_us", "%.2f"), cell(fits, "peak_allocated_mib", "%.0f"),
+    cell(fits, "peak_reserved_mib", "%.0f"))
 end
 local function routes(fits)
   local seen, out = {}, {}

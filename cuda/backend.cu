@@ -117,10 +117,28 @@ static void cuda_shutdown(lucid_ctx *ctx) {
     ctx->backend_state = NULL;
 }
 
+/* Programmatic dependent launch (launch.cuh): decided when the first CUDA
+ * context is created, from that device's compute capability and LUCID_PDL. */
+static volatile int pdl_state = 0; /* 0 undecided/off, 1 on, 2 decided off */
+
+int lucid_pdl_enabled(void) { return pdl_state == 1; }
+
+static lucid_status pdl_decide(lucid_ctx *ctx, int device_index) {
+    if (pdl_state != 0) return LUCID_OK;
+    int major = 0;
+    CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                           device_index));
+    const char *env = getenv("LUCID_PDL");
+    int off = env && strcmp(env, "0") == 0;
+    pdl_state = (major >= 9 && !off) ? 1 : 2;
+    return LUCID_OK;
+}
+
 static lucid_status cuda_init_state(lucid_ctx *ctx, lucid_cuda_state *st,
                                     int device_index) {
     st->device = device_index;
     CUDA_CHECK(ctx, cudaSetDevice(device_index));
+    LUCID_TRY(pdl_decide(ctx, device_index));
     CUDA_CHECK(ctx, cudaDeviceGetAttribute(&st->sm_count,
                                            cudaDevAttrMultiProcessorCount,
                                            device_index));

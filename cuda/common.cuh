@@ -32,6 +32,7 @@
 #include <stddef.h>
 
 #include "internal.h"
+#include "launch.cuh"
 
 /* ------------------------------------------------------------ error checks */
 
