@@ -55,12 +55,33 @@
 
 namespace wm = nvcuda::wmma;
 
+/* Shared memory of a block: the A and B tiles during the k loop, then the f32
+ * output tile (the loop's last __syncthreads ends every read of A and B, so
+ * the output tile reuses their bytes: 17.4 KB a block instead of 27.6 KB). */
+#define IG_SMEM_AB ((BM * LDA + SB_ELEMS) * 2)
+#define IG_SMEM_C (BM * LDC * 4)
+#define IG_SMEM (IG_SMEM_AB > IG_SMEM_C ? IG_SMEM_AB : IG_SMEM_C)
+
+/* LUCID_IGEMM_MINB: minimum resident blocks per SM asked of the register
+ * allocator (__launch_bounds__'s second argument); 0 leaves it free. A
+ * build-time knob for bench/conv_lab A/B runs (EXTRA_NVCCFLAGS). */
+#ifndef LUCID_IGEMM_MINB
+#define LUCID_IGEMM_MINB 0
+#endif
+#if LUCID_IGEMM_MINB > 0
+#define IG_BOUNDS __launch_bounds__(NT, LUCID_IGEMM_MINB)
+#else
+#define IG_BOUNDS __launch_bounds__(NT)
+#endif
+
 template <typename T, int MODE, int KS>
-__global__ void __launch_bounds__(NT) igemm_nchw(IgP P) {
+__global__ void IG_BOUNDS igemm_nchw(IgP P) {
     typedef typename std::conditional<MODE == IG_WGRAD, wm::col_major, wm::row_major>::type BLay;
-    __shared__ __align__(128) T sA[BM * LDA];
-    __shared__ __align__(128) T sB[SB_ELEMS];
-    __shared__ __align__(128) float sC[BM * LDC];
+    static_assert(sizeof(T) == 2, "igemm_nchw: 16-bit operands (IG_SMEM counts 2 bytes)");
+    __shared__ __align__(128) unsigned char smem[IG_SMEM];
+    T *sA = (T *)smem;
+    T *sB = sA + BM * LDA;
+    float *sC = (float *)smem;
 
     const int t = threadIdx.x;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;

@@ -3,7 +3,8 @@
 #   bash bench/conv_lab/build.sh            -> build/conv_lab/conv_lab
 # Finds nvcc and cuDNN the way the Makefile does: CUDA_HOME/include, /usr/include,
 # or the nvidia/cudnn package of the Python environment. Knobs: NVCC, CUDA_HOME,
-# CUDNN_HOME, ARCH (sm_90), OUTDIR (build/conv_lab).
+# CUDNN_HOME, ARCH (sm_90), OUTDIR (build/conv_lab), EXTRA_NVCCFLAGS (added to the
+# engine files' compiles, e.g. -DLUCID_IGEMM_MINB=6 for an A/B build).
 # The "lucid" route is the engine's own kernels: cuda/nn_conv_igemm.cu and
 # cuda/nn_conv_dw.cu are compiled from the working tree with the Makefile's
 # nvcc flags (-O2 -lineinfo, -DLUCID_HAVE_CUDNN=1) and linked in; conv_lab.cu
@@ -40,7 +41,7 @@ done
 nv=("$NVCC" -std=c++17 -arch="$ARCH" -lineinfo -I"$CUDNN_HOME/include" -I"$root/engine" -I"$root/cuda")
 pids=()
 for f in nn_conv_igemm nn_conv_dw; do
-  ( set -x; "${nv[@]}" -O2 -Xcompiler -Wall -DLUCID_HAVE_CUDNN=1 -c "$root/cuda/$f.cu" -o "$OUTDIR/$f.o" ) &
+  ( set -x; "${nv[@]}" -O2 -Xcompiler -Wall -DLUCID_HAVE_CUDNN=1 ${EXTRA_NVCCFLAGS:-} -c "$root/cuda/$f.cu" -o "$OUTDIR/$f.o" ) &
   pids+=($!)
 done
 ( set -x; "${nv[@]}" -O3 -Xcompiler -Wall,-Wextra -Xptxas -warn-spills,-warn-lmem-usage \
