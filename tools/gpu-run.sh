@@ -13,6 +13,10 @@
 #   verify     make test-gpu (timed, one command), then bench_optim (with and
 #              without the programmatic dependent launch), bench_bnsilu,
 #              bench_model; logs packed into $out/logs.tgz
+#   ab         the CUDA C tests, busted --tags=gpu, then A/B switches in one
+#              call: bench_model and a recorded fit with LUCID_PDL=0/1 and
+#              LUCID_CONV1X1=igemm/gemm, and the kernel census of the
+#              default; logs packed into $out/logs.tgz
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
 #              routes); logs packed into $out/logs.tgz
@@ -109,6 +113,33 @@ if [ "$what" = verify ]; then
   grep -E '  cuda ' "$l/bench_optim.log" | cut -c1-120; echo "-- LUCID_OPTIM_PDL=0"; grep -E '  cuda ' "$l/bench_optim_nopdl.log" | cut -c1-120
   timeout 90 luajit bench/bench_bnsilu.lua > "$l/bench_bnsilu.log" 2>&1; tail -3 "$l/bench_bnsilu.log"
   timeout 90 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -1 "$l/bench_model.log"
+  tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
+fi
+if [ "$what" = ab ]; then
+  l=$out/logs; mkdir -p "$l"
+  make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
+  for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
+    echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
+    grep '^not ok' "$l/$n.log" | head -8
+  done
+  timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
+  echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
+  grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+  export LUCID_PROGRESS=plain
+  for cfg in "LUCID_PDL=1 LUCID_CONV1X1=igemm" "LUCID_PDL=0 LUCID_CONV1X1=igemm" "LUCID_PDL=1 LUCID_CONV1X1=gemm" \
+             "LUCID_PDL=0 LUCID_CONV1X1=gemm"; do
+    tag=$(echo "$cfg" | tr ' =' '_-')
+    env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1
+    env $cfg timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
+    echo "$cfg: $(tail -1 "$l/model_$tag.log" | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
+try:
+  d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
+except Exception as e: print("no result", e)')"
+  done
+  OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
+  python3 tools/kernel_census.py "$l/census_model.csv" --top 25
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = quick ]; then
