@@ -2,7 +2,8 @@
 #
 #   make            engine library, Lua module lucid.so, host program bin/lucid
 #   make deps       install the Debian packages the build and tests need (idempotent)
-#   make test       C unit tests + busted specs on the CPU; ends with "N passed, N failed"
+#   make test       C unit tests, source lints (spec/c/test_*.sh) + busted specs on the CPU;
+#                   ends with "N passed, N failed"
 #   make test-gpu   the same plus the specs tagged gpu (on a machine with a GPU)
 #   make run        install, build and run the main job recipes/pose_nano.lua
 #   make bench      benchmarks (GPU machine)
@@ -56,6 +57,9 @@ LUA_OBJ := $(LUA_SRC:%.c=build/%.o)
 CTEST_BIN := $(CTEST_SRC:spec/c/%.c=build/tests/%)
 # host-side checks of CUDA kernels' index maps (nvcc, no GPU needed)
 CUTEST_SRC := $(sort $(wildcard spec/c/test_*.cu))
+# source lints (scripts; installed as build/tests/test_* and counted the same way)
+CTEST_SH := $(sort $(wildcard spec/c/test_*.sh))
+CTEST_BIN += $(CTEST_SH:spec/c/%.sh=build/tests/%)
 
 ifeq ($(CUDA),1)
   CUDA_OBJ := $(CUDA_SRC:%.cu=build/%.o)
@@ -116,6 +120,10 @@ build/tests/%: spec/c/%.c $(LIB) spec/c/test.h
 build/tests/%: spec/c/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Icuda -o $@ $<
+
+build/tests/%: spec/c/%.sh
+	@mkdir -p $(dir $@)
+	install -m 755 $< $@
 
 test: all $(CTEST_BIN)
 	@spec/run_tests.sh cpu

@@ -147,6 +147,8 @@ struct map_args {
 template <int KIND, int OP, typename T>
 __global__ void map_contig_kernel(T *out, const T *a, const T *b, float s,
                                   int rev, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
@@ -161,6 +163,8 @@ __global__ void map_contig_kernel(T *out, const T *a, const T *b, float s,
 /* Any strides and dtypes. */
 template <typename IndexT>
 __global__ void map_generic_kernel(lucid_iter it, map_args p) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     const bool has_b = p.kind == KIND_BINARY || p.kind == KIND_AXPY;
@@ -182,8 +186,8 @@ static void launch_contig_op(int op, cudaStream_t stream, unsigned blocks,
                              T *out, const T *a, const T *b, float s, int rev,
                              int64_t n) {
     if (op == OP) {
-        map_contig_kernel<KIND, OP, T>
-            <<<blocks, MAP_THREADS, 0, stream>>>(out, a, b, s, rev, n);
+        lucid_launch(map_contig_kernel<KIND, OP, T>, blocks, MAP_THREADS, 0, stream, out, a, b,
+                     s, rev, n);
         return;
     }
     if constexpr (OP + 1 < NOPS)
@@ -257,9 +261,9 @@ static lucid_status run_map(lucid_ctx *ctx, map_args p, lucid_tensor *out,
     }
     unsigned blocks = lucid_cuda_blocks(it.numel, MAP_THREADS);
     if (it.numel <= (int64_t)UINT32_MAX)
-        map_generic_kernel<uint32_t><<<blocks, MAP_THREADS, 0, st->stream>>>(it, p);
+        lucid_launch(map_generic_kernel<uint32_t>, blocks, MAP_THREADS, 0, st->stream, it, p);
     else
-        map_generic_kernel<uint64_t><<<blocks, MAP_THREADS, 0, st->stream>>>(it, p);
+        lucid_launch(map_generic_kernel<uint64_t>, blocks, MAP_THREADS, 0, st->stream, it, p);
     CUDA_CHECK_LAUNCH(ctx, "map_generic_kernel");
     return LUCID_OK;
 }
@@ -312,6 +316,8 @@ extern "C" lucid_status lucid_cuda_axpy(lucid_ctx *ctx, lucid_tensor *y,
 
 template <typename W>
 __global__ void fill_contig_kernel(W *dst, W v, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride)
@@ -320,6 +326,8 @@ __global__ void fill_contig_kernel(W *dst, W v, int64_t n) {
 
 template <typename W, typename IndexT>
 __global__ void fill_strided_kernel(W *dst, W v, lucid_iter it) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     for (IndexT i = (IndexT)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -337,14 +345,14 @@ static void launch_fill(cudaStream_t stream, void *dst, uint64_t bits,
     memcpy(&v, &bits, sizeof v);
     unsigned blocks = lucid_cuda_blocks(it.numel, MAP_THREADS);
     if (lucid_iter_contiguous(&it, 1))
-        fill_contig_kernel<W><<<blocks, MAP_THREADS, 0, stream>>>((W *)dst, v,
-                                                                 it.numel);
+        lucid_launch(fill_contig_kernel<W>, blocks, MAP_THREADS, 0, stream, (W *)dst, v,
+                     it.numel);
     else if (it.numel <= (int64_t)UINT32_MAX)
-        fill_strided_kernel<W, uint32_t>
-            <<<blocks, MAP_THREADS, 0, stream>>>((W *)dst, v, it);
+        lucid_launch(fill_strided_kernel<W, uint32_t>, blocks, MAP_THREADS, 0, stream, (W *)dst,
+                     v, it);
     else
-        fill_strided_kernel<W, uint64_t>
-            <<<blocks, MAP_THREADS, 0, stream>>>((W *)dst, v, it);
+        lucid_launch(fill_strided_kernel<W, uint64_t>, blocks, MAP_THREADS, 0, stream, (W *)dst,
+                     v, it);
 }
 
 /* f64 -> f32 rounding to odd on the host (see lucid_f64_to_f32_odd). */
@@ -423,6 +431,8 @@ extern "C" lucid_status lucid_cuda_fill(lucid_ctx *ctx, lucid_tensor *dst,
 /* Same dtype, any strides: move raw elements of W bytes. */
 template <typename W, typename IndexT>
 __global__ void copy_raw_kernel(W *dst, const W *src, lucid_iter it) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     for (IndexT i = (IndexT)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -436,6 +446,8 @@ __global__ void copy_raw_kernel(W *dst, const W *src, lucid_iter it) {
 /* Contiguous float -> float conversion (the mixed-precision hot path). */
 template <typename D, typename S>
 __global__ void cast_contig_kernel(D *dst, const S *src, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride)
@@ -446,6 +458,8 @@ __global__ void cast_contig_kernel(D *dst, const S *src, int64_t n) {
 template <typename IndexT>
 __global__ void cast_generic_kernel(void *dst, int ddt, const void *src,
                                     int sdt, lucid_iter it) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     const bool floats = (ddt == LUCID_F32 || ddt == LUCID_BF16 ||
@@ -468,11 +482,11 @@ static void launch_copy_raw(cudaStream_t stream, void *dst, const void *src,
                             const lucid_iter &it) {
     unsigned blocks = lucid_cuda_blocks(it.numel, MAP_THREADS);
     if (it.numel <= (int64_t)UINT32_MAX)
-        copy_raw_kernel<W, uint32_t>
-            <<<blocks, MAP_THREADS, 0, stream>>>((W *)dst, (const W *)src, it);
+        lucid_launch(copy_raw_kernel<W, uint32_t>, blocks, MAP_THREADS, 0, stream, (W *)dst,
+                     (const W *)src, it);
     else
-        copy_raw_kernel<W, uint64_t>
-            <<<blocks, MAP_THREADS, 0, stream>>>((W *)dst, (const W *)src, it);
+        lucid_launch(copy_raw_kernel<W, uint64_t>, blocks, MAP_THREADS, 0, stream, (W *)dst,
+                     (const W *)src, it);
 }
 
 template <typename D>
@@ -481,16 +495,16 @@ static bool launch_cast_contig_from(cudaStream_t stream, D *dst,
     unsigned blocks = lucid_cuda_blocks(n, MAP_THREADS);
     switch (sdt) {
     case LUCID_F32:
-        cast_contig_kernel<D, float><<<blocks, MAP_THREADS, 0, stream>>>(
-            dst, (const float *)src, n);
+        lucid_launch(cast_contig_kernel<D, float>, blocks, MAP_THREADS, 0, stream, dst,
+                     (const float *)src, n);
         return true;
     case LUCID_BF16:
-        cast_contig_kernel<D, __nv_bfloat16><<<blocks, MAP_THREADS, 0, stream>>>(
-            dst, (const __nv_bfloat16 *)src, n);
+        lucid_launch(cast_contig_kernel<D, __nv_bfloat16>, blocks, MAP_THREADS, 0, stream, dst,
+                     (const __nv_bfloat16 *)src, n);
         return true;
     case LUCID_F16:
-        cast_contig_kernel<D, __half><<<blocks, MAP_THREADS, 0, stream>>>(
-            dst, (const __half *)src, n);
+        lucid_launch(cast_contig_kernel<D, __half>, blocks, MAP_THREADS, 0, stream, dst,
+                     (const __half *)src, n);
         return true;
     default: return false;
     }
@@ -541,11 +555,11 @@ static lucid_status device_copy(lucid_ctx *ctx, lucid_cuda_state *st,
     if (!done) {
         unsigned blocks = lucid_cuda_blocks(it.numel, MAP_THREADS);
         if (it.numel <= (int64_t)UINT32_MAX)
-            cast_generic_kernel<uint32_t><<<blocks, MAP_THREADS, 0, st->stream>>>(
-                dst, ddt, src, sdt, it);
+            lucid_launch(cast_generic_kernel<uint32_t>, blocks, MAP_THREADS, 0, st->stream, dst,
+                         ddt, src, sdt, it);
         else
-            cast_generic_kernel<uint64_t><<<blocks, MAP_THREADS, 0, st->stream>>>(
-                dst, ddt, src, sdt, it);
+            lucid_launch(cast_generic_kernel<uint64_t>, blocks, MAP_THREADS, 0, st->stream, dst,
+                         ddt, src, sdt, it);
     }
     CUDA_CHECK_LAUNCH(ctx, "cast kernel");
     return LUCID_OK;

@@ -85,6 +85,8 @@ template <typename T, bool VEC4>
 __global__ void __launch_bounds__(IN_THREADS)
     input_prepare_kernel(T *__restrict__ dst, const uint8_t *__restrict__ src,
                          const float *__restrict__ gains, int64_t P) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ in_tables t;
     const int n = blockIdx.y;
     const int tid = threadIdx.x; /* blockDim.x == IN_THREADS == 256 */
@@ -140,11 +142,11 @@ static void launch(cudaStream_t stream, dim3 grid, void *dst,
                    const uint8_t *src, const float *gains, int64_t P,
                    bool vec4) {
     if (vec4)
-        input_prepare_kernel<T, true><<<grid, IN_THREADS, 0, stream>>>(
-            (T *)dst, src, gains, P);
+        lucid_launch(input_prepare_kernel<T, true>, grid, IN_THREADS, 0, stream, (T *)dst, src,
+                     gains, P);
     else
-        input_prepare_kernel<T, false><<<grid, IN_THREADS, 0, stream>>>(
-            (T *)dst, src, gains, P);
+        lucid_launch(input_prepare_kernel<T, false>, grid, IN_THREADS, 0, stream, (T *)dst, src,
+                     gains, P);
 }
 
 static lucid_status cuda_input_prepare(lucid_ctx *ctx, lucid_tensor *x,

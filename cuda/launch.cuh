@@ -18,12 +18,48 @@
  * the eager and the recorded (stream-captured: programmatic graph edges)
  * route alike. Because every such kernel waits for its predecessor, which
  * itself waited for its own, completion is transitive along the stream.
- * spec/c/test_pdl_rule.sh checks the rule over cuda/*.cu.
  *
  * lucid_pdl_launch_dependents() (griddepcontrol.launch_dependents) lets the
  * next grid be scheduled once every block of this one has issued it; call it
  * right after lucid_pdl_wait(). Both are no-ops below sm_90 and when the
  * kernel was not launched with the PDL attribute.
+ *
+ * In the tree: every __global__ function of cuda/ starts with exactly
+ *     lucid_pdl_wait();
+ *     lucid_pdl_launch_dependents();
+ * as its first two statements (before any declaration, early return or
+ * branch, so every thread runs them), whether or not it is launched in the
+ * train step, and every launch goes through lucid_launch(). The lint
+ * spec/c/test_pdl_rule.sh (checker spec/c/pdl_rule.lua, counted by make test)
+ * enforces both over the .cu and .cuh files of cuda/ and names file:line of
+ * a violation. Notes:
+ *   - Early launch_dependents cannot starve the running grid: the next grid
+ *     is scheduled only after every block of this one has executed it, i.e.
+ *     every block is resident or done; the next grid's blocks then park in
+ *     griddepcontrol.wait. At most two of our grids are in flight.
+ *   - Grids launched by cuBLAS / cuDNN, memsets and copies need nothing: a
+ *     PDL kernel behind a library kernel still waits for its completion, and
+ *     a launch without the attribute (library kernels, memset/memcpy nodes)
+ *     is fully serialized as before.
+ *   - Arguments: cudaLaunchKernelEx's variadic template converts each one to
+ *     the kernel's parameter type, so implicit conversions (int -> int64_t,
+ *     double -> float, T* -> const T*) behave as with <<<>>>. A null pointer
+ *     constant does not survive the forwarding: NULL (g++'s __null) or 0
+ *     arrives as an integer value and fails to compile; pass nullptr.
+ *   - The kernel argument must name one function: a template whose arguments
+ *     <<<>>> deduced from the call needs them spelled (k<float>, not k). A
+ *     template-id with commas inside a macro argument needs parentheses (as
+ *     NN_DISPATCH(dt, (lucid_launch(k<T, M>, ...))) already has).
+ *   - A kernel without parameters: lucid_launch(k, grid, block, smem, stream)
+ *     compiles (KArgs is empty; cudaLaunchKernelEx then builds a zero-length
+ *     void *[] — a GNU extension g++ accepts silently, -Wpedantic would warn).
+ *     The tree has none today.
+ *   - Errors: the launch's status is returned and also recorded for
+ *     cudaGetLastError(), so the existing CUDA_CHECK_LAUNCH checks after each
+ *     launch keep working unchanged.
+ *   - A host-only program that #includes a .cu of cuda/ without linking
+ *     cuda/backend.cu (spec/c/test_conv_igemm_maps.cu) must define
+ *     lucid_pdl_enabled() itself.
  */
 #ifndef LUCID_CUDA_LAUNCH_CUH
 #define LUCID_CUDA_LAUNCH_CUH

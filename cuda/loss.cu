@@ -373,6 +373,8 @@ __device__ __forceinline__ void block_sums(double *v, double (*sh)[32]) {
 /* ------------------------------------------------------------ kernels */
 
 __global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= (int64_t)g.B * g.G) return;
     const int64_t b = r / g.G, gi = r % g.G;
@@ -430,6 +432,8 @@ __global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
 
 template <int RF>
 __global__ void k_decode(Geom g, Bufs bf, View box) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)g.B * g.A) return;
     const int b = (int)(i / g.A), a = (int)(i % g.A);
@@ -451,6 +455,8 @@ __device__ __forceinline__ bool ranks_before(float v1, int i1, float v2,
 
 __global__ void __launch_bounds__(LPL_TOPK_THREADS)
     k_topk(Geom g, Bufs bf, View cls) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int bg = blockIdx.x;
     const int b = bg / g.G, gi = bg % g.G;
     const int k = g.topk;
@@ -520,6 +526,8 @@ __global__ void __launch_bounds__(LPL_TOPK_THREADS)
 }
 
 __global__ void k_resolve(Geom g, Bufs bf, View cls) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)g.B * g.A) return;
     const int b = (int)(i / g.A), a = (int)(i % g.A);
@@ -564,6 +572,8 @@ __device__ __forceinline__ void kpt_consts(const Geom &g, const float *gb,
 template <int RF>
 __global__ void __launch_bounds__(LPL_THREADS, 2)
     k_loss(Geom g, Bufs bf, View box, View cls, View kpt, int frozen) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ double sh[Q_N][32];
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     double acc[Q_N];
@@ -657,6 +667,8 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
 
 __global__ void __launch_bounds__(LPL_FIN_THREADS)
     k_finalize(Geom g, Bufs bf, int nparts, int frozen, Scalars out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ double sh[Q_N][32];
     double acc[Q_N];
 #pragma unroll
@@ -708,6 +720,8 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
     k_backward(Geom g, Bufs bf, View box, View cls, View kpt,
                const void *gscale, int gscale_dt, OView gbox, OView gcls,
                OView gkpt) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)g.B * g.A) return;
     const int b = (int)(i / g.A), a = (int)(i % g.A);
@@ -926,9 +940,9 @@ static lucid_status cuda_plan_init(lucid_ctx *ctx, lucid_pose_loss_plan *p,
 #define LAUNCH_RF(kern, grid, block, ...)                                     \
     do {                                                                      \
         if (p->cfg.reg_max == 16)                                             \
-            kern<16><<<(grid), (block), 0, st->stream>>>(__VA_ARGS__);        \
+            lucid_launch(kern<16>, (grid), (block), 0, st->stream, __VA_ARGS__); \
         else                                                                  \
-            kern<0><<<(grid), (block), 0, st->stream>>>(__VA_ARGS__);         \
+            lucid_launch(kern<0>, (grid), (block), 0, st->stream, __VA_ARGS__); \
     } while (0)
 
 static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
@@ -954,17 +968,15 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
         t.kpt = make_tview(targets->kpts);
         t.valid = make_tview(targets->valid);
         const int64_t nG = (int64_t)g.B * g.G;
-        k_prep_gt<<<(unsigned)((nG + 127) / 128), 128, 0, st->stream>>>(g, bf,
-                                                                         t);
+        lucid_launch(k_prep_gt, (unsigned)((nG + 127) / 128), 128, 0, st->stream, g, bf, t);
         CUDA_CHECK_LAUNCH(ctx, "pose loss prep_gt");
     }
     LAUNCH_RF(k_decode, blocksA, LPL_THREADS, g, bf, vb);
     CUDA_CHECK_LAUNCH(ctx, "pose loss decode");
     if (!frozen) {
-        k_topk<<<(unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0, st->stream>>>(
-            g, bf, vc);
+        lucid_launch(k_topk, (unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0, st->stream, g, bf, vc);
         CUDA_CHECK_LAUNCH(ctx, "pose loss topk");
-        k_resolve<<<blocksA, LPL_THREADS, 0, st->stream>>>(g, bf, vc);
+        lucid_launch(k_resolve, blocksA, LPL_THREADS, 0, st->stream, g, bf, vc);
         CUDA_CHECK_LAUNCH(ctx, "pose loss resolve");
     }
     LAUNCH_RF(k_loss, blocksA, LPL_THREADS, g, bf, vb, vc, vk, frozen);
@@ -982,8 +994,8 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
         for (int q = 0; q < LUCID_POSE_LOSS_NITEMS; q++)
             out.items_off[q] = lucid_tensor_elem_offset(items, q);
     }
-    k_finalize<<<1, LPL_FIN_THREADS, 0, st->stream>>>(g, bf, (int)blocksA,
-                                                      frozen, out);
+    lucid_launch(k_finalize, 1, LPL_FIN_THREADS, 0, st->stream, g, bf, (int)blocksA, frozen,
+                 out);
     CUDA_CHECK_LAUNCH(ctx, "pose loss finalize");
     return LUCID_OK;
 }

@@ -431,6 +431,8 @@ static inline void first_run_end(lucid_cuda_nn_state *ns, lucid_cuda_conv_plan *
 
 template <typename T>
 static __global__ void cast_from_f32(const float *__restrict__ s, T *__restrict__ d, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         lucid_elem<T>::store(d, i, s[i]);
@@ -439,6 +441,8 @@ static __global__ void cast_from_f32(const float *__restrict__ s, T *__restrict_
 /* dw = beta*dw + float(tmp) */
 template <typename T>
 static __global__ void acc_to_f32(const T *__restrict__ tmp, float *dw, int64_t n, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float v = lucid_elem<T>::load(tmp, i);
@@ -450,6 +454,8 @@ static __global__ void acc_to_f32(const T *__restrict__ tmp, float *dw, int64_t 
 template <typename T>
 static __global__ void bias_add(T *y, const float *__restrict__ b, int64_t C, int64_t S,
                          int64_t total) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t c = (i / S) % C;
@@ -464,6 +470,8 @@ template <typename T>
 static __global__ void conv_fwd_direct(const T *__restrict__ x, const float *__restrict__ w,
                                 const float *__restrict__ b, T *__restrict__ y,
                                 conv_geom g) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t P = g.Ho * g.Wo, total = g.N * g.Cout * P;
     int64_t K = g.Cg * g.kh * g.kw;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
@@ -497,6 +505,8 @@ static __global__ void conv_fwd_direct(const T *__restrict__ x, const float *__r
 template <typename T>
 static __global__ void conv_bwd_data_direct(const T *__restrict__ dy, const float *__restrict__ w,
                                      T *dx, conv_geom g, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t total = g.N * g.Cin * g.H * g.W;
     int64_t K = g.Cg * g.kh * g.kw;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
@@ -533,6 +543,8 @@ static __global__ void conv_bwd_data_direct(const T *__restrict__ dy, const floa
 template <typename T>
 static __global__ void conv_bwd_filter_direct(const T *__restrict__ x, const T *__restrict__ dy,
                                        float *dw, conv_geom g, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float sh[32];
     int64_t K = g.Cg * g.kh * g.kw, total = g.Cout * K;
     int64_t P = g.Ho * g.Wo, M = g.N * P;
@@ -562,8 +574,8 @@ static unsigned cv_blocks(int64_t n) { return lucid_cuda_blocks(n, CONV_THREADS)
 #if defined(LUCID_HAVE_CUDNN)
 static lucid_status cast_weight(lucid_ctx *ctx, lucid_cuda_state *st, const float *w,
                                 void *dst, lucid_dtype dt, int64_t n) {
-    NN_DISPATCH(dt, (cast_from_f32<T><<<cv_blocks(n), CONV_THREADS, 0, st->stream>>>(
-                        w, (T *)dst, n)));
+    NN_DISPATCH(dt, (lucid_launch(cast_from_f32<T>, cv_blocks(n), CONV_THREADS, 0, st->stream,
+                                  w, (T *)dst, n)));
     CUDA_CHECK_LAUNCH(ctx, "cast_from_f32 (conv weight)");
     return LUCID_OK;
 }
@@ -630,16 +642,18 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
                                                  lucid_tensor_data(y)));
         first_run_end(ns, pl, PASS_FWD, t0);
         if (bp) {
-            NN_DISPATCH(x->dtype, (bias_add<T><<<cv_blocks(ny), CONV_THREADS, 0, st->stream>>>(
-                                      (T *)lucid_tensor_data(y), bp, g.Cout, g.Ho * g.Wo, ny)));
+            NN_DISPATCH(x->dtype, (lucid_launch(bias_add<T>, cv_blocks(ny), CONV_THREADS, 0,
+                                                st->stream, (T *)lucid_tensor_data(y), bp,
+                                                g.Cout, g.Ho * g.Wo, ny)));
             CUDA_CHECK_LAUNCH(ctx, "bias_add");
         }
         return LUCID_OK;
     }
 #endif
-    NN_DISPATCH(x->dtype, (conv_fwd_direct<T><<<cv_blocks(ny), CONV_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
-                              bp, (T *)lucid_tensor_data(y), g)));
+    NN_DISPATCH(x->dtype, (lucid_launch(conv_fwd_direct<T>, cv_blocks(ny), CONV_THREADS, 0,
+                                        st->stream, (const T *)lucid_tensor_data(x),
+                                        (const float *)lucid_tensor_data(w), bp,
+                                        (T *)lucid_tensor_data(y), g)));
     CUDA_CHECK_LAUNCH(ctx, "conv_fwd_direct");
     return LUCID_OK;
 }
@@ -693,9 +707,10 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
         return LUCID_OK;
     }
 #endif
-    NN_DISPATCH(dx->dtype, (conv_bwd_data_direct<T><<<cv_blocks(nx), CONV_THREADS, 0, st->stream>>>(
-                               (const T *)lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
-                               (T *)lucid_tensor_data(dx), g, (float)beta)));
+    NN_DISPATCH(dx->dtype, (lucid_launch(conv_bwd_data_direct<T>, cv_blocks(nx), CONV_THREADS,
+                                         0, st->stream, (const T *)lucid_tensor_data(dy),
+                                         (const float *)lucid_tensor_data(w),
+                                         (T *)lucid_tensor_data(dx), g, (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "conv_bwd_data_direct");
     return LUCID_OK;
 }
@@ -745,8 +760,9 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
                                      st->cudnn, &one, pl->xd, lucid_tensor_data(x), pl->yd,
                                      lucid_tensor_data(dy), pl->cd[PASS_BWD_FILTER], pl->bf_algo,
                                      ws, pl->ws[PASS_BWD_FILTER], &zero, pl->wd, tmp));
-                NN_DISPATCH(x->dtype, (acc_to_f32<T><<<cv_blocks(nw), CONV_THREADS, 0, st->stream>>>(
-                                          (const T *)tmp, dwp, nw, bt)));
+                NN_DISPATCH(x->dtype, (lucid_launch(acc_to_f32<T>, cv_blocks(nw), CONV_THREADS,
+                                                    0, st->stream, (const T *)tmp, dwp, nw,
+                                                    bt)));
                 CUDA_CHECK_LAUNCH(ctx, "acc_to_f32 (conv weight grad)");
             } else {
                 CUDNN_CHECK(ctx, cudnnConvolutionBackwardFilter(
@@ -760,9 +776,10 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
 #endif
         if (!done) {
             unsigned blocks = (unsigned)(nw < (1 << 30) ? nw : (1 << 30));
-            NN_DISPATCH(x->dtype, (conv_bwd_filter_direct<T><<<blocks, CONV_THREADS, 0, st->stream>>>(
-                                      (const T *)lucid_tensor_data(x),
-                                      (const T *)lucid_tensor_data(dy), dwp, g, (float)beta)));
+            NN_DISPATCH(x->dtype, (lucid_launch(conv_bwd_filter_direct<T>, blocks, CONV_THREADS,
+                                                0, st->stream, (const T *)lucid_tensor_data(x),
+                                                (const T *)lucid_tensor_data(dy), dwp, g,
+                                                (float)beta)));
             CUDA_CHECK_LAUNCH(ctx, "conv_bwd_filter_direct");
         }
     }

@@ -279,6 +279,8 @@ static __global__ void __launch_bounds__(DW_BT)
 dw_tiled_fd(const T *__restrict__ in, const float *__restrict__ w, const float *__restrict__ b,
             T *__restrict__ out, float beta, int C, int H, int W, int R, int TH, int TPR, int SW,
             int ve, int vec_out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     extern __shared__ float4 dw_smem[];
     float *s = reinterpret_cast<float *>(dw_smem);
     constexpr int P = (K - 1) / 2, OFF = 4 - P, NF4 = (OFF + DW_V + K - 1 + 3) / 4;
@@ -342,6 +344,8 @@ static __global__ void __launch_bounds__(DW_BT)
 dw_tiled_wgrad(const T *__restrict__ x, const T *__restrict__ dy, float *dw, float *part,
                float beta, int C, int H, int W, int NH, int TH, int TPR, int SW, int ve,
                int vec_dy, int ntiles, int S) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     extern __shared__ float4 dw_smem[];
     float *s = reinterpret_cast<float *>(dw_smem);
     constexpr int P = (K - 1) / 2, OFF = 4 - P, NF4 = (OFF + DW_V + K - 1 + 3) / 4, KK = K * K;
@@ -408,6 +412,8 @@ dw_tiled_wgrad(const T *__restrict__ x, const T *__restrict__ dy, float *dw, flo
 /* dw[i] = beta*dw[i] + sum_{s < S} part[i*S + s], s in index order. */
 static __global__ void dw_wgrad_fold(const float *__restrict__ part, float *dw, int64_t n, int S,
                                      float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float *p = part + i * S;
@@ -424,6 +430,8 @@ template <typename T>
 static __global__ void dw_generic_fwd(const T *__restrict__ x, const float *__restrict__ w,
                                       const float *__restrict__ b, T *__restrict__ y,
                                       lucid_conv_dw_geom g) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t total = g.N * g.C * g.Ho * g.Wo, KK = (int64_t)g.kh * g.kw;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (int64_t)gridDim.x * blockDim.x) {
@@ -451,6 +459,8 @@ static __global__ void dw_generic_fwd(const T *__restrict__ x, const float *__re
 template <typename T>
 static __global__ void dw_generic_dgrad(const T *__restrict__ dy, const float *__restrict__ w,
                                         T *dx, lucid_conv_dw_geom g, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int64_t total = g.N * g.C * g.H * g.W, KK = (int64_t)g.kh * g.kw;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (int64_t)gridDim.x * blockDim.x) {
@@ -484,6 +494,8 @@ template <typename T>
 static __global__ void __launch_bounds__(DW_GT)
 dw_generic_wgrad(const T *__restrict__ x, const T *__restrict__ dy, float *dw, float *part,
                  float beta, lucid_conv_dw_geom g, int64_t CH, int S) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float sh[32];
     const int64_t KK = (int64_t)g.kh * g.kw, ct = blockIdx.x;
     const int sp = (int)blockIdx.y;
@@ -521,23 +533,29 @@ static lucid_status dw_fd_launch(lucid_ctx *ctx, cudaStream_t st, const lucid_co
         const int ve = dw_ve(in, g->W, sizeof(T)), vo = dw_vec4(out, g->W, sizeof(T));
         const int C = (int)g->C, H = (int)g->H, W = (int)g->W, Ri = (int)R;
         if (!dgrad && t.K == 3)
-            dw_tiled_fd<T, 3, false><<<blocks, DW_BT, t.smem, st>>>(in, w, b, out, 0.0f, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
+            lucid_launch(dw_tiled_fd<T, 3, false>, blocks, DW_BT, t.smem, st, in, w, b, out,
+                         0.0f, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
         else if (!dgrad)
-            dw_tiled_fd<T, 5, false><<<blocks, DW_BT, t.smem, st>>>(in, w, b, out, 0.0f, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
+            lucid_launch(dw_tiled_fd<T, 5, false>, blocks, DW_BT, t.smem, st, in, w, b, out,
+                         0.0f, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
         else if (t.K == 3)
-            dw_tiled_fd<T, 3, true><<<blocks, DW_BT, t.smem, st>>>(in, w, NULL, out, beta, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
+            lucid_launch(dw_tiled_fd<T, 3, true>, blocks, DW_BT, t.smem, st, in, w, nullptr,
+                         out, beta, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
         else
-            dw_tiled_fd<T, 5, true><<<blocks, DW_BT, t.smem, st>>>(in, w, NULL, out, beta, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
+            lucid_launch(dw_tiled_fd<T, 5, true>, blocks, DW_BT, t.smem, st, in, w, nullptr,
+                         out, beta, C, H, W, Ri, t.TH, t.TPR, t.SW, ve, vo);
         CUDA_CHECK_LAUNCH(ctx, "dw_tiled_fd (depthwise conv)");
         return LUCID_OK;
     }
     if (!dgrad) {
         const int64_t total = g->N * g->C * g->Ho * g->Wo;
-        dw_generic_fwd<T><<<lucid_cuda_blocks(total, DW_GT), DW_GT, 0, st>>>(in, w, b, out, *g);
+        lucid_launch(dw_generic_fwd<T>, lucid_cuda_blocks(total, DW_GT), DW_GT, 0, st, in, w, b,
+                     out, *g);
         CUDA_CHECK_LAUNCH(ctx, "dw_generic_fwd (depthwise conv forward)");
     } else {
         const int64_t total = g->N * g->C * g->H * g->W;
-        dw_generic_dgrad<T><<<lucid_cuda_blocks(total, DW_GT), DW_GT, 0, st>>>(in, w, out, *g, beta);
+        lucid_launch(dw_generic_dgrad<T>, lucid_cuda_blocks(total, DW_GT), DW_GT, 0, st, in, w,
+                     out, *g, beta);
         CUDA_CHECK_LAUNCH(ctx, "dw_generic_dgrad (depthwise conv backward-data)");
     }
     return LUCID_OK;
@@ -554,18 +572,22 @@ static lucid_status dw_wgrad_launch(lucid_ctx *ctx, cudaStream_t st, const lucid
         const int C = (int)g->C, H = (int)g->H, W = (int)g->W, NH = (int)(g->N * g->H);
         const dim3 grid((unsigned)g->C, (unsigned)S);
         if (t.K == 3)
-            dw_tiled_wgrad<T, 3><<<grid, DW_BT, t.smem, st>>>(x, dy, dw, part, beta, C, H, W, NH, t.TH, t.TPR, t.SW, ve, vd, (int)pl->ntiles, S);
+            lucid_launch(dw_tiled_wgrad<T, 3>, grid, DW_BT, t.smem, st, x, dy, dw, part, beta,
+                         C, H, W, NH, t.TH, t.TPR, t.SW, ve, vd, (int)pl->ntiles, S);
         else
-            dw_tiled_wgrad<T, 5><<<grid, DW_BT, t.smem, st>>>(x, dy, dw, part, beta, C, H, W, NH, t.TH, t.TPR, t.SW, ve, vd, (int)pl->ntiles, S);
+            lucid_launch(dw_tiled_wgrad<T, 5>, grid, DW_BT, t.smem, st, x, dy, dw, part, beta,
+                         C, H, W, NH, t.TH, t.TPR, t.SW, ve, vd, (int)pl->ntiles, S);
         CUDA_CHECK_LAUNCH(ctx, "dw_tiled_wgrad (depthwise conv backward-filter)");
     } else {
         const dim3 grid((unsigned)(g->C * pl->KK), (unsigned)S);
-        dw_generic_wgrad<T><<<grid, DW_GT, 0, st>>>(x, dy, dw, part, beta, *g, pl->CH, S);
+        lucid_launch(dw_generic_wgrad<T>, grid, DW_GT, 0, st, x, dy, dw, part, beta, *g, pl->CH,
+                     S);
         CUDA_CHECK_LAUNCH(ctx, "dw_generic_wgrad (depthwise conv backward-filter)");
     }
     if (S > 1) {
         const int64_t n = g->C * pl->KK;
-        dw_wgrad_fold<<<lucid_cuda_blocks(n, DW_GT), DW_GT, 0, st>>>(part, dw, n, S, beta);
+        lucid_launch(dw_wgrad_fold, lucid_cuda_blocks(n, DW_GT), DW_GT, 0, st, part, dw, n, S,
+                     beta);
         CUDA_CHECK_LAUNCH(ctx, "dw_wgrad_fold (depthwise conv backward-filter)");
     }
     return LUCID_OK;

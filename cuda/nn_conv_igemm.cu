@@ -49,6 +49,7 @@
  */
 #include "nn_conv_igemm.cuh"
 #include "nn_conv_igemm_tile.cuh"
+#include "launch.cuh"
 
 #include <mma.h>
 #include <stdlib.h>
@@ -76,6 +77,8 @@ namespace wm = nvcuda::wmma;
 
 template <typename T, int MODE, int KS>
 __global__ void IG_BOUNDS igemm_nchw(IgP P) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     typedef typename std::conditional<MODE == IG_WGRAD, wm::col_major, wm::row_major>::type BLay;
     static_assert(sizeof(T) == 2, "igemm_nchw: 16-bit operands (IG_SMEM counts 2 bytes)");
     __shared__ __align__(128) unsigned char smem[IG_SMEM];
@@ -146,6 +149,8 @@ __global__ void IG_BOUNDS igemm_nchw(IgP P) {
 /* dw[i] = beta*dw[i] + sum over splits s = 0, 1, ... of part[s][i] */
 __global__ void igemm_reduce_splits(const float *__restrict__ part, float *dw, int n, int splits,
                                     float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float s = part[i];
         for (int k = 1; k < splits; k++) s += part[(size_t)k * n + i];
@@ -161,6 +166,8 @@ __global__ void igemm_reduce_splits(const float *__restrict__ part, float *dw, i
  * 16x27 filter gradient in 528 splits) nothing hides its load latency. */
 __global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *dw, int n,
                                          int splits, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     for (int i = blockIdx.x * wpb + (threadIdx.x >> 5); i < n; i += gridDim.x * wpb) {
         float s = 0.0f;
@@ -177,6 +184,8 @@ __global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *
 template <typename T>
 __global__ void igemm_reduce_out(const float *__restrict__ part, T *out, int n, int splits,
                                  const float *__restrict__ bias, int plane, int M, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float v = part[i];
         for (int k = 1; k < splits; k++) v += part[(size_t)k * n + i];
@@ -247,11 +256,11 @@ static bool is3x3(const lucid_igemm_geom *g) { return g->kh == 3 && g->kw == 3; 
 template <typename T, int MODE>
 static void launch(const IgP &P, int ks, dim3 grid, cudaStream_t s) {
     switch (ks) {
-    case KV1: igemm_nchw<T, MODE, KV1><<<grid, NT, 0, s>>>(P); break;
-    case 1: igemm_nchw<T, MODE, 1><<<grid, NT, 0, s>>>(P); break;
-    case 3: igemm_nchw<T, MODE, 3><<<grid, NT, 0, s>>>(P); break;
-    case KT3: igemm_nchw<T, MODE, KT3><<<grid, NT, 0, s>>>(P); break;
-    default: igemm_nchw<T, MODE, 0><<<grid, NT, 0, s>>>(P); break;
+    case KV1: lucid_launch(igemm_nchw<T, MODE, KV1>, grid, NT, 0, s, P); break;
+    case 1: lucid_launch(igemm_nchw<T, MODE, 1>, grid, NT, 0, s, P); break;
+    case 3: lucid_launch(igemm_nchw<T, MODE, 3>, grid, NT, 0, s, P); break;
+    case KT3: lucid_launch(igemm_nchw<T, MODE, KT3>, grid, NT, 0, s, P); break;
+    default: lucid_launch(igemm_nchw<T, MODE, 0>, grid, NT, 0, s, P); break;
     }
 }
 
@@ -463,8 +472,8 @@ static void reduce_out(const IgLaunch &L, void *out, const float *bias, float be
     unsigned blocks = tiles(n, 256);
     if (blocks > 2048) blocks = 2048;
     int plane = L.mode == IG_FWD ? L.P.Ho * L.P.Wo : L.P.H * L.P.W;
-    igemm_reduce_out<T><<<blocks, 256, 0, s>>>((const float *)L.P.out, (T *)out, n, L.splits,
-                                               bias, plane, L.P.M, beta);
+    lucid_launch(igemm_reduce_out<T>, blocks, 256, 0, s, (const float *)L.P.out, (T *)out, n,
+                 L.splits, bias, plane, L.P.M, beta);
 }
 
 static cudaError_t launch_fd(lucid_dtype dt, IgLaunch L, void *out, const float *bias,
@@ -510,13 +519,13 @@ cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, cons
     if (L.splits > 16) {
         unsigned blocks = tiles(n, 8); /* 8 warps of 256 threads, one per element */
         if (blocks > 4096) blocks = 4096;
-        igemm_reduce_splits_warp<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n,
-                                                             L.splits, beta);
+        lucid_launch(igemm_reduce_splits_warp, blocks, 256, 0, stream, (const float *)scratch,
+                     dw, n, L.splits, beta);
         return cudaGetLastError();
     }
     unsigned blocks = tiles(n, 256);
     if (blocks > 1024) blocks = 1024;
-    igemm_reduce_splits<<<blocks, 256, 0, stream>>>((const float *)scratch, dw, n, L.splits,
-                                                    beta);
+    lucid_launch(igemm_reduce_splits, blocks, 256, 0, stream, (const float *)scratch, dw, n,
+                 L.splits, beta);
     return cudaGetLastError();
 }

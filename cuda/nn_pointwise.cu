@@ -33,6 +33,8 @@ static unsigned pw_blocks(int64_t n) { return lucid_cuda_blocks(n, PW_THREADS); 
 
 template <typename T>
 static __global__ void silu_fwd(const T *__restrict__ x, T *__restrict__ y, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float v = lucid_elem<T>::load(x, i);
@@ -43,6 +45,8 @@ static __global__ void silu_fwd(const T *__restrict__ x, T *__restrict__ y, int6
 template <typename T>
 static __global__ void silu_bwd(const T *__restrict__ x, const T *__restrict__ dy, T *dx,
                          int64_t n, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float v = lucid_elem<T>::load(x, i), s = nn_sigmoid(v);
@@ -58,8 +62,9 @@ extern "C" lucid_status lucid_cuda_silu_forward(lucid_ctx *ctx,
     LUCID_TRY(nn_check_act(ctx, "silu_forward", x->dtype));
     CUDA_ENTER(ctx, st);
     int64_t n = lucid_tensor_numel(x);
-    NN_DISPATCH(x->dtype, (silu_fwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x), (T *)lucid_tensor_data(y), n)));
+    NN_DISPATCH(x->dtype, (lucid_launch(silu_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(x),
+                                        (T *)lucid_tensor_data(y), n)));
     CUDA_CHECK_LAUNCH(ctx, "silu_fwd");
     return LUCID_OK;
 }
@@ -71,10 +76,10 @@ extern "C" lucid_status lucid_cuda_silu_backward(lucid_ctx *ctx,
     LUCID_TRY(nn_check_act(ctx, "silu_backward", x->dtype));
     CUDA_ENTER(ctx, st);
     int64_t n = lucid_tensor_numel(x);
-    NN_DISPATCH(x->dtype, (silu_bwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x),
-                              (const T *)lucid_tensor_data(dy),
-                              (T *)lucid_tensor_data(dx), n, (float)beta)));
+    NN_DISPATCH(x->dtype, (lucid_launch(silu_bwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(x),
+                                        (const T *)lucid_tensor_data(dy),
+                                        (T *)lucid_tensor_data(dx), n, (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "silu_bwd");
     return LUCID_OK;
 }
@@ -84,6 +89,8 @@ extern "C" lucid_status lucid_cuda_silu_backward(lucid_ctx *ctx,
 
 template <typename T>
 static __global__ void add_fwd(const T *a, const T *b, T *y, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         lucid_elem<T>::store(y, i, __fadd_rn(lucid_elem<T>::load(a, i),
@@ -97,10 +104,10 @@ extern "C" lucid_status lucid_cuda_add_forward(lucid_ctx *ctx,
     LUCID_TRY(nn_check_act(ctx, "add_forward", a->dtype));
     CUDA_ENTER(ctx, st);
     int64_t n = lucid_tensor_numel(y);
-    NN_DISPATCH(a->dtype, (add_fwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(a),
-                              (const T *)lucid_tensor_data(b),
-                              (T *)lucid_tensor_data(y), n)));
+    NN_DISPATCH(a->dtype, (lucid_launch(add_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(a),
+                                        (const T *)lucid_tensor_data(b),
+                                        (T *)lucid_tensor_data(y), n)));
     CUDA_CHECK_LAUNCH(ctx, "add_fwd");
     return LUCID_OK;
 }
@@ -112,6 +119,8 @@ extern "C" lucid_status lucid_cuda_add_forward(lucid_ctx *ctx,
 template <typename D, typename Sx>
 static __global__ void chan_copy(D *dst, const Sx *src, int64_t N, int64_t len,
                           int64_t dstride, int64_t sstride, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t total = N * len;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -153,15 +162,15 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
 #define CC_SRC(D)                                                             \
     switch (src->dtype) {                                                     \
     case LUCID_F32:                                                           \
-        chan_copy<D, float><<<blocks, PW_THREADS, 0, st->stream>>>(           \
+        lucid_launch(chan_copy<D, float>, blocks, PW_THREADS, 0, st->stream,  \
             (D *)dd, (const float *)sd, N, len, Cd * S, Cs * S, b);           \
         break;                                                                \
     case LUCID_BF16:                                                          \
-        chan_copy<D, __nv_bfloat16><<<blocks, PW_THREADS, 0, st->stream>>>(   \
+        lucid_launch(chan_copy<D, __nv_bfloat16>, blocks, PW_THREADS, 0, st->stream, \
             (D *)dd, (const __nv_bfloat16 *)sd, N, len, Cd * S, Cs * S, b);   \
         break;                                                                \
     default:                                                                  \
-        chan_copy<D, __half><<<blocks, PW_THREADS, 0, st->stream>>>(          \
+        lucid_launch(chan_copy<D, __half>, blocks, PW_THREADS, 0, st->stream, \
             (D *)dd, (const __half *)sd, N, len, Cd * S, Cs * S, b);          \
         break;                                                                \
     }
@@ -181,6 +190,8 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
 template <typename T>
 static __global__ void up_fwd(const T *__restrict__ x, T *__restrict__ y, int64_t NC,
                        int64_t H, int64_t W, int s) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t Ho = H * s, Wo = W * s, total = NC * Ho * Wo;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -193,6 +204,8 @@ static __global__ void up_fwd(const T *__restrict__ x, T *__restrict__ y, int64_
 template <typename T>
 static __global__ void up_bwd(const T *__restrict__ dy, T *dx, int64_t NC, int64_t H,
                        int64_t W, int s, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t Wo = W * s, total = NC * H * W;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -214,9 +227,9 @@ extern "C" lucid_status lucid_cuda_upsample_nearest2d_forward(
     CUDA_ENTER(ctx, st);
     int64_t NC = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t n = NC * H * W * scale * scale;
-    NN_DISPATCH(x->dtype, (up_fwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x), (T *)lucid_tensor_data(y),
-                              NC, H, W, scale)));
+    NN_DISPATCH(x->dtype, (lucid_launch(up_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(x),
+                                        (T *)lucid_tensor_data(y), NC, H, W, scale)));
     CUDA_CHECK_LAUNCH(ctx, "up_fwd");
     return LUCID_OK;
 }
@@ -228,9 +241,10 @@ extern "C" lucid_status lucid_cuda_upsample_nearest2d_backward(
     CUDA_ENTER(ctx, st);
     int64_t NC = dx->shape[0] * dx->shape[1], H = dx->shape[2], W = dx->shape[3];
     int64_t n = NC * H * W;
-    NN_DISPATCH(dx->dtype, (up_bwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                               (const T *)lucid_tensor_data(dy), (T *)lucid_tensor_data(dx),
-                               NC, H, W, scale, (float)beta)));
+    NN_DISPATCH(dx->dtype, (lucid_launch(up_bwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                         (const T *)lucid_tensor_data(dy),
+                                         (T *)lucid_tensor_data(dx), NC, H, W, scale,
+                                         (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "up_bwd");
     (void)x;
     return LUCID_OK;
@@ -270,6 +284,8 @@ static __device__ __forceinline__ int pool_argmax(const T *xp, const pool_geom &
 template <typename T>
 static __global__ void pool_fwd(const T *__restrict__ x, T *y, int32_t *idx,
                          pool_geom g) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t total = g.NC * g.Ho * g.Wo;
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total;
          o += (int64_t)gridDim.x * blockDim.x) {
@@ -287,6 +303,8 @@ static __global__ void pool_fwd(const T *__restrict__ x, T *y, int32_t *idx,
 template <typename T>
 static __global__ void pool_bwd(const T *__restrict__ dy, const int32_t *__restrict__ idx,
                          T *dx, pool_geom g, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t total = g.NC * g.H * g.W;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (int64_t)gridDim.x * blockDim.x) {
@@ -337,9 +355,9 @@ extern "C" lucid_status lucid_cuda_maxpool2d_forward(
     pool_geom g = pool_geom_of(x, y->shape[2], y->shape[3], p);
     int64_t n = g.NC * g.Ho * g.Wo;
     int32_t *idx = indices ? (int32_t *)lucid_tensor_data(indices) : NULL;
-    NN_DISPATCH(x->dtype, (pool_fwd<T><<<pw_blocks(n), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x), (T *)lucid_tensor_data(y),
-                              idx, g)));
+    NN_DISPATCH(x->dtype, (lucid_launch(pool_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(x),
+                                        (T *)lucid_tensor_data(y), idx, g)));
     CUDA_CHECK_LAUNCH(ctx, "pool_fwd");
     return LUCID_OK;
 }
@@ -359,14 +377,15 @@ extern "C" lucid_status lucid_cuda_maxpool2d_backward(
         void *ws = NULL;
         LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, sizeof(int32_t) * (size_t)no,
                                       "maxpool2d_backward", &ws));
-        NN_DISPATCH(x->dtype, (pool_fwd<T><<<pw_blocks(no), PW_THREADS, 0, st->stream>>>(
-                                  (const T *)lucid_tensor_data(x), NULL, (int32_t *)ws, g)));
+        NN_DISPATCH(x->dtype, (lucid_launch(pool_fwd<T>, pw_blocks(no), PW_THREADS, 0,
+                                            st->stream, (const T *)lucid_tensor_data(x),
+                                            nullptr, (int32_t *)ws, g)));
         CUDA_CHECK_LAUNCH(ctx, "pool_fwd (argmax)");
         idx = (const int32_t *)ws;
     }
-    NN_DISPATCH(x->dtype, (pool_bwd<T><<<pw_blocks(ni), PW_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(dy), idx,
-                              (T *)lucid_tensor_data(dx), g, (float)beta)));
+    NN_DISPATCH(x->dtype, (lucid_launch(pool_bwd<T>, pw_blocks(ni), PW_THREADS, 0, st->stream,
+                                        (const T *)lucid_tensor_data(dy), idx,
+                                        (T *)lucid_tensor_data(dx), g, (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "pool_bwd");
     return LUCID_OK;
 }

@@ -32,6 +32,8 @@ static __device__ __forceinline__ float nn_warp_max(float v) {
 template <typename T>
 static __global__ void softmax_fwd(const T *__restrict__ x, T *__restrict__ y,
                             int64_t rows, int64_t L) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int lane = threadIdx.x & 31;
     int64_t wpb = blockDim.x >> 5;
     for (int64_t r = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); r < rows;
@@ -55,6 +57,8 @@ static __global__ void softmax_fwd(const T *__restrict__ x, T *__restrict__ y,
 template <typename T>
 static __global__ void softmax_bwd(const T *__restrict__ y, const T *__restrict__ dy,
                             T *dx, int64_t rows, int64_t L, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int lane = threadIdx.x & 31;
     int64_t wpb = blockDim.x >> 5;
     for (int64_t r = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); r < rows;
@@ -88,9 +92,9 @@ extern "C" lucid_status lucid_cuda_softmax_forward(lucid_ctx *ctx,
     int64_t L = x->shape[x->ndim - 1];
     int64_t rows = L ? lucid_tensor_numel(x) / L : 0;
     if (rows == 0) return LUCID_OK;
-    NN_DISPATCH(x->dtype, (softmax_fwd<T><<<sm_blocks(rows), SM_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(x), (T *)lucid_tensor_data(y),
-                              rows, L)));
+    NN_DISPATCH(x->dtype, (lucid_launch(softmax_fwd<T>, sm_blocks(rows), SM_THREADS, 0,
+                                        st->stream, (const T *)lucid_tensor_data(x),
+                                        (T *)lucid_tensor_data(y), rows, L)));
     CUDA_CHECK_LAUNCH(ctx, "softmax_fwd");
     return LUCID_OK;
 }
@@ -105,10 +109,10 @@ extern "C" lucid_status lucid_cuda_softmax_backward(lucid_ctx *ctx,
     int64_t L = y->shape[y->ndim - 1];
     int64_t rows = L ? lucid_tensor_numel(y) / L : 0;
     if (rows == 0) return LUCID_OK;
-    NN_DISPATCH(y->dtype, (softmax_bwd<T><<<sm_blocks(rows), SM_THREADS, 0, st->stream>>>(
-                              (const T *)lucid_tensor_data(y),
-                              (const T *)lucid_tensor_data(dy),
-                              (T *)lucid_tensor_data(dx), rows, L, (float)beta)));
+    NN_DISPATCH(y->dtype, (lucid_launch(softmax_bwd<T>, sm_blocks(rows), SM_THREADS, 0,
+                                        st->stream, (const T *)lucid_tensor_data(y),
+                                        (const T *)lucid_tensor_data(dy),
+                                        (T *)lucid_tensor_data(dx), rows, L, (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "softmax_bwd");
     return LUCID_OK;
 }
@@ -122,6 +126,8 @@ template <typename T, int RMAX>
 static __global__ void dfl_kernel(const T *__restrict__ x, const T *__restrict__ dy,
                            T *out, int64_t B, int64_t S, int R, float beta,
                            int backward) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     int64_t total = B * 4 * S;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (int64_t)gridDim.x * blockDim.x) {
@@ -182,7 +188,7 @@ static lucid_status dfl_launch(lucid_ctx *ctx, const char *op,
     unsigned blocks = lucid_cuda_blocks(total, 128);
     const void *dyp = dy ? lucid_tensor_data(dy) : NULL;
 #define DFL_GO(RM)                                                            \
-    NN_DISPATCH(x->dtype, (dfl_kernel<T, RM><<<blocks, 128, 0, st->stream>>>( \
+    NN_DISPATCH(x->dtype, (lucid_launch(dfl_kernel<T, RM>, blocks, 128, 0, st->stream, \
                               (const T *)lucid_tensor_data(x), (const T *)dyp, \
                               (T *)lucid_tensor_data(out), B, S, R,           \
                               (float)beta, backward)))

@@ -170,6 +170,8 @@ __device__ __forceinline__ void blk_load_cg(lucid_param_values *dst,
  * norm of no element). PRE_STEP: lucid_pb_chain; else only the unscale /
  * norm parts (separate calls over a layout without trainable chunks). */
 __global__ void k_scalar(lucid_param_values *blk, int mode, int flags, int kind) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     if (mode == PRE_STEP) {
         lucid_pb_chain(blk, flags, (lucid_optim_kind)kind, 0.0f);
         return;
@@ -177,8 +179,16 @@ __global__ void k_scalar(lucid_param_values *blk, int mode, int flags, int kind)
     if ((flags & LUCID_STEP_UNSCALE) && blk->in.scaler_enabled) lucid_pb_unscale_prep(blk);
     if (flags & LUCID_STEP_CLIP_NORM) lucid_pb_norm_finish(blk, 0.0f);
 }
-__global__ void k_ema_prep(lucid_param_values *blk) { lucid_pb_ema_prep(blk); }
-__global__ void k_scaler_update(lucid_param_values *blk) { lucid_pb_scaler_update(blk); }
+__global__ void k_ema_prep(lucid_param_values *blk) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    lucid_pb_ema_prep(blk);
+}
+__global__ void k_scaler_update(lucid_param_values *blk) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    lucid_pb_scaler_update(blk);
+}
 
 /* ------------------------------------------------------------ grads */
 
@@ -192,6 +202,8 @@ __global__ void k_scaler_update(lucid_param_values *blk) { lucid_pb_scaler_updat
 template <typename G>
 __global__ void __launch_bounds__(T, 4) k_prepass(const lucid_chunk *chunks, lucid_param_values *blk, G *g,
                           float *part, unsigned *counter, int mode, int flags, int kind) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float sh[T];
     const lucid_chunk c = chunks[blockIdx.x];
     const int uns = (flags & LUCID_STEP_UNSCALE) && blk->in.scaler_enabled;
@@ -244,6 +256,8 @@ __global__ void __launch_bounds__(T, 4) k_prepass(const lucid_chunk *chunks, luc
 
 template <typename G>
 __global__ void k_clip_apply(const lucid_chunk *chunks, const lucid_param_values *blk, G *g) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const lucid_chunk c = chunks[blockIdx.x];
     float coef = blk->st.clip_coef;
     float xv[PER];
@@ -261,6 +275,8 @@ __global__ void k_clip_apply(const lucid_chunk *chunks, const lucid_param_values
 
 template <typename G>
 __global__ void k_clip_value(const lucid_chunk *chunks, const lucid_param_values *blk, G *g) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const lucid_chunk c = chunks[blockIdx.x];
     float v = blk->in.clip_value;
     for (int j = threadIdx.x; j < c.len; j += T) {
@@ -370,6 +386,8 @@ __device__ __forceinline__ float sgd_elem(float p, float g, float *buf, float lr
  * processed grads (KEEP_GRADS) and runs the EMA, as the separate calls. */
 template <int KIND>
 __global__ void __launch_bounds__(T, 4) k_step(step_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     if (ema_only_block(a)) return;
     const lucid_param_values *blk = a.blk;
     const lucid_chunk c = a.chunks[blockIdx.x];
@@ -451,6 +469,8 @@ __device__ __forceinline__ int64_t muon_pos(const lucid_muon_mat &mt, int64_t j)
  * are always written back (the apply kernel reads them again). */
 template <typename S>
 __global__ void __launch_bounds__(T, 4) k_musgd_pre(step_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float sh[T];
     if (ema_only_block(a)) return;
     const lucid_param_values *blk = a.blk;
@@ -528,6 +548,8 @@ template <typename S>
 __global__ void k_muon_pack(const lucid_muon_bucket *buckets, int nb,
                             const lucid_muon_mat *mats, const float *den,
                             const lucid_param_values *blk, int bf16_path, S *X, int64_t nx) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int skip = blk->st.step_skipped;
     const int bf = bf16_path ? 1 : blk->in.ns_bf16;
     for (int64_t e = blockIdx.x * (int64_t)T + threadIdx.x; e < nx;
@@ -551,6 +573,8 @@ __global__ void k_muon_pack(const lucid_muon_bucket *buckets, int nb,
 template <typename S>
 __global__ void k_ns_a(float *A32, S *As, S *Ts, int64_t n, const lucid_param_values *blk,
                        int bf16_path) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int bf = bf16_path ? 1 : blk->in.ns_bf16;
     for (int64_t i = blockIdx.x * (int64_t)T + threadIdx.x; i < n; i += (int64_t)gridDim.x * T) {
         float x = rbf(A32[i], bf);
@@ -563,6 +587,8 @@ __global__ void k_ns_a(float *A32, S *As, S *Ts, int64_t n, const lucid_param_va
 template <typename S>
 __global__ void k_ns_b(const S *As, const float *B32, S *Bs, int64_t n,
                        const lucid_param_values *blk, int bf16_path) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int bf = bf16_path ? 1 : blk->in.ns_bf16;
     for (int64_t i = blockIdx.x * (int64_t)T + threadIdx.x; i < n; i += (int64_t)gridDim.x * T)
         st_s(Bs, i, rbf(ADD(rbf(MUL(LUCID_NS_B, ld_s(As, i)), bf), rbf(B32[i], bf)), bf));
@@ -572,6 +598,8 @@ __global__ void k_ns_b(const S *As, const float *B32, S *Bs, int64_t n,
 template <typename S>
 __global__ void k_ns_x(S *X, const float *Y, int64_t n, const lucid_param_values *blk,
                        int bf16_path) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int bf = bf16_path ? 1 : blk->in.ns_bf16;
     for (int64_t i = blockIdx.x * (int64_t)T + threadIdx.x; i < n; i += (int64_t)gridDim.x * T)
         st_s(X, i, rbf(ADD(rbf(MUL(LUCID_NS_A, ld_s(X, i)), bf), rbf(Y[i], bf)), bf));
@@ -581,6 +609,8 @@ __global__ void k_ns_x(S *X, const float *Y, int64_t n, const lucid_param_values
  * (already processed) grads; the EMA. A skipped step: the EMA only. */
 template <typename S>
 __global__ void __launch_bounds__(T, 4) k_muon_apply(step_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const lucid_param_values *blk = a.blk;
     const lucid_chunk c = a.chunks[blockIdx.x];
     const lucid_seg_info sg = a.segs[c.seg];
@@ -635,6 +665,8 @@ __global__ void __launch_bounds__(T, 4) k_muon_apply(step_args a) {
  * last block commits updates, d and 1-d. */
 __global__ void __launch_bounds__(T) k_ema(const lucid_chunk *chunks, lucid_param_values *blk,
                                            float *e, const float *p, unsigned *counter) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float sd[2];
     __shared__ long long su;
     if (threadIdx.x == 0) {
@@ -654,6 +686,8 @@ __global__ void __launch_bounds__(T) k_ema(const lucid_chunk *chunks, lucid_para
 }
 
 __global__ void k_scale(const lucid_param_values *blk, float *x, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     float s = blk->st.loss_scale;
     for (int64_t i = blockIdx.x * (int64_t)T + threadIdx.x; i < n; i += (int64_t)gridDim.x * T)
         x[i] = MUL(x[i], s);
@@ -671,13 +705,13 @@ static lucid_status cu_unscale(lucid_ctx *ctx, const lucid_param_layout *l,
                                lucid_param_values *blk, float *g) {
     CUDA_ENTER(ctx, st);
     if (l->nchunks_train == 0) {
-        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_UNSCALE, 0);
+        lucid_launch(k_scalar, 1, 1, 0, st->stream, blk, PRE_ONLY, LUCID_STEP_UNSCALE, 0);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (unscale)");
         return LUCID_OK;
     }
-    k_prepass<float><<<l->nchunks_train, T, 0, st->stream>>>(
-        l->chunks_train_dev, blk, g, (float *)lucid_tensor_data(l->partials), counter0(l),
-        PRE_UNSCALE_WRITE, LUCID_STEP_UNSCALE, 0);
+    lucid_launch(k_prepass<float>, l->nchunks_train, T, 0, st->stream, l->chunks_train_dev, blk,
+                 g, (float *)lucid_tensor_data(l->partials), counter0(l), PRE_UNSCALE_WRITE,
+                 LUCID_STEP_UNSCALE, 0);
     CUDA_CHECK_LAUNCH(ctx, "k_prepass (unscale)");
     return LUCID_OK;
 }
@@ -686,16 +720,17 @@ template <typename G>
 static lucid_status norm_t(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_param_layout *l,
                           lucid_param_values *blk, G *g, int apply) {
     if (l->nchunks_train == 0) {
-        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
+        lucid_launch(k_scalar, 1, 1, 0, st->stream, blk, PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (norm)");
         return LUCID_OK;
     }
-    k_prepass<G><<<l->nchunks_train, T, 0, st->stream>>>(
-        l->chunks_train_dev, blk, g, (float *)lucid_tensor_data(l->partials), counter0(l),
-        PRE_ONLY, LUCID_STEP_CLIP_NORM, 0);
+    lucid_launch(k_prepass<G>, l->nchunks_train, T, 0, st->stream, l->chunks_train_dev, blk, g,
+                 (float *)lucid_tensor_data(l->partials), counter0(l), PRE_ONLY,
+                 LUCID_STEP_CLIP_NORM, 0);
     CUDA_CHECK_LAUNCH(ctx, "k_prepass (norm)");
     if (apply) {
-        k_clip_apply<G><<<l->nchunks_train, T, 0, st->stream>>>(l->chunks_train_dev, blk, g);
+        lucid_launch(k_clip_apply<G>, l->nchunks_train, T, 0, st->stream, l->chunks_train_dev,
+                     blk, g);
         CUDA_CHECK_LAUNCH(ctx, "k_clip_apply");
     }
     return LUCID_OK;
@@ -717,11 +752,14 @@ static lucid_status cu_clip_value(lucid_ctx *ctx, const lucid_param_layout *l,
     if (l->nchunks_train == 0) return LUCID_OK;
     int n = l->nchunks_train;
     if (dt == LUCID_BF16)
-        k_clip_value<<<n, T, 0, st->stream>>>(l->chunks_train_dev, blk, (bf16 *)g);
+        lucid_launch(k_clip_value<bf16>, n, T, 0, st->stream, l->chunks_train_dev, blk,
+                     (bf16 *)g);
     else if (dt == LUCID_F16)
-        k_clip_value<<<n, T, 0, st->stream>>>(l->chunks_train_dev, blk, (__half *)g);
+        lucid_launch(k_clip_value<__half>, n, T, 0, st->stream, l->chunks_train_dev, blk,
+                     (__half *)g);
     else
-        k_clip_value<<<n, T, 0, st->stream>>>(l->chunks_train_dev, blk, (float *)g);
+        lucid_launch(k_clip_value<float>, n, T, 0, st->stream, l->chunks_train_dev, blk,
+                     (float *)g);
     CUDA_CHECK_LAUNCH(ctx, "k_clip_value");
     return LUCID_OK;
 }
@@ -753,8 +791,8 @@ static lucid_status musgd_ns(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_p
     S *Ts = (S *)(work + ws.t);
     S *As = bfp ? (S *)(work + ws.h) : (S *)A32;
     S *Bs = bfp ? (S *)(work + ws.h) + na : (S *)B32;
-    k_muon_pack<S><<<grid_for(nx), T, 0, st->stream>>>(l->buckets_dev, l->nbuckets, l->mats_dev,
-                                                       a.den, a.blk, bfp, X, nx);
+    lucid_launch(k_muon_pack<S>, grid_for(nx), T, 0, st->stream, l->buckets_dev, l->nbuckets,
+                 l->mats_dev, a.den, a.blk, bfp, X, nx);
     CUDA_CHECK_LAUNCH(ctx, "k_muon_pack");
     for (int it = 0; it < LUCID_NS_STEPS; it++) {
         for (int b = 0; b < l->nbuckets; b++) { /* A = X X^T */
@@ -763,7 +801,7 @@ static lucid_status musgd_ns(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_p
                               (long long)k.M * k.K, X + k.x_off, k.K, (long long)k.M * k.K,
                               A32 + k.a_off, k.M, (long long)k.M * k.M, k.count, dt));
         }
-        k_ns_a<S><<<grid_for(na), T, 0, st->stream>>>(A32, As, Ts, na, a.blk, bfp);
+        lucid_launch(k_ns_a<S>, grid_for(na), T, 0, st->stream, A32, As, Ts, na, a.blk, bfp);
         CUDA_CHECK_LAUNCH(ctx, "k_ns_a");
         for (int b = 0; b < l->nbuckets; b++) { /* B = (cA) A */
             const lucid_muon_bucket &k = l->buckets_host[b];
@@ -771,7 +809,7 @@ static lucid_status musgd_ns(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_p
                               (long long)k.M * k.M, Ts + k.a_off, k.M, (long long)k.M * k.M,
                               B32 + k.a_off, k.M, (long long)k.M * k.M, k.count, dt));
         }
-        k_ns_b<S><<<grid_for(na), T, 0, st->stream>>>(As, B32, Bs, na, a.blk, bfp);
+        lucid_launch(k_ns_b<S>, grid_for(na), T, 0, st->stream, As, B32, Bs, na, a.blk, bfp);
         CUDA_CHECK_LAUNCH(ctx, "k_ns_b");
         for (int b = 0; b < l->nbuckets; b++) { /* Y = B X */
             const lucid_muon_bucket &k = l->buckets_host[b];
@@ -779,10 +817,10 @@ static lucid_status musgd_ns(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_p
                               (long long)k.M * k.K, Bs + k.a_off, k.M, (long long)k.M * k.M,
                               Y + k.x_off, k.K, (long long)k.M * k.K, k.count, dt));
         }
-        k_ns_x<S><<<grid_for(nx), T, 0, st->stream>>>(X, Y, nx, a.blk, bfp);
+        lucid_launch(k_ns_x<S>, grid_for(nx), T, 0, st->stream, X, Y, nx, a.blk, bfp);
         CUDA_CHECK_LAUNCH(ctx, "k_ns_x");
     }
-    k_muon_apply<S><<<l->nchunks_train, T, 0, st->stream>>>(a);
+    lucid_launch(k_muon_apply<S>, l->nchunks_train, T, 0, st->stream, a);
     CUDA_CHECK_LAUNCH(ctx, "k_muon_apply");
     return LUCID_OK;
 }
@@ -791,7 +829,7 @@ template <typename S>
 static lucid_status musgd_t(lucid_ctx *ctx, lucid_cuda_state *st, const lucid_param_layout *l,
                             step_args a, unsigned grid, float *work) {
     if (grid > 0) {
-        k_musgd_pre<S><<<grid, T, 0, st->stream>>>(a);
+        lucid_launch(k_musgd_pre<S>, grid, T, 0, st->stream, a);
         CUDA_CHECK_LAUNCH(ctx, "k_musgd_pre");
     }
     if (l->nmuon == 0) return LUCID_OK;
@@ -807,12 +845,12 @@ static lucid_status cu_optim_step(lucid_ctx *ctx, const lucid_param_layout *l,
     /* 1. the gradient pass whose last block runs the scalar chain, or the
      *    chain alone */
     if ((f & (LUCID_STEP_UNSCALE | LUCID_STEP_CLIP_NORM)) && l->nchunks_train > 0) {
-        k_prepass<float><<<l->nchunks_train, T, 0, st->stream>>>(
-            l->chunks_train_dev, blk, call->grad, (float *)lucid_tensor_data(l->partials),
-            counter0(l), PRE_STEP, f, kind);
+        lucid_launch(k_prepass<float>, l->nchunks_train, T, 0, st->stream, l->chunks_train_dev,
+                     blk, call->grad, (float *)lucid_tensor_data(l->partials), counter0(l),
+                     PRE_STEP, f, kind);
         CUDA_CHECK_LAUNCH(ctx, "k_prepass (step)");
     } else {
-        k_scalar<<<1, 1, 0, st->stream>>>(blk, PRE_STEP, f, kind);
+        lucid_launch(k_scalar, 1, 1, 0, st->stream, blk, PRE_STEP, f, kind);
         CUDA_CHECK_LAUNCH(ctx, "k_scalar (step)");
     }
     /* 2. the update (+ EMA) */
@@ -838,10 +876,10 @@ static lucid_status cu_optim_step(lucid_ctx *ctx, const lucid_param_layout *l,
     unsigned grid = (unsigned)(a.ntrain + a.nfrozen + a.naux);
     switch (call->kind) {
     case LUCID_OPTIM_SGD:
-        if (grid) k_step<LUCID_OPTIM_SGD><<<grid, T, 0, st->stream>>>(a);
+        if (grid) lucid_launch(k_step<LUCID_OPTIM_SGD>, grid, T, 0, st->stream, a);
         break;
     case LUCID_OPTIM_ADAMW:
-        if (grid) k_step<LUCID_OPTIM_ADAMW><<<grid, T, 0, st->stream>>>(a);
+        if (grid) lucid_launch(k_step<LUCID_OPTIM_ADAMW>, grid, T, 0, st->stream, a);
         break;
     default: {
         if (l->nmuon > 0 && !call->work)
@@ -863,7 +901,7 @@ static lucid_status cu_optim_step(lucid_ctx *ctx, const lucid_param_layout *l,
 
 static lucid_status cu_scaler_update(lucid_ctx *ctx, lucid_param_values *blk) {
     CUDA_ENTER(ctx, st);
-    k_scaler_update<<<1, 1, 0, st->stream>>>(blk);
+    lucid_launch(k_scaler_update, 1, 1, 0, st->stream, blk);
     CUDA_CHECK_LAUNCH(ctx, "k_scaler_update");
     return LUCID_OK;
 }
@@ -871,7 +909,7 @@ static lucid_status cu_scaler_update(lucid_ctx *ctx, lucid_param_values *blk) {
 static lucid_status cu_scale(lucid_ctx *ctx, lucid_param_values *blk, float *x, int64_t n) {
     CUDA_ENTER(ctx, st);
     if (n == 0) return LUCID_OK;
-    k_scale<<<grid_for(n), T, 0, st->stream>>>(blk, x, n);
+    lucid_launch(k_scale, grid_for(n), T, 0, st->stream, blk, x, n);
     CUDA_CHECK_LAUNCH(ctx, "k_scale");
     return LUCID_OK;
 }
@@ -880,11 +918,12 @@ static lucid_status cu_ema(lucid_ctx *ctx, const lucid_param_layout *l, lucid_pa
                            float *e, const float *p) {
     CUDA_ENTER(ctx, st);
     if (l->nchunks_all == 0) {
-        k_ema_prep<<<1, 1, 0, st->stream>>>(blk);
+        lucid_launch(k_ema_prep, 1, 1, 0, st->stream, blk);
         CUDA_CHECK_LAUNCH(ctx, "k_ema_prep");
         return LUCID_OK;
     }
-    k_ema<<<l->nchunks_all, T, 0, st->stream>>>(l->chunks_all_dev, blk, e, p, counter0(l));
+    lucid_launch(k_ema, l->nchunks_all, T, 0, st->stream, l->chunks_all_dev, blk, e, p,
+                 counter0(l));
     CUDA_CHECK_LAUNCH(ctx, "k_ema");
     return LUCID_OK;
 }

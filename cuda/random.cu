@@ -50,6 +50,8 @@ __device__ __forceinline__ void philox4x32(uint64_t seed, uint64_t counter,
 template <bool NORMAL, typename IndexT>
 __global__ void rand_kernel(void *dst, int dt, lucid_iter it, uint64_t seed,
                             uint64_t offset, double p0, double p1) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     const double span = __dsub_rn(p1, p0); /* uniform: hi - lo */
@@ -90,17 +92,17 @@ static lucid_status launch_rand(lucid_ctx *ctx, lucid_tensor *dst, bool normal,
     void *p = lucid_tensor_data(dst);
     const bool small = it.numel <= (int64_t)UINT32_MAX;
     if (normal && small)
-        rand_kernel<true, uint32_t><<<blocks, 256, 0, st->stream>>>(
-            p, dst->dtype, it, seed, offset, p0, p1);
+        lucid_launch(rand_kernel<true, uint32_t>, blocks, 256, 0, st->stream, p, dst->dtype, it,
+                     seed, offset, p0, p1);
     else if (normal)
-        rand_kernel<true, uint64_t><<<blocks, 256, 0, st->stream>>>(
-            p, dst->dtype, it, seed, offset, p0, p1);
+        lucid_launch(rand_kernel<true, uint64_t>, blocks, 256, 0, st->stream, p, dst->dtype, it,
+                     seed, offset, p0, p1);
     else if (small)
-        rand_kernel<false, uint32_t><<<blocks, 256, 0, st->stream>>>(
-            p, dst->dtype, it, seed, offset, p0, p1);
+        lucid_launch(rand_kernel<false, uint32_t>, blocks, 256, 0, st->stream, p, dst->dtype,
+                     it, seed, offset, p0, p1);
     else
-        rand_kernel<false, uint64_t><<<blocks, 256, 0, st->stream>>>(
-            p, dst->dtype, it, seed, offset, p0, p1);
+        lucid_launch(rand_kernel<false, uint64_t>, blocks, 256, 0, st->stream, p, dst->dtype,
+                     it, seed, offset, p0, p1);
     CUDA_CHECK_LAUNCH(ctx, "rand_kernel");
     return LUCID_OK;
 }

@@ -78,6 +78,8 @@ __device__ __forceinline__ float block_tree(int op, float v, float *s) {
 template <bool CONTIG, typename IndexT>
 __global__ void reduce_all_partial_kernel(const void *a, int dt, lucid_iter it,
                                           int op, float *partials) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float s[RED_THREADS];
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
@@ -102,6 +104,8 @@ __global__ void reduce_all_partial_kernel(const void *a, int dt, lucid_iter it,
 __global__ void reduce_all_final_kernel(const float *partials, int nparts,
                                         int op, int64_t n, void *out,
                                         int dt_out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float s[RED_THREADS];
     float acc = red_identity(op);
     for (int j = threadIdx.x; j < nparts; j += blockDim.x)
@@ -134,25 +138,21 @@ extern "C" lucid_status lucid_cuda_reduce_all(lucid_ctx *ctx,
     const void *ap = lucid_tensor_data(a);
     const bool contig = lucid_iter_contiguous(&it, 1);
     if (contig && n <= (int64_t)UINT32_MAX)
-        reduce_all_partial_kernel<true, uint32_t>
-            <<<(unsigned)g, RED_THREADS, 0, st->stream>>>(ap, a->dtype, it, op,
-                                                          partials);
+        lucid_launch(reduce_all_partial_kernel<true, uint32_t>, (unsigned)g, RED_THREADS, 0,
+                     st->stream, ap, a->dtype, it, op, partials);
     else if (contig)
-        reduce_all_partial_kernel<true, uint64_t>
-            <<<(unsigned)g, RED_THREADS, 0, st->stream>>>(ap, a->dtype, it, op,
-                                                          partials);
+        lucid_launch(reduce_all_partial_kernel<true, uint64_t>, (unsigned)g, RED_THREADS, 0,
+                     st->stream, ap, a->dtype, it, op, partials);
     else if (n <= (int64_t)UINT32_MAX)
-        reduce_all_partial_kernel<false, uint32_t>
-            <<<(unsigned)g, RED_THREADS, 0, st->stream>>>(ap, a->dtype, it, op,
-                                                          partials);
+        lucid_launch(reduce_all_partial_kernel<false, uint32_t>, (unsigned)g, RED_THREADS, 0,
+                     st->stream, ap, a->dtype, it, op, partials);
     else
-        reduce_all_partial_kernel<false, uint64_t>
-            <<<(unsigned)g, RED_THREADS, 0, st->stream>>>(ap, a->dtype, it, op,
-                                                          partials);
+        lucid_launch(reduce_all_partial_kernel<false, uint64_t>, (unsigned)g, RED_THREADS, 0,
+                     st->stream, ap, a->dtype, it, op, partials);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        reduce_all_final_kernel<<<1, RED_THREADS, 0, st->stream>>>(
-            partials, (int)g, op, n, lucid_tensor_data(out), out->dtype);
+        lucid_launch(reduce_all_final_kernel, 1, RED_THREADS, 0, st->stream, partials, (int)g,
+                     op, n, lucid_tensor_data(out), out->dtype);
         e = cudaGetLastError();
     }
     lucid_cuda_scratch_free(st, partials);
@@ -170,6 +170,8 @@ template <typename IndexT>
 __global__ void reduce_dim_thread_kernel(void *out, int dt_out, const void *a,
                                          int dt_a, lucid_iter it, int64_t R,
                                          int64_t rs, int op) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     IndexT n = (IndexT)it.numel;
     IndexT stride = (IndexT)gridDim.x * blockDim.x;
     for (IndexT i = (IndexT)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -188,6 +190,8 @@ template <typename IndexT>
 __global__ void reduce_dim_warp_kernel(void *out, int dt_out, const void *a,
                                        int dt_a, lucid_iter it, int64_t R,
                                        int64_t rs, int op) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
     IndexT n = (IndexT)it.numel;
@@ -210,6 +214,8 @@ template <typename IndexT>
 __global__ void reduce_dim_block_kernel(void *out, int dt_out, const void *a,
                                         int dt_a, lucid_iter it, int64_t R,
                                         int64_t rs, int op) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
     __shared__ float s[RED_THREADS];
     IndexT n = (IndexT)it.numel;
     for (IndexT i = blockIdx.x; i < n; i += gridDim.x) {
@@ -251,27 +257,27 @@ extern "C" lucid_status lucid_cuda_reduce_dim(lucid_ctx *ctx,
     if (nout < 1024 && R >= 2048) {
         unsigned blocks = (unsigned)(nout < 65535 ? nout : 65535);
         if (small)
-            reduce_dim_block_kernel<uint32_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_block_kernel<uint32_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
         else
-            reduce_dim_block_kernel<uint64_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_block_kernel<uint64_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
     } else if (rs == 1 && R >= 32) {
         unsigned blocks = lucid_cuda_blocks(nout, RED_THREADS / 32);
         if (small)
-            reduce_dim_warp_kernel<uint32_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_warp_kernel<uint32_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
         else
-            reduce_dim_warp_kernel<uint64_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_warp_kernel<uint64_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
     } else {
         unsigned blocks = lucid_cuda_blocks(nout, RED_THREADS);
         if (small)
-            reduce_dim_thread_kernel<uint32_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_thread_kernel<uint32_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
         else
-            reduce_dim_thread_kernel<uint64_t><<<blocks, RED_THREADS, 0, st->stream>>>(
-                op_, out->dtype, ap, a->dtype, it, R, rs, op);
+            lucid_launch(reduce_dim_thread_kernel<uint64_t>, blocks, RED_THREADS, 0, st->stream,
+                         op_, out->dtype, ap, a->dtype, it, R, rs, op);
     }
     CUDA_CHECK_LAUNCH(ctx, "reduce_dim kernel");
     return LUCID_OK;
