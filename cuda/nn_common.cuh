@@ -13,9 +13,10 @@
  *     is f32 (statistics finalised in f64), rounded once on store.
  *   - Beta semantics of nn.h: out = beta*out + new; beta == 0 never reads out.
  *   - Every launch goes to the context's compute stream and is checked.
- *   - Deterministic: no float atomics anywhere; every reduction has a fixed
- *     partition (a function of the shapes only) and a fixed combining order,
- *     so results are bitwise identical run to run on one GPU.
+ *   - Deterministic: no float atomics anywhere (integer arrival counters
+ *     only decide WHICH block folds, never the order); every reduction has a
+ *     fixed partition (a function of the shapes only) and a fixed combining
+ *     order, so results are bitwise identical run to run on one GPU.
  *   - Capturable: after the first (warm-up) call of each shape and pass
  *     nothing here allocates, synchronizes the host or searches algorithms.
  *     Scratch comes from the per-context nn arena (below), which grows only
@@ -29,6 +30,18 @@
  *     stream, so sharing is safe).  It only grows; a replaced arena is kept
  *     alive (retired list) until the context shuts down, because a recorded
  *     CUDA graph may still point at it.
+ *   - counters: the arrival counters of the BatchNorm "last block folds"
+ *     reductions (nn_norm.cu), one unsigned int per channel for up to
+ *     LUCID_CUDA_NN_COUNTERS channels, zero between launches: every launch
+ *     that uses them counts each channel up to its number of parts and the
+ *     last-arriving block sets it back to 0 before the launch completes.
+ *     Unlike the arena they must keep their value from one launch to the
+ *     next, so they are a separate block, allocated and zeroed (memset on
+ *     the compute stream) on the first request made outside stream capture
+ *     and never replaced, so a recorded graph always points at the live
+ *     buffer and each replay leaves it zero.  All nn kernels of a context run
+ *     in order on its one compute stream (graphs are launched on it too), so
+ *     one buffer per state suffices: no two launches use it at once.
  *   - conv plans: one per (shape, dtype, conv params) key; each holds the
  *     cuDNN descriptors and the algorithms chosen ONCE per pass, lazily:
  *     forward on the key's first forward, backward-data on its first
@@ -84,6 +97,7 @@ typedef struct lucid_cuda_nn_state {
     void *arena;                    /* shared scratch (bytes: arena_bytes) */
     size_t arena_bytes;
     std::vector<void *> retired;    /* older arenas, freed at destroy */
+    unsigned int *counters;         /* BN fold counters [LUCID_CUDA_NN_COUNTERS] */
     std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
     int profile;                    /* LUCID_PROFILE=1 at creation */
@@ -106,6 +120,19 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st);
 lucid_status lucid_cuda_nn_arena(lucid_ctx *ctx, lucid_cuda_state *st,
                                  lucid_cuda_nn_state *ns, size_t nbytes,
                                  const char *what, void **ptr);
+
+/* Channels the BN fold counters cover (512 KiB of counters: more than
+ * grid.y's 65535, so the channel stride of the BN kernels is exercised). */
+static const int64_t LUCID_CUDA_NN_COUNTERS = (int64_t)1 << 17;
+
+/* The state's zeroed arrival counters (see above) when n channels fit in
+ * them: *ptr = the buffer, allocated on the first call outside stream
+ * capture.  *ptr = NULL (LUCID_OK) when n > LUCID_CUDA_NN_COUNTERS or the
+ * buffer does not exist yet and the stream is being captured: the caller
+ * then takes its fallback route (which must give the same bits). */
+lucid_status lucid_cuda_nn_counters(lucid_ctx *ctx, lucid_cuda_state *st,
+                                    lucid_cuda_nn_state *ns, int64_t n,
+                                    unsigned int **ptr);
 
 /* Free one conv plan (nn_conv.cu; called by the state destructor). */
 void lucid_cuda_conv_plan_free(lucid_cuda_conv_plan *p);

@@ -1,7 +1,7 @@
 /*
  * nn_table.cu — the CUDA nn kernel table (lucid_nn_cuda_kernels) and the
  * per-context nn state: a registry keyed by the context, the shared scratch
- * arena, and the destructor.
+ * arena, the BatchNorm fold counters, and the destructor.
  *
  * Registry: the backend state (lucid_cuda_state, common.cuh) has no slot for
  * nn state, so the nn state of a context is found in a process-wide list
@@ -15,6 +15,8 @@
  *
  * Profile (LUCID_PROFILE=1, read once per state): see nn_common.cuh; the
  * summary line is printed by the state's destructor.
+ *
+ * Counters (the BatchNorm fold's arrival counters): see nn_common.cuh.
  *
  * Arena policy: see nn_common.cuh.  Growth is geometric (x1.5 at least) so
  * a warm-up sees O(log) allocations; replaced arenas stay alive until the
@@ -62,6 +64,7 @@ void nn_state_free(lucid_cuda_nn_state *ns, bool release_memory) {
     if (release_memory && ns->cst && ns->cst->alloc) {
         if (ns->arena) lucid_cuda_free(ns->cst->alloc, ns->arena);
         for (void *p : ns->retired) lucid_cuda_free(ns->cst->alloc, p);
+        if (ns->counters) lucid_cuda_free(ns->cst->alloc, ns->counters);
     }
     delete ns;
 }
@@ -83,6 +86,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
         /* stale: a previous context at this address; its memory is gone */
         ns->arena = NULL;
         ns->retired.clear();
+        ns->counters = NULL;
         nn_state_free(ns, false);
         g_nn_states->erase(g_nn_states->begin() + (long)i);
         break;
@@ -97,6 +101,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->alloc_fp = (void *)st->alloc;
     ns->arena = NULL;
     ns->arena_bytes = 0;
+    ns->counters = NULL;
     ns->conv_mode = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
@@ -214,6 +219,36 @@ lucid_status lucid_cuda_nn_arena(lucid_ctx *ctx, lucid_cuda_state *st,
     ns->arena = p;
     ns->arena_bytes = want;
     *ptr = p;
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// counters
+
+lucid_status lucid_cuda_nn_counters(lucid_ctx *ctx, lucid_cuda_state *st,
+                                    lucid_cuda_nn_state *ns, int64_t n,
+                                    unsigned int **ptr) {
+    *ptr = NULL;
+    if (n < 1 || n > LUCID_CUDA_NN_COUNTERS) return LUCID_OK;
+    if (!ns->counters) {
+        /* never allocate (or queue the memset) into a capture: the caller
+         * falls back to its two-launch route, which gives the same bits */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone) return LUCID_OK;
+        size_t bytes = sizeof(unsigned int) * (size_t)LUCID_CUDA_NN_COUNTERS;
+        void *p = NULL;
+        LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, bytes, st->stream, &p));
+        /* stream-ordered: every kernel that uses the counters is queued on
+         * this stream after the memset */
+        cudaError_t e = cudaMemsetAsync(p, 0, bytes, st->stream);
+        if (e != cudaSuccess) {
+            lucid_cuda_free(st->alloc, p);
+            return lucid_cuda_err(ctx, e, "cudaMemsetAsync(nn counters)", __FILE__, __LINE__);
+        }
+        ns->counters = (unsigned int *)p;
+    }
+    *ptr = ns->counters;
     return LUCID_OK;
 }
 

@@ -33,10 +33,22 @@
  *   graph capture             forward + backward captured after one eager
  *                             warm-up and replayed equals the eager call
  *                             bitwise (outputs, statistics, running stats,
- *                             num_batches_tracked, gradients)
+ *                             num_batches_tracked, gradients); replayed a
+ *                             second time equals a second eager call (the
+ *                             BN fold counters are back at zero after a
+ *                             replay: running stats of two updates,
+ *                             num_batches_tracked 2)
+ *   capture before counters   a fresh context whose warm-up only ran BN on
+ *                             more channels than the fold counters cover:
+ *                             the capture records the fallback route
+ *                             (separate final kernels), and its replay
+ *                             equals the eager counter route bitwise
  * Shapes: one part per plane (4x16x32x32), several parts per plane
  * (2x8x100x90: 9000 > 4096 elements), a YOLO-like 4x64x40x40, tiny planes
- * (8x5x1x1), no affine parameters (3x7x5x3); f32, bf16, f16; train and eval.
+ * (8x5x1x1), no affine parameters (3x7x5x3), 300 planes of 8x8 (more parts
+ * per channel than the 256 threads that fold them), C = 70001 (grid.y
+ * strides over channels: counter route) and C = 131100 (more channels than
+ * the fold counters: fallback route); f32, bf16, f16; train and eval.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -397,9 +409,148 @@ static void test_capture(lucid_dtype dt) {
     cmp_bits(NAME("%s: replay dx = eager", pre), rdx, phost(edx));
     cmp_bits(NAME("%s: replay dweight = eager", pre), rdw, phost(edw));
     cmp_bits(NAME("%s: replay dbias = eager", pre), rdb, phost(edb));
+    /* again: every replay leaves the fold counters at zero for the next */
+    RUN(NAME("%s: eager forward 2", pre),
+        lucid_nn_batchnorm2d_silu_forward(ctx, gx, ey, gw, gb, erm, erv, enb, esm, esi, 1,
+                                          MOM, EPS));
+    RUN(NAME("%s: eager backward 2", pre),
+        lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, edx, gw, gb, esm, esi, edw, edb, 1,
+                                           0.0, 0.0));
+    RUN(NAME("%s: replay 2", pre), lucid_graph_launch(ctx, g));
+    cmp_bits(NAME("%s: replay 2 y = eager", pre), ry, phost(ey));
+    cmp_bits(NAME("%s: replay 2 save_invstd = eager", pre), rsi, phost(esi));
+    cmp_bits(NAME("%s: replay 2 running_mean = eager (2 updates)", pre), rrm, phost(erm));
+    cmp_bits(NAME("%s: replay 2 running_var = eager (2 updates)", pre), rrv, phost(erv));
+    cmp_bits(NAME("%s: replay 2 num_batches_tracked = eager", pre), rnb, phost(enb));
+    {
+        lucid_tensor *nb = phost(rnb);
+        CHECK(NAME("%s: replay 2 num_batches_tracked == 2", pre),
+              nb && test_hget(nb, 0) == 2.0, "num_batches_tracked %g",
+              nb ? test_hget(nb, 0) : -1.0);
+    }
+    cmp_bits(NAME("%s: replay 2 dx = eager", pre), rdx, phost(edx));
+    cmp_bits(NAME("%s: replay 2 dweight = eager", pre), rdw, phost(edw));
+    cmp_bits(NAME("%s: replay 2 dbias = eager", pre), rdb, phost(edb));
 done:
     if (g) lucid_graph_destroy(g);
     pool_free();
+}
+
+/* Capture before the nn state has its fold counters (cuda/nn_table.cu
+ * allocates them on the first request made outside a capture, never inside
+ * one): a fresh context whose warm-up only ran BN on more channels than the
+ * counters cover (fallback route; the arena grows there), then the fused
+ * calls of a small shape captured (the fallback route is recorded),
+ * replayed, and compared bitwise with the same calls run eagerly
+ * afterwards (which allocate the counters and take the counter route). */
+static void test_capture_fallback(lucid_dtype dt) {
+    char pre[80];
+    snprintf(pre, sizeof pre, "bn+silu capture before the fold counters %s",
+             lucid_dtype_name(dt));
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(pre, "graphs not available on this context");
+        return;
+    }
+    lucid_ctx *main_ctx = ctx, *fresh = NULL;
+    lucid_ctx_options opt = lucid_ctx_options_default();
+    opt.device = GPU;
+    opt.seed = g_seed;
+    char err[512] = "";
+    lucid_status cst = lucid_ctx_create(&opt, &fresh, err, sizeof err);
+    if (cst != LUCID_OK) {
+        TEST_FAIL(NAME("%s: context", pre), "%s: %s", lucid_status_name(cst), err);
+        return;
+    }
+    ctx = fresh; /* every helper below works on ctx */
+    lucid_graph *g = NULL;
+    {
+        int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
+        int64_t xs[4] = {4, 24, 40, 40}, cs[1] = {24}, one[1] = {1};
+        lucid_tensor *bx = pdev(phrand(dt, 4, bxs, -2, 3));
+        lucid_tensor *bw = pdev(phrand(LUCID_F32, 1, bcs, 0.5, 1.5));
+        lucid_tensor *bb = pdev(phrand(LUCID_F32, 1, bcs, -0.5, 0.5));
+        lucid_tensor *brm = pdev(phzeros(LUCID_F32, 1, bcs));
+        lucid_tensor *brv = pdev(phzeros(LUCID_F32, 1, bcs));
+        lucid_tensor *bsm = pdpoison(LUCID_F32, 1, bcs), *bsi = pdpoison(LUCID_F32, 1, bcs);
+        lucid_tensor *bdw = pdpoison(LUCID_F32, 1, bcs), *bdb = pdpoison(LUCID_F32, 1, bcs);
+        lucid_tensor *by = pdpoison(dt, 4, bxs), *bdx = pdpoison(dt, 4, bxs);
+        lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
+        lucid_tensor *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
+        lucid_tensor *hrm = phrand(LUCID_F32, 1, cs, -0.2, 0.2);
+        lucid_tensor *hrv = phrand(LUCID_F32, 1, cs, 0.5, 2);
+        lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
+        lucid_tensor *gx = pdev(phrand(dt, 4, xs, -2, 3)), *gdy = pdev(phrand(dt, 4, xs, -1, 1));
+        lucid_tensor *gw = pdev(hw), *gb = pdev(hb);
+        lucid_tensor *erm = pdev(hrm), *erv = pdev(hrv), *enb = pdev(hnb);
+        lucid_tensor *rrm = pdev(hrm), *rrv = pdev(hrv), *rnb = pdev(hnb);
+        lucid_tensor *esm = pdpoison(LUCID_F32, 1, cs), *esi = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *rsm = pdpoison(LUCID_F32, 1, cs), *rsi = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *ey = pdpoison(dt, 4, xs), *ry = pdpoison(dt, 4, xs);
+        lucid_tensor *edx = pdpoison(dt, 4, xs), *rdx = pdpoison(dt, 4, xs);
+        lucid_tensor *edw = pdpoison(LUCID_F32, 1, cs), *rdw = pdpoison(LUCID_F32, 1, cs);
+        lucid_tensor *edb = pdpoison(LUCID_F32, 1, cs), *rdb = pdpoison(LUCID_F32, 1, cs);
+        if (!bx || !bw || !bb || !brm || !brv || !bsm || !bsi || !bdw || !bdb || !by ||
+            !bdx || !gx || !gdy || !gw || !gb || !erm || !erv || !enb || !rrm || !rrv ||
+            !rnb || !esm || !esi || !rsm || !rsi || !ey || !ry || !edx || !rdx || !edw ||
+            !rdw || !edb || !rdb) {
+            TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        /* warm-up on 131100 channels: the arena grows, the counters stay
+         * unallocated (too many channels for them) */
+        RUN(NAME("%s: warm-up forward", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, bx, by, bw, bb, brm, brv, NULL, bsm, bsi,
+                                              1, MOM, EPS));
+        RUN(NAME("%s: warm-up backward", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, bx, by, bdx, bw, bb, bsm, bsi, bdw, bdb,
+                                               1, 0.0, 0.0));
+        RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+        RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+        {
+            lucid_status s1 = lucid_nn_batchnorm2d_silu_forward(ctx, gx, ry, gw, gb, rrm, rrv,
+                                                                rnb, rsm, rsi, 1, MOM, EPS);
+            lucid_status s2 =
+                s1 ? s1
+                   : lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, rdx, gw, gb, rsm, rsi,
+                                                        rdw, rdb, 1, 0.0, 0.0);
+            if (s2 != LUCID_OK) {
+                TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s",
+                          lucid_status_name(s2), lucid_ctx_error(ctx));
+                lucid_ctx_capture_end(ctx, NULL);
+                goto done;
+            }
+        }
+        RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+        TEST_OK(NAME("%s: captured without the counters", pre));
+        RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+        RUN(NAME("%s: replay 2", pre), lucid_graph_launch(ctx, g));
+        for (int k = 0; k < 2; k++) {
+            RUN(NAME("%s: eager forward", pre),
+                lucid_nn_batchnorm2d_silu_forward(ctx, gx, ey, gw, gb, erm, erv, enb, esm,
+                                                  esi, 1, MOM, EPS));
+            RUN(NAME("%s: eager backward", pre),
+                lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, edx, gw, gb, esm, esi, edw,
+                                                   edb, 1, 0.0, 0.0));
+        }
+        cmp_bits(NAME("%s: fallback replay y = counter eager", pre), ry, phost(ey));
+        cmp_bits(NAME("%s: fallback replay save_mean = counter eager", pre), rsm, phost(esm));
+        cmp_bits(NAME("%s: fallback replay save_invstd = counter eager", pre), rsi,
+                 phost(esi));
+        cmp_bits(NAME("%s: fallback replay running_mean = counter eager (2 updates)", pre),
+                 rrm, phost(erm));
+        cmp_bits(NAME("%s: fallback replay running_var = counter eager (2 updates)", pre),
+                 rrv, phost(erv));
+        cmp_bits(NAME("%s: fallback replay num_batches_tracked = counter eager", pre), rnb,
+                 phost(enb));
+        cmp_bits(NAME("%s: fallback replay dx = counter eager", pre), rdx, phost(edx));
+        cmp_bits(NAME("%s: fallback replay dweight = counter eager", pre), rdw, phost(edw));
+        cmp_bits(NAME("%s: fallback replay dbias = counter eager", pre), rdb, phost(edb));
+    }
+done:
+    if (g) lucid_graph_destroy(g);
+    pool_free();
+    ctx = main_ctx;
+    lucid_ctx_release(fresh);
 }
 
 /* ============================================ the module pair on the GPU */
@@ -486,6 +637,7 @@ done:
 /* ============================================================ main */
 
 static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu capture",
+                               "cuda bn+silu capture before the fold counters",
                                "cuda bn+silu modules"};
 
 int main(void) {
@@ -507,7 +659,11 @@ int main(void) {
         test_case(4, 64, 40, 40, 1, dt);
         test_case(8, 5, 1, 1, 1, dt);
         test_case(3, 7, 5, 3, 0, dt);
+        test_case(300, 3, 8, 8, 1, dt);
+        test_case(2, 70001, 1, 2, 1, dt);
+        test_case(2, 131100, 1, 2, 1, dt);
         test_capture(dt);
+        test_capture_fallback(dt);
         test_modules(dt);
     }
     return cuda_test_finish();

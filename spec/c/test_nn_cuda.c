@@ -24,12 +24,26 @@
  *   integer outputs        (maxpool indices, num_batches_tracked) exact
  *   determinism            every backward (and the BN forward) run twice on
  *                          the GPU is bitwise identical
+ *   BN reduction routes    the counter route (the last block of a channel
+ *                          folds its partials) and the fallback route (a
+ *                          separate final kernel; C > 131072 =
+ *                          LUCID_CUDA_NN_COUNTERS) agree bitwise on the
+ *                          channels they share (a channel's result depends
+ *                          on its own data only)
  * Conv cases: 3x3 s1/s2 pad 1, 1x1, dilation 2, groups 2, depthwise (s1 and
  * s2), odd sizes, 5x5, the network's implicit-GEMM shapes (layer 0 with
  * Cin 3, Cout 51, split-K filter gradient), with and without bias; each on
  * the auto route (bf16/f16 groups 1 = implicit GEMM), the direct kernels
  * (lucid_cuda_nn_set_conv_mode 1) and cuDNN (mode 2) for depthwise and for
  * bf16/f16 groups 1.
+ * BatchNorm cases: one part per plane, several parts per plane, tiny and
+ * odd planes, no affine; many parts per channel (300 planes: more than the
+ * 256 threads that fold them; 130x65x65: a short last part per plane; the
+ * network's first layer 4x16x320x320: 25 parts a plane, 100 a channel);
+ * C = 70001 > 65535 (grid.y strides over channels, not a multiple of it)
+ * on the counter route and C = 131100 on the fallback route; each with two
+ * training steps (running stats, num_batches_tracked == 2) and every
+ * output run twice and compared bitwise.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
@@ -319,6 +333,106 @@ done:
     rel(grm2); rel(grv2); rel(gnb2); rel(gsm2); rel(gsi2); rel(gy2);
 }
 
+/* Host copy of the first Cs channels (dim 1; dim 0 of a 1-D tensor) of a
+ * host tensor. */
+static lucid_tensor *hfirst(const lucid_tensor *t, int64_t Cs) {
+    if (!t) return NULL;
+    int64_t shape[LUCID_MAX_DIMS], outer = 1, inner = 1;
+    int cd = t->ndim == 1 ? 0 : 1;
+    memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    for (int i = 0; i < cd; i++) outer *= t->shape[i];
+    for (int i = cd + 1; i < t->ndim; i++) inner *= t->shape[i];
+    shape[cd] = Cs;
+    lucid_tensor *o = NULL;
+    if (lucid_tensor_empty(ctx, CPU, t->dtype, t->ndim, shape, &o) != LUCID_OK) return NULL;
+    size_t es = lucid_dtype_size(t->dtype), row = (size_t)(Cs * inner) * es;
+    const char *src = lucid_tensor_data(t);
+    char *dst = lucid_tensor_data(o);
+    for (int64_t i = 0; i < outer; i++)
+        memcpy(dst + (size_t)i * row, src + (size_t)(i * t->shape[cd] * inner) * es, row);
+    return o;
+}
+
+/* The two reduction routes of the GPU BatchNorm2d (cuda/nn_norm.cu): Cb
+ * channels (> LUCID_CUDA_NN_COUNTERS: partial kernels, then the separate
+ * final kernels) and the first Cs of them alone (the counter route: the
+ * last block of each channel folds).  Channel c's results depend on
+ * channel c's data only, so the shared channels must agree bitwise: y,
+ * save_mean, save_invstd, running stats, num_batches_tracked, dx, dweight,
+ * dbias. */
+static void test_bn_routes(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "batchnorm2d routes counters = fallback %s", dname(dt));
+    const int64_t N = 5, Cb = 131100, Cs = 77, H = 3, W = 4;
+    const double mom = 0.1, eps = 1e-3;
+    int64_t xb[4] = {N, Cb, H, W}, xs[4] = {N, Cs, H, W}, cb[1] = {Cb}, one[1] = {1};
+    lucid_tensor *hx = hrand(dt, 4, xb, -1.5, 2.5), *hdy = hrand(dt, 4, xb, -1, 1);
+    lucid_tensor *hw = hrand(LUCID_F32, 1, cb, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cb, -0.5, 0.5);
+    lucid_tensor *hrm = hrand(LUCID_F32, 1, cb, -0.2, 0.2), *hrv = hrand(LUCID_F32, 1, cb, 0.5, 2);
+    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one);
+    lucid_tensor *sx = hfirst(hx, Cs), *sdy = hfirst(hdy, Cs), *sw = hfirst(hw, Cs);
+    lucid_tensor *sb = hfirst(hb, Cs), *srm = hfirst(hrm, Cs), *srv = hfirst(hrv, Cs);
+    /* b*: all Cb channels (fallback), s*: the first Cs (counters) */
+    lucid_tensor *bx = dev(hx), *bdy = dev(hdy), *bw = dev(hw), *bb = dev(hb);
+    lucid_tensor *brm = dev(hrm), *brv = dev(hrv), *bnb = dev(hnb);
+    lucid_tensor *gx = dev(sx), *gdy = dev(sdy), *gw = dev(sw), *gb = dev(sb);
+    lucid_tensor *grm = dev(srm), *grv = dev(srv), *gnb = dev(hnb);
+    lucid_tensor *by = dpoison(dt, 4, xb), *gy = dpoison(dt, 4, xs);
+    lucid_tensor *bdx = dpoison(dt, 4, xb), *gdx = dpoison(dt, 4, xs);
+    lucid_tensor *bsm = dpoison(LUCID_F32, 1, cb), *bsi = dpoison(LUCID_F32, 1, cb);
+    lucid_tensor *bdw = dpoison(LUCID_F32, 1, cb), *bdb = dpoison(LUCID_F32, 1, cb);
+    int64_t cs[1] = {Cs};
+    lucid_tensor *gsm = dpoison(LUCID_F32, 1, cs), *gsi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gdw = dpoison(LUCID_F32, 1, cs), *gdb = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *r[10] = {NULL};
+    if (!bx || !bdy || !bw || !bb || !brm || !brv || !bnb || !gx || !gdy || !gw || !gb ||
+        !grm || !grv || !gnb || !by || !gy || !bdx || !gdx || !bsm || !bsi || !bdw || !bdb ||
+        !gsm || !gsi || !gdw || !gdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    for (int step = 1; step <= 2; step++) {
+        RUN(NAME("%s: fallback forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, bx, by, bw, bb, brm, brv, bnb, bsm, bsi, 1, mom,
+                                         eps));
+        RUN(NAME("%s: counters forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, gy, gw, gb, grm, grv, gnb, gsm, gsi, 1, mom,
+                                         eps));
+    }
+    RUN(NAME("%s: fallback backward", pre),
+        lucid_nn_batchnorm2d_backward(ctx, bx, bdy, bdx, bw, bsm, bsi, bdw, bdb, 1, 0.0, 0.0));
+    RUN(NAME("%s: counters backward", pre),
+        lucid_nn_batchnorm2d_backward(ctx, gx, gdy, gdx, gw, gsm, gsi, gdw, gdb, 1, 0.0, 0.0));
+    {
+        const lucid_tensor *big[9] = {by, bsm, bsi, brm, brv, bdx, bdw, bdb, bnb};
+        const lucid_tensor *small[9] = {gy, gsm, gsi, grm, grv, gdx, gdw, gdb, gnb};
+        const char *what[9] = {"y", "save_mean", "save_invstd", "running_mean (2 steps)",
+                               "running_var (2 steps)", "dx", "dweight", "dbias",
+                               "num_batches_tracked (2)"};
+        for (int i = 0; i < 9; i++) {
+            lucid_tensor *h = host(big[i]);
+            r[i] = i == 8 ? h : hfirst(h, Cs);
+            if (i != 8) rel(h);
+            if (!r[i]) {
+                TEST_FAIL(NAME("%s: %s copy back", pre, what[i]), "%s", lucid_ctx_error(ctx));
+                continue;
+            }
+            cmp_bits(NAME("%s: %s (bitwise)", pre, what[i]), small[i], r[i]);
+        }
+        if (r[8])
+            CHECK(NAME("%s: num_batches_tracked == 2", pre), test_hget(r[8], 0) == 2.0,
+                  "num_batches_tracked %g", test_hget(r[8], 0));
+    }
+done:
+    rel(hx); rel(hdy); rel(hw); rel(hb); rel(hrm); rel(hrv); rel(hnb);
+    rel(sx); rel(sdy); rel(sw); rel(sb); rel(srm); rel(srv);
+    rel(bx); rel(bdy); rel(bw); rel(bb); rel(brm); rel(brv); rel(bnb);
+    rel(gx); rel(gdy); rel(gw); rel(gb); rel(grm); rel(grv); rel(gnb);
+    rel(by); rel(gy); rel(bdx); rel(gdx); rel(bsm); rel(bsi); rel(bdw); rel(bdb);
+    rel(gsm); rel(gsi); rel(gdw); rel(gdb);
+    for (int i = 0; i < 10; i++) rel(r[i]);
+}
+
 /* ============================================================ pointwise */
 
 /* A unary-shaped op pair: forward y = f(x), backward dx = beta*dx + g(x, dy).
@@ -487,6 +601,14 @@ int main(void) {
         test_bn(2, 8, 100, 90, 1, dt);
         test_bn(8, 5, 1, 1, 1, dt);
         test_bn(3, 7, 5, 3, 0, dt);
+        /* ---- batchnorm: many parts per channel, short last parts, the
+         * first layer; C past grid.y (counters) and past the counters */
+        test_bn(300, 3, 8, 8, 1, dt);
+        test_bn(130, 2, 65, 65, 1, dt);
+        test_bn(4, 16, 320, 320, 1, dt);
+        test_bn(2, 70001, 1, 2, 1, dt);
+        test_bn(2, 131100, 1, 2, 0, dt);
+        test_bn_routes(dt);
         /* ---- silu */
         pw_op silu = {0, 0, {0, 0, 0, 0, 0, 0}, 0};
         int64_t s4[4] = {3, 5, 17, 19};
