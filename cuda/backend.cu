@@ -117,11 +117,23 @@ static void cuda_shutdown(lucid_ctx *ctx) {
     ctx->backend_state = NULL;
 }
 
-/* Programmatic dependent launch (launch.cuh): decided when the first CUDA
- * context is created, from that device's compute capability and LUCID_PDL. */
-static volatile int pdl_state = 0; /* 0 undecided/off, 1 on, 2 decided off */
+/* Programmatic dependent launch (launch.cuh): the mode is decided when the
+ * first CUDA context is created, from that device's compute capability and
+ * LUCID_PDL: 0 undecided, 1 eager launches only (default on sm_90+), 2 eager
+ * and captured launches (LUCID_PDL=graph), 3 off (LUCID_PDL=0 or < sm_90). */
+static volatile int pdl_state = 0;
 
-int lucid_pdl_enabled(void) { return pdl_state == 1; }
+int lucid_pdl_for_stream(cudaStream_t stream) {
+    int m = pdl_state;
+    if (m == 2) return 1;
+    if (m != 1) return 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return cs == cudaStreamCaptureStatusNone;
+}
 
 static lucid_status pdl_decide(lucid_ctx *ctx, int device_index) {
     if (pdl_state != 0) return LUCID_OK;
@@ -129,8 +141,9 @@ static lucid_status pdl_decide(lucid_ctx *ctx, int device_index) {
     CUDA_CHECK(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                            device_index));
     const char *env = getenv("LUCID_PDL");
-    int off = env && strcmp(env, "0") == 0;
-    pdl_state = (major >= 9 && !off) ? 1 : 2;
+    if (major < 9 || (env && strcmp(env, "0") == 0)) pdl_state = 3;
+    else if (env && strcmp(env, "graph") == 0) pdl_state = 2;
+    else pdl_state = 1;
     return LUCID_OK;
 }
 

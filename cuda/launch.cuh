@@ -6,8 +6,15 @@
  * (CUDA Programming Guide, "Programmatic Dependent Launch and
  * Synchronization"; PTX ISA, griddepcontrol). A train step is ~1,100 short
  * dependent kernels (tools/kernel-census.sh), so hiding each one's launch and
- * ramp behind the previous one's tail is worth measuring (LUCID_PDL=0 turns
- * it off for an A/B in one process tree).
+ * ramp behind the previous one's tail is worth measuring.
+ *
+ * Measured on the H200 (tools/gpu-run.sh ab, 2026-11-29, commit 9992126):
+ * eager forward+backward of YOLO11n-pose (bench_model, b4, 640, bf16) 10.72 ms
+ * with PDL vs 11.08 ms without; but the recorded (CUDA-graph) training step
+ * of a real fit 10.41 ms with PDL edges in the graph vs 9.99 ms without. So
+ * by default the attribute is set on eager launches only, not while the
+ * stream is being captured. LUCID_PDL=0: never; LUCID_PDL=graph: also in
+ * captured graphs (for A/B runs).
  *
  * The rule that keeps this correct: EVERY kernel launched through
  * lucid_launch() calls lucid_pdl_wait() as its first statement, in every
@@ -59,7 +66,7 @@
  *     launch keep working unchanged.
  *   - A host-only program that #includes a .cu of cuda/ without linking
  *     cuda/backend.cu (spec/c/test_conv_igemm_maps.cu) must define
- *     lucid_pdl_enabled() itself.
+ *     lucid_pdl_for_stream() itself.
  */
 #ifndef LUCID_CUDA_LAUNCH_CUH
 #define LUCID_CUDA_LAUNCH_CUH
@@ -81,14 +88,15 @@ static __device__ __forceinline__ void lucid_pdl_launch_dependents(void) {
 #endif
 }
 
-/* 1 when launches carry the PDL attribute: the current device is sm_90+ and
- * the environment does not say LUCID_PDL=0. Read once per process (all
- * devices of one process are assumed to be of one generation; a device below
- * 9.0 never gets the attribute because the first query sees it). */
-int lucid_pdl_enabled(void);
+/* 1 when a launch on `stream` carries the PDL attribute: the device of the
+ * first CUDA context is sm_90+, LUCID_PDL is not "0", and the stream is not
+ * being captured (unless LUCID_PDL=graph). The mode is read once per process
+ * at the first context's creation (cuda/backend.cu; all devices of one
+ * process are assumed to be of one generation). */
+int lucid_pdl_for_stream(cudaStream_t stream);
 
 /* Queue kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute
- * when lucid_pdl_enabled(). Arguments are converted to the kernel's parameter
+ * when lucid_pdl_for_stream(stream). Arguments are converted to the kernel's parameter
  * types as by <<<>>>. Returns the launch's cudaError_t (check it with
  * CUDA_CHECK or CUDA_CHECK_LAUNCH's cudaGetLastError, which it also sets). */
 template <typename... KArgs, typename... Args>
@@ -100,7 +108,7 @@ static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
-    if (lucid_pdl_enabled()) {
+    if (lucid_pdl_for_stream(stream)) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;

@@ -310,6 +310,11 @@ static const char *function_name(lua_State *L, int *is_method) {
     return lua_tostring(L, -1);
 }
 
+const char *lucid_lua_function_name(lua_State *L) {
+    int method;
+    return function_name(L, &method);
+}
+
 /* Length of the leading "<arg>: " of msg when <arg> looks like an argument
  * name (identifier characters, dots, brackets; no spaces), else 0. */
 static size_t arg_prefix(const char *msg) {
@@ -370,6 +375,65 @@ static int type_error(lua_State *L, int narg, const char *what) {
 }
 
 /* ---------------------------------------------------------------- checkers */
+
+/* A value as argument errors show an unexpected one: "string 'x'", "5",
+ * or its type name. Pushes the text and returns it. */
+static const char *describe(lua_State *L, int idx) {
+    if (lua_type(L, idx) == LUA_TSTRING)
+        return lua_pushfstring(L, "string '%s'", lua_tostring(L, idx));
+    if (lua_type(L, idx) == LUA_TNUMBER) {
+        lua_pushvalue(L, idx);
+        return lua_tostring(L, -1); /* converts the copy only */
+    }
+    lua_pushstring(L, lucid_lua_type_name(L, idx));
+    return lua_tostring(L, -1);
+}
+
+void lucid_lua_check_nargs(lua_State *L, int max) {
+    int top = lua_gettop(L);
+    while (top > max && lua_isnil(L, top)) top--; /* trailing nils: absent */
+    if (top <= max) return;
+    int method;
+    function_name(L, &method);
+    lua_pop(L, 1);
+    int most = method ? max - 1 : max, got = method ? top - 1 : top;
+    const char *extra = describe(L, max + 1);
+    if (most == 0)
+        lucid_lua_argerror(L, max + 1, lua_pushfstring(L, "expected no arguments, got %d (extra: %s)",
+                                                       got, extra));
+    lucid_lua_argerror(L, max + 1,
+                       lua_pushfstring(L, "expected at most %d argument%s, got %d (extra: %s)", most,
+                                       most == 1 ? "" : "s", got, extra));
+}
+
+void lucid_lua_check_keys(lua_State *L, int idx, const char *const *keys) {
+    if (lua_isnoneornil(L, idx)) return;
+    if (!lua_istable(L, idx))
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: expected a table, got %s",
+                                                   lucid_lua_type_name(L, idx)));
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int ok = 0;
+        for (int i = 0; k && keys[i]; i++)
+            if (strcmp(k, keys[i]) == 0) ok = 1;
+        if (ok) continue;
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; keys[i]; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addstring(&b, keys[i]);
+        }
+        luaL_pushresult(&b);
+        const char *list = lua_tostring(L, -1);
+        if (k)
+            lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unknown option '%s' (expected one of %s)",
+                                                       k, list));
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unexpected %s key (expected one of %s)",
+                                                   lucid_lua_type_name(L, -2), list));
+    }
+}
 
 void *lucid_lua_checkudata(lua_State *L, int narg, const char *tname) {
     void *p = luaL_testudata(L, narg, tname);

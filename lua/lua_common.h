@@ -113,6 +113,26 @@ void lucid_lua_checktype(lua_State *L, int narg, int t);
 int lucid_lua_checkoption(lua_State *L, int narg, const char *def,
                           const char *const lst[]);
 
+/* Fixed argument sets: raise "<fn>: bad argument #k: expected at most N
+ * arguments, got M (extra: <value>)" ("expected no arguments" for N = 0)
+ * when a non-nil argument follows stack position max (self included:
+ * opt:step() is lucid_lua_check_nargs(L, 1)). Trailing nils are absent
+ * arguments. */
+void lucid_lua_check_nargs(lua_State *L, int max);
+
+/* An options table at idx (nil/none: nothing to check): raise "<fn>: bad
+ * argument #idx (opts): unknown option 'k' (expected one of a, b)" for a
+ * key outside `keys` (NULL-terminated), or "opts: expected a table, got
+ * <type>" for a value that is not a table. */
+void lucid_lua_check_keys(lua_State *L, int idx, const char *const *keys);
+
+/* The name of the running C function as the user calls it
+ * ("lucid.Tensor:reshape", "lucid.rand"; the names argument errors use),
+ * pushed on the stack (the string lives while it stays there) and
+ * returned. For errors that are not about one argument (an engine failure
+ * of the call). */
+const char *lucid_lua_function_name(lua_State *L);
+
 /* Record the module table at idx (luaopen_lucid): the names of its
  * functions, and of the methods of the lucid.* metatables, are what
  * argument errors use (built on the first error). */

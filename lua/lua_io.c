@@ -167,6 +167,9 @@ static st_box *check_file(lua_State *L, int idx) {
 
 static int l_st_open(lua_State *L) {
     const char *path = lucid_lua_checkstring(L, 1);
+    static const char *const keys[] = {"ctx", NULL};
+    lucid_lua_check_nargs(L, 2);
+    lucid_lua_check_keys(L, 2, keys);
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 2) ? 2 : 0);
     writer_box *wb = get_writer(L, 0);
     if (wb) { /* a pending (or failed) write of this file comes first */

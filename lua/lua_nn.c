@@ -138,6 +138,9 @@ static const char *group_name(int g) {
 
 /* lucid.nn.ParamSet([opts]) — an empty parameter set on opts.ctx. */
 static int l_set_new(lua_State *L) {
+    static const char *const keys[] = {"ctx", NULL};
+    lucid_lua_check_nargs(L, 1);
+    lucid_lua_check_keys(L, 1, keys);
     lucid_ctx *ctx = lucid_lua_ctx(L, lua_istable(L, 1) ? 1 : 0);
     set_box *b = lua_newuserdata(L, sizeof *b);
     b->s = NULL;
@@ -195,6 +198,9 @@ static int l_set_declare(lua_State *L) {
     int trainable = kind == 0;
     int group = kind == 0 ? LUCID_PARAM_GROUP_DECAY : LUCID_PARAM_GROUP_NONE;
     lucid_init_rule init = {LUCID_INIT_ZEROS, 0.0, 0.0, 0};
+    static const char *const keys[] = {"dtype", "trainable", "group", "init", NULL};
+    lucid_lua_check_nargs(L, 5);
+    lucid_lua_check_keys(L, 5, keys);
     if (lua_istable(L, 5)) {
         dt = lucid_lua_opt_dtype(L, 5, "dtype", LUCID_F32);
         lua_getfield(L, 5, "trainable");
@@ -233,6 +239,9 @@ static int l_set_materialize(lua_State *L) {
      * a context is given explicitly (PyTorch: CPU unless asked) */
     lucid_device dev = {LUCID_CPU, 0};
     lucid_dtype dt = LUCID_F32;
+    static const char *const keys[] = {"device", "dtype", "ctx", NULL};
+    lucid_lua_check_nargs(L, 2);
+    lucid_lua_check_keys(L, 2, keys);
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "ctx");
         if (!lua_isnil(L, -1)) dev = lucid_ctx_device(b->ctx);

@@ -750,6 +750,7 @@ static void stage_groups(optim_box *b) {
 }
 
 static int l_optim_gc(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = lucid_lua_checkudata(L, 1, OPTIM_MT);
     if (b->o) lucid_optim_release(b->o);
     b->o = NULL;
@@ -1085,6 +1086,7 @@ static void bind_flats(lua_State *L, pbind *pb, lucid_tensor **params,
  *   frozen/unfrozen since construction.
  */
 static int l_optim_step(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     pbind_check(L, &b->bind, "optimizer");
     block_sync(L, b->blk);
@@ -1097,6 +1099,7 @@ static int l_optim_step(lua_State *L) {
 
 /* opt:zero_grad() — zero the whole flat gradient buffer (one fill). */
 static int l_optim_zero_grad(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     lucid_status st = lucid_param_set_zero_grad(b->bind.ctx, b->bind.set);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->bind.ctx, st);
@@ -1105,6 +1108,7 @@ static int l_optim_zero_grad(lua_State *L) {
 
 /* opt:upload() — push the staged hyperparameters to the device now. */
 static int l_optim_upload(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     b->blk->dirty = 1;
     block_sync(L, b->blk);
@@ -1118,6 +1122,7 @@ static int l_optim_upload(lua_State *L) {
  *   momentum_buffer_SGD. The tensors alias the optimizer's memory.
  */
 static int l_optim_state_tensors(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     int n = lucid_optim_state_count(b->o);
     lua_createtable(L, 0, n);
@@ -1138,6 +1143,7 @@ static int l_optim_state_tensors(lua_State *L) {
  *   optimizer's memory, so copying into them restores the state.
  */
 static int l_optim_state_views(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     int ns = lucid_optim_state_count(b->o);
     int n = lucid_param_set_count(b->bind.set), k = 0;
@@ -1161,6 +1167,7 @@ static int l_optim_state_views(lua_State *L) {
 /* opt:last_norm() -> the total gradient 2-norm before the last clip
  * (synchronizes; NaN/Inf when the gradients were not finite). */
 static int l_optim_last_norm(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     optim_box *b = check_optim(L, 1);
     lucid_param_values v;
     block_read(L, b->blk, &v);
@@ -1171,6 +1178,7 @@ static int l_optim_last_norm(lua_State *L) {
 /* opt:set_lr_factor(lf) — every group's lr = initial_lr * lf (the
  * LambdaLR step Ultralytics runs at the start of each epoch). */
 static int l_optim_set_lr_factor(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     optim_box *b = check_optim(L, 1);
     double lf = check_num(L, 2, "lf");
     for (int s = 0; s < LUCID_PARAM_SLOTS; s++) b->lr[s] = b->initial_lr[s] * lf;
@@ -1187,12 +1195,15 @@ static int l_optim_set_lr_factor(lua_State *L) {
  *   (0.8), opts.momentum (0.937)]). AdamW's beta1 is not touched.
  */
 static int l_optim_warmup(lua_State *L) {
+    lucid_lua_check_nargs(L, 5);
     optim_box *b = check_optim(L, 1);
     int64_t ni = check_int(L, 2, "ni"), nw = check_int(L, 3, "nw");
     double lf = check_num(L, 4, "lf");
     double wbl = 0.1, wm = 0.8, m = 0.937;
     if (!lua_isnoneornil(L, 5)) {
+        static const char *const keys[] = {"warmup_bias_lr", "warmup_momentum", "momentum", NULL};
         lucid_lua_checktype(L, 5, LUA_TTABLE);
+        lucid_lua_check_keys(L, 5, keys);
         wbl = opt_num(L, 5, 5, "warmup_bias_lr", wbl, -HUGE_VAL, HUGE_VAL);
         wm = opt_num(L, 5, 5, "warmup_momentum", wm, 0, 1);
         m = opt_num(L, 5, 5, "momentum", m, 0, 1);
@@ -1209,6 +1220,7 @@ static int l_optim_warmup(lua_State *L) {
 
 /* opt:summary() -> the reference's build_optimizer log line. */
 static int l_optim_summary(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     push_summary(L, check_optim(L, 1));
     return 1;
 }
@@ -1523,6 +1535,7 @@ static ema_box *check_ema(lua_State *L, int idx) {
 }
 
 static int l_ema_gc(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     ema_box *e = lucid_lua_checkudata(L, 1, EMA_MT);
     if (e->pe) lucid_ema_release(e->pe);
     if (e->be) lucid_ema_release(e->be);
@@ -1653,6 +1666,7 @@ static void ema_update_run(lua_State *L, ema_box *e) {
  *   with ema= does the same inside the optimizer step (bitwise equal).
  */
 static int l_ema_update(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     ema_update_run(L, check_ema(L, 1));
     return 0;
 }
@@ -1668,6 +1682,7 @@ static lucid_tensor *ema_flat_for(ema_box *e, const lucid_param *p) {
  * of parameter/buffer `name`; nil for names the EMA does not cover (unknown
  * names, integer buffers). The view aliases the EMA. */
 static int l_ema_tensor(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     ema_box *e = check_ema(L, 1);
     const char *name = lucid_lua_checkstring(L, 2);
     lucid_param *p = lucid_param_set_find(e->bind.set, name);
@@ -1683,6 +1698,7 @@ static int l_ema_tensor(lua_State *L) {
 /* ema:views() -> {{name = <reference name>, tensor = view}, ...} for every
  * entry the EMA covers, in set (state-dict) order. */
 static int l_ema_views(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     ema_box *e = check_ema(L, 1);
     int n = lucid_param_set_count(e->bind.set), k = 0;
     lua_newtable(L);
@@ -1762,6 +1778,7 @@ static void ema_transfer(lua_State *L, ema_box *e, lucid_param_set *s, int swap)
  * f32 buffers (default: the EMA's own model), e.g. before validation or
  * export. The EMA is unchanged. */
 static int l_ema_copy_to(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     ema_box *e = check_ema(L, 1);
     ema_transfer(L, e, ema_target(L, e, 2), 0);
     return 0;
@@ -1771,6 +1788,7 @@ static int l_ema_copy_to(lua_State *L) {
  * again restores both. Validation on the EMA weights: swap, validate,
  * swap. */
 static int l_ema_swap(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     ema_box *e = check_ema(L, 1);
     ema_transfer(L, e, ema_target(L, e, 2), 1);
     return 0;
@@ -1779,6 +1797,7 @@ static int l_ema_swap(lua_State *L) {
 /* ema:flat() -> the flat EMA parameter tensor, ema:flat("buffers") -> the
  * f32 view of the buffer EMA (nil when the model has no f32 buffers). */
 static int l_ema_flat(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     ema_box *e = check_ema(L, 1);
     static const char *const which[] = {"params", "buffers", NULL};
     int w = lucid_lua_checkoption(L, 2, "params", which);
@@ -1951,6 +1970,7 @@ static void scaler_need(lua_State *L, scaler_box *s, const char *what) {
 /* scaler:scale(t) -> t: t *= current loss scale, in place, read on the
  * device (t: f32, the loss or its seed gradient). Identity when disabled. */
 static int l_scaler_scale(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     scaler_box *s = check_scaler(L, 1);
     lucid_tensor *t = lucid_lua_check_tensor(L, 2, "outputs");
     lua_settop(L, 2);
@@ -1966,6 +1986,7 @@ static int l_scaler_scale(lua_State *L) {
 /* scaler:unscale_(opt) — found_inf |= any gradient not finite; g *= 1/S
  * (torch GradScaler.unscale_). At most once per step. */
 static int l_scaler_unscale(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     scaler_box *s = check_scaler(L, 1);
     optim_box *ob = scaler_bind(L, 1, 2);
     if (!s->enabled || s->unscaled) return 0;
@@ -1981,6 +2002,7 @@ static int l_scaler_unscale(lua_State *L) {
 /* scaler:step(opt) — unscale_ unless already done this step, then
  * opt:step() (which the device skips when found_inf is set). */
 static int l_scaler_step(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     l_scaler_unscale(L);
     lua_settop(L, 2);
     lua_remove(L, 1);
@@ -1990,6 +2012,7 @@ static int l_scaler_step(lua_State *L) {
 /* scaler:update() — the end of every optimizer step: scale policy on the
  * device, found_inf reset (lucid_scaler_update). */
 static int l_scaler_update(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     scaler_box *s = check_scaler(L, 1);
     s->unscaled = 0;
     if (!s->blk) return 0;
@@ -2001,6 +2024,7 @@ static int l_scaler_update(lua_State *L) {
 
 /* scaler:get_scale() -> number (synchronizes; 1.0 when disabled). */
 static int l_scaler_get_scale(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     scaler_box *s = check_scaler(L, 1);
     if (!s->enabled) {
         lua_pushnumber(L, 1.0);
@@ -2017,6 +2041,7 @@ static int l_scaler_get_scale(lua_State *L) {
 }
 
 static int l_scaler_is_enabled(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     lua_pushboolean(L, check_scaler(L, 1)->enabled);
     return 1;
 }
@@ -2024,6 +2049,7 @@ static int l_scaler_is_enabled(lua_State *L) {
 /* scaler:state() -> {scale, growth_tracker, found_inf, skipped_steps}
  * (synchronizes; torch state_dict-like). */
 static int l_scaler_state(lua_State *L) {
+    lucid_lua_check_nargs(L, 1);
     scaler_box *s = check_scaler(L, 1);
     scaler_need(L, s, "state");
     lucid_param_values v;
@@ -2045,6 +2071,7 @@ static int l_scaler_state(lua_State *L) {
  * an error when bound to another block. Bind before restoring a
  * checkpoint so the restored scale is not reset later. */
 static int l_scaler_bind(lua_State *L) {
+    lucid_lua_check_nargs(L, 2);
     scaler_bind(L, 1, 2);
     return 0;
 }
@@ -2122,6 +2149,7 @@ static int opt_present_num(lua_State *L, int t, const char *k, double *v) {
 static int l_optim_step_fused(lua_State *L) {
     static const char *const keys[] = {"scaler", "max_norm", "clip_value", "ema",
                                        "zero_grad", NULL};
+    lucid_lua_check_nargs(L, 2);
     optim_box *b = check_optim(L, 1);
     if (lua_isnoneornil(L, 2)) {
         lua_settop(L, 1);

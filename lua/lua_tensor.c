@@ -13,8 +13,9 @@
  *   - whole-tensor reductions return 0-d tensors (:item() reads them);
  *   - misuse raises "<fn>: bad argument #n (what): expected X, got Y"
  *     (lucid_lua_argerror: "lucid.Tensor:narrow", "lucid.zeros");
- *     engine failures raise "lucid <status>: <message>" after every C
- *     temporary of the call has been released (see fail()).
+ *     engine failures raise "lucid <status>: <fn>: <message>" after every
+ *     C temporary of the call has been released (see fail()); <fn> is the
+ *     function the user called, never the engine op inside it.
  * The userdata is one `lucid_tensor *` slot holding one reference; :free()
  * releases it early and __gc is the safety net (double free is a no-op).
  */
@@ -26,18 +27,46 @@
 
 /* ------------------------------------------------------------ helpers */
 
-/* Raise the engine error of ctx after releasing up to two temporaries. The
- * message is copied onto the Lua stack first, so releasing cannot touch it. */
+/* The engine message without its leading engine op ("view: ", "copy: ",
+ * "rand_uniform: ": a lower-case identifier and ": "), which the function
+ * the user called replaces. */
+static const char *without_op(const char *msg) {
+    size_t i = 0;
+    while ((msg[i] >= 'a' && msg[i] <= 'z') || msg[i] == '_' ||
+           (i > 0 && msg[i] >= '0' && msg[i] <= '9'))
+        i++;
+    return (i > 0 && msg[i] == ':' && msg[i + 1] == ' ') ? msg + i + 2 : msg;
+}
+
+/* Raise the engine error of ctx after releasing up to two temporaries:
+ * "lucid <status>: <fn>: <message>", <fn> the function the user called
+ * ("lucid.Tensor:reshape", not the engine's "view"). The message is copied
+ * onto the Lua stack first, so releasing cannot touch it. */
 static int fail(lua_State *L, lucid_ctx *ctx, lucid_status s, lucid_tensor *t1,
                 lucid_tensor *t2) {
     luaL_where(L, 1);
-    lua_pushfstring(L, "lucid %s: %s", lucid_status_name(s),
-                    lucid_ctx_error(ctx));
+    const char *fn = lucid_lua_function_name(L);
+    lua_pushfstring(L, "lucid %s: %s: %s", lucid_status_name(s), fn,
+                    without_op(lucid_ctx_error(ctx)));
+    lua_remove(L, -2);
     lucid_ctx_clear_error(ctx);
     lucid_tensor_release(t1);
     lucid_tensor_release(t2);
     lua_concat(L, 2);
     return lua_error(L);
+}
+
+/* Arithmetic (unary, binary, matmul, rand) exists for the float dtypes
+ * only: raise naming the argument at idx (argname "self", "other",
+ * "opts.dtype") and its dtype otherwise. */
+static void check_float_dtype(lua_State *L, int idx, const char *argname,
+                              lucid_dtype dt) {
+    if (lucid_dtype_is_float(dt)) return;
+    lucid_lua_argerror(L, idx,
+                       lua_pushfstring(L, "%s: expected a float dtype (f32, f64, "
+                                          "bf16 or f16), got %s; convert with "
+                                          ":float() first",
+                                       argname, lucid_dtype_name(dt)));
 }
 
 static lucid_tensor *self_tensor(lua_State *L) {
@@ -60,14 +89,15 @@ static int same_device(lucid_device a, lucid_device b) {
 static void check_device_usable(lua_State *L, lucid_device d) {
     if (d.type != LUCID_CUDA) return;
     int n = lucid_cuda_device_count();
+    if (n > 0 && d.index < n) return;
+    const char *fn = lucid_lua_function_name(L);
     if (n == 0)
-        luaL_error(L, "lucid unsupported: device cuda:%d requested but CUDA is "
-                      "not available (CPU-only build or no GPU visible)",
-                   d.index);
-    if (d.index >= n)
-        luaL_error(L, "lucid unsupported: device cuda:%d requested but %d CUDA "
-                      "device(s) visible",
-                   d.index, n);
+        luaL_error(L, "lucid unsupported: %s: device cuda:%d requested but CUDA "
+                      "is not available (CPU-only build or no GPU visible)",
+                   fn, d.index);
+    luaL_error(L, "lucid unsupported: %s: device cuda:%d requested but %d CUDA "
+                  "device(s) visible",
+               fn, d.index, n);
 }
 
 /* 0-based dim from the 1-based (or negative) Lua value at idx. */
@@ -224,6 +254,8 @@ static int rand_ctor(lua_State *L, int normal) {
     int64_t shape[LUCID_MAX_DIMS];
     ctor_opts o;
     int ndim = shape_and_opts(L, shape, &o);
+    check_float_dtype(L, lua_type(L, 1) == LUA_TNUMBER ? 1 + ndim : 2,
+                      "opts.dtype", o.dt);
     lucid_tensor *t = new_tensor(L, o.ctx, o.dev, o.dt, ndim, shape);
     uint64_t seed, off;
     lucid_ctx_rng_next(o.ctx, (uint64_t)lucid_tensor_numel(t), &seed, &off);
@@ -909,6 +941,9 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     if (!a && !b) lucid_lua_argerror(L, 1, "expected at least one lucid.Tensor");
     if (inplace && !a) lucid_lua_argerror(L, 1, "self: expected lucid.Tensor");
     const lucid_tensor *base = a ? a : b;
+    if (inplace) check_float_dtype(L, 1, "self", a->dtype);
+    else if (!lucid_dtype_is_float(a && b ? promote(a->dtype, b->dtype) : base->dtype))
+        check_float_dtype(L, a ? 1 : 2, a ? "self" : "other", base->dtype);
     lucid_ctx *ctx = lucid_tensor_ctx(base);
     lucid_status s;
     if (inplace) {
@@ -961,6 +996,7 @@ static int l_div_(lua_State *L) { return binary(L, LUCID_OP_DIV, 1); }
  *   (float dtypes). */
 static int unary(lua_State *L, lucid_unary_op op) {
     lucid_tensor *a = self_tensor(L);
+    check_float_dtype(L, 1, "self", a->dtype);
     lucid_ctx *ctx = lucid_tensor_ctx(a);
     lucid_tensor *out = new_tensor(L, ctx, lucid_tensor_device(a), a->dtype,
                                    a->ndim, a->shape);
@@ -1082,6 +1118,8 @@ static int l_matmul(lua_State *L) {
     if (b->ndim > 2 && a->ndim != b->ndim)
         lucid_lua_argerror(L, 2, lua_pushfstring(L, "other: %d dims but self has %d",
                                             b->ndim, a->ndim));
+    check_float_dtype(L, 1, "self", a->dtype);
+    check_float_dtype(L, 2, "other", b->dtype);
     lucid_ctx *ctx = lucid_tensor_ctx(a);
     lucid_tensor *a2 = NULL, *b2 = NULL, *ua = NULL, *ub = NULL, *out = NULL;
     int ta = 0, tb = 0;

@@ -85,6 +85,67 @@ describe("argument errors name their function", function()
     os.remove(path)
   end)
 
+  it("engine failures of tensor functions name the function called, not the engine op", function()
+    -- each: the call (non-tail, so the call site is known) and the message
+    -- after "file:line: "
+    local i64 = lucid.zeros({2, 3}, { dtype = "i64" })
+    local cases = {
+      { function() local x = t:reshape({4, 4}); return x end,
+        "lucid argument error: lucid.Tensor:reshape: shape [4,4] has 16 elements but the tensor [2,3] has 6" },
+      { function() local x = t:view({4, 4}); return x end,
+        "lucid argument error: lucid.Tensor:view: shape [4,4] has 16 elements but the tensor [2,3] has 6" },
+      { function() local x = t:t():view({6}); return x end,
+        "lucid argument error: lucid.Tensor:view: the tensor is not contiguous; clone() it first" },
+      { function() local x = t:copy_(lucid.zeros({3})); return x end,
+        "lucid argument error: lucid.Tensor:copy_: destination shape [2,3] and source shape [3] differ" },
+      { function() local x = t:add_(lucid.zeros({4})); return x end,
+        "lucid argument error: lucid.Tensor:add_: shape [4] does not broadcast to [2,3]" },
+      { function() local x = lucid.matmul(t, lucid.zeros({4, 2})); return x end,
+        "lucid argument error: lucid.matmul: inner dimensions differ: op(a) is 2x3 (K = 3) but op(b) is 4x2 (K = 4)" },
+      { function() local x = lucid.empty({2 ^ 40, 2 ^ 40}); return x end,
+        "lucid argument error: lucid.empty: tensor size overflows" },
+      { function() local x = lucid.rand({2}, { dtype = "i64" }); return x end,
+        "lucid.rand: bad argument #2 (opts.dtype): expected a float dtype (f32, f64, bf16 or f16), got i64; "
+          .. "convert with :float() first" },
+      { function() local x = lucid.randn(2, 3, { dtype = "u8" }); return x end,
+        "lucid.randn: bad argument #3 (opts.dtype): expected a float dtype (f32, f64, bf16 or f16), got u8; "
+          .. "convert with :float() first" },
+      { function() local x = i64:log(); return x end,
+        "lucid.Tensor:log: bad self: expected a float dtype (f32, f64, bf16 or f16), got i64; convert with :float() first" },
+      { function() local x = lucid.exp(i64); return x end,
+        "lucid.exp: bad argument #1 (self): expected a float dtype (f32, f64, bf16 or f16), got i64; "
+          .. "convert with :float() first" },
+      { function() local x = i64:div(2); return x end,
+        "lucid.Tensor:div: bad self: expected a float dtype (f32, f64, bf16 or f16), got i64; convert with :float() first" },
+      { function() local x = 2 - i64; return x end,
+        "lucid.Tensor.__sub: bad argument #2 (other): expected a float dtype (f32, f64, bf16 or f16), got i64; "
+          .. "convert with :float() first" },
+      { function() local x = t:matmul(lucid.zeros({3, 2}, { dtype = "i32" })); return x end,
+        "lucid.Tensor:matmul: bad argument #1 (other): expected a float dtype (f32, f64, bf16 or f16), got i32; "
+          .. "convert with :float() first" },
+    }
+    if not lucid.cuda_available() then
+      cases[#cases + 1] = { function() local x = t:cuda(); return x end,
+        "lucid unsupported: lucid.Tensor:cuda: device cuda:0 requested but CUDA is not available "
+          .. "(CPU-only build or no GPU visible)" }
+    end
+    for _, c in ipairs(cases) do
+      local e = err_of(c[1])
+      assert.matches("^spec/arg_errors_spec%.lua:%d+: ", e)
+      assert.are.equal(c[2], bare(e))
+      -- the message names a public function first, no engine-internal op
+      assert.is_truthy(bare(e):match("^lucid %a[%a ]*: lucid%.[%w_.:]+: ") or bare(e):match("^lucid%.[%w_.:]+: bad "), e)
+      for _, op in ipairs({ "rand_uniform", "rand_normal", "unary", "binary", " view:", " copy:", " matmul:" }) do
+        assert.is_nil(bare(e):find(op, 1, true), op .. " in " .. e)
+      end
+    end
+    -- negative control: valid calls and mixed float/integer arithmetic work
+    assert.are.same({ 3, 2 }, t:reshape({3, 2}):shape())
+    assert.are.equal("f32", t:add(i64):dtype())
+    assert.are.equal("f64", lucid.rand({2}, { dtype = "f64" }):dtype())
+    assert.are.equal(0, i64:sum():item())
+  end)
+
   it("Lua constructors and options name the function, the argument and the value", function()
     local nn = require("lucid.nn")
     local function msg(f, ...)

@@ -111,7 +111,8 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
     assert.is_true(rok, tostring(res))
     local text = table.concat(printed)
     assert.truthy(text:find("Resuming training from " .. tmp .. "/killed/weights/last.safetensors: epoch 2/3 "
-      .. "completed, continuing with epoch 3/3\n", 1, true), text)
+      .. "completed, continuing with epoch 3/3\nContinuing the run in " .. tmp .. "/killed (its weights/ and "
+      .. "results.csv are updated there)\n", 1, true), text)
     assert.truthy(text:find("\nepoch 3/3 "), text)
     assert.falsy(text:find("\nepoch [12]/3 "), text) -- no progress line of a completed epoch
     assert.are.equal(3, #read_lines(res.save_dir .. "/results.csv") - 1)
@@ -163,7 +164,10 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
   end)
 
   it("an error raised in a callback reaches the caller unchanged and keeps the last checkpoint", function()
-    local tr = Trainer.new(cfg{ name = "fails", epochs = 2 })
+    -- runs/fails is taken: this run gets fails2 (Ultralytics increment_path)
+    os.execute("mkdir -p '" .. tmp .. "/fails'")
+    write_bytes(tmp .. "/fails/results.csv", "another run\n")
+    local tr = Trainer.new(cfg{ name = "fails", epochs = 2, exist_ok = false })
     local model = build(tr)
     local sentinel = setmetatable({}, { __tostring = function() return "my error object" end })
     local err_seen
@@ -175,9 +179,42 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
     assert.is_false(ok)
     assert.are.equal(sentinel, err)
     assert.are.equal(sentinel, err_seen)
-    local lines = read_lines(tmp .. "/fails/results.csv")
+    local lines = read_lines(tmp .. "/fails2/results.csv")
     assert.are.equal(2, #lines) -- header + epoch 1
-    assert.is_truthy(tensors(tmp .. "/fails/weights/last.safetensors")["model.0.conv.weight"])
+    assert.is_truthy(tensors(tmp .. "/fails2/weights/last.safetensors")["model.0.conv.weight"])
+  end)
+
+  it("a copied checkpoint resumes into the run folder its settings name, and the trainer says which", function()
+    local src = tmp .. "/fails2/weights/last.safetensors"
+    assert.is_truthy(io.open(src, "rb"), "needs the previous test")
+    -- the settings saved in it name the folder the run wrote, not the name asked for
+    local ck = checkpoint.load(src)
+    assert.are.equal("fails2", ck.config.name)
+    ck:close()
+    os.execute("mkdir -p '" .. tmp .. "/elsewhere'")
+    local copy = tmp .. "/elsewhere/copy.safetensors"
+    write_bytes(copy, read_bytes(src))
+    -- what the recipes do: the saved settings, then the allowed command-line overrides
+    local recipe = require "lucid.recipe"
+    local rcfg = recipe.apply_resume(cfg{ resume = copy }, cfg{}, { "quiet=false" }, checkpoint.load)
+    assert.are.equal("fails2", rcfg.name)
+    local tr = Trainer.new(rcfg)
+    local printed, stdout = {}, io.stdout
+    io.stdout = { write = function(self, ...) for _, v in ipairs({ ... }) do printed[#printed + 1] = v end
+      return self end, flush = function() end }
+    local ok, res = pcall(tr.fit, tr, build(tr))
+    io.stdout = stdout
+    assert.is_true(ok, tostring(res))
+    local text = table.concat(printed)
+    assert.truthy(text:find("\nContinuing the run in " .. tmp .. "/fails2 (its weights/ and results.csv are updated "
+      .. "there; " .. copy .. " is outside this folder: project= and name= choose another)\n", 1, true), text)
+    assert.are.equal(tmp .. "/fails2", res.save_dir)
+    assert.are.equal(3, #read_lines(tmp .. "/fails2/results.csv")) -- header + epochs 1 and 2
+    -- nothing written beside the copy, nor into the other run's folder
+    local p = io.popen("ls -A '" .. tmp .. "/elsewhere'")
+    assert.are.equal("copy.safetensors\n", p:read("*a"))
+    p:close()
+    assert.are.equal("another run\n", read_bytes(tmp .. "/fails/results.csv"))
   end)
 
   it("reuses one Trainer for two models; a callback left for the first is not called for the second", function()

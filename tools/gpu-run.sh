@@ -13,10 +13,12 @@
 #   verify     make test-gpu (timed, one command), then bench_optim (with and
 #              without the programmatic dependent launch), bench_bnsilu,
 #              bench_model; logs packed into $out/logs.tgz
-#   ab         the CUDA C tests, busted --tags=gpu, then A/B switches in one
-#              call: bench_model and a recorded fit with LUCID_PDL=0/1 and
-#              LUCID_CONV1X1=igemm/gemm, and the kernel census of the
-#              default; logs packed into $out/logs.tgz
+#   ab         the CUDA C tests, busted --tags=gpu, then A/B arms in one call
+#              (AB_CONFIGS="ENV=a;ENV=b ..."): bench_model and a recorded fit
+#              per arm, and the kernel census of the default; logs packed
+#              into $out/logs.tgz
+#   testab     as ab, with make test-gpu (timed, one command) instead of the
+#              separate test programs
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
 #              routes); logs packed into $out/logs.tgz
@@ -115,21 +117,31 @@ if [ "$what" = verify ]; then
   timeout 90 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -1 "$l/bench_model.log"
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
-if [ "$what" = ab ]; then
+if [ "$what" = ab ] || [ "$what" = testab ]; then
   l=$out/logs; mkdir -p "$l"
-  make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
-  for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda*; do
-    [ -x "$t" ] || continue
-    n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
-    echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
-    grep '^not ok' "$l/$n.log" | head -8
-  done
-  timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
-  echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
-  grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+  if [ "$what" = testab ]; then
+    t0=$(date +%s)
+    timeout "${TEST_TIMEOUT:-400}" make -j"$(nproc)" test-gpu > "$l/test.log" 2>&1; rc=$?
+    echo "make test-gpu: rc $rc, $(( $(date +%s) - t0 )) s"
+    tar czf "$l/test-logs.tgz" build/test-logs 2>/dev/null
+    grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log"
+    grep -E '^    (not ok|busted exited)' "$l/test.log" | head -30
+  else
+    make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
+    for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda*; do
+      [ -x "$t" ] || continue
+      n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
+      echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
+      grep '^not ok' "$l/$n.log" | head -8
+    done
+    timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
+    echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
+    grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+  fi
   export LUCID_PROGRESS=plain
-  for cfg in "LUCID_PDL=1 LUCID_CONV1X1=igemm" "LUCID_PDL=0 LUCID_CONV1X1=igemm" "LUCID_PDL=1 LUCID_CONV1X1=gemm" \
-             "LUCID_PDL=0 LUCID_CONV1X1=gemm"; do
+  # AB_CONFIGS: ';'-separated environment settings, one A/B arm each
+  IFS=';' read -r -a cfgs <<< "${AB_CONFIGS:-LUCID_PDL=1;LUCID_PDL=0;LUCID_PDL=graph}"
+  for cfg in "${cfgs[@]}"; do
     tag=$(echo "$cfg" | tr ' =' '_-')
     env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1
     env $cfg timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1

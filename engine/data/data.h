@@ -399,7 +399,9 @@ typedef struct lucid_loader_options {
     int batch;        /* B */
     int imgsz;        /* output H = W (defaults to the dataset imgsz) */
     int max_gt;       /* instance slots per image in the target tensors */
-    int threads;      /* persistent worker threads (>= 1) */
+    int threads;      /* persistent worker threads (0..256); 0: no
+                         threads, lucid_loader_next assembles each batch in
+                         the calling thread (same bytes; prefetch unused) */
     int prefetch;     /* batches prepared ahead (>= 1) */
     int shuffle;      /* shuffle order per epoch from (seed, epoch) */
     int drop_last;    /* 0: the short last batch is delivered (reference) */

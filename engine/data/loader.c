@@ -20,6 +20,9 @@
  *     cache) is stored with its message and returned by lucid_loader_next.
  *   - lucid_loader_start_epoch cancels unfinished work: it waits for the
  *     samples in flight, then discards the slots.
+ *   - threads = 0 (Ultralytics workers=0): no worker thread and one slot;
+ *     lucid_loader_next assembles the batch in the calling thread with the
+ *     same per-sample code, so the bytes equal those of any thread count.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -47,6 +50,11 @@ struct lucid_loader {
     slot *slots;
     int nthreads;
     pthread_t *threads;
+    /* threads = 0: the calling thread's scratch (worker_main's locals) */
+    lucid_ctx *sync_ctx;
+    lucid_aug_work sync_work;
+    lucid_instances sync_inst;
+    lucid_image sync_img;
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
     /* epoch state (under mu) */
@@ -280,14 +288,15 @@ lucid_status lucid_loader_create(lucid_ctx *ctx, lucid_dataset *ds,
     if (!opt) opt = &def;
     const lucid_dataset_options *dopt = lucid_dataset_opts(ds);
     int S = opt->imgsz > 0 ? opt->imgsz : dopt->imgsz;
-    if (opt->batch < 1 || opt->max_gt < 1 || opt->threads < 1 ||
+    if (opt->batch < 1 || opt->max_gt < 1 || opt->threads < 0 ||
         opt->threads > 256 || opt->prefetch < 1 || S < 32 || S % 2)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
-                            "loader options: batch %d, max_gt %d, threads %d "
-                            "(1..256), prefetch %d must be >= 1 and imgsz %d "
-                            "even and >= 32",
-                            opt->batch, opt->max_gt, opt->threads,
-                            opt->prefetch, S);
+                            "loader options: batch %d, max_gt %d, prefetch %d "
+                            "must be >= 1, threads %d in 0..256 (0: batches "
+                            "made in the calling thread) and imgsz %d even "
+                            "and >= 32",
+                            opt->batch, opt->max_gt, opt->prefetch,
+                            opt->threads, S);
     lucid_loader *ld = calloc(1, sizeof *ld);
     if (!ld) return lucid_seterr(ctx, LUCID_ERR_OOM, "loader: out of memory");
     ld->ctx = ctx;
@@ -300,10 +309,11 @@ lucid_status lucid_loader_create(lucid_ctx *ctx, lucid_dataset *ds,
     ld->B = opt->batch;
     ld->G = opt->max_gt;
     ld->held = -1;
-    ld->nslots = opt->prefetch + 1;
+    /* threads = 0: nothing is prepared ahead, one slot is enough */
+    ld->nslots = opt->threads == 0 ? 1 : opt->prefetch + 1;
     ld->order = malloc(sizeof(int64_t) * (ds->n > 0 ? ds->n : 1));
     ld->slots = calloc(ld->nslots, sizeof(slot));
-    ld->threads = calloc(opt->threads, sizeof(pthread_t));
+    ld->threads = calloc(opt->threads > 0 ? opt->threads : 1, sizeof(pthread_t));
     pthread_mutex_init(&ld->mu, NULL);
     pthread_cond_init(&ld->cv_work, NULL);
     pthread_cond_init(&ld->cv_done, NULL);
@@ -312,6 +322,14 @@ lucid_status lucid_loader_create(lucid_ctx *ctx, lucid_dataset *ds,
         st = lucid_seterr(ctx, LUCID_ERR_OOM, "loader: out of memory");
     for (int i = 0; st == LUCID_OK && i < ld->nslots; i++)
         st = slot_init(ld, &ld->slots[i]);
+    if (st == LUCID_OK && opt->threads == 0) {
+        /* worker_main's scratch, owned by the loader (its own CPU context
+         * for the per-sample errors, as a worker has) */
+        if (lucid_ctx_create(NULL, &ld->sync_ctx, NULL, 0) != LUCID_OK)
+            st = lucid_seterr(ctx, LUCID_ERR_OOM, "loader: out of memory");
+        else if (lucid_image_alloc(ld->sync_ctx, S, S, &ld->sync_img) != LUCID_OK)
+            st = lucid_seterr(ctx, LUCID_ERR_OOM, "loader: out of memory");
+    }
     for (int i = 0; st == LUCID_OK && i < opt->threads; i++) {
         if (pthread_create(&ld->threads[i], NULL, worker_main, ld) != 0)
             st = lucid_seterr(ctx, LUCID_ERR_OOM,
@@ -369,6 +387,34 @@ lucid_status lucid_loader_start_epoch(lucid_loader *ld, uint64_t epoch,
     return LUCID_OK;
 }
 
+/* threads = 0: assemble batch k in the calling thread, sample by sample as
+ * worker_main does (same augmentation call, same row writes). */
+static lucid_status sync_batch(lucid_loader *ld, int64_t k, slot *sl) {
+    sl->batch = k;
+    sl->done = 0;
+    sl->expected = (int)batch_size_of(ld, k);
+    sl->b.overflow = 0;
+    sl->b.max_count = 0;
+    for (int j = 0; j < sl->expected; j++) {
+        int64_t pos = k * ld->B + j, idx = ld->order[pos];
+        float hsv[3] = {0, 0, 0};
+        lucid_status st = lucid_augment_sample_ex(
+            ld->sync_ctx, ld->ds, &ld->params, ld->S, ld->opt.seed, ld->epoch, idx,
+            &ld->sync_work, &ld->sync_img, &ld->sync_inst, hsv, row_image(ld, sl, j));
+        if (st != LUCID_OK) {
+            sl->batch = -1;
+            return lucid_seterr(ld->ctx, st, "loader: %s", lucid_ctx_error(ld->sync_ctx));
+        }
+        int count = write_row(ld, sl, j, &ld->sync_inst, hsv);
+        sl->b.sample_index[j] = idx;
+        if (count > sl->b.max_count) sl->b.max_count = count;
+        if (count > ld->G) sl->b.overflow++;
+        sl->done++;
+    }
+    ld->next_sample = k * ld->B + sl->expected;
+    return LUCID_OK;
+}
+
 lucid_status lucid_loader_next(lucid_loader *ld, lucid_batch **out) {
     *out = NULL;
     pthread_mutex_lock(&ld->mu);
@@ -388,6 +434,13 @@ lucid_status lucid_loader_next(lucid_loader *ld, lucid_batch **out) {
     }
     int64_t k = ld->next_batch;
     slot *sl = &ld->slots[k % ld->nslots];
+    if (ld->nthreads == 0) { /* no workers: this thread assembles it */
+        lucid_status st = sync_batch(ld, k, sl);
+        if (st != LUCID_OK) {
+            pthread_mutex_unlock(&ld->mu);
+            return st;
+        }
+    }
     while (ld->err == LUCID_OK &&
            !(sl->batch == k && sl->done == sl->expected))
         pthread_cond_wait(&ld->cv_done, &ld->mu);
@@ -427,6 +480,10 @@ void lucid_loader_release(lucid_loader *ld) {
     free(ld->slots);
     free(ld->threads);
     free(ld->order);
+    lucid_image_free(&ld->sync_img);
+    lucid_instances_free(&ld->sync_inst);
+    lucid_aug_work_free(&ld->sync_work);
+    if (ld->sync_ctx) lucid_ctx_release(ld->sync_ctx);
     lucid_dataset_release(ld->ds);
     lucid_ctx_release(ld->ctx);
     free(ld);

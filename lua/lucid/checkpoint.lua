@@ -494,6 +494,7 @@ end
 --   ckpt:close().
 function M.load(path, opts)
   if type(path) ~= "string" then error("checkpoint.load: path: expected a string, got " .. type(path), 2) end
+  require("lucid.nn.util").check_options("checkpoint.load", opts, { "ctx" })
   local f = lucid.io.safetensors_open(path, opts and opts.ctx and { ctx = opts.ctx } or nil)
   local md = f:metadata()
   if md.format ~= M.FORMAT then
@@ -597,6 +598,8 @@ end
 -- @return self (epoch, iteration, last_opt_step ... for the trainer)
 function Ckpt:restore(targets)
   if type(targets) ~= "table" then error("ckpt:restore: targets: expected a table", 2) end
+  require("lucid.nn.util").check_options("ckpt:restore", targets,
+    { "model", "ema", "optimizer", "scaler", "block", "rng", "ctx" }, 2, "targets")
   local path = self.path
   local set = set_of(targets.model, "ckpt:restore: targets.model")
   local opt, ema = targets.optimizer, targets.ema

@@ -329,7 +329,9 @@ end
 local LOADER_KEYS = { batch = true, imgsz = true, max_gt = true, threads = true, prefetch = true,
                       shuffle = true, drop_last = true, seed = true, ctx = true }
 
--- data.loader(dataset, opts) -> Loader (persistent worker threads).
+-- data.loader(dataset, opts) -> Loader (persistent worker threads; threads = 0:
+-- none, each batch is made in the calling thread by loader:next(), with the
+-- same bytes as any thread count).
 function data.loader(ds, opts)
   for k in pairs(opts or {}) do
     if not LOADER_KEYS[k] then error("data.loader: unknown option '" .. tostring(k) .. "'", 2) end

@@ -131,13 +131,16 @@ local function parse(cfg, opts)
     else
       error("model: unknown module '" .. tostring(name) .. "' in layer " .. i, 3)
     end
-    local module
-    if n > 1 then
+    -- a block refusing its (scaled) arguments names the layer, raised at
+    -- the user's call (level 4: parse, __init, new, the caller)
+    local ok, module = pcall(function()
+      if n == 1 then return instantiate(name, args) end
       local list = {}
       for k = 1, n do list[k] = instantiate(name, args) end
-      module = containers.Sequential.new(list)
-    else
-      module = instantiate(name, args)
+      return containers.Sequential.new(list)
+    end)
+    if not ok then
+      error(string.format("model: layer %d (%s): %s", i, name, (tostring(module):gsub("^[^:]*:%d+: ", ""))), 4)
     end
     if name == "Pose" or name == "Detect" then
       module.stride = {}
@@ -222,15 +225,15 @@ function Model.__init(self, cfg, opts)
   self.stride = last.module.stride
   self.class_name = (last.type == "Pose") and "PoseModel" or "DetectionModel"
   self.input_grad = opts.input_grad and true or false
-  if opts.materialize ~= false then self:materialize(opts) end
+  if opts.materialize ~= false then self:materialize({ device = opts.device, dtype = opts.dtype, ctx = opts.ctx }) end
 end
 
 --- Allocate the flat parameter/gradient buffers and create the C modules
 -- (done by Model.new unless opts.materialize == false).
--- @param opts table|nil: device, dtype, ctx
+-- @param opts table|nil: device, dtype, ctx (another key is an error)
 -- @return lucid.ParamSet
 function Model:materialize(opts)
-  opts = opts or {}
+  opts = util.check_options("model:materialize", opts, { "device", "dtype", "ctx" })
   local set = nn.materialize(self, { device = opts.device, dtype = opts.dtype, ctx = opts.ctx })
   self.params = set
   if not self.input_grad then self.layers[1].module.conv:need_grad_input(false) end

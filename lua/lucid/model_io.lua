@@ -44,11 +44,12 @@ end
 -- With opts.strict == false the matching tensors are loaded and the rest is
 -- reported. Float dtypes are converted (an fp16 checkpoint loads into f32).
 -- @param path string
--- @param opts table|nil: strict (true)
+-- @param opts table|nil: strict (true); another key is an error
 -- @return report {loaded = n, missing = {names}, unexpected = {names},
 --   mismatched = {"name: file [..] vs model [..]"}}
 function M.load(self, path, opts)
-  opts = opts or {}
+  if type(path) ~= "string" then error("model:load: path: expected a string, got " .. util.describe(path), 2) end
+  opts = util.check_options("model:load", opts, { "strict" })
   local strict = opts.strict ~= false
   local io_ = binding()
   if not self.params then error("load: model is not materialised", 2) end

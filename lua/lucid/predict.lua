@@ -92,7 +92,7 @@ end
 -- missing = {names}, mismatched = {...}, unexpected = {names other than
 -- ema./optimizer./grad. entries}}.
 function predict.load_weights(model, path, opts)
-  opts = opts or {}
+  opts = require("lucid.nn.util").check_options("predict.load_weights", opts, { "ema", "partial" })
   if not (lucid.io and lucid.io.safetensors_open) then error("predict: lucid.io is not available", 2) end
   local rep = model:load(path, { strict = false })
   local unexpected, has_ema = {}, false

@@ -158,7 +158,12 @@ end
 -- the settings saved in the checkpoint replace the defaults, and of the
 -- command-line `args` only the keys of recipe.RESUME_OVERRIDES apply (the
 -- others are listed in the returned note and ignored, as Ultralytics'
--- resume does). Without resume, cfg is returned unchanged.
+-- resume does). Without resume, cfg is returned unchanged. The saved
+-- project and name are those of the folder the run wrote (the trainer saves
+-- runs/try2's name as "try2"), so the resumed run continues in its original
+-- run folder even when the file was copied elsewhere, as Ultralytics'
+-- resume does (project= and name= choose another; the trainer prints the
+-- folder).
 -- load_checkpoint: checkpoint.load (or a function path -> {config = table}).
 -- Errors: "resume: no checkpoint at <path> ..." when the file is missing; a
 -- file that is not a lucid checkpoint, or whose config metadata is not

@@ -40,6 +40,7 @@ local checkpoint = require "lucid.checkpoint"
 local step_mod = require "lucid.step"
 local recorded_step = require "lucid.recorded_step"
 local val_output = require "lucid.val_output"
+local nn_util = require "lucid.nn.util"
 
 local Trainer = {}
 Trainer.__index = Trainer
@@ -83,7 +84,8 @@ function Trainer.check_config(cfg)
   end
   int_at_least("batch", 1)
   int_at_least("epochs", 1)
-  if cfg.workers ~= nil then int_at_least("workers", 1) end
+  -- workers = 0: the batches are made in the training thread (Ultralytics workers=0)
+  if cfg.workers ~= nil then int_at_least("workers", 0) end
   if type(cfg.imgsz) ~= "number" or cfg.imgsz < 32 or cfg.imgsz % 32 ~= 0 then
     bad("imgsz", "a multiple of 32 (the network's largest stride), at least 32")
   end
@@ -103,10 +105,12 @@ function Trainer.check_config(cfg)
 end
 
 --- trainer:add_callback(event, fn, [opts]) — opts.persistent keeps the
--- callback for later fits (default: only the next or current fit).
+-- callback for later fits (default: only the next or current fit); another
+-- key is an error.
 function Trainer:add_callback(event, fn, opts)
   if not EVENTS[event] then error("add_callback: unknown event '" .. tostring(event) .. "'", 2) end
   if type(fn) ~= "function" then error("add_callback: fn must be a function", 2) end
+  nn_util.check_options("trainer:add_callback", opts, { "persistent" })
   local list = self.callbacks[event] or {}
   list[#list + 1] = { fn = fn, fit = (opts and opts.persistent) and "all" or (self.fitting and self.fit_id or self.fit_id + 1) }
   self.callbacks[event] = list
@@ -158,9 +162,20 @@ end
 -- step, when cfg.record_losses), step (step:stats(): route, recorded, replays,
 -- retirements, contract_us_per_replay and its parts when cfg.record),
 -- optimizer and ema (the fit's final lucid.Optimizer and lucid.EMA)}.
--- opts.resume = true | checkpoint path overrides cfg.resume.
+-- opts.resume = true | checkpoint path overrides cfg.resume (another key
+-- is an error). Resume: true continues <project>/<name> from its
+-- weights/last.safetensors; a path resumes from that file. Either way the
+-- run continues in the run folder <project>/<name> of cfg (no increment):
+-- its weights/ and results.csv are updated there, never beside a copied
+-- checkpoint. The recipes fill cfg from the settings saved in the
+-- checkpoint, whose name is the folder the run wrote (runs/try2 when
+-- runs/try was taken), so a checkpoint copied anywhere resumes into its
+-- original run folder, as Ultralytics' resume does; project= and name= on
+-- the command line choose another. Printed at the start: "Continuing the
+-- run in <folder> (...)".
 function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
+  opts = nn_util.check_options("trainer:fit", opts, { "resume" })
   self.fit_id = self.fit_id + 1
   self.fitting = true
   local state = { model = model, resources = {} }
@@ -255,7 +270,8 @@ function Trainer:_fit(state, opts)
     max_gt = math.max(16, 8 * math.ceil(4 * max_inst / 8))
   end
   -- loader threads: min(workers, CPUs), as Ultralytics build_dataloader
-  -- (batches are byte-identical whatever the thread count)
+  -- (batches are byte-identical whatever the thread count; 0: no loader
+  -- thread, each batch is made in this thread when the step asks for it)
   local workers = math.min(cfg.workers or 4, lucid.cpu_count())
   local function make_loader(ds, batch, shuffle)
     return own(state, data.loader(ds, { batch = batch, imgsz = S, max_gt = max_gt, threads = workers,
@@ -309,6 +325,13 @@ function Trainer:_fit(state, opts)
 
   -- run folder, resume ---------------------------------------------------------
   local save_dir = run_dir(cfg)
+  -- the settings saved in the checkpoints name the folder this run writes
+  -- (runs/try2 when runs/try was taken): a resume from such a file, even a
+  -- copy elsewhere, continues in that folder (Ultralytics keeps save_dir in
+  -- the checkpoint's args)
+  local saved_cfg = {}
+  for k, v in pairs(cfg) do saved_cfg[k] = v end
+  saved_cfg.name = save_dir:match("([^/]+)$") or cfg.name
   local start_epoch, best_fitness, last_opt_step = 0, nil, -1
   if resume then
     local path = type(resume) == "string" and resume or (save_dir .. "/weights/last.safetensors")
@@ -330,6 +353,12 @@ function Trainer:_fit(state, opts)
     -- epochs are shown 1-based, as the progress lines print them
     out:write(string.format("Resuming training from %s: epoch %d/%d completed, continuing with epoch %d/%d\n", path,
       start_epoch, E, start_epoch + 1, E))
+    -- where the resumed run writes: its run folder (project/name), not the
+    -- checkpoint's folder when the file was copied elsewhere
+    local function abs(p) return p:sub(1, 1) == "/" and p or ((os.getenv("PWD") or ".") .. "/" .. p) end
+    local inside = abs(path):sub(1, #abs(save_dir) + 1) == abs(save_dir) .. "/"
+    out:write(string.format("Continuing the run in %s (its weights/ and results.csv are updated there%s)\n", save_dir,
+      inside and "" or string.format("; %s is outside this folder: project= and name= choose another", path)))
   end
   mkdir_p(save_dir .. "/weights")
   local probe = io.open(save_dir .. "/weights/.write_test", "w")
@@ -483,7 +512,7 @@ function Trainer:_fit(state, opts)
     -- checkpoint adds epochs_completed = epoch + 1 (the "N/E" shown above)
     local ck = { model = model, ema = ema, optimizer = opt, scaler = scaler, ctx = ctx, epoch = epoch, epochs = E,
       iteration = nb * (epoch + 1), last_opt_step = last_opt_step, best_fitness = best_fitness,
-      data = { seed = cfg.seed, epoch = epoch }, config = cfg,
+      data = { seed = cfg.seed, epoch = epoch }, config = saved_cfg,
       grads = last_opt_step < nb * (epoch + 1) - 1, metadata = { accumulate = tostring(accumulate) } }
     local sp = cfg.save_period or 1
     -- best and last, from the same snapshot (one serialisation, two

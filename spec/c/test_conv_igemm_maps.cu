@@ -9,9 +9,9 @@
  * backward-data (one rounding, 2^-9 relative); a wrong index gives O(1).
  */
 #include "nn_conv_igemm.cu"
-/* cuda/backend.cu (lucid_pdl_enabled, used by lucid_launch in the included
+/* cuda/backend.cu (lucid_pdl_for_stream, used by lucid_launch in the included
  * launch code) is not linked into this host-only test; nothing is launched. */
-int lucid_pdl_enabled(void) { return 0; }
+int lucid_pdl_for_stream(cudaStream_t) { return 0; }
 #include <vector>
 #include <cstdio>
 #include <cstdlib>

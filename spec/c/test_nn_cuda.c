@@ -315,7 +315,11 @@ static void test_bn(int64_t N, int64_t C, int64_t H, int64_t W, int affine,
     RUN(NAME("%s: eval forward", pre),
         lucid_nn_batchnorm2d_forward(ctx, gx, gy, gw, gb, grm, grv, NULL, gsm, gsi, 0, mom,
                                      eps));
-    cmp_pw(NAME("%s: eval forward y", pre), gy, hy, 0.0);
+    /* 1 ulp, or 1e-6 of the largest |y|: the running statistics the two sides
+     * use come from their own training steps (equal within ptol, not bitwise),
+     * and y = x*scale + shift cancels to ~1e-7 where x ~ mean (seen on the
+     * H200: 8.0e-08 vs 8.6e-08 in a tensor of max |y| ~ 3) */
+    cmp_pw(NAME("%s: eval forward y", pre), gy, hy, 1e-6);
     cmp_rel(NAME("%s: eval save_invstd", pre), gsi, hsi, ptol);
     lucid_fill(ctx, gdx, NAN);
     RUN(NAME("%s: eval backward cpu", pre),

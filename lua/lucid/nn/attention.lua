@@ -9,6 +9,21 @@ local Conv = require("lucid.nn.blocks").Conv
 
 local acc = containers.accumulate
 local A = {}
+local sig = util.signature
+
+--- Whether dim channels split into num_heads heads with key_dim >= 1:
+-- nil, or the argument to blame (blame_heads; blame_ratio, when given, for
+-- a key_dim of 0) and the message for util.signature's check.
+function A.check_heads(dim, num_heads, attn_ratio, blame_heads, blame_ratio)
+  if dim % num_heads ~= 0 then
+    return blame_heads, string.format("num_heads = %d must divide the channels (%d)", num_heads, dim)
+  end
+  local key_dim = util.int(math.floor(dim / num_heads) * attn_ratio)
+  if key_dim < 1 then
+    return blame_ratio or blame_heads, string.format("key_dim = int(%d // %d * %s) = %d; expected >= 1",
+      dim, num_heads, util.pyrepr(attn_ratio), key_dim)
+  end
+end
 
 ---------------------------------------------------------------- Attention
 local Attention = util.class("Attention", Module)
@@ -36,6 +51,13 @@ function Attention.__init(self, dim, num_heads, attn_ratio)
   self._av = self:helper(P.MatMul.new(false, true, 1.0))          -- v attn^T
   self._sum = self:helper(P.Add.new())
 end
+
+Attention._args = sig("nn.Attention", {
+  { "dim", "int", min = 1 }, { "num_heads", "int", min = 1, opt = true },
+  { "attn_ratio", "number", gt = 0, opt = true },
+}, function(dim, num_heads, attn_ratio)
+  return A.check_heads(dim, num_heads or 8, attn_ratio or 0.5, "num_heads", "attn_ratio")
+end)
 
 --- x [B, dim, H, W] -> proj(v attn^T + pe(v)), attn = softmax((q^T k) scale)
 -- over keys, N = H*W.
@@ -96,6 +118,13 @@ function PSABlock.__init(self, c, attn_ratio, num_heads, shortcut)
   end
 end
 
+PSABlock._args = sig("nn.PSABlock", {
+  { "c", "int", min = 1 }, { "attn_ratio", "number", gt = 0, opt = true },
+  { "num_heads", "int", min = 1, opt = true }, { "shortcut", "boolean", opt = true },
+}, function(c, attn_ratio, num_heads)
+  return A.check_heads(c, num_heads or 4, attn_ratio or 0.5, "num_heads", "attn_ratio")
+end)
+
 --- y = x1 + ffn(x1), x1 = x + attn(x) (without the sums when shortcut=false).
 function PSABlock:forward(x)
   local a = self.attn:forward(x)
@@ -124,7 +153,6 @@ A.C2PSA = C2PSA
 -- c = int(c1*e).
 function C2PSA.__init(self, c1, c2, n, e)
   Module.__init(self)
-  assert(c1 == c2, "C2PSA: c1 must equal c2")
   local c = util.int(c1 * (e or 0.5))
   self.c = c
   self:add("cv1", Conv.new(c1, 2 * c, 1, 1))
@@ -135,6 +163,20 @@ function C2PSA.__init(self, c1, c2, n, e)
   self._split = self:helper(P.Split.new(2, { c, c }))
   self._cat = self:helper(P.Concat.new(2))
 end
+
+C2PSA._args = sig("nn.C2PSA", {
+  { "c1", "int", min = 1 }, { "c2", "int", min = 1 }, { "n", "int", min = 1, opt = true },
+  { "e", "number", gt = 0, opt = true },
+}, function(c1, c2, n, e)
+  if c1 ~= c2 then return "c2", string.format("expected c2 == c1 (%d), got %d", c1, c2) end
+  local c = util.int(c1 * (e or 0.5))
+  local blame = e == nil and "c1" or "e"
+  if c < 64 then
+    return blame, string.format("hidden channels c = int(c1 * e) = int(%d * %s) = %d; expected >= 64 "
+      .. "(num_heads = c // 64)", c1, util.pyrepr(e or 0.5), c)
+  end
+  return A.check_heads(c, math.floor(c / 64), 0.5, blame)
+end)
 
 --- y = cv2(cat(a, m(b))), (a, b) = split(cv1(x)).
 function C2PSA:forward(x)

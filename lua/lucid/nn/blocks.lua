@@ -9,6 +9,34 @@ local containers = require("lucid.nn.containers")
 
 local acc = containers.accumulate
 local B = {}
+local sig = util.signature
+
+-- Argument entries shared by the block signatures.
+local function int(name, min, opt) return { name, "int", min = min, opt = opt } end
+local function bool(name) return { name, "boolean", opt = true } end
+local E = { "e", "number", gt = 0, opt = true }
+
+--- Hidden channels int(c * e) of a block (c: the argument named cname):
+-- nil, nil, h when h >= min, else the argument to blame (e when given, else
+-- cname) and the message for util.signature's check.
+function B.check_hidden(c, e, min, what, cname)
+  local h = util.int(c * (e or 0.5))
+  if h < min then
+    return e == nil and cname or "e", string.format("%s = int(%s * e) = int(%d * %s) = %d; expected >= %d",
+      what, cname, c, util.pyrepr(e or 0.5), h, min)
+  end
+  return nil, nil, h
+end
+
+--- Groups g (nil: 1) must divide every channel count given as (what, c)
+-- pairs: nil, or "g" and the message for util.signature's check.
+function B.check_groups_of(g, ...)
+  g = g or 1
+  for i = 1, select("#", ...), 2 do
+    local what, c = select(i, ...)
+    if c % g ~= 0 then return "g", string.format("groups %d must divide %s = %d", g, what, c) end
+  end
+end
 
 --------------------------------------------------------------------- Conv
 local Conv = util.class("Conv", Module)
@@ -26,6 +54,11 @@ function Conv.__init(self, c1, c2, k, s, p, g, d, act)
   if act == false then self:add("act", P.Identity.new())
   else self:add("act", P.SiLU.new()) end
 end
+
+Conv._args = sig("nn.Conv", {
+  int("c1", 1), int("c2", 1), int("k", 1, true), int("s", 1, true), int("p", 0, true),
+  int("g", 1, true), int("d", 1, true), bool("act"),
+}, function(c1, c2, k, s, p, g) return P.check_groups(c1, c2, g) end)
 
 --- y = act(bn(conv(x))). x [N, c1, H, W] -> [N, c2, H', W'].
 -- bn and act run as one fused BatchNorm2d+SiLU call when
@@ -66,6 +99,9 @@ B.DWConv = DWConv
 function DWConv.__init(self, c1, c2, k, s, d, act)
   Conv.__init(self, c1, c2, k, s, nil, util.gcd(c1, c2), d, act)
 end
+DWConv._args = sig("nn.DWConv", {
+  int("c1", 1), int("c2", 1), int("k", 1, true), int("s", 1, true), int("d", 1, true), bool("act"),
+})
 
 --------------------------------------------------------------- Bottleneck
 local Bottleneck = util.class("Bottleneck", Module)
@@ -84,6 +120,15 @@ function Bottleneck.__init(self, c1, c2, shortcut, g, k, e)
   self.add_ = shortcut and c1 == c2
   if self.add_ then self._sum = self:helper(P.Add.new()) end
 end
+
+Bottleneck._args = sig("nn.Bottleneck", {
+  int("c1", 1), int("c2", 1), bool("shortcut"), int("g", 1, true),
+  { "k", "ints", n = 2, min = 1, opt = true, what = "kernels of cv1 and cv2" }, E,
+}, function(c1, c2, shortcut, g, k, e)
+  local name, msg, h = B.check_hidden(c2, e, 1, "hidden channels c_", "c2")
+  if name then return name, msg end
+  return B.check_groups_of(g, "the hidden channels c_", h, "c2", c2)
+end)
 
 --- y = x + cv2(cv1(x)) (or without the residual).
 function Bottleneck:forward(x)
@@ -126,6 +171,14 @@ function C2f.__init(self, c1, c2, n, shortcut, g, e)
   for i = 1, n do list[i] = Bottleneck.new(self.c, self.c, shortcut or false, g, { 3, 3 }, 1.0) end
   self:add("m", containers.ModuleList.new(list))
 end
+
+C2f._args = sig("nn.C2f", {
+  int("c1", 1), int("c2", 1), int("n", 1, true), bool("shortcut"), int("g", 1, true), E,
+}, function(c1, c2, n, shortcut, g, e)
+  local name, msg, c = B.check_hidden(c2, e, 1, "hidden channels c", "c2")
+  if name then return name, msg end
+  return B.check_groups_of(g, "the hidden channels c", c)
+end)
 
 --- y = cv2(cat(y0, y1, m1(y1), m2(m1(y1)), ...)), (y0, y1) = chunk(cv1(x)).
 function C2f:forward(x)
@@ -187,6 +240,14 @@ function C3.__init(self, c1, c2, n, shortcut, g, e)
   self:add("m", containers.Sequential.new(list))
 end
 
+C3._args = sig("nn.C3", {
+  int("c1", 1), int("c2", 1), int("n", 1, true), bool("shortcut"), int("g", 1, true), E,
+}, function(c1, c2, n, shortcut, g, e)
+  local name, msg, c_ = B.check_hidden(c2, e, 1, "hidden channels c_", "c2")
+  if name then return name, msg end
+  return B.check_groups_of(g, "the hidden channels c_", c_)
+end)
+
 --- y = cv3(cat(m(cv1(x)), cv2(x))).
 function C3:forward(x)
   local a = self.m:forward(self.cv1:forward(x))
@@ -221,6 +282,9 @@ function C3k.__init(self, c1, c2, n, shortcut, g, e, k)
   for i = 1, n or 1 do list[i] = Bottleneck.new(c_, c_, shortcut, g, { k, k }, 1.0) end
   self:add("m", containers.Sequential.new(list))
 end
+C3k._args = sig("nn.C3k", {
+  int("c1", 1), int("c2", 1), int("n", 1, true), bool("shortcut"), int("g", 1, true), E, int("k", 1, true),
+}, C3._args.check)
 
 --------------------------------------------------------------------- C3k2
 local C3k2 = util.class("C3k2", C2f)
@@ -252,6 +316,20 @@ function C3k2.__init(self, c1, c2, n, c3k, e, attn, g, shortcut)
   self:add("m", containers.ModuleList.new(list))
 end
 
+C3k2._args = sig("nn.C3k2", {
+  int("c1", 1), int("c2", 1), int("n", 1, true), bool("c3k"), E, bool("attn"), int("g", 1, true),
+  bool("shortcut"),
+}, function(c1, c2, n, c3k, e, attn, g)
+  -- the inner blocks (Bottleneck or C3k with e = 0.5) halve c again
+  local name, msg, c = B.check_hidden(c2, e, 2, "hidden channels c", "c2")
+  if name then return name, msg end
+  local h = math.floor(c / 2)
+  if c3k and not attn then return B.check_groups_of(g, "the inner hidden channels c // 2", h) end
+  name, msg = B.check_groups_of(g, "the inner hidden channels c // 2", h, "the hidden channels c", c)
+  if name or not attn then return name, msg end
+  return require("lucid.nn.attention").check_heads(c, math.max(math.floor(c / 64), 1), 0.5, e == nil and "c2" or "e")
+end)
+
 --------------------------------------------------------------------- SPPF
 local SPPF = util.class("SPPF", Module)
 B.SPPF = SPPF
@@ -275,6 +353,10 @@ function SPPF.__init(self, c1, c2, k, n, shortcut)
   self.add_ = shortcut and c1 == c2 or false
   if self.add_ then self._sum = self:helper(P.Add.new()) end
 end
+
+SPPF._args = sig("nn.SPPF", {
+  int("c1", 2), int("c2", 1), { "k", "odd", min = 1, opt = true }, int("n", 1, true), bool("shortcut"),
+})
 
 --- y = cv2(cat(y0, m(y0), m(m(y0)), ...)) (+ x), y0 = cv1(x).
 function SPPF:forward(x)

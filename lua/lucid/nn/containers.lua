@@ -70,6 +70,25 @@ function Sequential.__init(self, ...)
   for i, m in ipairs(list) do self:add(tostring(i - 1), m) end
 end
 
+Sequential._args = util.signature("nn.Sequential", { { "...", "any" } }, function(...)
+  local n, first = select("#", ...), ...
+  while n > 0 and select(n, ...) == nil do n = n - 1 end
+  if n == 1 and type(first) == "table" and getmetatable(first) == nil then
+    for i, m in ipairs(first) do
+      if not (type(m) == "table" and m._modules) then
+        return "#1", string.format("entry %d: expected an nn module, got %s", i, util.describe(m))
+      end
+    end
+    return nil
+  end
+  for i = 1, n do
+    local m = select(i, ...)
+    if not (type(m) == "table" and m._modules) then
+      return "#" .. i, "expected an nn module (or one list of modules), got " .. util.describe(m)
+    end
+  end
+end)
+
 --- Number of children.
 function Sequential:len() return #self._modules end
 
@@ -111,6 +130,8 @@ function ModuleList.__init(self, list)
   Module.__init(self)
   for i, m in ipairs(list or {}) do self:add(tostring(i - 1), m) end
 end
+
+ModuleList._args = util.signature("nn.ModuleList", { { "list", "modules", opt = true } })
 
 --- Child i (1-based).
 function ModuleList:get(i) return self._modules[i].module end

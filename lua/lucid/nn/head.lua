@@ -14,6 +14,7 @@ local Conv, DWConv = blocks.Conv, blocks.DWConv
 local Sequential, ModuleList = containers.Sequential, containers.ModuleList
 local acc = containers.accumulate
 local H = {}
+local sig = util.signature
 
 ---------------------------------------------------------------------- DFL
 local DFL = util.class("DFL", P.Leaf)
@@ -27,6 +28,7 @@ function DFL.__init(self, c1)
   self.c1 = c1 or 16
   self:param("conv.weight", { 1, self.c1, 1, 1 }, { trainable = false, init = { kind = "arange" } })
 end
+DFL._args = sig("nn.DFL", { { "c1", "int", min = 1, opt = true } })
 function DFL:_make(C, set, prefix, ctx) return C.dfl(set, prefix, self.c1) end
 function DFL:repr()
   return "DFL(\n  (conv): Conv2d(" .. self.c1 .. ", 1, kernel_size=(1, 1), stride=(1, 1), bias=False)\n)"
@@ -39,6 +41,7 @@ H.Detect = Detect
 -- Constructor part shared with Pose.
 local function detect_init(self, nc, reg_max, ch, legacy)
   Module.__init(self)
+  nc = nc or 80
   self.nc, self.nl, self.reg_max = nc, #ch, reg_max or 16
   self.no = nc + self.reg_max * 4
   self.legacy = legacy and true or false
@@ -78,6 +81,12 @@ local function make_cats(self)
   end
 end
 
+-- Argument entries of the heads (ch: one entry per level, strides 8, 16, 32).
+local NC = { "nc", "int", min = 1, opt = true }
+local REG_MAX = { "reg_max", "int", min = 1, opt = true }
+local CH = { "ch", "ints", lo = 1, hi = 3, min = 1, what = "input channels per level, strides 8, 16, 32" }
+local LEGACY = { "legacy", "boolean", opt = true }
+
 --- Detect(nc=80, reg_max=16, ch={...}, legacy=false). Children: cv2 (box:
 -- Conv(x,c2,3), Conv(c2,c2,3), Conv2d(c2, 4*reg_max, 1)), cv3 (cls;
 -- YOLO11 depthwise or v8 legacy), dfl. c2 = max(16, ch1//4, 4*reg_max), c3
@@ -86,6 +95,8 @@ function Detect.__init(self, nc, reg_max, ch, legacy)
   detect_init(self, nc, reg_max, ch, legacy)
   make_cats(self)
 end
+
+Detect._args = sig("nn.Detect", { NC, REG_MAX, CH, LEGACY })
 
 --- x: list of nl feature maps [B, ch_i, H_i, W_i]. Returns {boxes, scores,
 -- (kpts), feats = x}.
@@ -166,5 +177,6 @@ function Pose.__init(self, nc, kpt_shape, reg_max, ch, legacy)
   self:add("cv4", ModuleList.new(kp))
   make_cats(self)
 end
+Pose._args = sig("nn.Pose", { NC, { "kpt_shape", "kpt_shape", opt = true }, REG_MAX, CH, LEGACY })
 
 return H

@@ -55,10 +55,16 @@ end
 -- first difference.
 -- @param module Module
 -- @param opts table|nil: ctx (Context), device ("cpu"), dtype ("f32" |
---   "f64"), prefix ("")
+--   "f64"), prefix (""); another key is an error
 -- @return lucid.ParamSet
 function nn.materialize(module, opts)
-  opts = opts or {}
+  if not (type(module) == "table" and getmetatable(module) and type(module._modules) == "table") then
+    error("nn.materialize: bad argument module: expected an nn module, got " .. util.describe(module), 2)
+  end
+  opts = util.check_options("nn.materialize", opts, { "ctx", "device", "dtype", "prefix" })
+  if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
+    error("nn.materialize: opts.prefix: expected a string, got " .. util.describe(opts.prefix), 2)
+  end
   local C = nn.binding()
   if module._set then error("materialize: module tree is already materialised", 2) end
   local set = C.ParamSet({ ctx = opts.ctx })

@@ -8,12 +8,14 @@ local util = require("lucid.nn.util")
 local Module = require("lucid.nn.module")
 
 local P = {}
+local sig = util.signature
 
 -- A leaf whose forward/backward are those of its C module.
 local Leaf = util.class("Leaf", Module)
 P.Leaf = Leaf
 
 function Leaf.__init(self) Module.__init(self) end
+Leaf._args = sig("nn.Leaf", {})
 
 --- Forward through the C module. x: tensor or list of tensors.
 function Leaf:forward(x)
@@ -48,13 +50,8 @@ P.Conv2d = Conv2d
 -- U(+-1/sqrt(fan_in)), fan_in = c1/g*k*k.
 function Conv2d.__init(self, c1, c2, k, s, p, g, d, bias)
   Leaf.__init(self)
-  local ci = util.check_int
-  ci("nn.Conv2d", "c1", c1, 1); ci("nn.Conv2d", "c2", c2, 1); ci("nn.Conv2d", "k", k, 1)
-  ci("nn.Conv2d", "s", s, 1, true); ci("nn.Conv2d", "p", p, 0, true)
-  ci("nn.Conv2d", "g", g, 1, true); ci("nn.Conv2d", "d", d, 1, true)
   s, g, d = s or 1, g or 1, d or 1
   if p == nil then p = util.int(d * (k - 1) / 2) end
-  assert(c1 % g == 0 and c2 % g == 0, "Conv2d: groups must divide channels")
   self.c1, self.c2, self.k, self.s, self.p, self.g, self.d = c1, c2, k, s, p, g, d
   self.has_bias = bias and true or false
   local fan_in = (c1 / g) * k * k
@@ -63,6 +60,22 @@ function Conv2d.__init(self, c1, c2, k, s, p, g, d, bias)
     self:param("bias", { c2 }, { init = { kind = "fan_in", fan_in = fan_in }, group = "bias" })
   end
 end
+
+--- Groups g (nil: 1) must divide both channel counts: nil, or the argument
+-- name "g" and the message for util.signature's check (Conv2d, Conv).
+function P.check_groups(c1, c2, g)
+  g = g or 1
+  if c1 % g ~= 0 or c2 % g ~= 0 then
+    return "g", string.format("groups %d must divide c1 = %d and c2 = %d", g, c1, c2)
+  end
+end
+
+Conv2d._args = sig("nn.Conv2d", {
+  { "c1", "int", min = 1 }, { "c2", "int", min = 1 }, { "k", "int", min = 1 },
+  { "s", "int", min = 1, opt = true }, { "p", "int", min = 0, opt = true },
+  { "g", "int", min = 1, opt = true }, { "d", "int", min = 1, opt = true },
+  { "bias", "boolean", opt = true },
+}, function(c1, c2, k, s, p, g) return P.check_groups(c1, c2, g) end)
 
 function Conv2d:_make(C, set, prefix, ctx)
   return C.conv2d(set, prefix, self.c1, self.c2, self.k, self.s, self.p, self.d, self.g, self.has_bias)
@@ -95,6 +108,11 @@ function BatchNorm2d.__init(self, c, eps, momentum)
   self:buffer("num_batches_tracked", {}, { dtype = "i64", init = { kind = "zeros" } })
 end
 
+BatchNorm2d._args = sig("nn.BatchNorm2d", {
+  { "c", "int", min = 1 }, { "eps", "number", gt = 0, opt = true },
+  { "momentum", "number", ge = 0, le = 1, opt = true },
+})
+
 function BatchNorm2d:_make(C, set, prefix, ctx)
   return C.batchnorm2d(set, prefix, self.c, self.eps, self.momentum)
 end
@@ -108,6 +126,7 @@ end
 local SiLU = util.class("SiLU", Leaf)
 P.SiLU = SiLU
 function SiLU.__init(self) Leaf.__init(self) end
+SiLU._args = sig("nn.SiLU", {})
 function SiLU:_make(C, set, prefix, ctx) return C.silu({ ctx = ctx }) end
 function SiLU:extra_repr() return "inplace=True" end
 
@@ -177,6 +196,7 @@ end
 local Identity = util.class("Identity", Module)
 P.Identity = Identity
 function Identity.__init(self) Module.__init(self) end
+Identity._args = sig("nn.Identity", {})
 --- Returns x unchanged.
 function Identity:forward(x) return x end
 --- Returns gy unchanged.
@@ -190,6 +210,11 @@ function MaxPool2d.__init(self, k, s, p)
   Leaf.__init(self)
   self.k, self.s, self.p = k, s or k, p or 0
 end
+MaxPool2d._args = sig("nn.MaxPool2d", {
+  { "k", "int", min = 1 }, { "s", "int", min = 1, opt = true }, { "p", "int", min = 0, opt = true },
+}, function(k, s, p)
+  if p and 2 * p > k then return "p", string.format("padding %d must be at most k/2 (k = %d)", p, k) end
+end)
 function MaxPool2d:_make(C, set, prefix, ctx) return C.maxpool2d(self.k, self.s, self.p, { ctx = ctx }) end
 function MaxPool2d:extra_repr()
   return string.format("kernel_size=%d, stride=%d, padding=%d, dilation=1, ceil_mode=False",
@@ -204,6 +229,7 @@ function Upsample.__init(self, scale)
   Leaf.__init(self)
   self.scale = scale or 2
 end
+Upsample._args = sig("nn.Upsample", { { "scale", "int", min = 1, opt = true } })
 function Upsample:_make(C, set, prefix, ctx) return C.upsample(self.scale, { ctx = ctx }) end
 function Upsample:extra_repr()
   return string.format("scale_factor=%.1f, mode='nearest'", self.scale)
@@ -219,8 +245,12 @@ P.Concat = Concat
 function Concat.__init(self, n, dim)
   Leaf.__init(self)
   self.n, self.d = n, dim or 1
-  assert(self.d == 1, "Concat: only dim 1 (channels) is supported")
 end
+Concat._args = sig("nn.Concat", {
+  { "n", "int", min = 1, max = 32 }, { "dim", "int", min = 1, opt = true },
+}, function(n, dim)
+  if dim and dim ~= 1 then return "dim", "only dim 1 (channels) is supported, got " .. dim end
+end)
 function Concat:_make(C, set, prefix, ctx) return C.concat(self.n, { ctx = ctx }) end
 
 local Split = util.class("Split", Leaf)
@@ -231,18 +261,27 @@ function Split.__init(self, n, sizes)
   Leaf.__init(self)
   self.n, self.sizes = n, sizes
 end
+Split._args = sig("nn.Split", {
+  { "n", "int", min = 1, max = 32 }, { "sizes", "ints", lo = 1, hi = 32, min = 1, opt = true },
+}, function(n, sizes)
+  if sizes and #sizes ~= n then
+    return "sizes", string.format("expected %d entries (one per piece), got %d", n, #sizes)
+  end
+end)
 function Split:_make(C, set, prefix, ctx) return C.split(self.n, self.sizes, { ctx = ctx }) end
 
 local Add = util.class("Add", Leaf)
 P.Add = Add
 --- y = a + b: forward({a, b}); backward gives {gy, gy}.
 function Add.__init(self) Leaf.__init(self) end
+Add._args = sig("nn.Add", {})
 function Add:_make(C, set, prefix, ctx) return C.add({ ctx = ctx }) end
 
 local Softmax = util.class("Softmax", Leaf)
 P.Softmax = Softmax
 --- Softmax over the last dim.
 function Softmax.__init(self) Leaf.__init(self) end
+Softmax._args = sig("nn.Softmax", {})
 function Softmax:_make(C, set, prefix, ctx) return C.softmax({ ctx = ctx }) end
 
 local MatMul = util.class("MatMul", Leaf)
@@ -252,6 +291,9 @@ function MatMul.__init(self, trans_a, trans_b, alpha)
   Leaf.__init(self)
   self.ta, self.tb, self.alpha = trans_a and true or false, trans_b and true or false, alpha or 1
 end
+MatMul._args = sig("nn.MatMul", {
+  { "trans_a", "boolean", opt = true }, { "trans_b", "boolean", opt = true }, { "alpha", "number", opt = true },
+})
 function MatMul:_make(C, set, prefix, ctx) return C.matmul(self.ta, self.tb, self.alpha, { ctx = ctx }) end
 
 return P

@@ -16,6 +16,9 @@ function M.class(name, parent)
   if parent then setmetatable(cls, { __index = parent }) end
   cls.__tostring = function(self) return self:repr() end
   function cls.new(...)
+    -- the class's own argument signature (M.signature), not a parent's
+    local sig = rawget(cls, "_args")
+    if sig then M.check_args(sig, ...) end
     local self = setmetatable({}, cls)
     self.__init(self, ...)
     return self
@@ -111,18 +114,177 @@ function M.shape_str(shape)
   return "[" .. table.concat(p, ", ") .. "]"
 end
 
---- M.check_int(who, name, v, min, optional) -> v: a named argument error
--- ("nn.Conv2d: bad argument c1: expected an integer >= 1, got string 'a'")
--- unless v is an integer >= min (or nil when optional).  Raised at the
--- user's constructor call (level 4: check_int, __init, new, the caller).
-function M.check_int(who, name, v, min, optional)
-  if v == nil and optional then return v end
-  if type(v) ~= "number" or v ~= math.floor(v) or v < min then
-    local got = type(v) == "string" and string.format("string '%s'", v) or
-      (type(v) == "number" and tostring(v) or type(v))
-    error(string.format("%s: bad argument %s: expected an integer >= %d, got %s", who, name, min, got), 4)
+--- A value as an argument error shows it: "string 'one'", "-16", "1.5",
+-- "{17, 3}" (a short list of numbers and strings), "nn.Conv" (a module),
+-- "lucid.Tensor" (a binding object), "table", "nil", "function", ...
+-- @param v any
+-- @return string
+function M.describe(v)
+  local t = type(v)
+  if t == "string" then return string.format("string '%s'", v) end
+  if t == "number" then return M.pyrepr(v) end
+  if t == "table" and getmetatable(v) == nil and next(v) ~= nil and #v <= 8 then
+    local p = {}
+    for k in pairs(v) do
+      if type(k) ~= "number" or k < 1 or k > #v or k ~= math.floor(k) then return "table" end
+    end
+    for i = 1, #v do
+      local e = v[i]
+      if type(e) == "number" then p[i] = M.pyrepr(e)
+      elseif type(e) == "string" then p[i] = "'" .. e .. "'"
+      elseif type(e) == "boolean" then p[i] = tostring(e)
+      else return "table" end
+    end
+    return "{" .. table.concat(p, ", ") .. "}"
   end
-  return v
+  local mt = (t == "table" or t == "userdata") and getmetatable(v)
+  if type(mt) == "table" and type(mt.__name) == "string" then
+    return (t == "table" and type(v._modules) == "table" and "nn." or "") .. mt.__name
+  end
+  return t
+end
+
+local function is_int(v, min)
+  return type(v) == "number" and v == math.floor(v) and v >= min and v < 2 ^ 31
+end
+
+-- The argument kinds of M.signature: each returns nil when v fits, else the
+-- "expected ..." part of the message. a = the argument's entry.
+local KINDS = {}
+function KINDS.int(v, a)
+  if is_int(v, a.min or 0) and (a.max == nil or v <= a.max) then return nil end
+  if a.max then return string.format("an integer in %d..%d", a.min or 0, a.max) end
+  return string.format("an integer >= %d", a.min or 0)
+end
+function KINDS.odd(v, a)
+  if is_int(v, a.min or 1) and v % 2 == 1 then return nil end
+  return string.format("an odd integer >= %d", a.min or 1)
+end
+function KINDS.number(v, a)
+  local ok = type(v) == "number" and v == v
+  if ok and a.gt ~= nil and not (v > a.gt) then ok = false end
+  if ok and a.ge ~= nil and not (v >= a.ge) then ok = false end
+  if ok and a.le ~= nil and not (v <= a.le) then ok = false end
+  if ok then return nil end
+  local r = {}
+  if a.gt ~= nil then r[#r + 1] = "> " .. M.pyrepr(a.gt) end
+  if a.ge ~= nil then r[#r + 1] = ">= " .. M.pyrepr(a.ge) end
+  if a.le ~= nil then r[#r + 1] = "<= " .. M.pyrepr(a.le) end
+  return "a number" .. (#r > 0 and " " .. table.concat(r, " and ") or "")
+end
+function KINDS.boolean(v) if type(v) == "boolean" then return nil end return "a boolean" end
+-- a list of a.n integers >= a.min (a.n nil: a.lo..a.hi entries)
+function KINDS.ints(v, a)
+  local lo, hi = a.n or a.lo or 1, a.n or a.hi or 32
+  local want = a.n and string.format("a list of %d integers >= %d", a.n, a.min or 1)
+    or string.format("a list of %d to %d integers >= %d", lo, hi, a.min or 1)
+  if a.what then want = want .. " (" .. a.what .. ")" end
+  if type(v) ~= "table" or getmetatable(v) ~= nil or #v < lo or #v > hi then return want end
+  for k in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > #v or k ~= math.floor(k) then return want end
+  end
+  for i = 1, #v do if not is_int(v[i], a.min or 1) then return want end end
+  return nil
+end
+function KINDS.kpt_shape(v)
+  if type(v) == "table" and #v == 2 and is_int(v[1], 1) and (v[2] == 2 or v[2] == 3) then return nil end
+  return "{K, 2} or {K, 3} (K keypoints >= 1; x, y[, visibility])"
+end
+local function is_module(v)
+  return type(v) == "table" and getmetatable(v) ~= nil and type(v._modules) == "table"
+end
+function KINDS.module(v) if is_module(v) then return nil end return "an nn module" end
+function KINDS.modules(v)
+  local want = "a list of nn modules"
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return want end
+  for k in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k > #v or k ~= math.floor(k) then return want end
+  end
+  for i = 1, #v do if not is_module(v[i]) then return want end end
+  return nil
+end
+function KINDS.any() return nil end
+
+--- Declare the positional arguments of a constructor (util.class's new
+-- checks them before __init runs, so a bad value raises at the user's call:
+-- "nn.C3k2: bad argument n: expected an integer >= 1, got string 'one'").
+-- @param who string: the constructor as the user calls it ("nn.C3k2")
+-- @param args list of {name, kind, opt = true (nil allowed), min, max, n,
+--   gt, ge, le, what}; kinds: int, odd, number, boolean, ints (a list of n
+--   or lo..hi integers), kpt_shape, module, modules, any (checked by
+--   `check`). A vararg constructor ends the list with {"...", kind}: every
+--   further argument is of that kind (nil allowed).
+-- @param check function|nil: check(...) over the arguments (after the
+--   per-argument checks) returning nil, or the argument's name and the
+--   message for a combination that cannot work ("g", "groups 3 must divide
+--   c1 = 16 and c2 = 32")
+-- @return table: the signature (assign to Class._args)
+function M.signature(who, args, check)
+  for _, a in ipairs(args) do
+    assert(KINDS[a[2]], "signature: unknown kind " .. tostring(a[2]))
+  end
+  return { who = who, args = args, check = check }
+end
+
+--- Check the arguments against a signature (M.signature); raises at the
+-- caller of the constructor (level 3: check_args, new, the caller).
+function M.check_args(sig, ...)
+  local n = select("#", ...)
+  while n > 0 and select(n, ...) == nil do n = n - 1 end -- trailing nils are absent arguments
+  local args, who = sig.args, sig.who
+  local last = args[#args]
+  local vararg = last and last[1] == "..."
+  local fixed = vararg and #args - 1 or #args
+  for i = 1, math.max(n, fixed) do
+    local v = (select(i, ...))
+    local a = args[i] or (vararg and last) or nil
+    if a == nil then
+      local most = fixed == 0 and "no arguments" or
+        string.format("at most %d argument%s", fixed, fixed == 1 and "" or "s")
+      error(string.format("%s: bad argument #%d: expected %s, got %d (extra: %s)", who, i, most, n,
+        M.describe(v)), 3)
+    end
+    if not (v == nil and (a.opt or (vararg and i > fixed))) then
+      local want = KINDS[a[2]](v, a)
+      if want then
+        local name = a[1] == "..." and "#" .. i or a[1]
+        error(string.format("%s: bad argument %s: expected %s, got %s", who, name, want, M.describe(v)), 3)
+      end
+    end
+  end
+  if sig.check then
+    local name, msg = sig.check(...)
+    if name then error(string.format("%s: bad argument %s: %s", who, name, msg), 3) end
+  end
+end
+
+--- Refuse what an options table must not hold: raises "<who>: opts:
+-- unknown option 'typo' (expected one of a, b, c)", or "<who>: opts:
+-- expected a table, got <value>" when opts is neither nil nor a table.
+-- @param who string: the function as the user calls it ("nn.materialize")
+-- @param opts table|nil
+-- @param keys list of the accepted keys, in the order the message lists them
+-- @param level integer|nil: as error()'s, seen from the function calling
+--   check_options (default 2: the caller of that function)
+-- @param what string|nil: the argument's name in the message ("opts")
+-- @return opts, or an empty table for nil
+function M.check_options(who, opts, keys, level, what)
+  level, what = (level or 2) + 1, what or "opts"
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    error(string.format("%s: %s: expected a table, got %s", who, what, M.describe(opts)), level)
+  end
+  for k in pairs(opts) do
+    local known = false
+    for _, key in ipairs(keys) do
+      if k == key then known = true break end
+    end
+    if not known then
+      error(string.format("%s: %s: unknown option '%s' (expected %s)", who, what, tostring(k),
+        #keys == 1 and keys[1] or "one of " .. table.concat(keys, ", ")), level)
+    end
+  end
+  return opts
 end
 
 return M
