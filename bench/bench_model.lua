@@ -5,6 +5,9 @@ eager route: median over timed iterations after warm-up, the device
 synchronised around each iteration. Run by `make bench`; read it against
 bench/bench_model_torch.py from the same run.
   luajit bench/bench_model.lua [device=auto] [batch=4] [imgsz=640] [iters=30]
+The engine's environment switches apply; the line names the 1x1 conv route
+(LUCID_CONV1X1, cuda/nn_conv_gemm.cuh), so an A/B of it is
+  luajit bench/bench_model.lua; LUCID_CONV1X1=gemm luajit bench/bench_model.lua
 ]]
 local lucid = require "lucid"
 local util = require "bench.util"
@@ -22,5 +25,6 @@ local function iter()
   return o
 end
 local med, lo, hi = util.measure(ctx, iter, cfg.warmup, cfg.iters)
-print(string.format("lucid %-24s %9.3f ms  (min %.3f, max %.3f)  [%s, %s, batch %d, %dpx]", "eager fwd+bwd", med, lo,
-  hi, dev, dt, B, S))
+local c1 = os.getenv("LUCID_CONV1X1")
+print(string.format("lucid %-24s %9.3f ms  (min %.3f, max %.3f)  [%s, %s, batch %d, %dpx%s]", "eager fwd+bwd", med, lo,
+  hi, dev, dt, B, S, (dev ~= "cpu" and c1 and c1 ~= "") and (", conv1x1 " .. c1) or ""))

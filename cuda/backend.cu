@@ -169,6 +169,9 @@ static lucid_status cuda_init_state(lucid_ctx *ctx, lucid_cuda_state *st,
                           st->cublas,
                           (cublasMath_t)(CUBLAS_DEFAULT_MATH |
                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    /* no atomics-based reductions (cuBLAS's default, made explicit): results
+     * stay bitwise identical run to run (matmul.cu, nn_conv_gemm.cu) */
+    CUBLAS_CHECK(ctx, cublasSetAtomicsMode(st->cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
     st->cublas_ws_bytes = LUCID_CUBLAS_WORKSPACE_BYTES;
     LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, st->cublas_ws_bytes,
                                 st->stream, &st->cublas_ws));

@@ -100,6 +100,8 @@ typedef struct lucid_cuda_nn_state {
     unsigned int *counters;         /* BN fold counters [LUCID_CUDA_NN_COUNTERS] */
     std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
+    int conv1x1;                    /* 1x1 route: 0 LUCID_CONV1X1, 1 igemm, 2 gemm
+                                       (lucid_cuda_nn_set_conv1x1, nn_conv_gemm.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -149,6 +151,13 @@ void lucid_cuda_nn_state_destroy(lucid_ctx *ctx);
  * for every conv that has a deterministic algorithm (depthwise included).
  * Returns the previous mode (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
+/* 1x1 route of ctx, for tests and benchmarks, overriding the process switch
+ * LUCID_CONV1X1 (nn_conv_gemm.cuh): 0 follow LUCID_CONV1X1 (the default),
+ * 1 implicit GEMM, 2 cuBLAS GEMM (other values read as 0).  Affects only
+ * eligible convs (bf16/f16, 1x1, groups 1, stride 1, no padding, dilation
+ * 1) in conv mode 0.  Returns the previous setting (-1 when ctx has no CUDA
+ * state). */
+int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/

@@ -4,7 +4,10 @@
  * implicit-GEMM tensor-core kernels (nn_conv_igemm.cu: no planning, no
  * per-shape warm-up, 3.5x less conv time per step than cuDNN's legacy API
  * on this network, bench/conv_lab); f32 and grouped convolutions go to cuDNN
- * (legacy convolution API); depthwise to nn_conv_dw.cu.
+ * (legacy convolution API); depthwise to nn_conv_dw.cu.  bf16/f16 1x1
+ * convs with stride 1, no padding and dilation 1 take cuBLAS GEMMs instead
+ * (nn_conv_gemm.cu) when LUCID_CONV1X1=gemm (default igemm until the H200
+ * A/B decides; lucid_cuda_nn_set_conv1x1 overrides it per context).
  *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
@@ -47,6 +50,7 @@
  */
 #include "nn_common.cuh"
 #include "nn_conv_igemm.cuh"
+#include "nn_conv_gemm.cuh"
 #include "nn_conv_dw.cuh"
 
 #include <limits.h>
@@ -65,7 +69,7 @@ typedef struct conv_geom {
 } conv_geom;
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
-enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3 };
+enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3, ROUTE_GEMM = 4 };
 
 struct lucid_cuda_conv_plan {
     int64_t key[16];
@@ -75,6 +79,8 @@ struct lucid_cuda_conv_plan {
     int depthwise;
     int igemm;        /* the implicit-GEMM kernels apply (bf16/f16, groups 1) */
     lucid_igemm_geom ig;
+    int gemm1x1;      /* the cuBLAS 1x1 route applies (nn_conv_gemm.cu) */
+    lucid_conv_gemm_geom gg;
     lucid_conv_dw_geom dwg; /* depthwise kernels (nn_conv_dw.cu) */
     size_t wbytes;    /* weight in the activation dtype (0 for f32) */
     int planned[3];   /* the pass's algorithm choice ran (have/ws final) */
@@ -359,6 +365,10 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
     pl->igemm = x->dtype != LUCID_F32 && g.G == 1 && g.N < INT_MAX && g.Cin < INT_MAX &&
                 g.H < INT_MAX && g.W < INT_MAX && g.Cout < INT_MAX &&
                 lucid_conv_igemm_fits(&pl->ig);
+    pl->gg = lucid_conv_gemm_geom{g.N, g.Cin, g.Cout, g.H * g.W};
+    pl->gemm1x1 = x->dtype != LUCID_F32 && g.G == 1 && g.kh == 1 && g.kw == 1 && g.sh == 1 &&
+                  g.sw == 1 && g.ph == 0 && g.pw == 0 && g.dh == 1 && g.dw == 1 &&
+                  lucid_conv_gemm_fits(&pl->gg);
     pl->wbytes = x->dtype == LUCID_F32
                      ? 0
                      : (size_t)(g.Cout * g.Cg * g.kh * g.kw) * lucid_dtype_size(x->dtype);
@@ -372,21 +382,43 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
     return LUCID_OK;
 }
 
-/* Route of a pass (*route: ROUTE_IGEMM, ROUTE_CUDNN or ROUTE_DIRECT).
+/* Route of a pass (*route: ROUTE_GEMM, ROUTE_IGEMM, ROUTE_DW, ROUTE_CUDNN
+ * or ROUTE_DIRECT).
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
- * with groups 1, the depthwise kernels of nn_conv_dw.cu for depthwise (any
- * dtype), cuDNN otherwise (f32 and grouped); 1 = the generic direct kernels
- * below for everything; 2 = cuDNN for everything it takes (depthwise
- * included).  A cuDNN pass is planned on its first call;
- * the pass's scratch is reserved here (the arena grows here, named `op`,
- * and never during capture).  *ws: the arena (cuDNN, and the split-K
- * partials of the implicit-GEMM backward-filter). */
+ * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
+ * 1x1 switch says gemm: lucid_cuda_nn_set_conv1x1, else LUCID_CONV1X1, read
+ * once per process; an unknown LUCID_CONV1X1 value is ERR_ARG here), the
+ * depthwise kernels of nn_conv_dw.cu for depthwise (any dtype), cuDNN
+ * otherwise (f32 and grouped); 1 = the generic direct kernels below for
+ * everything; 2 = cuDNN for everything it takes (depthwise included).  A
+ * cuDNN pass is planned on its first call; the pass's scratch is reserved
+ * here (the arena grows here, named `op`, and never during capture; the
+ * GEMM forward with a bias reserves its f32 output on top, in the
+ * forward).  *ws: the arena (cuDNN, the split-K partials of the
+ * implicit-GEMM passes, the GEMM route's weight cast and partials). */
 static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
                                lucid_cuda_conv_plan *pl, int pass, const char *op,
                                int *route, void **ws) {
     *route = ROUTE_DIRECT;
     *ws = NULL;
     if (ns->conv_mode == 1) return LUCID_OK;
+    if (ns->conv_mode == 0 && pl->gemm1x1) {
+        int gemm = ns->conv1x1 == 2;
+        if (ns->conv1x1 == 0) {
+            const char *v = "";
+            int sw = lucid_conv1x1_switch(&v);
+            if (sw < 0)
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: LUCID_CONV1X1=\"%s\" (expected gemm or igemm)", op, v);
+            gemm = sw == 1;
+        }
+        if (gemm) {
+            *route = ROUTE_GEMM;
+            size_t need = lucid_conv_gemm_scratch(&pl->gg, pl->dt, pass, 0);
+            if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+            return LUCID_OK;
+        }
+    }
     if (ns->conv_mode == 0 && pl->igemm) {
         *route = ROUTE_IGEMM;
         size_t need = lucid_conv_igemm_scratch(&pl->ig, pass);
@@ -615,6 +647,14 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
     int route = ROUTE_DIRECT;
     void *ws = NULL;
     LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_FWD, op, &route, &ws));
+    if (route == ROUTE_GEMM) {
+        if (bp) /* the f32 product the bias is added to */
+            LUCID_TRY(lucid_cuda_nn_arena(
+                ctx, st, ns, lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1), op, &ws));
+        return lucid_conv_gemm_forward(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
+                                       lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
+                                       bp, lucid_tensor_data(y), ws);
+    }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
                                                  (const float *)lucid_tensor_data(w), bp,
@@ -677,6 +717,11 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
     int route = ROUTE_DIRECT;
     void *ws = NULL;
     LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_DATA, op, &route, &ws));
+    if (route == ROUTE_GEMM)
+        return lucid_conv_gemm_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->gg,
+                                             lucid_tensor_data(dy),
+                                             (const float *)lucid_tensor_data(w),
+                                             lucid_tensor_data(dx), (float)beta, ws);
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
@@ -738,6 +783,13 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
         int route = ROUTE_DIRECT;
         void *ws = NULL;
         LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_FILTER, op, &route, &ws));
+        if (route == ROUTE_GEMM) {
+            LUCID_TRY(lucid_conv_gemm_backward_filter(ctx, st->cublas, st->stream, x->dtype,
+                                                      &pl->gg, lucid_tensor_data(x),
+                                                      lucid_tensor_data(dy), dwp, (float)beta,
+                                                      ws));
+            done = true;
+        }
         if (route == ROUTE_IGEMM) {
             CUDA_CHECK(ctx, lucid_conv_igemm_backward_filter(
                                 x->dtype, lucid_tensor_data(x), lucid_tensor_data(dy), dwp,

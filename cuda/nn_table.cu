@@ -103,6 +103,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->arena_bytes = 0;
     ns->counters = NULL;
     ns->conv_mode = 0;
+    ns->conv1x1 = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -146,6 +147,16 @@ extern "C" int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode) {
     if (!ns) return -1;
     int old = ns->conv_mode;
     ns->conv_mode = mode < 0 || mode > 2 ? 0 : mode;
+    return old;
+}
+
+extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    int old = ns->conv1x1;
+    ns->conv1x1 = route == 1 || route == 2 ? route : 0;
     return old;
 }
 

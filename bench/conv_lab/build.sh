@@ -5,10 +5,11 @@
 # or the nvidia/cudnn package of the Python environment. Knobs: NVCC, CUDA_HOME,
 # CUDNN_HOME, ARCH (sm_90), OUTDIR (build/conv_lab), EXTRA_NVCCFLAGS (added to the
 # engine files' compiles, e.g. -DLUCID_IGEMM_MINB=6 for an A/B build).
-# The "lucid" route is the engine's own kernels: cuda/nn_conv_igemm.cu and
-# cuda/nn_conv_dw.cu are compiled from the working tree with the Makefile's
-# nvcc flags (-O2 -lineinfo, -DLUCID_HAVE_CUDNN=1) and linked in; conv_lab.cu
-# defines the three engine error helpers nn_conv_dw.cu calls, so neither
+# The "lucid" route is the engine's own kernels: cuda/nn_conv_igemm.cu,
+# cuda/nn_conv_dw.cu and cuda/nn_conv_gemm.cu (the 1x1 cuBLAS route, taken
+# under LUCID_CONV1X1=gemm) are compiled from the working tree with the
+# Makefile's nvcc flags (-O2 -lineinfo, -DLUCID_HAVE_CUDNN=1) and linked in;
+# conv_lab.cu defines the engine helpers those files call, so neither
 # build/libengine.a nor `make` is needed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,10 +38,10 @@ for d in "$CUDNN_HOME/lib" "$CUDNN_HOME/lib64" "$CUDNN_HOME/lib/x86_64-linux-gnu
   if [ -e "$d/libcudnn.so" ]; then cudnnlib=-lcudnn; break; fi
   if [ -e "$d/libcudnn.so.9" ]; then cudnnlib=-l:libcudnn.so.9; break; fi
 done
-# three compiles in parallel (each fails the build on its own), then the link
+# four compiles in parallel (each fails the build on its own), then the link
 nv=("$NVCC" -std=c++17 -arch="$ARCH" -lineinfo -I"$CUDNN_HOME/include" -I"$root/engine" -I"$root/cuda")
 pids=()
-for f in nn_conv_igemm nn_conv_dw; do
+for f in nn_conv_igemm nn_conv_dw nn_conv_gemm; do
   ( set -x; "${nv[@]}" -O2 -Xcompiler -Wall -DLUCID_HAVE_CUDNN=1 ${EXTRA_NVCCFLAGS:-} -c "$root/cuda/$f.cu" -o "$OUTDIR/$f.o" ) &
   pids+=($!)
 done
@@ -51,7 +52,7 @@ fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 [ "$fail" = 0 ] || { echo "conv_lab build: compile failed" >&2; exit 1; }
 set -x
-"$NVCC" -arch="$ARCH" "$OUTDIR/conv_lab.o" "$OUTDIR/nn_conv_igemm.o" "$OUTDIR/nn_conv_dw.o" \
+"$NVCC" -arch="$ARCH" "$OUTDIR/conv_lab.o" "$OUTDIR/nn_conv_igemm.o" "$OUTDIR/nn_conv_dw.o" "$OUTDIR/nn_conv_gemm.o" \
   -o "$OUTDIR/conv_lab" \
   -L"$CUDA_HOME/lib64" -Xlinker -rpath="$CUDA_HOME/lib64" ${libdirs[@]+"${libdirs[@]}"} \
   "$cudnnlib" -lcublas

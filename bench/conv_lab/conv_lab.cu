@@ -21,7 +21,10 @@
  *            gradient: cuda/nn_conv_igemm.cu for groups 1 and
  *            cuda/nn_conv_dw.cu for depthwise, compiled from the engine's
  *            sources by build.sh and called through their public headers
- *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias)
+ *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias); with
+ *            LUCID_CONV1X1=gemm in the environment, as in the engine, the 1x1
+ *            stride-1 unpadded convs take cuda/nn_conv_gemm.cu (cuBLAS, on a
+ *            handle set up as cuda/backend.cu sets the engine's)
  *
  * Checks (before any timing): for each shape, every route runs once on a
  * small geometry (batch 1, spatial size cut to <= 24, same channels, kernel,
@@ -67,6 +70,7 @@
 #include "internal.h" /* lucid_seterr, lucid_dtype_name: provided below */
 #include "nn_conv_dw.cuh"
 #include "nn_conv_igemm.cuh"
+#include "nn_conv_gemm.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -85,7 +89,8 @@ typedef __nv_bfloat16 bf16;
 // engine symbols.  cuda/nn_conv_igemm.cu needs nothing from the engine;
 // cuda/nn_conv_dw.cu needs three error helpers (nm -u of its object):
 // lucid_seterr and lucid_dtype_name (engine/core) and lucid_cuda_err
-// (cuda/backend.cu).  They are defined here instead of linking
+// (cuda/backend.cu); cuda/nn_conv_gemm.cu also lucid_cublas_err and
+// lucid_pdl_for_stream (cuda/backend.cu).  They are defined here instead of linking
 // build/libengine.a, which would pull in the whole engine and its host
 // libraries (OpenBLAS, libpng, libjpeg, libyaml, cJSON) and need `make` on the
 // GPU machine first.  The depthwise functions get ctx = NULL, which
@@ -124,6 +129,30 @@ lucid_status lucid_cuda_err(lucid_ctx *ctx, cudaError_t e, const char *call, con
     return lucid_seterr(ctx, e == cudaErrorMemoryAllocation ? LUCID_ERR_OOM : LUCID_ERR_DEVICE,
                         "%s failed at %s:%d: %s: %s", call, file, line, cudaGetErrorName(e),
                         cudaGetErrorString(e));
+}
+
+/* declared in cuda/common.cuh (C++ linkage), defined in cuda/backend.cu */
+lucid_status lucid_cublas_err(lucid_ctx *ctx, cublasStatus_t e, const char *call, const char *file,
+                              int line);
+lucid_status lucid_cublas_err(lucid_ctx *ctx, cublasStatus_t e, const char *call, const char *file,
+                              int line) {
+    (void)cudaGetLastError();
+    return lucid_seterr(ctx, e == CUBLAS_STATUS_ALLOC_FAILED ? LUCID_ERR_OOM : LUCID_ERR_DEVICE,
+                        "%s failed at %s:%d: %s", call, file, line, cublasGetStatusString(e));
+}
+
+/* declared in cuda/launch.cuh, defined in cuda/backend.cu: PDL on sm_90+
+ * unless LUCID_PDL=0 (device 0 here; conv_lab captures no graphs) */
+int lucid_pdl_for_stream(cudaStream_t);
+int lucid_pdl_for_stream(cudaStream_t) {
+    static const int on = [] {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess)
+            (void)cudaGetLastError();
+        const char *e = getenv("LUCID_PDL");
+        return major >= 9 && !(e && strcmp(e, "0") == 0) ? 1 : 0;
+    }();
+    return on;
 }
 
 static const size_t WS_CAP = (size_t)512 << 20;
@@ -828,6 +857,7 @@ struct Glob {
     cudaStream_t stream;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
+    cublasHandle_t blas_eng; /* set up as cuda/backend.cu's (lucid route, 1x1 GEMMs) */
     void *ws;  /* cuDNN workspace, WS_CAP bytes */
     int sms;
     int iters;
@@ -1251,6 +1281,8 @@ static cublasStatus_t blas_run(const Bufs &b, int pass, int set) {
  * is '-' here. */
 struct LucidPlan {
     bool dense = false;
+    bool gemm = false; /* 1x1 through cuda/nn_conv_gemm.cu (LUCID_CONV1X1=gemm) */
+    lucid_conv_gemm_geom gg;
     lucid_igemm_geom ig;
     lucid_conv_dw_geom dg;
     size_t scratch = 0; /* backward-filter scratch, bytes (in Bufs::part) */
@@ -1261,7 +1293,24 @@ static bool lucid_applicable(const Geo &g) { return g.dense() || g.depthwise(); 
 static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
     const Geo &g = b.g;
     lp.dense = g.dense();
-    if (lp.dense) {
+    lp.gemm = false;
+    if (lp.dense && g.k == 1 && g.s == 1 && g.p == 0) {
+        const char *v = "";
+        int sw = lucid_conv1x1_switch(&v);
+        if (sw < 0) {
+            snprintf(why, nwhy, "LUCID_CONV1X1=\"%s\" (expected gemm or igemm)", v);
+            return false;
+        }
+        lp.gg = lucid_conv_gemm_geom{g.N, g.Cin, g.Cout, (int64_t)g.H * g.W};
+        lp.gemm = sw == 1 && lucid_conv_gemm_fits(&lp.gg);
+    }
+    if (lp.gemm) {
+        lp.scratch = 0; /* the largest of the three passes' (no bias) */
+        for (int ps = 0; ps < 3; ps++) {
+            size_t n = lucid_conv_gemm_scratch(&lp.gg, LUCID_BF16, ps, 0);
+            if (n > lp.scratch) lp.scratch = n;
+        }
+    } else if (lp.dense) {
         lp.ig = lucid_igemm_geom{g.N, g.Cin, g.H, g.W, g.Cout, g.Ho, g.Wo, g.k, g.k, g.s, g.s, g.p, g.p, 1, 1};
         if (!lucid_conv_igemm_fits(&lp.ig)) {
             snprintf(why, nwhy, "lucid_conv_igemm_fits: no (the engine takes cuDNN here)");
@@ -1288,6 +1337,21 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
 /* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0); false with why */
 static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, char *why, size_t nwhy) {
     void *scratch = lp.scratch ? (void *)b.part : NULL;
+    if (lp.gemm) {
+        lucid_status st;
+        if (pass == 0)
+            st = lucid_conv_gemm_forward(NULL, G.blas_eng, G.stream, LUCID_BF16, &lp.gg, b.x_nchw[set],
+                                         b.w_f32, NULL, b.y, scratch);
+        else if (pass == 1)
+            st = lucid_conv_gemm_backward_data(NULL, G.blas_eng, G.stream, LUCID_BF16, &lp.gg,
+                                               b.dy_nchw[set], b.w_f32, b.dx, 0.f, scratch);
+        else
+            st = lucid_conv_gemm_backward_filter(NULL, G.blas_eng, G.stream, LUCID_BF16, &lp.gg,
+                                                 b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f, scratch);
+        if (st == LUCID_OK) return true;
+        snprintf(why, nwhy, "gemm %s: %s", PNAME[pass], lucid_msg);
+        return false;
+    }
     if (lp.dense) {
         cudaError_t e;
         if (pass == 0)
@@ -1671,6 +1735,20 @@ int main(int argc, char **argv) {
     cudnnSetStream(G.dnn, G.stream);
     if (cublasCreate(&G.blas) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 2; }
     cublasSetStream(G.blas, G.stream);
+    {   /* the engine's handle setup (cuda/backend.cu): math mode, no atomics, 32 MiB workspace */
+        void *bws = NULL;
+        CK(cudaMalloc(&bws, (size_t)32 << 20));
+        if (cublasCreate(&G.blas_eng) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetStream(G.blas_eng, G.stream) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetMathMode(G.blas_eng, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)) !=
+                CUBLAS_STATUS_SUCCESS ||
+            cublasSetAtomicsMode(G.blas_eng, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetWorkspace(G.blas_eng, bws, (size_t)32 << 20) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cuBLAS setup (engine handle) failed\n");
+            return 2;
+        }
+    }
     CK(cudaMalloc(&G.ws, WS_CAP));
     for (int i = 0; i <= G.iters; i++) CK(cudaEventCreate(&EV[i]));
     printf("conv_lab: %s, %d SMs, cuDNN %zu, cuBLAS %d, %zu shapes from %s, median of %d; routes:", prop.name,

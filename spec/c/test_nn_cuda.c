@@ -22,8 +22,8 @@
  *   f32 side outputs       (BN statistics, running stats, dw/db of a bf16
  *                          run) relative Frobenius <= 1e-5
  *   integer outputs        (maxpool indices, num_batches_tracked) exact
- *   determinism            every backward (and the BN forward) run twice on
- *                          the GPU is bitwise identical
+ *   determinism            every conv pass, every other backward (and the BN
+ *                          forward) run twice on the GPU is bitwise identical
  *   BN reduction routes    the counter route (the last block of a channel
  *                          folds its partials) and the fallback route (a
  *                          separate final kernel; C > 131072 =
@@ -35,7 +35,16 @@
  * Cin 3, Cout 51, split-K filter gradient), with and without bias; each on
  * the auto route (bf16/f16 groups 1 = implicit GEMM), the direct kernels
  * (lucid_cuda_nn_set_conv_mode 1) and cuDNN (mode 2) for depthwise and for
- * bf16/f16 groups 1.
+ * bf16/f16 groups 1.  bf16/f16 1x1 convs with groups 1 run the auto route
+ * twice, with the 1x1 switch forced to the implicit GEMM and to cuBLAS
+ * (lucid_cuda_nn_set_conv1x1 1 / 2; only stride 1, pad 0, dilation 1 takes
+ * cuBLAS, the other 1x1 cases check that the switch leaves them alone); the
+ * 1x1 cases cover N 1 (the filter gradient's single GEMM) and N > 1 (its
+ * partials fold), odd channel counts and plane sizes, bias or not.
+ * Capture: forward, backward-data (beta 0 and 1) and backward-params (beta 0
+ * and 1) of 1x1 convs on both 1x1 routes, captured after one eager pass into
+ * a CUDA graph (no allocation while capturing), replayed: bitwise equal to
+ * the eager results.
  * BatchNorm cases: one part per plane, several parts per plane, tiny and
  * odd planes, no affine; many parts per channel (300 planes: more than the
  * 256 threads that fold them; 130x65x65: a short last part per plane; the
@@ -50,12 +59,18 @@
 #include "test_cuda_util.h"
 
 #include "nn/nn.h"
+#include "train/graph.h"
 
 /* cuda/nn_table.cu test hook; absent (NULL) in a CPU-only build */
 #if defined(__GNUC__)
 __attribute__((weak))
 #endif
 int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
+/* cuda/nn_table.cu test hook: 1x1 route 0 LUCID_CONV1X1, 1 igemm, 2 gemm */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
 
 static void rel(lucid_tensor *t) {
     if (t) lucid_tensor_release(t);
@@ -101,10 +116,33 @@ static const conv_case CONV_CASES[] = {
     {"3x3 51>51 bias", 2, 51, 20, 20, 51, 3, 3, 1, 1, 1, 1, 1},
     {"3x3 32>32 40x40 split-K", 4, 32, 40, 40, 32, 3, 3, 1, 1, 1, 1, 0},
     {"5x5 p2 bias", 1, 5, 11, 9, 7, 5, 5, 1, 2, 1, 1, 1},
+    /* 1x1 shapes for the cuBLAS 1x1 route (nn_conv_gemm.cu) and its switch */
+    {"1x1 N1 16>48 bias", 1, 16, 20, 20, 48, 1, 1, 1, 0, 1, 1, 1},
+    {"1x1 odd 7>5 13x11", 2, 7, 13, 11, 5, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 128>32 N5 bias", 5, 128, 10, 12, 32, 1, 1, 1, 0, 1, 1, 1},
+    {"1x1 51>17 N1 7x9", 1, 51, 7, 9, 17, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 32>64 80x80", 2, 32, 80, 80, 64, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 s2 (not GEMM)", 2, 8, 9, 9, 16, 1, 1, 2, 0, 1, 1, 0},
+    {"1x1 p1 bias (not GEMM)", 2, 8, 6, 7, 12, 1, 1, 1, 1, 1, 1, 1},
 };
 
-static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
-    const char *mname = mode == 0 ? (dt != LUCID_F32 && cc->g == 1 ? "auto=igemm" : "auto")
+/* bf16/f16 1x1 groups 1: the auto route runs under both 1x1 switch values;
+ * gemm_route: the cuBLAS route actually takes it. */
+static int is_1x1(const conv_case *cc, lucid_dtype dt) {
+    return dt != LUCID_F32 && cc->g == 1 && cc->kh == 1 && cc->kw == 1;
+}
+static int gemm_route(const conv_case *cc, lucid_dtype dt) {
+    return is_1x1(cc, dt) && cc->s == 1 && cc->p == 0 && cc->d == 1;
+}
+
+/* mode: lucid_cuda_nn_set_conv_mode; c1: 1x1 switch (lucid_cuda_nn_set_conv1x1;
+ * 0 leaves it to LUCID_CONV1X1). */
+static void test_conv(const conv_case *cc, lucid_dtype dt, int mode, int c1) {
+    const char *mname = mode == 0 ? (dt != LUCID_F32 && cc->g == 1
+                                         ? (c1 == 2 ? (gemm_route(cc, dt) ? "auto=gemm"
+                                                                          : "auto=igemm, 1x1 switch gemm")
+                                                    : "auto=igemm")
+                                         : "auto")
                         : mode == 1 ? "direct" : "cudnn";
     char pre[160];
     snprintf(pre, sizeof pre, "conv2d %s %s [%s]", cc->tag, dname(dt), mname);
@@ -128,7 +166,7 @@ static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
     lucid_tensor *rdw0 = hpoison(LUCID_F32, 4, ws), *gdw0 = dpoison(LUCID_F32, 4, ws);
     lucid_tensor *rdb0 = hpoison(LUCID_F32, 1, bs), *gdb0 = dpoison(LUCID_F32, 1, bs);
     lucid_tensor *gdw1 = dev(hdw1), *gdb1 = dev(hdb1), *s1 = NULL, *s2 = NULL, *s3 = NULL;
-    lucid_tensor *rdw1 = NULL, *rdb1 = NULL;
+    lucid_tensor *rdw1 = NULL, *rdb1 = NULL, *s0 = NULL;
     if (!hx || !hw || !hdy || !dx_ || !dw_ || !ddy || !ry || !gy || !rdx0 || !gdx0 ||
         !gdx1 || !rdw0 || !gdw0 || !rdb0 || !gdb0 || !gdw1 || !gdb1 || (cc->bias && !db_)) {
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
@@ -138,11 +176,16 @@ static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
     lucid_tensor_clone(ctx, hdw1, &rdw1);
     lucid_tensor_clone(ctx, hdb1, &rdb1);
     if (lucid_cuda_nn_set_conv_mode) lucid_cuda_nn_set_conv_mode(ctx, mode);
+    if (c1 && lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, c1);
 
     /* forward */
     RUN(NAME("%s: forward cpu", pre), lucid_nn_conv2d_forward(ctx, hx, ry, hw, hb, &p));
     RUN(NAME("%s: forward", pre), lucid_nn_conv2d_forward(ctx, dx_, gy, dw_, db_, &p));
     cmp_rel(NAME("%s: forward", pre), gy, ry, conv_tol(dt));
+    s0 = snap(gy);
+    lucid_fill(ctx, gy, NAN);
+    RUN(NAME("%s: forward again", pre), lucid_nn_conv2d_forward(ctx, dx_, gy, dw_, db_, &p));
+    cmp_bits(NAME("%s: forward deterministic", pre), gy, s0);
 
     /* backward data, beta 0 (poisoned) and beta 1 */
     RUN(NAME("%s: backward_input cpu", pre),
@@ -189,11 +232,109 @@ static void test_conv(const conv_case *cc, lucid_dtype dt, int mode) {
     }
 done:
     if (lucid_cuda_nn_set_conv_mode) lucid_cuda_nn_set_conv_mode(ctx, 0);
+    if (c1 && lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    rel(s0);
     rel(hx); rel(hw); rel(hb); rel(hdy); rel(hdx1); rel(hdw1); rel(hdb1);
     rel(dx_); rel(dw_); rel(db_); rel(ddy); rel(ry); rel(gy); rel(rdx0); rel(gdx0);
     rel(gdx1); rel(rdx1); rel(rdw0); rel(gdw0); rel(rdb0); rel(gdb0); rel(gdw1);
     rel(gdb1); rel(rdw1); rel(rdb1); rel(s1); rel(s2); rel(s3);
 }
+
+/* Forward, backward-data (beta 0, 1) and backward-params (beta 0, 1) of a
+ * conv on the auto route with the 1x1 switch at c1, eager (the warm-up:
+ * the nn arena reaches its size) and then captured into a CUDA graph and
+ * replayed once: every output bitwise equal to the eager one. */
+static void test_conv_capture(const conv_case *cc, lucid_dtype dt, int c1) {
+    char pre[160];
+    snprintf(pre, sizeof pre, "conv2d capture %s %s [%s]", cc->tag, dname(dt),
+             c1 == 2 ? "gemm" : "igemm");
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(pre, "graphs not available on this context");
+        return;
+    }
+    lucid_conv2d_params p = {cc->s, cc->s, cc->p, cc->p, cc->d, cc->d, cc->g};
+    int64_t Ho = lucid_nn_conv_out_size(cc->H, cc->kh, cc->s, cc->p, cc->d);
+    int64_t Wo = lucid_nn_conv_out_size(cc->W, cc->kw, cc->s, cc->p, cc->d);
+    int64_t xs[4] = {cc->N, cc->Cin, cc->H, cc->W};
+    int64_t ws[4] = {cc->Cout, cc->Cin / cc->g, cc->kh, cc->kw};
+    int64_t ys[4] = {cc->N, cc->Cout, Ho, Wo};
+    int64_t bs[1] = {cc->Cout};
+    lucid_graph *gr = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hw = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *hb = cc->bias ? hrand(LUCID_F32, 1, bs, -0.5, 0.5) : NULL;
+    lucid_tensor *hdy = hrand(dt, 4, ys, -1, 1), *hdx1 = hrand(dt, 4, xs, -1, 1);
+    lucid_tensor *hdw1 = hrand(LUCID_F32, 4, ws, -1, 1), *hdb1 = hrand(LUCID_F32, 1, bs, -1, 1);
+    lucid_tensor *gx = dev(hx), *gw = dev(hw), *gb = hb ? dev(hb) : NULL, *gdy = dev(hdy);
+    /* e*: eager, r*: recorded; beta-1 destinations start equal */
+    lucid_tensor *ey = dpoison(dt, 4, ys), *ry = dpoison(dt, 4, ys);
+    lucid_tensor *edx0 = dpoison(dt, 4, xs), *rdx0 = dpoison(dt, 4, xs);
+    lucid_tensor *edx1 = dev(hdx1), *rdx1 = dev(hdx1);
+    lucid_tensor *edw0 = dpoison(LUCID_F32, 4, ws), *rdw0 = dpoison(LUCID_F32, 4, ws);
+    lucid_tensor *edb0 = dpoison(LUCID_F32, 1, bs), *rdb0 = dpoison(LUCID_F32, 1, bs);
+    lucid_tensor *edw1 = dev(hdw1), *rdw1 = dev(hdw1), *edb1 = dev(hdb1), *rdb1 = dev(hdb1);
+    lucid_tensor *h[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (!hx || !hw || !hdy || !hdx1 || !hdw1 || !hdb1 || !gx || !gw || !gdy || !ey || !ry ||
+        !edx0 || !rdx0 || !edx1 || !rdx1 || !edw0 || !rdw0 || !edb0 || !rdb0 || !edw1 ||
+        !rdw1 || !edb1 || !rdb1 || (cc->bias && (!hb || !gb))) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv_mode(ctx, 0);
+    lucid_cuda_nn_set_conv1x1(ctx, c1);
+    RUN(NAME("%s: eager forward", pre), lucid_nn_conv2d_forward(ctx, gx, ey, gw, gb, &p));
+    RUN(NAME("%s: eager backward_input", pre),
+        lucid_nn_conv2d_backward_input(ctx, gx, gdy, edx0, gw, &p, 0.0));
+    RUN(NAME("%s: eager backward_input beta 1", pre),
+        lucid_nn_conv2d_backward_input(ctx, gx, gdy, edx1, gw, &p, 1.0));
+    RUN(NAME("%s: eager backward_params", pre),
+        lucid_nn_conv2d_backward_params(ctx, gx, gdy, edw0, gb ? edb0 : NULL, &p, 0.0));
+    RUN(NAME("%s: eager backward_params beta 1", pre),
+        lucid_nn_conv2d_backward_params(ctx, gx, gdy, edw1, gb ? edb1 : NULL, &p, 1.0));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_status s = lucid_nn_conv2d_forward(ctx, gx, ry, gw, gb, &p);
+        if (!s) s = lucid_nn_conv2d_backward_input(ctx, gx, gdy, rdx0, gw, &p, 0.0);
+        if (!s) s = lucid_nn_conv2d_backward_input(ctx, gx, gdy, rdx1, gw, &p, 1.0);
+        if (!s)
+            s = lucid_nn_conv2d_backward_params(ctx, gx, gdy, rdw0, gb ? rdb0 : NULL, &p, 0.0);
+        if (!s)
+            s = lucid_nn_conv2d_backward_params(ctx, gx, gdy, rdw1, gb ? rdb1 : NULL, &p, 1.0);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
+    TEST_OK(NAME("%s: captured without allocation", pre));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
+    h[0] = host(ey); h[1] = host(edx0); h[2] = host(edx1); h[3] = host(edw0);
+    h[4] = host(edw1); h[5] = host(edb0); h[6] = host(edb1);
+    cmp_bits(NAME("%s: replay y = eager", pre), ry, h[0]);
+    cmp_bits(NAME("%s: replay dx beta 0 = eager", pre), rdx0, h[1]);
+    cmp_bits(NAME("%s: replay dx beta 1 = eager", pre), rdx1, h[2]);
+    cmp_bits(NAME("%s: replay dw beta 0 = eager", pre), rdw0, h[3]);
+    cmp_bits(NAME("%s: replay dw beta 1 = eager", pre), rdw1, h[4]);
+    if (gb) {
+        cmp_bits(NAME("%s: replay db beta 0 = eager", pre), rdb0, h[5]);
+        cmp_bits(NAME("%s: replay db beta 1 = eager", pre), rdb1, h[6]);
+    }
+done:
+    if (gr) lucid_graph_destroy(gr);
+    lucid_cuda_nn_set_conv1x1(ctx, 0);
+    for (int i = 0; i < 7; i++) rel(h[i]);
+    rel(hx); rel(hw); rel(hb); rel(hdy); rel(hdx1); rel(hdw1); rel(hdb1);
+    rel(gx); rel(gw); rel(gb); rel(gdy); rel(ey); rel(ry); rel(edx0); rel(rdx0);
+    rel(edx1); rel(rdx1); rel(edw0); rel(rdw0); rel(edb0); rel(rdb0); rel(edw1);
+    rel(rdw1); rel(edb1); rel(rdb1);
+}
+
+static const conv_case CAPTURE_CASES[] = {
+    {"1x1 N3 32>24 bias", 3, 32, 12, 10, 24, 1, 1, 1, 0, 1, 1, 1},
+    {"1x1 N1 24>40", 1, 24, 16, 16, 40, 1, 1, 1, 0, 1, 1, 0},
+};
 
 /* ============================================================ BatchNorm2d */
 
@@ -591,15 +732,25 @@ int main(void) {
         /* ---- conv */
         for (size_t c = 0; c < sizeof CONV_CASES / sizeof CONV_CASES[0]; c++) {
             const conv_case *cc = &CONV_CASES[c];
-            test_conv(cc, dt, 0);
+            if (is_1x1(cc, dt) && lucid_cuda_nn_set_conv1x1) {
+                test_conv(cc, dt, 0, 1); /* implicit GEMM */
+                test_conv(cc, dt, 0, 2); /* cuBLAS where eligible */
+            } else {
+                test_conv(cc, dt, 0, 0);
+            }
             if (lucid_cuda_nn_set_conv_mode) {
-                test_conv(cc, dt, 1);
+                test_conv(cc, dt, 1, 0);
                 /* cuDNN: depthwise (auto takes the direct kernels) and bf16/f16
                  * groups 1 (auto takes the implicit GEMM) */
                 if ((cc->g == cc->Cin && cc->g == cc->Cout) || (dt != LUCID_F32 && cc->g == 1))
-                    test_conv(cc, dt, 2);
+                    test_conv(cc, dt, 2, 0);
             }
         }
+        if (dt != LUCID_F32 && lucid_cuda_nn_set_conv_mode && lucid_cuda_nn_set_conv1x1)
+            for (size_t c = 0; c < sizeof CAPTURE_CASES / sizeof CAPTURE_CASES[0]; c++) {
+                test_conv_capture(&CAPTURE_CASES[c], dt, 1);
+                test_conv_capture(&CAPTURE_CASES[c], dt, 2);
+            }
         /* ---- batchnorm: single part, multi-part planes, tiny, odd */
         test_bn(4, 16, 32, 32, 1, dt);
         test_bn(2, 8, 100, 90, 1, dt);

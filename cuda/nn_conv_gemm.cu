@@ -1,0 +1,229 @@
+/*
+ * nn_conv_gemm.cu — 1x1 convolutions (bf16/f16, groups 1, stride 1, no
+ * padding, dilation 1) through cuBLAS GEMMs.  The contract, the GEMM
+ * formulation and the numerics are in nn_conv_gemm.cuh; nn_conv.cu decides
+ * when this route runs (LUCID_CONV1X1, lucid_cuda_nn_set_conv1x1).
+ *
+ * cuBLAS is column-major; a row-major [r, c] matrix with leading dimension
+ * c is the column-major [c, r] matrix with the same leading dimension.  So
+ * with P = HW, per image n:
+ *   x[n]  row-major [Cin, P]  = col-major X' [P, Cin],  ld P
+ *   y[n]  row-major [Cout, P] = col-major Y' [P, Cout], ld P
+ *   w     row-major [Cout, Cin] = col-major W' [Cin, Cout], ld Cin
+ * and the three products are (m x n, reduction k):
+ *   forward          Y'  = X'  . W'           m P,   n Cout, k Cin
+ *   backward-data    dX' = dY' . W'^T         m P,   n Cin,  k Cout
+ *   backward-filter  dW' = X'^T . dY'         m Cin, n Cout, k P
+ * (dW' [Cin, Cout] col-major = dw row-major [Cout, Cin]).  The first two are
+ * one strided-batched call over the images with the weight's stride 0.
+ *
+ * Kernels here (weight cast, bias add, partial fold) are launched with
+ * lucid_launch (launch.cuh) and wait for their predecessor first.
+ */
+#include "nn_common.cuh"
+#include "nn_conv_gemm.cuh"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GEMM_THREADS 256
+
+// ----------------------------------------------------------------------------
+// the switch
+
+namespace {
+struct conv1x1_env {
+    int route;     /* 0 igemm, 1 gemm, -1 unknown value */
+    char value[64];
+};
+
+conv1x1_env conv1x1_env_read(void) {
+    conv1x1_env e;
+    const char *v = getenv("LUCID_CONV1X1");
+    snprintf(e.value, sizeof e.value, "%s", v ? v : "");
+    if (!v || !v[0] || strcmp(v, "igemm") == 0) e.route = 0;
+    else if (strcmp(v, "gemm") == 0) e.route = 1;
+    else e.route = -1;
+    return e;
+}
+} // namespace
+
+int lucid_conv1x1_switch(const char **value) {
+    static const conv1x1_env e = conv1x1_env_read(); /* once, thread-safe */
+    if (value) *value = e.value;
+    return e.route;
+}
+
+// ----------------------------------------------------------------------------
+// geometry and scratch
+
+int lucid_conv_gemm_fits(const lucid_conv_gemm_geom *g) {
+    return g->N > 0 && g->Cin > 0 && g->Cout > 0 && g->HW > 0 && g->N <= INT_MAX &&
+           g->Cin <= INT_MAX && g->Cout <= INT_MAX && g->HW <= INT_MAX;
+}
+
+/* the weight in dt (bf16 and f16 are both 2 bytes) */
+static size_t wcast_bytes(const lucid_conv_gemm_geom *g, lucid_dtype dt) {
+    (void)dt;
+    return nn_align((size_t)(g->Cout * g->Cin) * 2);
+}
+
+size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype dt, int pass,
+                               int bias) {
+    if (pass == 0)
+        return wcast_bytes(g, dt) +
+               (bias ? nn_align((size_t)(g->N * g->Cout * g->HW) * sizeof(float)) : 0);
+    if (pass == 1) return wcast_bytes(g, dt);
+    return g->N > 1 ? nn_align((size_t)(g->N * g->Cout * g->Cin) * sizeof(float)) : 0;
+}
+
+// ----------------------------------------------------------------------------
+// kernels
+
+/* d[i] = T(s[i]) (one rounding of the f32 master weight) */
+template <typename T>
+static __global__ void gemm_wcast(const float *__restrict__ s, T *__restrict__ d, int64_t n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        lucid_elem<T>::store(d, i, s[i]);
+}
+
+/* y[n, o, p] = T(acc[n, o, p] + b[o]) (one rounding of the f32 sum) */
+template <typename T>
+static __global__ void gemm_bias_round(const float *__restrict__ acc,
+                                       const float *__restrict__ b, T *__restrict__ y,
+                                       int64_t C, int64_t P, int64_t total) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        lucid_elem<T>::store(y, i, acc[i] + b[(i / P) % C]);
+}
+
+/* dw[i] = beta*dw[i] + (((part[0][i] + part[1][i]) + part[2][i]) + ...):
+ * images folded in order; beta == 0 never reads dw. */
+static __global__ void gemm_wgrad_fold(const float *__restrict__ part, float *dw, int64_t n,
+                                       int64_t N, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float s = part[i];
+        for (int64_t k = 1; k < N; k++) s += part[k * n + i];
+        dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
+    }
+}
+
+static unsigned gm_blocks(int64_t n) { return lucid_cuda_blocks(n, GEMM_THREADS); }
+
+// ----------------------------------------------------------------------------
+// entry points
+
+static lucid_status gemm_check(lucid_ctx *ctx, const char *op, lucid_dtype dt,
+                               const lucid_conv_gemm_geom *g) {
+    if (dt != LUCID_BF16 && dt != LUCID_F16)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "%s (1x1 GEMM route): dtype %s (expected bf16 or f16)", op,
+                            lucid_dtype_name(dt));
+    if (!lucid_conv_gemm_fits(g))
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "%s (1x1 GEMM route): N=%lld Cin=%lld Cout=%lld HW=%lld outside "
+                            "the 32-bit cuBLAS sizes",
+                            op, (long long)g->N, (long long)g->Cin, (long long)g->Cout,
+                            (long long)g->HW);
+    return LUCID_OK;
+}
+
+/* The weight rounded to dt into scratch (the first region). */
+static lucid_status cast_w(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                           const lucid_conv_gemm_geom *g, const float *w, void *dst) {
+    int64_t n = g->Cout * g->Cin;
+    if (dt == LUCID_BF16)
+        CUDA_CHECK(ctx, lucid_launch(gemm_wcast<__nv_bfloat16>, dim3(gm_blocks(n)),
+                                     dim3(GEMM_THREADS), 0, stream, w,
+                                     (__nv_bfloat16 *)dst, n));
+    else
+        CUDA_CHECK(ctx, lucid_launch(gemm_wcast<__half>, dim3(gm_blocks(n)),
+                                     dim3(GEMM_THREADS), 0, stream, w, (__half *)dst, n));
+    return LUCID_OK;
+}
+
+lucid_status lucid_conv_gemm_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                     lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                     const void *x, const float *w, const float *b, void *y,
+                                     void *scratch) {
+    LUCID_TRY(gemm_check(ctx, "conv2d_forward", dt, g));
+    const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout;
+    void *wc = scratch;
+    LUCID_TRY(cast_w(ctx, stream, dt, g, w, wc));
+    const cudaDataType_t adt = lucid_cuda_datatype(dt);
+    /* with a bias the product stays f32 until the bias is added */
+    void *out = b ? (void *)((char *)scratch + wcast_bytes(g, dt)) : y;
+    const cudaDataType_t cdt = b ? CUDA_R_32F : adt;
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                          h, CUBLAS_OP_N, CUBLAS_OP_N, (int)P, (int)Co, (int)Ci, &one, x, adt,
+                          (int)P, (long long)(Ci * P), wc, adt, (int)Ci, 0LL, &zero, out, cdt,
+                          (int)P, (long long)(Co * P), (int)g->N, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    if (b) {
+        int64_t ny = g->N * Co * P;
+        if (dt == LUCID_BF16)
+            CUDA_CHECK(ctx, lucid_launch(gemm_bias_round<__nv_bfloat16>, dim3(gm_blocks(ny)),
+                                         dim3(GEMM_THREADS), 0, stream, (const float *)out, b,
+                                         (__nv_bfloat16 *)y, Co, P, ny));
+        else
+            CUDA_CHECK(ctx, lucid_launch(gemm_bias_round<__half>, dim3(gm_blocks(ny)),
+                                         dim3(GEMM_THREADS), 0, stream, (const float *)out, b,
+                                         (__half *)y, Co, P, ny));
+    }
+    return LUCID_OK;
+}
+
+lucid_status lucid_conv_gemm_backward_data(lucid_ctx *ctx, cublasHandle_t h,
+                                           cudaStream_t stream, lucid_dtype dt,
+                                           const lucid_conv_gemm_geom *g, const void *dy,
+                                           const float *w, void *dx, float beta,
+                                           void *scratch) {
+    LUCID_TRY(gemm_check(ctx, "conv2d_backward_input", dt, g));
+    const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout;
+    void *wc = scratch;
+    LUCID_TRY(cast_w(ctx, stream, dt, g, w, wc));
+    const cudaDataType_t adt = lucid_cuda_datatype(dt);
+    const float one = 1.0f;
+    CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                          h, CUBLAS_OP_N, CUBLAS_OP_T, (int)P, (int)Ci, (int)Co, &one, dy, adt,
+                          (int)P, (long long)(Co * P), wc, adt, (int)Ci, 0LL, &beta, dx, adt,
+                          (int)P, (long long)(Ci * P), (int)g->N, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    return LUCID_OK;
+}
+
+lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
+                                             cudaStream_t stream, lucid_dtype dt,
+                                             const lucid_conv_gemm_geom *g, const void *x,
+                                             const void *dy, float *dw, float beta,
+                                             void *scratch) {
+    LUCID_TRY(gemm_check(ctx, "conv2d_backward_params", dt, g));
+    const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout, N = g->N;
+    const cudaDataType_t adt = lucid_cuda_datatype(dt);
+    const float one = 1.0f, zero = 0.0f;
+    /* N == 1: straight into dw with beta; else per-image partials */
+    float *out = N == 1 ? dw : (float *)scratch;
+    CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                          h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)P, &one, x, adt,
+                          (int)P, (long long)(Ci * P), dy, adt, (int)P, (long long)(Co * P),
+                          N == 1 ? &beta : &zero, out, CUDA_R_32F, (int)Ci,
+                          (long long)(Co * Ci), (int)N, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    if (N > 1) {
+        int64_t nw = Co * Ci;
+        CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold, dim3(gm_blocks(nw)), dim3(GEMM_THREADS),
+                                     0, stream, (const float *)out, dw, nw, N, beta));
+    }
+    return LUCID_OK;
+}

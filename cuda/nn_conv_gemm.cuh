@@ -1,0 +1,107 @@
+/*
+ * nn_conv_gemm.cuh — 1x1 convolutions (groups 1, stride 1, no padding,
+ * dilation 1) of bf16/f16 NCHW activations as cuBLAS GEMMs: forward,
+ * backward-data and backward-filter.  An alternative to the implicit-GEMM
+ * kernels of nn_conv_igemm.cu for that case, chosen per process by
+ * LUCID_CONV1X1 (see lucid_conv1x1_switch) and dispatched from nn_conv.cu.
+ *
+ * Formulation: the im2col GEMM of Caffe's / Torch7's SpatialConvolutionMM
+ * with a 1x1 kernel, where im2col is the identity: per image n,
+ *     forward          Y[n]  (Cout x HW) = W   (Cout x Cin) . X[n]  (Cin x HW)
+ *     backward-data    dX[n] (Cin x HW)  = W^T (Cin x Cout) . dY[n] (Cout x HW)
+ *     backward-filter  dW    (Cout x Cin) = sum_n dY[n] (Cout x HW) . X[n]^T
+ * with X[n], Y[n] the row-major [C, H*W] planes of image n (NCHW).
+ *
+ * Numerics: cublasGemmStridedBatchedEx, compute type CUBLAS_COMPUTE_32F
+ * (f32 accumulation; the handle's math mode forbids reduced-precision
+ * reductions), operands in the activation dtype.  The f32 master weight is
+ * rounded once to the activation dtype (into scratch) before the forward and
+ * backward-data GEMMs, as the implicit-GEMM kernels round it when staging.
+ * Outputs are rounded once: y = dt(acc [+ b]), dx = dt(acc + beta*dx),
+ * dw (f32) = beta*dw + acc.
+ *
+ * Engine symbols used: lucid_seterr, lucid_dtype_name, lucid_cuda_err,
+ * lucid_cublas_err, lucid_pdl_for_stream (bench/conv_lab defines its own).
+ *
+ * Every function queues on `stream` (the cuBLAS handle must be bound to it
+ * and own a preset workspace: nn_conv.cu uses the context's handle, see
+ * backend.cu), allocates nothing, never synchronizes (CUDA-graph
+ * capturable after the first call of a shape has loaded cuBLAS's kernels)
+ * and is bitwise deterministic run to run for one shape, dtype and pointer
+ * alignment on one GPU (cuBLAS picks its kernel from those, and the context's
+ * handle never uses atomics; the image sum of the filter gradient has a
+ * fixed order, see lucid_conv_gemm_backward_filter).  Errors set ctx and
+ * return ERR_UNSUPPORTED (dtype other than bf16/f16, or a geometry outside
+ * lucid_conv_gemm_fits), or the cuBLAS / launch error (ERR_DEVICE).
+ */
+#ifndef LUCID_CUDA_NN_CONV_GEMM_CUH
+#define LUCID_CUDA_NN_CONV_GEMM_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "lucid.h"
+
+/* Geometry: x [N,Cin,H,W], w [Cout,Cin,1,1], y [N,Cout,H,W], contiguous;
+ * HW = H*W. */
+typedef struct lucid_conv_gemm_geom {
+    int64_t N, Cin, Cout, HW;
+} lucid_conv_gemm_geom;
+
+/* 1 when the geometry fits cuBLAS's 32-bit sizes (N, Cin, Cout, HW, all
+ * positive and <= INT_MAX). */
+int lucid_conv_gemm_fits(const lucid_conv_gemm_geom *g);
+
+/* The process's 1x1 route switch, from LUCID_CONV1X1 read once per process
+ * (thread-safe): 0 implicit GEMM (unset, "" or "igemm": the default), 1 cuBLAS
+ * GEMM ("gemm"), -1 any other value (nn_conv.cu then fails eligible convs with
+ * ERR_ARG naming the variable).  *value (may be NULL) receives the value read
+ * (a copy, "" when unset). */
+int lucid_conv1x1_switch(const char **value);
+
+/* Scratch bytes of a pass (0 forward, 1 backward-data, 2 backward-filter):
+ *   forward          the weight in dt, plus (bias only) the f32 GEMM output
+ *                    N*Cout*HW*4 that the bias is added to before rounding;
+ *   backward-data    the weight in dt;
+ *   backward-filter  the N per-image f32 partials (N*Cout*Cin*4; 0 for N 1).
+ * Sub-regions are 256-byte aligned.  A function of the geometry only. */
+size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype dt, int pass,
+                               int bias);
+
+/* y = conv1x1(x, w) + b (b may be NULL).  x, y in dt; w [Cout,Cin], b [Cout]
+ * f32.  Launches: weight cast, GEMM (one strided-batched call over the N
+ * images, W broadcast with stride 0), and with b an f32 -> dt bias kernel.
+ * scratch: lucid_conv_gemm_scratch(g, dt, 0, b != NULL) bytes. */
+lucid_status lucid_conv_gemm_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                     lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                     const void *x, const float *w, const float *b, void *y,
+                                     void *scratch);
+
+/* dx = beta*dx + W^T . dy per image (dt); beta == 0 never reads dx (cuBLAS's
+ * beta contract).  Launches: weight cast, GEMM.  scratch:
+ * lucid_conv_gemm_scratch(g, dt, 1, 0) bytes. */
+lucid_status lucid_conv_gemm_backward_data(lucid_ctx *ctx, cublasHandle_t h,
+                                           cudaStream_t stream, lucid_dtype dt,
+                                           const lucid_conv_gemm_geom *g, const void *dy,
+                                           const float *w, void *dx, float beta,
+                                           void *scratch);
+
+/* dw = beta*dw + sum_n dY[n] . X[n]^T (dw f32 [Cout,Cin]); beta == 0 never
+ * reads dw.  NCHW interleaves the images along the reduction (n, hw), so the
+ * sum over images is not one GEMM: N == 1 is one GEMM straight into dw (beta
+ * applied by cuBLAS); N > 1 is one strided-batched GEMM writing the N
+ * per-image products to f32 partials, then one kernel folding them in image
+ * order, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...) — two launches for any
+ * N (N accumulating GEMMs would be N).  scratch:
+ * lucid_conv_gemm_scratch(g, dt, 2, 0) bytes (may be NULL for N 1). */
+lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
+                                             cudaStream_t stream, lucid_dtype dt,
+                                             const lucid_conv_gemm_geom *g, const void *x,
+                                             const void *dy, float *dw, float beta,
+                                             void *scratch);
+
+/* Per context, lucid_cuda_nn_set_conv1x1 (nn_common.cuh, nn_table.cu)
+ * overrides the switch for tests and benchmarks. */
+
+#endif
