@@ -72,7 +72,7 @@ namespace wm = nvcuda::wmma;
 #if LUCID_IGEMM_MINB > 0
 #define IG_BOUNDS __launch_bounds__(NT, LUCID_IGEMM_MINB)
 #else
-#define IG_BOUNDS __launch_bounds__(NT)
+#define IG_BOUNDS __launch_bounds__(NT, ig_min_blocks(MODE, KS))
 #endif
 
 template <typename T, int MODE, int KS>
@@ -108,7 +108,7 @@ __global__ void IG_BOUNDS igemm_nchw(IgP P) {
         for (int j = 0; j < 2; j++) wm::fill_fragment(acc[i][j], 0.0f);
 
     Stage<T, MODE, KS> st;
-    st.init(P, f, n0, t);
+    st.init(P, f, n0, kbeg, t);
     if (kbeg < kend) st.load(P, f, m0, n0, kbeg, kend, t);
     for (int k0 = kbeg; k0 < kend; k0 += BK) {
         st.store(sA, sB, t);

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <type_traits>
 
 enum { IG_FWD = 0, IG_DGRAD = 1, IG_WGRAD = 2, IG_DGRAD_PH = 3 };
 
@@ -67,6 +68,18 @@ struct Phase {
 #define LDG16(p) (*(const uint4 *)(p))
 #endif
 
+/* v, opaque to the optimiser (no instruction): a value fixed for the whole
+ * k loop that is passed through fresh() at each k tile is not hoisted out of
+ * the loop with everything derived from it.  The kernels are occupancy-bound
+ * by registers: recomputing a few adds per staged element is cheaper than
+ * keeping PER_T loop-invariant offsets or taps in registers. */
+template <typename I> HD I fresh(I v) { /* I: a 32-bit integer */
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+r"(v));
+#endif
+    return v;
+}
+
 HD Phase phase_of(const IgP &P, int z) {
     Phase f;
     f.a = z / P.sw;
@@ -114,6 +127,18 @@ enum { KV1 = 11, KT3 = 33 };
 template <int KS> HD int kh_of(const IgP &P) { return KS == KV1 ? 1 : KS == KT3 ? 3 : KS ? KS : P.kh; }
 template <int KS> HD int kw_of(const IgP &P) { return KS == KV1 ? 1 : KS == KT3 ? 3 : KS ? KS : P.kw; }
 
+/* Minimum resident blocks per SM that igemm_nchw<T, MODE, KS> asks of the
+ * register allocator (its __launch_bounds__; 0: none).  Left free, ptxas
+ * spends the registers the loaders no longer need on preloading more WMMA
+ * fragments (nvcc 13.0: the filter gradient's 3x3 tap-major kernel 96 -> 128
+ * registers, 5 -> 4 blocks of 128 threads); these bounds keep each variant
+ * at its former blocks per SM, without spilling: 96 registers for the filter
+ * gradient's tap-major and 1x1 vector variants, 128 for the scalar 1x1
+ * backward-data one.  LUCID_IGEMM_MINB (nn_conv_igemm.cu) overrides it. */
+constexpr int ig_min_blocks(int mode, int ks) {
+    return mode == IG_WGRAD && (ks == KT3 || ks == KV1) ? 5 : mode == IG_DGRAD && ks == 1 ? 4 : 0;
+}
+
 /* Tap-major 3x3 (KT3): the reduction runs over (kernel tap, channel) with the
  * tap outer, in whole tiles of BK channels (fwd, dgrad: k = (tap*ct + c/BK)*BK
  * + c%BK, channels past the last one read as 0) or, for the filter gradient,
@@ -131,7 +156,18 @@ template <int KS> HD int kw_of(const IgP &P) { return KS == KV1 ? 1 : KS == KT3 
  *   col-major B (wgrad):      (n = t/BK + j*(NT/BK), k = t%BK)
  * Vector staging (KV1): 16-byte vectors v = t + i*NT, i = 0, 1, of
  *   row-major B (fwd, dgrad): k = v/(BN/8), n = (v%(BN/8))*8
- *   wgrad A: m = v/(BK/8), k = (v%(BK/8))*8; wgrad B: n = v/(BK/8), same k */
+ *   wgrad A: m = v/(BK/8), k = (v%(BK/8))*8; wgrad B: n = v/(BK/8), same k
+ *
+ * init() is given the block's first k tile kbeg, and load() is then called
+ * for k0 = kbeg, kbeg + BK, ... in that order: what moves by a fixed amount
+ * from one k tile to the next is carried in the Stage (advanced by adds and
+ * compares at the end of load) instead of being derived from k0 with
+ * divisions: the filter gradient's pixel p = (image, row, column) and the
+ * KT3 tile's tap and channel offset.
+ *
+ * Element offsets are 32-bit (unsigned): lucid_conv_igemm_fits keeps every
+ * operand under INT32_MAX elements; the offsets of masked-off elements are
+ * formed but never read (unsigned, so their wrap-around is defined). */
 template <typename T, int MODE, int KS>
 struct Stage {
     static constexpr bool VA = KS == KV1 && MODE == IG_WGRAD; /* A by vectors */
@@ -141,16 +177,81 @@ struct Stage {
      * w[c][m][r][q] is then read 9 floats apart by neighbouring threads
      * instead of Cin*9 apart */
     static constexpr bool AT = TM && (MODE == IG_DGRAD || MODE == IG_DGRAD_PH);
-    T a[VA ? 1 : PER_T], b[VB ? 1 : PER_T];
+    /* A as loaded: fwd and dgrad stage the f32 weight and round it to T in
+     * store(), after the k tile's MMA: rounded in load(), the conversion
+     * would wait for the load there and hold the B loads and the MMA behind
+     * the weight's global latency */
+    typedef typename std::conditional<MODE == IG_WGRAD, T, float>::type TA;
+    TA a[VA ? 1 : PER_T];
+    T b[VB ? 1 : PER_T];
     uint4 av[VA ? 2 : 1], bv[VB ? 2 : 1];
-    /* fixed per thread: the B column's pixel (fwd, dgrad; scalar B) */
-    int img, p0h, p0w; /* fwd: ho*sh-ph, wo*sw-pw; dgrad: h+ph, w+pw */
+    /* fwd, dgrad: the B column's pixel, fixed per thread.  Scalar B: image
+     * img and p0h, p0w = ho*sh-ph, wo*sw-pw (fwd) or h+ph, w+pw (dgrad); VB:
+     * the offset of the pixel's first channel, img*C*H*W + h*W + w, in p0h */
+    int img, p0h, p0w;
     bool nvalid;
+    /* KT3: fwd, dgrad: the k tile's first tap and first channel (tm_tile,
+     * then tm_next); wgrad: those of the block's column tile (fixed).  tr,
+     * tq: with one tap per tile (lc == 5 fwd/dgrad, lc == 6 wgrad), the
+     * tap's row and column in the 3x3 grid (dgrad phases: in the phase's
+     * nR x nQ grid) */
+    int tap0, c0, tr, tq;
+    /* wgrad: the thread's pixel in the current k tile, p = k0 + t%BK
+     * (scalar) as image pim, row pho, column pwo; KV1: p = k0 + (t%(BK/8))*8
+     * as image pim and offset pho in the plane.  Advanced by wg_next: BK =
+     * sI planes + sH rows + sW columns (KV1: sI planes + sH) */
+    int pim, pho, pwo, sI, sH, sW;
 
-    HD void init(const IgP &P, const Phase &f, int n0, int t) {
+    HD void init(const IgP &P, const Phase &f, int n0, int kbeg, int t) {
         img = p0h = p0w = 0;
         nvalid = false;
-        if (MODE == IG_WGRAD || VB) return;
+        tap0 = c0 = tr = tq = 0;
+        pim = pho = pwo = sI = sH = sW = 0;
+        if (MODE == IG_WGRAD) {
+            const int P2 = P.Ho * P.Wo;
+            sI = BK / P2;
+            if (VA) {
+                sH = BK - sI * P2;
+                const int p = kbeg + (t % (BK / 8)) * 8;
+                pim = p / P2;
+                pho = p - pim * P2;
+            } else {
+                const int rP = BK - sI * P2;
+                sH = rP / P.Wo;
+                sW = rP - sH * P.Wo;
+                const int p = kbeg + t % BK, rr = p / P.Wo;
+                pwo = p - rr * P.Wo;
+                pim = rr / P.Ho;
+                pho = rr - pim * P.Ho;
+            }
+            if (TM) {
+                /* column tile n0/BN: tap group tg (taps tap0 .. tap0 + BN/cpt - 1)
+                 * and channel slot (channels c0 .. c0 + cpt - 1), cpt = 2^lc */
+                const int bx = n0 / BN, tg = bx / P.ct;
+                tap0 = tg * (BN >> P.lc);
+                c0 = (bx - tg * P.ct) << P.lc;
+                tr = tap0 / 3;
+                tq = tap0 - tr * 3;
+            }
+            return;
+        }
+        if (TM) {
+            tm_tile(P, kbeg, tap0, c0);
+            const int nq = MODE == IG_DGRAD_PH ? f.nQ : 3;
+            if (nq > 0) { /* (nQ == 0: the phase has no taps, K == 0) */
+                tr = tap0 / nq;
+                tq = tap0 - tr * nq;
+            }
+        }
+        if (VB) {
+            /* B(c, pix) = x[img][c][pix]: the thread's 8 pixels n .. n+7 */
+            const int n = n0 + (t % (BN / 8)) * 8, HW = P.H * P.W;
+            const int C = MODE == IG_FWD ? P.Cin : P.Cout;
+            nvalid = n < P.Nc;
+            img = n / HW;
+            p0h = (int)((unsigned)img * C * HW + (n - img * HW));
+            return;
+        }
         int n = n0 + t % BN;
         nvalid = n < f.Nc;
         if (!nvalid) n = 0;
@@ -172,110 +273,167 @@ struct Stage {
         }
     }
 
+    /* wgrad: the pixel of the next k tile, p + BK (each carry at most once:
+     * pwo + sW < 2*Wo, pho + sH + 1 < 2*Ho) */
+    HD void wg_next(const IgP &P) {
+        pim += sI;
+        if (VA) {
+            pho += sH;
+            if (pho >= P.Ho * P.Wo) {
+                pho -= P.Ho * P.Wo;
+                ++pim;
+            }
+            return;
+        }
+        pwo += sW;
+        pho += sH;
+        if (pwo >= P.Wo) {
+            pwo -= P.Wo;
+            ++pho;
+        }
+        if (pho >= P.Ho) {
+            pho -= P.Ho;
+            ++pim;
+        }
+    }
+
+    /* KT3 fwd, dgrad: the next k tile's first channel and tap (tm_tile of
+     * k0 + BK); tr, tq follow the tap when a tile holds one tap (lc == 5) */
+    HD void tm_next(const IgP &P, const Phase &f) {
+        c0 += 1 << P.lc;
+        if (c0 == P.ct << P.lc) {
+            c0 = 0;
+            tap0 += BK >> P.lc;
+            if (++tq == (MODE == IG_DGRAD_PH ? f.nQ : 3)) {
+                tq = 0;
+                ++tr;
+            }
+        }
+    }
+
     HD void load(const IgP &P, const Phase &f, int m0, int n0, int k0, int kend, int t) {
         const int KH = kh_of<KS>(P), KW = kw_of<KS>(P), KK = KH * KW;
+        const T zero = to_t<T>(0.0f);
         /* A */
         if (VA) {
-            /* wgrad, 1x1: A(co, p) = dy[img][co][pix], 8 pixels per vector */
+            /* wgrad, 1x1: A(co, p) = dy[pim][co][pho..], 8 pixels per vector */
             const int P2 = P.Ho * P.Wo;
+            const bool kv = k0 + (t % (BK / 8)) * 8 < kend;
+            const unsigned off = (unsigned)pim * P.Cout * P2 + pho;
             UNROLL
             for (int i = 0; i < 2; i++) {
-                int v = t + i * NT, m = m0 + v / (BK / 8), k = k0 + (v % (BK / 8)) * 8;
+                const int m = m0 + (t + i * NT) / (BK / 8);
                 uint4 z = make_uint4(0, 0, 0, 0);
-                if (m < P.M && k < kend) {
-                    int im = k / P2, pix = k - im * P2;
-                    z = LDG16((const T *)P.a + ((size_t)im * P.Cout + m) * P2 + pix);
-                }
+                if (m < P.M && kv) z = LDG16((const T *)P.a + off + (unsigned)m * P2);
                 av[i] = z;
             }
         } else if (TM && MODE != IG_WGRAD) {
-            load_a_tm(P, f, m0, k0, t);
-        } else {
-            const int k = k0 + t % BK;
+            load_a_tm(P, f, m0, t);
+        } else if (MODE == IG_WGRAD) {
+            /* A(co, p) = dy[pim][co][pho][pwo]: rows co = mA + j*(NT/BK) */
+            const int P2 = P.Ho * P.Wo, mA = m0 + t / BK;
+            const bool pv = k0 + t % BK < kend;
+            const unsigned off = ((unsigned)pim * P.Cout + mA) * P2 + pho * P.Wo + pwo;
+            const unsigned step = fresh((NT / BK) * P2);
+            UNROLL
             for (int j = 0; j < PER_T; j++) {
-                const int m = m0 + t / BK + j * (NT / BK);
+                T v = zero;
+                if (pv && mA + j * (NT / BK) < P.M) v = ((const T *)P.a)[off + j * step];
+                a[j] = v;
+            }
+        } else {
+            /* fwd, dgrad: the f32 weight, rows m = mA + j*(NT/BK), column k
+             * (fixed in the tile) */
+            const float *w = (const float *)P.a;
+            const int k = k0 + t % BK, mA = m0 + t / BK;
+            const bool kv = k < kend;
+            unsigned off, step;
+            if (MODE == IG_FWD) {
+                off = (unsigned)mA * P.K + k;
+                step = (NT / BK) * P.K;
+            } else if (MODE == IG_DGRAD) {
+                const int co = k / KK, rq = k - co * KK;
+                off = ((unsigned)co * P.Cin + mA) * KK + rq;
+                step = (NT / BK) * KK;
+            } else {
+                int co, ri, qi;
+                phase_k(f, k, co, ri, qi);
+                const int r = f.a + P.sh * ri, q = f.b + P.sw * qi;
+                off = (((unsigned)co * P.Cin + mA) * KH + r) * KW + q;
+                step = (NT / BK) * KK;
+            }
+            step = fresh(step);
+            UNROLL
+            for (int j = 0; j < PER_T; j++) {
                 float v = 0.0f;
-                if (m < P.M && k < kend) {
-                    if (MODE == IG_FWD) {
-                        v = ((const float *)P.a)[(size_t)m * P.K + k];
-                    } else if (MODE == IG_DGRAD) {
-                        int co = k / KK, rq = k - co * KK;
-                        v = ((const float *)P.a)[((size_t)co * P.Cin + m) * KK + rq];
-                    } else if (MODE == IG_DGRAD_PH) {
-                        int co, ri, qi;
-                        phase_k(f, k, co, ri, qi);
-                        int r = f.a + P.sh * ri, q = f.b + P.sw * qi;
-                        v = ((const float *)P.a)[(((size_t)co * P.Cin + m) * KH + r) * KW + q];
-                    } else {
-                        int P2 = P.Ho * P.Wo, im = k / P2, pix = k - im * P2;
-                        v = to_f<T>(((const T *)P.a)[((size_t)im * P.Cout + m) * P2 + pix]);
-                    }
-                }
-                a[j] = to_t<T>(v);
+                if (kv && mA + j * (NT / BK) < P.M) v = w[off + j * step];
+                a[j] = v;
             }
         }
         /* B */
         if (VB) {
-            const int HW = P.H * P.W; /* == Ho*Wo for 1x1 s1 p0 */
             UNROLL
             for (int i = 0; i < 2; i++) {
-                int v = t + i * NT;
+                const int v = t + i * NT;
                 uint4 z = make_uint4(0, 0, 0, 0);
                 if (MODE == IG_WGRAD) {
-                    /* B(p, ci) = x[img][ci][pix], 8 pixels per vector */
-                    int n = n0 + v / (BK / 8), k = k0 + (v % (BK / 8)) * 8;
-                    if (n < P.Nc && k < kend) {
-                        int im = k / HW, pix = k - im * HW;
-                        z = LDG16((const T *)P.b + ((size_t)im * P.Cin + n) * HW + pix);
-                    }
+                    /* B(p, ci) = x[pim][ci][pho..], 8 pixels per vector (the
+                     * pixels of A's vectors: H*W == Ho*Wo) */
+                    const int HW = P.H * P.W, n = n0 + v / (BK / 8);
+                    if (n < P.Nc && k0 + (t % (BK / 8)) * 8 < kend)
+                        z = LDG16((const T *)P.b + (unsigned)pim * P.Cin * HW + pho +
+                                  (unsigned)n * HW);
                 } else {
                     /* B(c, pix) = x[img][c][pix] (fwd: c = ci; dgrad: c = co,
                      * from dy), 8 pixels per vector */
-                    int k = k0 + v / (BN / 8), n = n0 + (v % (BN / 8)) * 8;
-                    if (n < P.Nc && k < kend) {
-                        int im = n / HW, pix = n - im * HW;
-                        int C = MODE == IG_FWD ? P.Cin : P.Cout;
-                        z = LDG16((const T *)P.b + ((size_t)im * C + k) * HW + pix);
-                    }
+                    const int k = k0 + v / (BN / 8);
+                    if (nvalid && k < kend)
+                        z = LDG16((const T *)P.b + (unsigned)p0h + (unsigned)k * (P.H * P.W));
                 }
                 bv[i] = z;
             }
         } else if (TM) {
-            load_b_tm(P, f, n0, k0, kend, t);
+            load_b_tm(P, f, k0, kend, t);
         } else if (MODE == IG_FWD) {
+            const T *x = (const T *)P.b;
+            const unsigned xb = (unsigned)img * P.Cin;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
-                T v = to_t<T>(0.0f);
+                T v = zero;
                 if (nvalid && k < kend) {
                     int ci = k / KK, rq = k - ci * KK, r = rq / KW, q = rq - r * KW;
                     int hi = p0h + r * P.dh, wi = p0w + q * P.dw;
                     if (hi >= 0 && hi < P.H && wi >= 0 && wi < P.W)
-                        v = ((const T *)P.b)[(((size_t)img * P.Cin + ci) * P.H + hi) * P.W + wi];
+                        v = x[((xb + ci) * P.H + hi) * P.W + wi];
                 }
                 b[j] = v;
             }
         } else if (MODE == IG_DGRAD) {
+            const T *dy = (const T *)P.b;
+            const unsigned yb = (unsigned)img * P.Cout;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
-                T v = to_t<T>(0.0f);
+                T v = zero;
                 if (nvalid && k < kend) {
                     int co = k / KK, rq = k - co * KK, r = rq / KW, q = rq - r * KW;
                     int hn = p0h - r * P.dh, wn = p0w - q * P.dw;
                     if (hn >= 0 && wn >= 0) {
                         int ho = hn / P.sh, wo = wn / P.sw;
                         if (ho * P.sh == hn && wo * P.sw == wn && ho < P.Ho && wo < P.Wo)
-                            v = ((const T *)P.b)[(((size_t)img * P.Cout + co) * P.Ho + ho) * P.Wo + wo];
+                            v = dy[((yb + co) * P.Ho + ho) * P.Wo + wo];
                     }
                 }
                 b[j] = v;
             }
         } else if (MODE == IG_DGRAD_PH) {
+            const T *dy = (const T *)P.b;
+            const unsigned yb = (unsigned)img * P.Cout;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int k = k0 + t / BN + j * (NT / BN);
-                T v = to_t<T>(0.0f);
+                T v = zero;
                 if (nvalid && k < kend) {
                     int co, ri, qi;
                     phase_k(f, k, co, ri, qi);
@@ -284,63 +442,57 @@ struct Stage {
                     if (hn >= 0 && wn >= 0) {
                         int ho = P.sh == 2 ? hn >> 1 : hn / P.sh, wo = P.sw == 2 ? wn >> 1 : wn / P.sw;
                         if (ho < P.Ho && wo < P.Wo)
-                            v = ((const T *)P.b)[(((size_t)img * P.Cout + co) * P.Ho + ho) * P.Wo + wo];
+                            v = dy[((yb + co) * P.Ho + ho) * P.Wo + wo];
                     }
                 }
                 b[j] = v;
             }
         } else {
-            /* wgrad: k = pixel (fixed per thread in this tile), n = (ci, r, q) */
-            const int p = k0 + t % BK;
-            const bool pv = p < kend;
-            int im = 0, bh = 0, bw = 0;
-            if (pv) {
-                int wo = p % P.Wo, r = p / P.Wo, ho = r % P.Ho;
-                im = r / P.Ho;
-                bh = ho * P.sh - P.ph;
-                bw = wo * P.sw - P.pw;
-            }
+            /* wgrad: k = the pixel (pim, pho, pwo), n = (ci, r, q) */
+            const T *x = (const T *)P.b;
+            const bool pv = k0 + t % BK < kend;
+            const int bh = pho * P.sh - P.ph, bw = pwo * P.sw - P.pw;
+            const unsigned xb = (unsigned)pim * P.Cin;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 const int n = n0 + t / BK + j * (NT / BK);
-                T v = to_t<T>(0.0f);
+                T v = zero;
                 if (pv && n < P.Nc) {
                     int ci = n / KK, rq = n - ci * KK, r = rq / KW, q = rq - r * KW;
                     int hi = bh + r * P.dh, wi = bw + q * P.dw;
                     if (hi >= 0 && hi < P.H && wi >= 0 && wi < P.W)
-                        v = ((const T *)P.b)[(((size_t)im * P.Cin + ci) * P.H + hi) * P.W + wi];
+                        v = x[((xb + ci) * P.H + hi) * P.W + wi];
                 }
                 b[j] = v;
             }
         }
+        if (MODE == IG_WGRAD) wg_next(P);
+        else if (TM) tm_next(P, f);
     }
 
-    /* KT3: the k tile at k0 holds taps tap0 .. tap0 + BK/cpt - 1 (cpt = 2^lc
-     * channels each, channels c0 ..); (r, q): the kernel tap tap0 (with
-     * lc == 5 the tile's only tap) */
-    HD void tm_tap(const IgP &P, const Phase &f, int k0, int &r, int &q, int &c0) const {
-        int tap0;
-        tm_tile(P, k0, tap0, c0);
-        const int tap = tap0;
-        if (MODE == IG_DGRAD_PH) {
-            int ri = tap / f.nQ, qi = tap - ri * f.nQ;
-            r = f.a + P.sh * ri;
-            q = f.b + P.sw * qi;
-        } else {
-            r = tap / 3;
-            q = tap - r * 3;
-        }
-    }
-
-    HD void tm_tile(const IgP &P, int k0, int &tap0, int &c0) const {
+    /* KT3 fwd, dgrad: the first tap and channel of the k tile at k0; the
+     * tile holds taps tap0 .. tap0 + BK/cpt - 1 (cpt = 2^lc channels each,
+     * channels c0 ..) */
+    HD void tm_tile(const IgP &P, int k0, int &tp0, int &ch0) const {
         const int kt = k0 / BK, tg = kt / P.ct;
-        tap0 = tg * (BK >> P.lc);
-        c0 = (kt - tg * P.ct) << P.lc;
+        tp0 = tg * (BK >> P.lc);
+        ch0 = (kt - tg * P.ct) << P.lc;
+    }
+
+    /* KT3 with one tap per tile: its kernel tap (r, q) */
+    HD void tm_rq(const IgP &P, const Phase &f, int &r, int &q) const {
+        if (MODE == IG_DGRAD_PH) {
+            r = f.a + P.sh * tr;
+            q = f.b + P.sw * tq;
+        } else {
+            r = tr;
+            q = tq;
+        }
     }
 
     /* KT3 with few channels (lc < 5, fwd and stride-1 dgrad): slot s of the
      * k tile -> tap and channel; false past the last tap or channel */
-    HD bool tm_slot(const IgP &P, int tap0, int c0, int s, int C, int &tap, int &c) const {
+    HD bool tm_slot(const IgP &P, int s, int C, int &tap, int &c) const {
         tap = tap0 + (s >> P.lc);
         c = c0 + (s & ((1 << P.lc) - 1));
         return tap < 9 && c < C;
@@ -349,58 +501,57 @@ struct Stage {
     /* KT3 A tile (fwd, dgrad): A(m, c) = w[m][c][r][q] (fwd; thread t: c =
      * c0 + t%BK, m = m0 + t/BK + j*(NT/BK)) or w[c][m][r][q] (dgrad, m = ci;
      * AT: m = m0 + t%BM, c = c0 + t/BM + j*(NT/BM)) */
-    HD void load_a_tm(const IgP &P, const Phase &f, int m0, int k0, int t) {
+    HD void load_a_tm(const IgP &P, const Phase &f, int m0, int t) {
         const float *w = (const float *)P.a;
         if (MODE != IG_DGRAD_PH && P.lc < 5) { /* several taps per k tile */
-            int tap0, c0, tap, c;
-            tm_tile(P, k0, tap0, c0);
+            int tap, c;
             if (AT) {
                 const int m = m0 + t % BM;
                 UNROLL
                 for (int j = 0; j < PER_T; j++) {
                     float v = 0.0f;
-                    if (tm_slot(P, tap0, c0, t / BM + j * (NT / BM), P.Cout, tap, c) && m < P.M)
-                        v = w[((size_t)c * P.Cin + m) * 9 + tap];
-                    a[j] = to_t<T>(v);
+                    if (tm_slot(P, t / BM + j * (NT / BM), P.Cout, tap, c) && m < P.M)
+                        v = w[((unsigned)c * P.Cin + m) * 9 + tap];
+                    a[j] = v;
                 }
             } else {
                 const int mA = m0 + t / BK;
-                const bool sv = tm_slot(P, tap0, c0, t % BK, P.Cin, tap, c);
-                const size_t base = sv ? ((size_t)mA * P.Cin + c) * 9 + tap : 0;
+                const bool sv = tm_slot(P, t % BK, P.Cin, tap, c);
+                const unsigned base = ((unsigned)mA * P.Cin + c) * 9 + tap;
+                const unsigned step = fresh((NT / BK) * P.Cin * 9);
                 UNROLL
                 for (int j = 0; j < PER_T; j++) {
                     float v = 0.0f;
-                    if (sv && mA + j * (NT / BK) < P.M)
-                        v = w[base + (size_t)j * (NT / BK) * P.Cin * 9];
-                    a[j] = to_t<T>(v);
+                    if (sv && mA + j * (NT / BK) < P.M) v = w[base + j * step];
+                    a[j] = v;
                 }
             }
             return;
         }
-        int r, q, c0;
-        tm_tap(P, f, k0, r, q, c0);
+        int r, q;
+        tm_rq(P, f, r, q);
         if (AT) {
             const int m = m0 + t % BM, c = c0 + t / BM;
             const bool mv = m < P.M;
-            const size_t base = ((size_t)c * P.Cin + m) * 9 + r * 3 + q;
-            const size_t step = (size_t)(NT / BM) * P.Cin * 9;
+            const unsigned base = ((unsigned)c * P.Cin + m) * 9 + r * 3 + q;
+            const unsigned step = fresh((NT / BM) * P.Cin * 9);
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 float v = 0.0f;
                 if (mv && c + j * (NT / BM) < P.Cout) v = w[base + j * step];
-                a[j] = to_t<T>(v);
+                a[j] = v;
             }
             return;
         }
         const int c = c0 + t % BK, mA = m0 + t / BK;
-        const size_t base = ((size_t)mA * P.Cin + c) * 9 + r * 3 + q;
-        const size_t step = (size_t)(NT / BK) * P.Cin * 9;
+        const unsigned base = ((unsigned)mA * P.Cin + c) * 9 + r * 3 + q;
+        const unsigned step = fresh((NT / BK) * P.Cin * 9);
         const bool cv = c < P.Cin;
         UNROLL
         for (int j = 0; j < PER_T; j++) {
             float v = 0.0f;
             if (cv && mA + j * (NT / BK) < P.M) v = w[base + j * step];
-            a[j] = to_t<T>(v);
+            a[j] = v;
         }
     }
 
@@ -409,51 +560,41 @@ struct Stage {
      * dy[img][c][(h+ph-r)/sh][(w+pw-q)/sw] (exact by the phase's choice of
      * taps).  Thread t: pixel fixed (init), c = c0 + t/BN + j*(NT/BN).
      * wgrad: B(p, ci) = x[img][ci][ho*sh-ph+r*dh][wo*sw-pw+q*dw] with the
-     * pixel p = k0 + t%BK and ci = ci0 + t/BK + j*(NT/BK), tap and ci0 from
-     * the column tile n0. */
-    HD void load_b_tm(const IgP &P, const Phase &f, int n0, int k0, int kend, int t) {
+     * pixel p = k0 + t%BK (pim, pho, pwo) and ci = c0 + t/BK + j*(NT/BK),
+     * tap0 and c0 those of the column tile n0 (init). */
+    HD void load_b_tm(const IgP &P, const Phase &f, int k0, int kend, int t) {
         const T zero = to_t<T>(0.0f);
         if (MODE == IG_WGRAD) {
-            /* column tile n0/BN: tap group tg (taps tap0 .. tap0 + BN/cpt - 1)
-             * and channel slot cg (channels ci0 .. ci0 + cpt - 1), cpt = 2^lc */
-            const int p = k0 + t % BK;
-            const bool pv = p < kend;
-            const int bx = n0 / BN, tg = bx / P.ct, tap0 = tg * (BN >> P.lc);
-            const int ci0 = (bx - tg * P.ct) << P.lc;
-            int im = 0, bh = 0, bw = 0;
-            if (pv) {
-                int wo = p % P.Wo, rr = p / P.Wo, ho = rr % P.Ho;
-                im = rr / P.Ho;
-                bh = ho * P.sh - P.ph;
-                bw = wo * P.sw - P.pw;
-            }
-            const size_t plane = (size_t)P.H * P.W;
+            const T *x = (const T *)P.b;
+            const bool pv = k0 + t % BK < kend;
+            const int bh = pho * P.sh - P.ph, bw = pwo * P.sw - P.pw;
+            const unsigned plane = (unsigned)P.H * P.W;
             if (P.lc == 6) { /* one tap per tile: one bounds test */
-                const int r = tap0 / 3, q = tap0 - r * 3, ci = ci0 + t / BK;
-                const int hi = bh + r * P.dh, wi = bw + q * P.dw;
+                const int ci = c0 + t / BK;
+                const int hi = bh + tr * P.dh, wi = bw + tq * P.dw;
                 const bool ok = pv && hi >= 0 && hi < P.H && wi >= 0 && wi < P.W;
-                const T *bp = (const T *)P.b + ((size_t)im * P.Cin + ci) * plane +
-                              (ok ? (size_t)hi * P.W + wi : 0);
+                const unsigned off = ((unsigned)pim * P.Cin + ci) * plane + hi * P.W + wi;
+                const unsigned step = fresh((NT / BK) * plane);
                 UNROLL
                 for (int j = 0; j < PER_T; j++) {
                     T v = zero;
-                    if (ok && ci + j * (NT / BK) < P.Cin) v = bp[(size_t)j * (NT / BK) * plane];
+                    if (ok && ci + j * (NT / BK) < P.Cin) v = x[off + j * step];
                     b[j] = v;
                 }
                 return;
             }
             /* few channels (Cin <= 32): several taps per tile, one per slot */
-            const T *xb = (const T *)P.b + (size_t)im * P.Cin * plane;
-            const int cm = (1 << P.lc) - 1;
+            const unsigned xb = (unsigned)pim * P.Cin;
+            const int cm = (1 << P.lc) - 1, tp0 = fresh(tap0), ch0 = fresh(c0);
             UNROLL
             for (int j = 0; j < PER_T; j++) {
-                const int nl = t / BK + j * (NT / BK), tap = tap0 + (nl >> P.lc), ci = ci0 + (nl & cm);
+                const int nl = t / BK + j * (NT / BK), tap = tp0 + (nl >> P.lc), ci = ch0 + (nl & cm);
                 T v = zero;
                 if (pv && tap < 9 && ci < P.Cin) {
                     const int r = tap / 3, q = tap - r * 3;
                     const int hi = bh + r * P.dh, wi = bw + q * P.dw;
                     if (hi >= 0 && hi < P.H && wi >= 0 && wi < P.W)
-                        v = xb[(size_t)ci * plane + (size_t)hi * P.W + wi];
+                        v = x[(xb + ci) * plane + hi * P.W + wi];
                 }
                 b[j] = v;
             }
@@ -463,24 +604,24 @@ struct Stage {
             const bool fw = MODE == IG_FWD;
             const int C = fw ? P.Cin : P.Cout, Hs = fw ? P.H : P.Ho, Ws = fw ? P.W : P.Wo;
             const int sg = fw ? 1 : -1; /* fwd: p0 + r*d; dgrad (stride 1): p0 - r*d */
-            const T *src = (const T *)P.b + (size_t)img * C * Hs * Ws;
-            int tap0, c0, tap, c;
-            tm_tile(P, k0, tap0, c0);
+            const T *src = (const T *)P.b;
+            const unsigned sb = (unsigned)img * C;
+            int tap, c;
             UNROLL
             for (int j = 0; j < PER_T; j++) {
                 T v = zero;
-                if (nvalid && tm_slot(P, tap0, c0, t / BN + j * (NT / BN), C, tap, c)) {
+                if (nvalid && tm_slot(P, t / BN + j * (NT / BN), C, tap, c)) {
                     const int r = tap / 3, q = tap - r * 3;
                     const int hh = p0h + sg * r * P.dh, ww = p0w + sg * q * P.dw;
                     if (hh >= 0 && hh < Hs && ww >= 0 && ww < Ws)
-                        v = src[((size_t)c * Hs + hh) * Ws + ww];
+                        v = src[((sb + c) * Hs + hh) * Ws + ww];
                 }
                 b[j] = v;
             }
             return;
         }
-        int r, q, c0;
-        tm_tap(P, f, k0, r, q, c0);
+        int r, q;
+        tm_rq(P, f, r, q);
         const int c = c0 + t / BN;
         int hh, ww, Hs, Ws, C;
         bool ok = nvalid;
@@ -506,16 +647,20 @@ struct Stage {
             C = P.Cout;
         }
         ok = ok && hh >= 0 && hh < Hs && ww >= 0 && ww < Ws;
-        const size_t plane = (size_t)Hs * Ws;
-        const T *bp = (const T *)P.b + ((size_t)img * C + c) * plane +
-                      (ok ? (size_t)hh * Ws + ww : 0);
+        const unsigned plane = (unsigned)Hs * Ws;
+        const unsigned off = ((unsigned)img * C + c) * plane + hh * Ws + ww;
+        const unsigned step = fresh((NT / BN) * plane);
+        const T *src = (const T *)P.b;
         UNROLL
         for (int j = 0; j < PER_T; j++) {
             T v = zero;
-            if (ok && c + j * (NT / BN) < C) v = bp[(size_t)j * (NT / BN) * plane];
+            if (ok && c + j * (NT / BN) < C) v = src[off + j * step];
             b[j] = v;
         }
     }
+
+    static HD T rnd(float v) { return to_t<T>(v); }
+    static HD T rnd(T v) { return v; }
 
     HD void store(T *sA, T *sB, int t) const {
         if (VA) {
@@ -527,8 +672,9 @@ struct Stage {
         } else {
             UNROLL
             for (int j = 0; j < PER_T; j++) {
-                if (AT) sA[(t % BM) * LDA + t / BM + j * (NT / BM)] = a[j];
-                else sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = a[j];
+                const T v = rnd(a[j]);
+                if (AT) sA[(t % BM) * LDA + t / BM + j * (NT / BM)] = v;
+                else sA[(t / BK + j * (NT / BK)) * LDA + t % BK] = v;
             }
         }
         if (VB) {

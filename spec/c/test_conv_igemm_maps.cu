@@ -7,6 +7,10 @@
  * Frobenius): 1e-5 for the f32 filter gradient (same bf16 operands, only the
  * f32 sum order differs), 4e-3 for the bf16 outputs of forward and
  * backward-data (one rounding, 2^-9 relative); a wrong index gives O(1).
+ * Besides, every k tile the loaders stage is compared bit for bit with the
+ * GEMM operands A(m, k) and B(k, n) taken from their definitions (ref_a,
+ * ref_b): the loaders carry state from one k tile to the next (the filter
+ * gradient's pixel, the tap-major tile's tap), so a slip shows there exactly.
  */
 #include "nn_conv_igemm.cu"
 /* cuda/backend.cu (lucid_pdl_for_stream, used by lucid_launch in the included
@@ -16,9 +20,62 @@ int lucid_pdl_for_stream(cudaStream_t) { return 0; }
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <cstring>
 typedef __nv_bfloat16 T;
 static float rb(float v){ return __bfloat162float(__float2bfloat16_rn(v)); }
 static float frand(){ return (float)rand()/RAND_MAX*2-1; }
+static unsigned short bits(T v){ unsigned short u; memcpy(&u,&v,2); return u; }
+/* The GEMM operands by their definitions (nn_conv_igemm.cu's header comment;
+ * tap-major slots: nn_conv_igemm_tile.cuh), 0 past kend, M, Nc and in the
+ * padding; as staged (fwd/dgrad weights rounded to T). */
+static int tm_map(const IgP& P,int k,int C,int& tap,int& c){ /* KT3 k -> tap, channel; false if padding */
+  int kt=k/BK, s=k%BK, cpt=1<<P.lc, tg=kt/P.ct; tap=tg*(BK/cpt)+s/cpt; c=(kt%P.ct)*cpt+s%cpt; return tap<9 && c<C; }
+template<int MODE,int KS>
+static T ref_a(const IgP& P,const Phase& f,int m,int k,int kend){
+  const T z=__float2bfloat16_rn(0.f);
+  if(m>=P.M || k>=kend) return z;
+  const int KH=kh_of<KS>(P), KW=kw_of<KS>(P), KK=KH*KW;
+  if(MODE==IG_WGRAD){ int P2=P.Ho*P.Wo, im=k/P2; return ((const T*)P.a)[((size_t)im*P.Cout+m)*P2+k%P2]; }
+  const float* w=(const float*)P.a; float v;
+  if(KS==KT3 && MODE==IG_DGRAD_PH){ /* one tap per k tile: tap = kt/ct of the phase's nR x nQ */
+    int kt=k/BK, tap=kt/P.ct, c=(kt%P.ct)*BK+k%BK; if(c>=P.Cout) return z;
+    int r=f.a+P.sh*(tap/f.nQ), q=f.b+P.sw*(tap%f.nQ); v=w[((size_t)c*P.Cin+m)*9+r*3+q];
+  } else if(KS==KT3){
+    int tap,c; if(!tm_map(P,k,MODE==IG_FWD?P.Cin:P.Cout,tap,c)) return z;
+    v= MODE==IG_FWD ? w[((size_t)m*P.Cin+c)*9+tap] : w[((size_t)c*P.Cin+m)*9+tap];
+  } else if(MODE==IG_FWD) v=w[(size_t)m*P.K+k];
+  else if(MODE==IG_DGRAD) v=w[((size_t)(k/KK)*P.Cin+m)*KK+k%KK];
+  else { int nn=f.nR*f.nQ, co=k/nn, ri=k%nn/f.nQ, qi=k%nn%f.nQ; v=w[(((size_t)co*P.Cin+m)*KH+f.a+P.sh*ri)*KW+f.b+P.sw*qi]; }
+  return __float2bfloat16_rn(v);
+}
+template<int MODE,int KS>
+static T ref_b(const IgP& P,const Phase& f,int k,int n,int kend){ /* wgrad: k = pixel, n = column */
+  const T z=__float2bfloat16_rn(0.f);
+  if(k>=kend || n>=f.Nc) return z;
+  const int KH=kh_of<KS>(P), KW=kw_of<KS>(P), KK=KH*KW;
+  const T* src=(const T*)P.b;
+  int c,r,q,img,ph,pw; /* channel, tap; pixel (fwd, wgrad: output; dgrad: input) */
+  if(MODE==IG_WGRAD){
+    if(KS==KT3){ int bx=n/BN, nl=n%BN, tg=bx/P.ct, tap=tg*(BN>>P.lc)+(nl>>P.lc); c=((bx%P.ct)<<P.lc)+(nl&((1<<P.lc)-1));
+      if(tap>=9 || c>=P.Cin) return z; r=tap/3; q=tap%3; }
+    else { c=n/KK; r=n%KK/KW; q=n%KK%KW; }
+    int P2=P.Ho*P.Wo; img=k/P2; ph=k%P2/P.Wo; pw=k%P.Wo;
+  } else {
+    if(KS==KT3 && MODE==IG_DGRAD_PH){ int kt=k/BK, tap=kt/P.ct; c=(kt%P.ct)*BK+k%BK; if(c>=P.Cout) return z; r=f.a+P.sh*(tap/f.nQ); q=f.b+P.sw*(tap%f.nQ); }
+    else if(KS==KT3){ int tap; if(!tm_map(P,k,MODE==IG_FWD?P.Cin:P.Cout,tap,c)) return z; r=tap/3; q=tap%3; }
+    else if(MODE==IG_DGRAD_PH){ int nn=f.nR*f.nQ; c=k/nn; r=f.a+P.sh*(k%nn/f.nQ); q=f.b+P.sw*(k%nn%f.nQ); }
+    else { c=k/KK; r=k%KK/KW; q=k%KK%KW; }
+    if(MODE==IG_FWD){ int P2=P.Ho*P.Wo; img=n/P2; ph=n%P2/P.Wo; pw=n%P.Wo; }
+    else if(MODE==IG_DGRAD){ int P2=P.H*P.W; img=n/P2; ph=n%P2/P.W; pw=n%P.W; }
+    else { img=n/(f.Hp*f.Wp); ph=f.h0+P.sh*(n/f.Wp%f.Hp); pw=f.w0+P.sw*(n%f.Wp); }
+  }
+  if(MODE==IG_FWD || MODE==IG_WGRAD){ int hi=ph*P.sh-P.ph+r*P.dh, wi=pw*P.sw-P.pw+q*P.dw;
+    if(hi<0||hi>=P.H||wi<0||wi>=P.W) return z; return src[(((size_t)img*P.Cin+c)*P.H+hi)*P.W+wi]; }
+  int hn=ph+P.ph-r*P.dh, wn=pw+P.pw-q*P.dw;
+  if(hn<0||wn<0||hn%P.sh||wn%P.sw||hn/P.sh>=P.Ho||wn/P.sw>=P.Wo) return z;
+  return src[(((size_t)img*P.Cout+c)*P.Ho+hn/P.sh)*P.Wo+wn/P.sw];
+}
+static long staged_bad=0, staged_n=0;
 // emulate a whole kernel grid on the host: out receives what the kernel writes
 // (as float; wgrad partials per split)
 template<int MODE,int KS>
@@ -30,10 +87,13 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
     if(MODE==IG_DGRAD_PH){ f=phase_of(P,bz); if(n0>=f.Nc) continue; }
     int kbeg,kend; k_range(P,f,MODE,bz,kbeg,kend);
     std::vector<Stage<T,MODE,KS>> st(NT);
-    for(int t=0;t<NT;t++) st[t].init(P,f,n0,t);
+    for(int t=0;t<NT;t++) st[t].init(P,f,n0,kbeg,t);
     std::fill(sC.begin(),sC.end(),0.f);
     for(int k0=kbeg;k0<kend;k0+=BK){
       for(int t=0;t<NT;t++){ st[t].load(P,f,m0,n0,k0,kend,t); st[t].store(sA.data(),sB.data(),t);}
+      for(int r=0;r<BM;r++) for(int kk=0;kk<BK;kk++,staged_n++) staged_bad+= bits(sA[r*LDA+kk])!=bits(ref_a<MODE,KS>(P,f,m0+r,k0+kk,kend));
+      for(int kk=0;kk<BK;kk++) for(int c=0;c<BN;c++,staged_n++)
+        staged_bad+= bits(MODE==IG_WGRAD? sB[c*LDBC+kk] : sB[kk*LDBR+c])!=bits(ref_b<MODE,KS>(P,f,k0+kk,n0+c,kend));
       for(int r=0;r<BM;r++) for(int c=0;c<BN;c++){ float a=0; for(int kk=0;kk<BK;kk++){
         float av=to_f(sA[r*LDA+kk]); float bv= MODE==IG_WGRAD? to_f(sB[c*LDBC+kk]) : to_f(sB[kk*LDBR+c]); a+=av*bv;} sC[r*LDC+c]+=a; }
     }
@@ -61,7 +121,9 @@ static const char* variant(const IgLaunch& L){
 static int fails=0;
 static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r,double tol=1e-5){
   double num=0,den=0; for(size_t i=0;i<a.size();i++){double d=a[i]-r[i]; num+=d*d; den+=r[i]*r[i];}
-  double e=sqrt(num/(den+1e-30)); if(e<tol) printf("ok %s (rel %.2e)\n",name,e); else {printf("not ok %s: rel err %.2e > %.0e\n",name,e,tol); fails++;}
+  double e=sqrt(num/(den+1e-30)); long bad=staged_bad, n=staged_n; staged_bad=staged_n=0;
+  if(bad){ printf("not ok %s: %ld of %ld staged operand elements differ from A/B\n",name,bad,n); fails++; }
+  else if(e<tol) printf("ok %s (rel %.2e)\n",name,e); else {printf("not ok %s: rel err %.2e > %.0e\n",name,e,tol); fails++;}
 }
 static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int d){
   lucid_igemm_geom g; g.N=N;g.Cin=Cin;g.H=H;g.W=W;g.Cout=Cout;g.kh=kh;g.kw=kw;g.sh=g.sw=s;g.ph=g.pw=p;g.dh=g.dw=d;
@@ -116,5 +178,15 @@ int main(){
   run(2,3,17,15,16,3,3,2,1,1); run(1,5,9,9,6,3,3,1,1,1); run(1,16,10,12,8,3,3,1,1,1); run(1,32,9,7,12,3,3,2,1,1);
   /* tap-major forward / backward-data with few channels (slots of 4, 8, 16: 8, 4, 2 taps per k tile), dilation */
   run(1,3,12,11,8,3,3,1,1,1); run(1,7,10,9,3,3,3,1,2,2); run(1,12,8,8,5,3,3,2,1,1);
+  /* carried loader state (the filter gradient's pixel, the tap-major tile's
+   * tap): splits that start mid-row and mid-image, Wo < 32 and Ho*Wo not a
+   * multiple of 32 (k tiles across rows and images), Wo = 1 and Ho*Wo < 32
+   * (several images per k tile); one tap per column tile (Cin 40, 64, 100:
+   * 1 and 2 channel tiles) and few channels (12, 8, 16), stride 2; 1x1
+   * vectors with planes of 8 and 24; generic 5x5 and scalar 1x1 */
+  run(3,40,9,14,24,3,3,2,1,1); run(4,12,10,10,8,3,3,2,1,1); run(2,64,20,20,16,3,3,1,1,1);
+  run(2,100,11,9,40,3,3,1,1,1); run(5,8,7,1,6,3,3,1,1,1); run(40,16,1,1,8,3,3,1,1,1);
+  run(9,16,2,4,24,1,1,1,0,1); run(3,8,4,6,16,1,1,1,0,1); run(3,4,6,5,6,5,5,1,2,1);
+  run(6,10,3,5,12,1,1,1,0,1);
   return fails != 0;
 }
