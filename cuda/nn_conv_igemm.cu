@@ -75,6 +75,51 @@ namespace wm = nvcuda::wmma;
 #define IG_BOUNDS __launch_bounds__(NT, ig_min_blocks(MODE, KS))
 #endif
 
+/* WMMA fragment loads from shared memory.  For bf16, nvcc 13's
+ * wmma::load_matrix_sync emits the generic-address wmma.load (32 LD.E per
+ * k step of a warp instead of 8 LDSM for the f16 builtin, read in the SASS);
+ * these issue the .shared form of the same PTX instruction (PTX ISA,
+ * "wmma.load"), same fragment layout, so the same values reach the MMA.
+ * LUCID_WMMA_GENERIC=1 (build knob, bench/conv_lab EXTRA_NVCCFLAGS) keeps
+ * the builtin for an A/B. f16 always takes the builtin. */
+#ifndef LUCID_WMMA_GENERIC
+#define LUCID_WMMA_GENERIC 0
+#endif
+template <typename Frag, typename T>
+static __device__ __forceinline__ void ig_ld_a(Frag &f, const T *p, unsigned ldm) {
+    wm::load_matrix_sync(f, p, ldm);
+}
+template <typename Frag, typename T>
+static __device__ __forceinline__ void ig_ld_b(Frag &f, const T *p, unsigned ldm) {
+    wm::load_matrix_sync(f, p, ldm);
+}
+#if !LUCID_WMMA_GENERIC
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> ig_fa_bf16;
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::row_major> ig_fbr_bf16;
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> ig_fbc_bf16;
+template <>
+__device__ __forceinline__ void ig_ld_a(ig_fa_bf16 &f, const __nv_bfloat16 *p, unsigned ldm) {
+    unsigned *r = reinterpret_cast<unsigned *>(f.x);
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
+}
+template <>
+__device__ __forceinline__ void ig_ld_b(ig_fbr_bf16 &f, const __nv_bfloat16 *p, unsigned ldm) {
+    unsigned *r = reinterpret_cast<unsigned *>(f.x);
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
+}
+template <>
+__device__ __forceinline__ void ig_ld_b(ig_fbc_bf16 &f, const __nv_bfloat16 *p, unsigned ldm) {
+    unsigned *r = reinterpret_cast<unsigned *>(f.x);
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
+}
+#endif
+
 template <typename T, int MODE, int KS>
 __global__ void IG_BOUNDS igemm_nchw(IgP P) {
     lucid_pdl_wait();
@@ -120,13 +165,13 @@ __global__ void IG_BOUNDS igemm_nchw(IgP P) {
             wm::fragment<wm::matrix_b, 16, 16, 16, T, BLay> fb[2];
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                wm::load_matrix_sync(fa[i], sA + (wr + i * 16) * LDA + kk, LDA);
+                ig_ld_a(fa[i], sA + (wr + i * 16) * LDA + kk, LDA);
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 if (MODE == IG_WGRAD)
-                    wm::load_matrix_sync(fb[j], sB + (wc + j * 16) * LDBC + kk, LDBC);
+                    ig_ld_b(fb[j], sB + (wc + j * 16) * LDBC + kk, LDBC);
                 else
-                    wm::load_matrix_sync(fb[j], sB + kk * LDBR + wc + j * 16, LDBR);
+                    ig_ld_b(fb[j], sB + kk * LDBR + wc + j * 16, LDBR);
             }
 #pragma unroll
             for (int i = 0; i < 2; i++)
