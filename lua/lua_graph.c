@@ -11,14 +11,18 @@
  *   Graph: g:launch(), g:free() (also __gc)
  *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:free()
  *   lucid.graph.Refs(paramset, {cmodule, ...}) -> Refs
- *     r:check() -> nil | reason, full, fast, params, modules
- *                  (nil: unchanged; fast: answered from the two counters
- *                   below and the watched block inputs alone; full: the
- *                   engine's check ran instead — every module's mode
- *                   compared with the recorded one — and what it found
- *                   had moved: params, the set's version (the entries
- *                   were compared field by field); modules, the version
- *                   of one of the recorded modules)
+ *     r:quick() -> boolean  (true: provably unchanged since the last clean
+ *                  check: lucid_graph_refs_quick, O(1))
+ *     r:guard() -> function g (a closure over r for the recorded step's
+ *                  cheap path: g() returns nothing when r:quick() would say
+ *                  true, else true; true too once r is freed. No argument
+ *                  and no type check to pay: the closure holds r)
+ *     r:check([all_entries]) -> nil | reason, params, modes, epoch
+ *                  (lucid_graph_refs_check_ex: nil when unchanged, the
+ *                   snapshot refreshed; params: the entries were compared
+ *                   field by field (the set's version had moved, or
+ *                   all_entries); modes: a recorded module's mode differs;
+ *                   epoch: the contract epoch had moved)
  *     r:watch(block, "ema" | "ns_bf16")  (compare these inputs of a
  *                  lucid.ParamBlock's staging at every check, from their
  *                  values now: EMA decay/tau, the MuSGD Newton-Schulz
@@ -27,9 +31,10 @@
  *     r:counts() -> nmodules, nparams;  r:free() (also __gc)
  *   lucid.graph._test_replace_param(paramset, name)   (tests only: replace
  *     the entry's data tensor by a fresh copy, as a host program could)
- *   lucid.graph.module_epoch() -> n, on  (the counter below; on: cheap path)
- *   lucid.graph.bump_epoch()      (move it: Model:bump_version and
- *                                  Model:train/eval do, see below)
+ *   lucid.graph.contract_epoch() -> n  (engine/nn/nn.h: moves on every
+ *     parameter-set version bump and every lucid.graph.bump_epoch)
+ *   lucid.graph.bump_epoch()      (move it: what the Lua library announces,
+ *     see docs/STEP.md "Contract")
  *   lucid.graph.clock() -> seconds (CLOCK_MONOTONIC, for the µs timings)
  *   lucid.graph.pinned(shape, dtype, [ctx]) -> Tensor (page-locked CPU
  *     memory on a CUDA context: fixed staging buffers)
@@ -37,32 +42,16 @@
  * A ParamSet / CModule userdata is read through the same layout lua_nn.c
  * gives it ({set, ctx} / {module, ctx}; lua_optim.c mirrors it the same way).
  *
- * The cheap path of r:check() (docs/STEP.md, "Contract"): it answers
- * "unchanged" from two integers — the parameter set's version and a
- * process-wide module epoch — and the watched parameter-block inputs
- * (r:watch), without touching any module. The epoch moves
- * whenever a C module's version moves (mode, need_grad_input); the only
- * callers of lucid_module_set_training / lucid_module_set_need_grad_input
- * are the CModule methods train / eval / need_grad_input of lua_nn.c, which
- * lucid_lua_open_graph wraps (the wrapper compares m->version before and
- * after). When a counter moved, the engine's lucid_graph_refs_check runs
- * (every module's mode compared with the recorded one; the parameter
- * entries field by field when the set's version moved). If the methods
- * cannot be wrapped (their registration changed), the cheap path is off and
- * every check is the engine's. Lua code whose change a recording must see
- * moves the epoch too (lucid.graph.bump_epoch: Model:bump_version,
- * replace_forward, and Model:train/eval when the mode changes), so that a
- * recorded step's cheap path can leave the model's own counters to the
- * slow path (lua/lucid/recorded_step.lua). The natural home of this epoch is
- * engine/nn/module.c (bumped inside the two setters); until it moves there,
- * a C caller of those setters outside lua_nn.c must bump it too.
+ * The recorded step's cheap path (docs/STEP.md, "Contract") is one call of
+ * r:guard()'s closure: the engine's O(1) quick test (the contract epoch, the
+ * exact count of recorded modules out of their recorded mode, the watched
+ * block inputs), without touching any module or parameter.
  * Errors: engine failures raise "lucid <status>: <message>".
  */
 #include "lua_common.h"
 #include "nn/nn.h"
 #include "train/graph.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -81,26 +70,11 @@ typedef struct { lucid_param_block *pb; lucid_ctx *ctx; int dirty; } block_mirro
 
 typedef struct { lucid_graph *g; lucid_ctx *ctx; } graph_box;
 typedef struct { lucid_event *e; lucid_ctx *ctx; } event_box;
-/* r: the engine's reference set. set: its parameter set (held through r).
- * set_version / module_epoch: the counters at the last check that found
- * nothing changed (fast: 1 once such a check ran). */
+/* r: the engine's reference set (NULL once freed). */
 typedef struct {
     lucid_graph_refs *r;
-    lucid_param_set *set;
     lucid_ctx *ctx;           /* one reference: errors of r:watch */
-    uint64_t set_version, module_epoch;
-    int fast;
 } refs_box;
-
-/* The module epoch (see the file comment). */
-static _Atomic uint64_t g_module_epoch = 1;
-/* 1 while every mode setter reachable from Lua is wrapped; 0 turns the
- * cheap path off (once off in any Lua state, off for good). */
-static _Atomic int g_epoch_ok = 0, g_epoch_broken = 0;
-
-static uint64_t module_epoch(void) {
-    return atomic_load_explicit(&g_module_epoch, memory_order_relaxed);
-}
 
 static lucid_ctx *opt_ctx(lua_State *L, int idx) {
     return lucid_lua_ctx(L, lua_isnoneornil(L, idx) ? 0 : idx);
@@ -144,6 +118,12 @@ static int l_capturing(lua_State *L) {
     return 1;
 }
 
+/* hot: next to the recorded step's guard (l_refs_guard_call) and the
+ * engine's quick check, in .text.hot (the check runs with cold caches: one
+ * code page for the timed region) */
+#if defined(__GNUC__)
+__attribute__((hot))
+#endif
 static int l_clock(lua_State *L) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -259,22 +239,17 @@ static int l_refs_new(lua_State *L) {
     memset(b, 0, sizeof *b);
     luaL_getmetatable(L, REFS_MT);
     lua_setmetatable(L, -2);
-    uint64_t epoch = module_epoch();
     lucid_status st = lucid_graph_refs_create(ctx, set, n, mods, &b->r);
     free(mods);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
-    b->set = set;
     lucid_ctx_retain(ctx);
     b->ctx = ctx;
-    b->set_version = set ? lucid_param_set_version(set) : 0;
-    b->module_epoch = epoch;
-    b->fast = 1; /* the create snapshot is a check that found nothing changed */
     return 1;
 }
 
 /* The methods of Refs are closures over the metatable (upvalue 1): the
  * type check compares metatables, without the registry lookup of
- * lucid_lua_checkudata (r:check runs before every replay). */
+ * lucid_lua_checkudata. */
 static refs_box *check_refs(lua_State *L, int idx) {
     refs_box *b = lua_touserdata(L, idx);
     int ok = b && lua_getmetatable(L, idx);
@@ -290,40 +265,42 @@ static refs_box *check_refs(lua_State *L, int idx) {
 
 static int l_refs_check(lua_State *L) {
     refs_box *b = check_refs(L, 1);
-    uint64_t epoch = module_epoch();
-    uint64_t sv = b->set ? lucid_param_set_version(b->set) : 0;
+    int all = lua_toboolean(L, 2);
     char why[512];
-    if (b->fast && atomic_load_explicit(&g_epoch_ok, memory_order_relaxed) &&
-        epoch == b->module_epoch && sv == b->set_version) {
-        if (lucid_graph_refs_check_watched(b->r, why, sizeof why)) {
-            b->fast = 0;
-            lua_pushstring(L, why);
-        } else {
-            lua_pushnil(L);
-        }
-        lua_pushboolean(L, 0);
-        lua_pushboolean(L, 1);
-        lua_pushboolean(L, 0);
-        lua_pushboolean(L, 0);
-        return 5;
-    }
     int moved = 0;
-    if (lucid_graph_refs_check(b->r, why, sizeof why, &moved)) {
-        b->fast = 0;
+    if (lucid_graph_refs_check_ex(b->r, all, why, sizeof why, &moved))
         lua_pushstring(L, why);
-    } else {
-        /* nothing this recording depends on changed: the counters read
-         * before the check become the new cheap-path snapshot */
-        b->set_version = sv;
-        b->module_epoch = epoch;
-        b->fast = 1;
+    else
         lua_pushnil(L);
-    }
-    lua_pushboolean(L, 1);
-    lua_pushboolean(L, 0);
     lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_PARAMS);
-    lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_MODULES);
-    return 5;
+    lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_MODES);
+    lua_pushboolean(L, moved & LUCID_GRAPH_MOVED_EPOCH);
+    return 4;
+}
+
+static int l_refs_quick(lua_State *L) {
+    lua_pushboolean(L, lucid_graph_refs_quick(check_refs(L, 1)->r));
+    return 1;
+}
+
+/* The closure of r:guard() (upvalue 1: the refs userdata, so no type
+ * check): nothing when unchanged, true otherwise. It runs before every
+ * replay, with cold caches: one API call, the box, the refs' first line. */
+#if defined(__GNUC__)
+__attribute__((hot))
+#endif
+static int l_refs_guard_call(lua_State *L) {
+    const refs_box *b = lua_touserdata(L, lua_upvalueindex(1));
+    if (b->r && lucid_graph_refs_quick(b->r)) return 0;
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int l_refs_guard(lua_State *L) {
+    check_refs(L, 1);
+    lua_pushvalue(L, 1);
+    lua_pushcclosure(L, l_refs_guard_call, 1);
+    return 1;
 }
 
 /* r:watch(block, "ema" | "ns_bf16") (see the file comment). */
@@ -355,10 +332,8 @@ static int l_refs_free(lua_State *L) {
     refs_box *b = lucid_lua_checkudata(L, 1, REFS_MT);
     lucid_graph_refs_release(b->r);
     b->r = NULL;
-    b->set = NULL;
     if (b->ctx) lucid_ctx_release(b->ctx);
     b->ctx = NULL;
-    b->fast = 0;
     return 0;
 }
 
@@ -406,72 +381,19 @@ static int l_pinned(lua_State *L) {
     return 1;
 }
 
-/* ------------------------------------------------------------ module epoch */
+/* ---------------------------------------------------------- contract epoch */
 
-/* Wrapper of a CModule mode setter (upvalue 1: the original C function):
- * calls it and moves the module epoch when the module's version moved. */
-static int l_module_mode_hook(lua_State *L) {
-    module_mirror *mb = luaL_testudata(L, 1, CMODULE_MT);
-    lucid_module *m = mb ? mb->m : NULL;
-    uint64_t v = m ? m->version : 0;
-    int n = lua_gettop(L);
-    lua_pushvalue(L, lua_upvalueindex(1));
-    lua_insert(L, 1);
-    lua_call(L, n, LUA_MULTRET);
-    if (!m || m->version != v)
-        atomic_fetch_add_explicit(&g_module_epoch, 1, memory_order_relaxed);
-    return lua_gettop(L);
-}
-
-/* Wrap train / eval / need_grad_input in the CModule method table (the
- * upvalue of its __index closure, or __index itself when a table). */
-static void hook_module_modes(lua_State *L) {
-    static const char *const names[] = {"train", "eval", "need_grad_input"};
-    int ok = 0;
-    int top = lua_gettop(L);
-    luaL_getmetatable(L, CMODULE_MT);
-    if (lua_istable(L, -1)) {
-        lua_getfield(L, -1, "__index");
-        if (lua_iscfunction(L, -1)) {
-            if (!lua_getupvalue(L, -1, 1)) lua_pushnil(L);
-        } else {
-            lua_pushvalue(L, -1);
-        }
-        if (lua_istable(L, -1)) {
-            ok = 1;
-            for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-                lua_getfield(L, -1, names[i]);
-                if (lua_tocfunction(L, -1) == l_module_mode_hook) { /* opened twice */
-                    lua_pop(L, 1);
-                    continue;
-                }
-                if (!lua_iscfunction(L, -1)) {
-                    ok = 0;
-                    lua_pop(L, 1);
-                    continue;
-                }
-                lua_pushcclosure(L, l_module_mode_hook, 1);
-                lua_setfield(L, -2, names[i]);
-            }
-        }
-    }
-    lua_settop(L, top);
-    if (!ok) atomic_store(&g_epoch_broken, 1);
-    atomic_store(&g_epoch_ok, !atomic_load(&g_epoch_broken));
-}
-
-/* lucid.graph.bump_epoch(): move the module epoch (see the file comment). */
+/* lucid.graph.bump_epoch(): move the contract epoch (see the file comment). */
 static int l_bump_epoch(lua_State *L) {
     (void)L;
-    atomic_fetch_add_explicit(&g_module_epoch, 1, memory_order_relaxed);
+    lucid_contract_bump();
     return 0;
 }
 
-/* lucid.graph.module_epoch() -> integer, fast_path -> boolean (tests). */
-static int l_module_epoch(lua_State *L) {
-    lua_pushnumber(L, (lua_Number)module_epoch());
-    lua_pushboolean(L, atomic_load(&g_epoch_ok));
-    return 2;
+/* lucid.graph.contract_epoch() -> number (tests). */
+static int l_contract_epoch(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)lucid_contract_epoch());
+    return 1;
 }
 
 /* ---------------------------------------------------------------- register */
@@ -507,7 +429,8 @@ static const luaL_Reg event_methods[] = {
     {"record", l_event_record}, {"synchronize", l_event_synchronize},
     {"free", l_event_free}, {NULL, NULL}};
 static const luaL_Reg refs_methods[] = {
-    {"check", l_refs_check}, {"watch", l_refs_watch}, {"restore", l_refs_restore},
+    {"check", l_refs_check}, {"quick", l_refs_quick}, {"guard", l_refs_guard},
+    {"watch", l_refs_watch}, {"restore", l_refs_restore},
     {"counts", l_refs_counts}, {"free", l_refs_free}, {NULL, NULL}};
 static const luaL_Reg graph_funcs[] = {
     {"available", l_available},
@@ -520,7 +443,7 @@ static const luaL_Reg graph_funcs[] = {
     {"clock", l_clock},
     {"pinned", l_pinned},
     {"_test_replace_param", l_test_replace_param},
-    {"module_epoch", l_module_epoch},
+    {"contract_epoch", l_contract_epoch},
     {"bump_epoch", l_bump_epoch},
     {NULL, NULL}};
 
@@ -529,7 +452,6 @@ int lucid_lua_open_graph(lua_State *L) {
     new_mt(L, GRAPH_MT, graph_methods, l_graph_free, l_graph_tostring, 0);
     new_mt(L, EVENT_MT, event_methods, l_event_free, NULL, 0);
     new_mt(L, REFS_MT, refs_methods, l_refs_free, NULL, 1);
-    hook_module_modes(L);
     lua_newtable(L);
     luaL_register(L, NULL, graph_funcs);
     lua_setfield(L, -2, "graph");

@@ -17,6 +17,7 @@
  */
 #include "nn/nn.h"
 #include "internal.h"
+#include "nn/epoch.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,20 +188,62 @@ lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i) {
 
 const char *lucid_module_kind(const lucid_module *m) { return m->vt->kind; }
 
+// ----------------------------------------------------------------------------
+// modes, their watchers, and the contract epoch (nn.h)
+
+_Atomic uint64_t lucid_contract_epoch_counter = 1;
+
+uint64_t lucid_contract_epoch(void) { return lucid_contract_epoch_now(); }
+
+void lucid_contract_bump(void) {
+    atomic_fetch_add_explicit(&lucid_contract_epoch_counter, 1, memory_order_relaxed);
+}
+
+unsigned lucid_module_mode_bits(const lucid_module *m) {
+    return (m->training ? LUCID_MODE_TRAIN : 0u) |
+           (m->need_grad_input ? LUCID_MODE_GRAD_INPUT : 0u);
+}
+
+/* m's bits went from `before` to what they are now: tell the watchers. */
+static void mode_changed(lucid_module *m, unsigned before) {
+    unsigned now = lucid_module_mode_bits(m);
+    for (lucid_mode_watch *w = m->watchers; w; w = w->next)
+        *w->mismatch += (now != w->recorded) - (before != w->recorded);
+}
+
 void lucid_module_set_training(lucid_module *m, int training) {
     training = training != 0;
     if (m->training != training) {
+        unsigned before = lucid_module_mode_bits(m);
         m->training = training;
         m->version++;
+        mode_changed(m, before);
     }
 }
 
 void lucid_module_set_need_grad_input(lucid_module *m, int flag) {
     flag = flag != 0;
     if (m->need_grad_input != flag) {
+        unsigned before = lucid_module_mode_bits(m);
         m->need_grad_input = flag;
         m->version++;
+        mode_changed(m, before);
     }
+}
+
+void lucid_module_watch_modes(lucid_module *m, lucid_mode_watch *w) {
+    w->recorded = lucid_module_mode_bits(m);
+    w->next = m->watchers;
+    m->watchers = w;
+}
+
+void lucid_module_unwatch_modes(lucid_module *m, lucid_mode_watch *w) {
+    for (lucid_mode_watch **p = &m->watchers; *p; p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            w->next = NULL;
+            return;
+        }
 }
 
 int lucid_module_describe(const lucid_module *m, char *buf, size_t n) {

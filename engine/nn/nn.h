@@ -467,12 +467,48 @@ lucid_status lucid_param_set_trainable(lucid_ctx *ctx, lucid_param_set *s,
 /* Mark a structural change of p (e.g. its contents were replaced by a
  * load): bumps p->version and the set's version. */
 void lucid_param_bump_version(lucid_param_set *s, lucid_param *p);
-/* Sum of all changes; compare to detect drift cheaply. */
+/* Sum of all changes; compare to detect drift cheaply. Every bump of a
+ * set's version also moves the contract epoch (below). */
 uint64_t lucid_param_set_version(const lucid_param_set *s);
+
+/* ======================================================== contract epoch */
+
+/* The contract epoch: one process-wide counter that moves on every change
+ * a recorded step (train/graph.h, docs/STEP.md "Contract") must see, other
+ * than a module's mode: every version bump of any parameter set (trainable
+ * flag, a tensor replaced, values reloaded in place, materialize, reset),
+ * and what the Lua library announces through lucid_contract_bump (a model's
+ * bump_version / replace_forward, an edit of a module tree, an instance
+ * override of a module's forward). A recording
+ * keeps the epoch of its last clean check: equal means none of those
+ * happened anywhere since. Module modes are watched exactly, per module
+ * (lucid_module_watch_modes), so a switch and back moves nothing. Atomic
+ * (relaxed): any thread may bump; never decreases. */
+uint64_t lucid_contract_epoch(void);
+void lucid_contract_bump(void);
 
 /* =============================================================== modules */
 
 typedef struct lucid_module lucid_module;
+
+/* Mode bits of a module: what a recording bakes in of its mode. */
+enum { LUCID_MODE_TRAIN = 1u, LUCID_MODE_GRAD_INPUT = 2u };
+
+/* A watcher of one module's mode bits (lucid_module_watch_modes): while
+ * linked, every change of the module's bits through the two setters below
+ * updates *mismatch, the watcher's count of its modules whose bits differ
+ * from `recorded` (+1 when this module's bits leave `recorded`, -1 when
+ * they come back). A zero count is an exact, O(1) "every watched module is
+ * in its recorded mode" (a switch and back, as around validation, leaves
+ * it zero). The node and the counter belong to the watcher; the module
+ * must outlive the link (a recording holds a reference on its modules).
+ * Not synchronised: a module's setters and its watchers' checks run on one
+ * thread at a time (the thread that drives the model). */
+typedef struct lucid_mode_watch {
+    struct lucid_mode_watch *next; /* the module's list */
+    int *mismatch;                 /* the watcher's count */
+    unsigned recorded;             /* LUCID_MODE_* bits it expects */
+} lucid_mode_watch;
 
 typedef struct lucid_module_vtable {
     const char *kind; /* PyTorch class name: "Conv2d", "BatchNorm2d", ... */
@@ -507,6 +543,7 @@ struct lucid_module {
     lucid_tensor **grad_inputs; /* (ninputs)  persistent, owned */
     lucid_tensor *saved[4];     /* persistent per-kind state (BN stats...) */
     void *priv;                 /* per-kind attributes */
+    lucid_mode_watch *watchers; /* lucid_module_watch_modes (NULL: none) */
 };
 
 /* Constructors.  Those taking (set, prefix) declare their parameters in set
@@ -596,9 +633,18 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
 lucid_tensor *lucid_module_output(const lucid_module *m, int i);
 lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i);
 const char *lucid_module_kind(const lucid_module *m);
-/* train (1) / eval (0); bumps m->version when it changes. */
+/* train (1) / eval (0); bumps m->version when it changes and updates the
+ * module's mode watchers. The only writers of m->training and
+ * m->need_grad_input after creation: write the fields through these. */
 void lucid_module_set_training(lucid_module *m, int training);
 void lucid_module_set_need_grad_input(lucid_module *m, int flag);
+/* LUCID_MODE_* bits of m now. */
+unsigned lucid_module_mode_bits(const lucid_module *m);
+/* Link w into m's watchers, expecting m's bits now (w->recorded is set;
+ * w->mismatch must point at the watcher's counter). */
+void lucid_module_watch_modes(lucid_module *m, lucid_mode_watch *w);
+/* Unlink w (a no-op when it is not linked); the counter is left as is. */
+void lucid_module_unwatch_modes(lucid_module *m, lucid_mode_watch *w);
 int lucid_module_describe(const lucid_module *m, char *buf, size_t n);
 
 #ifdef __cplusplus

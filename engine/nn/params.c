@@ -178,6 +178,7 @@ lucid_status lucid_param_set_reset(lucid_ctx *ctx, lucid_param_set *s) {
         s->items[i]->version++;
     }
     s->version++;
+    lucid_contract_bump();
     return LUCID_OK;
 }
 
@@ -256,6 +257,7 @@ lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
         LUCID_TRY(init_one(ctx, s->items[i]));
     }
     s->version++;
+    lucid_contract_bump();
     return LUCID_OK;
 }
 
@@ -328,6 +330,7 @@ lucid_status lucid_param_set_trainable(lucid_ctx *ctx, lucid_param_set *s,
 void lucid_param_bump_version(lucid_param_set *s, lucid_param *p) {
     if (p) p->version++;
     s->version++;
+    lucid_contract_bump();
 }
 
 uint64_t lucid_param_set_version(const lucid_param_set *s) { return s->version; }

@@ -5,6 +5,7 @@
  */
 #include "train/graph.h"
 #include "internal.h"
+#include "nn/epoch.h"
 #include "train/optim.h"
 
 #include <stdio.h>
@@ -151,35 +152,28 @@ typedef struct {
     lucid_tensor *saved[REF_SAVED];
 } ref_bufs;
 
-/* Mode bits of a module: what a recording baked in of its mode. */
-#define MODE_TRAIN 1u
-#define MODE_GRAD_INPUT 2u
-
-static unsigned char mode_bits(const lucid_module *m) {
-    return (unsigned char)((m->training ? MODE_TRAIN : 0u) |
-                           (m->need_grad_input ? MODE_GRAD_INPUT : 0u));
-}
-
+/* The hot fields first (lucid_graph_refs_quick reads the first cache
+ * line only: the epoch, the mode mismatch count, the watch bits and
+ * pointers and the recorded watched values). */
 struct lucid_graph_refs {
+    uint64_t epoch;              /* lucid_contract_epoch() at the last clean check */
+    int mismatch;                /* recorded modules whose mode bits differ now
+                                    (kept by the modules' setters: watches[]) */
+    unsigned watch;              /* watched parameter-block inputs (bits) */
+    const lucid_param_inputs *ema_in, *ns_in; /* their staging (fixed) */
+    double ema_decay, ema_tau;
+    int32_t ns_bf16;
     lucid_param_set *set;        /* retained */
     uint64_t set_version;        /* at the last check that found it equal */
     int nparams;
     ref_param *params;
     lucid_tensor *flat[3];       /* params, grads, buffers (retained) */
-    /* modules, as flat arrays: the mode pass of check() reads mods[] and
-     * modes[] (contiguous) and one word of each module */
     int nmodules;
     lucid_module **mods;         /* (nmodules) retained, may hold NULL */
-    unsigned char *modes;        /* (nmodules) recorded mode bits */
-    uint64_t *versions;          /* (nmodules) module versions at the last check */
+    lucid_mode_watch *watches;   /* (nmodules) linked into each module */
     ref_bufs *bufs;              /* (nmodules) */
-    /* watched parameter-block inputs (lucid_graph_refs_watch_block): the
-     * block of each watch bit (retained) and its recorded values */
-    unsigned watch;
+    /* the block of each watch bit (retained) */
     lucid_param_block *ema_block, *ns_block;
-    const lucid_param_inputs *ema_in, *ns_in; /* their staging (fixed) */
-    double ema_decay, ema_tau;
-    int32_t ns_bf16;
 };
 
 static lucid_tensor *keep(lucid_tensor *t) {
@@ -211,6 +205,8 @@ lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
         return lucid_seterr(ctx, LUCID_ERR_ARG, "graph refs: bad module list");
     lucid_graph_refs *r = calloc(1, sizeof *r);
     if (!r) return lucid_seterr(ctx, LUCID_ERR_OOM, "graph refs: out of host memory");
+    /* the epoch before the snapshot: a change during it moves it past this */
+    r->epoch = lucid_contract_epoch();
     if (set) {
         lucid_param_set_retain(set);
         r->set = set;
@@ -226,10 +222,9 @@ lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
     }
     size_t nm = (size_t)(nmodules ? nmodules : 1);
     r->mods = calloc(nm, sizeof *r->mods);
-    r->modes = calloc(nm, sizeof *r->modes);
-    r->versions = calloc(nm, sizeof *r->versions);
+    r->watches = calloc(nm, sizeof *r->watches);
     r->bufs = calloc(nm, sizeof *r->bufs);
-    if (!r->mods || !r->modes || !r->versions || !r->bufs) goto oom;
+    if (!r->mods || !r->watches || !r->bufs) goto oom;
     r->nmodules = nmodules;
     for (int i = 0; i < nmodules; i++) {
         lucid_module *m = modules[i];
@@ -237,8 +232,8 @@ lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
         if (!m) continue;
         lucid_module_retain(m);
         r->mods[i] = m;
-        r->modes[i] = mode_bits(m);
-        r->versions[i] = m->version;
+        r->watches[i].mismatch = &r->mismatch;
+        lucid_module_watch_modes(m, &r->watches[i]);
         rb->nout = m->noutputs;
         rb->nin = m->ninputs;
         rb->outputs = calloc((size_t)(rb->nout ? rb->nout : 1), sizeof *rb->outputs);
@@ -295,6 +290,7 @@ void lucid_graph_refs_release(lucid_graph_refs *r) {
     for (int i = 0; r->mods && r->bufs && i < r->nmodules; i++) {
         ref_bufs *rb = &r->bufs[i];
         if (!r->mods[i]) continue;
+        lucid_module_unwatch_modes(r->mods[i], &r->watches[i]);
         for (int k = 0; rb->outputs && k < rb->nout; k++) lucid_tensor_release(rb->outputs[k]);
         for (int k = 0; rb->grad_inputs && k < rb->nin; k++)
             lucid_tensor_release(rb->grad_inputs[k]);
@@ -304,8 +300,7 @@ void lucid_graph_refs_release(lucid_graph_refs *r) {
         lucid_module_release(r->mods[i]);
     }
     free(r->mods);
-    free(r->modes);
-    free(r->versions);
+    free(r->watches);
     free(r->bufs);
     if (r->ema_block) lucid_param_block_release(r->ema_block);
     if (r->ns_block) lucid_param_block_release(r->ns_block);
@@ -377,8 +372,22 @@ int lucid_graph_refs_check_watched(const lucid_graph_refs *r, char *why, size_t 
     return 0;
 }
 
+int lucid_graph_refs_quick(const lucid_graph_refs *r) {
+    if (r->epoch != lucid_contract_epoch_now() || r->mismatch) return 0;
+    if (!r->watch) return 1;
+    if ((r->watch & LUCID_GRAPH_WATCH_EMA) &&
+        (r->ema_in->ema_decay != r->ema_decay || r->ema_in->ema_tau != r->ema_tau))
+        return 0;
+    return !((r->watch & LUCID_GRAPH_WATCH_NS_BF16) && r->ns_in->ns_bf16 != r->ns_bf16);
+}
+
 int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
                            int *moved) {
+    return lucid_graph_refs_check_ex(r, 0, why, whylen, moved);
+}
+
+int lucid_graph_refs_check_ex(lucid_graph_refs *r, int all_entries, char *why,
+                              size_t whylen, int *moved) {
     if (moved) *moved = 0;
     if (why && whylen) why[0] = '\0';
     char scratch[8];
@@ -386,43 +395,48 @@ int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
         why = scratch;
         whylen = sizeof scratch;
     }
+    uint64_t epoch = lucid_contract_epoch();
+    if (epoch != r->epoch && moved) *moved |= LUCID_GRAPH_MOVED_EPOCH;
     if (r->set && lucid_param_set_count(r->set) != r->nparams) {
         snprintf(why, whylen, "the parameter set changed size (%d -> %d entries)",
                  r->nparams, lucid_param_set_count(r->set));
         return 1;
     }
     if (lucid_graph_refs_check_watched(r, why, whylen)) return 1;
-    /* the entries, field by field, only when the set's version moved (every
+    /* the entries, field by field, when the set's version moved (every
      * entry change bumps it; a bump with every field equal is a load in
-     * place: the recording stays valid) */
-    if (r->set && lucid_param_set_version(r->set) != r->set_version) {
+     * place: the recording stays valid), or when asked to */
+    if (r->set && (all_entries || lucid_param_set_version(r->set) != r->set_version)) {
         if (moved) *moved |= LUCID_GRAPH_MOVED_PARAMS;
         for (int i = 0; i < r->nparams; i++)
             if (param_changed(&r->params[i], why, whylen)) return 1;
         r->set_version = lucid_param_set_version(r->set);
     }
-    /* every module's mode against the recorded one: exact, so a mode
-     * switched and back (validation) needs nothing more; the versions (same
-     * cache line) only say whether one of these modules was switched */
-    for (int i = 0; i < r->nmodules; i++) {
-        const lucid_module *m = r->mods[i];
-        if (!m) continue;
-        if (m->version != r->versions[i]) {
-            r->versions[i] = m->version;
-            if (moved) *moved |= LUCID_GRAPH_MOVED_MODULES;
+    /* modes: the watchers' count is exact; only a nonzero count walks the
+     * modules, to name the first that differs */
+    if (r->mismatch) {
+        if (moved) *moved |= LUCID_GRAPH_MOVED_MODES;
+        for (int i = 0; i < r->nmodules; i++) {
+            const lucid_module *m = r->mods[i];
+            if (!m) continue;
+            unsigned now = lucid_module_mode_bits(m), rec = r->watches[i].recorded;
+            if (now == rec) continue;
+            const char *name = m->name[0] ? m->name : "?";
+            if ((now ^ rec) & LUCID_MODE_TRAIN)
+                snprintf(why, whylen, "module %s (%s): mode %s -> %s", name, lucid_module_kind(m),
+                         (rec & LUCID_MODE_TRAIN) ? "train" : "eval",
+                         (now & LUCID_MODE_TRAIN) ? "train" : "eval");
+            else
+                snprintf(why, whylen, "module %s (%s): need_grad_input %d -> %d", name,
+                         lucid_module_kind(m), (rec & LUCID_MODE_GRAD_INPUT) ? 1 : 0,
+                         (now & LUCID_MODE_GRAD_INPUT) ? 1 : 0);
+            return 1;
         }
-        unsigned char now = mode_bits(m), rec = r->modes[i];
-        if (now == rec) continue;
-        const char *name = m->name[0] ? m->name : "?";
-        if ((now ^ rec) & MODE_TRAIN)
-            snprintf(why, whylen, "module %s (%s): mode %s -> %s", name, lucid_module_kind(m),
-                     (rec & MODE_TRAIN) ? "train" : "eval", (now & MODE_TRAIN) ? "train" : "eval");
-        else
-            snprintf(why, whylen, "module %s (%s): need_grad_input %d -> %d", name,
-                     lucid_module_kind(m), (rec & MODE_GRAD_INPUT) ? 1 : 0,
-                     (now & MODE_GRAD_INPUT) ? 1 : 0);
+        snprintf(why, whylen, "graph refs: mode count %d with every module as recorded",
+                 r->mismatch);
         return 1;
     }
+    r->epoch = epoch;
     return 0;
 }
 

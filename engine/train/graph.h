@@ -83,14 +83,23 @@ void lucid_event_destroy(lucid_event *e);
  * watches inputs of a parameter block that the recorded step treats as
  * part of its contract (lucid_graph_refs_watch_block).
  *
- * check() is the test before a replay: the watched block inputs (a few
- * compares); the entries field by field only when the set's version moved
+ * Its modes are watched exactly and in O(1): every recorded module carries
+ * a watcher (nn.h, lucid_module_watch_modes) whose updates keep a count of
+ * the recorded modules whose mode bits differ from the recorded ones (a
+ * mode switched and back, as around a validation pass, leaves it zero).
+ * Everything else of the contract that the engine sees moves the contract
+ * epoch (nn.h: any parameter set's version bump; the Lua library's
+ * announced changes).
+ *
+ * quick() is the test before a replay, O(1) in the size of the model: the
+ * epoch of the last clean check still current, the mode count zero, the
+ * watched block inputs equal (one cache line of the refs, the epoch, and
+ * the watched staging). When it says no, check() tells what: the watched
+ * block inputs; the entries field by field when the set's version moved
  * (every entry change bumps it; a bump with every field equal, a load in
- * place, refreshes the snapshot and the recording stays valid); and every
- * module's mode against the recorded one, in one pass over flat arrays
- * (one word of each module, as for comparing module versions, and exact:
- * a mode switched and back, as around a validation pass, needs nothing
- * more).
+ * place, refreshes the snapshot and the recording stays valid); the first
+ * module whose mode differs, by name. A clean check() takes the epoch now
+ * as the new snapshot (quick() answers yes again).
  *
  * restore() puts the recorded persistent tensors back into every module
  * whose outputs/grad_inputs/saved were reallocated by an eager pass with
@@ -103,20 +112,36 @@ typedef struct lucid_param_block lucid_param_block; /* train/optim.h */
 lucid_status lucid_graph_refs_create(lucid_ctx *ctx, lucid_param_set *set,
                                      int nmodules, lucid_module *const *modules,
                                      lucid_graph_refs **out);
-/* What had moved since the last check (bits of check()'s *moved). */
+/* What check() found had moved since the last clean check (*moved bits). */
 enum {
-    LUCID_GRAPH_MOVED_PARAMS = 1,  /* the set's version: the entries were
-                                      compared field by field */
-    LUCID_GRAPH_MOVED_MODULES = 2  /* a module's version (mode or
-                                      need_grad_input switched, maybe back) */
+    LUCID_GRAPH_MOVED_PARAMS = 1,  /* the set's version (or all_entries): the
+                                      entries were compared field by field */
+    LUCID_GRAPH_MOVED_MODES = 2,   /* a recorded module's mode differs */
+    LUCID_GRAPH_MOVED_EPOCH = 4    /* the contract epoch (anything anywhere
+                                      that bumps it: nn.h) */
 };
-/* 0: unchanged (nothing moved, or moved with every field equal: a mode
- * switched and back, a load in place; refreshed). 1: changed; a one-line
- * reason ("model.3.conv.weight: trainable 1 -> 0", "module model.2.m.0
- * (BatchNorm2d): mode train -> eval", "EMA decay/tau changed", ...) is
- * written to why. *moved (may be NULL) receives LUCID_GRAPH_MOVED_* bits. */
+/* 1 when provably unchanged since the last clean check (or creation):
+ * the contract epoch equal, no module's mode different, the watched block
+ * inputs equal. 0 says only "run check()". No allocation, no string. */
+int lucid_graph_refs_quick(const lucid_graph_refs *r)
+#if defined(__GNUC__)
+    /* with the binding's caller and clock, in .text.hot: one code page for
+     * a check that runs with cold caches (docs/STEP.md, "Contract") */
+    __attribute__((hot))
+#endif
+    ;
+/* 0: unchanged (nothing moved, or moved with every field equal: a load in
+ * place; the snapshot is refreshed, quick() says 1 again). 1: changed; a
+ * one-line reason ("model.3.conv.weight: trainable 1 -> 0", "module
+ * model.2.m.0 (BatchNorm2d): mode train -> eval", "EMA decay/tau changed",
+ * ...) is written to why. *moved (may be NULL) receives
+ * LUCID_GRAPH_MOVED_* bits. */
 int lucid_graph_refs_check(lucid_graph_refs *r, char *why, size_t whylen,
                            int *moved);
+/* check(), comparing every entry field by field when all_entries is set
+ * (whether or not the set's version moved). */
+int lucid_graph_refs_check_ex(lucid_graph_refs *r, int all_entries, char *why,
+                              size_t whylen, int *moved);
 
 /* Block inputs a recording may watch (bits of `what`):
  *   LUCID_GRAPH_WATCH_EMA      staging ema_decay and ema_tau

@@ -323,10 +323,10 @@ function Model:backward(x, gy)
   return res
 end
 
--- Move the module epoch of lucid.graph (docs/STEP.md, "Contract"): every
--- change of this model's contract or mode version does, so a recorded
--- step's cheap path reads these counters only after the epoch moved. A
--- no-op without the C binding.
+-- Move the contract epoch of lucid.graph (docs/STEP.md, "Contract"): every
+-- change of this model's contract version does, so a recorded step's cheap
+-- path reads that counter only after the epoch moved. A no-op without the
+-- C binding.
 local function move_epoch()
   local ok, lucid = pcall(require, "lucid")
   local G = ok and type(lucid) == "table" and lucid.graph or nil
@@ -335,13 +335,14 @@ end
 
 --- The contract version of the model: a counter that recorded steps
 -- compare before every replay (docs/STEP.md); replace_forward() and
--- bump_version() bump it (and the module epoch of lucid.graph), and a
+-- bump_version() bump it (and the contract epoch of lucid.graph), and a
 -- recording that sees it move retires.
 function Model:contract_version() return self._contract_version or 0 end
 
---- The mode version: bumped by train()/eval() when the mode changes. A
--- recording that sees it move compares the modes (a switch to eval and back
--- for validation keeps the recording: the mode round trip of docs/STEP.md).
+--- The mode version: bumped by train()/eval() when the mode changes (what
+-- a recording's slow path names: "model mode train -> eval"). The modes
+-- themselves are counted exactly by the engine (a switch to eval and back
+-- for validation keeps the recording: docs/STEP.md, "Contract").
 function Model:mode_version() return self._mode_version or 0 end
 
 --- Mark a change a recorded step cannot see through its other counters (a
@@ -353,15 +354,27 @@ function Model:bump_version(reason)
   move_epoch()
 end
 
---- Switch train/eval mode (Module:train) and bump the mode version (and
--- the module epoch of lucid.graph) when the mode changes.
+--- Switch train/eval mode (Module:train) and bump the mode version when
+-- the mode changes. The recorded steps of this model need no check of the
+-- modes for it (every C module's mode is counted exactly by the engine:
+-- a round trip leaves the count at zero, a mode left changed is seen by
+-- the next check's cheap path); a switch at the root, validation's eval()
+-- and train() at each epoch boundary, is where each recording compares the
+-- class forward/backward functions it ran (a replaced one retires it, as
+-- bump_version does), O(classes) next to this O(modules) switch.
 function Model:train(mode)
   if mode == nil then mode = true end
   local changed = self.training ~= mode
   Module.train(self, mode)
   if changed then
     self._mode_version = (self._mode_version or 0) + 1
-    move_epoch()
+    local recs = self._recordings
+    if recs then
+      for rec in pairs(recs) do
+        local why = rec:mode_switched()
+        if why then self:bump_version(why) end
+      end
+    end
   end
   return self
 end

@@ -31,15 +31,18 @@ Segments of one call with n == batch images, once recorded:
   route "eager clip":  those calls, eagerly (the fused call holds the
                     gradient-norm pass and the update together, so keeping
                     the norm out of the graph keeps the update out too)
-Before every replay the contract is checked (counters; after validation's
-eval/train, one pass over the module modes; the full check only when
-something else moved). The first calls (warm-up), a short batch
+Before every replay the contract is checked: the cheap path is one C call
+(the contract epoch, the exact count of modules out of their recorded mode,
+the watched block inputs) and the clipping policy's fields, O(1) in the
+size of the model, validation's eval/train included; the full check only
+when something else moved. The first calls (warm-up), a short batch
 (n < batch), and every call after a second drift run the eager segments, in
 the same order with the same kernels, so both routes give the same bits.
 ]]
 local lucid = require "lucid"
 local step_mod = require "lucid.step"
 local Model = require "lucid.model"
+local Module = require "lucid.nn.module"
 
 local M = {}
 local RS = {}
@@ -97,8 +100,12 @@ end
 -- Every C module of a Lua module tree (children and hidden helpers), every
 -- Lua module whose forward/backward is an instance override ("custom"), and
 -- the classes of the tree with the forward/backward they resolve to.
+-- Fourth result: true when a module enumerates its parameters its own way
+-- (parameters/buffers other than Module's): what is derived from the tree
+-- cannot be trusted to stay put for such a model (full check every time).
 local function collect(model)
   local cmods, custom, classes, seen = {}, {}, {}, {}
+  local enum = false
   local function visit(m)
     if seen[m] then return end
     seen[m] = true
@@ -106,6 +113,7 @@ local function collect(model)
     if rawget(m, "forward") ~= nil or rawget(m, "backward") ~= nil then
       custom[#custom + 1] = { m = m, fwd = rawget(m, "forward"), bwd = rawget(m, "backward") }
     end
+    if m.parameters ~= Module.parameters or m.buffers ~= Module.buffers then enum = true end
     local cls = getmetatable(m)
     if cls and not classes[cls] then classes[cls] = true end
     for _, e in ipairs(m._modules or {}) do visit(e.module) end
@@ -114,7 +122,7 @@ local function collect(model)
   visit(model)
   local cl = {}
   for cls in pairs(classes) do cl[#cl + 1] = { cls = cls, fwd = cls.forward, bwd = cls.backward } end
-  return cmods, custom, cl
+  return cmods, custom, cl, enum
 end
 
 local function clip_policy(clip)
@@ -125,13 +133,36 @@ end
 
 -- ------------------------------------------------------------------ new
 
+-- The policy objects a recording compares by identity (scaler, ema, ctx)
+-- live in a side table of each step object, between the object and RS: a
+-- reassignment (step.ema = other) goes through __newindex, which clears
+-- the "policy objects as recorded" slot of the cheap path's guard, so the
+-- cheap path reads none of them (the clipping policy table is read by run
+-- anyway). getmetatable(step) is RS.
+local POLICY_KEYS = { scaler = true, ema = true, ctx = true }
+local CHAIN = { __index = RS }
+local function new_object()
+  local pol = setmetatable({}, CHAIN)
+  local mt = { __index = pol, __metatable = RS }
+  function mt.__newindex(t, k, v)
+    if POLICY_KEYS[k] then
+      pol[k] = v
+      local g = rawget(t, "guard")
+      if g then g[3] = false end
+    else
+      rawset(t, k, v)
+    end
+  end
+  return setmetatable({}, mt)
+end
+
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
 -- recording, default 3), recorder (tests), log (function(line): where the
 -- route is reported once; default stderr).
 function M.new(o)
-  local self = setmetatable({}, RS)
+  local self = new_object()
   local eo = {}
   for k, v in pairs(o) do eo[k] = v end
   eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
@@ -150,7 +181,7 @@ function M.new(o)
   self.calls = 0          -- calls with n == batch since the last (re)start
   self.opt_warm = 0       -- eager optimizer segments run since then
   self.check_s, self.checks = 0, 0                 -- cheap path
-  self.mode_check_s, self.mode_checks = 0, 0       -- mode round trips
+  self.mode_check_s, self.mode_checks = 0, 0       -- after a mode round trip
   self.full_check_s, self.full_checks = 0, 0       -- full checks
   self.restored = 0
   self.graphs = {}
@@ -317,52 +348,71 @@ end
 
 -- --------------------------------------------------------------- contract
 --
--- The cheap path (every replay) compares a handful of identities and
--- numbers, allocates nothing, builds no string and makes one C call: the
--- clipping policy (table identity and its four fields), the scaler
--- (precision policy), the EMA, the context (stream), the instance
--- overrides of forward/backward present at record time ("custom" modules:
--- compared every time; usually none), then refs:check, whose own cheap
--- path reads the parameter set's version, the module epoch of lua_graph.c
--- and the watched parameter-block inputs (the EMA decay/tau, and for a
--- recorded MuSGD optimizer segment the Newton-Schulz GEMM precision
--- block.ns_bf16, which the host reads when the step is enqueued, so a
--- recording keeps its choice). The model's contract and mode versions are
--- left to the slow path: every change of them moves the module epoch
--- (Model:bump_version, replace_forward, Model:train/eval; a model with
--- other contract_version/mode_version methods has them compared every
--- time). The input shapes are verified by the staging copies themselves
--- (copy_ compares shapes anyway; see RS:_stage), so they cost nothing here.
+-- What a recording baked in (docs/STEP.md "Contract", DESIGN decision 5)
+-- and how each part is checked before a replay.
 --
--- When a counter moved (RS:_check_moved), the model's versions are
--- compared, then what moved decides the rest:
---   mode round trip  the model's mode version moved (Model:train/eval) and
---                    model.training is the recorded mode: refs:check has
---                    run the engine's one pass comparing every C module's
---                    mode with the recorded one (exact), and the class
---                    forward/backward functions are compared; no tree walk.
---                    This is validation's eval/train around every epoch
---                    boundary.
---   full check       anything else of this recording (the set's version:
---                    the entries field by field; a recorded module's
---                    version without a model-level mode switch, e.g. its
---                    mode or need_grad_input set directly and back): the
---                    engine's check, and on the Lua side the module tree
---                    walked again (same C modules in the same order, same
---                    custom overrides, same class forward/backward),
---                    allocating nothing.
--- (The epoch is process-wide: when it moved for another model only, the
--- engine's pass finds nothing of this recording moved, and that is all.)
+-- The cheap path (every replay; inline in RS:run, RS:_cheap for callers)
+-- is O(1) in the size of the model, allocates nothing, builds no string and
+-- makes one C call, the refs' guard closure (lua_graph.c,
+-- lucid_graph_refs_quick), which says "unchanged" when
+--   * the contract epoch (engine/nn/nn.h) is the one of the last clean
+--     check: it moves on every version bump of any parameter set (a
+--     parameter or buffer tensor replaced, a trainable flag, a load in
+--     place) and on what the Lua library announces (Model:bump_version,
+--     replace_forward, Module:add and helper, an instance override of
+--     forward/backward: Module's __newindex);
+--   * no recorded C module is out of its recorded mode (training,
+--     need_grad_input): an exact count kept by the modules' mode setters
+--     (engine/nn/module.c), so a switch and back moves nothing and a mode
+--     left changed is seen at once, whoever switched it;
+--   * the watched parameter-block inputs are equal (EMA decay/tau; MuSGD
+--     ns_bf16 when the optimizer segment is recorded);
+-- then the clipping policy: the table is the recorded one (run reads
+-- step.clip anyway) with the same max_norm, value, fn and capture; and the
+-- policy objects (scaler, EMA, context) were not reassigned since the
+-- last check (a flag the step object's __newindex clears; see
+-- new_object). The input shapes are verified by the staging copies
+-- themselves (copy_ compares shapes anyway; see RS:_stage).
+--
+-- Validation's model:eval() ... model:train() at each epoch boundary moves
+-- none of it (the count goes up and back to zero); Model:train/eval, when
+-- the model's mode changes, has each recording compare the class
+-- forward/backward functions (RS:mode_switched: a replaced one retires the
+-- recording through bump_version) and mark its next check, a cheap one,
+-- as the "mode check" of stats().
+--
+-- A model whose parameters are enumerated its own way, or with an
+-- instance override of forward/backward at record time, or whose
+-- contract_version/mode_version are not Model's, never takes the cheap
+-- path (guard slot 1 always says "moved"): every check is the slow one, a
+-- full check for the first two.
+--
+-- The slow path (RS:_check_moved) compares each part by value and says
+-- why: the clipping policy, the scaler (precision policy), the EMA, the
+-- context (stream); refs:check (the watched inputs; the parameter set's
+-- entries field by field when its version moved; the first module out of
+-- its recorded mode, by name); the model's contract version (moved:
+-- retire with the bump_version reason) and its mode (not the recorded one:
+-- "model mode train -> eval"). Then what moved decides the rest:
+--   full check   the set's version moved (entries compared), or a module
+--                tree was edited (Module.edits moved), or the model
+--                forces it: the module tree walked again (same C modules
+--                in the same order, same instance overrides) and the
+--                class forward/backward functions compared, allocating
+--                nothing.
+--   mode check   the contract epoch moved for nothing of this recording
+--                (another model's bump_version or parameter set, say), or
+--                a mode out of place (then retired): nothing more to do.
 
 -- What the recording baked in, on the Lua side (the C side is self.refs).
 function RS:_snapshot(b)
   local model = self.model
-  local cmods, custom, classes = collect(model)
+  local cmods, custom, classes, enum = collect(model)
   local clip = self.clip
   local cv, mv = model.contract_version, model.mode_version
   self.contract = {
     has_cv = cv ~= nil, has_mv = mv ~= nil,
-    -- the model's versions move the module epoch (Model's own methods)
+    -- the model's versions move the contract epoch (Model's own methods)
     epoch = (cv == nil or cv == Model.contract_version) and (mv == nil or mv == Model.mode_version),
     model_version = cv and model:contract_version() or 0,
     mode_version = mv and model:mode_version() or 0, training = model.training,
@@ -370,6 +420,9 @@ function RS:_snapshot(b)
     capture = clip.capture_gradient_norm and true or false,
     scaler = self.scaler, ema = self.ema, ctx = self.ctx,
     custom = custom, classes = classes, cmods = cmods,
+    edits = Module.edits.n,
+    -- derived from the tree, not to be cached: the full check every time
+    always_full = #custom > 0 or enum,
   }
   self.cmods = cmods
   self.buffers = b -- the eager step's buffers for n == batch stay alive with it
@@ -414,7 +467,7 @@ local function walk(m, c, seen, stamp, nc, nu)
 end
 
 -- The class forward/backward functions are those of the recording: nil or
--- the reason (a few dozen compares: part of a mode round trip too).
+-- the reason (a few dozen compares: the mode check).
 function RS:_check_classes()
   local cl = self.contract.classes
   for i = 1, #cl do
@@ -426,9 +479,8 @@ function RS:_check_classes()
   return nil
 end
 
--- The full Lua-side check (a counter other than the mode moved): the
--- module tree, the custom overrides and the class functions are as
--- recorded. nil or the reason.
+-- The Lua side of a full check: the module tree, the custom overrides and
+-- the class functions are as recorded. nil or the reason.
 function RS:_check_tree()
   local c = self.contract
   self.walks = self.walks + 1
@@ -436,48 +488,61 @@ function RS:_check_tree()
   if not nc then return nu end
   if nc ~= #c.cmods then return "the module tree changed" end
   if nu ~= #c.custom then return "a module's custom forward was replaced" end
+  c.edits = Module.edits.n
   return self:_check_classes()
 end
 
--- nil when the recording may replay, else the reason (see above). Second
--- result: what ran besides the cheap path: nil, "mode" (a mode round trip)
--- or "full" (counted in self.mode_checks / self.full_checks).
-function RS:_check()
-  -- g: the recorded values of the cheap path in one small array (two cache
-  -- lines where the contract table's hash slots span a dozen: the check
-  -- runs once per step, with cold caches, mostly interpreted); slots as
-  -- written by RS:_guard
-  local g = self.guard
-  local clip = self.clip
-  if clip ~= g[1] or clip.max_norm ~= g[2] or clip.value ~= g[3] or clip.fn ~= g[4]
-    or (clip.capture_gradient_norm and true or false) ~= g[5] then
-    return "clipping policy changed"
-  end
-  if self.scaler ~= g[6] then return "precision policy changed" end
-  if self.ema ~= g[7] then return "EMA replaced" end
-  if self.ctx ~= g[8] then return "the context (stream) changed" end
-  if g[9] then -- custom modules: checked every time
-    local cu = self.contract.custom
-    for i = 1, #cu do
-      local k = cu[i]
-      if rawget(k.m, "forward") ~= k.fwd or rawget(k.m, "backward") ~= k.bwd then
-        return "a module's custom forward was replaced"
-      end
-    end
-  end
-  local why, engine, _, params, modules = g[10](g[11])
-  if not engine and g[12] then return why end -- the cheap path
-  return self:_check_moved(why, engine, params, modules)
+-- Guard slot 1 of a contract that never takes the cheap path.
+local function moved() return true end
+
+-- The cheap path's recorded values (self.guard; read by RS:run and
+-- RS:_check): [1] the refs' guard closure (nothing: unchanged; true:
+-- something moved; or `moved`), [2] the clipping policy table, [3] true
+-- while the policy objects were not reassigned, [4..7] its max_norm, value,
+-- fn and capture; [8] true after a switch of the model's mode at the root
+-- (RS:mode_switched): the next check is counted as a mode check.
+function RS:_guard()
+  local c = self.contract
+  local g1 = (c.epoch and not c.always_full) and self.refs:guard() or moved
+  self.guard = { g1, c.clip, true, c.max_norm, c.value, c.fn, c.capture, false }
 end
 
--- The cheap path's recorded values (self.guard, read by RS:_check): the
--- clipping policy (table, max_norm, value, fn, capture), the scaler, the
--- EMA, the context, whether there are custom modules, refs.check and the
--- refs, whether the model's versions move the module epoch.
-function RS:_guard()
-  local c, refs = self.contract, self.refs
-  self.guard = { c.clip, c.max_norm, c.value, c.fn, c.capture, c.scaler, c.ema, c.ctx, #c.custom > 0,
-    refs.check, refs, c.epoch }
+-- true when the cheap path answers "unchanged" (RS:run has it inline:
+-- keep the two conditions the same).
+function RS:_cheap()
+  local g, clip = self.guard, self.clip
+  return not (g[1]() or clip ~= g[2] or not g[3] or clip.max_norm ~= g[4] or clip.value ~= g[5] or clip.fn ~= g[6]
+    or (clip.capture_gradient_norm and true or false) ~= g[7])
+end
+
+-- nil when the recording may replay, else the reason. Second result: what
+-- ran besides the cheap path: nil, "mode" or "full" (counted in
+-- self.mode_checks / self.full_checks; "mode" also for the first check
+-- after a switch of the model's mode, answered by the cheap path).
+function RS:_check()
+  local g = self.guard
+  local why, kind
+  if not RS._cheap(self) then why, kind = RS._check_moved(self) end
+  if g[8] then
+    g[8] = false
+    if kind == nil then
+      self.mode_checks = self.mode_checks + 1
+      kind = "mode"
+    end
+  end
+  return why, kind
+end
+
+--- Called by Model:train/eval when the model's mode changed (validation
+-- around each epoch boundary): the class forward/backward functions are
+-- compared (the modes need nothing: counted exactly); returns the reason
+-- when one was replaced (the model then retires its recordings through
+-- bump_version), else nil; the next check counts as a mode check.
+function RS:mode_switched()
+  local g = self.guard
+  if not g then return nil end
+  g[8] = true
+  return self:_check_classes()
 end
 
 -- Count a check that did more than the cheap path; returns why, kind.
@@ -490,30 +555,34 @@ function RS:_counted(why, kind)
   return why, kind
 end
 
--- The slow path of RS:_check (a counter moved, or a model outside the
--- epoch), given the results of refs:check: why (reason or nil), engine (the
--- engine's check ran: every module's mode compared), params (the set's
--- version had moved: the entries were compared field by field) and
--- modules (a recorded module's version had moved).
-function RS:_check_moved(why, engine, params, modules)
-  local c, model = self.contract, self.model
-  local kind = engine and (params and "full" or "mode") or nil
+-- The slow path (see above): something the cheap path watches moved, or
+-- the contract never takes the cheap path.
+function RS:_check_moved()
+  local c, model, clip = self.contract, self.model, self.clip
+  if clip ~= c.clip or clip.max_norm ~= c.max_norm or clip.value ~= c.value or clip.fn ~= c.fn
+    or (clip.capture_gradient_norm and true or false) ~= c.capture then
+    return "clipping policy changed"
+  end
+  if self.scaler ~= c.scaler then return "precision policy changed" end
+  if self.ema ~= c.ema then return "EMA replaced" end
+  if self.ctx ~= c.ctx then return "the context (stream) changed" end
+  self.guard[3] = true -- the policy objects are the recorded ones
+  local full = c.always_full
+  local why, params, modes, epoch = self.refs:check(full)
+  local mode_moved = c.has_mv and model:mode_version() ~= c.mode_version
+  local kind = (full or params or Module.edits.n ~= c.edits) and "full"
+    or ((mode_moved or modes or epoch) and "mode" or nil)
   if c.has_cv and model:contract_version() ~= c.model_version then
     return self:_counted(model._contract_reason or "model contract version moved", kind)
   end
-  local mode_moved = false
-  if c.has_mv and model:mode_version() ~= c.mode_version then
-    -- switched and maybe back (validation): compare, then refresh
-    if model.training ~= c.training then
-      return self:_counted("model mode " .. (c.training and "train -> eval" or "eval -> train"), kind)
-    end
-    mode_moved = true
+  if mode_moved and model.training ~= c.training then
+    return self:_counted("model mode " .. (c.training and "train -> eval" or "eval -> train"), kind)
   end
   if why then return self:_counted(why, kind) end
   if mode_moved then c.mode_version = model:mode_version() end
-  if params or (modules and not mode_moved) then return self:_counted(self:_check_tree(), "full") end
+  if kind == "full" then return self:_counted(self:_check_tree(), "full") end
   if mode_moved then return self:_counted(self:_check_classes(), "mode") end
-  -- nothing of this recording moved (the epoch moved for another model)
+  -- nothing of this recording moved (the epoch moved for something else)
   return self:_counted(nil, kind)
 end
 
@@ -592,7 +661,8 @@ end
 --- step:run(batch, do_opt): one training step (see the file comment).
 function RS:run(batch, do_opt)
   local e = self.eager
-  e.clip = self.clip -- the eager calls (short batch, eager route) follow step.clip too
+  local clip = self.clip
+  e.clip = clip -- the eager calls (short batch, eager route) follow step.clip too
   if self.route == "eager" or batch.n ~= self.batch then
     -- eager route, or a short last batch (its own buffers and loss plan)
     return e:run(batch, do_opt)
@@ -605,15 +675,30 @@ function RS:run(batch, do_opt)
   if replay then
     local clock = self.recorder.clock
     local t0 = clock()
-    local why, kind = RS._check(self) -- (not self:_check(): no detour through the metatable)
+    -- the cheap path of RS:_check, inline (a call would cost more than the
+    -- check: the check runs once per step, with cold caches, mostly
+    -- interpreted; see "contract" above)
+    local g = self.guard
+    local why, kind
+    if g[1]() or clip ~= g[2] or not g[3] or clip.max_norm ~= g[4] or clip.value ~= g[5] or clip.fn ~= g[6]
+      or (clip.capture_gradient_norm and true or false) ~= g[7] then
+      why, kind = RS._check_moved(self)
+    end
     local dt = clock() - t0
-    -- the cheap path (counters only), the mode round trips (validation's
-    -- eval/train at each epoch boundary) and the full checks (any other
-    -- counter moved) are timed apart; stats() has their mean per replay too
+    if g[8] then -- the first check after a switch of the model's mode (RS:mode_switched)
+      g[8] = false
+      if kind == nil then
+        self.mode_checks = self.mode_checks + 1
+        kind = "mode"
+      end
+    end
+    -- the cheap path, the checks after a mode round trip (validation's
+    -- eval/train at each epoch boundary: the cheap path too, normally) and
+    -- the full checks are timed apart; stats() has their mean per replay too
     if kind == nil then
       self.check_s, self.checks = self.check_s + dt, self.checks + 1
     elseif kind == "mode" then
-      self.mode_check_s = self.mode_check_s + dt -- counted by _check
+      self.mode_check_s = self.mode_check_s + dt -- counted above or by _check_moved
     else
       self.full_check_s = self.full_check_s + dt
     end
@@ -655,6 +740,13 @@ function RS:run(batch, do_opt)
   if do_opt then self:_opt(true) end
   self:_count(b, do_opt)
 end
+
+-- RS:run runs interpreted, always: LuaJIT would start traces at its C
+-- calls (clock, the guard) and record them inside the timed check, where
+-- the recording (tens to hundreds of microseconds, then an abort on the
+-- calls that follow) would land on a handful of checks of every fit; its
+-- callees compile as usual.
+if jit then jit.off(RS.run) end
 
 -- A retirement seen before a replay: retire, then run this call on the
 -- route the retirement left (a new warm-up, or eager after a second drift).
@@ -725,9 +817,12 @@ function RS:val_losses() return self.eager:val_losses() end
 
 --- Counters and timings (goes into the fit results as results.step).
 -- contract_checks / contract_check_us: replays answered by the cheap path
--- and their mean host time; mode_checks / mode_check_us: mode round trips;
--- full_checks / full_check_us: full checks; contract_us_per_replay: the
--- mean over all three (the per-step host cost of the contract).
+-- and their mean host time; mode_checks / mode_check_us: the first check
+-- after each switch of the model's mode (validation's round trip: the
+-- cheap path, normally) and the slow checks that found only another
+-- model's change or a mode out of place; full_checks / full_check_us: full
+-- checks; contract_us_per_replay: the mean over all three (the per-step
+-- host cost of the contract).
 function RS:stats()
   local e = self.eager
   local nall = self.checks + self.mode_checks + self.full_checks

@@ -567,7 +567,7 @@ function Trainer:_fit(state, opts)
   local sst = res.step
   if cfg.record and sst then
     out:write(string.format("recorded step: route %s, %d graphs recorded, %d replays, %d retirements%s, "
-      .. "contract check %.2f us/step (cheap path %.2f us; %d mode round trips, %.0f us each; %d full checks, "
+      .. "contract check %.2f us/step (cheap path %.2f us; %d mode round trips, %.1f us each; %d full checks, "
       .. "%.0f us each)\n", sst.route, sst.recorded or 0, sst.replays or 0, sst.retirements or 0,
       sst.last_retire_reason and (" (last: " .. sst.last_retire_reason .. ")") or "", sst.contract_us_per_replay or 0,
       sst.contract_check_us or 0, sst.mode_checks or 0, sst.mode_check_us or 0, sst.full_checks or 0,

@@ -16,6 +16,35 @@ local util = require("lucid.nn.util")
 
 local Module = util.class("Module")
 
+-- Edits of a module tree that a recorded step must see (docs/STEP.md,
+-- "Contract"): a child or helper added, and an instance override of
+-- forward/backward (a new raw key of a module, caught by __newindex, which
+-- every class derived from Module inherits through util.class). Each moves
+-- Module.edits.n, which a recorded step compares on its slow path (the
+-- module tree is then walked again), and the contract epoch of lucid.graph,
+-- which sends the next check of every recording there. Assigning a key
+-- that already exists raw (an override present before, a child slot of
+-- _modules, _c) goes unseen here: a recording made with an instance
+-- override takes the full check at every replay instead.
+Module.edits = { n = 0 }
+
+local bump_epoch -- lucid.graph.bump_epoch, looked up on first use (lucid.so loads this file)
+local function edited()
+  Module.edits.n = Module.edits.n + 1
+  if bump_epoch == nil then
+    local ok, lucid = pcall(require, "lucid")
+    local G = ok and type(lucid) == "table" and lucid.graph or nil
+    if not (G and G.bump_epoch) then return end
+    bump_epoch = G.bump_epoch
+  end
+  bump_epoch()
+end
+
+function Module.__newindex(t, k, v)
+  if k == "forward" or k == "backward" then edited() end
+  rawset(t, k, v)
+end
+
 --- Initialise the common fields. Subclasses call Module.__init(self).
 function Module.__init(self)
   self._modules = {}     -- ordered { {name=, module=}, ... }
@@ -29,6 +58,7 @@ end
 -- nor named. Returns the helper.
 function Module:helper(module)
   self._hidden[#self._hidden + 1] = module
+  edited()
   return module
 end
 
@@ -41,6 +71,7 @@ function Module:add(name, module)
   assert(type(module) == "table" and module._modules, "add: not a module: " .. name)
   self._modules[#self._modules + 1] = { name = name, module = module }
   if not name:match("^%d+$") then self[name] = module end
+  edited()
   return module
 end
 

@@ -4,7 +4,10 @@
 local M = {}
 
 --- Define a class. `parent` (optional) is another class; methods are
--- inherited through __index. The returned class has `new(...)` which calls
+-- inherited through __index, and so is the parent's __newindex (a
+-- metamethod, read from the metatable itself: copied here; the Module
+-- classes' one announces instance overrides of forward/backward, see
+-- lucid.nn.module). The returned class has `new(...)` which calls
 -- `cls.__init(self, ...)` and returns the instance.
 -- @param name string: the class name (also what tostring prints)
 -- @param parent table|nil: base class
@@ -13,7 +16,10 @@ function M.class(name, parent)
   local cls = {}
   cls.__index = cls
   cls.__name = name
-  if parent then setmetatable(cls, { __index = parent }) end
+  if parent then
+    setmetatable(cls, { __index = parent })
+    cls.__newindex = parent.__newindex
+  end
   cls.__tostring = function(self) return self:repr() end
   function cls.new(...)
     -- the class's own argument signature (M.signature), not a parent's
