@@ -6,8 +6,8 @@ synchronised around each iteration. Run by `make bench`; read it against
 bench/bench_model_torch.py from the same run.
   luajit bench/bench_model.lua [device=auto] [batch=4] [imgsz=640] [iters=30]
 The engine's environment switches apply; the line names the 1x1 conv route
-(LUCID_CONV1X1, cuda/nn_conv_gemm.cuh), so an A/B of it is
-  luajit bench/bench_model.lua; LUCID_CONV1X1=gemm luajit bench/bench_model.lua
+(LUCID_CONV1X1, cuda/nn_conv_gemm.cuh; default gemm), so an A/B of it is
+  luajit bench/bench_model.lua; LUCID_CONV1X1=igemm luajit bench/bench_model.lua
 ]]
 local lucid = require "lucid"
 local util = require "bench.util"

@@ -6,8 +6,8 @@
  * on this network, bench/conv_lab); f32 and grouped convolutions go to cuDNN
  * (legacy convolution API); depthwise to nn_conv_dw.cu.  bf16/f16 1x1
  * convs with stride 1, no padding and dilation 1 take cuBLAS GEMMs instead
- * (nn_conv_gemm.cu) when LUCID_CONV1X1=gemm (default igemm until the H200
- * A/B decides; lucid_cuda_nn_set_conv1x1 overrides it per context).
+ * (nn_conv_gemm.cu) unless LUCID_CONV1X1=igemm (default gemm since the H200
+ * A/B, DECISIONS 23; lucid_cuda_nn_set_conv1x1 overrides it per context).
  *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites

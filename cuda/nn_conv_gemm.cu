@@ -43,8 +43,8 @@ conv1x1_env conv1x1_env_read(void) {
     conv1x1_env e;
     const char *v = getenv("LUCID_CONV1X1");
     snprintf(e.value, sizeof e.value, "%s", v ? v : "");
-    if (!v || !v[0] || strcmp(v, "igemm") == 0) e.route = 0;
-    else if (strcmp(v, "gemm") == 0) e.route = 1;
+    if (!v || !v[0] || strcmp(v, "gemm") == 0) e.route = 1;
+    else if (strcmp(v, "igemm") == 0) e.route = 0;
     else e.route = -1;
     return e;
 }

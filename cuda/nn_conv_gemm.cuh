@@ -54,8 +54,8 @@ typedef struct lucid_conv_gemm_geom {
 int lucid_conv_gemm_fits(const lucid_conv_gemm_geom *g);
 
 /* The process's 1x1 route switch, from LUCID_CONV1X1 read once per process
- * (thread-safe): 0 implicit GEMM (unset, "" or "igemm": the default), 1 cuBLAS
- * GEMM ("gemm"), -1 any other value (nn_conv.cu then fails eligible convs with
+ * (thread-safe): 1 cuBLAS GEMM (unset, "" or "gemm": the default since the
+ * H200 A/B of DECISIONS 23), 0 implicit GEMM ("igemm"), -1 any other value (nn_conv.cu then fails eligible convs with
  * ERR_ARG naming the variable).  *value (may be NULL) receives the value read
  * (a copy, "" when unset). */
 int lucid_conv1x1_switch(const char **value);

@@ -21,8 +21,8 @@
  *            gradient: cuda/nn_conv_igemm.cu for groups 1 and
  *            cuda/nn_conv_dw.cu for depthwise, compiled from the engine's
  *            sources by build.sh and called through their public headers
- *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias); with
- *            LUCID_CONV1X1=gemm in the environment, as in the engine, the 1x1
+ *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias); unless
+ *            LUCID_CONV1X1=igemm, as in the engine, the 1x1
  *            stride-1 unpadded convs take cuda/nn_conv_gemm.cu (cuBLAS, on a
  *            handle set up as cuda/backend.cu sets the engine's)
  *
@@ -1281,7 +1281,7 @@ static cublasStatus_t blas_run(const Bufs &b, int pass, int set) {
  * is '-' here. */
 struct LucidPlan {
     bool dense = false;
-    bool gemm = false; /* 1x1 through cuda/nn_conv_gemm.cu (LUCID_CONV1X1=gemm) */
+    bool gemm = false; /* 1x1 through cuda/nn_conv_gemm.cu (default; LUCID_CONV1X1=igemm: off) */
     lucid_conv_gemm_geom gg;
     lucid_igemm_geom ig;
     lucid_conv_dw_geom dg;
