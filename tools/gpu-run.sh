@@ -19,6 +19,9 @@
 #              into $out/logs.tgz
 #   testab     as ab, with make test-gpu (timed, one command) instead of the
 #              separate test programs
+#   final      fit_pairs (5 pairs + the recorded-clip pair) into docs/BENCH.md,
+#              bench_model against PyTorch, then make test-gpu with the time
+#              left of FINAL_S (460) seconds
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
 #              routes); logs packed into $out/logs.tgz
@@ -152,6 +155,26 @@ except Exception as e: print("no result", e)')"
   done
   OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
   python3 tools/kernel_census.py "$l/census_model.csv" --top 25
+  tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
+fi
+if [ "$what" = final ]; then
+  # the closing measurement in one call: the complete-fit table (5 pairs)
+  # and the recorded-clip pair into docs/BENCH.md, the network fwd+bwd
+  # against PyTorch, then make test-gpu with what is left of FINAL_S seconds
+  l=$out/logs; mkdir -p "$l"; t0=$(date +%s)
+  luajit bench/fit_pairs.lua pairs=5 budget_s=${FIT_BUDGET:-100} write=docs/BENCH.md > "$l/fit_pairs.log" 2>&1 || rc=1
+  luajit bench/fit_pairs.lua pairs=1 budget_s=0 armA="record=true" \
+    armB="record=true clip.capture_gradient_norm=true" write=docs/BENCH.md > "$l/fit_clip.log" 2>&1 || rc=1
+  grep -E '^\| (A|B) ' "$l/fit_pairs.log" "$l/fit_clip.log" | cut -c1-260; grep -h 'Hashes' "$l/fit_pairs.log" "$l/fit_clip.log" | cut -c1-120
+  timeout 60 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -1 "$l/bench_model.log"
+  timeout 90 python3 bench/bench_model_torch.py > "$l/bench_torch.log" 2>&1; tail -4 "$l/bench_torch.log"
+  cp docs/BENCH.md "$out/BENCH.md"
+  left=$(( ${FINAL_S:-460} - ($(date +%s) - t0) ))
+  echo "make test-gpu with ${left} s left"
+  timeout "$left" make -j"$(nproc)" test-gpu > "$l/test.log" 2>&1; r=$?
+  echo "make test-gpu: rc $r, $(( $(date +%s) - t0 )) s since start"
+  grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log" | grep -v ' 0 failed' ; tail -1 "$l/test.log"
+  grep -E '^    (not ok|busted exited)' "$l/test.log" | head -20
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = quick ]; then
