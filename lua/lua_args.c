@@ -411,28 +411,13 @@ void lucid_lua_check_keys(lua_State *L, int idx, const char *const *keys) {
     if (!lua_istable(L, idx))
         lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: expected a table, got %s",
                                                    lucid_lua_type_name(L, idx)));
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        int ok = 0;
-        for (int i = 0; k && keys[i]; i++)
-            if (strcmp(k, keys[i]) == 0) ok = 1;
-        if (ok) continue;
-        luaL_Buffer b;
-        luaL_buffinit(L, &b);
-        for (int i = 0; keys[i]; i++) {
-            if (i) luaL_addstring(&b, ", ");
-            luaL_addstring(&b, keys[i]);
-        }
-        luaL_pushresult(&b);
-        const char *list = lua_tostring(L, -1);
-        if (k)
-            lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unknown option '%s' (expected one of %s)",
-                                                       k, list));
-        lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unexpected %s key (expected one of %s)",
-                                                   lucid_lua_type_name(L, -2), list));
-    }
+    if (!lucid_lua_unknown_option(L, idx, keys)) return;
+    const char *list = lua_tostring(L, -1);
+    if (lua_type(L, -2) == LUA_TSTRING)
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unknown option '%s' (expected one of %s)",
+                                                   lua_tostring(L, -2), list));
+    lucid_lua_argerror(L, idx, lua_pushfstring(L, "opts: unexpected %s key (expected one of %s)",
+                                               lucid_lua_type_name(L, -2), list));
 }
 
 void *lucid_lua_checkudata(lua_State *L, int narg, const char *tname) {

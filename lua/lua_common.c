@@ -257,10 +257,8 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
 
 /* ----------------------------------------------------------------- options */
 
-void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
-                             const char *what) {
+int lucid_lua_unknown_option(lua_State *L, int idx, const char *const *keys) {
     if (idx < 0 && idx > LUA_REGISTRYINDEX) idx = lua_gettop(L) + idx + 1;
-    if (!lua_istable(L, idx)) return;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         lua_pop(L, 1);
@@ -268,18 +266,26 @@ void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
         int ok = 0;
         for (int i = 0; k && keys[i]; i++)
             if (strcmp(k, keys[i]) == 0) ok = 1;
-        if (!ok) {
-            luaL_Buffer b;
-            luaL_buffinit(L, &b);
-            for (int i = 0; keys[i]; i++) {
-                if (i) luaL_addstring(&b, ", ");
-                luaL_addstring(&b, keys[i]);
-            }
-            luaL_pushresult(&b);
-            luaL_error(L, "%s: unknown option '%s' (expected one of %s)", what,
-                       k ? k : luaL_typename(L, -2), lua_tostring(L, -1));
+        if (ok) continue;
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; keys[i]; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addstring(&b, keys[i]);
         }
+        luaL_pushresult(&b);
+        return 1; /* the key, then the list */
     }
+    return 0;
+}
+
+void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
+                             const char *what) {
+    if (!lua_istable(L, idx)) return;
+    if (lucid_lua_unknown_option(L, idx, keys))
+        luaL_error(L, "%s: unknown option '%s' (expected one of %s)", what,
+                   lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2),
+                   lua_tostring(L, -1));
 }
 
 double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,

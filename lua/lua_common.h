@@ -59,6 +59,10 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
  * "<what>: option '<key>': expected a number (a boolean), got <type>". */
 void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
                              const char *what);
+/* The scan both option checks share: 0 when every key of the table at idx
+ * is one of `keys` (NULL-terminated); else 1, with the first other key and
+ * the comma-separated list of `keys` pushed (the key below the list). */
+int lucid_lua_unknown_option(lua_State *L, int idx, const char *const *keys);
 double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,
                             const char *what);
 int lucid_lua_opt_boolean(lua_State *L, int idx, const char *key, int def,
