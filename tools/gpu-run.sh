@@ -38,6 +38,25 @@ export LUCID_DATASETS=$PWD/.data
   python3 -c 'import torch;print("torch", torch.__version__)' 2>/dev/null
 } 2>&1 | tee "$out/env.log"
 make -j"$(nproc)" all 2>&1 | tail -5 | tee "$out/build.log" || { echo BUILD FAILED; exit 1; }
+# cuda_tests LOGDIR [EXTRA_SRC...]: builds and runs the CUDA C test programs
+# (and the host emulation of the conv kernels, and any extra test sources),
+# then every gpu-tagged busted spec; one summary line each
+cuda_tests() {
+  local l=$1; shift
+  local srcs=(spec/c/test_*cuda*.c spec/c/test_conv_igemm_maps.cu "$@")
+  make -j"$(nproc)" $(printf '%s\n' "${srcs[@]}" | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
+  for src in "${srcs[@]}"; do
+    local t n r
+    t=build/tests/$(basename "${src%.*}")
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
+    echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
+    grep '^not ok' "$l/$n.log" | head -8
+  done
+  timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
+  echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
+  grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+}
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
   timeout "${TEST_TIMEOUT:-420}" make -j"$(nproc)" test-gpu > "$out/test.log" 2>&1; rc=$?
@@ -81,17 +100,8 @@ if [ "$what" = fit ]; then
   done
 fi
 if [ "$what" = check ]; then
-  make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_input.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
   l=$out/logs; mkdir -p "$l"
-  for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda* build/tests/test_input; do
-    [ -x "$t" ] || continue
-    n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
-    echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
-    grep '^not ok' "$l/$n.log" | head -8
-  done
-  timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
-  echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
-  grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+  cuda_tests "$l" spec/c/test_input.c
   bash bench/conv_lab/build.sh > "$l/conv_lab_build.log" 2>&1 &&
     timeout 100 build/conv_lab/conv_lab bench/conv_lab/shapes.txt routes=lucid,dnnNCHW csv="$l/conv_lab.csv" > "$l/conv_lab.log" 2>&1
   tail -24 "$l/conv_lab.log"
@@ -130,16 +140,7 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log"
     grep -E '^    (not ok|busted exited)' "$l/test.log" | head -30
   else
-    make -j"$(nproc)" $(ls spec/c/test_*cuda*.c spec/c/test_conv_igemm_maps.cu | sed -E 's#spec/c/(.*)\.cu?$#build/tests/\1#') >/dev/null 2>&1
-    for t in build/tests/test_conv_igemm_maps build/tests/test_*cuda*; do
-      [ -x "$t" ] || continue
-      n=$(basename "$t"); timeout 150 "$t" > "$l/$n.log" 2>&1; r=$?
-      echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok"
-      grep '^not ok' "$l/$n.log" | head -8
-    done
-    timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
-    echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
-    grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+    cuda_tests "$l"
   fi
   export LUCID_PROGRESS=plain
   # AB_CONFIGS: ';'-separated environment settings, one A/B arm each
