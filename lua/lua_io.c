@@ -31,7 +31,7 @@
  *          writes the same bytes to every path in order, each atomically
  *          (temporary file, fsync, rename): independent, identical files.
  *     async = false (default): returns when every path is written (errors
- *     raised here). async = true: returns after the snapshot; a failed
+ *     raised here: "write of <path> failed: ..."). async = true: returns after the snapshot; a failed
  *     write is raised by the next save, lucid.io.wait, or an open of that
  *     path, never dropped (at exit it is printed on stderr).
  *   lucid.io.wait([path])   wait for pending writes (all, or the ones of
@@ -362,7 +362,21 @@ static int l_st_save(lua_State *L) {
     }
     uint64_t seq = 0;
     st = lucid_st_queue_submit(wb->ctx, wb->q, w, paths, np, &seq); /* takes w */
-    if (st == LUCID_OK && !async) st = lucid_st_queue_wait(wb->ctx, wb->q, seq);
+    if (st == LUCID_OK && !async) {
+        st = lucid_st_queue_wait(wb->ctx, wb->q, seq);
+        /* this call's own write failed (an earlier background failure was
+         * raised by the wait above): the queue words it "background write
+         * of P failed: ..."; a synchronous save says "write of P failed" */
+        static const char bg[] = "background write of ";
+        const char *m = st != LUCID_OK ? lucid_ctx_error(wb->ctx) : NULL;
+        if (m && strncmp(m, bg, sizeof bg - 1) == 0) {
+            luaL_where(L, 1);
+            lua_pushfstring(L, "lucid %s: %s", lucid_status_name(st), m + sizeof "background " - 1);
+            lua_concat(L, 2);
+            lucid_ctx_clear_error(wb->ctx);
+            return lua_error(L);
+        }
+    }
     if (st != LUCID_OK) return lucid_lua_raise(L, wb->ctx, st);
     return 0;
 }

@@ -11,11 +11,14 @@ local lucid = require "lucid"
 local recipe = require "lucid.recipe"
 local data = require "lucid.data"
 
+-- Errors print "overfit8: <message>" and exit with status 1 (recipe.run).
+local function main()
 local opts = recipe.resolve({ steps = 2000, device = "auto", imgsz = 640, val_every = 100, seed = 0,
   precision = "auto", workers = 4, record = false, name = "overfit8" }, arg)
 
 -- an 8-image dataset: the first 8 training images, as train and as val
-local src = assert(data.find_dataset("coco-pose-mini"), "coco-pose-mini not found")
+local src = data.find_dataset("coco-pose-mini")
+if not src then error("the dataset coco-pose-mini was not found (set LUCID_DATASETS)", 0) end
 local dir = os.tmpname()
 os.remove(dir)
 for _, sub in ipairs({ "images/train", "labels/train", "images/val", "labels/val" }) do
@@ -70,3 +73,6 @@ local m = res.metrics
 print(string.format("overfit8 result: box mAP50 %.4f (>= 0.9: %s), pose mAP50 %.4f (>= 0.5: %s), %.1f s",
   m.box.map50, tostring(m.box.map50 >= 0.9), m.pose.map50, tostring(m.pose.map50 >= 0.5), res.fit_seconds))
 os.execute("rm -rf " .. dir)
+end
+
+recipe.run("overfit8", main)

@@ -31,6 +31,7 @@ local defaults = {
   -- data
   -- data: a descriptor of datasets/ (coco_pose_mini), a descriptor .lua, or an
   -- Ultralytics data YAML (path/train/val/kpt_shape/flip_idx/names; lucid.data.load_yaml)
+  -- cache: true (or ram) keeps the prepared images in RAM; false decodes them every epoch
   data = "coco_pose_mini", imgsz = 640, batch = 4, cache = true,
   max_gt = "auto", -- instance slots per image; auto: 4 x the largest image count (mosaic)
   -- schedule
@@ -52,7 +53,7 @@ local defaults = {
   },
   -- validation (Ultralytics: conf 0.001, iou 0.7, max_det 300); ap = coco | ultralytics
   conf = 0.001, iou = 0.7, max_det = 300, ap = "coco",
-  -- validate / save weights/last every N epochs (and always at the end)
+  -- validate / save weights/last every N epochs (and always at the end; 0: only at the end)
   val_period = 1, save_period = 1,
   -- the recorded (CUDA-graph) training step on a GPU
   record = false,
@@ -68,20 +69,40 @@ if ... == "--defaults" then return defaults end
 
 -- Errors (a bad setting, a missing dataset, a failed fit) print their
 -- message and exit with status 1 (recipe.run); LUCID_DEBUG=1 adds the Lua traceback.
+local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
+
 local function main()
   local cfg = recipe.resolve(defaults, arg)
   -- resume: the run's saved settings, with only the overrides a resume allows
   local note
   cfg, note = recipe.apply_resume(cfg, defaults, arg, require("lucid.checkpoint").load)
+  -- every setting checked before anything is opened, built or trained
+  if not builders[cfg.model] then
+    error(string.format("model = '%s': expected yolo11 or yolov8", tostring(cfg.model)), 0)
+  end
+  local Trainer = require "lucid.trainer"
+  Trainer.check_config(cfg)
   if note then print(note) end
   recipe.print(cfg)
 
-  local Trainer = require "lucid.trainer"
   local trainer = Trainer.new(cfg)
   print(string.format("device %s, precision %s", trainer.device, trainer.precision))
+  -- Ctrl-C: the trainer waits for the checkpoint writes it queued, then the
+  -- error reaches recipe.run, which prints this note
+  local save_dir
+  trainer:add_callback("on_fit_start", function(_, ev) save_dir = ev.save_dir end)
+  recipe.interrupt_note = function()
+    if not save_dir then return nil end
+    local last = save_dir .. "/weights/last.safetensors"
+    local f = io.open(last, "rb")
+    if not f then return string.format("no checkpoint was written yet in %s", save_dir) end
+    f:close()
+    local project, name = save_dir:match("^(.*)/([^/]+)$")
+    return string.format("the checkpoints written so far are kept in %s/weights; continue with resume=true "
+      .. "project=%s name=%s", save_dir, project or ".", name or save_dir)
+  end
 
-  local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
-  local build = require(assert(builders[cfg.model], "model must be yolo11 or yolov8"))
+  local build = require(builders[cfg.model])
   -- the head follows the dataset: its classes (names) and keypoint shape (as Ultralytics
   -- builds the model from the data YAML's nc and kpt_shape)
   local desc = require("lucid.data").load_descriptor(cfg.data)

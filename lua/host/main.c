@@ -6,13 +6,16 @@
  *                                    global `arg` holds the arguments
  *                                    (arg[0] = script, arg[-1] = program),
  *                                    the chunk gets them as `...`
- *   bin/lucid -e 'code' [args...]    run a string
+ *   bin/lucid -e 'code' [args...]    run a string, with `lucid` loaded
  *   bin/lucid -                      run stdin as a script
  *   bin/lucid                        interactive prompt with `lucid` loaded
  *   bin/lucid -v                     print the version
  *
  * `require "lucid"` resolves to the module linked into this program
- * (package.preload), so no lucid.so is needed next to it. Errors print the
+ * (package.preload), so no lucid.so is needed next to it. The code typed
+ * on the command line (-e) and at the prompt finds the global `lucid`
+ * already loaded; script files get no globals (they `local lucid = require
+ * "lucid"`, so they run the same under luajit). Errors print the
  * message and a traceback to stderr and the exit status is 1. Ctrl-C
  * interrupts a running chunk with an "interrupted!" error (as lua.c does).
  */
@@ -103,6 +106,16 @@ static int push_args(lua_State *L, char **argv, int argc, int first) {
     return argc - first;
 }
 
+/* The convenience global of typed code (-e and the prompt): `lucid` =
+ * require "lucid". Returns the status (the error reported). */
+static int load_lucid_global(lua_State *L) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lucid");
+    int status = report(L, docall(L, 1, 1));
+    if (status == 0) lua_setglobal(L, "lucid");
+    return status;
+}
+
 /* ------------------------------------------------------------------- REPL */
 
 /* Print the values on the stack above base (the REPL's expression result). */
@@ -149,12 +162,9 @@ static int repl(lua_State *L) {
     int tty = isatty(fileno(stdin));
     int failed = 0;
     char line[8192];
-    /* The REPL is the one place with a convenience global: `lucid` is
-     * preloaded here so a session starts ready to use. Scripts get no
-     * globals; they `local lucid = require "lucid"`. */
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "lucid");
-    if (report(L, docall(L, 1, 1)) == 0) lua_setglobal(L, "lucid");
+    /* typed code gets the convenience global `lucid` (as -e does); script
+     * files get no globals; they `local lucid = require "lucid"` */
+    load_lucid_global(L);
     if (tty)
         printf("lucid %s (LuaJIT) - `lucid` is loaded; Ctrl-D exits\n",
                LUCID_VERSION);
@@ -244,6 +254,11 @@ static int pmain(lua_State *L) {
             return 0;
         }
         set_arg_table(L, argv, argc, 2);
+        /* `lucid` loaded, as at the prompt */
+        if (load_lucid_global(L) != 0) {
+            h->rc = 1;
+            return 0;
+        }
         status = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
         if (status == 0) status = docall(L, push_args(L, argv, argc, 3), 0);
     } else if (a[0] == '-' && a[1] != '\0') {

@@ -323,9 +323,10 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 -- snapshot in host memory), and raises ITS failure if it failed. Then the
 -- device is synchronized and every tensor copied to the host. Errors: a bad
 -- state field raises naming it; an I/O failure raises "lucid io error:
--- background write of <path> failed: ..." (now when synchronous, else at
--- the next save, checkpoint.wait, or load of that path) and leaves the
--- existing file at path untouched.
+-- write of <path> failed: ..." here when synchronous, "lucid io error:
+-- background write of <path> failed: ..." at the next save, checkpoint.wait,
+-- or load of that path when async, and leaves the existing file at path
+-- untouched.
 function M.save(path, state, opts)
   local paths = path
   if type(path) == "string" then

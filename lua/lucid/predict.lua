@@ -9,7 +9,9 @@ results JSON.
     out_dir = "runs/predict" }
   -- res.images[i] = {path, name, image_id, width, height, png, detections =
   --   { {box = {x1,y1,x2,y2}, conf, cls, kpts = {x,y,v,...}} } (original
-  --   pixels), time = {pre, inference, post} (seconds)}; res.json = path
+  --   pixels), input_shape = {1, 3, S, S} (the network input), resized =
+  --   {w, h} (the image inside it; the rest is padding), time = {pre,
+  --   inference, post} (seconds)}; res.json = path
 
 Preprocessing equals the validation loader's exactly (lucid.image.letterbox:
 decode with the EXIF orientation, resize the long side to imgsz, LetterBox
@@ -52,7 +54,8 @@ end
 
 --- predict.list_sources(src) -> list of image paths. src: a path (file or
 -- folder) or a list of them; folders give their .jpg/.jpeg/.png files
--- (case-insensitive) sorted by name. Raises naming a missing path.
+-- (case-insensitive) sorted by name. Raises naming a missing path, and
+-- naming the sources when they hold no image at all (an empty folder).
 function predict.list_sources(src)
   local list = type(src) == "table" and src or { src }
   local out = {}
@@ -74,7 +77,57 @@ function predict.list_sources(src)
       error("predict: source not found: " .. p, 2)
     end
   end
+  if #out == 0 then
+    -- as Ultralytics' LoadImagesAndVideos: FileNotFoundError "No images or videos found in ..."
+    error(string.format("predict: no images found in %s (supported formats: .jpg, .jpeg, .png)",
+      table.concat(list, ", ")), 2)
+  end
   return out
+end
+
+-- The largest imgsz: imgsz x imgsz letterboxed images, and the engine's
+-- image buffers (lucid_image_alloc) hold at most 2^31 pixels; the largest
+-- multiple of 32 with imgsz^2 <= 2^31.
+predict.MAX_IMGSZ = 46336
+
+--- predict.check_options(o): raise a clear error naming the setting and its
+-- value ("predict: conf = -1: expected a confidence threshold in [0, 1]"),
+-- before a model is built or a file read. o: the predict recipe's settings
+-- or predict.run's options (absent keys are not checked): imgsz (a
+-- multiple of 32 in [32, predict.MAX_IMGSZ]), conf, iou, kpt_threshold (in
+-- [0, 1], Ultralytics' fraction keys), max_det (an integer >= 1), every
+-- number finite; the paths weights, source, out (out_dir) non-empty
+-- strings; ema a boolean.
+function predict.check_options(o)
+  local function show(v) return type(v) == "string" and ("'" .. v .. "'") or tostring(v) end
+  local function fail(k, want) error(string.format("predict: %s = %s: expected %s", k, show(o[k]), want), 0) end
+  local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
+  for k, v in pairs(o) do
+    if type(v) == "number" and not finite(v) then fail(k, "a finite number") end
+  end
+  local S = o.imgsz
+  if S ~= nil then
+    if not finite(S) or S < 32 or S % 32 ~= 0 then
+      fail("imgsz", "a multiple of 32 (the network's largest stride), at least 32")
+    end
+    if S > predict.MAX_IMGSZ then
+      fail("imgsz", string.format("at most %d (the letterboxed input is imgsz x imgsz, and the engine's image "
+        .. "buffers hold at most 2^31 pixels)", predict.MAX_IMGSZ))
+    end
+  end
+  for _, k in ipairs({ "conf", "iou", "kpt_threshold" }) do
+    local v = o[k]
+    if v ~= nil and (not finite(v) or v < 0 or v > 1) then
+      fail(k, k == "iou" and "an IoU threshold in [0, 1]" or "a confidence threshold in [0, 1]")
+    end
+  end
+  local m = o.max_det
+  if m ~= nil and (not finite(m) or m ~= math.floor(m) or m < 1) then fail("max_det", "an integer >= 1") end
+  for _, k in ipairs({ "weights", "source", "out", "out_dir" }) do
+    local v = o[k]
+    if v ~= nil and (type(v) ~= "string" or v == "") then fail(k, "a non-empty path") end
+  end
+  if o.ema ~= nil and type(o.ema) ~= "boolean" then fail("ema", "true or false") end
 end
 
 --- The COCO image id of a path: its numeric stem, else `index`.
@@ -220,8 +273,9 @@ function predict.run(opts)
     if not RUN_KEYS[k] then error("predict.run: unknown option '" .. tostring(k) .. "'", 2) end
   end
   local model = opts.model or error("predict.run: model is required", 2)
+  predict.check_options({ imgsz = opts.imgsz, conf = opts.conf, iou = opts.iou, max_det = opts.max_det,
+    kpt_threshold = opts.kpt_threshold, out_dir = opts.out_dir })
   local S = opts.imgsz or 640
-  if S % 32 ~= 0 then error("predict.run: imgsz must be a multiple of 32, got " .. tostring(S), 2) end
   local save = opts.save ~= false
   local out_dir = opts.out_dir
   if save and not out_dir then error("predict.run: out_dir is required (or save = false)", 2) end
@@ -262,8 +316,9 @@ function predict.run(opts)
       local n = 2
       while used[name] do name = stem .. "_" .. n; n = n + 1 end
       used[name] = true
+      local geo = lucid.image.geometry(W, H, S)
       local r = { path = path, name = name, image_id = predict.image_id(path, i), width = W, height = H,
-        detections = dets }
+        input_shape = { 1, 3, S, S }, resized = { geo.uw, geo.uh }, detections = dets }
       if save then
         lucid.image.draw_pose(img, dets, { kpt_threshold = opts.kpt_threshold or 0.5, names = names })
         r.png = out_dir .. "/" .. name .. ".png"

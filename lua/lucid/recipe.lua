@@ -8,12 +8,19 @@ at start (style_anchors Avoid 14: recipes that silently accept typos).
   local cfg = recipe.resolve(defaults, arg)   -- arg: the script's arg table
   recipe.print(cfg)
 
-Values: a default that is a number accepts numbers ("0.01", "1e-3"); a
-boolean accepts true/false/1/0/yes/no, or a file path (a path contains '/'
-or ends in .safetensors: resume=runs/x/weights/last.safetensors); a string
-accepts anything; a default
-of recipe.AUTO ("auto") accepts any string or number. Nested tables are
-addressed with dots: clip.max_norm=5.
+Values: a default that is a number accepts finite numbers ("0.01", "1e-3";
+inf and nan are refused); a boolean accepts true/false/1/0/yes/no (any
+case) and nothing else, except the Ultralytics keys that take more:
+resume= also takes a checkpoint path (one that contains '/' or ends in
+.safetensors: resume=runs/x/weights/last.safetensors) and cache= also takes
+'ram' (= true: the prepared images are kept in RAM; 'disk' is refused, lucid
+has no disk cache); a string accepts any non-empty text (an empty value is
+refused for every key: an empty path would write to the filesystem root); a
+string that reads as a number becomes one (max_gt=64 for the default
+"auto"), and must be finite. Nested tables are addressed with dots: clip.max_norm=5.
+Ranges (lr0 > 0, conf in [0, 1], ...) are checked by the consumer
+(lucid.trainer's check_config, lucid.predict's check_options), before any
+work starts.
 Errors: recipe.resolve raises "recipe: unknown key 'x' (did you mean 'y'?)"
 or "recipe: key=value expected, got 'x'" or "recipe: batch: expected a
 number, got 'abc'".
@@ -67,19 +74,51 @@ local function suggest(key, defaults)
   return ""
 end
 
+local function finite(v) return v == v and v ~= math.huge and v ~= -math.huge end
+
+-- Boolean keys that take more than true/false (Ultralytics cfg): the value
+-- to use for the extra text, or nil (then an error).
+local BOOLEAN_EXTRA = {
+  -- resume: true/false or the checkpoint file to resume from
+  resume = function(key, text)
+    if text:find("/", 1, true) or text:match("%.safetensors$") then return text end
+    error(string.format("recipe: %s: expected true, false or a checkpoint path (containing '/' or ending in "
+      .. ".safetensors), got '%s'", key, text), 0)
+  end,
+  -- cache: Ultralytics True/False/'ram'/'disk'; lucid's cache (cache=true)
+  -- keeps the prepared images in host RAM
+  cache = function(key, text)
+    local l = text:lower()
+    if l == "ram" then return true end
+    if l == "disk" then
+      error(string.format("recipe: %s=disk is not supported: lucid caches the prepared images in RAM only "
+        .. "(%s=true or %s=ram; %s=false decodes every image each epoch)", key, key, key, key), 0)
+    end
+    error(string.format("recipe: %s: expected true, false or ram, got '%s'", key, text), 0)
+  end,
+}
+
 local function parse_value(key, text, default)
   local kind = type(default)
+  if text == "" then
+    -- never an empty path: out= would write /predictions.json, project= log to /<name>
+    local example = (type(default) == "string" and default ~= "") or type(default) == "number"
+      or type(default) == "boolean"
+    error(string.format("recipe: %s: empty value; give one%s", key,
+      example and string.format(" (the default is %s=%s)", key, tostring(default)) or ""), 0)
+  end
   if kind == "number" then
     local v = tonumber(text)
     if not v then error(string.format("recipe: %s: expected a number, got '%s'", key, text), 0) end
+    if not finite(v) then error(string.format("recipe: %s: expected a finite number, got '%s'", key, text), 0) end
     return v
   elseif kind == "boolean" then
     local l = text:lower()
     if l == "true" or l == "1" or l == "yes" then return true end
     if l == "false" or l == "0" or l == "no" then return false end
-    -- a switch that can also name a file (resume=runs/x/weights/last.safetensors)
-    if text:find("/", 1, true) or text:match("%.safetensors$") then return text end
-    error(string.format("recipe: %s: expected true, false or a file path, got '%s'", key, text), 0)
+    local extra = BOOLEAN_EXTRA[key]
+    if extra then return extra(key, text) end
+    error(string.format("recipe: %s: expected true or false, got '%s'", key, text), 0)
   elseif kind == "table" then
     if next(default) ~= nil and #default == 0 then
       error(string.format("recipe: %s is a group of settings; set its fields, e.g. %s.%s=...", key, key,
@@ -89,13 +128,17 @@ local function parse_value(key, text, default)
     local out = {}
     for item in text:gmatch("[^,]+") do
       local v = tonumber(item)
-      if not v then error(string.format("recipe: %s: expected comma-separated numbers, got '%s'", key, text), 0) end
+      if not v or not finite(v) then
+        error(string.format("recipe: %s: expected comma-separated finite numbers, got '%s'", key, text), 0)
+      end
       out[#out + 1] = v
     end
     return out
   end
   if text == "nil" or text == "none" then return nil end
-  return tonumber(text) or text
+  local v = tonumber(text)
+  if v and not finite(v) then error(string.format("recipe: %s: expected a finite number, got '%s'", key, text), 0) end
+  return v or text
 end
 
 --- Resolve a configuration: a copy of `defaults` with the overrides from
@@ -245,18 +288,54 @@ function recipe.print(cfg, out)
   out:write("configuration:\n", recipe.format(cfg), "\n")
 end
 
+--- The message of an error for a recipe user: tostring(err) without the
+-- "path/file.lua:NN: " (chunk:line) location prefixes Lua puts in front of
+-- a raised string (error(msg) at level 1 or 2, assert, a binding's error);
+-- where an error was raised is for LUCID_DEBUG=1 (the traceback), not for
+-- the person who typed key=value. The message text is kept as it is.
+function recipe.message(err)
+  local s = tostring(err)
+  while true do
+    local rest = s:match("^[^%s:]+:%d+: (.*)$") or s:match('^%[string "[^"]*"%]:%d+: (.*)$')
+    if not rest then break end
+    s = rest
+  end
+  return s
+end
+
+--- A note recipe.run adds when the run is interrupted (Ctrl-C), e.g. where
+-- the checkpoints are: recipe.interrupt_note = function() return "..." end
+-- (a string or nil). Set by the recipe's main.
+recipe.interrupt_note = nil
+
 --- Run a recipe's main function: on an error (a bad setting, a missing
 -- file, a failed fit) print "<name>: <message>" to stderr after flushing
 -- stdout (so a piped configuration listing comes first) and exit with
--- status 1; LUCID_DEBUG=1 adds the Lua traceback.
+-- status 1. The message is recipe.message(err): no internal file:line
+-- location; LUCID_DEBUG=1 prints the Lua traceback instead. Ctrl-C (LuaJIT's
+-- "interrupted!" error; the trainer has already waited for the checkpoint
+-- writes it queued) prints "<name>: interrupted (Ctrl-C)" and the recipe's
+-- interrupt_note, and exits with status 130 (as a shell reports SIGINT).
 function recipe.run(name, main)
+  local trace
   local ok, err = xpcall(main, function(e)
-    if os.getenv("LUCID_DEBUG") == "1" then return debug.traceback(tostring(e), 2) end
-    return tostring(e)
+    if os.getenv("LUCID_DEBUG") == "1" then trace = debug.traceback(tostring(e), 2) end
+    return e
   end)
   if not ok then
     io.stdout:flush()
-    io.stderr:write(name, ": ", err, "\n")
+    local msg = recipe.message(err)
+    if msg == "interrupted!" then
+      local note = recipe.interrupt_note
+      if type(note) == "function" then
+        local nok, n = pcall(note)
+        note = nok and n or nil
+      end
+      io.stderr:write(name, ": interrupted (Ctrl-C)", note and ("; " .. note) or "", "\n")
+      if trace then io.stderr:write(trace, "\n") end
+      os.exit(130)
+    end
+    io.stderr:write(name, ": ", trace or msg, "\n")
     os.exit(1)
   end
 end

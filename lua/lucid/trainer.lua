@@ -19,8 +19,9 @@ with {persistent = true}: a later fit of another model never calls a stale
 callback (the error hook included).
 
 Checkpoints: weights/last.safetensors every save_period epochs (and at the
-end), and weights/best.safetensors from the same snapshot when the fitness
-improved; the training loop only takes the snapshot (checkpoint.save with
+end; save_period 0: only at the end), and weights/best.safetensors from the
+same snapshot when the fitness improved (last is written with it); the
+training loop only takes the snapshot (checkpoint.save with
 async = true), a background thread writes the files, and fit returns after
 they are on disk (a failed write raises, naming the file). A callback that
 reads the files with anything but lucid (which waits by itself) should call
@@ -30,7 +31,10 @@ Failure path: any error during fit releases the loaders, the loss plans and
 the validator, waits for the queued checkpoint writes, leaves the last
 checkpoint on disk intact (checkpoints are written atomically), calls
 on_fit_error, and re-raises the ORIGINAL error (cleanup errors are reported
-on stderr, never raised over it).
+on stderr, never raised over it). Ctrl-C under luajit is such an error
+("interrupted!", raised where the Lua code was): the checkpoints already
+queued are on disk when fit re-raises it, and recipe.run prints it as
+"<recipe>: interrupted (Ctrl-C); ..." (a second Ctrl-C kills the process).
 ]]
 local lucid = require "lucid"
 local data = require "lucid.data"
@@ -72,36 +76,178 @@ function Trainer.new(cfg)
   return self
 end
 
+-- The largest imgsz: the engine's image buffers (lucid_image_alloc) hold at
+-- most 2^31 pixels, and training's mosaic canvas is 2 x imgsz on a side
+-- (a rotation, shear or perspective warp materialises it), so
+-- (2 * imgsz)^2 <= 2^31; the largest multiple of 32 below that. Prediction
+-- and validation letterbox to imgsz x imgsz (lucid.predict.MAX_IMGSZ).
+Trainer.MAX_IMGSZ = 23168
+
+-- Optimizer names lucid.optim.build takes (case-insensitive, as Ultralytics).
+local OPTIMIZERS = { auto = true, sgd = true, adamw = true, musgd = true }
+
 --- Trainer.check_config(cfg): raise a clear error naming the setting and its
--- value before anything is opened or built.
+-- value before anything is opened or built. Every number must be finite;
+-- the ranges are Ultralytics' (cfg/__init__.py check_cfg: its fraction keys
+-- lr0, lrf, momentum, weight_decay, warmup_momentum, warmup_bias_lr, conf,
+-- iou and the augmentation probabilities in [0, 1]; its integer keys) plus
+-- lr0 > 0, momentum < 1, warmup_epochs >= 0, loss gains >= 0,
+-- clip.max_norm > 0 and max_det >= 1. val_period and save_period are
+-- integers >= 0: N validates / writes weights/last.safetensors every N
+-- epochs; 0 only at the end (save_period 0: and whenever best.safetensors
+-- improves), as Ultralytics' val=False still validates the final epoch. The
+-- boolean settings take true/false only (cache also 'ram' = true: the
+-- prepared images kept in RAM; 'disk' is not supported); resume takes
+-- true/false or a checkpoint path.
 function Trainer.check_config(cfg)
-  local function bad(key, want)
-    error(string.format("trainer: %s = %s: expected %s", key, tostring(cfg[key]), want), 0)
+  local function show(v)
+    if type(v) == "string" then return "'" .. v .. "'" end
+    return tostring(v)
   end
+  local function fail(key, v, want)
+    error(string.format("trainer: %s = %s: expected %s", key, show(v), want), 0)
+  end
+  local function get(key)
+    local node = cfg
+    for part in key:gmatch("[^.]+") do
+      if type(node) ~= "table" then return nil end
+      node = node[part]
+    end
+    return node
+  end
+  local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
+  -- every number anywhere in cfg is finite (lr0=1e999 would train an epoch
+  -- and fail at the checkpoint's JSON)
+  local function walk(t, prefix, depth)
+    if depth > 4 then return end
+    for k, v in pairs(t) do
+      local name = prefix and (prefix .. "." .. tostring(k)) or tostring(k)
+      if type(v) == "number" and not finite(v) then fail(name, v, "a finite number") end
+      if type(v) == "table" and getmetatable(v) == nil then walk(v, name, depth + 1) end
+    end
+  end
+  walk(cfg, nil, 1)
   local function int_at_least(key, lo)
-    local v = cfg[key]
-    if type(v) ~= "number" or v ~= math.floor(v) or v < lo then bad(key, "an integer >= " .. lo) end
+    local v = get(key)
+    if v == nil and key ~= "batch" and key ~= "epochs" and key ~= "imgsz" then return end
+    if not finite(v) or v ~= math.floor(v) or v < lo then fail(key, v, "an integer >= " .. lo) end
+  end
+  -- a number in a range; lo_open / hi_open: the bound itself excluded
+  local function range(key, lo, hi, lo_open, hi_open, what)
+    local v = get(key)
+    if v == nil then return end
+    if not finite(v) or (lo and (v < lo or (lo_open and v == lo))) or (hi and (v > hi or (hi_open and v == hi))) then
+      local want = what
+      if not want then
+        if lo and hi then
+          want = string.format("a number in %s%g, %g%s", lo_open and "(" or "[", lo, hi, hi_open and ")" or "]")
+        elseif lo then
+          want = string.format("a number %s %g", lo_open and ">" or ">=", lo)
+        else
+          want = string.format("a number %s %g", hi_open and "<" or "<=", hi)
+        end
+      end
+      fail(key, v, want)
+    end
+  end
+  local function boolean(key)
+    local v = get(key)
+    if v ~= nil and type(v) ~= "boolean" then fail(key, v, "true or false") end
+  end
+  local function nonempty(key, what)
+    local v = get(key)
+    if v ~= nil and (type(v) ~= "string" or v == "") then fail(key, v, what) end
   end
   int_at_least("batch", 1)
   int_at_least("epochs", 1)
   -- workers = 0: the batches are made in the training thread (Ultralytics workers=0)
-  if cfg.workers ~= nil then int_at_least("workers", 0) end
-  if type(cfg.imgsz) ~= "number" or cfg.imgsz < 32 or cfg.imgsz % 32 ~= 0 then
-    bad("imgsz", "a multiple of 32 (the network's largest stride), at least 32")
+  int_at_least("workers", 0)
+  int_at_least("seed", 0)
+  int_at_least("nbs", 1)
+  local S = cfg.imgsz
+  if not finite(S) or S < 32 or S % 32 ~= 0 then
+    fail("imgsz", S, "a multiple of 32 (the network's largest stride), at least 32")
+  end
+  if S > Trainer.MAX_IMGSZ then
+    fail("imgsz", S, string.format("at most %d (the engine's image buffers hold at most 2^31 pixels, and the "
+      .. "training mosaic canvas is 2 x imgsz on a side)", Trainer.MAX_IMGSZ))
   end
   if cfg.name ~= nil and (type(cfg.name) ~= "string" or cfg.name == "" or cfg.name:find("/", 1, true)) then
-    bad("name", "a non-empty name without '/' (the run folder under project)")
+    fail("name", cfg.name, "a non-empty name without '/' (the run folder under project)")
+  end
+  nonempty("project", "a non-empty folder (the run folders go under it)")
+  if type(cfg.data) ~= "table" and (type(cfg.data) ~= "string" or cfg.data == "") then
+    fail("data", cfg.data, "a dataset descriptor name, a descriptor .lua or a data .yaml")
   end
   if cfg.max_gt ~= nil and cfg.max_gt ~= "auto" then int_at_least("max_gt", 1) end
-  for _, k in ipairs({ "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs" }) do
-    if cfg[k] ~= nil and (type(cfg[k]) ~= "number" or cfg[k] < 0) then bad(k, "a number >= 0") end
+  -- schedule and optimizer (Ultralytics fraction keys in [0, 1])
+  range("lr0", 0, 1, true, false)
+  range("lrf", 0, 1)
+  range("momentum", 0, 1, false, true)
+  range("weight_decay", 0, 1)
+  range("warmup_epochs", 0)
+  range("warmup_momentum", 0, 1)
+  range("warmup_bias_lr", 0, 1)
+  if cfg.optimizer ~= nil and not (type(cfg.optimizer) == "string" and OPTIMIZERS[cfg.optimizer:lower()]) then
+    fail("optimizer", cfg.optimizer, "auto, SGD, AdamW or MuSGD")
   end
-  local aug = cfg.augment or {}
-  for _, k in ipairs({ "mosaic", "fliplr", "flipud" }) do
-    if aug[k] ~= nil and (type(aug[k]) ~= "number" or aug[k] < 0 or aug[k] > 1) then
-      error(string.format("trainer: augment.%s = %s: expected a probability in [0, 1]", k, tostring(aug[k])), 0)
+  range("clip.max_norm", 0, nil, true, false, "a number > 0 (the gradient-norm limit of every optimizer step)")
+  for _, k in ipairs({ "box", "cls", "dfl", "pose", "kobj" }) do range("loss." .. k, 0) end
+  -- augmentation: probabilities and fractions in [0, 1] (Ultralytics); degrees and shear any finite number
+  for _, k in ipairs({ "mosaic", "fliplr", "flipud", "hsv_h", "hsv_s", "hsv_v", "translate", "scale", "perspective" }) do
+    range("augment." .. k, 0, 1, false, false, (k == "mosaic" or k:sub(1, 4) == "flip")
+      and "a probability in [0, 1]" or "a fraction in [0, 1]")
+  end
+  int_at_least("augment.close_mosaic", 0)
+  -- validation
+  range("conf", 0, 1, false, false, "a confidence threshold in [0, 1]")
+  range("iou", 0, 1, false, false, "an IoU threshold in [0, 1]")
+  int_at_least("max_det", 1)
+  if cfg.ap ~= nil and cfg.ap ~= "coco" and cfg.ap ~= "ultralytics" then fail("ap", cfg.ap, "coco or ultralytics") end
+  -- 0: only at the end (see above)
+  int_at_least("val_period", 0)
+  int_at_least("save_period", 0)
+  for _, k in ipairs({ "quiet", "exist_ok", "cos_lr", "record", "device_hsv", "clip.capture_gradient_norm" }) do
+    boolean(k)
+  end
+  local c = cfg.cache
+  if c ~= nil and type(c) ~= "boolean" and c ~= "ram" then
+    if c == "disk" then
+      fail("cache", c, "true, false or 'ram' (cache='disk' is not supported: lucid caches the prepared images "
+        .. "in RAM only)")
     end
+    fail("cache", c, "true, false or 'ram' (the prepared images kept in RAM)")
   end
+  local r = cfg.resume
+  if r ~= nil and type(r) ~= "boolean" and (type(r) ~= "string" or r == "") then
+    fail("resume", r, "true, false or a checkpoint path")
+  end
+end
+
+--- Trainer.check_last_batch(imgsz, batch, n): raise when a training batch
+-- would hold a single image while the network's last feature map (stride
+-- 32) is 1x1, i.e. imgsz 32 with batch 1 or n % batch == 1 (the short last
+-- batch; the loader keeps it, as Ultralytics does): batch normalisation in
+-- training then sees 1 value per channel, which it (like PyTorch) refuses.
+-- The batches are not recomposed silently; the message suggests settings
+-- that work. fit calls it once the training images are counted.
+function Trainer.check_last_batch(imgsz, batch, n)
+  local side = math.floor(imgsz / 32)
+  if side ~= 1 or n < 1 then return end
+  local last = n % batch
+  if batch ~= 1 and last ~= 1 then return end
+  local alt
+  for d = 1, 64 do
+    for _, b in ipairs({ batch + d, batch - d }) do
+      if not alt and b >= 2 and n % b ~= 1 then alt = b end
+    end
+    if alt then break end
+  end
+  local what = batch == 1 and "batch=1 gives batches of 1 image"
+    or string.format("batch=%d on %d training images leaves a last batch of 1 image", batch, n)
+  error(string.format("trainer: imgsz=%d with %s; at imgsz %d the network's last feature map is 1x1, so batch "
+    .. "normalisation in training would see 1 value per channel (PyTorch refuses this too). Use imgsz=64 or "
+    .. "more%s", imgsz, what, imgsz, alt and string.format(", or batch=%d", alt) or ""), 0)
 end
 
 --- trainer:add_callback(event, fn, [opts]) — opts.persistent keeps the
@@ -260,9 +406,12 @@ function Trainer:_fit(state, opts)
     error(string.format("trainer: the model has kpt_shape={%d,%d}, the data %s has kpt_shape={%d,%d}; build the "
       .. "model with the data's kpt_shape", mk[1], mk[2], dfile, desc.kpt_shape[1], desc.kpt_shape[2]), 0)
   end
-  local open_opts = { imgsz = S, cache = cfg.cache, ctx = ctx }
+  local cache = cfg.cache
+  if cache == "ram" then cache = true end -- Ultralytics' cache='ram' is lucid's cache (check_config)
+  local open_opts = { imgsz = S, cache = cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
+  Trainer.check_last_batch(S, B, #train_ds)
   local max_inst = train_ds:stats().max_instances or 0
   local max_gt = cfg.max_gt
   if max_gt == "auto" or max_gt == nil then
@@ -357,7 +506,8 @@ function Trainer:_fit(state, opts)
     -- checkpoint's folder when the file was copied elsewhere
     local function abs(p) return p:sub(1, 1) == "/" and p or ((os.getenv("PWD") or ".") .. "/" .. p) end
     local inside = abs(path):sub(1, #abs(save_dir) + 1) == abs(save_dir) .. "/"
-    out:write(string.format("Continuing the run in %s (its weights/ and results.csv are updated there%s)\n", save_dir,
+    -- printed with quiet=true too: it says where this run's output goes
+    io.stdout:write(string.format("Continuing the run in %s (its weights/ and results.csv are updated there%s)\n", save_dir,
       inside and "" or string.format("; %s is outside this folder: project= and name= choose another", path)))
   end
   mkdir_p(save_dir .. "/weights")
@@ -477,7 +627,8 @@ function Trainer:_fit(state, opts)
     local final = epoch == E - 1
     local vp = cfg.val_period or 1
     local metrics, val_losses
-    if final or (epoch + 1) % vp == 0 then
+    -- val_period 0: only the final epoch (check_config)
+    if final or (vp > 0 and (epoch + 1) % vp == 0) then
       -- the final validation also writes val_predictions.json and val_batch0_pred.png
       local vout = final and cfg.val_outputs ~= false
         and val_output.new{ dataset = val_ds, imgsz = S, save_dir = save_dir, names = desc.names } or nil
@@ -524,7 +675,7 @@ function Trainer:_fit(state, opts)
     -- whose best_fitness points at weights no file holds.
     local paths = {}
     if state.is_best then paths[#paths + 1] = save_dir .. "/weights/best.safetensors" end
-    if final or (epoch + 1) % sp == 0 or state.is_best then paths[#paths + 1] = save_dir .. "/weights/last.safetensors" end
+    if final or (sp > 0 and (epoch + 1) % sp == 0) or state.is_best then paths[#paths + 1] = save_dir .. "/weights/last.safetensors" end
     if #paths > 0 then
       local tc0 = lucid.wall_time()
       checkpoint.save(paths, ck, { async = true })

@@ -1,0 +1,485 @@
+-- recipe_checks_spec.lua — what a recipe user sees for bad input: every
+-- key=value checked up front with an error naming the key and the value
+-- (empty paths, booleans that are not, non-finite numbers, Ultralytics'
+-- ranges, imgsz bounds, a 1-image batch at imgsz 32, predict's keys and an
+-- empty source folder), no internal "file.lua:NN:" location in what the
+-- recipes print, a clean line on Ctrl-C, and the smaller messages (a
+-- synchronous checkpoint write, the resume folder with quiet=true,
+-- predict's per-image input shape, bin/lucid -e's `lucid`). Each fix has a
+-- negative control: the valid neighbour of the bad value is accepted.
+local lucid = require "lucid"
+local recipe = require "lucid.recipe"
+local Trainer = require "lucid.trainer"
+local predict = require "lucid.predict"
+local data = require "lucid.data"
+local files = require "support.files"
+local fit_cfg = require "support.fit_cfg"
+
+local mini = data.find_dataset("coco-pose-mini")
+local describe_data = mini and describe or pending
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- Run a shell command; returns stdout, stderr and the exit status.
+local function run(cmd)
+  local errf = os.tmpname()
+  local p = assert(io.popen("(" .. cmd .. ") 2>" .. shell_quote(errf) .. "; echo \"__rc=$?\""))
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  local err = files.read(errf)
+  os.remove(errf)
+  return (out:gsub("__rc=%d+%s*$", "")), err, rc
+end
+
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
+
+-- no "something.lua:12: " location anywhere in a message shown to a user
+local function no_location(s)
+  assert.is_nil(s:match("[%w_]+%.lua:%d+:"), s)
+end
+
+describe("recipe.resolve: values checked by type, up front", function()
+  local defaults = {
+    out = "runs/predict", project = "runs", name = "x", data = "coco_pose_mini", weights = "w.safetensors",
+    source = "", device = "auto", lr0 = 0.01, cos_lr = false, exist_ok = false, device_hsv = true, resume = false,
+    cache = true, max_gt = "auto", clip = { max_norm = 10.0 },
+  }
+  local function resolve(...) return recipe.resolve(defaults, { ... }) end
+
+  it("refuses an empty value for every key (an empty path would mean the filesystem root)", function()
+    for _, k in ipairs({ "out", "project", "name", "data", "weights", "source", "device" }) do
+      local e = err_of(resolve, k .. "=")
+      assert.truthy(e:find("recipe: " .. k .. ": empty value; give one", 1, true), e)
+    end
+    assert.are.equal("recipe: out: empty value; give one (the default is out=runs/predict)", err_of(resolve, "out="))
+    assert.are.equal("recipe: source: empty value; give one", err_of(resolve, "source="))
+    assert.truthy(err_of(resolve, "lr0="):find("recipe: lr0: empty value", 1, true))
+    assert.truthy(err_of(resolve, "cos_lr="):find("recipe: cos_lr: empty value", 1, true))
+    assert.truthy(err_of(resolve, "resume="):find("recipe: resume: empty value", 1, true))
+    -- negative control: non-empty values go through as given
+    local cfg = resolve("out=/tmp/x", "project=p", "name=n", "data=d.yaml", "weights=a/b.safetensors", "source=img.jpg")
+    assert.are.same({ "/tmp/x", "p", "n", "d.yaml", "a/b.safetensors", "img.jpg" },
+      { cfg.out, cfg.project, cfg.name, cfg.data, cfg.weights, cfg.source })
+  end)
+
+  it("boolean keys take true/false spellings only; resume also a path, cache also ram", function()
+    assert.are.equal("recipe: cos_lr: expected true or false, got 'x/y'", err_of(resolve, "cos_lr=x/y"))
+    assert.are.equal("recipe: exist_ok: expected true or false, got 'a.safetensors'",
+      err_of(resolve, "exist_ok=a.safetensors"))
+    assert.are.equal("recipe: device_hsv: expected true or false, got 'no/way'", err_of(resolve, "device_hsv=no/way"))
+    assert.are.equal("recipe: cache: expected true, false or ram, got '/tmp/foo'", err_of(resolve, "cache=/tmp/foo"))
+    local e = err_of(resolve, "cache=disk")
+    assert.truthy(e:find("recipe: cache=disk is not supported: lucid caches the prepared images in RAM only", 1, true), e)
+    assert.truthy(err_of(resolve, "resume=maybe"):find("recipe: resume: expected true, false or a checkpoint path", 1, true))
+    -- negative controls: the accepted spellings
+    for text, want in pairs({ ["true"] = true, ["false"] = false, yes = true, no = false, ["1"] = true, ["0"] = false,
+                              TRUE = true, No = false }) do
+      assert.are.equal(want, resolve("cos_lr=" .. text).cos_lr, text)
+    end
+    assert.are.equal(true, resolve("cache=ram").cache)  -- Ultralytics' 'ram' is lucid's cache
+    assert.are.equal(false, resolve("cache=false").cache)
+    assert.are.equal("runs/x/weights/last.safetensors", resolve("resume=runs/x/weights/last.safetensors").resume)
+    assert.are.equal("last.safetensors", resolve("resume=last.safetensors").resume)
+    assert.are.equal(true, resolve("resume=true").resume)
+  end)
+
+  it("refuses non-finite numbers for every numeric key", function()
+    assert.are.equal("recipe: lr0: expected a finite number, got '1e999'", err_of(resolve, "lr0=1e999"))
+    for _, v in ipairs({ "inf", "-inf", "nan", "-1e400" }) do
+      assert.truthy(err_of(resolve, "lr0=" .. v):find("expected a finite number", 1, true), v)
+      assert.truthy(err_of(resolve, "clip.max_norm=" .. v):find("recipe: clip.max_norm: expected a finite number", 1, true))
+    end
+    assert.are.equal("recipe: max_gt: expected a finite number, got '1e999'", err_of(resolve, "max_gt=1e999"))
+    assert.are.equal("recipe: v: expected comma-separated finite numbers, got '1,inf'",
+      err_of(recipe.resolve, { v = { 1, 2 } }, { "v=1,inf" }))
+    -- negative control: finite values, in every form tonumber reads
+    local cfg = resolve("lr0=1e-3", "clip.max_norm=5", "max_gt=64")
+    assert.are.same({ 1e-3, 5, 64 }, { cfg.lr0, cfg.clip.max_norm, cfg.max_gt })
+    assert.are.same({ 1, 2.5 }, recipe.resolve({ v = { 1, 2 } }, { "v=1,2.5" }).v)
+  end)
+end)
+
+describe("Trainer.check_config: Ultralytics' ranges, before anything is opened", function()
+  local base = fit_cfg.cfg("/tmp/unused", {})
+
+  local function check(over)
+    local c = fit_cfg.cfg("/tmp/unused", {})
+    for k, v in pairs(over) do
+      local node, last = c, nil
+      local parts = {}
+      for p in k:gmatch("[^.]+") do parts[#parts + 1] = p end
+      for i = 1, #parts - 1 do node[parts[i]] = node[parts[i]] or {}; node = node[parts[i]] end
+      last = parts[#parts]
+      node[last] = v
+    end
+    return pcall(Trainer.check_config, c)
+  end
+  local function msg(over)
+    local ok, e = check(over)
+    assert.is_false(ok, "expected an error")
+    return e
+  end
+
+  it("names the key, the value and the range", function()
+    local cases = {
+      { { lr0 = 1 / 0 }, "trainer: lr0 = inf: expected a finite number" },
+      { { ["loss.box"] = 0 / 0 }, "trainer: loss.box = " .. tostring(0 / 0) .. ": expected a finite number" },
+      { { lr0 = 0 }, "trainer: lr0 = 0: expected a number in (0, 1]" },
+      { { lr0 = 2 }, "trainer: lr0 = 2: expected a number in (0, 1]" },
+      { { momentum = 1 }, "trainer: momentum = 1: expected a number in [0, 1)" },
+      { { weight_decay = -1 }, "trainer: weight_decay = -1: expected a number in [0, 1]" },
+      { { warmup_epochs = -1 }, "trainer: warmup_epochs = -1: expected a number >= 0" },
+      { { conf = 2 }, "trainer: conf = 2: expected a confidence threshold in [0, 1]" },
+      { { iou = -1 }, "trainer: iou = -1: expected an IoU threshold in [0, 1]" },
+      { { ["clip.max_norm"] = -1 }, "trainer: clip.max_norm = -1: expected a number > 0 (the gradient-norm limit "
+        .. "of every optimizer step)" },
+      { { ["clip.max_norm"] = 0 }, "trainer: clip.max_norm = 0: expected a number > 0 (the gradient-norm limit "
+        .. "of every optimizer step)" },
+      { { max_det = 0 }, "trainer: max_det = 0: expected an integer >= 1" },
+      { { val_period = -1 }, "trainer: val_period = -1: expected an integer >= 0" },
+      { { save_period = 1.5 }, "trainer: save_period = 1.5: expected an integer >= 0" },
+      { { ["augment.mosaic"] = 2 }, "trainer: augment.mosaic = 2: expected a probability in [0, 1]" },
+      { { ["augment.hsv_h"] = -0.1 }, "trainer: augment.hsv_h = -0.1: expected a fraction in [0, 1]" },
+      { { ["augment.close_mosaic"] = -1 }, "trainer: augment.close_mosaic = -1: expected an integer >= 0" },
+      { { optimizer = "foo" }, "trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD" },
+      { { ap = "x" }, "trainer: ap = 'x': expected coco or ultralytics" },
+      { { seed = -1 }, "trainer: seed = -1: expected an integer >= 0" },
+      { { cos_lr = "x/y" }, "trainer: cos_lr = 'x/y': expected true or false" },
+      { { exist_ok = "a.safetensors" }, "trainer: exist_ok = 'a.safetensors': expected true or false" },
+      { { cache = "/tmp/foo" }, "trainer: cache = '/tmp/foo': expected true, false or 'ram' (the prepared images "
+        .. "kept in RAM)" },
+      { { cache = "disk" }, "trainer: cache = 'disk': expected true, false or 'ram' (cache='disk' is not "
+        .. "supported: lucid caches the prepared images in RAM only)" },
+      { { project = "" }, "trainer: project = '': expected a non-empty folder (the run folders go under it)" },
+      { { name = "" }, "trainer: name = '': expected a non-empty name without '/' (the run folder under project)" },
+      { { data = "" }, "trainer: data = '': expected a dataset descriptor name, a descriptor .lua or a data .yaml" },
+      { { data = false }, "trainer: data = false: expected a dataset descriptor name, a descriptor .lua or a data .yaml" },
+      { { resume = "" }, "trainer: resume = '': expected true, false or a checkpoint path" },
+      { { imgsz = 0 }, "trainer: imgsz = 0: expected a multiple of 32 (the network's largest stride), at least 32" },
+      { { imgsz = 100000 }, "trainer: imgsz = 100000: expected at most 23168 (the engine's image buffers hold at "
+        .. "most 2^31 pixels, and the training mosaic canvas is 2 x imgsz on a side)" },
+    }
+    for _, c in ipairs(cases) do assert.are.equal(c[2], msg(c[1])) end
+  end)
+
+  it("negative control: the defaults and the valid edges pass", function()
+    assert.is_true((pcall(Trainer.check_config, base)))
+    for _, over in ipairs({
+      { lr0 = 1 }, { lr0 = 1e-6 }, { momentum = 0 }, { momentum = 0.999 }, { weight_decay = 0 }, { warmup_epochs = 0 },
+      { conf = 0 }, { conf = 1 }, { iou = 0 }, { iou = 1 }, { ["clip.max_norm"] = 1e-3 }, { max_det = 1 },
+      { val_period = 0 }, { save_period = 0 }, { val_period = 3 }, { cache = "ram" }, { cache = false },
+      { resume = "runs/x/weights/last.safetensors" }, { optimizer = "adamw" }, { optimizer = "MuSGD" },
+      { ap = "ultralytics" }, { imgsz = 23168 }, { imgsz = 32 }, { ["augment.degrees"] = -45 },
+    }) do
+      local ok, e = check(over)
+      assert.is_true(ok, tostring(e))
+    end
+  end)
+end)
+
+describe("Trainer.check_last_batch: a 1-image batch at imgsz 32", function()
+  it("refuses imgsz 32 when a batch would hold one image, suggesting what works", function()
+    assert.are.equal("trainer: imgsz=32 with batch=4 on 137 training images leaves a last batch of 1 image; at "
+      .. "imgsz 32 the network's last feature map is 1x1, so batch normalisation in training would see 1 value per "
+      .. "channel (PyTorch refuses this too). Use imgsz=64 or more, or batch=5",
+      err_of(Trainer.check_last_batch, 32, 4, 137))
+    assert.truthy(err_of(Trainer.check_last_batch, 32, 1, 10):find("imgsz=32 with batch=1 gives batches of 1 image", 1, true))
+    -- the suggestion itself passes
+    assert.has_no.errors(function() Trainer.check_last_batch(32, 5, 137) end)
+  end)
+
+  it("negative control: larger maps, or no 1-image batch", function()
+    for _, c in ipairs({ { 64, 4, 137 }, { 64, 1, 10 }, { 32, 8, 136 }, { 32, 4, 138 }, { 32, 137, 137 } }) do
+      assert.has_no.errors(function() Trainer.check_last_batch(c[1], c[2], c[3]) end)
+    end
+  end)
+end)
+
+describe("predict.check_options and predict.list_sources", function()
+  it("names the key and the value", function()
+    local c = predict.check_options
+    assert.are.equal("predict: conf = -1: expected a confidence threshold in [0, 1]", err_of(c, { conf = -1 }))
+    assert.are.equal("predict: iou = 2: expected an IoU threshold in [0, 1]", err_of(c, { iou = 2 }))
+    assert.are.equal("predict: max_det = 0: expected an integer >= 1", err_of(c, { max_det = 0 }))
+    assert.are.equal("predict: imgsz = 0: expected a multiple of 32 (the network's largest stride), at least 32",
+      err_of(c, { imgsz = 0 }))
+    assert.are.equal("predict: imgsz = 100000: expected at most 46336 (the letterboxed input is imgsz x imgsz, and "
+      .. "the engine's image buffers hold at most 2^31 pixels)", err_of(c, { imgsz = 100000 }))
+    assert.are.equal("predict: conf = inf: expected a finite number", err_of(c, { conf = 1 / 0 }))
+    assert.are.equal("predict: out = '': expected a non-empty path", err_of(c, { out = "" }))
+    assert.are.equal("predict: kpt_threshold = 1.5: expected a confidence threshold in [0, 1]",
+      err_of(c, { kpt_threshold = 1.5 }))
+    -- negative control
+    assert.has_no.errors(function()
+      c({ imgsz = 640, conf = 0, iou = 1, max_det = 1, kpt_threshold = 0.5, out = "runs/predict", ema = true })
+      c({ imgsz = 46336 })
+    end)
+  end)
+
+  it("an empty folder is an error naming it (Ultralytics: No images or videos found)", function()
+    local d = files.tmpdir()
+    assert.truthy(err_of(predict.list_sources, d):find("predict: no images found in " .. d
+      .. " (supported formats: .jpg, .jpeg, .png)", 1, true))
+    files.write(d .. "/notes.txt", "x")
+    assert.truthy(err_of(predict.list_sources, { d }):find("no images found in " .. d, 1, true))
+    -- negative control: one image in it
+    files.write(d .. "/a.png", "x")
+    assert.are.same({ d .. "/a.png" }, predict.list_sources(d))
+    os.execute("rm -rf " .. shell_quote(d))
+  end)
+end)
+
+describe("recipe.message and recipe.run", function()
+  it("drops the internal location prefixes and keeps the message", function()
+    assert.are.equal("lucid argument error: batchnorm2d_silu_forward: expected more than 1 value",
+      recipe.message("/path/lua/lucid/nn/prim.lua:181: lucid argument error: batchnorm2d_silu_forward: "
+        .. "expected more than 1 value"))
+    assert.are.equal("model must be yolo11 or yolov8", recipe.message("recipes/pose_nano.lua:84: model must be yolo11 or yolov8"))
+    assert.are.equal("x", recipe.message("a/b.lua:1: ...c/d.lua:22: x"))
+    -- negative control: text that only looks alike later in the message is kept
+    assert.are.equal("trainer: data a.lua:3: bad", recipe.message("trainer: data a.lua:3: bad"))
+    assert.are.equal("no location", recipe.message("no location"))
+  end)
+
+  local function run_main(body)
+    local script = os.tmpname()
+    files.write(script, "package.path = 'lua/?.lua;' .. package.path\n"
+      .. "local recipe = require 'lucid.recipe'\n" .. body)
+    local out, err, rc = run("luajit " .. shell_quote(script))
+    os.remove(script)
+    return out, err, rc
+  end
+
+  it("prints errors without a location, and Ctrl-C's interrupted! as a clean line with the recipe's note", function()
+    local _, err, rc = run_main("recipe.run('t', function() error('boom') end)")
+    assert.are.equal(1, rc)
+    assert.are.equal("t: boom\n", err)
+    _, err, rc = run_main("recipe.interrupt_note = function() return 'kept in runs/x' end\n"
+      .. "recipe.run('t', function() error('interrupted!') end)")
+    if not rc then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end -- never left running
+    assert.are.equal(130, rc)
+    assert.are.equal("t: interrupted (Ctrl-C); kept in runs/x\n", err)
+    -- negative control: a normal run prints nothing and exits 0
+    local out
+    out, err, rc = run_main("recipe.run('t', function() print('ok') end)")
+    assert.are.same({ "ok\n", "", 0 }, { out, err, rc })
+  end)
+end)
+
+describe("checkpoint.save's failure is worded by its mode", function()
+  it("synchronous: 'write of <path> failed'; async: 'background write of <path> failed'", function()
+    local checkpoint = require "lucid.checkpoint"
+    local set = require("lucid.nn").materialize(require("lucid.nn").Conv(3, 4, 1))
+    local bad = "/nonexistent-lucid-dir/x.safetensors"
+    local e = err_of(checkpoint.save, bad, { model = set })
+    assert.truthy(e:find("lucid io error: write of " .. bad .. " failed: ", 1, true), e)
+    assert.is_nil(e:find("background", 1, true), e)
+    -- negative control: the background form keeps its word
+    checkpoint.save(bad, { model = set }, { async = true })
+    e = err_of(checkpoint.wait)
+    assert.truthy(e:find("lucid io error: background write of " .. bad .. " failed: ", 1, true), e)
+    -- and a good synchronous save works
+    local ok = os.tmpname()
+    checkpoint.save(ok, { model = set })
+    assert.are.equal(0, checkpoint.load(ok).epochs_completed)
+    os.remove(ok)
+  end)
+end)
+
+describe("bin/lucid -e", function()
+  it("has the global `lucid`, as the prompt does; script files still get none", function()
+    local out, err, rc = run("bin/lucid -e " .. shell_quote("print(lucid.ones({3}):sum():item(), ...)") .. " a")
+    assert.are.same({ "3\ta\n", "", 0 }, { out, err, rc })
+    local s = os.tmpname()
+    files.write(s, "print(rawget(_G, 'lucid'))\n")
+    out, _, rc = run("bin/lucid " .. shell_quote(s))
+    os.remove(s)
+    assert.are.same({ "nil\n", 0 }, { out, rc })
+  end)
+end)
+
+describe_data("the recipes on bad input (separate processes)", function()
+  local tmp
+  setup(function() tmp = files.tmpdir() end)
+  teardown(function() if tmp then os.execute("rm -rf " .. shell_quote(tmp)) end end)
+
+  local function pose(args)
+    return run("luajit recipes/pose_nano.lua device=cpu workers=1 quiet=true project=" .. shell_quote(tmp) .. " " .. args)
+  end
+
+  it("pose_nano: errors up front, named, without a location; empty project refused", function()
+    local cases = {
+      -- (a missing data file: were project= accepted, the run would still stop before writing /<name>)
+      { "epochs=1 imgsz=64 data=" .. tmp .. "/none.yaml project= name=lucid-spec-x",
+        "pose_nano: recipe: project: empty value; give one" },
+      { "epochs=1 cos_lr=x/y", "pose_nano: recipe: cos_lr: expected true or false, got 'x/y'" },
+      { "epochs=1 cache=disk", "pose_nano: recipe: cache=disk is not supported" },
+      { "epochs=1 lr0=1e999", "pose_nano: recipe: lr0: expected a finite number, got '1e999'" },
+      { "epochs=1 max_det=0", "pose_nano: trainer: max_det = 0: expected an integer >= 1" },
+      { "epochs=1 imgsz=100000", "pose_nano: trainer: imgsz = 100000: expected at most 23168" },
+      { "epochs=1 model=foo", "pose_nano: model = 'foo': expected yolo11 or yolov8" },
+      { "epochs=1 device=foo", "pose_nano: lucid.Context: bad argument #1 (device): unknown device 'foo'" },
+      { "epochs=1 optimizer=foo", "pose_nano: trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD" },
+      { "epochs=1 scale=q", "pose_nano: model: scale: expected one of" },
+      { "resume=" .. tmp .. "/none/last.safetensors", "pose_nano: resume: no checkpoint at " },
+    }
+    for _, c in ipairs(cases) do
+      local out, err, rc = pose(c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
+      no_location(err)
+      assert.is_nil(out:find("Starting training", 1, true), out)
+    end
+    assert.is_nil(io.open("/lucid-spec-x/results.csv", "rb"))
+  end)
+
+  it("pose_nano imgsz=32: a last batch of 1 image is refused before training; batch=5 trains", function()
+    local out, err, rc = pose("epochs=1 imgsz=32 name=i32")
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find("pose_nano: trainer: imgsz=32 with batch=4 on 137 training images leaves a last batch "
+      .. "of 1 image;", 1, true), err)
+    no_location(err)
+    assert.is_nil(out:find("epoch 1/1", 1, true))
+    -- negative control: the suggested batch trains and validates
+    out, err, rc = pose("epochs=1 imgsz=32 batch=5 name=i32b")
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("final:", 1, true), out)
+  end)
+
+  it("predict_pose: out= and an empty folder are errors, bad keys are named; the input shape is per image", function()
+    local pt = tmp .. "/predict"
+    os.execute("mkdir -p " .. shell_quote(pt))
+    local m = require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    local w = pt .. "/w.safetensors"
+    m:save(w)
+    local img = predict.list_sources(mini .. "/images/val")[1]
+    os.execute("mkdir -p " .. shell_quote(pt .. "/empty"))
+    local function pred(args)
+      return run("luajit recipes/predict_pose.lua device=cpu weights=" .. shell_quote(w) .. " " .. args)
+    end
+    local cases = {
+      -- (missing weights: were out= accepted, the run would still stop before writing /predictions.json)
+      { "source=" .. img .. " weights=" .. pt .. "/missing.safetensors out=",
+        "predict_pose: recipe: out: empty value; give one (the default is out=runs/predict)" },
+      { "source=" .. pt .. "/empty out=" .. pt .. "/p0",
+        "predict_pose: predict: no images found in " .. pt .. "/empty (supported formats: .jpg, .jpeg, .png)" },
+      { "source=" .. img .. " conf=-1", "predict_pose: predict: conf = -1: expected a confidence threshold in [0, 1]" },
+      { "source=" .. img .. " max_det=0", "predict_pose: predict: max_det = 0: expected an integer >= 1" },
+      { "source=" .. img .. " imgsz=0", "predict_pose: predict: imgsz = 0: expected a multiple of 32" },
+      { "source=" .. img .. " model=foo", "predict_pose: model = 'foo': expected yolo11 or yolov8" },
+      { "source=" .. img .. " weights=" .. pt .. "/missing.safetensors", pt .. "/missing.safetensors" },
+    }
+    for _, c in ipairs(cases) do
+      local _, err, rc = pred(c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
+      no_location(err)
+    end
+    assert.are.same({ "empty", "w.safetensors" }, files.listdir(pt)) -- nothing written by the refused runs
+    assert.is_nil(io.open("/predictions.json", "rb"))
+    -- negative control: a real run, with the letterboxed input shape of each image
+    local out, err, rc = pred("source=" .. img .. " imgsz=64 out=" .. shell_quote(pt .. "/pred"))
+    assert.are.equal(0, rc, err)
+    local g = assert(lucid.image.read(img))
+    local W, H = g:size(2), g:size(1)
+    local geo = lucid.image.geometry(W, H, 64)
+    assert.truthy(out:find(string.format(": %dx%d, input (1, 3, 64, 64) with the image resized to %dx%d, ", W, H,
+      geo.uw, geo.uh), 1, true), out)
+    assert.truthy(out:find("per image (each letterboxed to shape (1, 3, 64, 64))", 1, true), out)
+    assert.truthy(io.open(pt .. "/pred/predictions.json"))
+  end)
+
+  it("Ctrl-C during training: a clean line naming the kept checkpoints, exit status 130", function()
+    local log = tmp .. "/int"
+    local q = shell_quote
+    -- started in the background: its pid (the one that gets the SIGINT) and,
+    -- once it ended, its exit status go to files
+    os.execute("(luajit recipes/pose_nano.lua device=cpu workers=1 epochs=30 imgsz=64 project=" .. q(tmp)
+      .. " name=int >" .. q(log .. ".out") .. " 2>" .. q(log .. ".err") .. " & echo $! >" .. q(log .. ".pid")
+      .. "; wait $!; echo $? >" .. q(log .. ".rc") .. ") >/dev/null 2>&1 &")
+    local function read_num(path)
+      local f = io.open(path, "rb")
+      if not f then return nil end
+      local v = tonumber(f:read("*a"))
+      f:close()
+      return v
+    end
+    local last = tmp .. "/int/weights/last.safetensors"
+    local pid
+    for _ = 1, 600 do
+      pid = pid or read_num(log .. ".pid")
+      local f = io.open(last, "rb")
+      if f then f:close(); break end
+      os.execute("sleep 0.1")
+    end
+    assert.truthy(pid and io.open(last, "rb"), "no checkpoint after 60 s")
+    os.execute("kill -INT " .. pid)
+    local rc
+    for _ = 1, 600 do
+      rc = read_num(log .. ".rc")
+      if rc then break end
+      os.execute("sleep 0.1")
+    end
+    if not rc then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end -- never left running
+    assert.are.equal(130, rc)
+    local err = files.read(log .. ".err")
+    assert.are.equal("pose_nano: interrupted (Ctrl-C); the checkpoints written so far are kept in " .. tmp
+      .. "/int/weights; continue with resume=true project=" .. tmp .. " name=int\n", err)
+    -- the kept checkpoint resumes
+    local ck = require("lucid.checkpoint").load(last)
+    assert.is_true(ck.epochs_completed >= 1)
+    ck:close()
+  end)
+
+  it("resume with quiet=true saved still prints where the run continues", function()
+    local cfg = fit_cfg.cfg(tmp, { name = "q", epochs = 1, quiet = true })
+    local tr = Trainer.new(cfg)
+    tr:fit(fit_cfg.build(tr))
+    local printed, stdout = {}, io.stdout
+    local function capture()
+      printed = {}
+      io.stdout = { write = function(self, ...) for _, v in ipairs({ ... }) do printed[#printed + 1] = v end
+        return self end, flush = function() end }
+    end
+    capture()
+    local tr2 = Trainer.new(fit_cfg.cfg(tmp, { name = "q", epochs = 2, quiet = true, resume = true }))
+    local ok, e = pcall(tr2.fit, tr2, fit_cfg.build(tr2))
+    io.stdout = stdout
+    assert.is_true(ok, tostring(e))
+    assert.are.equal("Continuing the run in " .. tmp .. "/q (its weights/ and results.csv are updated there)\n",
+      table.concat(printed))
+    -- negative control: a quiet run that does not resume prints nothing
+    capture()
+    local tr3 = Trainer.new(fit_cfg.cfg(tmp, { name = "q3", epochs = 1, quiet = true }))
+    ok, e = pcall(tr3.fit, tr3, fit_cfg.build(tr3))
+    io.stdout = stdout
+    assert.is_true(ok, tostring(e))
+    assert.are.equal("", table.concat(printed))
+  end)
+
+  it("val_period=0 and save_period=0: validation and last.safetensors only at the end", function()
+    local function rows(name, over)
+      local c = fit_cfg.cfg(tmp, { name = name, epochs = 2 })
+      for k, v in pairs(over) do c[k] = v end
+      local epochs_seen = {}
+      local tr = Trainer.new(c)
+      tr:add_callback("on_val_end", function(_, ev) epochs_seen[#epochs_seen + 1] = ev.epoch end)
+      tr:fit(fit_cfg.build(tr))
+      local n = 0
+      for _ in io.lines(tmp .. "/" .. name .. "/results.csv") do n = n + 1 end
+      return n - 1, epochs_seen
+    end
+    local n, seen = rows("vp0", { val_period = 0, save_period = 0 })
+    assert.are.equal(1, n)
+    assert.are.same({ 1 }, seen)
+    -- negative control: every epoch
+    n, seen = rows("vp1", { val_period = 1, save_period = 1 })
+    assert.are.equal(2, n)
+    assert.are.same({ 0, 1 }, seen)
+  end)
+end)
