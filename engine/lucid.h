@@ -147,7 +147,8 @@ lucid_status lucid_memory_reset_peak(lucid_ctx *ctx);
 typedef struct lucid_storage lucid_storage;
 
 /* Allocate nbytes on dev (uninitialised). CPU storages are 64-byte aligned;
- * with pinned=1 a CPU storage is page-locked host memory (CUDA builds). */
+ * with pinned=1 a CPU storage is page-locked host memory (CUDA builds).
+ * nbytes above 2^63-1 is ERR_ARG (a wrapped size computation). */
 lucid_status lucid_storage_create(lucid_ctx *ctx, lucid_device dev,
                                   size_t nbytes, int pinned,
                                   lucid_storage **out);
@@ -194,6 +195,15 @@ void lucid_tensor_release(lucid_tensor *t);
 
 int64_t lucid_tensor_numel(const lucid_tensor *t);
 size_t lucid_tensor_nbytes(const lucid_tensor *t); /* numel * dtype size */
+/* Elements and bytes of a contiguous tensor of this shape and dtype, every
+ * product checked: numel, the row-major strides (products of the trailing
+ * sizes, a zero size counted as 1) and numel * dtype size must all fit in
+ * int64. Returns 0 (outputs may be NULL), or -1 when ndim is out of range,
+ * a size is negative, the dtype is unknown or a product overflows — the
+ * shapes lucid_tensor_empty and the views reject with "tensor size
+ * overflows". */
+int lucid_shape_bytes(int ndim, const int64_t *shape, lucid_dtype dt,
+                      int64_t *numel, int64_t *nbytes);
 int lucid_tensor_is_contiguous(const lucid_tensor *t);
 lucid_device lucid_tensor_device(const lucid_tensor *t);
 lucid_ctx *lucid_tensor_ctx(const lucid_tensor *t);

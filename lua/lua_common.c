@@ -150,6 +150,26 @@ lucid_ctx *lucid_lua_ctx(lua_State *L, int idx) {
     return default_ctx(L);
 }
 
+void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
+                                const int64_t *shape, lucid_dtype dt,
+                                const char *argname) {
+    if (lucid_shape_bytes(ndim, shape, dt, NULL, NULL) == 0) return;
+    char b[LUCID_MAX_DIMS * 24 + 4];
+    size_t k = 0;
+    b[k++] = '{';
+    for (int i = 0; i < ndim; i++)
+        k += (size_t)snprintf(b + k, sizeof b - k, i ? ", %lld" : "%lld",
+                              (long long)shape[i]);
+    snprintf(b + k, sizeof b - k, "}");
+    lucid_lua_argerror(L, idx,
+                       lua_pushfstring(L, "%s: tensor size overflows: %s of %s "
+                                          "(%d byte%s per element) needs more "
+                                          "than 2^63-1 elements or bytes",
+                                       argname, b, lucid_dtype_name(dt),
+                                       (int)lucid_dtype_size(dt),
+                                       lucid_dtype_size(dt) == 1 ? "" : "s"));
+}
+
 /* ----------------------------------------------------------------- options */
 
 static const char DTYPE_LIST[] = "f32, f64, bf16, f16, u8, i32, i64";

@@ -50,6 +50,13 @@ lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
  * raises on bad entries naming the position and value. */
 int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
                           const char *argname);
+/* Raise "<fn>: bad argument #idx (<argname>): tensor size overflows: {..}
+ * of f32 ..." when a contiguous tensor of this shape and dtype cannot be
+ * sized in int64 (lucid_shape_bytes): a wrapped count must never reach
+ * an allocation. */
+void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
+                                const int64_t *shape, lucid_dtype dt,
+                                const char *argname);
 
 /* Options tables (the `{...}` argument of constructors and calls).
  * check_options raises "<what>: unknown option '<key>' (expected one of

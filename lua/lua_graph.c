@@ -366,8 +366,9 @@ static int l_pinned(lua_State *L) {
         return lucid_lua_argerror(L, 2, "dtype: unknown name");
     lucid_ctx *ctx = opt_ctx(L, 3);
     int pinned = lucid_ctx_device(ctx).type == LUCID_CUDA;
+    lucid_lua_check_shape_size(L, 1, ndim, shape, dt, "shape");
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
+    lucid_shape_bytes(ndim, shape, dt, &n, NULL);
     lucid_device cpu = {LUCID_CPU, 0};
     lucid_storage *s = NULL;
     size_t nbytes = (size_t)(n ? n : 1) * lucid_dtype_size(dt);

@@ -41,6 +41,12 @@
  *     when need_grad_input is off); m:parameters(), m:buffers() -> {Param};
  *     m:train([mode]), m:eval(), m:need_grad_input(flag), m:kind(),
  *     m:describe(); fields training, ninputs, noutputs; tostring(m).
+ *   Reading a name lucid.nn does not have raises (never a silent nil that
+ *   fails later as "attempt to call field 'Conv' (a nil value)"): for a
+ *   block or function of the Lua library (Conv, C2f, materialize, ...)
+ *   "lucid.nn.Conv: no such primitive; the nn blocks (Conv, C2f, ...) are
+ *   in require "lucid.nn"", else "lucid.nn.x: no such field". Code that
+ *   probes for an optional field uses rawget(lucid.nn, "x").
  * Errors: misuse raises a "bad argument" error naming the argument; engine
  * failures raise "lucid <status>: <message>" (lucid_lua_raise).
  */
@@ -716,8 +722,14 @@ static int l_module_buffers(lua_State *L) {
     return push_params_of(L, check_module(L, 1)->m, LUCID_PARAM_KIND_BUFFER);
 }
 
+/* m:train([mode]) — mode: a boolean (nothing: true), as torch's
+ * train(mode=True); another value (a string, 0) is an error, not "true". */
 static int l_module_train(lua_State *L) {
     module_box *b = check_module(L, 1);
+    if (!lua_isnoneornil(L, 2) && !lua_isboolean(L, 2))
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "mode: expected a boolean (or nothing for "
+                                                           "true), got %s",
+                                                        lucid_lua_type_name(L, 2)));
     lucid_module_set_training(b->m, lua_isnoneornil(L, 2) ? 1 : lua_toboolean(L, 2));
     lua_settop(L, 1);
     return 1;
@@ -800,6 +812,47 @@ static const luaL_Reg nn_funcs[] = {
     {NULL, NULL},
 };
 
+/* __index of lucid.nn (called for names the table does not have): raise
+ * naming the name, pointing at the Lua library when the name is one of
+ * its blocks or functions (require "lucid.nn", loaded here when it can be;
+ * a failure to load it just gives the plain message). Non-string keys read
+ * nil. */
+static int l_nn_index(lua_State *L) {
+    if (lua_type(L, 2) != LUA_TSTRING) {
+        lua_pushnil(L);
+        return 1;
+    }
+    const char *k = lua_tostring(L, 2);
+    int in_lib = 0, is_block = 0;
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "lucid.nn");
+    if (lua_isfunction(L, -2) && lua_pcall(L, 1, 1, 0) == 0 && lua_istable(L, -1)) {
+        int lib = lua_gettop(L);
+        lua_pushvalue(L, 2);
+        lua_rawget(L, lib);
+        in_lib = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+        lua_pushliteral(L, "classes");
+        lua_rawget(L, lib);
+        if (lua_istable(L, -1)) {
+            lua_pushvalue(L, 2);
+            lua_rawget(L, -2);
+            is_block = !lua_isnil(L, -1);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    if (is_block)
+        return luaL_error(L, "lucid.nn.%s: no such primitive; the nn blocks (Conv, C2f, ...) are "
+                             "in require \"lucid.nn\"",
+                          k);
+    if (in_lib)
+        return luaL_error(L, "lucid.nn.%s: no such primitive; %s is in the Lua library: "
+                             "require \"lucid.nn\"",
+                          k, k);
+    return luaL_error(L, "lucid.nn.%s: no such field", k);
+}
+
 /* Adds lucid.nn (the table above) and lucid.io (lua_io.c) to the module
  * table on top of the stack. */
 int lucid_lua_open_nn(lua_State *L) {
@@ -851,6 +904,11 @@ int lucid_lua_open_nn(lua_State *L) {
         lua_newtable(L);
     }
     luaL_setfuncs(L, nn_funcs, 0);
+    /* unknown names raise (l_nn_index) */
+    lua_newtable(L);
+    lua_pushcfunction(L, l_nn_index);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, -2);
     lua_setfield(L, module, "nn");
     lua_settop(L, module);
     return lucid_lua_open_io(L);

@@ -87,7 +87,11 @@
  *
  * Errors: misuse raises "<fn>: bad argument #n (<argument>): <what is
  * wrong>" (lucid_lua_argerror); engine failures raise "lucid <status>:
- * <message>".
+ * <message>". Every numeric hyperparameter (constructor options, group
+ * and block fields, EMA/scaler settings, clip limits, schedule arguments)
+ * must be finite and in its range, f32-staged ones within the f32 range:
+ * "lucid.optim.SGD: bad argument #1 (lr): expected a finite number >= 0
+ * (within the f32 range), got inf" (check_range).
  */
 #include "lua_common.h"
 #include "io/safetensors.h"
@@ -147,20 +151,61 @@ static int argerr(lua_State *L, int arg, const char *fmt, ...) {
     return lucid_lua_argerror(L, arg, msg);
 }
 
+/* Ranges of the numeric hyperparameters. Every value must be finite (an
+ * Inf or NaN learning rate, decay or scale is never meant; it would
+ * silently turn the parameters into NaN); lo/hi bound it, each end
+ * inclusive unless R_LO_OPEN / R_HI_OPEN. Values staged in f32 on the
+ * device (lr, momentum, decay, clip limits, eps ...) are bounded by F32_MAX
+ * so the f32 copy stays finite too. */
+#define R_LO_OPEN 1
+#define R_HI_OPEN 2
+#define F32_MAX 3.4028234663852886e38
+
+static int in_range(double v, double lo, double hi, int flags) {
+    if (!isfinite(v)) return 0;
+    if ((flags & R_LO_OPEN) ? !(v > lo) : !(v >= lo)) return 0;
+    if ((flags & R_HI_OPEN) ? !(v < hi) : !(v <= hi)) return 0;
+    return 1;
+}
+
+/* "a finite number >= 0", "a number in [0, 1)", ... (pushed). */
+static const char *range_text(lua_State *L, double lo, double hi, int flags) {
+    int lo_inf = lo == -HUGE_VAL, hi_inf = hi == HUGE_VAL || hi == F32_MAX;
+    const char *f32 = hi == F32_MAX ? " (within the f32 range)" : "";
+    if (lo_inf && hi_inf) return lua_pushfstring(L, "a finite number%s", f32);
+    if (hi_inf)
+        return lua_pushfstring(L, "a finite number %s %f%s",
+                               (flags & R_LO_OPEN) ? ">" : ">=", lo, f32);
+    if (lo_inf)
+        return lua_pushfstring(L, "a finite number %s %f",
+                               (flags & R_HI_OPEN) ? "<" : "<=", hi);
+    return lua_pushfstring(L, "a number in %s%f, %f%s",
+                           (flags & R_LO_OPEN) ? "(" : "[", lo, hi,
+                           (flags & R_HI_OPEN) ? ")" : "]");
+}
+
+/* Raise "<name>: expected <range>, got <v>" (argument position arg) unless
+ * v is finite and within the range; returns v. */
+static double check_range(lua_State *L, int arg, const char *name, double v,
+                          double lo, double hi, int flags) {
+    if (!in_range(v, lo, hi, flags)) {
+        const char *want = range_text(L, lo, hi, flags);
+        argerr(L, arg, "%s: expected %s, got %f", name, want, v);
+    }
+    return v;
+}
+
 /* Optional number field k of the options table t (argument position arg).
- * Raises naming the field when it is present but not a number, or outside
- * [lo, hi]. */
+ * Raises naming the field when it is present but not a number, not
+ * finite, or outside the range (check_range). */
 static double opt_num(lua_State *L, int t, int arg, const char *k, double def,
-                      double lo, double hi) {
+                      double lo, double hi, int flags) {
     lua_getfield(L, t, k);
     double v = def;
     if (!lua_isnil(L, -1)) {
         if (lua_type(L, -1) != LUA_TNUMBER)
             argerr(L, arg, "%s: expected a number, got %s", k, tname(L, -1));
-        v = lua_tonumber(L, -1);
-        if (!(v >= lo && v <= hi))
-            argerr(L, arg, "%s: expected a number in [%f, %f], got %f", k, lo,
-                   hi, v);
+        v = check_range(L, arg, k, lua_tonumber(L, -1), lo, hi, flags);
     }
     lua_pop(L, 1);
     return v;
@@ -209,6 +254,30 @@ static int64_t check_int(lua_State *L, int idx, const char *name) {
         argerr(L, idx, "%s: expected an integer, got %s", name,
                lua_tostring(L, idx));
     return (int64_t)x;
+}
+
+/* A number at idx, finite and within the range (check_range). */
+static double check_num_range(lua_State *L, int idx, const char *name,
+                              double lo, double hi, int flags) {
+    return check_range(L, idx, name, check_num(L, idx, name), lo, hi, flags);
+}
+
+/* An integer at idx in [lo, hi]: "<name>: expected an integer in [lo, hi]
+ * (>= lo), got <v>". */
+static int64_t check_int_range(lua_State *L, int idx, const char *name,
+                               int64_t lo, int64_t hi) {
+    int64_t v = check_int(L, idx, name);
+    if (v < lo || v > hi) {
+        char a[24], b[24];
+        snprintf(a, sizeof a, "%lld", (long long)lo);
+        snprintf(b, sizeof b, "%lld", (long long)hi);
+        if (hi == INT64_MAX)
+            argerr(L, idx, "%s: expected an integer >= %s, got %s", name, a,
+                   lua_tostring(L, idx));
+        argerr(L, idx, "%s: expected an integer in [%s, %s], got %s", name, a,
+               b, lua_tostring(L, idx));
+    }
+    return v;
 }
 
 static void push_device(lua_State *L, lucid_device d) {
@@ -354,53 +423,91 @@ static int l_block_state(lua_State *L) {
  *   from tbl keep their current value (read first; synchronizes). Same
  *   field names as pb:state().
  */
+/* Push field k of the state table (argument 2); 1 when present, after
+ * checking it is a number (errors name argument 2 as "state.<k>"). */
+static int state_field(lua_State *L, const char *k) {
+    lua_getfield(L, 2, k);
+    if (lua_isnil(L, -1)) return 0;
+    if (lua_type(L, -1) != LUA_TNUMBER)
+        argerr(L, 2, "state.%s: expected a number, got %s", k, tname(L, -1));
+    return 1;
+}
+
+/* The number on top as a counter in [0, hi] (64-bit counters: up to
+ * 2^53, exact in a Lua number). */
+#define STATE_INT_MAX ((int64_t)1 << 53)
+static int64_t state_int(lua_State *L, const char *k, int64_t hi) {
+    double v = lua_tonumber(L, -1);
+    if (!(v >= 0 && v <= (double)hi && v == floor(v))) {
+        char b[24];
+        snprintf(b, sizeof b, "%lld", (long long)hi);
+        if (hi >= STATE_INT_MAX)
+            argerr(L, 2, "state.%s: expected an integer >= 0, got %f", k, v);
+        argerr(L, 2, "state.%s: expected an integer in [0, %s], got %f", k, b, v);
+    }
+    return (int64_t)v;
+}
+
 static int l_block_set_state(lua_State *L) {
     block_box *b = check_block(L, 1);
     lucid_lua_checktype(L, 2, LUA_TTABLE);
     lucid_param_values v;
     block_read(L, b, &v);
     lucid_param_state *s = &v.st;
-#define GF(name, type)                                                         \
-    lua_getfield(L, 2, #name);                                                 \
-    if (!lua_isnil(L, -1)) s->name = (type)check_num(L, lua_gettop(L), "state." #name); \
+    /* counters: integers >= 0 (found_inf 0 or 1); the loss scale finite
+     * and > 0; grad_norm and clip_coef record what the last step saw (a
+     * non-finite norm included), any number */
+#define GI(name, type, hi)                                                     \
+    if (state_field(L, #name)) s->name = (type)state_int(L, #name, hi);       \
     lua_pop(L, 1)
-    GF(loss_scale, float);
-    GF(growth_tracker, int32_t);
-    GF(found_inf, int32_t);
-    GF(nonfinite_norms, int32_t);
-    GF(step, int64_t);
-    GF(ema_updates, int64_t);
-    GF(skipped_steps, int64_t);
-    GF(grad_norm, float);
-    GF(clip_coef, float);
+#define GF(name)                                                               \
+    if (state_field(L, #name)) s->name = (float)lua_tonumber(L, -1);          \
+    lua_pop(L, 1)
+    if (state_field(L, "loss_scale"))
+        s->loss_scale = (float)check_range(L, 2, "state.loss_scale", lua_tonumber(L, -1), 0,
+                                           F32_MAX, 0);
+    lua_pop(L, 1);
+    GI(growth_tracker, int32_t, INT32_MAX);
+    GI(found_inf, int32_t, 1);
+    GI(nonfinite_norms, int32_t, INT32_MAX);
+    GI(step, int64_t, STATE_INT_MAX);
+    GI(ema_updates, int64_t, STATE_INT_MAX);
+    GI(skipped_steps, int64_t, STATE_INT_MAX);
+    GF(grad_norm);
+    GF(clip_coef);
+#undef GI
 #undef GF
     block_set_state(L, b, s);
     return 0;
 }
 
-/* Scalar input fields of the staging copy reachable by name. */
+/* Scalar input fields of the staging copy reachable by name, with the
+ * range a write must respect (check_range; the i32 flags take a boolean,
+ * 0 or 1). */
 typedef struct {
     const char *name;
     size_t off;
     int is_int; /* 0: f32, 1: i32, 2: f64 */
+    double lo, hi;
+    int flags;  /* R_LO_OPEN / R_HI_OPEN */
 } in_field;
 
 static const in_field IN_FIELDS[] = {
-    {"beta2", offsetof(lucid_param_inputs, beta2), 0},
-    {"eps", offsetof(lucid_param_inputs, eps), 0},
-    {"muon_scale", offsetof(lucid_param_inputs, muon_scale), 0},
-    {"sgd_scale", offsetof(lucid_param_inputs, sgd_scale), 0},
-    {"ema_decay", offsetof(lucid_param_inputs, ema_decay), 2},
-    {"ema_tau", offsetof(lucid_param_inputs, ema_tau), 2},
-    {"clip_max_norm", offsetof(lucid_param_inputs, clip_max_norm), 0},
-    {"clip_value", offsetof(lucid_param_inputs, clip_value), 0},
-    {"growth_factor", offsetof(lucid_param_inputs, growth_factor), 0},
-    {"backoff_factor", offsetof(lucid_param_inputs, backoff_factor), 0},
-    {"growth_interval", offsetof(lucid_param_inputs, growth_interval), 1},
-    {"nesterov", offsetof(lucid_param_inputs, nesterov), 1},
-    {"scaler_enabled", offsetof(lucid_param_inputs, scaler_enabled), 1},
-    {"ns_bf16", offsetof(lucid_param_inputs, ns_bf16), 1},
-    {NULL, 0, 0},
+    {"beta2", offsetof(lucid_param_inputs, beta2), 0, 0, 1, R_HI_OPEN},
+    {"eps", offsetof(lucid_param_inputs, eps), 0, 0, F32_MAX, 0},
+    {"muon_scale", offsetof(lucid_param_inputs, muon_scale), 0, 0, F32_MAX, 0},
+    {"sgd_scale", offsetof(lucid_param_inputs, sgd_scale), 0, 0, F32_MAX, 0},
+    {"ema_decay", offsetof(lucid_param_inputs, ema_decay), 2, 0, 1, 0},
+    {"ema_tau", offsetof(lucid_param_inputs, ema_tau), 2, 0, HUGE_VAL, R_LO_OPEN},
+    {"clip_max_norm", offsetof(lucid_param_inputs, clip_max_norm), 0, 0, F32_MAX, 0},
+    {"clip_value", offsetof(lucid_param_inputs, clip_value), 0, 0, F32_MAX, 0},
+    {"growth_factor", offsetof(lucid_param_inputs, growth_factor), 0, 1, F32_MAX, 0},
+    {"backoff_factor", offsetof(lucid_param_inputs, backoff_factor), 0, 0, 1, R_LO_OPEN},
+    {"growth_interval", offsetof(lucid_param_inputs, growth_interval), 1, 1, 2147483647.0, 0},
+    {"nesterov", offsetof(lucid_param_inputs, nesterov), 1, 0, 1, 0},
+    {"scaler_enabled", offsetof(lucid_param_inputs, scaler_enabled), 1, 0, 1, 0},
+    {"ns_bf16", offsetof(lucid_param_inputs, ns_bf16), 1, 0, 1, 0},
+    {NULL, 0, 0, 0, 0, 0},
 };
 
 static const in_field *find_in_field(const char *k) {
@@ -493,11 +600,12 @@ static int l_block_newindex(lua_State *L) {
     char *p = (char *)lucid_param_block_staging(b->pb) + f->off;
     if (f->is_int == 1) {
         if (lua_isboolean(L, 3)) *(int32_t *)p = lua_toboolean(L, 3);
-        else *(int32_t *)p = (int32_t)check_int(L, 3, k);
+        else *(int32_t *)p = (int32_t)check_int_range(L, 3, k, (int64_t)f->lo,
+                                                      (int64_t)f->hi);
     } else if (f->is_int == 2) {
-        *(double *)p = check_num(L, 3, k);
+        *(double *)p = check_num_range(L, 3, k, f->lo, f->hi, f->flags);
     } else {
-        *(float *)p = (float)check_num(L, 3, k);
+        *(float *)p = (float)check_num_range(L, 3, k, f->lo, f->hi, f->flags);
     }
     b->dirty = 1;
     return 0;
@@ -890,10 +998,10 @@ static int l_sgd(lua_State *L) {
     check_keys(L, 1, 1, SGD_KEYS, "params, model, lr, momentum, nesterov, "
                                   "weight_decay, decay_all, block");
     optim_cfg c = cfg_defaults();
-    c.lr = opt_num(L, 1, 1, "lr", c.lr, 0, HUGE_VAL);
-    c.momentum = opt_num(L, 1, 1, "momentum", c.momentum, 0, 1);
+    c.lr = opt_num(L, 1, 1, "lr", c.lr, 0, F32_MAX, 0);
+    c.momentum = opt_num(L, 1, 1, "momentum", c.momentum, 0, 1, 0);
     c.nesterov = opt_bool(L, 1, 1, "nesterov", 1);
-    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, HUGE_VAL);
+    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, F32_MAX, 0);
     c.decay_all = opt_bool(L, 1, 1, "decay_all", 0);
     if (c.nesterov && c.momentum <= 0)
         argerr(L, 1, "nesterov: Nesterov momentum requires momentum > 0");
@@ -913,8 +1021,8 @@ static int l_adamw(lua_State *L) {
     check_keys(L, 1, 1, ADAMW_KEYS, "params, model, lr, momentum, betas, eps, "
                                     "weight_decay, decay_all, block");
     optim_cfg c = cfg_defaults();
-    c.lr = opt_num(L, 1, 1, "lr", 0.001, 0, HUGE_VAL);
-    c.momentum = opt_num(L, 1, 1, "momentum", 0.9, 0, 1);
+    c.lr = opt_num(L, 1, 1, "lr", 0.001, 0, F32_MAX, 0);
+    c.momentum = opt_num(L, 1, 1, "momentum", 0.9, 0, 1, R_HI_OPEN); /* beta1 */
     lua_getfield(L, 1, "betas");
     if (!lua_isnil(L, -1)) {
         if (!lua_istable(L, -1) || lua_objlen(L, -1) != 2)
@@ -925,14 +1033,14 @@ static int l_adamw(lua_State *L) {
             argerr(L, 1, "betas: expected two numbers");
         c.momentum = lua_tonumber(L, -2);
         c.beta2 = lua_tonumber(L, -1);
-        if (!(c.momentum >= 0 && c.momentum < 1 && c.beta2 >= 0 && c.beta2 < 1))
+        if (!in_range(c.momentum, 0, 1, R_HI_OPEN) || !in_range(c.beta2, 0, 1, R_HI_OPEN))
             argerr(L, 1, "betas: expected values in [0, 1), got {%f, %f}",
                    c.momentum, c.beta2);
         lua_pop(L, 2);
     }
     lua_pop(L, 1);
-    c.eps = opt_num(L, 1, 1, "eps", 1e-8, 0, HUGE_VAL);
-    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, HUGE_VAL);
+    c.eps = opt_num(L, 1, 1, "eps", 1e-8, 0, F32_MAX, 0);
+    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, F32_MAX, 0);
     c.decay_all = opt_bool(L, 1, 1, "decay_all", 0);
     c.nesterov = 0;
     return new_optim(L, LUCID_OPTIM_ADAMW, &c);
@@ -952,13 +1060,13 @@ static int l_musgd(lua_State *L) {
     check_keys(L, 1, 1, MUSGD_KEYS, "params, model, lr, momentum, nesterov, "
                                     "weight_decay, muon, sgd, head_lr_scale, block");
     optim_cfg c = cfg_defaults();
-    c.lr = opt_num(L, 1, 1, "lr", c.lr, 0, HUGE_VAL);
-    c.momentum = opt_num(L, 1, 1, "momentum", c.momentum, 0, 1);
+    c.lr = opt_num(L, 1, 1, "lr", c.lr, 0, F32_MAX, 0);
+    c.momentum = opt_num(L, 1, 1, "momentum", c.momentum, 0, 1, 0);
     c.nesterov = opt_bool(L, 1, 1, "nesterov", 1);
-    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, HUGE_VAL);
-    c.muon = opt_num(L, 1, 1, "muon", c.muon, 0, HUGE_VAL);
-    c.sgd = opt_num(L, 1, 1, "sgd", c.sgd, 0, HUGE_VAL);
-    c.head_scale = opt_num(L, 1, 1, "head_lr_scale", c.head_scale, 0, HUGE_VAL);
+    c.wd = opt_num(L, 1, 1, "weight_decay", c.wd, 0, F32_MAX, 0);
+    c.muon = opt_num(L, 1, 1, "muon", c.muon, 0, F32_MAX, 0);
+    c.sgd = opt_num(L, 1, 1, "sgd", c.sgd, 0, F32_MAX, 0);
+    c.head_scale = opt_num(L, 1, 1, "head_lr_scale", c.head_scale, 0, F32_MAX, 0);
     return new_optim(L, LUCID_OPTIM_MUSGD, &c);
 }
 
@@ -1008,11 +1116,11 @@ static int l_build(lua_State *L) {
     const char *name = lua_isnil(L, -1) ? "auto" : lua_tostring(L, -1);
     if (!name) argerr(L, 1, "name: expected a string, got %s", tname(L, -1));
     lua_pop(L, 1);
-    double lr = opt_num(L, 1, 1, "lr0", 0.001, 0, HUGE_VAL);
-    lr = opt_num(L, 1, 1, "lr", lr, 0, HUGE_VAL);
-    double momentum = opt_num(L, 1, 1, "momentum", 0.9, 0, 1);
-    double decay = opt_num(L, 1, 1, "decay", 1e-5, 0, HUGE_VAL);
-    double iterations = opt_num(L, 1, 1, "iterations", 1e5, 0, HUGE_VAL);
+    double lr = opt_num(L, 1, 1, "lr0", 0.001, 0, F32_MAX, 0);
+    lr = opt_num(L, 1, 1, "lr", lr, 0, F32_MAX, 0);
+    double momentum = opt_num(L, 1, 1, "momentum", 0.9, 0, 1, 0);
+    double decay = opt_num(L, 1, 1, "decay", 1e-5, 0, F32_MAX, 0);
+    double iterations = opt_num(L, 1, 1, "iterations", 1e5, 0, HUGE_VAL, 0);
     double nc = 80;
     lua_getfield(L, 1, "nc");
     if (lua_isnil(L, -1)) {
@@ -1026,6 +1134,9 @@ static int l_build(lua_State *L) {
         lua_pop(L, 1);
     } else {
         nc = check_num(L, lua_gettop(L), "nc");
+        if (!(nc >= 1 && nc < 2147483648.0 && nc == floor(nc)))
+            argerr(L, 1, "nc: expected an integer >= 1 (the number of classes), "
+                         "got %f", nc);
         lua_pop(L, 1);
     }
     int is_auto = strcmp(name, "auto") == 0;
@@ -1180,7 +1291,7 @@ static int l_optim_last_norm(lua_State *L) {
 static int l_optim_set_lr_factor(lua_State *L) {
     lucid_lua_check_nargs(L, 2);
     optim_box *b = check_optim(L, 1);
-    double lf = check_num(L, 2, "lf");
+    double lf = check_num_range(L, 2, "lf", 0, F32_MAX, 0);
     for (int s = 0; s < LUCID_PARAM_SLOTS; s++) b->lr[s] = b->initial_lr[s] * lf;
     stage_groups(b);
     return 0;
@@ -1197,16 +1308,16 @@ static int l_optim_set_lr_factor(lua_State *L) {
 static int l_optim_warmup(lua_State *L) {
     lucid_lua_check_nargs(L, 5);
     optim_box *b = check_optim(L, 1);
-    int64_t ni = check_int(L, 2, "ni"), nw = check_int(L, 3, "nw");
-    double lf = check_num(L, 4, "lf");
+    int64_t ni = check_int(L, 2, "ni"), nw = check_int_range(L, 3, "nw", 0, INT64_MAX);
+    double lf = check_num_range(L, 4, "lf", 0, F32_MAX, 0);
     double wbl = 0.1, wm = 0.8, m = 0.937;
     if (!lua_isnoneornil(L, 5)) {
         static const char *const keys[] = {"warmup_bias_lr", "warmup_momentum", "momentum", NULL};
         lucid_lua_checktype(L, 5, LUA_TTABLE);
         lucid_lua_check_keys(L, 5, keys);
-        wbl = opt_num(L, 5, 5, "warmup_bias_lr", wbl, -HUGE_VAL, HUGE_VAL);
-        wm = opt_num(L, 5, 5, "warmup_momentum", wm, 0, 1);
-        m = opt_num(L, 5, 5, "momentum", m, 0, 1);
+        wbl = opt_num(L, 5, 5, "warmup_bias_lr", wbl, 0, F32_MAX, 0);
+        wm = opt_num(L, 5, 5, "warmup_momentum", wm, 0, 1, 0);
+        m = opt_num(L, 5, 5, "momentum", m, 0, 1, 0);
     }
     for (int s = 0; s < LUCID_PARAM_SLOTS; s++) {
         b->lr[s] = lucid_sched_warmup_lr(ni, nw, s % 3 == LUCID_KIND_BIAS, wbl,
@@ -1314,11 +1425,18 @@ static int l_group_newindex(lua_State *L) {
         if (!lua_istable(L, 3)) return argerr(L, 3, "betas: expected {beta1, beta2}");
         lua_rawgeti(L, 3, 1);
         lua_rawgeti(L, 3, 2);
-        b->momentum[s] = check_num(L, -2, "betas[1]");
-        b->beta2 = check_num(L, -1, "betas[2]");
+        double b1 = check_num(L, -2, "betas[1]"), b2 = check_num(L, -1, "betas[2]");
+        if (!in_range(b1, 0, 1, R_HI_OPEN) || !in_range(b2, 0, 1, R_HI_OPEN))
+            return argerr(L, 3, "betas: expected values in [0, 1), got {%f, %f}", b1, b2);
+        b->momentum[s] = b1;
+        b->beta2 = b2;
         lua_pop(L, 2);
     } else {
         double v = check_num(L, 3, k);
+        int known = strcmp(k, "lr") == 0 || strcmp(k, "initial_lr") == 0 ||
+                    strcmp(k, "weight_decay") == 0 || strcmp(k, "momentum") == 0;
+        if (known) /* momentum in [0, 1]; the others >= 0, all finite */
+            check_range(L, 3, k, v, 0, strcmp(k, "momentum") == 0 ? 1 : F32_MAX, 0);
         if (strcmp(k, "lr") == 0) b->lr[s] = v;
         else if (strcmp(k, "initial_lr") == 0) b->initial_lr[s] = v;
         else if (strcmp(k, "weight_decay") == 0) b->wd[s] = v;
@@ -1462,7 +1580,7 @@ static int l_clip_grad_norm(lua_State *L) {
     pbind *bind;
     block_box *blk;
     clip_target(L, 1, &bind, &blk);
-    double m = check_num(L, 2, "max_norm");
+    double m = check_num_range(L, 2, "max_norm", 0, F32_MAX, 0);
     lucid_param_inputs *in = lucid_param_block_staging(blk->pb);
     if (in->clip_max_norm != (float)m) {
         in->clip_max_norm = (float)m;
@@ -1489,7 +1607,7 @@ static int l_clip_grad_value(lua_State *L) {
     pbind *bind;
     block_box *blk;
     clip_target(L, 1, &bind, &blk);
-    double c = check_num(L, 2, "clip_value");
+    double c = check_num_range(L, 2, "clip_value", 0, F32_MAX, 0);
     lucid_param_inputs *in = lucid_param_block_staging(blk->pb);
     if (in->clip_value != (float)c) {
         in->clip_value = (float)c;
@@ -1576,8 +1694,8 @@ static int l_ema_new(lua_State *L) {
     static const char *const keys[] = {"model", "params", "decay", "tau", "block", NULL};
     lucid_lua_checktype(L, 1, LUA_TTABLE);
     check_keys(L, 1, 1, keys, "model, params, decay, tau, block");
-    double decay = opt_num(L, 1, 1, "decay", 0.9999, 0, 1);
-    double tau = opt_num(L, 1, 1, "tau", 2000, 1e-30, HUGE_VAL);
+    double decay = opt_num(L, 1, 1, "decay", 0.9999, 0, 1, 0);
+    double tau = opt_num(L, 1, 1, "tau", 2000, 0, HUGE_VAL, R_LO_OPEN);
     lua_getfield(L, 1, "model");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
@@ -1852,12 +1970,10 @@ static int l_ema_newindex(lua_State *L) {
         v.st.ema_updates = n;
         block_set_state(L, e->blk, &v.st);
     } else if (strcmp(k, "decay") == 0) {
-        double d = check_num(L, 3, "decay");
-        if (!(d >= 0 && d <= 1)) return argerr(L, 3, "decay: expected [0, 1], got %f", d);
+        double d = check_num_range(L, 3, "decay", 0, 1, 0);
         ema_set_hyper(e, d, in->ema_tau);
     } else if (strcmp(k, "tau") == 0) {
-        double t = check_num(L, 3, "tau");
-        if (!(t > 0)) return argerr(L, 3, "tau: expected > 0, got %f", t);
+        double t = check_num_range(L, 3, "tau", 0, HUGE_VAL, R_LO_OPEN);
         ema_set_hyper(e, in->ema_decay, t);
     } else {
         return argerr(L, 2, "EMA field '%s' is not settable (updates, decay, tau)", k);
@@ -1936,11 +2052,12 @@ static int l_scaler_new(lua_State *L) {
     }
     check_keys(L, 1, 1, keys, "init_scale, growth_factor, backoff_factor, "
                               "growth_interval, enabled, optimizer");
-    double init = opt_num(L, 1, 1, "init_scale", 65536.0, 1e-30, 3.4e38);
-    double gf = opt_num(L, 1, 1, "growth_factor", 2.0, 1.0, HUGE_VAL);
-    double bf = opt_num(L, 1, 1, "backoff_factor", 0.5, 1e-30, 1.0);
-    double gi = opt_num(L, 1, 1, "growth_interval", 2000, 1, 2147483647.0);
-    if (gi != floor(gi)) return argerr(L, 1, "growth_interval: expected an integer");
+    double init = opt_num(L, 1, 1, "init_scale", 65536.0, 0, F32_MAX, R_LO_OPEN);
+    double gf = opt_num(L, 1, 1, "growth_factor", 2.0, 1.0, F32_MAX, 0);
+    double bf = opt_num(L, 1, 1, "backoff_factor", 0.5, 0, 1.0, R_LO_OPEN);
+    double gi = opt_num(L, 1, 1, "growth_interval", 2000, 1, 2147483647.0, 0);
+    if (gi != floor(gi))
+        return argerr(L, 1, "growth_interval: expected an integer in [1, 2147483647], got %f", gi);
     int en = opt_bool(L, 1, 1, "enabled", 1);
     scaler_box *s = lua_newuserdata(L, sizeof *s);
     memset(s, 0, sizeof *s);
@@ -2103,7 +2220,8 @@ static int opt_present_num(lua_State *L, int t, const char *k, double *v) {
     if (has) {
         if (lua_type(L, -1) != LUA_TNUMBER)
             argerr(L, t, "%s: expected a number, got %s", k, tname(L, -1));
-        *v = lua_tonumber(L, -1);
+        /* the clip limits: finite, >= 0, f32 */
+        *v = check_range(L, t, k, lua_tonumber(L, -1), 0, F32_MAX, 0);
     }
     lua_pop(L, 1);
     return has;
@@ -2229,19 +2347,30 @@ static int l_optim_step_fused(lua_State *L) {
 
 /* ============================================================ schedules */
 
+/* Arguments of the schedule functions: counts are integers in
+ * [lo, 2^31-1] (they are C ints), the rest finite numbers. */
+#define I31 2147483647
+static int sched_int(lua_State *L, int idx, const char *name, int lo) {
+    return (int)check_int_range(L, idx, name, lo, I31);
+}
+static double sched_num(lua_State *L, int idx, const char *name, double lo,
+                        double hi) {
+    return check_num_range(L, idx, name, lo, hi, 0);
+}
+
 /* schedule.accumulate(nbs, batch) -> max(round(nbs/batch), 1) */
 static int l_s_accumulate(lua_State *L) {
-    lua_pushinteger(L, lucid_sched_accumulate((int)check_int(L, 1, "nbs"),
-                                              (int)check_int(L, 2, "batch")));
+    lua_pushinteger(L, lucid_sched_accumulate(sched_int(L, 1, "nbs", 1),
+                                              sched_int(L, 2, "batch", 1)));
     return 1;
 }
 
 /* schedule.weight_decay(wd, batch, accumulate, nbs) -> wd*batch*acc/nbs */
 static int l_s_weight_decay(lua_State *L) {
-    lua_pushnumber(L, lucid_sched_weight_decay(check_num(L, 1, "weight_decay"),
-                                               (int)check_int(L, 2, "batch"),
-                                               (int)check_int(L, 3, "accumulate"),
-                                               (int)check_int(L, 4, "nbs")));
+    lua_pushnumber(L, lucid_sched_weight_decay(sched_num(L, 1, "weight_decay", 0, F32_MAX),
+                                               sched_int(L, 2, "batch", 1),
+                                               sched_int(L, 3, "accumulate", 1),
+                                               sched_int(L, 4, "nbs", 1)));
     return 1;
 }
 
@@ -2249,16 +2378,18 @@ static int l_s_weight_decay(lua_State *L) {
  * round(min(warmup_epochs, max(epochs-1, 0)) * nb) */
 static int l_s_warmup_iters(lua_State *L) {
     lua_pushnumber(L, (lua_Number)lucid_sched_warmup_iters(
-                          check_num(L, 1, "warmup_epochs"),
-                          (int)check_int(L, 2, "epochs"), check_int(L, 3, "nb")));
+                          sched_num(L, 1, "warmup_epochs", 0, HUGE_VAL),
+                          sched_int(L, 2, "epochs", 0), sched_int(L, 3, "nb", 0)));
     return 1;
 }
 
 /* schedule.interp(x, x0, x1, y0, y1) -> numpy.interp(x, [x0,x1], [y0,y1]) */
 static int l_s_interp(lua_State *L) {
-    lua_pushnumber(L, lucid_sched_interp(check_num(L, 1, "x"), check_num(L, 2, "x0"),
-                                         check_num(L, 3, "x1"), check_num(L, 4, "y0"),
-                                         check_num(L, 5, "y1")));
+    double x0 = sched_num(L, 2, "x0", -HUGE_VAL, HUGE_VAL);
+    double x1 = sched_num(L, 3, "x1", x0, HUGE_VAL); /* increasing, as numpy needs */
+    lua_pushnumber(L, lucid_sched_interp(sched_num(L, 1, "x", -HUGE_VAL, HUGE_VAL), x0, x1,
+                                         sched_num(L, 4, "y0", -HUGE_VAL, HUGE_VAL),
+                                         sched_num(L, 5, "y1", -HUGE_VAL, HUGE_VAL)));
     return 1;
 }
 
@@ -2271,9 +2402,9 @@ static int l_s_lf(lua_State *L) {
         static const char *const kinds[] = {"linear", "cos", NULL};
         cos_lr = lucid_lua_checkoption(L, 1, NULL, kinds);
     }
-    lua_pushnumber(L, lucid_sched_lf(cos_lr, check_num(L, 2, "epoch"),
-                                     (int)check_int(L, 3, "epochs"),
-                                     check_num(L, 4, "lrf")));
+    lua_pushnumber(L, lucid_sched_lf(cos_lr, sched_num(L, 2, "epoch", 0, HUGE_VAL),
+                                     sched_int(L, 3, "epochs", 1),
+                                     sched_num(L, 4, "lrf", 0, F32_MAX)));
     return 1;
 }
 
@@ -2287,27 +2418,28 @@ static int l_s_in_warmup(lua_State *L) {
  * max(1, round(interp(ni, [0,nw], [1, nbs/batch]))) */
 static int l_s_warmup_accumulate(lua_State *L) {
     lua_pushinteger(L, lucid_sched_warmup_accumulate(
-                           check_int(L, 1, "ni"), check_int(L, 2, "nw"),
-                           (int)check_int(L, 3, "nbs"), (int)check_int(L, 4, "batch")));
+                           check_int(L, 1, "ni"), check_int_range(L, 2, "nw", 0, INT64_MAX),
+                           sched_int(L, 3, "nbs", 1), sched_int(L, 4, "batch", 1)));
     return 1;
 }
 
 /* schedule.warmup_lr(ni, nw, is_bias, warmup_bias_lr, initial_lr, lf) */
 static int l_s_warmup_lr(lua_State *L) {
-    lua_pushnumber(L, lucid_sched_warmup_lr(check_int(L, 1, "ni"), check_int(L, 2, "nw"),
+    lua_pushnumber(L, lucid_sched_warmup_lr(check_int(L, 1, "ni"),
+                                            check_int_range(L, 2, "nw", 0, INT64_MAX),
                                             lua_toboolean(L, 3),
-                                            check_num(L, 4, "warmup_bias_lr"),
-                                            check_num(L, 5, "initial_lr"),
-                                            check_num(L, 6, "lf")));
+                                            sched_num(L, 4, "warmup_bias_lr", 0, F32_MAX),
+                                            sched_num(L, 5, "initial_lr", 0, F32_MAX),
+                                            sched_num(L, 6, "lf", 0, F32_MAX)));
     return 1;
 }
 
 /* schedule.warmup_momentum(ni, nw, warmup_momentum, momentum) */
 static int l_s_warmup_momentum(lua_State *L) {
     lua_pushnumber(L, lucid_sched_warmup_momentum(check_int(L, 1, "ni"),
-                                                  check_int(L, 2, "nw"),
-                                                  check_num(L, 3, "warmup_momentum"),
-                                                  check_num(L, 4, "momentum")));
+                                                  check_int_range(L, 2, "nw", 0, INT64_MAX),
+                                                  sched_num(L, 3, "warmup_momentum", 0, 1),
+                                                  sched_num(L, 4, "momentum", 0, 1)));
     return 1;
 }
 
@@ -2316,9 +2448,10 @@ static int l_s_warmup_momentum(lua_State *L) {
 static int l_s_auto_optimizer(lua_State *L) {
     lucid_optim_kind k;
     double lr, m;
-    lucid_sched_auto_optimizer(check_int(L, 1, "n_train"), (int)check_int(L, 2, "batch"),
-                               (int)check_int(L, 3, "nbs"), (int)check_int(L, 4, "epochs"),
-                               (int)check_int(L, 5, "nc"), &k, &lr, &m);
+    lucid_sched_auto_optimizer(sched_int(L, 1, "n_train", 0),
+                               sched_int(L, 2, "batch", 1), sched_int(L, 3, "nbs", 1),
+                               sched_int(L, 4, "epochs", 0), sched_int(L, 5, "nc", 1), &k,
+                               &lr, &m);
     lua_pushstring(L, lucid_optim_kind_name(k));
     lua_pushnumber(L, lr);
     lua_pushnumber(L, m);

@@ -208,6 +208,7 @@ static int shape_and_opts(lua_State *L, int64_t *shape, ctor_opts *o) {
     int varargs = lua_type(L, 1) == LUA_TNUMBER;
     int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
     check_opts(L, varargs ? 1 + ndim : 2, o);
+    lucid_lua_check_shape_size(L, 1, ndim, shape, o->dt, "shape");
     return ndim;
 }
 
@@ -240,6 +241,7 @@ static int l_full(lua_State *L) {
     double v = lucid_lua_checknumber(L, 2);
     ctor_opts o;
     check_opts(L, 3, &o);
+    lucid_lua_check_shape_size(L, 1, ndim, shape, o.dt, "shape");
     lucid_tensor *t = new_tensor(L, o.ctx, o.dev, o.dt, ndim, shape);
     lucid_status s = lucid_fill(o.ctx, t, v);
     return push_or_fail(L, o.ctx, s, t);
@@ -625,6 +627,7 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
                                                  "dims, got %d",
                                               LUCID_MAX_DIMS, count));
     int64_t known = 1;
+    int wraps = 0; /* the product of the given sizes overflowed int64 */
     for (n = 0; n < count; n++) {
         if (!varargs) lua_rawgeti(L, idx, n + 1);
         int v = varargs ? idx + n : lua_gettop(L);
@@ -644,17 +647,22 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
             shape[n] = 1;
         } else {
             shape[n] = (int64_t)x;
-            known *= shape[n];
+            if (__builtin_mul_overflow(known, shape[n], &known)) wraps = 1;
         }
         if (!varargs) lua_pop(L, 1);
     }
+    if (wraps) /* never reaches the engine as a wrapped count */
+        lucid_lua_check_shape_size(L, idx, count, shape, t->dtype, "shape");
     if (infer >= 0) {
         int64_t numel = lucid_tensor_numel(t);
-        if (known == 0 || numel % known != 0)
+        if (known == 0 || numel % known != 0) {
+            char b[32];
+            snprintf(b, sizeof b, "%lld", (long long)numel);
             lucid_lua_argerror(L, idx,
-                          lua_pushfstring(L, "shape: cannot infer -1 for %d "
+                          lua_pushfstring(L, "shape: cannot infer -1 for %s "
                                              "elements",
-                                          (int)numel));
+                                          b));
+        }
         shape[infer] = numel / known;
     }
     return count;

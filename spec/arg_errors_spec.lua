@@ -103,7 +103,8 @@ describe("argument errors name their function", function()
       { function() local x = lucid.matmul(t, lucid.zeros({4, 2})); return x end,
         "lucid argument error: lucid.matmul: inner dimensions differ: op(a) is 2x3 (K = 3) but op(b) is 4x2 (K = 4)" },
       { function() local x = lucid.empty({2 ^ 40, 2 ^ 40}); return x end,
-        "lucid argument error: lucid.empty: tensor size overflows" },
+        "lucid.empty: bad argument #1 (shape): tensor size overflows: {1099511627776, 1099511627776} of f32 "
+          .. "(4 bytes per element) needs more than 2^63-1 elements or bytes" },
       { function() local x = lucid.rand({2}, { dtype = "i64" }); return x end,
         "lucid.rand: bad argument #2 (opts.dtype): expected a float dtype (f32, f64, bf16 or f16), got i64; "
           .. "convert with :float() first" },

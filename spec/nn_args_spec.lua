@@ -14,7 +14,10 @@ local WANT = {
   kpt_shape = "{K, 2} or {K, 3} (K keypoints >= 1; x, y[, visibility])",
   k2 = "a list of 2 integers >= 1 (kernels of cv1 and cv2)",
   ch = "a list of 1 to 3 integers >= 1 (input channels per level, strides 8, 16, 32)",
-  n32 = "an integer in 1..32", sizes = "a list of 1 to 32 integers >= 1",
+  n32 = "an integer in 1..32",
+  ncat = "an integer in 2..32 (the number of inputs; unlike Ultralytics' Concat(dimension), the dimension is the "
+    .. "second argument: nn.Concat(n, 1))",
+  sizes = "a list of 1 to 32 integers >= 1",
   modules = "a list of nn modules", module = "an nn module (or one list of modules)",
 }
 local BAD = {
@@ -30,6 +33,7 @@ local BAD = {
   k2 = { { 3, "3" }, { { 3 }, "{3}" }, { { 3, 0 }, "{3, 0}" } },
   ch = { { 16, "16" }, { { 16, 0 }, "{16, 0}" }, { { 8, 16, 32, 64 }, "{8, 16, 32, 64}" }, { { "a" }, "{'a'}" } },
   n32 = { { 0, "0" }, { 33, "33" }, { "2", "string '2'" } },
+  ncat = { { 1, "1" }, { 0, "0" }, { 33, "33" }, { "2", "string '2'" }, { 1 / 0, "inf" } },
   sizes = { { 3, "3" }, { { 0, 8 }, "{0, 8}" } },
   modules = { { 1, "1" }, { { 1 }, "{1}" } },
   module = { { 1, "1" }, { "x", "string 'x'" } },
@@ -44,7 +48,7 @@ local CTORS = {
   BatchNorm2d = { A(8, 1e-3, 0.03), { { "c", "int1" }, { "eps", "pos" }, { "momentum", "prob" } } },
   MaxPool2d = { A(3, 1, 1), { { "k", "int1" }, { "s", "int1" }, { "p", "int0" } } },
   Upsample = { A(2), { { "scale", "int1" } } },
-  Concat = { A(2, 1), { { "n", "n32" }, { "dim", "int1" } } },
+  Concat = { A(2, 1), { { "n", "ncat" }, { "dim", "int1" } } },
   Split = { A(2, { 3, 5 }), { { "n", "n32" }, { "sizes", "sizes" } } },
   MatMul = { A(true, false, 0.5), { { "trans_a", "boolean" }, { "trans_b", "boolean" }, { "alpha", "number" } } },
   Sequential = { A(nn.SiLU(), nn.Identity()), { { "#1", "module" } }, vararg = true },
@@ -205,5 +209,78 @@ describe("nn constructors check their arguments", function()
       .. "= 32; expected >= 64 (num_heads = c // 64)", e)
     -- negative control: one width step up builds
     assert.is_truthy(build({ scale = { 0.25, 0.125, 1024 }, nc = 1, materialize = false }))
+  end)
+end)
+
+describe("nn.Concat: the first argument is the number of inputs", function()
+  local lucid = require("lucid")
+
+  local function msg(f)
+    local ok, e = pcall(f)
+    assert.is_false(ok, "expected an error")
+    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
+  end
+
+  it("an Ultralytics-style nn.Concat(1) fails at construction, explaining the argument", function()
+    local e = msg(function() local m = nn.Concat(1); return m end)
+    assert.equal("nn.Concat: bad argument n: expected " .. WANT.ncat .. ", got 1", e)
+    assert.matches("nn.Concat: bad argument n: expected an integer in 2..32",
+      msg(function() local m = nn.Concat(); return m end))
+  end)
+
+  it("a list of another length than n is a named error at forward", function()
+    local c = nn.Concat(9)
+    nn.materialize(c)
+    local x = { lucid.zeros({ 1, 2, 4, 4 }), lucid.zeros({ 1, 3, 4, 4 }) }
+    assert.equal("nn.Concat:forward: bad argument #1 (x): expected a list of 9 tensors (this nn.Concat(9) "
+      .. "concatenates 9 inputs), got a list of 2", msg(function() return c:forward(x) end))
+    -- negative control: n matching the inputs concatenates along channels
+    local c2 = nn.Concat(2)
+    nn.materialize(c2)
+    assert.same({ 1, 5, 4, 4 }, c2:forward(x):shape())
+  end)
+
+  it("a one-level head (nothing to concatenate) still runs", function()
+    local d = nn.Pose(1, { 2, 3 }, 16, { 8 }, false)
+    nn.materialize(d)
+    local x = { lucid.randn({ 2, 8, 4, 4 }) }
+    local out = d:forward(x)
+    assert.same({ 2, 64, 16 }, out.boxes:shape())
+    assert.same({ 2, 6, 16 }, out.kpts:shape())
+    local gx = d:backward(x, { boxes = lucid.ones({ 2, 64, 16 }), kpts = lucid.ones({ 2, 6, 16 }) })
+    assert.same({ 2, 8, 4, 4 }, gx[1]:shape())
+  end)
+end)
+
+describe("train(mode) takes a boolean", function()
+  local lucid = require("lucid")
+
+  local function msg(f)
+    local ok, e = pcall(f)
+    assert.is_false(ok, "expected an error")
+    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
+  end
+
+  it("model:train, module:train and the C module refuse strings and numbers", function()
+    local m = require("lucid.models.yolo11_pose")({ scale = "n", nc = 1, materialize = false })
+    assert.equal("model:train: bad argument #1 (mode): expected a boolean (or nothing for true), got string 'x'",
+      msg(function() m:train("x") end))
+    assert.equal("model:train: bad argument #1 (mode): expected a boolean (or nothing for true), got 0",
+      msg(function() m:train(0) end))
+    local c = nn.Conv(3, 4, 3)
+    assert.equal("nn.Conv:train: bad argument #1 (mode): expected a boolean (or nothing for true), got 1",
+      msg(function() c:train(1) end))
+    local leaf = nn.Conv2d(3, 4, 3)
+    nn.materialize(leaf)
+    assert.equal("lucid.CModule:train: bad argument #1 (mode): expected a boolean (or nothing for true), got "
+      .. "string", msg(function() leaf._c:train("yes") end))
+    -- negative control: booleans and nothing
+    assert.is_false(m:train(false).training)
+    assert.is_true(m:train().training)
+    assert.is_false(m:eval().training)
+    assert.is_true(m:train(true).training)
+    assert.is_false(c:train(false).training)
+    assert.is_false(leaf._c:train(false).training)
+    assert.is_true(leaf._c:train().training)
   end)
 end)

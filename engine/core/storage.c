@@ -40,6 +40,12 @@ lucid_status lucid_storage_create(lucid_ctx *ctx, lucid_device dev,
                                   size_t nbytes, int pinned,
                                   lucid_storage **out) {
     *out = NULL;
+    /* a size past int64 is a wrapped computation upstream, never memory */
+    if (nbytes > (size_t)INT64_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "storage size %zu bytes overflows (more than "
+                            "2^63-1)",
+                            nbytes);
     lucid_storage *s = calloc(1, sizeof *s);
     if (!s)
         return lucid_seterr(ctx, LUCID_ERR_OOM,

@@ -19,6 +19,40 @@ void lucid_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) 
     }
 }
 
+int lucid_shape_bytes(int ndim, const int64_t *shape, lucid_dtype dt,
+                      int64_t *numel, int64_t *nbytes) {
+    size_t es = lucid_dtype_size(dt);
+    if (ndim < 0 || ndim > LUCID_MAX_DIMS || (ndim > 0 && !shape)) return -1;
+    int64_t n = 1, stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] < 0) return -1;
+        /* the row-major stride of dim i-1 (zero sizes count as 1, as in
+         * lucid_contiguous_strides; dim 0 has no dim before it) and the
+         * element count */
+        if (i > 0 &&
+            __builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride))
+            return -1;
+        if (__builtin_mul_overflow(n, shape[i], &n)) return -1;
+    }
+    int64_t b;
+    if (es == 0 || __builtin_mul_overflow(n, (int64_t)es, &b)) return -1;
+    if (numel) *numel = n;
+    if (nbytes) *nbytes = b;
+    return 0;
+}
+
+/* "tensor size overflows: shape [..] of f32 ..." for a shape that
+ * lucid_shape_bytes rejects (sizes already checked non-negative). */
+static lucid_status size_overflow(lucid_ctx *ctx, const char *what, int ndim,
+                                  const int64_t *shape, lucid_dtype dt) {
+    char b[256];
+    return lucid_seterr(ctx, LUCID_ERR_ARG,
+                        "%stensor size overflows: shape %s of %s needs more "
+                        "than 2^63-1 elements or bytes",
+                        what, lucid_shape_str(ndim, shape, b, sizeof b),
+                        lucid_dtype_name(dt));
+}
+
 static lucid_status check_shape(lucid_ctx *ctx, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > LUCID_MAX_DIMS)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
@@ -48,6 +82,23 @@ int64_t lucid_tensor_span(const lucid_tensor *t) {
     return span;
 }
 
+/* lucid_tensor_span with every product and sum checked: -1 when a stride is
+ * INT64_MIN or the span does not fit int64. */
+static int64_t span_checked(int ndim, const int64_t *shape,
+                            const int64_t *strides) {
+    int64_t span = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0) return 0;
+    for (int i = 0; i < ndim; i++) {
+        if (strides[i] == INT64_MIN) return -1;
+        int64_t st = strides[i] < 0 ? -strides[i] : strides[i], ext;
+        if (__builtin_mul_overflow(shape[i] - 1, st, &ext) ||
+            __builtin_add_overflow(span, ext, &span))
+            return -1;
+    }
+    return span;
+}
+
 lucid_status lucid_tensor_from_storage(lucid_ctx *ctx, lucid_storage *s,
                                        lucid_dtype dt, int ndim,
                                        const int64_t *shape,
@@ -57,6 +108,9 @@ lucid_status lucid_tensor_from_storage(lucid_ctx *ctx, lucid_storage *s,
     LUCID_TRY(check_shape(ctx, ndim, shape));
     if (lucid_dtype_size(dt) == 0)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "unknown dtype %d", (int)dt);
+    /* the shape itself must be representable (numel, contiguous strides) */
+    if (lucid_shape_bytes(ndim, shape, dt, NULL, NULL) != 0)
+        return size_overflow(ctx, "", ndim, shape, dt);
     if (dt == LUCID_F64 && s->device.type != LUCID_CPU)
         return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
                             "dtype f64 is CPU-only (gradient checks); "
@@ -72,16 +126,25 @@ lucid_status lucid_tensor_from_storage(lucid_ctx *ctx, lucid_storage *s,
     else
         lucid_contiguous_strides(ndim, shape, t->strides);
     t->offset = offset;
-    int64_t span = lucid_tensor_span(t);
-    size_t need = (size_t)(offset + span) * lucid_dtype_size(dt);
-    if (offset < 0 || (span > 0 && need > s->nbytes)) {
+    /* bytes the view reaches: (offset + span) * itemsize, every step checked
+     * (a wrapped product would pass the size test with a tiny number) */
+    int64_t span = span_checked(ndim, t->shape, t->strides), end = 0, need = 0;
+    int wraps = span < 0 || __builtin_add_overflow(offset, span, &end) ||
+                __builtin_mul_overflow(end, (int64_t)lucid_dtype_size(dt), &need);
+    if (offset < 0 || wraps || (span > 0 && (uint64_t)need > s->nbytes)) {
         char b[128];
         free(t);
+        if (offset >= 0 && wraps)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "view %s at offset %lld: tensor size overflows "
+                                "(the strides reach past 2^63-1 bytes)",
+                                lucid_shape_str(ndim, shape, b, sizeof b),
+                                (long long)offset);
         return lucid_seterr(ctx, LUCID_ERR_ARG,
-                            "view %s at offset %lld needs %zu bytes but the "
+                            "view %s at offset %lld needs %lld bytes but the "
                             "storage has %zu",
                             lucid_shape_str(ndim, shape, b, sizeof b),
-                            (long long)offset, need, s->nbytes);
+                            (long long)offset, (long long)need, s->nbytes);
     }
     lucid_storage_retain(s);
     t->storage = s;
@@ -101,15 +164,11 @@ lucid_status lucid_tensor_empty(lucid_ctx *ctx, lucid_device dev,
                             "dtype f64 is CPU-only (gradient checks); "
                             "requested on cuda:%d",
                             dev.index);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] != 0 && n > INT64_MAX / shape[i])
-            return lucid_seterr(ctx, LUCID_ERR_ARG, "tensor size overflows");
-        n *= shape[i];
-    }
+    int64_t nbytes;
+    if (lucid_shape_bytes(ndim, shape, dt, NULL, &nbytes) != 0)
+        return size_overflow(ctx, "", ndim, shape, dt);
     lucid_storage *s = NULL;
-    LUCID_TRY(lucid_storage_create(ctx, dev, (size_t)n * lucid_dtype_size(dt),
-                                   0, &s));
+    LUCID_TRY(lucid_storage_create(ctx, dev, (size_t)nbytes, 0, &s));
     lucid_status st = lucid_tensor_from_storage(ctx, s, dt, ndim, shape, NULL,
                                                 0, out);
     lucid_storage_release(s);
@@ -197,7 +256,8 @@ lucid_status lucid_tensor_view(lucid_ctx *ctx, const lucid_tensor *t, int ndim,
     *out = NULL;
     LUCID_TRY(check_shape(ctx, ndim, shape));
     int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if (lucid_shape_bytes(ndim, shape, t->dtype, &n, NULL) != 0)
+        return size_overflow(ctx, "view: ", ndim, shape, t->dtype);
     if (n != lucid_tensor_numel(t)) {
         char a[128], b[128];
         return lucid_seterr(ctx, LUCID_ERR_ARG,

@@ -84,6 +84,26 @@ lucid_loader_options lucid_loader_options_default(void) {
 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
+/* Bytes of one batch slot (the layout of slot_init), every product and sum
+ * checked: -1 when it does not fit in 2^62 (a batch, max_gt or imgsz so
+ * large that the count would wrap to a small allocation). */
+static int64_t slot_bytes(int64_t B, int64_t G, int64_t K, int64_t S) {
+    int64_t part[7] = {3, 4, 16, 12, 1, 4, 12}, total = 0, x;
+    int64_t f[7][3] = {{S, S, 1}, {G, 1, 1}, {G, 1, 1}, {G, K, 1},
+                       {G, 1, 1}, {1, 1, 1}, {1, 1, 1}};
+    for (int i = 0; i < 7; i++) {
+        if (__builtin_mul_overflow(B, part[i], &x) ||
+            __builtin_mul_overflow(x, f[i][0], &x) ||
+            __builtin_mul_overflow(x, f[i][1], &x) ||
+            __builtin_mul_overflow(x, f[i][2], &x) ||
+            __builtin_add_overflow(total, x, &total) ||
+            __builtin_add_overflow(total, 63, &total) ||
+            total > ((int64_t)1 << 62))
+            return -1;
+    }
+    return total;
+}
+
 static lucid_status slot_init(lucid_loader *ld, slot *sl) {
     int B = ld->B, G = ld->G, K = ld->K > 0 ? ld->K : 1, S = ld->S;
     int64_t sh_img[4] = {B, 3, S, S}, sh_cls[2] = {B, G}, sh_box[3] = {B, G, 4},
@@ -297,6 +317,13 @@ lucid_status lucid_loader_create(lucid_ctx *ctx, lucid_dataset *ds,
                             "and >= 32",
                             opt->batch, opt->max_gt, opt->prefetch,
                             opt->threads, S);
+    int K = dopt->spec.nkpt > 0 ? dopt->spec.nkpt : 1;
+    if (slot_bytes(opt->batch, opt->max_gt, K, S) < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "loader options: tensor size overflows: batch %d "
+                            "x 3 x imgsz %d x %d with max_gt %d and %d "
+                            "keypoints does not fit one buffer",
+                            opt->batch, S, S, opt->max_gt, K);
     lucid_loader *ld = calloc(1, sizeof *ld);
     if (!ld) return lucid_seterr(ctx, LUCID_ERR_OOM, "loader: out of memory");
     ld->ctx = ctx;

@@ -160,6 +160,15 @@ static lucid_status parse_entry(lucid_ctx *ctx, const char *path,
                    path, nm, (unsigned long long)out->begin,
                    (unsigned long long)out->end, (unsigned long long)data_size);
     uint64_t es = lucid_dtype_size(out->dtype);
+    /* the tensor lucid makes of it must be sizable in int64 (numel,
+     * contiguous strides, bytes): [0, 2^53, 2^53] holds no bytes but
+     * cannot be strided */
+    if (!overflow && lucid_shape_bytes(nd, out->shape, out->dtype, NULL, NULL) != 0) {
+        char b[256];
+        return BAD("%s: tensor '%s': tensor size overflows: shape %s of %s",
+                   path, nm, lucid_shape_str(nd, out->shape, b, sizeof b),
+                   dt->valuestring);
+    }
     if (overflow || numel > UINT64_MAX / es || numel * es != out->end - out->begin)
         return BAD("%s: tensor '%s': %llu bytes in data_offsets but dtype %s "
                    "and shape need %llu",
@@ -450,12 +459,18 @@ static lucid_status add_item(lucid_ctx *ctx, lucid_st_writer *w,
         if (strcmp(w->items[i].name, name) == 0)
             return lucid_seterr(ctx, LUCID_ERR_ARG,
                                 "safetensors writer: tensor '%s' added twice", name);
-    size_t numel = 1;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0)
             return lucid_seterr(ctx, LUCID_ERR_ARG,
                                 "safetensors writer: tensor '%s': negative size", name);
-        numel *= (size_t)shape[d];
+    }
+    int64_t nbytes = 0;
+    if (lucid_shape_bytes(ndim, shape, dt, NULL, &nbytes) != 0) {
+        char b[256];
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "safetensors writer: tensor '%s': tensor size "
+                            "overflows: shape %s",
+                            name, lucid_shape_str(ndim, shape, b, sizeof b));
     }
     if (w->n == w->cap) {
         int cap = w->cap ? 2 * w->cap : 16;
@@ -466,7 +481,7 @@ static lucid_status add_item(lucid_ctx *ctx, lucid_st_writer *w,
     }
     st_item *it = &w->items[w->n];
     memset(it, 0, sizeof *it);
-    it->nbytes = numel * lucid_dtype_size(dt);
+    it->nbytes = (size_t)nbytes;
     it->name = strdup(name);
     it->borrowed = !copy;
     it->data = copy ? malloc(it->nbytes ? it->nbytes : 1) : (void *)data;

@@ -99,7 +99,13 @@ lucid_status lucid_param_set_declare(lucid_ctx *ctx, lucid_param_set *s,
         if (shape[i] < 0)
             return lucid_seterr(ctx, LUCID_ERR_ARG,
                                 "param set: '%s': negative dim %d", name, i);
-        numel *= shape[i];
+    }
+    /* f64 is the widest dtype a parameter materializes in */
+    if (lucid_shape_bytes(ndim, shape, LUCID_F64, &numel, NULL) != 0) {
+        char b[256];
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "param set: '%s': tensor size overflows: shape %s",
+                            name, lucid_shape_str(ndim, shape, b, sizeof b));
     }
     if (init && init->kind == LUCID_INIT_FAN_IN && init->fan_in < 1)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
@@ -199,15 +205,34 @@ lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
     /* layout */
     int64_t plen = 0, bbytes = 0;
     size_t fes = lucid_dtype_size(dt);
+    /* the flat lengths are sums of every entry: kept below 2^62 (checked)
+     * so the rounding and the byte sizes cannot wrap either */
+    const int64_t lim = (int64_t)1 << 62;
     for (int i = 0; i < s->count; i++) {
         lucid_param *p = s->items[i];
+        int64_t add = 0;
+        int wraps;
         if (p->kind == LUCID_PARAM_KIND_PARAM) {
             p->offset = plen;
-            plen = round_up(plen + p->numel, LUCID_PARAM_ALIGN);
+            wraps = __builtin_add_overflow(plen, p->numel, &add) || add > lim;
+            if (!wraps) plen = round_up(add, LUCID_PARAM_ALIGN);
         } else {
             size_t es = p->dtype == LUCID_I64 ? 8 : fes;
             p->offset = bbytes / (int64_t)es;
-            bbytes = round_up(bbytes + p->numel * (int64_t)es, 64);
+            wraps = __builtin_mul_overflow(p->numel, (int64_t)es, &add) ||
+                    __builtin_add_overflow(bbytes, add, &add) || add > lim;
+            if (!wraps) bbytes = round_up(add, 64);
+        }
+        if (wraps) {
+            for (int j = 0; j <= i; j++) s->items[j]->offset = -1;
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "param set: tensor size overflows: the flat "
+                                "%s reach past 2^62 %s at '%s'",
+                                p->kind == LUCID_PARAM_KIND_PARAM ? "parameters"
+                                                                  : "buffers",
+                                p->kind == LUCID_PARAM_KIND_PARAM ? "elements"
+                                                                  : "bytes",
+                                p->name);
         }
     }
     lucid_tensor *fp = NULL, *fg = NULL, *fb = NULL;

@@ -250,6 +250,8 @@ end
 -- naming the size). Returns the head's output ({boxes, scores, kpts, feats}
 -- for Pose).
 function Model:forward(x)
+  -- a forward that fails midway leaves nothing for backward to use
+  self.output, self._forward_input = nil, nil
   local st = self.stride
   local smax = type(st) == "table" and st[#st] or nil
   if smax and type(x) ~= "table" then
@@ -273,14 +275,10 @@ function Model:forward(x)
     prev = L.module:forward(inp)
     outs[L.i] = prev
   end
-  self.output = prev
+  self.output, self._forward_input = prev, x
   return prev
 end
 
---- Backward through the DAG in reverse. gy: the head output's gradient
--- ({boxes=, scores=, kpts=}; missing entries are zero). Parameter gradients
--- accumulate into the flat gradient buffer (call zero_grad between steps).
--- Returns the gradient w.r.t. x when opts.input_grad was set, else nil.
 local function backward_pass(self, x, gy)
   local grads = {}
   local n = #self.layers
@@ -306,7 +304,48 @@ local function backward_pass(self, x, gy)
   return self.grad_input
 end
 
+local function shape_or_type(v)
+  if type(v) == "userdata" and util.describe(v) == "lucid.Tensor" then
+    return "a lucid.Tensor of shape " .. util.shape_str(v:shape())
+  end
+  return util.describe(v)
+end
+
+-- The checks of Model:backward (raised at its caller: level 3 = the caller
+-- of Model:backward).
+local function check_backward(self, x, gy)
+  if self.output == nil then
+    error("model:backward: forward must run first (there is no forward pass to differentiate): call "
+      .. "m:forward(x), then m:backward(x, gy)", 3)
+  end
+  local x0 = self._forward_input
+  if not rawequal(x, x0) then
+    -- another handle of the same shape (x:cuda() twice, a fresh view) is
+    -- taken as the forward's input; anything else is a different input
+    local ok = type(x) == "userdata" and type(x0) == "userdata" and util.describe(x) == "lucid.Tensor"
+      and util.describe(x0) == "lucid.Tensor" and util.shape_str(x:shape()) == util.shape_str(x0:shape())
+    if not ok then
+      error(string.format("model:backward: bad argument #1 (x): expected the input of the last forward (%s), "
+        .. "got %s; backward differentiates the last forward: run m:forward(x) on this input first",
+        shape_or_type(x0), shape_or_type(x)), 3)
+    end
+  end
+  util.check_output_grad("model:backward", self.output, gy, 2, 3)
+end
+
+--- Backward through the DAG in reverse, differentiating the last forward.
+-- @param x the input given to the last m:forward (or another tensor of its
+--   shape, taken as that input; a different shape is an error)
+-- @param gy table: the head output's gradient {boxes=, scores=, kpts=}; a
+--   missing key is a zero gradient, each present one must have the shape
+--   of the forward output's entry (a tensor of its shape when the model
+--   ends in a plain layer). Errors name the key and both shapes; backward
+--   before any forward is an error too.
+-- Parameter gradients accumulate into the flat gradient buffer (call
+-- zero_grad between steps).
+-- @return the gradient w.r.t. x when opts.input_grad was set, else nil.
 function Model:backward(x, gy)
+  check_backward(self, x, gy)
   -- sums of gradients go to persistent buffers of this model (one per call
   -- position and shape, containers.accumulate), so that a backward pass
   -- allocates nothing in steady state (recorded steps, docs/STEP.md)
@@ -355,15 +394,22 @@ function Model:bump_version(reason)
 end
 
 --- Switch train/eval mode (Module:train) and bump the mode version when
--- the mode changes. The recorded steps of this model need no check of the
--- modes for it (every C module's mode is counted exactly by the engine:
--- a round trip leaves the count at zero, a mode left changed is seen by
--- the next check's cheap path); a switch at the root, validation's eval()
--- and train() at each epoch boundary, is where each recording compares the
+-- the mode changes. mode: a boolean, or nil for true (torch's
+-- train(mode=True)); any other value ("x", 0) is an error naming it.
+-- The recorded steps of this model need no check of the modes for it
+-- (every C module's mode is counted exactly by the engine: a round trip
+-- leaves the count at zero, a mode left changed is seen by the next
+-- check's cheap path); a switch at the root, validation's eval() and
+-- train() at each epoch boundary, is where each recording compares the
 -- class forward/backward functions it ran (a replaced one retires it, as
 -- bump_version does), O(classes) next to this O(modules) switch.
 function Model:train(mode)
-  if mode == nil then mode = true end
+  if mode == nil then
+    mode = true
+  elseif type(mode) ~= "boolean" then
+    error("model:train: bad argument #1 (mode): expected a boolean (or nothing for true), got "
+      .. util.describe(mode), 2)
+  end
   local changed = self.training ~= mode
   Module.train(self, mode)
   if changed then

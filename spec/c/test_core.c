@@ -564,6 +564,162 @@ static void test_nan_tolerance(void) {
           "NaN passed a tolerance check");
 }
 
+/* ------------------------------------------------- size overflow edges */
+
+/* lucid_tensor_empty of (shape, dt) fails with ERR_ARG "tensor size
+ * overflows" and leaves *out NULL. */
+static void expect_overflow(const char *name, int nd, const int64_t *sh,
+                            lucid_dtype dt) {
+    lucid_tensor *t = (lucid_tensor *)1;
+    lucid_status st = lucid_tensor_empty(ctx_, CPU, dt, nd, sh, &t);
+    CHECK(name, st == LUCID_ERR_ARG && !t && msg_has("tensor size overflows", NULL, NULL),
+          "status %s, out %p: %s", lucid_status_name(st), (void *)t,
+          lucid_ctx_error(ctx_));
+    if (st == LUCID_OK) lucid_tensor_release(t);
+}
+
+static void test_size_overflow(void) {
+    const int64_t P62 = (int64_t)1 << 62, P31 = (int64_t)1 << 31;
+    int64_t n = -1, b = -1;
+    /* lucid_shape_bytes: every product checked */
+    int64_t s62[1] = {P62}, s3131[2] = {P31, P31}, s3232[2] = {P31 * 2, P31 * 2};
+    CHECK("size.bytes_2^62_f32_overflows",
+          lucid_shape_bytes(1, s62, LUCID_F32, &n, &b) == -1, "accepted");
+    CHECK("size.bytes_2^62_u8_fits",
+          lucid_shape_bytes(1, s62, LUCID_U8, &n, &b) == 0 && n == P62 && b == P62,
+          "n %lld b %lld", (long long)n, (long long)b);
+    CHECK("size.bytes_2^31x2^31_f32_overflows",
+          lucid_shape_bytes(2, s3131, LUCID_F32, &n, &b) == -1, "accepted");
+    CHECK("size.bytes_2^32x2^32_overflows_numel",
+          lucid_shape_bytes(2, s3232, LUCID_U8, &n, &b) == -1, "accepted");
+    int64_t edge[1] = {INT64_MAX / 4}, past[1] = {INT64_MAX / 4 + 1};
+    CHECK("size.bytes_(2^63-1)/4_f32_fits",
+          lucid_shape_bytes(1, edge, LUCID_F32, &n, &b) == 0 &&
+              b == (INT64_MAX / 4) * 4,
+          "rejected or b %lld", (long long)b);
+    CHECK("size.bytes_2^63/4_f32_overflows",
+          lucid_shape_bytes(1, past, LUCID_F32, &n, &b) == -1, "accepted");
+    int64_t imax[1] = {INT64_MAX};
+    CHECK("size.bytes_int64_max_u8_fits",
+          lucid_shape_bytes(1, imax, LUCID_U8, &n, &b) == 0 && n == INT64_MAX,
+          "rejected");
+    CHECK("size.bytes_int64_max_i64_overflows",
+          lucid_shape_bytes(1, imax, LUCID_I64, &n, &b) == -1, "accepted");
+    int64_t z1[2] = {0, P62}, z2[3] = {0, P62, 4}, z3[3] = {P62, 0, 4},
+            zmax[3] = {0, INT64_MAX, 2}, zfit[3] = {INT64_MAX, 0, INT64_MAX};
+    CHECK("size.bytes_zero_dim_first_fits",
+          lucid_shape_bytes(2, z1, LUCID_F32, &n, &b) == 0 && n == 0 && b == 0,
+          "rejected or n %lld", (long long)n);
+    CHECK("size.bytes_zero_dim_with_overflowing_stride",
+          lucid_shape_bytes(3, z2, LUCID_F32, &n, &b) == -1,
+          "[0, 2^62, 4]: stride 2^64 accepted");
+    CHECK("size.bytes_zero_dim_strides_fit",
+          lucid_shape_bytes(3, z3, LUCID_F32, &n, &b) == 0 && n == 0,
+          "[2^62, 0, 4] rejected");
+    CHECK("size.bytes_zero_dim_int64_max_strides_overflow",
+          lucid_shape_bytes(3, zmax, LUCID_F32, &n, &b) == -1, "accepted");
+    CHECK("size.bytes_zero_dim_int64_max_strides_fit",
+          lucid_shape_bytes(3, zfit, LUCID_F32, &n, &b) == 0 && n == 0 && b == 0,
+          "[int64 max, 0, int64 max] (strides int64 max, 1, 1) rejected");
+    int64_t neg[2] = {4, -1};
+    CHECK("size.bytes_negative_rejected",
+          lucid_shape_bytes(2, neg, LUCID_F32, &n, &b) == -1, "accepted");
+    int64_t ok[3] = {2, 3, 4};
+    CHECK("size.bytes_control",
+          lucid_shape_bytes(3, ok, LUCID_F32, &n, &b) == 0 && n == 24 && b == 96,
+          "n %lld b %lld", (long long)n, (long long)b);
+    CHECK("size.bytes_scalar", lucid_shape_bytes(0, NULL, LUCID_F64, &n, &b) == 0 &&
+                                   n == 1 && b == 8,
+          "n %lld b %lld", (long long)n, (long long)b);
+
+    /* lucid_tensor_empty: the shapes that used to wrap to a tiny storage */
+    expect_overflow("size.empty_2^62_f32", 1, s62, LUCID_F32);
+    expect_overflow("size.empty_2^31x2^31_f32", 2, s3131, LUCID_F32);
+    expect_overflow("size.empty_2^32x2^32_u8", 2, s3232, LUCID_U8);
+    expect_overflow("size.empty_2^63/4_f32", 1, past, LUCID_F32);
+    expect_overflow("size.empty_int64_max_f64", 1, imax, LUCID_F64);
+    expect_overflow("size.empty_zero_dim_overflowing_stride", 3, z2, LUCID_F32);
+    CHECK("size.empty_message_names_shape_and_dtype",
+          (lucid_tensor_empty(ctx_, CPU, LUCID_F32, 2, s3131, &(lucid_tensor *){0}),
+           msg_has("[2147483648,2147483648]", "f32", NULL)),
+          "%s", lucid_ctx_error(ctx_));
+    lucid_tensor *t = NULL;
+    lucid_status st = lucid_tensor_empty(ctx_, CPU, LUCID_F32, 2, z1, &t);
+    CHECK("size.empty_zero_dim_control", st == LUCID_OK && t &&
+                                             lucid_tensor_numel(t) == 0 &&
+                                             lucid_tensor_nbytes(t) == 0,
+          "%s", lucid_ctx_error(ctx_));
+    /* an allocation the size of int64 max (fits the arithmetic) fails as
+     * out-of-memory, not as a wrapped size */
+    lucid_tensor *big = NULL;
+    st = lucid_tensor_empty(ctx_, CPU, LUCID_U8, 1, imax, &big);
+    CHECK("size.empty_int64_max_u8_is_oom", st == LUCID_ERR_OOM && !big,
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx_));
+    lucid_tensor_release(big);
+
+    /* views: a shape whose product wraps to the tensor's numel (0 here) */
+    lucid_tensor *v = NULL;
+    int64_t wrap[3] = {P31 * 2, P31 * 2, 0}, wrap2[3] = {0, P31 * 2, P31 * 2};
+    st = lucid_tensor_view(ctx_, t, 3, wrap2, &v);
+    CHECK("size.view_zero_with_overflowing_strides",
+          st == LUCID_ERR_ARG && !v && msg_has("view", "tensor size overflows", NULL),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx_));
+    lucid_tensor_release(v);
+    v = NULL;
+    st = lucid_tensor_view(ctx_, t, 3, wrap, &v);
+    CHECK("size.view_zero_control", st == LUCID_OK && v, "%s", lucid_ctx_error(ctx_));
+    lucid_tensor_release(v);
+    lucid_tensor *four = NULL;
+    int64_t s4[1] = {4}, w3[3] = {P31 * 2, P31 * 2, 4};
+    lucid_tensor_empty(ctx_, CPU, LUCID_F32, 1, s4, &four);
+    v = NULL;
+    st = lucid_tensor_view(ctx_, four, 3, w3, &v);
+    CHECK("size.view_product_overflow_rejected",
+          st == LUCID_ERR_ARG && !v && msg_has("tensor size overflows", NULL, NULL),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx_));
+    lucid_tensor_release(v);
+
+    /* from_storage: strides whose byte reach wraps past 2^64 */
+    int64_t sh2[2] = {2, 2}, huge_st[2] = {P62, 1}, min_st[2] = {INT64_MIN, 1},
+            fine_st[2] = {2, 1};
+    v = NULL;
+    st = lucid_tensor_from_storage(ctx_, four->storage, LUCID_F32, 2, sh2,
+                                   huge_st, 0, &v);
+    CHECK("size.from_storage_stride_reach_overflows",
+          st == LUCID_ERR_ARG && !v && msg_has("tensor size overflows", NULL, NULL),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx_));
+    lucid_tensor_release(v);
+    v = NULL;
+    st = lucid_tensor_from_storage(ctx_, four->storage, LUCID_F32, 2, sh2,
+                                   min_st, 0, &v);
+    CHECK("size.from_storage_int64_min_stride", st == LUCID_ERR_ARG && !v,
+          "status %s", lucid_status_name(st));
+    lucid_tensor_release(v);
+    v = NULL;
+    int64_t off_big = INT64_MAX - 1;
+    st = lucid_tensor_from_storage(ctx_, four->storage, LUCID_F32, 2, sh2,
+                                   fine_st, off_big, &v);
+    CHECK("size.from_storage_offset_overflows", st == LUCID_ERR_ARG && !v,
+          "status %s", lucid_status_name(st));
+    lucid_tensor_release(v);
+    v = NULL;
+    st = lucid_tensor_from_storage(ctx_, four->storage, LUCID_F32, 2, sh2,
+                                   fine_st, 0, &v);
+    CHECK("size.from_storage_control", st == LUCID_OK && v, "%s", lucid_ctx_error(ctx_));
+    lucid_tensor_release(v);
+    lucid_tensor_release(four);
+    lucid_tensor_release(t);
+
+    /* storage_create refuses a size past int64 (a wrapped count upstream) */
+    lucid_storage *sg = NULL;
+    st = lucid_storage_create(ctx_, CPU, SIZE_MAX, 0, &sg);
+    CHECK("size.storage_size_max_rejected", st == LUCID_ERR_ARG && !sg &&
+                                               msg_has("overflows", NULL, NULL),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx_));
+    if (sg) lucid_storage_release(sg);
+    lucid_ctx_clear_error(ctx_);
+}
+
 int main(void) {
     char err[256];
     if (lucid_ctx_create(NULL, &ctx_, err, sizeof err) != LUCID_OK) {
@@ -581,6 +737,7 @@ int main(void) {
     test_two_contexts();
     test_cpu_set_ints();
     test_nan_tolerance();
+    test_size_overflow();
     lucid_ctx_release(ctx_);
     return test_exit();
 }

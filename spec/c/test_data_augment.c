@@ -439,6 +439,30 @@ static void test_threads(lucid_dataset *ds, const char *name, int batch,
     for (int i = 0; i < 4; i++) free(r[i].data);
 }
 
+/* Loader options whose batch buffers cannot be sized in int64 (the
+ * products used to wrap to a small allocation) are a named ERR_ARG before
+ * anything is allocated; a large but representable batch is not. */
+static void test_loader_size_overflow(lucid_dataset *ds) {
+    lucid_loader_options o = lucid_loader_options_default();
+    o.threads = 0;
+    o.batch = 1 << 30;
+    o.imgsz = 1 << 30;
+    lucid_loader *ld = NULL;
+    lucid_status st = lucid_loader_create(ctx, ds, &o, &ld);
+    CHECK("loader: batch x imgsz^2 overflowing int64 is a named error",
+          st == LUCID_ERR_ARG && !ld &&
+              strstr(lucid_ctx_error(ctx), "tensor size overflows"),
+          "status %d: %s", st, lucid_ctx_error(ctx));
+    if (ld) lucid_loader_release(ld);
+    o.batch = 2; /* control: the same call with sizes that fit */
+    o.imgsz = 64;
+    ld = NULL;
+    st = lucid_loader_create(ctx, ds, &o, &ld);
+    CHECK("loader: size overflow control (batch 2, imgsz 64) opens",
+          st == LUCID_OK && ld, "%s", lucid_ctx_error(ctx));
+    if (ld) lucid_loader_release(ld);
+}
+
 /* The loader's rows (HSV fused into the CHW transpose) equal
  * lucid_augment_sample for the same (seed, epoch, index). */
 static void test_loader_matches_sample(lucid_dataset *ds) {
@@ -674,6 +698,7 @@ int main(void) {
         test_marked(ds, "marked keypoints stay on marks: letterbox+affine+fliplr", 0.0f, 1.0f);
         test_threads(ds, "batches byte-identical with 0/1/2/4 threads (synthetic, 2 epochs)", 4, 256, 2);
         test_loader_matches_sample(ds);
+        test_loader_size_overflow(ds);
         lucid_dataset_release(ds);
     } else {
         TEST_FAIL("marked dataset", "%s", lucid_ctx_error(ctx));

@@ -528,6 +528,36 @@ static void test_dfl_split(void) {
     lucid_param_set_release(set);
 }
 
+/* Parameter shapes whose size overflows, and flat buffers whose summed
+ * length would: named ERR_ARG ("tensor size overflows"), never a wrapped
+ * tiny allocation; sizes that fit declare (negative control). */
+static void test_param_size_overflow(void) {
+    lucid_param_set *s = NULL;
+    lucid_param_set_create(ctx, &s);
+    int64_t big[2] = {(int64_t)1 << 31, (int64_t)1 << 31}; /* 2^62 elements: 2^65 f64 bytes */
+    lucid_status st = lucid_param_set_declare(ctx, s, "w", LUCID_PARAM_KIND_PARAM, LUCID_F32, 2,
+                                              big, 1, 0, NULL, NULL);
+    CHECK("param size: a shape past int64 bytes is refused at declare",
+          st == LUCID_ERR_ARG && strstr(lucid_ctx_error(ctx), "tensor size overflows") &&
+              strstr(lucid_ctx_error(ctx), "'w'"),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    /* nine entries of 2^59 elements: each fits, their flat sum (> 2^62) not */
+    int64_t part[1] = {(int64_t)1 << 59};
+    int ok = 1;
+    for (int i = 0; i < 9 && ok; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", i);
+        ok = lucid_param_set_declare(ctx, s, name, LUCID_PARAM_KIND_PARAM, LUCID_F32, 1, part, 1,
+                                     0, NULL, NULL) == LUCID_OK;
+    }
+    CHECK("param size: entries that fit declare (control)", ok, "%s", lucid_ctx_error(ctx));
+    st = lucid_param_set_materialize(ctx, s, CPU, LUCID_F32);
+    CHECK("param size: a flat length past 2^62 is refused at materialize",
+          st == LUCID_ERR_ARG && strstr(lucid_ctx_error(ctx), "tensor size overflows"),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    lucid_param_set_release(s);
+}
+
 int main(void) {
     lucid_ctx_options o = lucid_ctx_options_default();
     char err[256];
@@ -539,6 +569,7 @@ int main(void) {
     test_dag();
     test_attention();
     test_dfl_split();
+    test_param_size_overflow();
     lucid_ctx_release(ctx);
     return test_exit();
 }

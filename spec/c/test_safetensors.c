@@ -220,6 +220,22 @@ static void test_corrupt(lucid_ctx *ctx) {
     raw_file(p, "{\"__metadata__\":{\"k\":3},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
                 "\"data_offsets\":[0,4]}}", data, 4);
     expect_format_error(ctx, "non-string metadata value", p, "'k'");
+    /* an empty tensor whose sizes cannot be strided in int64 (0 bytes, so
+     * the offsets agree): a named format error, not a tensor later */
+    raw_file(p, "{\"z\":{\"dtype\":\"F32\",\"shape\":[0,9007199254740992,"
+                "9007199254740992],\"data_offsets\":[0,0]}}", data, 0);
+    expect_format_error(ctx, "header shape whose strides overflow int64", p,
+                        "tensor size overflows");
+    /* negative control: the same with sizes that fit opens */
+    raw_file(p, "{\"z\":{\"dtype\":\"F32\",\"shape\":[0,1024,1024],"
+                "\"data_offsets\":[0,0]}}", data, 0);
+    {
+        lucid_safetensors *zf = NULL;
+        lucid_status zs = lucid_safetensors_open(ctx, p, &zf);
+        CHECK("header: empty tensor with sizes that fit opens", zs == LUCID_OK,
+              "%s", lucid_ctx_error(ctx));
+        lucid_safetensors_close(zf);
+    }
     /* truncation of a good file at every length gives an error, never OK */
     char good[300];
     snprintf(good, sizeof good, "%s/rt.safetensors", dir);

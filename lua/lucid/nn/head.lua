@@ -75,7 +75,10 @@ local function branches(self)
   return b
 end
 
+-- (a one-level head has nothing to concatenate: no module, the level's
+-- flat view is the output)
 local function make_cats(self)
+  if self.nl < 2 then return end
   for _, br in ipairs(branches(self)) do
     self._cat[br[1]] = self:helper(P.Concat.new(self.nl))
   end
@@ -115,7 +118,7 @@ function Detect:forward(x)
       flat[i] = y:view({ Bn * c, s[3] * s[4] })
     end
     st.flat[name] = flat
-    local cat = self._cat[name]:forward(flat)
+    local cat = self.nl < 2 and flat[1] or self._cat[name]:forward(flat)
     out[name] = cat:view({ Bn, c, cat:shape()[2] })
   end
   st.B = Bn
@@ -124,17 +127,24 @@ function Detect:forward(x)
   return out
 end
 
---- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient).
+--- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient),
+-- each present entry of the shape of the last forward's output (checked:
+-- a named error otherwise, as for running backward before any forward).
 -- Returns the list of input gradients (nil for a level with none).
 function Detect:backward(x, gy)
   local st = self._st
+  local who = "nn." .. getmetatable(self).__name .. ":backward"
+  if not st or not self.output then
+    error(who .. ": forward must run first (there is no forward pass to differentiate)", 2)
+  end
+  util.check_output_grad(who, self.output, gy, 2)
   local gx = {}
   for _, br in ipairs(branches(self)) do
     local name, list, c = br[1], br[2], br[3]
     local g = gy[name]
     if g ~= nil then
       local g2 = g:view({ st.B * c, g:shape()[3] })
-      local gs = self._cat[name]:backward(st.flat[name], g2)
+      local gs = self.nl < 2 and { g2 } or self._cat[name]:backward(st.flat[name], g2)
       for i = 1, self.nl do
         local hw = st.hw[i]
         local gi = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))

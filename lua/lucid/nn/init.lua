@@ -41,7 +41,8 @@ export(head)
 -- @return table
 function nn.binding()
   local ok, lucid = pcall(require, "lucid")
-  if not ok or type(lucid) ~= "table" or type(lucid.nn) ~= "table" or not lucid.nn.ParamSet then
+  -- rawget: the binding's lucid.nn raises on a name it does not have
+  if not ok or type(lucid) ~= "table" or type(lucid.nn) ~= "table" or not rawget(lucid.nn, "ParamSet") then
     error("lucid.nn: the C binding (lucid.so with lucid.nn) is not available", 2)
   end
   return lucid.nn, lucid

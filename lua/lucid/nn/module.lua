@@ -174,10 +174,16 @@ end
 
 --- Switch train/eval mode recursively (BatchNorm uses batch statistics in
 -- train mode, running statistics in eval mode).
--- @param mode boolean|nil (default true)
+-- @param mode boolean|nil (default true; as torch's train(mode=True), any
+--   other value — a string, 0 — is an error, not "true")
 -- @return self
 function Module:train(mode)
-  if mode == nil then mode = true end
+  if mode == nil then
+    mode = true
+  elseif type(mode) ~= "boolean" then
+    error(string.format("nn.%s:train: bad argument #1 (mode): expected a boolean (or nothing for true), got %s",
+      tostring(getmetatable(self).__name), util.describe(mode)), 2)
+  end
   self.training = mode
   if self._c then self._c:train(mode) end
   for _, e in ipairs(self._modules) do e.module:train(mode) end

@@ -151,8 +151,9 @@ local fused_fwd, fused_bwd -- the binding's functions (false: absent), on first 
 local function fused_binding()
   local ok, lucid = pcall(require, "lucid")
   local C = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
-  fused_fwd = C and C.batchnorm2d_silu_forward or false
-  fused_bwd = C and C.batchnorm2d_silu_backward or false
+  -- rawget: an optional field (lucid.nn raises on a name it does not have)
+  fused_fwd = C and rawget(C, "batchnorm2d_silu_forward") or false
+  fused_bwd = C and rawget(C, "batchnorm2d_silu_backward") or false
 end
 
 --- Whether bn then act may run fused: P.fuse_bn_silu on, bn exactly a
@@ -241,17 +242,40 @@ end
 
 local Concat = util.class("Concat", Leaf)
 P.Concat = Concat
---- Concatenation along channels (dim 1) of n inputs: forward({x1..xn}).
+--- nn.Concat(n, dim=1): concatenation of n inputs along channels.
+-- Unlike Ultralytics' Concat(dimension), whose one argument is the
+-- dimension and which takes any number of inputs, lucid's first argument
+-- is the NUMBER OF INPUTS (its C module is built for exactly n); the
+-- dimension is the optional second argument and only 1 (channels, NCHW)
+-- is supported. nn.Concat(1) (an Ultralytics habit, or a one-input
+-- "concatenation") is refused at construction.
+-- @param n integer 2..32: the number of inputs forward takes
+-- @param dim integer|nil: 1 (the default; anything else is an error)
+-- forward({x1, ..., xn}) -> [B, sum of C_i, H, W]; a list of another
+-- length is an error naming n. backward gives the n input gradients.
 function Concat.__init(self, n, dim)
   Leaf.__init(self)
   self.n, self.d = n, dim or 1
 end
 Concat._args = sig("nn.Concat", {
-  { "n", "int", min = 1, max = 32 }, { "dim", "int", min = 1, opt = true },
+  { "n", "int", min = 2, max = 32, what = "the number of inputs; unlike Ultralytics' Concat(dimension), the "
+    .. "dimension is the second argument: nn.Concat(n, 1)" },
+  { "dim", "int", min = 1, opt = true },
 }, function(n, dim)
   if dim and dim ~= 1 then return "dim", "only dim 1 (channels) is supported, got " .. dim end
 end)
 function Concat:_make(C, set, prefix, ctx) return C.concat(self.n, { ctx = ctx }) end
+
+--- forward({x1, ..., xn}): the list must hold exactly the n inputs the
+-- module was built for.
+function Concat:forward(x)
+  if type(x) ~= "table" or getmetatable(x) ~= nil or #x ~= self.n then
+    error(string.format("nn.Concat:forward: bad argument #1 (x): expected a list of %d tensors (this nn.Concat(%d) "
+      .. "concatenates %d inputs), got %s", self.n, self.n, self.n,
+      (type(x) == "table" and getmetatable(x) == nil) and "a list of " .. #x or util.describe(x)), 2)
+  end
+  return Leaf.forward(self, x)
+end
 
 local Split = util.class("Split", Leaf)
 P.Split = Split

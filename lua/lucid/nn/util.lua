@@ -159,8 +159,9 @@ end
 local KINDS = {}
 function KINDS.int(v, a)
   if is_int(v, a.min or 0) and (a.max == nil or v <= a.max) then return nil end
-  if a.max then return string.format("an integer in %d..%d", a.min or 0, a.max) end
-  return string.format("an integer >= %d", a.min or 0)
+  local what = a.what and " (" .. a.what .. ")" or ""
+  if a.max then return string.format("an integer in %d..%d%s", a.min or 0, a.max, what) end
+  return string.format("an integer >= %d%s", a.min or 0, what)
 end
 function KINDS.odd(v, a)
   if is_int(v, a.min or 1) and v % 2 == 1 then return nil end
@@ -216,7 +217,7 @@ function KINDS.any() return nil end
 -- "nn.C3k2: bad argument n: expected an integer >= 1, got string 'one'").
 -- @param who string: the constructor as the user calls it ("nn.C3k2")
 -- @param args list of {name, kind, opt = true (nil allowed), min, max, n,
---   gt, ge, le, what}; kinds: int, odd, number, boolean, ints (a list of n
+--   gt, ge, le, what (int, ints: said after the range)}; kinds: int, odd, number, boolean, ints (a list of n
 --   or lo..hi integers), kpt_shape, module, modules, any (checked by
 --   `check`). A vararg constructor ends the list with {"...", kind}: every
 --   further argument is of that kind (nil allowed).
@@ -261,6 +262,82 @@ function M.check_args(sig, ...)
   if sig.check then
     local name, msg = sig.check(...)
     if name then error(string.format("%s: bad argument %s: %s", who, name, msg), 3) end
+  end
+end
+
+local function is_tensor(v) return type(v) == "userdata" and M.describe(v) == "lucid.Tensor" end
+
+-- "a lucid.Tensor of shape [1, 3, 64, 64]" / M.describe(v) for another value
+local function describe_shaped(v)
+  if is_tensor(v) then return "a lucid.Tensor of shape " .. M.shape_str(v:shape()) end
+  return M.describe(v)
+end
+
+local function same_shape(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+--- Check the output gradient handed to a backward against the output of
+-- the forward it differentiates. When `out` is a tensor, gy must be a
+-- tensor of its shape; when `out` is a table of tensors (a head's
+-- {boxes=, scores=, kpts=, feats=}), gy must be a plain table whose keys
+-- are among out's tensor keys, each present entry a tensor of that entry's
+-- shape (a missing key is a zero gradient). Raises "<who>: bad argument
+-- #<argn> (gy): gy.boxes: expected shape [1, 64, 84] (the forward
+-- output's), got [1, 64, 189]" and the like.
+-- @param who string: the function as the user calls it ("model:backward")
+-- @param out tensor|table: the forward's output
+-- @param gy any: the gradient given
+-- @param argn integer: gy's argument number in the message (2 for
+--   backward(x, gy) methods)
+-- @param level integer|nil: as error()'s, seen from the function calling
+--   check_output_grad (default 2: the caller of that function)
+function M.check_output_grad(who, out, gy, argn, level)
+  level = (level or 2) + 2 -- seen from bad(): bad, check_output_grad
+  local function bad(fmt, ...)
+    error(string.format("%s: bad argument #%d (gy): " .. fmt, who, argn, ...), level)
+  end
+  if is_tensor(out) then
+    if not is_tensor(gy) then bad("expected %s, got %s", describe_shaped(out), describe_shaped(gy)) end
+    if not same_shape(gy:shape(), out:shape()) then
+      bad("expected shape %s (the forward output's), got %s", M.shape_str(out:shape()), M.shape_str(gy:shape()))
+    end
+    return
+  end
+  local keys = {}
+  for k, v in pairs(out) do
+    if type(k) == "string" and is_tensor(v) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b)
+    local order = { boxes = 1, scores = 2, kpts = 3 }
+    local x, y = order[a] or 9, order[b] or 9
+    if x ~= y then return x < y end
+    return a < b
+  end)
+  local list = {}
+  for i, k in ipairs(keys) do list[i] = k .. "=" end
+  local form = "{" .. table.concat(list, ", ") .. "}"
+  if type(gy) ~= "table" or getmetatable(gy) ~= nil then
+    bad("expected a table %s of gradients (a missing key is a zero gradient), got %s", form, describe_shaped(gy))
+  end
+  for k in pairs(gy) do
+    if not is_tensor(type(k) == "string" and out[k] or nil) then
+      bad("unexpected key %s (expected %s; a missing key is a zero gradient)",
+        type(k) == "string" and "'" .. k .. "'" or M.describe(k), form)
+    end
+  end
+  for _, k in ipairs(keys) do
+    local o, g = out[k], gy[k]
+    if g == nil then
+      -- absent: a zero gradient
+    elseif not is_tensor(g) then
+      bad("gy.%s: expected %s, got %s", k, describe_shaped(o), describe_shaped(g))
+    elseif not same_shape(g:shape(), o:shape()) then
+      bad("gy.%s: expected shape %s (the forward output's), got %s", k, M.shape_str(o:shape()),
+        M.shape_str(g:shape()))
+    end
   end
 end
 
