@@ -6,11 +6,7 @@
 -- poisons lauxlib's checkers in lua/, so no binding bypasses it.
 local lucid = require "lucid"
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 -- the message without the "file:line: " of the caller
 local function bare(e) return (e:gsub("^[^:]*:%d+: ", "")) end

@@ -26,11 +26,7 @@ local function size_of(d, split)
 end
 
 -- the error message of f(...) (which must fail)
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 local POSE = "kpt_shape: [17, 3]\nflip_idx: [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]\n"
   .. "names:\n  0: person\n"

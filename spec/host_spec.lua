@@ -7,13 +7,7 @@ local EXAMPLE = os.getenv("LUCID_HOST_EXAMPLE") or "build/examples/host_example"
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 -- Run a shell command; returns its combined stdout+stderr and exit status.
-local function run(cmd)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
-end
+local run = require("support.errors").run
 
 local function write_tmp(text)
   local name = os.tmpname()

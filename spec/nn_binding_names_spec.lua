@@ -6,11 +6,7 @@
 -- nil value)"). Probes of optional fields use rawget.
 local lucid = require("lucid")
 
-local function err_of(f)
-  local ok, e = pcall(f)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 describe("lucid.nn (the C primitives) and the Lua nn library", function()
   it("a block of the Lua library read from lucid.nn names where it is", function()

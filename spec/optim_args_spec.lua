@@ -9,11 +9,7 @@ local nn = require("lucid.nn")
 
 local inf, nan = 1 / 0, 0 / 0
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 local function has(e, s) assert.is_truthy(e:find(s, 1, true), e) end
 

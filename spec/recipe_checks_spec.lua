@@ -32,11 +32,7 @@ local function run(cmd)
   return (out:gsub("__rc=%d+%s*$", "")), err, rc
 end
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 -- no "something.lua:12: " location anywhere in a message shown to a user
 local function no_location(s)

@@ -6,21 +6,12 @@
 -- luajit so a regression fails this spec instead of killing busted.
 local lucid = require "lucid"
 
-local function err_of(f, ...)
-  local ok, e = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.errors").err_of
 
 -- run a chunk in a fresh luajit from the repository root; returns the
 -- output and the exit status
 local function child(code)
-  local cmd = "luajit -e " .. string.format("%q", "local l = require 'lucid'; " .. code)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
+  return require("support.errors").run("luajit -e " .. string.format("%q", "local l = require 'lucid'; " .. code))
 end
 
 describe("tensor size overflow", function()
