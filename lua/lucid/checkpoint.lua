@@ -326,7 +326,12 @@ local BLOCK_FIELDS = { "step", "loss_scale", "growth_tracker", "ema_updates", "s
 -- write of <path> failed: ..." here when synchronous, "lucid io error:
 -- background write of <path> failed: ..." at the next save, checkpoint.wait,
 -- or load of that path when async, and leaves the existing file at path
--- untouched.
+-- untouched. A process killed while writing leaves its temporary file
+-- ".<name>.tmp.XXXXXX" beside the target (the target itself is intact); a
+-- save does not remove other writers' temporaries (another process may be
+-- writing that target). lucid.io.remove_stale_temps(path) removes them when
+-- no one else writes there (the Trainer does it for its weights at the
+-- start of a fit).
 function M.save(path, state, opts)
   local paths = path
   if type(path) == "string" then
