@@ -82,6 +82,34 @@ static inline int64_t test_ulp16(uint16_t a, uint16_t b) {
     return x > y ? x - y : y - x;
 }
 
+/* A fresh folder "/tmp/<prefix>_XXXXXX" written into dir[n]; 0 after printing
+ * "not ok tmpdir" when it cannot be made. */
+static inline int test_tmpdir(char *dir, size_t n, const char *prefix) {
+    snprintf(dir, n, "/tmp/%s_XXXXXX", prefix);
+    if (mkdtemp(dir)) return 1;
+    printf("not ok tmpdir: %s\n", dir);
+    return 0;
+}
+
+/* Remove a folder made by test_tmpdir and everything in it ("# could not
+ * remove" is a comment line, not a failure). */
+static inline void test_rmdir(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+}
+
+/* A context on the CPU with the default options; NULL after printing
+ * "not ok context: <message>". */
+static inline lucid_ctx *test_cpu_ctx(void) {
+    lucid_ctx_options o = lucid_ctx_options_default();
+    lucid_ctx *ctx = NULL;
+    char err[256];
+    if (lucid_ctx_create(&o, &ctx, err, sizeof err) == LUCID_OK) return ctx;
+    printf("not ok context: %s\n", err);
+    return NULL;
+}
+
 static inline int test_exit(void) { return test_failures_ ? 1 : 0; }
 
 #endif

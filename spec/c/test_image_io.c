@@ -344,11 +344,7 @@ int main(void) {
         printf("not ok context\n");
         return 1;
     }
-    snprintf(dir, sizeof dir, "/tmp/lucid_image_io_XXXXXX");
-    if (!mkdtemp(dir)) {
-        printf("not ok mkdtemp\n");
-        return 1;
-    }
+    if (!test_tmpdir(dir, sizeof dir, "lucid_image_io")) return 1;
     test_png_roundtrip();
     test_png_errors();
     test_lines();
@@ -356,9 +352,7 @@ int main(void) {
     test_text();
     test_pose();
     test_letterbox();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    test_rmdir(dir);
     lucid_ctx_release(ctx);
     return test_exit();
 }

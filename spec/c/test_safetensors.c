@@ -325,18 +325,9 @@ static void test_atomic(lucid_ctx *ctx) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/lucid_st_XXXXXX");
-    if (!mkdtemp(dir)) {
-        printf("not ok tmpdir\n");
-        return 1;
-    }
-    lucid_ctx_options o = lucid_ctx_options_default();
-    lucid_ctx *ctx = NULL;
-    char err[256];
-    if (lucid_ctx_create(&o, &ctx, err, sizeof err) != LUCID_OK) {
-        printf("not ok context: %s\n", err);
-        return 1;
-    }
+    if (!test_tmpdir(dir, sizeof dir, "lucid_st")) return 1;
+    lucid_ctx *ctx = test_cpu_ctx();
+    if (!ctx) return 1;
     char p[300];
     snprintf(p, sizeof p, "%s/rt.safetensors", dir);
     test_roundtrip(ctx, p);
@@ -345,8 +336,6 @@ int main(void) {
     test_corrupt(ctx);
     test_atomic(ctx);
     lucid_ctx_release(ctx);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    test_rmdir(dir);
     return test_exit();
 }

@@ -228,18 +228,9 @@ static void test_reserved(lucid_ctx *ctx) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/lucid_crc_XXXXXX");
-    if (!mkdtemp(dir)) {
-        printf("not ok tmpdir\n");
-        return 1;
-    }
-    lucid_ctx_options o = lucid_ctx_options_default();
-    lucid_ctx *ctx = NULL;
-    char err[256];
-    if (lucid_ctx_create(&o, &ctx, err, sizeof err) != LUCID_OK) {
-        printf("not ok context: %s\n", err);
-        return 1;
-    }
+    if (!test_tmpdir(dir, sizeof dir, "lucid_crc")) return 1;
+    lucid_ctx *ctx = test_cpu_ctx();
+    if (!ctx) return 1;
     char p[300];
     snprintf(p, sizeof p, "%s/three.safetensors", dir);
     test_written_file(ctx, p);
@@ -247,8 +238,6 @@ int main(void) {
     test_hand_built(ctx);
     test_reserved(ctx);
     lucid_ctx_release(ctx);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    test_rmdir(dir);
     return test_exit();
 }

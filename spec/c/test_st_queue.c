@@ -112,12 +112,6 @@ static void set_hook(const char *stall, double s, const char *fail, int e) {
     lucid_atomic_file_set_fail_hook(stall || fail ? hook : NULL, NULL);
 }
 
-static lucid_ctx *new_ctx(void) {
-    lucid_ctx_options o = lucid_ctx_options_default();
-    lucid_ctx *ctx = NULL;
-    lucid_ctx_create(&o, &ctx, NULL, 0);
-    return ctx;
-}
 
 /* --------------------------------------------- separate processes first
  * (fork before this process has a queue thread of its own) */
@@ -128,7 +122,7 @@ static void test_exit_and_kill(void) {
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) { /* a write held 0.3 s before its fsync, then exit() */
-        lucid_ctx *ctx = new_ctx();
+        lucid_ctx *ctx = test_cpu_ctx();
         lucid_st_queue *q = NULL;
         lucid_st_queue_create(ctx, &q);
         set_hook("fsync", 0.3, NULL, 0);
@@ -138,7 +132,7 @@ static void test_exit_and_kill(void) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
-    lucid_ctx *ctx = new_ctx();
+    lucid_ctx *ctx = test_cpu_ctx();
     CHECK("exit() with a write in flight waits for it (atexit drain)",
           WIFEXITED(status) && WEXITSTATUS(status) == 0 && first_value(ctx, p) == 5.0f,
           "status %d, value %g", status, first_value(ctx, p));
@@ -151,7 +145,7 @@ static void test_exit_and_kill(void) {
     fflush(stdout);
     pid = fork();
     if (pid == 0) { /* the new file complete in its temp, held before rename */
-        lucid_ctx *c2 = new_ctx();
+        lucid_ctx *c2 = test_cpu_ctx();
         lucid_st_queue *q = NULL;
         lucid_st_queue_create(c2, &q);
         set_hook("rename", 30, NULL, 0);
@@ -355,13 +349,9 @@ static void test_wait_path(lucid_ctx *ctx, lucid_st_queue *q) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/lucid_st_queue_XXXXXX");
-    if (!mkdtemp(dir)) {
-        printf("not ok mkdtemp\n");
-        return 1;
-    }
+    if (!test_tmpdir(dir, sizeof dir, "lucid_st_queue")) return 1;
     test_exit_and_kill();
-    lucid_ctx *ctx = new_ctx();
+    lucid_ctx *ctx = test_cpu_ctx();
     lucid_st_queue *q = NULL;
     CHECK_STATUS("create a queue", ctx, lucid_st_queue_create(ctx, &q));
     test_bytes_and_copies(ctx, q);
@@ -400,8 +390,6 @@ int main(void) {
     set_hook(NULL, 0, NULL, 0);
     CHECK("its file is written", first_value(ctx, p) == 8.0f, "%g", first_value(ctx, p));
     lucid_ctx_release(ctx);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    test_rmdir(dir);
     return test_exit();
 }
