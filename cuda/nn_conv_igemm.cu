@@ -64,7 +64,8 @@ namespace wm = nvcuda::wmma;
 #define IG_SMEM (IG_SMEM_AB > IG_SMEM_C ? IG_SMEM_AB : IG_SMEM_C)
 
 /* LUCID_IGEMM_MINB: minimum resident blocks per SM asked of the register
- * allocator (__launch_bounds__'s second argument); 0 leaves it free. A
+ * allocator (__launch_bounds__'s second argument) for every variant; 0 (the
+ * default) takes each variant's own bound, ig_min_blocks (tile header). A
  * build-time knob for bench/conv_lab A/B runs (EXTRA_NVCCFLAGS). */
 #ifndef LUCID_IGEMM_MINB
 #define LUCID_IGEMM_MINB 0
