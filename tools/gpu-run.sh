@@ -18,7 +18,8 @@
 #              per arm, and the kernel census of the default; logs packed
 #              into $out/logs.tgz
 #   testab     as ab, with make test-gpu (timed, one command) instead of the
-#              separate test programs
+#              separate test programs; both also run bench_bnsilu, and with
+#              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
 #   final      fit_pairs (5 pairs + the recorded-clip pair) into docs/BENCH.md,
 #              bench_model against PyTorch, then make test-gpu with the time
 #              left of FINAL_S (460) seconds
@@ -154,6 +155,16 @@ try:
   d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
 except Exception as e: print("no result", e)')"
   done
+  timeout 90 luajit bench/bench_bnsilu.lua > "$l/bench_bnsilu.log" 2>&1; tail -3 "$l/bench_bnsilu.log"
+  if [ -n "${AB_LAB1X1:-}" ]; then
+    # the 1x1 convs' passes on both 1x1 routes (conv_lab, isolated calls)
+    bash bench/conv_lab/build.sh > "$l/conv_lab_build.log" 2>&1 || echo "conv_lab build failed"
+    for r in gemm igemm; do
+      LUCID_CONV1X1=$r timeout 120 build/conv_lab/conv_lab bench/conv_lab/shapes.txt routes=lucid \
+        csv="$l/lab_$r.csv" > "$l/lab_$r.log" 2>&1 || echo "conv_lab $r: rc $?"
+    done
+    python3 tools/lab1x1.py "$l/lab_gemm.csv" "$l/lab_igemm.csv"
+  fi
   OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
   python3 tools/kernel_census.py "$l/census_model.csv" --top 25
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
