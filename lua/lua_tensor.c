@@ -942,6 +942,39 @@ static lucid_tensor *tensor_or_number(lua_State *L, int idx, double *num,
 
 /* out = a (op) b for tensors/numbers at 1 and 2, broadcasting; in place
  * (into the tensor at 1) when inplace. */
+/* The `out` option of the out-of-place binary ops ({out = t} as argument
+ * 3): NULL (nothing pushed) when absent; else t, its userdata pushed, after checking
+ * that it has the result's shape and dtype and lives on base's device and
+ * context (the result is written into it, so nothing is allocated). Raises
+ * "bad argument #3 (out): ..." naming what differs; unknown option keys
+ * are refused. */
+static lucid_tensor *binary_out(lua_State *L, lucid_ctx *ctx, const lucid_tensor *base,
+                                lucid_dtype dt, int ndim, const int64_t *shape) {
+    static const char *const keys[] = {"out", NULL};
+    if (lua_type(L, 3) != LUA_TTABLE) {
+        if (!lua_isnoneornil(L, 3)) lucid_lua_argerror(L, 3, "expected an options table {out = tensor}");
+        return NULL;
+    }
+    lucid_lua_check_options(L, 3, keys, lucid_lua_function_name(L));
+    lua_getfield(L, 3, "out");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return NULL;
+    }
+    lucid_tensor *out = lucid_lua_check_tensor(L, lua_gettop(L), "out");
+    int same = out->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = out->shape[i] == shape[i];
+    if (!same) lucid_lua_argerror(L, 3, "out: its shape differs from the result's");
+    if (out->dtype != dt)
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "out: dtype %s, the result is %s",
+                                                 lucid_dtype_name(out->dtype),
+                                                 lucid_dtype_name(dt)));
+    lucid_device od = lucid_tensor_device(out), bd = lucid_tensor_device(base);
+    if (lucid_tensor_ctx(out) != ctx || od.type != bd.type || od.index != bd.index)
+        lucid_lua_argerror(L, 3, "out: on another device or context");
+    return out;
+}
+
 static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     double na = 0, nb = 0;
     lucid_tensor *a = tensor_or_number(L, 1, &na, "self");
@@ -970,8 +1003,17 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     } else {
         memcpy(shape, base->shape, sizeof shape);
     }
-    lucid_tensor *out = new_tensor(L, ctx, lucid_tensor_device(base), dt, ndim,
-                                   shape);
+    lucid_tensor *into = binary_out(L, ctx, base, dt, ndim, shape);
+    if (into) { /* the out option: written in place, its own userdata returned */
+        int idx = lua_gettop(L);
+        s = a && b ? lucid_binary(ctx, op, into, a, b)
+            : a    ? lucid_binary_scalar(ctx, op, into, a, nb, 0)
+                   : lucid_binary_scalar(ctx, op, into, b, na, 1);
+        if (s != LUCID_OK) return fail(L, ctx, s, NULL, NULL);
+        lua_pushvalue(L, idx);
+        return 1;
+    }
+    lucid_tensor *out = new_tensor(L, ctx, lucid_tensor_device(base), dt, ndim, shape);
     if (a && b)
         s = lucid_binary(ctx, op, out, a, b);
     else if (a)
@@ -982,10 +1024,14 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
 }
 
 /*
- * t:add(x) / :sub / :mul / :div / :pow / :maximum / :minimum
+ * t:add(x [, {out = r}]) / :sub / :mul / :div / :pow / :maximum / :minimum
  *   x: tensor (NumPy broadcasting; the result dtype is the wider float
  *   dtype) or number. Also the metamethods + - * / ^ (a number may come
  *   first: 2 - t). In place: :add_(x) / :sub_ / :mul_ / :div_ return t.
+ *   out (as torch.add's out=): a tensor of the result's shape, dtype and
+ *   device that receives the result and is returned; the values are those
+ *   of the call without out, bit for bit. Errors: "bad argument #3 (out)"
+ *   for another shape, dtype or device, or an unknown option key.
  */
 static int l_add(lua_State *L) { return binary(L, LUCID_OP_ADD, 0); }
 static int l_sub(lua_State *L) { return binary(L, LUCID_OP_SUB, 0); }

@@ -26,7 +26,7 @@ end
 -- allocated on first use and reused by every later pass, so a backward pass
 -- allocates nothing in steady state and a recorded CUDA graph sees the same
 -- addresses on every replay (docs/STEP.md). The values are those of
--- a:add(b) bit for bit (copy, then one rounded add). Outside a scope a new
+-- a:add(b) bit for bit (one launch: add with out = the buffer). Outside a scope a new
 -- tensor is returned.
 -- @param a Tensor|nil
 -- @param b Tensor|nil
@@ -50,9 +50,7 @@ function M.accumulate(a, b)
     row[key] = buf
     return buf
   end
-  buf:copy_(a)
-  buf:add_(b)
-  return buf
+  return a:add(b, { out = buf })
 end
 
 ----------------------------------------------------------------- Sequential
