@@ -11,32 +11,70 @@
  *   backward: dx = beta_input*dx + ...; dweight/dbias = beta_params*(.) + ...
  *   (beta 0 never reads the destination).
  *
- * Reductions are deterministic (no float atomics): channel c's M = N*S
- * elements are cut into fixed parts (P parts per plane of S elements, chunk
- * length a function of S only), one block per (part, channel) folds its
- * part in a fixed order (per-thread, then a fixed shuffle/shared tree) and
- * stores the partial in the nn arena.  The partials are then folded in f64
- * in a fixed order (bn_stats_fold: sums shifted by part 0's mean, Chan's
- * merge of all parts at once; bn_grad_fold: plain sums; thread t of a block
- * takes parts t, t+256, ... in turn, then a fixed shuffle tree) by the LAST
- * block to finish channel c ("last block folds", CUDA sample
- * threadFenceReduction): thread 0 of each block stores its partial,
- * __threadfence(), atomicAdd on channel c's arrival counter (nn state,
- * zero between launches); the block that sees parts-1 resets the counter
- * to 0 and folds.  Which block that is varies run to run, but the fold reads
- * the partials by part index with threadIdx-only roles, so the result does
- * not: bitwise identical run to run, eager or replayed from a graph.  When
- * the counters are unavailable (C > LUCID_CUDA_NN_COUNTERS, or the first
- * use is inside a stream capture) a separate final kernel runs the same
- * fold function, one block per channel: the same bits, one launch more.
+ * Partition of the reductions (a function of N and S only, bn_geom_of):
+ * channel c's M = N*S elements are N planes of S contiguous elements, C*S
+ * apart.  A plane of S >= BN_PART (8192) elements is cut into P =
+ * ceil(S/BN_PART) chunks of `chunk` elements (ceil(S/P) rounded up to a
+ * multiple of 8, the last chunk shorter), one part per (plane, chunk); a
+ * smaller plane is never cut: pp = floor(BN_PART/S) consecutive whole planes
+ * (n, n+1, ...) make one part.  parts = ceil(N/pp) * P per channel, each
+ * part at most BN_PART elements, part 0 always the largest.  So every
+ * channel of at most BN_PART elements (N=4: S <= 2048, e.g. 40x40, 20x20)
+ * is ONE part: one block computes the channel's statistics or gradient sums
+ * and writes the final results itself (no partial, no counter, no fold).
+ *
+ * Reductions are deterministic (no float atomics).  One block per (part,
+ * channel) (grid (parts, min(C, 65535)), channels strided by grid.y) folds
+ * its part in a fixed order: thread t takes the part's vectors t, t+256,
+ * ... (BN_UNROLL of them loaded before any is used), accumulates in f32,
+ * then a fixed shuffle/shared tree.  With parts == 1 thread 0 finishes the
+ * channel (f64).  Otherwise it stores the partial in the nn arena and the
+ * partials are folded in f64 in a fixed order (bn_stats_fold: sums shifted
+ * by part 0's mean, Chan's merge of all parts at once; bn_grad_fold: plain
+ * sums; thread t of a block takes parts t, t+256, ... in turn, then one
+ * shuffle tree over all the sums at once, and across warps only when
+ * parts > 32) by the LAST block to finish channel c ("last block folds",
+ * CUDA sample threadFenceReduction): thread 0 of each block stores its
+ * partial, __threadfence(), atomicAdd on channel c's arrival counter (nn
+ * state, zero between launches); the block that sees parts-1 resets the
+ * counter to 0 and folds.  Which block that is varies run to run, but the
+ * fold reads the partials by part index with threadIdx-only roles, so the
+ * result does not: bitwise identical run to run, eager or replayed from a
+ * graph.  When the counters are unavailable (C > LUCID_CUDA_NN_COUNTERS,
+ * or the first use is inside a stream capture) a separate final kernel runs
+ * the same fold function, one block per channel: the same bits, one launch
+ * more (none when parts == 1: that path never folds).
  * Forward statistics: per-thread shifted sums (shift = the channel's first
  * element) turned into (count, mean, M2) and merged with Chan's formula, so
  * the variance does not suffer from E[x^2]-E[x]^2 cancellation.
- * Launches (counter route; the fallback adds one final per reduction):
- * training forward 2 (stats partial+fold, apply), eval forward 2
- * (stats_eval, apply), training backward 2 (grad partial+fold, dx; 1
- * without dx), eval backward 1 (dx) or 2 with dweight/dbias, the
- * per-channel sum 1.  Every kernel starts with lucid_pdl_wait();
+ *
+ * Memory access.  Vector path: when S is a multiple of V = 16/sizeof(T)
+ * (8 bf16/f16, 4 f32) and every activation pointer of the call is 16-byte
+ * aligned (decided on the host; template parameter V), each access is one
+ * 16-byte load/store of V elements; otherwise V = 1 (scalar).  Every part
+ * then starts on a vector (chunk is a multiple of 8), and the vector
+ * choice of the statistics/gradient kernels depends on the shape and the
+ * pointers' alignment, never on which outputs are asked (the backward
+ * checks x and dy whatever it computes, so dx only / dweight only / dbias
+ * only give the full call's bits).  A part's vectors are walked with 32-bit
+ * (plane, offset) counters advanced without division (a part holds at most
+ * BN_PART elements; plane base offsets are 64-bit).  The element-wise
+ * kernels (bn_apply, bn_dx) run flat over the N*C*S elements as N*C*S/V
+ * vectors, grid-stride with at most BN_WAVE blocks per SM, BN_UNROLL
+ * vectors per thread loaded before use; the channel of a vector, (j/(S/V))
+ * % C, is computed once per thread and then advanced with adds and
+ * compares (bn_at_next).  32-bit indices when N*C*S <= INT32_MAX, else a
+ * 64-bit scalar route (huge tensors).  The element-wise kernels have no
+ * reduction, so their route never changes bits.
+ *
+ * Launches (counter route, or any route with parts == 1; the fallback adds
+ * one final per reduction when parts > 1): training forward 2 (stats
+ * partial[+fold], apply), eval forward 2 (stats_eval, apply), training
+ * backward 2 (grad partial[+fold], dx; 1 without dx), eval backward 1 (dx)
+ * or 2 with dweight/dbias, the per-channel sum 1.  E.g. N=4 (YOLO, 640):
+ * 16x320x320 has 52 parts per channel (13 chunks of 7880 per plane),
+ * 32x160x160 16 (4 of 6400), 64x80x80 4 (whole planes), 128x40x40 and
+ * 256x20x20 1.  Every kernel starts with lucid_pdl_wait();
  * lucid_pdl_launch_dependents(); (in every thread, before any early return)
  * and is queued with lucid_launch() (launch.cuh: programmatic dependent
  * launch: a kernel may be scheduled before its predecessor ends, and waits
@@ -44,7 +82,7 @@
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
  * launches with the SiLU inside.  Forward: the statistics kernel above
- * unchanged, then bn_apply<T, true> stores a = z*sigmoid(z) of the f32
+ * unchanged, then bn_apply<..., true> stores a = z*sigmoid(z) of the f32
  * z = fmaf(x, sc, sh) (z never stored): 2 launches in training (stats
  * partial+fold, apply) instead of 3 for batchnorm then silu, 2 in eval.
  * Backward: bn_grad_partial and bn_dx recompute z from x, the saved
@@ -58,27 +96,94 @@
 #include "nn_common.cuh"
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
-#define BN_THREADS 256
-#define BN_CHUNK 4096 /* elements of one plane per block (at most) */
+#define BN_THREADS 256 /* every kernel here except bn_stats_eval */
+#define BN_PART 8192   /* elements per part (at most) of the reductions */
+#define BN_UNROLL 4    /* vectors a thread loads before it uses them */
+#define BN_WAVE 4      /* element-wise grids: at most this many blocks per SM */
 
 // ----------------------------------------------------------------------------
-// geometry of the fixed partition
+// vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
+
+template <int BYTES> struct bn_raw;
+template <> struct bn_raw<16> { typedef uint4 type; };
+template <> struct bn_raw<4> { typedef unsigned int type; };
+template <> struct bn_raw<2> { typedef unsigned short type; };
+
+/* V elements of type T at p (aligned to V*sizeof(T)) as one raw word, and
+ * back; unpack/pack convert to/from f32 (one rounding per element on pack,
+ * that of lucid_elem). */
+template <typename T, int V> struct bn_vec {
+    typedef typename bn_raw<V * (int)sizeof(T)>::type R;
+    static __device__ __forceinline__ R load(const T *p) {
+        return *reinterpret_cast<const R *>(p);
+    }
+    static __device__ __forceinline__ void store(T *p, R r) {
+        *reinterpret_cast<R *>(p) = r;
+    }
+    static __device__ __forceinline__ void unpack(const R &r, float *f) {
+        T e[V];
+        memcpy(e, &r, sizeof r); /* register moves */
+#pragma unroll
+        for (int k = 0; k < V; k++) f[k] = lucid_elem<T>::load(e, k);
+    }
+    static __device__ __forceinline__ R pack(const float *f) {
+        T e[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) lucid_elem<T>::store(e, k, f[k]);
+        R r;
+        memcpy(&r, e, sizeof r); /* register moves */
+        return r;
+    }
+};
+
+/* The vector width of the vector path for T: 16 bytes. */
+template <typename T> struct bn_width { static const int V = 16 / (int)sizeof(T); };
+
+static inline bool bn_aligned16(const void *p) {
+    return p == NULL || ((uintptr_t)p & 15u) == 0;
+}
+
+/* Host: whether the vector path applies (S a multiple of the vector width,
+ * every given pointer 16-byte aligned). */
+static bool bn_use_vec(lucid_dtype dt, int64_t S, const void *a, const void *b,
+                       const void *c) {
+    int64_t V = 16 / (int64_t)lucid_dtype_size(dt);
+    return V > 1 && S % V == 0 && bn_aligned16(a) && bn_aligned16(b) && bn_aligned16(c);
+}
+
+// ----------------------------------------------------------------------------
+// geometry of the fixed partition (see the header)
 
 typedef struct bn_geom {
     int64_t N, C, S;
-    int64_t chunk; /* elements per part (<= S) */
-    int64_t P;     /* parts per plane */
-    int64_t parts; /* N * P */
+    int64_t CS;    /* C*S: elements between two planes of one channel */
+    int64_t chunk; /* plane elements per part (S when planes are whole) */
+    int64_t P;     /* parts per plane (chunks) */
+    int64_t pp;    /* whole planes per part (1 when P > 1) */
+    int64_t parts; /* per channel: ceil(N/pp) * P */
 } bn_geom;
 
 static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
     bn_geom g;
     g.N = N; g.C = C; g.S = S;
-    g.chunk = S < BN_CHUNK ? (S > 0 ? S : 1) : BN_CHUNK;
-    g.P = (S + g.chunk - 1) / g.chunk;
-    if (g.P < 1) g.P = 1;
-    g.parts = N * g.P;
+    g.CS = C * S;
+    if (S >= BN_PART) {
+        int64_t p0 = (S + BN_PART - 1) / BN_PART;
+        int64_t ch = (S + p0 - 1) / p0;
+        g.chunk = (ch + 7) / 8 * 8; /* <= BN_PART (a multiple of 8) */
+        g.P = (S + g.chunk - 1) / g.chunk;
+        g.pp = 1;
+    } else {
+        g.chunk = S > 0 ? S : 1;
+        g.P = 1;
+        g.pp = BN_PART / g.chunk;
+        if (g.pp > N) g.pp = N > 0 ? N : 1;
+    }
+    g.parts = (N + g.pp - 1) / g.pp * g.P;
+    if (g.parts < 1) g.parts = 1;
     return g;
 }
 
@@ -86,10 +191,132 @@ static inline unsigned bn_grid_y(int64_t C) {
     return (unsigned)(C < 65535 ? C : 65535);
 }
 
+/* One part as a block walks it (V elements per vector): the part's first
+ * element (channel 0's coordinates; add c*S), its planes of lenv vectors,
+ * and BN_THREADS = sq*lenv + sr for the walk's stride.  Every quantity but
+ * base is below BN_PART. */
+typedef struct bn_part {
+    int64_t base;
+    unsigned lenv, total, sq, sr;
+} bn_part;
+
+template <int V>
+static __device__ __forceinline__ bn_part bn_part_of(const bn_geom &g, int64_t part) {
+    int64_t gi = part / g.P, p = part - gi * g.P;
+    int64_t n0 = gi * g.pp, s0 = p * g.chunk;
+    int64_t npl = g.N - n0 < g.pp ? g.N - n0 : g.pp;
+    int64_t len = g.S - s0 < g.chunk ? g.S - s0 : g.chunk;
+    bn_part r;
+    r.base = n0 * g.CS + s0;
+    r.lenv = (unsigned)(len / V);
+    r.total = (unsigned)npl * r.lenv;
+    r.sq = BN_THREADS / r.lenv;
+    r.sr = BN_THREADS - r.sq * r.lenv;
+    return r;
+}
+
+/* A thread's position in its part's walk: vector j of the part lies in the
+ * part's plane q at vector offset off (j = q*lenv + off); next() moves to
+ * j + BN_THREADS with adds and one compare. */
+typedef struct bn_walk {
+    unsigned j, q, off;
+} bn_walk;
+
+static __device__ __forceinline__ bn_walk bn_walk_first(const bn_part &pt) {
+    bn_walk w;
+    w.j = threadIdx.x;
+    w.q = w.j / pt.lenv;
+    w.off = w.j - w.q * pt.lenv;
+    return w;
+}
+
+static __device__ __forceinline__ void bn_walk_next(bn_walk &w, const bn_part &pt) {
+    w.j += BN_THREADS;
+    w.q += pt.sq;
+    w.off += pt.sr;
+    if (w.off >= pt.lenv) {
+        w.off -= pt.lenv;
+        w.q += 1;
+    }
+}
+
+/* Element offset of the walk's vector from the part's first element. */
+template <int V>
+static __device__ __forceinline__ int64_t bn_walk_elem(const bn_walk &w, int64_t CS) {
+    return (int64_t)w.q * CS + (int64_t)w.off * V;
+}
+
+/* The flat walk of the element-wise kernels over nv = N*C*S/V vectors
+ * (I: uint32_t or uint64_t): grid stride G = gq*Sv + gr, gc = gq % C. */
+template <typename I> struct bn_flat {
+    I nv, Sv, C, G, gr, gc;
+};
+
+template <typename I>
+static bn_flat<I> bn_flat_of(int64_t NCS, int64_t C, int64_t S, int V, unsigned grid) {
+    bn_flat<I> f;
+    int64_t Sv = S / V, G = (int64_t)grid * BN_THREADS;
+    f.nv = (I)(NCS / V);
+    f.Sv = (I)Sv;
+    f.C = (I)C;
+    f.G = (I)G;
+    f.gr = (I)(G % Sv);
+    f.gc = (I)((G / Sv) % C);
+    return f;
+}
+
+/* A thread's vector j, its offset in its plane (vectors) and its channel. */
+template <typename I> struct bn_at {
+    I j, off, c;
+};
+
+template <typename I>
+static __device__ __forceinline__ bn_at<I> bn_at_first(const bn_flat<I> &f) {
+    bn_at<I> a;
+    a.j = (I)blockIdx.x * BN_THREADS + (I)threadIdx.x;
+    I pl = a.j / f.Sv;
+    a.off = a.j - pl * f.Sv;
+    a.c = pl % f.C;
+    return a;
+}
+
+/* j += G: off += gr with a carry into the plane, the plane's channel
+ * c + gc + carry < 2C wrapped once. */
+template <typename I>
+static __device__ __forceinline__ void bn_at_next(bn_at<I> &a, const bn_flat<I> &f) {
+    a.j += f.G;
+    a.off += f.gr;
+    a.c += f.gc;
+    if (a.off >= f.Sv) {
+        a.off -= f.Sv;
+        a.c += 1;
+    }
+    if (a.c >= f.C) a.c -= f.C;
+}
+
+/* Host: blocks of an element-wise kernel over nv vectors: one vector per
+ * thread, at most BN_WAVE blocks per SM (then each thread loops). */
+static unsigned bn_flat_grid(int64_t nv, int sm_count) {
+    int64_t b = (nv + BN_THREADS - 1) / BN_THREADS;
+    int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * BN_WAVE;
+    if (b > cap) b = cap;
+    if (b < 1) b = 1;
+    return (unsigned)b;
+}
+
+/* Routes of the element-wise kernels. */
+enum { BN_ROUTE_VEC = 0, BN_ROUTE_SCALAR = 1, BN_ROUTE_WIDE = 2 };
+
+static int bn_route(lucid_dtype dt, int64_t NCS, int64_t S, const void *a, const void *b,
+                    const void *c) {
+    if (NCS > (int64_t)INT32_MAX) return BN_ROUTE_WIDE;
+    return bn_use_vec(dt, S, a, b, c) ? BN_ROUTE_VEC : BN_ROUTE_SCALAR;
+}
+
 /* Channel c's affine map z = fmaf(x, sc, sh) (sc = w*invstd,
- * sh = b - mean*sc; w/b NULL: 1/0): one source expression for every kernel
- * (bn_apply's PTX is unchanged by it), so the fused backward recomputes the
- * forward's z from the same f32 statistics. */
+ * sh = b - mean*sc; w/b NULL: 1/0): one source expression for every kernel,
+ * so the fused backward recomputes the forward's z from the same f32
+ * statistics. */
 static __device__ __forceinline__ void bn_affine(int64_t c, const float *mean,
                                                  const float *invstd,
                                                  const float *w, const float *b,
@@ -106,7 +333,62 @@ static __device__ __forceinline__ float bn_silu_grad(float dy, float z) {
 }
 
 // ----------------------------------------------------------------------------
-// the last block folds
+// block reductions and the last block folds
+
+/* Sums of v[0..K) over the block in a fixed order (blockDim.x ==
+ * BN_THREADS): shuffle-down tree inside each warp, then (when more than
+ * warp 0 holds values: nvals > 32 values were spread over the threads as
+ * t, t+BN_THREADS, ...) warp 0 over the warp results.  Every thread calls
+ * it (block-uniform nvals); valid in thread 0.  sh: [K][32] of the caller,
+ * free for this call. */
+template <int K>
+static __device__ __forceinline__ void bn_block_sum64(double (&v)[K], int64_t nvals,
+                                                      double (*sh)[32]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    if (nvals <= 32) return; /* warps 1.. held nothing */
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++) sh[k][wid] = v[k];
+    __syncthreads();
+    if (wid == 0) {
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = lane < BN_THREADS / 32 ? sh[k][lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    }
+}
+
+/* (a, b) summed over the block in a fixed order (xor tree in each warp,
+ * then warp 0 over the warps in index order); valid in thread 0.  sh: [32]
+ * of the caller. */
+static __device__ __forceinline__ void bn_block_sum2(float &a, float &b, float2 *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[wid] = make_float2(a, b);
+    __syncthreads();
+    if (wid == 0) {
+        float2 r = lane < BN_THREADS / 32 ? sh[lane] : make_float2(0.0f, 0.0f);
+        a = r.x;
+        b = r.y;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+    }
+}
 
 /* Arrival of this block at channel c's counter, after thread 0 stored the
  * block's partial for c; every thread of the block calls it (it has a
@@ -161,7 +443,7 @@ static __device__ __forceinline__ bn_mv bn_shfl(bn_mv v, int o) {
     return r;
 }
 
-/* What the statistics fold writes (training forward). */
+/* What the statistics finish writes (training forward). */
 typedef struct bn_stats_out {
     float *save_mean, *save_invstd;
     float *running_mean, *running_var; /* nullable */
@@ -170,58 +452,11 @@ typedef struct bn_stats_out {
     double momentum, eps;
 } bn_stats_out;
 
-/* Sum of v over the block in a fixed order (blockDim.x == BN_THREADS):
- * shuffle-down tree inside each warp, then warp 0 over the warp results.
- * Every thread calls it; the result is valid in thread 0.  sh: [32] of
- * the caller, free for this call. */
-static __device__ __forceinline__ double bn_block_sum64(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    __syncthreads(); /* sh may still be read by a previous call */
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    v = 0.0;
-    if (wid == 0) {
-        v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    }
-    return v;
-}
-
-/* Channel c's statistics from its `parts` partials pp[0..parts) = (n_i,
- * mean_i, M2_i): called by every thread of a BN_THREADS block
- * (block-uniform), thread 0 writes save_mean / save_invstd, the running
- * stats and, for c == 0 only, num_batches_tracked += 1 (once per forward).
- * f64 sums shifted by K = mean_0 (part 0 always holds a full chunk):
- *   n = sum n_i, s = sum n_i*(mean_i - K), q = sum M2_i + n_i*(mean_i - K)^2,
- *   mean = K + s/n, M2 = q - s^2/n  (Chan's merge of all parts at once).
- * The cancellation in q - s^2/n is bounded: n_0*(mean_0 - mean)^2 <= M2, so
- * s^2/n <= M2 * n/n_0 <= M2 * parts, a relative error of about
- * parts * 2^-53 on M2 (1e-11 for 1e5 parts), far below the f32 partials'.
- * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
- * bn_block_sum64.  Nothing depends on blockIdx, so the last-arriving block
- * of bn_stats_partial (whichever it is) and the fallback bn_stats_final
- * give the same bits.  The partials are read with ld.global.cg (L2): other
- * blocks of this grid wrote them. */
-static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
-                                     const bn_stats_out &out) {
-    __shared__ double sh[32];
-    double K = (double)__ldcg((const float *)pp + 1);
-    double n = 0.0, s = 0.0, q = 0.0;
-    for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) {
-        const float *p = (const float *)(pp + i);
-        double ni = (double)__ldcg(p), d = (double)__ldcg(p + 1) - K;
-        double sd = ni * d;
-        n += ni;
-        s += sd;
-        q += (double)__ldcg(p + 2) + sd * d;
-    }
-    n = bn_block_sum64(n, sh);
-    s = bn_block_sum64(s, sh);
-    q = bn_block_sum64(q, sh);
-    if (threadIdx.x != 0) return;
-    double mean = K + s / n;
-    double m2 = q - s * (s / n);
+/* Channel c's results from its (count n, mean, M2) in f64 (one thread):
+ * save_mean / save_invstd, the running stats and, for c == 0 only,
+ * num_batches_tracked += 1 (once per forward). */
+static __device__ void bn_stats_finish(double n, double mean, double m2, int64_t c,
+                                       const bn_stats_out &out) {
     if (m2 < 0.0) m2 = 0.0;
     double var = m2 / n; /* biased: normalisation */
     out.save_mean[c] = (float)mean;
@@ -239,56 +474,129 @@ static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
     }
 }
 
-/* partial[(c * parts + part)] = (count, mean, M2) of the part; with count
- * (the nn state's zeroed arrival counters), the last block of channel c
- * folds the channel's partials (bn_stats_fold); count NULL: bn_stats_final
- * does, in a launch of its own. */
-template <typename T>
-static __global__ void bn_stats_partial(const T *__restrict__ x, bn_geom g,
-                                        float3 *partial, unsigned int *count,
-                                        bn_stats_out out) {
+/* Channel c's statistics from its `parts` (> 1) partials pp[0..parts) =
+ * (n_i, mean_i, M2_i): called by every thread of a BN_THREADS block
+ * (block-uniform), thread 0 finishes (bn_stats_finish).
+ * f64 sums shifted by K = mean_0 (part 0 is the largest part):
+ *   n = sum n_i, s = sum n_i*(mean_i - K), q = sum M2_i + n_i*(mean_i - K)^2,
+ *   mean = K + s/n, M2 = q - s^2/n  (Chan's merge of all parts at once).
+ * The cancellation in q - s^2/n is bounded: n_0*(mean_0 - mean)^2 <= M2, so
+ * s^2/n <= M2 * n/n_0 <= M2 * parts, a relative error of about
+ * parts * 2^-53 on M2 (1e-11 for 1e5 parts), far below the f32 partials'.
+ * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
+ * bn_block_sum64 of the three sums at once.  Nothing depends on blockIdx,
+ * so the last-arriving block of bn_stats_partial (whichever it is) and the
+ * fallback bn_stats_final give the same bits.  The partials are read with
+ * ld.global.cg (L2): other blocks of this grid wrote them. */
+static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
+                                     const bn_stats_out &out) {
+    __shared__ double sh[3][32];
+    double K = (double)__ldcg((const float *)pp + 1);
+    double v[3] = {0.0, 0.0, 0.0}; /* n, s, q */
+    for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
+        const float *p = (const float *)(pp + i);
+        double ni = (double)__ldcg(p), d = (double)__ldcg(p + 1) - K;
+        double sd = ni * d;
+        v[0] += ni;
+        v[1] += sd;
+        v[2] += (double)__ldcg(p + 2) + sd * d;
+    }
+    bn_block_sum64<3>(v, parts, sh);
+    if (threadIdx.x != 0) return;
+    double n = v[0], s = v[1], q = v[2];
+    bn_stats_finish(n, K + s / n, q - s * (s / n), c, out);
+}
+
+/* One part of channel c: (count, mean, M2), thread 0 of the block holding
+ * it.  K: the channel's shift (its first element). */
+template <typename T, int V>
+static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
+                                                      const bn_part &pt, int64_t CS,
+                                                      float K, bn_mv *sh) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    float a1 = 0.0f, a2 = 0.0f;
+    unsigned nvec = 0;
+    bn_walk w = bn_walk_first(pt);
+    while (w.j < pt.total) {
+        R r[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = w.j < pt.total;
+            r[u] = R();
+            if (ok[u]) r[u] = Vt::load(xp + bn_walk_elem<V>(w, CS));
+            bn_walk_next(w, pt);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float f[V];
+            Vt::unpack(r[u], f);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = f[k] - K;
+                a1 += d;
+                a2 = fmaf(d, d, a2);
+            }
+            nvec++;
+        }
+    }
+    float cnt = (float)(nvec * V);
+    bn_mv v;
+    v.n = cnt;
+    v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
+    v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
+    /* fixed tree: shuffle down inside the warp, then warp 0 over warps */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous channel */
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    bn_mv r = {0.0f, 0.0f, 0.0f};
+    if (wid == 0) {
+        r = lane < BN_THREADS / 32 ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) r = bn_merge(r, bn_shfl(r, o));
+    }
+    return r;
+}
+
+/* One block per (part, channel).  parts == 1: thread 0 finishes the
+ * channel.  Otherwise partial[(c * parts + part)] = (count, mean, M2) of
+ * the part; with count (the nn state's zeroed arrival counters), the last
+ * block of channel c folds the channel's partials (bn_stats_fold); count
+ * NULL: bn_stats_final does, in a launch of its own. */
+template <typename T, int V>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_partial(const T *__restrict__ x, bn_geom g, float3 *partial, unsigned int *count,
+                 bn_stats_out out) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     __shared__ bn_mv sh[32];
     __shared__ int last;
+    const int64_t part = blockIdx.x;
+    const bn_part pt = bn_part_of<V>(g, part);
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        int64_t part = blockIdx.x;
-        int64_t n = part / g.P, p = part % g.P;
-        int64_t s0 = p * g.chunk;
-        int64_t s1 = s0 + g.chunk < g.S ? s0 + g.chunk : g.S;
-        const T *xp = x + (n * g.C + c) * g.S;
         float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
-        float a1 = 0.0f, a2 = 0.0f, cnt = 0.0f;
-        for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
-            float d = lucid_elem<T>::load(xp, s) - K;
-            a1 += d;
-            a2 = fmaf(d, d, a2);
-            cnt += 1.0f;
+        bn_mv r = bn_stats_part<T, V>(x + pt.base + c * g.S, pt, g.CS, K, sh);
+        if (g.parts == 1) {
+            if (threadIdx.x == 0)
+                bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+            continue;
         }
-        bn_mv v;
-        v.n = cnt;
-        v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
-        v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
-        /* fixed tree: shuffle down inside the warp, then warp 0 over warps */
-        for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
-        int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-        __syncthreads();
-        if (lane == 0) sh[wid] = v;
-        __syncthreads();
-        if (wid == 0) {
-            int nw = (int)(blockDim.x >> 5);
-            bn_mv r = lane < nw ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
-            for (int o = 16; o > 0; o >>= 1) r = bn_merge(r, bn_shfl(r, o));
-            if (lane == 0) /* thread 0: the one bn_arrive fences for */
-                partial[c * g.parts + part] = make_float3(r.n, r.mean, r.m2);
-        }
+        /* thread 0: the one bn_arrive fences for */
+        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float3(r.n, r.mean, r.m2);
         if (count && bn_arrive(count + c, g.parts, &last))
             bn_stats_fold(partial + c * g.parts, g.parts, c, out);
     }
 }
 
-/* Fallback (no counters): one block per channel folds its partials. */
-static __global__ void bn_stats_final(const float3 *partial, bn_geom g, bn_stats_out out) {
+/* Fallback (no counters, parts > 1): one block per channel folds its
+ * partials. */
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_final(const float3 *partial, bn_geom g, bn_stats_out out) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y)
@@ -308,35 +616,74 @@ static __global__ void bn_stats_eval(int64_t C, const float *running_mean,
 }
 
 /* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale;
- * SILU: y = z * sigmoid(z) of that z (kept in f32). */
-template <typename T, bool SILU>
-static __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, int64_t C,
-                         int64_t S, int64_t NC, const float *mean,
-                         const float *invstd, const float *w, const float *b) {
+ * SILU: y = z * sigmoid(z) of that z (kept in f32).  Flat over the
+ * N*C*S/V vectors (bn_flat). */
+template <typename T, int V, typename I, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *mean,
+         const float *invstd, const float *w, const float *b) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
-        int64_t c = pl % C;
-        float sc, sh;
-        bn_affine(c, mean, invstd, w, b, &sc, &sh);
-        const T *xp = x + pl * S;
-        T *yp = y + pl * S;
-        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
-             s += (int64_t)gridDim.x * blockDim.x) {
-            float v = fmaf(lucid_elem<T>::load(xp, s), sc, sh);
-            if (SILU) v = v * nn_sigmoid(v);
-            lucid_elem<T>::store(yp, s, v);
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    bn_at<I> a = bn_at_first(f);
+    while (a.j < f.nv) {
+        R r[BN_UNROLL];
+        I at[BN_UNROLL];
+        float sc[BN_UNROLL], sh[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            at[u] = a.j;
+            r[u] = R();
+            sc[u] = sh[u] = 0.0f;
+            if (a.j < f.nv) {
+                r[u] = Vt::load(x + (size_t)a.j * V);
+                bn_affine((int64_t)a.c, mean, invstd, w, b, &sc[u], &sh[u]);
+            }
+            bn_at_next(a, f);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (at[u] >= f.nv) break;
+            float v[V];
+            Vt::unpack(r[u], v);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float z = fmaf(v[k], sc[u], sh[u]);
+                v[k] = SILU ? z * nn_sigmoid(z) : z;
+            }
+            Vt::store(y + (size_t)at[u] * V, Vt::pack(v));
         }
     }
 }
 
-static void plane_grid(int64_t S, int64_t NC, dim3 *grid) {
-    int64_t bx = (S + BN_THREADS - 1) / BN_THREADS;
-    if (bx > 1024) bx = 1024;
-    if (bx < 1) bx = 1;
-    grid->x = (unsigned)bx;
-    grid->y = (unsigned)(NC < 65535 ? NC : 65535);
-    grid->z = 1;
+template <typename T, bool SILU>
+static void bn_launch_apply(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
+                            cudaStream_t stream, const T *x, T *y, const float *mean,
+                            const float *invstd, const float *w, const float *b) {
+    const int VV = bn_width<T>::V;
+    int64_t NCS = N * C * S;
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_apply<T, VV, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b);
+    else if (route == BN_ROUTE_SCALAR)
+        lucid_launch(bn_apply<T, 1, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
+    else
+        lucid_launch(bn_apply<T, 1, uint64_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint64_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
+}
+
+template <typename T>
+static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x,
+                            const bn_geom &g, float3 *partial, unsigned int *count,
+                            const bn_stats_out &so) {
+    if (vec)
+        lucid_launch(bn_stats_partial<T, bn_width<T>::V>, grid, dim3(BN_THREADS), 0, stream, x,
+                     g, partial, count, so);
+    else
+        lucid_launch(bn_stats_partial<T, 1>, grid, dim3(BN_THREADS), 0, stream, x, g, partial,
+                     count, so);
 }
 
 static lucid_status bn_forward(
@@ -357,6 +704,8 @@ static lucid_status bn_forward(
     CUDA_ENTER(ctx, st);
     int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
     if (N * C * S == 0) return LUCID_OK;
+    const void *xd = lucid_tensor_data(x);
+    void *yd = lucid_tensor_data(y);
     float *sm = (float *)lucid_tensor_data(save_mean);
     float *si = (float *)lucid_tensor_data(save_invstd);
     float *rm = running_mean ? (float *)lucid_tensor_data(running_mean) : NULL;
@@ -386,11 +735,11 @@ static lucid_status bn_forward(
         so.momentum = momentum;
         so.eps = eps;
         dim3 grid((unsigned)g.parts, bn_grid_y(C));
-        NN_DISPATCH(x->dtype, (lucid_launch(bn_stats_partial<T>, grid, dim3(BN_THREADS), 0,
-                                            st->stream, (const T *)lucid_tensor_data(x), g,
-                                            (float3 *)ws, count, so)));
+        bool vec = bn_use_vec(x->dtype, S, xd, NULL, NULL);
+        NN_DISPATCH(x->dtype, bn_launch_stats<T>(vec, grid, st->stream, (const T *)xd, g,
+                                                 (float3 *)ws, count, so));
         CUDA_CHECK_LAUNCH(ctx, "bn_stats_partial");
-        if (!count) {
+        if (!count && g.parts > 1) {
             lucid_launch(bn_stats_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
                          st->stream, (const float3 *)ws, g, so);
             CUDA_CHECK_LAUNCH(ctx, "bn_stats_final");
@@ -400,18 +749,15 @@ static lucid_status bn_forward(
                      (const float *)rm, (const float *)rv, sm, si, eps);
         CUDA_CHECK_LAUNCH(ctx, "bn_stats_eval");
     }
-    dim3 grid;
-    plane_grid(S, N * C, &grid);
+    int route = bn_route(x->dtype, N * C * S, S, xd, yd, NULL);
+    int64_t nv = N * C * S / (route == BN_ROUTE_VEC ? 16 / (int64_t)lucid_dtype_size(x->dtype) : 1);
+    unsigned grid = bn_flat_grid(nv, st->sm_count);
     if (silu)
-        NN_DISPATCH(x->dtype, (lucid_launch(bn_apply<T, true>, grid, dim3(BN_THREADS), 0,
-                                            st->stream, (const T *)lucid_tensor_data(x),
-                                            (T *)lucid_tensor_data(y), C, S, N * C,
-                                            (const float *)sm, (const float *)si, w, b)));
+        NN_DISPATCH(x->dtype, (bn_launch_apply<T, true>(route, grid, N, C, S, st->stream,
+                                                        (const T *)xd, (T *)yd, sm, si, w, b)));
     else
-        NN_DISPATCH(x->dtype, (lucid_launch(bn_apply<T, false>, grid, dim3(BN_THREADS), 0,
-                                            st->stream, (const T *)lucid_tensor_data(x),
-                                            (T *)lucid_tensor_data(y), C, S, N * C,
-                                            (const float *)sm, (const float *)si, w, b)));
+        NN_DISPATCH(x->dtype, (bn_launch_apply<T, false>(route, grid, N, C, S, st->stream,
+                                                         (const T *)xd, (T *)yd, sm, si, w, b)));
     CUDA_CHECK_LAUNCH(ctx, "bn_apply");
     return LUCID_OK;
 }
@@ -441,33 +787,20 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_silu_forward(
 // ----------------------------------------------------------------------------
 // backward, and the per-channel sum
 
-/* What the gradient fold writes: dweight/dbias with beta, and the dx
- * coefficients coef[c] = (k, mean(g), mean(g*xhat)); each nullable. */
+/* What the gradient finish writes: dweight/dbias with beta, and the dx
+ * coefficients coef[c] = (k, mean(g), mean(g*xhat), 0); each nullable. */
 typedef struct bn_grad_out {
     const float *w;      /* forward weight (k = w*invstd; NULL: 1) */
     const float *invstd; /* needed with coef */
     float *dweight, *dbias;
     double beta;
-    float3 *coef;
+    float4 *coef;
 } bn_grad_out;
 
-/* Channel c's sums (sum g, sum g*xhat) from its `parts` partials, f64 in
- * the fixed order of bn_stats_fold (thread t adds parts t, t+BN_THREADS,
- * ... in that order, then bn_block_sum64); every thread of a BN_THREADS
- * block calls it, thread 0 writes.  The last block of bn_grad_partial
- * (whichever it is) and the fallback bn_grad_final give the same bits. */
-static __device__ void bn_grad_fold(const float2 *pp, bn_geom g, int64_t c,
-                                    const bn_grad_out &out) {
-    __shared__ double sh[32];
-    double sdy = 0.0, sdyx = 0.0;
-    for (int64_t i = threadIdx.x; i < g.parts; i += blockDim.x) {
-        float2 q = __ldcg(pp + i);
-        sdy += (double)q.x;
-        sdyx += (double)q.y;
-    }
-    sdy = bn_block_sum64(sdy, sh);
-    sdyx = bn_block_sum64(sdyx, sh);
-    if (threadIdx.x != 0) return;
+/* Channel c's results from its sums (sum g, sum g*xhat) in f64 (one
+ * thread). */
+static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g, int64_t c,
+                                      const bn_grad_out &out) {
     double beta = out.beta;
     if (out.dweight)
         out.dweight[c] =
@@ -477,60 +810,109 @@ static __device__ void bn_grad_fold(const float2 *pp, bn_geom g, int64_t c,
     if (out.coef) {
         double M = (double)g.N * (double)g.S;
         double k = (out.w ? (double)out.w[c] : 1.0) * (double)out.invstd[c];
-        out.coef[c] = make_float3((float)k, (float)(sdy / M), (float)(sdyx / M));
+        out.coef[c] = make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
     }
 }
 
-/* partial[(c*parts + part)] = (sum g, sum g*xhat) of the part (the second
- * only when WITH_X), g = dy, or SILU (needs WITH_X): g = dy * silu'(z) with
- * z recomputed from x (w, b: the forward's weight and bias, nullable).
- * With count (the nn state's zeroed arrival counters) the last block of
- * channel c folds its partials (bn_grad_fold); count NULL: bn_grad_final
- * does, in a launch of its own. */
-template <typename T, bool WITH_X, bool SILU>
-static __global__ void bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x,
-                                const float *mean, const float *invstd,
-                                const float *w, const float *b,
-                                bn_geom g, float2 *partial, unsigned int *count,
-                                bn_grad_out out) {
+/* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
+ * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
+ * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
+ * block calls it, thread 0 finishes.  The last block of bn_grad_partial
+ * (whichever it is) and the fallback bn_grad_final give the same bits. */
+static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
+                                    const bn_grad_out &out) {
+    __shared__ double sh[2][32];
+    double v[2] = {0.0, 0.0};
+    for (int64_t i = threadIdx.x; i < g.parts; i += BN_THREADS) {
+        float2 q = __ldcg(pp + i);
+        v[0] += (double)q.x;
+        v[1] += (double)q.y;
+    }
+    bn_block_sum64<2>(v, g.parts, sh);
+    if (threadIdx.x != 0) return;
+    bn_grad_finish(v[0], v[1], g, c, out);
+}
+
+/* One block per (part, channel): (sum g, sum g*xhat) of the part (the
+ * second only when WITH_X), g = dy, or SILU (needs WITH_X): g = dy *
+ * silu'(z) with z recomputed from x (w, b: the forward's weight and bias,
+ * nullable).  parts == 1: thread 0 finishes the channel.  Otherwise
+ * partial[(c*parts + part)] = the sums; with count (the nn state's zeroed
+ * arrival counters) the last block of channel c folds its partials
+ * (bn_grad_fold); count NULL: bn_grad_final does, in a launch of its own. */
+template <typename T, int V, bool WITH_X, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *mean,
+                const float *invstd, const float *w, const float *b, bn_geom g,
+                float2 *partial, unsigned int *count, bn_grad_out out) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     static_assert(WITH_X || !SILU, "the fused SiLU gradient needs x");
-    __shared__ float sh[32];
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    __shared__ float2 sh[32];
     __shared__ int last;
+    const int64_t part = blockIdx.x;
+    const bn_part pt = bn_part_of<V>(g, part);
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        int64_t part = blockIdx.x;
-        int64_t n = part / g.P, p = part % g.P;
-        int64_t s0 = p * g.chunk;
-        int64_t s1 = s0 + g.chunk < g.S ? s0 + g.chunk : g.S;
-        int64_t base = (n * g.C + c) * g.S;
+        const int64_t base = pt.base + c * g.S;
+        const T *dyp = dy + base;
+        const T *xp = WITH_X ? x + base : dy;
         float mu = WITH_X ? mean[c] : 0.0f, is = WITH_X ? invstd[c] : 0.0f;
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         float a = 0.0f, bsum = 0.0f;
-        for (int64_t s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
-            float gv = lucid_elem<T>::load(dy, base + s), xv = 0.0f;
-            if (SILU) {
-                xv = lucid_elem<T>::load(x, base + s);
-                gv = bn_silu_grad(gv, fmaf(xv, zs, zh));
+        bn_walk wk = bn_walk_first(pt);
+        while (wk.j < pt.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pt.total;
+                rg[u] = R();
+                rx[u] = R();
+                if (ok[u]) {
+                    int64_t e = bn_walk_elem<V>(wk, g.CS);
+                    rg[u] = Vt::load(dyp + e);
+                    if (WITH_X) rx[u] = Vt::load(xp + e);
+                }
+                bn_walk_next(wk, pt);
             }
-            a += gv;
-            if (WITH_X) {
-                float xh = ((SILU ? xv : lucid_elem<T>::load(x, base + s)) - mu) * is;
-                bsum = fmaf(gv, xh, bsum);
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float gv[V], xv[V];
+                Vt::unpack(rg[u], gv);
+                if (WITH_X) Vt::unpack(rx[u], xv);
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float gk = gv[k];
+                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                    a += gk;
+                    if (WITH_X) {
+                        float xh = (xv[k] - mu) * is;
+                        bsum = fmaf(gk, xh, bsum);
+                    }
+                }
             }
         }
-        float ra = nn_block_sum(a, sh);
-        float rb = WITH_X ? nn_block_sum(bsum, sh) : 0.0f;
+        bn_block_sum2(a, bsum, sh);
+        if (!WITH_X) bsum = 0.0f;
+        if (g.parts == 1) {
+            if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
+            continue;
+        }
         /* thread 0: the one bn_arrive fences for */
-        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float2(ra, rb);
+        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float2(a, bsum);
         if (count && bn_arrive(count + c, g.parts, &last))
             bn_grad_fold(partial + c * g.parts, g, c, out);
     }
 }
 
-/* Fallback (no counters): one block per channel folds its partials. */
-static __global__ void bn_grad_final(const float2 *partial, bn_geom g, bn_grad_out out) {
+/* Fallback (no counters, parts > 1): one block per channel folds its
+ * partials. */
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_final(const float2 *partial, bn_geom g, bn_grad_out out) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y)
@@ -540,43 +922,111 @@ static __global__ void bn_grad_final(const float2 *partial, bn_geom g, bn_grad_o
 /* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
  * dx = beta*dx + w*invstd*g                (eval)
  * g = dy, or SILU: dy * silu'(z), z recomputed from x (b: the forward's
- * bias, nullable). */
-template <typename T, bool TRAIN, bool SILU>
-static __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy,
-                      T *dx, int64_t C, int64_t S, int64_t NC,
-                      const float *mean, const float *invstd, const float *w,
-                      const float *b, const float3 *coef, float beta) {
+ * bias, nullable).  Flat over the N*C*S/V vectors (bn_flat). */
+template <typename T, int V, typename I, bool TRAIN, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
+      const float *mean, const float *invstd, const float *w, const float *b,
+      const float4 *coef, float beta) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    for (int64_t pl = blockIdx.y; pl < NC; pl += gridDim.y) {
-        int64_t c = pl % C;
-        float k, mdy = 0.0f, mdyx = 0.0f, mu = 0.0f, is = 0.0f;
-        if (TRAIN) {
-            float3 q = coef[c];
-            k = q.x; mdy = q.y; mdyx = q.z;
-            mu = mean[c]; is = invstd[c];
-        } else {
-            k = (w ? w[c] : 1.0f) * invstd[c];
-        }
-        float zs = 0.0f, zh = 0.0f;
-        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
-        int64_t base = pl * S;
-        for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < S;
-             s += (int64_t)gridDim.x * blockDim.x) {
-            float gv = lucid_elem<T>::load(dy, base + s);
-            float xv = (TRAIN || SILU) ? lucid_elem<T>::load(x, base + s) : 0.0f;
-            if (SILU) gv = bn_silu_grad(gv, fmaf(xv, zs, zh));
-            float v;
-            if (TRAIN) {
-                float xh = (xv - mu) * is;
-                v = k * (gv - mdy - xh * mdyx);
-            } else {
-                v = k * gv;
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    const bool NX = TRAIN || SILU; /* x is read */
+    bn_at<I> a = bn_at_first(f);
+    while (a.j < f.nv) {
+        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+        I at[BN_UNROLL];
+        float k[BN_UNROLL], mdy[BN_UNROLL], mdyx[BN_UNROLL], mu[BN_UNROLL], is[BN_UNROLL];
+        float zs[BN_UNROLL], zh[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            at[u] = a.j;
+            rg[u] = R();
+            rx[u] = R();
+            rd[u] = R();
+            k[u] = mdy[u] = mdyx[u] = mu[u] = is[u] = zs[u] = zh[u] = 0.0f;
+            if (a.j < f.nv) {
+                size_t e = (size_t)a.j * V;
+                int64_t c = (int64_t)a.c;
+                rg[u] = Vt::load(dy + e);
+                if (NX) rx[u] = Vt::load(x + e);
+                if (beta != 0.0f) rd[u] = Vt::load(dx + e);
+                if (TRAIN) {
+                    float4 q = coef[c];
+                    k[u] = q.x;
+                    mdy[u] = q.y;
+                    mdyx[u] = q.z;
+                    mu[u] = mean[c];
+                    is[u] = invstd[c];
+                } else {
+                    k[u] = (w ? w[c] : 1.0f) * invstd[c];
+                }
+                if (SILU) bn_affine(c, mean, invstd, w, b, &zs[u], &zh[u]);
             }
-            if (beta != 0.0f) v = fmaf(beta, lucid_elem<T>::load(dx, base + s), v);
-            lucid_elem<T>::store(dx, base + s, v);
+            bn_at_next(a, f);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (at[u] >= f.nv) break;
+            float gv[V], xv[V], dv[V];
+            Vt::unpack(rg[u], gv);
+            if (NX) Vt::unpack(rx[u], xv);
+            if (beta != 0.0f) Vt::unpack(rd[u], dv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                float g = gv[q];
+                float xq = NX ? xv[q] : 0.0f;
+                if (SILU) g = bn_silu_grad(g, fmaf(xq, zs[u], zh[u]));
+                float v;
+                if (TRAIN) {
+                    float xh = (xq - mu[u]) * is[u];
+                    v = k[u] * (g - mdy[u] - xh * mdyx[u]);
+                } else {
+                    v = k[u] * g;
+                }
+                if (beta != 0.0f) v = fmaf(beta, dv[q], v);
+                gv[q] = v;
+            }
+            Vt::store(dx + (size_t)at[u] * V, Vt::pack(gv));
         }
     }
+}
+
+template <typename T, bool TRAIN, bool SILU>
+static void bn_launch_dx(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
+                         cudaStream_t stream, const T *x, const T *dy, T *dx,
+                         const float *mean, const float *invstd, const float *w,
+                         const float *b, const float4 *coef, float beta) {
+    const int VV = bn_width<T>::V;
+    int64_t NCS = N * C * S;
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_dx<T, VV, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean,
+                     invstd, w, b, coef, beta);
+    else if (route == BN_ROUTE_SCALAR)
+        lucid_launch(bn_dx<T, 1, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean,
+                     invstd, w, b, coef, beta);
+    else
+        lucid_launch(bn_dx<T, 1, uint64_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint64_t>(NCS, C, S, 1, grid), mean,
+                     invstd, w, b, coef, beta);
+}
+
+/* The gradient sums' launch: g = dy (WITH_X: also g*xhat), or the fused
+ * SiLU's g; vec: the vector path. */
+template <typename T, bool WITH_X, bool SILU>
+static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy,
+                           const T *x, const float *mean, const float *invstd,
+                           const float *w, const float *b, const bn_geom &g,
+                           float2 *partial, unsigned int *count, const bn_grad_out &go) {
+    if (vec)
+        lucid_launch(bn_grad_partial<T, bn_width<T>::V, WITH_X, SILU>, grid, dim3(BN_THREADS),
+                     0, stream, dy, x, mean, invstd, w, b, g, partial, count, go);
+    else
+        lucid_launch(bn_grad_partial<T, 1, WITH_X, SILU>, grid, dim3(BN_THREADS), 0, stream,
+                     dy, x, mean, invstd, w, b, g, partial, count, go);
 }
 
 static lucid_status bn_backward(
@@ -596,12 +1046,13 @@ static lucid_status bn_backward(
     CUDA_ENTER(ctx, st);
     int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
     if (N * C * S == 0) return LUCID_OK;
+    const void *xd = lucid_tensor_data(x), *dyd = lucid_tensor_data(dy);
     const float *sm = (const float *)lucid_tensor_data(save_mean);
     const float *si = (const float *)lucid_tensor_data(save_invstd);
     const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
     const float *b = (silu && bias) ? (const float *)lucid_tensor_data(bias) : NULL;
     bool need_sums = dweight || dbias || (dx && training);
-    float3 *coef = NULL;
+    float4 *coef = NULL;
     if (need_sums) {
         lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
         if (!ns) return ctx->last_status;
@@ -611,12 +1062,12 @@ static lucid_status bn_backward(
         size_t pbytes = nn_align(sizeof(float2) * (size_t)(g.parts * C));
         void *ws = NULL;
         LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns,
-                                      pbytes + sizeof(float3) * (size_t)C, op,
+                                      pbytes + sizeof(float4) * (size_t)C, op,
                                       &ws));
         unsigned int *count = NULL; /* NULL: the two-launch fallback */
         LUCID_TRY(lucid_cuda_nn_counters(ctx, st, ns, C, &count));
         float2 *part = (float2 *)ws;
-        coef = (dx && training) ? (float3 *)((char *)ws + pbytes) : NULL;
+        coef = (dx && training) ? (float4 *)((char *)ws + pbytes) : NULL;
         bn_grad_out go;
         go.w = w;
         go.invstd = si;
@@ -626,47 +1077,52 @@ static lucid_status bn_backward(
         go.coef = coef;
         dim3 grid((unsigned)g.parts, bn_grid_y(C));
         bool with_x = dweight || (dx && training);
+        /* x and dy decide, whatever is asked: the same partition (bits) for
+         * every subset of the outputs */
+        bool vec = bn_use_vec(x->dtype, S, xd, dyd, NULL);
         const float *nof = NULL;
         if (silu) /* g needs x whatever is asked */
-            NN_DISPATCH(x->dtype, (lucid_launch(bn_grad_partial<T, true, true>, grid,
-                                                dim3(BN_THREADS), 0, st->stream,
-                                                (const T *)lucid_tensor_data(dy),
-                                                (const T *)lucid_tensor_data(x), sm, si, w,
-                                                b, g, part, count, go)));
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, true>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)xd,
+                                      sm, si, w, b, g, part, count, go)));
         else if (with_x)
-            NN_DISPATCH(x->dtype, (lucid_launch(bn_grad_partial<T, true, false>, grid,
-                                                dim3(BN_THREADS), 0, st->stream,
-                                                (const T *)lucid_tensor_data(dy),
-                                                (const T *)lucid_tensor_data(x), sm, si, nof,
-                                                nof, g, part, count, go)));
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, false>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)xd,
+                                      sm, si, nof, nof, g, part, count, go)));
         else
-            NN_DISPATCH(x->dtype, (lucid_launch(bn_grad_partial<T, false, false>, grid,
-                                                dim3(BN_THREADS), 0, st->stream,
-                                                (const T *)lucid_tensor_data(dy),
-                                                (const T *)NULL, sm, si, nof, nof, g, part,
-                                                count, go)));
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, false, false>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)NULL,
+                                      sm, si, nof, nof, g, part, count, go)));
         CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial");
-        if (!count) {
+        if (!count && g.parts > 1) {
             lucid_launch(bn_grad_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
                          st->stream, (const float2 *)part, g, go);
             CUDA_CHECK_LAUNCH(ctx, "bn_grad_final");
         }
     }
     if (!dx) return LUCID_OK;
-    dim3 grid;
-    plane_grid(S, N * C, &grid);
+    void *dxd = lucid_tensor_data(dx);
+    int route = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd);
+    int64_t nv = N * C * S / (route == BN_ROUTE_VEC ? 16 / (int64_t)lucid_dtype_size(x->dtype) : 1);
+    unsigned grid = bn_flat_grid(nv, st->sm_count);
     float bi = (float)beta_input;
-#define BN_DX_LAUNCH(TR, SI)                                                  \
-    NN_DISPATCH(x->dtype, (lucid_launch(bn_dx<T, TR, SI>, grid, dim3(BN_THREADS), 0, \
-                                        st->stream, (const T *)lucid_tensor_data(x), \
-                                        (const T *)lucid_tensor_data(dy),     \
-                                        (T *)lucid_tensor_data(dx), C, S, N * C, sm, \
-                                        si, w, b, (const float3 *)coef, bi)))
-    if (training && silu) BN_DX_LAUNCH(true, true);
-    else if (training) BN_DX_LAUNCH(true, false);
-    else if (silu) BN_DX_LAUNCH(false, true);
-    else BN_DX_LAUNCH(false, false);
-#undef BN_DX_LAUNCH
+    const float4 *cf = coef;
+    if (training && silu)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, true, true>(route, grid, N, C, S, st->stream,
+                                                           (const T *)xd, (const T *)dyd,
+                                                           (T *)dxd, sm, si, w, b, cf, bi)));
+    else if (training)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, true, false>(route, grid, N, C, S, st->stream,
+                                                            (const T *)xd, (const T *)dyd,
+                                                            (T *)dxd, sm, si, w, b, cf, bi)));
+    else if (silu)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, false, true>(route, grid, N, C, S, st->stream,
+                                                            (const T *)xd, (const T *)dyd,
+                                                            (T *)dxd, sm, si, w, b, cf, bi)));
+    else
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, false, false>(route, grid, N, C, S, st->stream,
+                                                             (const T *)xd, (const T *)dyd,
+                                                             (T *)dxd, sm, si, w, b, cf, bi)));
     CUDA_CHECK_LAUNCH(ctx, "bn_dx");
     return LUCID_OK;
 }
@@ -714,12 +1170,13 @@ lucid_status lucid_cuda_nn_channel_sum(lucid_ctx *ctx, lucid_cuda_state *st,
     go.beta = beta;
     go.coef = NULL;
     dim3 grid((unsigned)g.parts, bn_grid_y(C));
+    bool vec = bn_use_vec(dt, S, dy, NULL, NULL);
     const float *nof = NULL;
-    NN_DISPATCH(dt, (lucid_launch(bn_grad_partial<T, false, false>, grid, dim3(BN_THREADS), 0,
-                                  st->stream, (const T *)dy, (const T *)NULL, nof, nof, nof,
-                                  nof, g, (float2 *)ws, count, go)));
+    NN_DISPATCH(dt, (bn_launch_grad<T, false, false>(vec, grid, st->stream, (const T *)dy,
+                                                     (const T *)NULL, nof, nof, nof, nof, g,
+                                                     (float2 *)ws, count, go)));
     CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial (bias)");
-    if (!count) {
+    if (!count && g.parts > 1) {
         lucid_launch(bn_grad_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0, st->stream,
                      (const float2 *)ws, g, go);
         CUDA_CHECK_LAUNCH(ctx, "bn_grad_final (bias)");

@@ -41,14 +41,27 @@
  *   capture before counters   a fresh context whose warm-up only ran BN on
  *                             more channels than the fold counters cover:
  *                             the capture records the fallback route
- *                             (separate final kernels), and its replay
- *                             equals the eager counter route bitwise
- * Shapes: one part per plane (4x16x32x32), several parts per plane
- * (2x8x100x90: 9000 > 4096 elements), a YOLO-like 4x64x40x40, tiny planes
- * (8x5x1x1), no affine parameters (3x7x5x3), 300 planes of 8x8 (more parts
- * per channel than the 256 threads that fold them), C = 70001 (grid.y
- * strides over channels: counter route) and C = 131100 (more channels than
- * the fold counters: fallback route); f32, bf16, f16; train and eval.
+ *                             (separate final kernels when a channel has
+ *                             more than one part), and its replay equals
+ *                             the eager counter route bitwise; shapes with
+ *                             1, 8, 52 and 300 parts per channel
+ *   unaligned activations     x/dy and y/dx at an element offset of 1 of
+ *                             their storage (the scalar path of a shape
+ *                             the vector path would take): against the
+ *                             CPU, and deterministic
+ * Shapes (cuda/nn_norm.cu's partition: a plane of S >= 8192 elements is cut
+ * into chunks, smaller planes are grouped, floor(8192/S) to a part; the
+ * vector path needs S a multiple of 8 (bf16/f16) or 4 (f32)): one part per
+ * channel (4x16x32x32, 4x64x40x40, tiny planes 8x5x1x1, no affine
+ * parameters 3x7x5x3, 3x5x6x10 with S = 60: vector path in f32 only);
+ * several parts folded by warp 0 (2x8x100x90: 2 chunks a plane; 300x3x8x8:
+ * 128 planes a part, the last part shorter; 3x4x91x91: odd S, scalar, 2
+ * chunks; 5x3x96x96: odd N, vector, 2 chunks; 2x3x80x80: one plane a part);
+ * more than 32 parts, folded by the whole block (5x2x160x330: 35 parts of
+ * 7 chunks a plane) and more than the 256 threads that fold them
+ * (300x2x64x72); C = 70001 (grid.y strides over channels: counter route)
+ * and C = 131100 (more channels than the fold counters: fallback route);
+ * f32, bf16, f16; train and eval.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -98,6 +111,30 @@ static lucid_tensor *pdpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
 }
 static lucid_tensor *phpoison(lucid_dtype dt, int ndim, const int64_t *shape) {
     return keep(hpoison(dt, ndim, shape));
+}
+
+/* Device tensor of `shape` at element offset off of a fresh device storage
+ * (off 1: data not 16-byte aligned, so the BN kernels take their scalar
+ * path; off 0: aligned), filled with NaN. */
+static lucid_tensor *pdview(lucid_dtype dt, int ndim, const int64_t *shape, int64_t off) {
+    int64_t n = 1, strides[LUCID_MAX_DIMS];
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = n;
+        n *= shape[i];
+    }
+    lucid_storage *s = NULL;
+    lucid_tensor *t = NULL;
+    if (lucid_storage_create(ctx, GPU, (size_t)(n + off) * lucid_dtype_size(dt), 0, &s) !=
+        LUCID_OK)
+        return NULL;
+    lucid_status st = lucid_tensor_from_storage(ctx, s, dt, ndim, shape, strides, off, &t);
+    lucid_storage_release(s);
+    if (st != LUCID_OK) return NULL;
+    if (lucid_fill(ctx, t, NAN) != LUCID_OK) {
+        lucid_tensor_release(t);
+        return NULL;
+    }
+    return keep(t);
 }
 
 /* ------------------------------------------------------------ comparisons
@@ -344,14 +381,15 @@ done:
 
 /* ======================================= graph capture of the fused calls */
 
-static void test_capture(lucid_dtype dt) {
-    char pre[64];
-    snprintf(pre, sizeof pre, "bn+silu capture %s", lucid_dtype_name(dt));
+static void test_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t H, int64_t W) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "bn+silu capture %lldx%lldx%lldx%lld %s", (long long)N,
+             (long long)C, (long long)H, (long long)W, lucid_dtype_name(dt));
     if (!lucid_ctx_graphs_available(ctx)) {
         TEST_SKIP(pre, "graphs not available on this context");
         return;
     }
-    int64_t xs[4] = {4, 24, 40, 40}, cs[1] = {24}, one[1] = {1};
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
     lucid_graph *g = NULL;
     lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
     lucid_tensor *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
@@ -439,14 +477,18 @@ done:
 /* Capture before the nn state has its fold counters (cuda/nn_table.cu
  * allocates them on the first request made outside a capture, never inside
  * one): a fresh context whose warm-up only ran BN on more channels than the
- * counters cover (fallback route; the arena grows there), then the fused
- * calls of a small shape captured (the fallback route is recorded),
- * replayed, and compared bitwise with the same calls run eagerly
- * afterwards (which allocate the counters and take the counter route). */
-static void test_capture_fallback(lucid_dtype dt) {
-    char pre[80];
-    snprintf(pre, sizeof pre, "bn+silu capture before the fold counters %s",
-             lucid_dtype_name(dt));
+ * counters cover (fallback route; the arena grows there, 4x131100x1x1 is
+ * one part per channel so it needs more arena than the shapes below), then
+ * the fused calls of an N x C x H x W shape captured (the fallback route is
+ * recorded: with more than one part per channel, the separate final
+ * kernels), replayed, and compared bitwise with the same calls run eagerly
+ * afterwards (which allocate the counters and take the counter route: the
+ * last block of a channel folds). */
+static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t H,
+                                  int64_t W) {
+    char pre[112];
+    snprintf(pre, sizeof pre, "bn+silu capture before the fold counters %lldx%lldx%lldx%lld %s",
+             (long long)N, (long long)C, (long long)H, (long long)W, lucid_dtype_name(dt));
     if (!lucid_ctx_graphs_available(ctx)) {
         TEST_SKIP(pre, "graphs not available on this context");
         return;
@@ -465,7 +507,7 @@ static void test_capture_fallback(lucid_dtype dt) {
     lucid_graph *g = NULL;
     {
         int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
-        int64_t xs[4] = {4, 24, 40, 40}, cs[1] = {24}, one[1] = {1};
+        int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
         lucid_tensor *bx = pdev(phrand(dt, 4, bxs, -2, 3));
         lucid_tensor *bw = pdev(phrand(LUCID_F32, 1, bcs, 0.5, 1.5));
         lucid_tensor *bb = pdev(phrand(LUCID_F32, 1, bcs, -0.5, 0.5));
@@ -551,6 +593,84 @@ done:
     pool_free();
     ctx = main_ctx;
     lucid_ctx_release(fresh);
+}
+
+/* ================================== unaligned activations (scalar path)
+ * A shape the vector path would take (S a multiple of 8) with the inputs
+ * x, dy at element offset in_off and the outputs y, dx at out_off of their
+ * storages (1: not 16-byte aligned): in_off 1 sends every kernel to its
+ * scalar path, in_off 0 / out_off 1 only the element-wise ones (the
+ * statistics and gradient sums stay vectorised).  Fused training forward
+ * and backward against the CPU (tolerances of test_case), and run twice:
+ * bitwise identical. */
+static void test_misaligned(lucid_dtype dt, int64_t in_off, int64_t out_off) {
+    const int64_t N = 3, C = 4, H = 96, W = 96; /* S = 9216: 2 chunks a plane */
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn+silu %lldx%lldx%lldx%lld x/dy at offset %lld, y/dx at %lld %s",
+             (long long)N, (long long)C, (long long)H, (long long)W, (long long)in_off,
+             (long long)out_off, lucid_dtype_name(dt));
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C};
+    const double ptol = dt != LUCID_F32 ? 1e-5 : 1e-6;
+    lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
+    lucid_tensor *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = phrand(LUCID_F32, 1, cs, -0.2, 0.2);
+    lucid_tensor *hrv = phrand(LUCID_F32, 1, cs, 0.5, 2.0);
+    lucid_tensor *hx = phrand(dt, 4, xs, -2, 3), *hdy = phrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = pdev(hw), *gb = pdev(hb), *grm = pdev(hrm), *grv = pdev(hrv);
+    lucid_tensor *gx = pdview(dt, 4, xs, in_off), *gdy = pdview(dt, 4, xs, in_off);
+    lucid_tensor *gy = pdview(dt, 4, xs, out_off), *gdx = pdview(dt, 4, xs, out_off);
+    lucid_tensor *hy = phpoison(dt, 4, xs), *hdx = phpoison(dt, 4, xs);
+    lucid_tensor *hsm = phpoison(LUCID_F32, 1, cs), *hsi = phpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gsm = pdpoison(LUCID_F32, 1, cs), *gsi = pdpoison(LUCID_F32, 1, cs);
+    lucid_tensor *hdw = phpoison(LUCID_F32, 1, cs), *hdb = phpoison(LUCID_F32, 1, cs);
+    lucid_tensor *gdw = pdpoison(LUCID_F32, 1, cs), *gdb = pdpoison(LUCID_F32, 1, cs);
+    if (!hw || !hb || !hrm || !hrv || !hx || !hdy || !gw || !gb || !grm || !grv || !gx ||
+        !gdy || !gy || !gdx || !hy || !hdx || !hsm || !hsi || !gsm || !gsi || !hdw || !hdb ||
+        !gdw || !gdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    RUN(NAME("%s: copy x", pre), lucid_copy(ctx, gx, hx));
+    RUN(NAME("%s: copy dy", pre), lucid_copy(ctx, gdy, hdy));
+    RUN(NAME("%s: train forward cpu", pre),
+        lucid_nn_batchnorm2d_silu_forward(ctx, hx, hy, hw, hb, hrm, hrv, NULL, hsm, hsi, 1,
+                                          MOM, EPS));
+    RUN(NAME("%s: train forward", pre),
+        lucid_nn_batchnorm2d_silu_forward(ctx, gx, gy, gw, gb, grm, grv, NULL, gsm, gsi, 1,
+                                          MOM, EPS));
+    cmp_act(NAME("%s: train y = cpu", pre), gy, hy, 1e-6);
+    cmp_rel(NAME("%s: save_mean = cpu", pre), gsm, hsm, ptol);
+    cmp_rel(NAME("%s: save_invstd = cpu", pre), gsi, hsi, ptol);
+    cmp_rel(NAME("%s: running_mean = cpu", pre), grm, hrm, ptol);
+    cmp_rel(NAME("%s: running_var = cpu", pre), grv, hrv, ptol);
+    RUN(NAME("%s: train backward cpu", pre),
+        lucid_nn_batchnorm2d_silu_backward(ctx, hx, hdy, hdx, hw, hb, hsm, hsi, hdw, hdb, 1,
+                                           0.0, 0.0));
+    RUN(NAME("%s: train backward", pre),
+        lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdw, gdb, 1,
+                                           0.0, 0.0));
+    cmp_act(NAME("%s: train dx = cpu", pre), gdx, hdx, 1e-5);
+    cmp_rel(NAME("%s: train dweight = cpu", pre), gdw, hdw, 1e-5);
+    cmp_rel(NAME("%s: train dbias = cpu", pre), gdb, hdb, 1e-5);
+    {
+        lucid_tensor *y1 = phost(gy), *dx1 = phost(gdx), *dw1 = phost(gdw), *db1 = phost(gdb);
+        RUN(NAME("%s: train backward again", pre),
+            lucid_nn_batchnorm2d_silu_backward(ctx, gx, gdy, gdx, gw, gb, gsm, gsi, gdw, gdb,
+                                               1, 0.0, 0.0));
+        RUN(NAME("%s: train forward again", pre),
+            lucid_nn_batchnorm2d_silu_forward(ctx, gx, gy, gw, gb, grm, grv, NULL, gsm, gsi,
+                                              1, MOM, EPS));
+        if (y1 && dx1 && dw1 && db1) {
+            cmp_bits(NAME("%s: y deterministic", pre), gy, y1);
+            cmp_bits(NAME("%s: dx deterministic", pre), gdx, dx1);
+            cmp_bits(NAME("%s: dweight deterministic", pre), gdw, dw1);
+            cmp_bits(NAME("%s: dbias deterministic", pre), gdb, db1);
+        } else {
+            TEST_FAIL(NAME("%s: snapshots", pre), "%s", lucid_ctx_error(ctx));
+        }
+    }
+done:
+    pool_free();
 }
 
 /* ============================================ the module pair on the GPU */
@@ -654,16 +774,32 @@ int main(void) {
     static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
     for (int d = 0; d < 3; d++) {
         lucid_dtype dt = DTS[d];
+        /* one part per channel (whole planes, no fold) */
         test_case(4, 16, 32, 32, 1, dt);
-        test_case(2, 8, 100, 90, 1, dt);
         test_case(4, 64, 40, 40, 1, dt);
         test_case(8, 5, 1, 1, 1, dt);
         test_case(3, 7, 5, 3, 0, dt);
+        test_case(3, 5, 6, 10, 1, dt);
+        /* several parts per channel, folded by warp 0 (<= 32 parts) */
+        test_case(2, 8, 100, 90, 1, dt);
         test_case(300, 3, 8, 8, 1, dt);
+        test_case(3, 4, 91, 91, 1, dt);
+        test_case(5, 3, 96, 96, 1, dt);
+        test_case(2, 3, 80, 80, 1, dt);
+        /* more than 32 parts (the whole block folds), more than 256 */
+        test_case(5, 2, 160, 330, 1, dt);
+        test_case(300, 2, 64, 72, 1, dt);
+        /* C past grid.y (counters) and past the counters (fallback) */
         test_case(2, 70001, 1, 2, 1, dt);
         test_case(2, 131100, 1, 2, 1, dt);
-        test_capture(dt);
-        test_capture_fallback(dt);
+        test_misaligned(dt, 1, 1);
+        test_misaligned(dt, 0, 1);
+        test_capture(dt, 4, 24, 40, 40);
+        test_capture(dt, 4, 24, 96, 96);
+        test_capture_fallback(dt, 4, 24, 40, 40);
+        test_capture_fallback(dt, 4, 24, 96, 96);
+        test_capture_fallback(dt, 4, 8, 320, 320);
+        test_capture_fallback(dt, 300, 2, 64, 72);
         test_modules(dt);
     }
     return cuda_test_finish();

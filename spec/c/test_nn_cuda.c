@@ -29,7 +29,13 @@
  *                          separate final kernel; C > 131072 =
  *                          LUCID_CUDA_NN_COUNTERS) agree bitwise on the
  *                          channels they share (a channel's result depends
- *                          on its own data only)
+ *                          on its own data only; one part per channel
+ *                          there, so both finish in the partial kernel);
+ *                          with several parts per channel (10, 52, 130:
+ *                          warp-0 and whole-block folds, vector and scalar
+ *                          paths) the fallback recorded by a capture made
+ *                          before the counters exist equals the eager
+ *                          counter route bitwise
  * Conv cases: 3x3 s1/s2 pad 1, 1x1, dilation 2, groups 2, depthwise (s1 and
  * s2), odd sizes, 5x5, the network's implicit-GEMM shapes (layer 0 with
  * Cin 3, Cout 51, split-K filter gradient), with and without bias; each on
@@ -45,14 +51,20 @@
  * and 1) of 1x1 convs on both 1x1 routes, captured after one eager pass into
  * a CUDA graph (no allocation while capturing), replayed: bitwise equal to
  * the eager results.
- * BatchNorm cases: one part per plane, several parts per plane, tiny and
- * odd planes, no affine; many parts per channel (300 planes: more than the
- * 256 threads that fold them; 130x65x65: a short last part per plane; the
- * network's first layer 4x16x320x320: 25 parts a plane, 100 a channel);
- * C = 70001 > 65535 (grid.y strides over channels, not a multiple of it)
- * on the counter route and C = 131100 on the fallback route; each with two
- * training steps (running stats, num_batches_tracked == 2) and every
- * output run twice and compared bitwise.
+ * BatchNorm cases (cuda/nn_norm.cu's partition: planes of S >= 8192
+ * elements cut into chunks of <= 8192, smaller planes grouped floor(8192/S)
+ * to a part; vector path when S % 8 == 0, f32 S % 4 == 0): one part per
+ * channel (4x16x32x32, tiny and odd planes, no affine, 3x5x6x10: vector in
+ * f32 only), several parts per plane (2x8x100x90, 5x3x96x96 with odd N),
+ * grouped planes (300x3x8x8: 128 planes a part); many parts per channel
+ * (130x65x65: odd S, scalar, a plane a part; 300x2x64x72: 300 parts, more
+ * than the 256 threads that fold them; the network's first layer
+ * 4x16x320x320: 13 parts a plane, 52 a channel); C = 70001 > 65535 (grid.y
+ * strides over channels, not a multiple of it) on the counter route and
+ * C = 131100 on the fallback route; each with two training steps (running
+ * stats, num_batches_tracked == 2) and every output run twice and compared
+ * bitwise.  A 3x3 conv with bias on 100x90 planes sums its bias gradient
+ * over 2 parts a plane.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
@@ -116,6 +128,8 @@ static const conv_case CONV_CASES[] = {
     {"3x3 51>51 bias", 2, 51, 20, 20, 51, 3, 3, 1, 1, 1, 1, 1},
     {"3x3 32>32 40x40 split-K", 4, 32, 40, 40, 32, 3, 3, 1, 1, 1, 1, 0},
     {"5x5 p2 bias", 1, 5, 11, 9, 7, 5, 5, 1, 2, 1, 1, 1},
+    /* bias gradient over planes of 9000: 2 parts a plane (nn_norm.cu's sum) */
+    {"3x3 bias 100x90", 2, 4, 100, 90, 4, 3, 3, 1, 1, 1, 1, 1},
     /* 1x1 shapes for the cuBLAS 1x1 route (nn_conv_gemm.cu) and its switch */
     {"1x1 N1 16>48 bias", 1, 16, 20, 20, 48, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 odd 7>5 13x11", 2, 7, 13, 11, 5, 1, 1, 1, 0, 1, 1, 0},
@@ -499,12 +513,13 @@ static lucid_tensor *hfirst(const lucid_tensor *t, int64_t Cs) {
 }
 
 /* The two reduction routes of the GPU BatchNorm2d (cuda/nn_norm.cu): Cb
- * channels (> LUCID_CUDA_NN_COUNTERS: partial kernels, then the separate
- * final kernels) and the first Cs of them alone (the counter route: the
- * last block of each channel folds).  Channel c's results depend on
- * channel c's data only, so the shared channels must agree bitwise: y,
- * save_mean, save_invstd, running stats, num_batches_tracked, dx, dweight,
- * dbias. */
+ * channels (> LUCID_CUDA_NN_COUNTERS: no counters) and the first Cs of
+ * them alone (the counter route).  With 5x3x4 elements a channel is one
+ * part, which both routes finish in the partial kernel (no fold; the
+ * folds are compared by test_bn_routes_capture).  Channel c's results
+ * depend on channel c's data only, so the shared channels must agree
+ * bitwise: y, save_mean, save_invstd, running stats, num_batches_tracked,
+ * dx, dweight, dbias. */
 static void test_bn_routes(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "batchnorm2d routes counters = fallback %s", dname(dt));
@@ -576,6 +591,131 @@ done:
     rel(by); rel(gy); rel(bdx); rel(gdx); rel(bsm); rel(bsi); rel(bdw); rel(bdb);
     rel(gsm); rel(gsi); rel(gdw); rel(gdb);
     for (int i = 0; i < 10; i++) rel(r[i]);
+}
+
+/* The two reduction routes with more than one part per channel
+ * (cuda/nn_norm.cu): a fresh context whose warm-up ran BN only on more
+ * channels than the fold counters cover (so the counters do not exist yet;
+ * the arena grows there: 4x131100x1x1 needs more than the shapes below),
+ * then the training forward, backward (dx, dweight, dbias) and a dbias-only
+ * backward (the sums without x) of an N x C x H x W shape captured (the
+ * fallback route is recorded: partial kernels, then the separate final
+ * kernels), replayed twice, and compared bitwise with the same calls run
+ * twice eagerly afterwards (the counter route: the last block of each
+ * channel folds). */
+static void test_bn_routes_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t H,
+                                   int64_t W) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "batchnorm2d routes counters = captured fallback %lldx%lldx%lldx%lld %s",
+             (long long)N, (long long)C, (long long)H, (long long)W, dname(dt));
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(pre, "graphs not available on this context");
+        return;
+    }
+    lucid_ctx *main_ctx = ctx, *fresh = NULL;
+    lucid_ctx_options opt = lucid_ctx_options_default();
+    opt.device = GPU;
+    opt.seed = g_seed;
+    char err[512] = "";
+    lucid_status cst = lucid_ctx_create(&opt, &fresh, err, sizeof err);
+    if (cst != LUCID_OK) {
+        TEST_FAIL(NAME("%s: context", pre), "%s: %s", lucid_status_name(cst), err);
+        return;
+    }
+    ctx = fresh; /* every helper below works on ctx */
+    const double mom = 0.1, eps = 1e-3;
+    int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    lucid_graph *g = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1.5, 2.5), *hdy = hrand(dt, 4, xs, -1, 1);
+    lucid_tensor *hw = hrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = hrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = hrand(LUCID_F32, 1, cs, -0.2, 0.2), *hrv = hrand(LUCID_F32, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = hzeros(LUCID_I64, 1, one), *hbx = hrand(dt, 4, bxs, -2, 3);
+    lucid_tensor *hbw = hrand(LUCID_F32, 1, bcs, 0.5, 1.5);
+    /* b*: the warm-up; e*: eager (counters); r*: recorded (fallback) */
+    lucid_tensor *bx = dev(hbx), *bw = dev(hbw), *by = dpoison(dt, 4, bxs);
+    lucid_tensor *bdx = dpoison(dt, 4, bxs), *bsm = dpoison(LUCID_F32, 1, bcs);
+    lucid_tensor *bsi = dpoison(LUCID_F32, 1, bcs), *bdw = dpoison(LUCID_F32, 1, bcs);
+    lucid_tensor *bdb = dpoison(LUCID_F32, 1, bcs);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gw = dev(hw), *gb = dev(hb);
+    lucid_tensor *erm = dev(hrm), *erv = dev(hrv), *enb = dev(hnb);
+    lucid_tensor *rrm = dev(hrm), *rrv = dev(hrv), *rnb = dev(hnb);
+    lucid_tensor *ey = dpoison(dt, 4, xs), *ry = dpoison(dt, 4, xs);
+    lucid_tensor *edx = dpoison(dt, 4, xs), *rdx = dpoison(dt, 4, xs);
+    lucid_tensor *esm = dpoison(LUCID_F32, 1, cs), *rsm = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *esi = dpoison(LUCID_F32, 1, cs), *rsi = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *edw = dpoison(LUCID_F32, 1, cs), *rdw = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *edb = dpoison(LUCID_F32, 1, cs), *rdb = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *edb2 = dpoison(LUCID_F32, 1, cs), *rdb2 = dpoison(LUCID_F32, 1, cs);
+    lucid_tensor *all[] = {hx,  hdy, hw,  hb,  hrm, hrv, hnb, hbx, hbw,  bx,   bw,  by,
+                           bdx, bsm, bsi, bdw, bdb, gx,  gdy, gw,  gb,   erm,  erv, enb,
+                           rrm, rrv, rnb, ey,  ry,  edx, rdx, esm, rsm,  esi,  rsi, edw,
+                           rdw, edb, rdb, edb2, rdb2};
+    const int nall = (int)(sizeof all / sizeof all[0]);
+    for (int i = 0; i < nall; i++)
+        if (!all[i]) {
+            TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+    RUN(NAME("%s: warm-up forward", pre),
+        lucid_nn_batchnorm2d_forward(ctx, bx, by, bw, NULL, NULL, NULL, NULL, bsm, bsi, 1,
+                                     mom, eps));
+    RUN(NAME("%s: warm-up backward", pre),
+        lucid_nn_batchnorm2d_backward(ctx, bx, by, bdx, bw, bsm, bsi, bdw, bdb, 1, 0.0, 0.0));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_status s = lucid_nn_batchnorm2d_forward(ctx, gx, ry, gw, gb, rrm, rrv, rnb, rsm,
+                                                      rsi, 1, mom, eps);
+        if (!s)
+            s = lucid_nn_batchnorm2d_backward(ctx, gx, gdy, rdx, gw, rsm, rsi, rdw, rdb, 1, 0.0,
+                                              0.0);
+        if (!s)
+            s = lucid_nn_batchnorm2d_backward(ctx, gx, gdy, NULL, gw, rsm, rsi, NULL, rdb2, 1,
+                                              0.0, 0.0);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    TEST_OK(NAME("%s: captured without the counters", pre));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    RUN(NAME("%s: replay 2", pre), lucid_graph_launch(ctx, g));
+    for (int k = 0; k < 2; k++) {
+        RUN(NAME("%s: eager forward", pre),
+            lucid_nn_batchnorm2d_forward(ctx, gx, ey, gw, gb, erm, erv, enb, esm, esi, 1, mom,
+                                         eps));
+        RUN(NAME("%s: eager backward", pre),
+            lucid_nn_batchnorm2d_backward(ctx, gx, gdy, edx, gw, esm, esi, edw, edb, 1, 0.0,
+                                          0.0));
+        RUN(NAME("%s: eager backward dbias only", pre),
+            lucid_nn_batchnorm2d_backward(ctx, gx, gdy, NULL, gw, esm, esi, NULL, edb2, 1, 0.0,
+                                          0.0));
+    }
+    {
+        const lucid_tensor *rr[10] = {ry, rsm, rsi, rrm, rrv, rnb, rdx, rdw, rdb, rdb2};
+        const lucid_tensor *ee[10] = {ey, esm, esi, erm, erv, enb, edx, edw, edb, edb2};
+        const char *what[10] = {"y", "save_mean", "save_invstd", "running_mean (2 updates)",
+                                "running_var (2 updates)", "num_batches_tracked", "dx",
+                                "dweight", "dbias", "dbias (alone)"};
+        for (int i = 0; i < 10; i++) {
+            lucid_tensor *h = snap(ee[i]);
+            if (!h) {
+                TEST_FAIL(NAME("%s: %s copy back", pre, what[i]), "%s", lucid_ctx_error(ctx));
+                continue;
+            }
+            cmp_bits(NAME("%s: fallback replay %s = counter eager", pre, what[i]), rr[i], h);
+            rel(h);
+        }
+    }
+done:
+    if (g) lucid_graph_destroy(g);
+    for (int i = 0; i < nall; i++) rel(all[i]);
+    ctx = main_ctx;
+    lucid_ctx_release(fresh);
 }
 
 /* ============================================================ pointwise */
@@ -761,9 +901,16 @@ int main(void) {
         test_bn(300, 3, 8, 8, 1, dt);
         test_bn(130, 2, 65, 65, 1, dt);
         test_bn(4, 16, 320, 320, 1, dt);
+        test_bn(300, 2, 64, 72, 1, dt);
+        /* ---- vector path (S % 8; f32: S % 4) with odd N, and f32 only */
+        test_bn(5, 3, 96, 96, 1, dt);
+        test_bn(3, 5, 6, 10, 1, dt);
         test_bn(2, 70001, 1, 2, 1, dt);
         test_bn(2, 131100, 1, 2, 0, dt);
         test_bn_routes(dt);
+        test_bn_routes_capture(dt, 5, 3, 96, 96);
+        test_bn_routes_capture(dt, 4, 3, 320, 320);
+        test_bn_routes_capture(dt, 130, 2, 65, 65);
         /* ---- silu */
         pw_op silu = {0, 0, {0, 0, 0, 0, 0, 0}, 0};
         int64_t s4[4] = {3, 5, 17, 19};
