@@ -10,23 +10,86 @@
  *   add:      y = a + b (y may alias a or b: elementwise, same index)
  *   channel_copy: dst[:, d0:d0+n] = beta*dst[...] + src[:, s0:s0+n]; the
  *             dtypes of dst and src may differ (converted through f32);
- *             same dtype with beta 0 is one cudaMemcpy2DAsync.
+ *             same dtype with beta 0 is one cudaMemcpy2DAsync (bits moved)
+ *             unless LUCID_CHAN_COPY=kernel, which sends it to the kernel
+ *             below (bits moved too; for A/B timing: a copy node is not a
+ *             PDL launch).
  *   upsample: y[i,j] = x[i/s, j/s]; dx[h,w] = sum of the s x s block of dy
- *             (a gather: one thread per dx element, fixed order)
+ *             (a gather: one thread per dx element, or per half vector of
+ *             dx, fixed order: acc = 0, += dy[a][b] row-major, then
+ *             beta*dx with one fma, one rounding)
  *   maxpool:  padding -inf, ties to the first maximum in row-major window
  *             order, NaN wins (as the CPU reference); indices i32 h*W+w.
  *             Backward is a gather: one thread per dx element sums, in
  *             output order, dy of the windows whose argmax it is; without
  *             indices the argmax is first recomputed into the nn arena.
+ *
+ * Vector paths (chosen on the host, 16 bytes = V elements: 8 x bf16/f16,
+ * 4 x f32; bits and results identical to the one-element forms):
+ *   add:      a, b, y 16-byte aligned: V-element vectors, PW_UNROLL per
+ *             thread per grid-stride step, the n % V tail one per thread;
+ *             else one element per thread. 32-bit index: pieces of at most
+ *             PW_CHUNK (2^30) elements, one launch each.
+ *   channel_copy (same dtype): dst and src of every row 16-byte aligned
+ *             (base pointers and row strides Cd*S, Cs*S in bytes multiples
+ *             of 16): rows on grid y, V-element vectors along the row on
+ *             grid x, the len % V tail of each row one per thread; beta 0
+ *             moves bits, beta != 0 is fma(beta, dst, src) per element.
+ *             Mixed dtypes or unaligned rows: one element per thread, same
+ *             grid. No division per element.
+ *   upsample s = 2, W a multiple of V/2, x (fwd) / dx (bwd) 8-byte and
+ *             y / dy 16-byte aligned: one unit = V/2 consecutive elements of
+ *             an input (dx) row r = pl*H + h; forward loads them as 8 bytes
+ *             and stores each element twice as one 16-byte vector into
+ *             output rows 2r and 2r+1; backward loads those two 16-byte dy
+ *             vectors and stores V/2 dx elements as 8 bytes. Other scales,
+ *             widths or alignments: one output (dx) element per thread.
+ *   Upsample index math is 32-bit when y (dy) has fewer than 2^31
+ *   elements, else 64-bit (channel_copy: when dst and src both have), with
+ *   no per-element 64-bit division: the vector units divide once by Q, the
+ *   one-element forms by the row length and s. Grids are capped at
+ *   PW_WAVES waves of full-occupancy blocks on the device's SMs.
+ *
  * No atomics: every result is bitwise reproducible.
  */
 #include "nn_common.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define PW_THREADS 256
+#define PW_UNROLL 4                   /* vectors (units) per thread per step */
+#define PW_WAVES 2                    /* grid cap, in full-occupancy waves */
+#define PW_CHUNK ((int64_t)1 << 30)   /* add: elements per launch (32-bit) */
 
 static unsigned pw_blocks(int64_t n) { return lucid_cuda_blocks(n, PW_THREADS); }
+
+/* N elements of T as one aligned access (N * sizeof(T) = 16 or 8 bytes). */
+template <typename T, int N> struct alignas(N * sizeof(T)) pw_pack {
+    T e[N];
+};
+
+static inline bool pw_aligned(const void *p, unsigned bytes) {
+    return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0;
+}
+
+/* PW_WAVES waves of full-occupancy blocks (2048 resident threads per SM). */
+static int64_t pw_cap(const lucid_cuda_state *st) {
+    int64_t sms = st->sm_count > 0 ? st->sm_count : 132;
+    return sms * (2048 / PW_THREADS) * PW_WAVES;
+}
+
+/* Blocks for `items` work items of `per_thread` each (grid-stride kernels):
+ * at least 1, at most pw_cap. */
+static unsigned pw_grid(const lucid_cuda_state *st, int64_t items, int per_thread) {
+    int64_t per_block = (int64_t)PW_THREADS * per_thread;
+    int64_t b = (items + per_block - 1) / per_block;
+    int64_t cap = pw_cap(st);
+    if (b > cap) b = cap;
+    if (b < 1) b = 1;
+    return (unsigned)b;
+}
 
 // ----------------------------------------------------------------------------
 // SiLU
@@ -87,12 +150,49 @@ extern "C" lucid_status lucid_cuda_silu_backward(lucid_ctx *ctx,
 // ----------------------------------------------------------------------------
 // Add
 
+/* y = a + b over n <= PW_CHUNK elements. vec = 1 (a, b, y 16-byte
+ * aligned): V-element vectors, all loads of a step before its stores (y may
+ * alias a or b), then the n % V tail; vec = 0: one element per thread. */
 template <typename T>
-static __global__ void add_fwd(const T *a, const T *b, T *y, int64_t n) {
+static __global__ void add_fwd(const T *a, const T *b, T *y, uint32_t n, int vec) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    constexpr uint32_t V = 16 / sizeof(T);
+    typedef pw_pack<T, (int)V> vt;
+    const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+    const uint32_t nt = gridDim.x * blockDim.x;
+    uint32_t head = 0;
+    if (vec) {
+        const uint32_t nv = n / V;
+        const vt *av = (const vt *)a, *bv = (const vt *)b;
+        vt *yv = (vt *)y;
+        for (uint32_t v0 = tid; v0 < nv; v0 += nt * PW_UNROLL) {
+            vt xa[PW_UNROLL], xb[PW_UNROLL];
+#pragma unroll
+            for (int u = 0; u < PW_UNROLL; u++) {
+                uint32_t v = v0 + (uint32_t)u * nt;
+                if (v < nv) {
+                    xa[u] = av[v];
+                    xb[u] = bv[v];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PW_UNROLL; u++) {
+                uint32_t v = v0 + (uint32_t)u * nt;
+                if (v < nv) {
+                    vt o;
+#pragma unroll
+                    for (int k = 0; k < (int)V; k++)
+                        lucid_elem<T>::store(o.e, k,
+                                             __fadd_rn(lucid_elem<T>::load(xa[u].e, k),
+                                                       lucid_elem<T>::load(xb[u].e, k)));
+                    yv[v] = o;
+                }
+            }
+        }
+        head = nv * V;
+    }
+    for (uint32_t i = head + tid; i < n; i += nt)
         lucid_elem<T>::store(y, i, __fadd_rn(lucid_elem<T>::load(a, i),
                                              lucid_elem<T>::load(b, i)));
 }
@@ -104,10 +204,20 @@ extern "C" lucid_status lucid_cuda_add_forward(lucid_ctx *ctx,
     LUCID_TRY(nn_check_act(ctx, "add_forward", a->dtype));
     CUDA_ENTER(ctx, st);
     int64_t n = lucid_tensor_numel(y);
-    NN_DISPATCH(a->dtype, (lucid_launch(add_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
-                                        (const T *)lucid_tensor_data(a),
-                                        (const T *)lucid_tensor_data(b),
-                                        (T *)lucid_tensor_data(y), n)));
+    const char *ad = (const char *)lucid_tensor_data(a);
+    const char *bd = (const char *)lucid_tensor_data(b);
+    char *yd = (char *)lucid_tensor_data(y);
+    const int vec = pw_aligned(ad, 16) && pw_aligned(bd, 16) && pw_aligned(yd, 16);
+    const size_t es = lucid_dtype_size(a->dtype);
+    const int64_t V = 16 / (int64_t)es;
+    for (int64_t off = 0; off < n; off += PW_CHUNK) {
+        int64_t m = n - off < PW_CHUNK ? n - off : PW_CHUNK;
+        size_t bo = (size_t)off * es;
+        unsigned blocks = vec ? pw_grid(st, m / V, PW_UNROLL) : pw_grid(st, m, 1);
+        NN_DISPATCH(a->dtype, (lucid_launch(add_fwd<T>, blocks, PW_THREADS, 0, st->stream,
+                                            (const T *)(ad + bo), (const T *)(bd + bo),
+                                            (T *)(yd + bo), (uint32_t)m, vec)));
+    }
     CUDA_CHECK_LAUNCH(ctx, "add_fwd");
     return LUCID_OK;
 }
@@ -115,21 +225,138 @@ extern "C" lucid_status lucid_cuda_add_forward(lucid_ctx *ctx,
 // ----------------------------------------------------------------------------
 // channel_copy
 
-/* dst row n: dst + (n*Cd + d0)*S, len = nch*S; src row: src + (n*Cs + s0)*S */
-template <typename D, typename Sx>
-static __global__ void chan_copy(D *dst, const Sx *src, int64_t N, int64_t len,
-                          int64_t dstride, int64_t sstride, float beta) {
+/* Rows n < N (grid y, stride gridDim.y): dst row dst + n*dstride, src row
+ * src + n*sstride, len elements each (dst + (n*Cd + d0)*S, src + (n*Cs +
+ * s0)*S, len = nch*S); grid x walks the row. Any dtypes, any alignment. */
+template <typename D, typename Sx, typename IndexT>
+static __global__ void chan_copy(D *dst, const Sx *src, IndexT N, IndexT len,
+                                 IndexT dstride, IndexT sstride, float beta) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    int64_t total = N * len;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = i / len, k = i - n * len;
-        int64_t di = n * dstride + k, si = n * sstride + k;
-        float v = lucid_elem<Sx>::load(src, si);
-        if (beta != 0.0f) v = fmaf(beta, lucid_elem<D>::load(dst, di), v);
-        lucid_elem<D>::store(dst, di, v);
+    const IndexT tx = (IndexT)blockIdx.x * blockDim.x + threadIdx.x;
+    const IndexT ntx = (IndexT)gridDim.x * blockDim.x;
+    for (IndexT n = blockIdx.y; n < N; n += gridDim.y) {
+        D *dr = dst + n * dstride;
+        const Sx *sr = src + n * sstride;
+        for (IndexT k = tx; k < len; k += ntx) {
+            float v = lucid_elem<Sx>::load(sr, k);
+            if (beta != 0.0f) v = fmaf(beta, lucid_elem<D>::load(dr, k), v);
+            lucid_elem<D>::store(dr, k, v);
+        }
     }
+}
+
+/* Same rows, one dtype, every row start 16-byte aligned (host-checked):
+ * V-element vectors along the row (PW_UNROLL per thread per step), then the
+ * len % V tail one element per thread. beta 0 moves bits; beta != 0 is
+ * fma(beta, dst, src) per element, as chan_copy. */
+template <typename T, typename IndexT>
+static __global__ void chan_copy_vec(T *dst, const T *src, IndexT N, IndexT len,
+                                     IndexT dstride, IndexT sstride, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    constexpr int V = 16 / sizeof(T);
+    typedef pw_pack<T, V> vt;
+    const IndexT tx = (IndexT)blockIdx.x * blockDim.x + threadIdx.x;
+    const IndexT ntx = (IndexT)gridDim.x * blockDim.x;
+    const IndexT nv = len / V;
+    for (IndexT n = blockIdx.y; n < N; n += gridDim.y) {
+        T *dr = dst + n * dstride;
+        const T *sr = src + n * sstride;
+        vt *dv = (vt *)dr;
+        const vt *sv = (const vt *)sr;
+        for (IndexT v0 = tx; v0 < nv; v0 += ntx * PW_UNROLL) {
+            vt xs[PW_UNROLL], xd[PW_UNROLL];
+#pragma unroll
+            for (int u = 0; u < PW_UNROLL; u++) {
+                IndexT v = v0 + (IndexT)u * ntx;
+                if (v < nv) {
+                    xs[u] = sv[v];
+                    if (beta != 0.0f) xd[u] = dv[v];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PW_UNROLL; u++) {
+                IndexT v = v0 + (IndexT)u * ntx;
+                if (v < nv) {
+                    if (beta != 0.0f) {
+#pragma unroll
+                        for (int k = 0; k < V; k++)
+                            lucid_elem<T>::store(
+                                xs[u].e, k,
+                                fmaf(beta, lucid_elem<T>::load(xd[u].e, k),
+                                     lucid_elem<T>::load(xs[u].e, k)));
+                    }
+                    dv[v] = xs[u];
+                }
+            }
+        }
+        for (IndexT k = nv * V + tx; k < len; k += ntx) {
+            if (beta != 0.0f)
+                lucid_elem<T>::store(dr, k, fmaf(beta, lucid_elem<T>::load(dr, k),
+                                                 lucid_elem<T>::load(sr, k)));
+            else
+                dr[k] = sr[k];
+        }
+    }
+}
+
+/* LUCID_CHAN_COPY=kernel: same-dtype beta-0 copies take chan_copy_vec (when
+ * aligned) instead of cudaMemcpy2DAsync. Read at each call (a getenv is
+ * cheap next to a launch; tests switch it between calls). */
+static bool chan_copy_kernel_env(void) {
+    const char *e = getenv("LUCID_CHAN_COPY");
+    return e && strcmp(e, "kernel") == 0;
+}
+
+/* grid: x along a row (`per_thread` elements per item), y over rows */
+static dim3 cc_grid(const lucid_cuda_state *st, int64_t N, int64_t row_items,
+                    int per_thread) {
+    int64_t gy = N < 65535 ? N : 65535;
+    int64_t gx = pw_grid(st, row_items, per_thread);
+    int64_t gx_cap = pw_cap(st) / gy;
+    if (gx > gx_cap) gx = gx_cap;
+    if (gx < 1) gx = 1;
+    return dim3((unsigned)gx, (unsigned)gy, 1);
+}
+
+template <typename IndexT>
+static void launch_chan_copy(const lucid_cuda_state *st, lucid_dtype ddt,
+                             lucid_dtype sdt, char *dd, const char *sd,
+                             int64_t N, int64_t len, int64_t dstride,
+                             int64_t sstride, float b, bool vec) {
+    if (vec) {
+        dim3 g = cc_grid(st, N, len / (int64_t)(16 / lucid_dtype_size(ddt)), PW_UNROLL);
+        NN_DISPATCH(ddt, (lucid_launch(chan_copy_vec<T, IndexT>, g, PW_THREADS, 0,
+                                       st->stream, (T *)dd, (const T *)sd, (IndexT)N,
+                                       (IndexT)len, (IndexT)dstride, (IndexT)sstride, b)));
+        return;
+    }
+    dim3 g = cc_grid(st, N, len, 1);
+#define CC_SRC(D)                                                             \
+    switch (sdt) {                                                            \
+    case LUCID_F32:                                                           \
+        lucid_launch(chan_copy<D, float, IndexT>, g, PW_THREADS, 0, st->stream, \
+            (D *)dd, (const float *)sd, (IndexT)N, (IndexT)len,               \
+            (IndexT)dstride, (IndexT)sstride, b);                             \
+        break;                                                                \
+    case LUCID_BF16:                                                          \
+        lucid_launch(chan_copy<D, __nv_bfloat16, IndexT>, g, PW_THREADS, 0,   \
+            st->stream, (D *)dd, (const __nv_bfloat16 *)sd, (IndexT)N,        \
+            (IndexT)len, (IndexT)dstride, (IndexT)sstride, b);                \
+        break;                                                                \
+    default:                                                                  \
+        lucid_launch(chan_copy<D, __half, IndexT>, g, PW_THREADS, 0, st->stream, \
+            (D *)dd, (const __half *)sd, (IndexT)N, (IndexT)len,              \
+            (IndexT)dstride, (IndexT)sstride, b);                             \
+        break;                                                                \
+    }
+    switch (ddt) {
+    case LUCID_F32: CC_SRC(float); break;
+    case LUCID_BF16: CC_SRC(__nv_bfloat16); break;
+    default: CC_SRC(__half); break;
+    }
+#undef CC_SRC
 }
 
 extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
@@ -150,36 +377,27 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
     size_t des = lucid_dtype_size(dst->dtype), ses = lucid_dtype_size(src->dtype);
     dd += (size_t)(dst_c0 * S) * des;
     sd += (size_t)(src_c0 * S) * ses;
-    if (beta == 0.0 && dst->dtype == src->dtype) {
+    const bool same = dst->dtype == src->dtype;
+    const bool vec = same && pw_aligned(dd, 16) && pw_aligned(sd, 16) &&
+                     ((size_t)(Cd * S) * des) % 16 == 0 &&
+                     ((size_t)(Cs * S) * ses) % 16 == 0;
+    if (beta == 0.0 && same && !(vec && chan_copy_kernel_env())) {
         CUDA_CHECK(ctx, cudaMemcpy2DAsync(dd, (size_t)(Cd * S) * des, sd,
                                           (size_t)(Cs * S) * ses,
                                           (size_t)len * des, (size_t)N,
                                           cudaMemcpyDeviceToDevice, st->stream));
         return LUCID_OK;
     }
-    unsigned blocks = pw_blocks(N * len);
-    float b = (float)beta;
-#define CC_SRC(D)                                                             \
-    switch (src->dtype) {                                                     \
-    case LUCID_F32:                                                           \
-        lucid_launch(chan_copy<D, float>, blocks, PW_THREADS, 0, st->stream,  \
-            (D *)dd, (const float *)sd, N, len, Cd * S, Cs * S, b);           \
-        break;                                                                \
-    case LUCID_BF16:                                                          \
-        lucid_launch(chan_copy<D, __nv_bfloat16>, blocks, PW_THREADS, 0, st->stream, \
-            (D *)dd, (const __nv_bfloat16 *)sd, N, len, Cd * S, Cs * S, b);   \
-        break;                                                                \
-    default:                                                                  \
-        lucid_launch(chan_copy<D, __half>, blocks, PW_THREADS, 0, st->stream, \
-            (D *)dd, (const __half *)sd, N, len, Cd * S, Cs * S, b);          \
-        break;                                                                \
-    }
-    switch (dst->dtype) {
-    case LUCID_F32: CC_SRC(float); break;
-    case LUCID_BF16: CC_SRC(__nv_bfloat16); break;
-    default: CC_SRC(__half); break;
-    }
-#undef CC_SRC
+    /* 32-bit when every offset of both tensors fits (the row loop's n*stride
+     * + k stays below numel) */
+    bool small = lucid_tensor_numel(dst) < ((int64_t)1 << 31) &&
+                 lucid_tensor_numel(src) < ((int64_t)1 << 31);
+    if (small)
+        launch_chan_copy<uint32_t>(st, dst->dtype, src->dtype, dd, sd, N, len,
+                                   Cd * S, Cs * S, (float)beta, vec);
+    else
+        launch_chan_copy<int64_t>(st, dst->dtype, src->dtype, dd, sd, N, len,
+                                  Cd * S, Cs * S, (float)beta, vec);
     CUDA_CHECK_LAUNCH(ctx, "chan_copy");
     return LUCID_OK;
 }
@@ -187,38 +405,136 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
 // ----------------------------------------------------------------------------
 // nearest Upsample
 
-template <typename T>
-static __global__ void up_fwd(const T *__restrict__ x, T *__restrict__ y, int64_t NC,
-                       int64_t H, int64_t W, int s) {
+/* Any scale, any alignment: one output element per thread. Output row
+ * r = pl*Ho + i reads input row r / s = pl*H + i/s (pl*H*s divides by s). */
+template <typename T, typename IndexT>
+static __global__ void up_fwd(const T *__restrict__ x, T *__restrict__ y,
+                              IndexT total, IndexT W, IndexT Wo, IndexT s) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    int64_t Ho = H * s, Wo = W * s, total = NC * Ho * Wo;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t j = i % Wo, r = i / Wo;
-        int64_t h = r % Ho, pl = r / Ho;
-        y[i] = x[(pl * H + h / s) * W + j / s];
+    for (IndexT i = (IndexT)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (IndexT)gridDim.x * blockDim.x) {
+        IndexT r = i / Wo, j = i - r * Wo;
+        y[i] = x[(r / s) * W + j / s];
     }
 }
 
-template <typename T>
-static __global__ void up_bwd(const T *__restrict__ dy, T *dx, int64_t NC, int64_t H,
-                       int64_t W, int s, float beta) {
+/* s = 2, W % (V/2) == 0 (V = 16 / sizeof(T)), x 8-byte and y 16-byte
+ * aligned: unit u = the V/2 elements x[u*V/2 ..] of input row r = u / Q
+ * (Q = W / (V/2) units per row, column unit c = u - r*Q); each element is
+ * stored twice (bits moved) as the V-element vector c of output rows 2r and
+ * 2r+1, i.e. output vectors 2r*Q + c = u + r*Q and that + Q. */
+template <typename T, typename IndexT>
+static __global__ void up2_fwd_vec(const T *__restrict__ x, T *__restrict__ y,
+                                   IndexT units, IndexT Q) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    int64_t Wo = W * s, total = NC * H * W;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t w = i % W, r = i / W;
-        int64_t h = r % H, pl = r / H;
-        const T *row = dy + ((pl * H + h) * s) * Wo + w * s;
+    constexpr int V = 16 / sizeof(T), H2 = V / 2;
+    typedef pw_pack<T, V> vt;
+    typedef pw_pack<T, H2> ht;
+    const ht *xh = (const ht *)x;
+    vt *yv = (vt *)y;
+    const IndexT tid = (IndexT)blockIdx.x * blockDim.x + threadIdx.x;
+    const IndexT nt = (IndexT)gridDim.x * blockDim.x;
+    for (IndexT u0 = tid; u0 < units; u0 += nt * PW_UNROLL) {
+        ht in[PW_UNROLL];
+#pragma unroll
+        for (int k = 0; k < PW_UNROLL; k++) {
+            IndexT u = u0 + (IndexT)k * nt;
+            if (u < units) in[k] = xh[u];
+        }
+#pragma unroll
+        for (int k = 0; k < PW_UNROLL; k++) {
+            IndexT u = u0 + (IndexT)k * nt;
+            if (u < units) {
+                vt o;
+#pragma unroll
+                for (int e = 0; e < H2; e++) o.e[2 * e] = o.e[2 * e + 1] = in[k].e[e];
+                IndexT ov = u + (u / Q) * Q;
+                yv[ov] = o;
+                yv[ov + Q] = o;
+            }
+        }
+    }
+}
+
+/* Any scale, any alignment: one dx element per thread; dx row r = pl*H + h
+ * gathers dy rows r*s .. r*s+s-1 (pl*Ho + h*s = r*s), columns w*s ... */
+template <typename T, typename IndexT>
+static __global__ void up_bwd(const T *__restrict__ dy, T *dx, IndexT total,
+                              IndexT W, IndexT Wo, int s, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (IndexT i = (IndexT)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (IndexT)gridDim.x * blockDim.x) {
+        IndexT r = i / W, w = i - r * W;
+        const T *row = dy + (r * (IndexT)s) * Wo + w * (IndexT)s;
         float acc = 0.0f;
         for (int a = 0; a < s; a++)
             for (int b = 0; b < s; b++)
-                acc += lucid_elem<T>::load(row, (int64_t)a * Wo + b);
+                acc += lucid_elem<T>::load(row, (IndexT)a * Wo + (IndexT)b);
         if (beta != 0.0f) acc = fmaf(beta, lucid_elem<T>::load(dx, i), acc);
         lucid_elem<T>::store(dx, i, acc);
     }
+}
+
+/* s = 2, W % (V/2) == 0, dy 16-byte and dx 8-byte aligned: unit u = the V/2
+ * elements dx[u*V/2 ..] of dx row r = u / Q (Q = W / (V/2)); it reads the
+ * dy vectors u + r*Q (row 2r) and that + Q (row 2r+1) and sums each 2 x 2
+ * block in the order of up_bwd: acc = 0, + row 2r (b = 0, 1), + row 2r+1
+ * (b = 0, 1), then fma(beta, dx, acc), one rounding. */
+template <typename T, typename IndexT>
+static __global__ void up2_bwd_vec(const T *__restrict__ dy, T *dx, IndexT units,
+                                   IndexT Q, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    constexpr int V = 16 / sizeof(T), H2 = V / 2;
+    typedef pw_pack<T, V> vt;
+    typedef pw_pack<T, H2> ht;
+    const vt *dyv = (const vt *)dy;
+    ht *dxh = (ht *)dx;
+    const IndexT tid = (IndexT)blockIdx.x * blockDim.x + threadIdx.x;
+    const IndexT nt = (IndexT)gridDim.x * blockDim.x;
+    for (IndexT u0 = tid; u0 < units; u0 += nt * PW_UNROLL) {
+        vt r0[PW_UNROLL], r1[PW_UNROLL];
+        ht old[PW_UNROLL];
+#pragma unroll
+        for (int k = 0; k < PW_UNROLL; k++) {
+            IndexT u = u0 + (IndexT)k * nt;
+            if (u < units) {
+                IndexT v = u + (u / Q) * Q;
+                r0[k] = dyv[v];
+                r1[k] = dyv[v + Q];
+                if (beta != 0.0f) old[k] = dxh[u];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < PW_UNROLL; k++) {
+            IndexT u = u0 + (IndexT)k * nt;
+            if (u < units) {
+                ht o;
+#pragma unroll
+                for (int e = 0; e < H2; e++) {
+                    float acc = 0.0f;
+                    acc += lucid_elem<T>::load(r0[k].e, 2 * e);
+                    acc += lucid_elem<T>::load(r0[k].e, 2 * e + 1);
+                    acc += lucid_elem<T>::load(r1[k].e, 2 * e);
+                    acc += lucid_elem<T>::load(r1[k].e, 2 * e + 1);
+                    if (beta != 0.0f) acc = fmaf(beta, lucid_elem<T>::load(old[k].e, e), acc);
+                    lucid_elem<T>::store(o.e, e, acc);
+                }
+                dxh[u] = o;
+            }
+        }
+    }
+}
+
+/* The s = 2 vector route applies: W a multiple of V/2, the small side
+ * (x / dx) 8-byte and the large side (y / dy) 16-byte aligned. */
+static bool up2_vec_ok(lucid_dtype dt, int64_t W, int scale, const void *small,
+                       const void *large) {
+    int64_t half = 8 / (int64_t)lucid_dtype_size(dt);
+    return scale == 2 && W % half == 0 && pw_aligned(small, 8) && pw_aligned(large, 16);
 }
 
 extern "C" lucid_status lucid_cuda_upsample_nearest2d_forward(
@@ -226,10 +542,37 @@ extern "C" lucid_status lucid_cuda_upsample_nearest2d_forward(
     LUCID_TRY(nn_check_act(ctx, "upsample_nearest2d_forward", x->dtype));
     CUDA_ENTER(ctx, st);
     int64_t NC = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3];
+    int64_t Wo = W * scale;
     int64_t n = NC * H * W * scale * scale;
-    NN_DISPATCH(x->dtype, (lucid_launch(up_fwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
-                                        (const T *)lucid_tensor_data(x),
-                                        (T *)lucid_tensor_data(y), NC, H, W, scale)));
+    if (n == 0) return LUCID_OK;
+    const void *xd = lucid_tensor_data(x);
+    void *yd = lucid_tensor_data(y);
+    const bool small = n < ((int64_t)1 << 31);
+    if (up2_vec_ok(x->dtype, W, scale, xd, yd)) {
+        int64_t half = 8 / (int64_t)lucid_dtype_size(x->dtype);
+        int64_t units = NC * H * W / half, Q = W / half;
+        unsigned blocks = pw_grid(st, units, PW_UNROLL);
+        if (small)
+            NN_DISPATCH(x->dtype, (lucid_launch(up2_fwd_vec<T, uint32_t>, blocks, PW_THREADS,
+                                                0, st->stream, (const T *)xd, (T *)yd,
+                                                (uint32_t)units, (uint32_t)Q)));
+        else
+            NN_DISPATCH(x->dtype, (lucid_launch(up2_fwd_vec<T, int64_t>, blocks, PW_THREADS,
+                                                0, st->stream, (const T *)xd, (T *)yd,
+                                                units, Q)));
+        CUDA_CHECK_LAUNCH(ctx, "up2_fwd_vec");
+        return LUCID_OK;
+    }
+    unsigned blocks = pw_grid(st, n, 1);
+    if (small)
+        NN_DISPATCH(x->dtype, (lucid_launch(up_fwd<T, uint32_t>, blocks, PW_THREADS, 0,
+                                            st->stream, (const T *)xd, (T *)yd,
+                                            (uint32_t)n, (uint32_t)W, (uint32_t)Wo,
+                                            (uint32_t)scale)));
+    else
+        NN_DISPATCH(x->dtype, (lucid_launch(up_fwd<T, int64_t>, blocks, PW_THREADS, 0,
+                                            st->stream, (const T *)xd, (T *)yd, n, W,
+                                            Wo, (int64_t)scale)));
     CUDA_CHECK_LAUNCH(ctx, "up_fwd");
     return LUCID_OK;
 }
@@ -240,11 +583,39 @@ extern "C" lucid_status lucid_cuda_upsample_nearest2d_backward(
     LUCID_TRY(nn_check_act(ctx, "upsample_nearest2d_backward", dx->dtype));
     CUDA_ENTER(ctx, st);
     int64_t NC = dx->shape[0] * dx->shape[1], H = dx->shape[2], W = dx->shape[3];
+    int64_t Wo = W * scale;
     int64_t n = NC * H * W;
-    NN_DISPATCH(dx->dtype, (lucid_launch(up_bwd<T>, pw_blocks(n), PW_THREADS, 0, st->stream,
-                                         (const T *)lucid_tensor_data(dy),
-                                         (T *)lucid_tensor_data(dx), NC, H, W, scale,
-                                         (float)beta)));
+    if (n == 0) return LUCID_OK;
+    const void *dyd = lucid_tensor_data(dy);
+    void *dxd = lucid_tensor_data(dx);
+    /* 32-bit when every dy offset fits */
+    const bool small = n * scale * scale < ((int64_t)1 << 31);
+    const float b = (float)beta;
+    if (up2_vec_ok(dx->dtype, W, scale, dxd, dyd)) {
+        int64_t half = 8 / (int64_t)lucid_dtype_size(dx->dtype);
+        int64_t units = n / half, Q = W / half;
+        unsigned blocks = pw_grid(st, units, PW_UNROLL);
+        if (small)
+            NN_DISPATCH(dx->dtype, (lucid_launch(up2_bwd_vec<T, uint32_t>, blocks, PW_THREADS,
+                                                 0, st->stream, (const T *)dyd, (T *)dxd,
+                                                 (uint32_t)units, (uint32_t)Q, b)));
+        else
+            NN_DISPATCH(dx->dtype, (lucid_launch(up2_bwd_vec<T, int64_t>, blocks, PW_THREADS,
+                                                 0, st->stream, (const T *)dyd, (T *)dxd,
+                                                 units, Q, b)));
+        CUDA_CHECK_LAUNCH(ctx, "up2_bwd_vec");
+        return LUCID_OK;
+    }
+    unsigned blocks = pw_grid(st, n, 1);
+    if (small)
+        NN_DISPATCH(dx->dtype, (lucid_launch(up_bwd<T, uint32_t>, blocks, PW_THREADS, 0,
+                                             st->stream, (const T *)dyd, (T *)dxd,
+                                             (uint32_t)n, (uint32_t)W, (uint32_t)Wo,
+                                             scale, b)));
+    else
+        NN_DISPATCH(dx->dtype, (lucid_launch(up_bwd<T, int64_t>, blocks, PW_THREADS, 0,
+                                             st->stream, (const T *)dyd, (T *)dxd, n, W,
+                                             Wo, scale, b)));
     CUDA_CHECK_LAUNCH(ctx, "up_bwd");
     (void)x;
     return LUCID_OK;

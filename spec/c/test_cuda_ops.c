@@ -22,10 +22,15 @@
  *                          f16 5e-3
  *   random                 uniform bitwise equal; normal 1e-6 absolute (f32),
  *                          1 ulp (bf16/f16)
+ *   vector paths           bitwise equal, every dtype (contiguous add, mul,
+ *                          square, scalar mul, axpy; nn add, upsample,
+ *                          same-dtype channel_copy); mixed-dtype
+ *                          channel_copy 1 ulp / 1e-6 relative
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
 #include "test.h"
+#include "nn/nn.h"
 
 #include <stdint.h>
 #include <time.h>
@@ -750,6 +755,282 @@ done:
     rel(hc); rel(gc); rel(gv); rel(gh); rel(hv);
 }
 
+/* ------------------------------------------------------------ vector paths
+ *
+ * The contiguous kernels (cuda/elementwise.cu map_contig_kernel; nn add,
+ * channel_copy and nearest upsample of cuda/nn_pointwise.cu) move 16-byte
+ * vectors (V = 8 bf16/f16 or 4 f32) when every operand is suitably aligned,
+ * with a scalar tail, and one element per thread otherwise. These checks
+ * drive each route: lengths that are a multiple of V, with a tail, shorter
+ * than V, long enough for several grid-stride steps, and operands placed
+ * `skip` elements into their own allocation (skip 1: off every 16-byte
+ * boundary, the scalar route). The ops are exact (copies, one f32 add or
+ * mul rounded once, a fixed-order sum), so GPU and CPU agree bit for bit. */
+
+/* A contiguous tensor of `shape` on dev whose element 0 lies `skip`
+ * elements into a fresh storage of its own (skip 0: 16-byte aligned). */
+static lucid_tensor *at_offset(lucid_ctx *ctx, lucid_device dev, lucid_dtype dt,
+                               int ndim, const int64_t *shape, int64_t skip) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    lucid_storage *s = NULL;
+    lucid_tensor *t = NULL;
+    if (lucid_storage_create(ctx, dev, (size_t)(n + skip) * lucid_dtype_size(dt), 0,
+                             &s) != LUCID_OK)
+        return NULL;
+    if (lucid_tensor_from_storage(ctx, s, dt, ndim, shape, NULL, skip, &t) != LUCID_OK)
+        t = NULL;
+    lucid_storage_release(s);
+    return t;
+}
+
+/* Random host tensor at `skip` and its device twin at the same skip. */
+static int rand_pair(lucid_ctx *ctx, lucid_dtype dt, int ndim, const int64_t *shape,
+                     int64_t skip, dom d, lucid_tensor **h, lucid_tensor **g) {
+    *h = at_offset(ctx, CPU, dt, ndim, shape, skip);
+    *g = at_offset(ctx, GPU, dt, ndim, shape, skip);
+    if (!*h || !*g) return 0;
+    int64_t n = lucid_tensor_numel(*h);
+    for (int64_t i = 0; i < n; i++) hset(*h, i, draw(d));
+    return lucid_copy(ctx, *g, *h) == LUCID_OK;
+}
+
+/* An output pair at `skip`: host and device poisoned with NaN. */
+static int nan_pair(lucid_ctx *ctx, lucid_dtype dt, int ndim, const int64_t *shape,
+                    int64_t skip, lucid_tensor **h, lucid_tensor **g) {
+    *h = at_offset(ctx, CPU, dt, ndim, shape, skip);
+    *g = at_offset(ctx, GPU, dt, ndim, shape, skip);
+    return *h && *g && lucid_fill(ctx, *h, NAN) == LUCID_OK &&
+           lucid_fill(ctx, *g, NAN) == LUCID_OK;
+}
+
+/* ref and the device tensor g (copied back) hold the same bytes. */
+static void compare_bits(const char *name, const lucid_tensor *ref,
+                         lucid_ctx *ctx, const lucid_tensor *g) {
+    lucid_tensor *got = g ? to_host(ctx, g) : NULL;
+    if (!ref || !got) {
+        TEST_FAIL(name, "missing tensor: %s", lucid_ctx_error(ctx));
+        rel(got);
+        return;
+    }
+    int64_t n = lucid_tensor_numel(ref);
+    size_t es = lucid_dtype_size(ref->dtype);
+    const char *r = lucid_tensor_data(ref), *q = lucid_tensor_data(got);
+    if (lucid_tensor_numel(got) != n || got->dtype != ref->dtype) {
+        TEST_FAIL(name, "shape or dtype differ");
+    } else if (memcmp(r, q, (size_t)n * es) == 0) {
+        TEST_OK(name);
+    } else {
+        int64_t first = -1, nbad = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (memcmp(r + (size_t)i * es, q + (size_t)i * es, es)) {
+                if (first < 0) first = i;
+                nbad++;
+            }
+        TEST_FAIL(name, "%lld of %lld elements differ in bits; first at %lld: gpu %.9g "
+                  "cpu %.9g", (long long)nbad, (long long)n, (long long)first,
+                  test_hget(got, first), test_hget(ref, first));
+    }
+    rel(got);
+}
+
+/* kinds of test_map_vec */
+enum { MV_ADD, MV_MUL, MV_SQUARE, MV_SCALAR, MV_AXPY };
+static const char *MV_NAMES[] = {"binary add", "binary mul", "unary square",
+                                 "binary_scalar mul", "axpy"};
+
+/* One contiguous map over n elements with out, a, b placed so, ao, bo
+ * elements into their storages; inplace: out is a (axpy always is). */
+static void test_map_vec(lucid_ctx *ctx, lucid_dtype dt, int kind, int64_t n,
+                         int64_t so, int64_t ao, int64_t bo, int inplace) {
+    char name[200];
+    if (kind == MV_AXPY) inplace = 1;
+    snprintf(name, sizeof name, "cuda vector %s %s n=%lld skip out/a/b %lld/%lld/%lld%s",
+             MV_NAMES[kind], lucid_dtype_name(dt), (long long)n, (long long)so,
+             (long long)ao, (long long)bo, inplace ? " in place" : "");
+    lucid_tensor *ah = NULL, *ag = NULL, *bh = NULL, *bg = NULL, *oh = NULL, *og = NULL;
+    if (!rand_pair(ctx, dt, 1, &n, ao, D_SIGNED, &ah, &ag) ||
+        !rand_pair(ctx, dt, 1, &n, bo, D_SIGNED, &bh, &bg)) { FAILST(name); goto done; }
+    if (inplace) {
+        lucid_tensor_retain(ah); oh = ah;
+        lucid_tensor_retain(ag); og = ag;
+    } else if (!nan_pair(ctx, dt, 1, &n, so, &oh, &og)) { FAILST(name); goto done; }
+    for (int side = 0; side < 2; side++) {
+        lucid_tensor *o = side ? og : oh, *a = side ? ag : ah, *b = side ? bg : bh;
+        lucid_status st = LUCID_OK;
+        switch (kind) {
+        case MV_ADD: st = lucid_binary(ctx, LUCID_OP_ADD, o, a, b); break;
+        case MV_MUL: st = lucid_binary(ctx, LUCID_OP_MUL, o, a, b); break;
+        case MV_SQUARE: st = lucid_unary(ctx, LUCID_OP_SQUARE, o, a); break;
+        case MV_SCALAR: st = lucid_binary_scalar(ctx, LUCID_OP_MUL, o, a, -0.75, 0); break;
+        default: st = lucid_axpy(ctx, a, -0.3, b); break;
+        }
+        if (st != LUCID_OK) { FAILST(name); goto done; }
+    }
+    compare_bits(name, oh, ctx, og);
+done:
+    rel(ah); rel(ag); rel(bh); rel(bg); rel(oh); rel(og);
+}
+
+/* nn add_forward over n elements at skip (y = a when alias). */
+static void test_nn_add_vec(lucid_ctx *ctx, lucid_dtype dt, int64_t n, int64_t skip,
+                            int alias) {
+    char name[200];
+    snprintf(name, sizeof name, "cuda vector nn add %s n=%lld skip %lld%s",
+             lucid_dtype_name(dt), (long long)n, (long long)skip,
+             alias ? " y = a" : "");
+    lucid_tensor *ah = NULL, *ag = NULL, *bh = NULL, *bg = NULL, *yh = NULL, *yg = NULL;
+    if (!rand_pair(ctx, dt, 1, &n, skip, D_SIGNED, &ah, &ag) ||
+        !rand_pair(ctx, dt, 1, &n, skip, D_SIGNED, &bh, &bg)) { FAILST(name); goto done; }
+    if (alias) {
+        lucid_tensor_retain(ah); yh = ah;
+        lucid_tensor_retain(ag); yg = ag;
+    } else if (!nan_pair(ctx, dt, 1, &n, skip, &yh, &yg)) { FAILST(name); goto done; }
+    if (lucid_nn_add_forward(ctx, ah, bh, yh) != LUCID_OK ||
+        lucid_nn_add_forward(ctx, ag, bg, yg) != LUCID_OK) { FAILST(name); goto done; }
+    compare_bits(name, yh, ctx, yg);
+done:
+    rel(ah); rel(ag); rel(bh); rel(bg); rel(yh); rel(yg);
+}
+
+/* Nearest upsample of x [N,C,H,W] by s, forward and backward (dx = beta*dx
+ * + sum), every tensor placed skip elements into its storage. */
+static void test_upsample_vec(lucid_ctx *ctx, lucid_dtype dt, int64_t N, int64_t C,
+                              int64_t H, int64_t W, int s, int64_t skip, double beta) {
+    char name[200];
+    int64_t xs[4] = {N, C, H, W}, ys[4] = {N, C, H * s, W * s};
+    lucid_tensor *xh = NULL, *xg = NULL, *yh = NULL, *yg = NULL, *dyh = NULL,
+                 *dyg = NULL, *dxh = NULL, *dxg = NULL;
+    snprintf(name, sizeof name, "cuda vector upsample x%d forward %s [%lld,%lld,%lld,%lld] skip %lld",
+             s, lucid_dtype_name(dt), (long long)N, (long long)C, (long long)H,
+             (long long)W, (long long)skip);
+    if (!rand_pair(ctx, dt, 4, xs, skip, D_WIDE, &xh, &xg) ||
+        !nan_pair(ctx, dt, 4, ys, skip, &yh, &yg) ||
+        lucid_nn_upsample_nearest2d_forward(ctx, xh, yh, s) != LUCID_OK ||
+        lucid_nn_upsample_nearest2d_forward(ctx, xg, yg, s) != LUCID_OK) {
+        FAILST(name); goto done;
+    }
+    compare_bits(name, yh, ctx, yg);
+    snprintf(name, sizeof name,
+             "cuda vector upsample x%d backward %s [%lld,%lld,%lld,%lld] skip %lld beta %g",
+             s, lucid_dtype_name(dt), (long long)N, (long long)C, (long long)H,
+             (long long)W, (long long)skip, beta);
+    if (!rand_pair(ctx, dt, 4, ys, skip, D_WIDE, &dyh, &dyg)) { FAILST(name); goto done; }
+    if (beta != 0.0 ? !rand_pair(ctx, dt, 4, xs, skip, D_WIDE, &dxh, &dxg)
+                    : !nan_pair(ctx, dt, 4, xs, skip, &dxh, &dxg)) {
+        FAILST(name); goto done;
+    }
+    if (lucid_nn_upsample_nearest2d_backward(ctx, xh, dyh, dxh, s, beta) != LUCID_OK ||
+        lucid_nn_upsample_nearest2d_backward(ctx, xg, dyg, dxg, s, beta) != LUCID_OK) {
+        FAILST(name); goto done;
+    }
+    compare_bits(name, dxh, ctx, dxg);
+done:
+    rel(xh); rel(xg); rel(yh); rel(yg); rel(dyh); rel(dyg); rel(dxh); rel(dxg);
+}
+
+/* channel_copy dst[:, d0:d0+nch] = beta*dst + src[:, s0:s0+nch] with
+ * dst [N,Cd,h,w] (placed skip elements into its storage), src [N,Cs,h,w];
+ * kernel: LUCID_CHAN_COPY=kernel during the call (beta 0, one dtype: the
+ * vector kernel instead of cudaMemcpy2DAsync when aligned). One dtype:
+ * bitwise; mixed: 1 ulp (bf16/f16) or 1e-6 relative (f32), as the CPU
+ * converts through f64. */
+static void test_chan_copy_vec(lucid_ctx *ctx, lucid_dtype ddt, lucid_dtype sdt,
+                               int64_t N, int64_t Cd, int64_t Cs, int64_t h, int64_t w,
+                               int64_t d0, int64_t s0, int64_t nch, double beta,
+                               int64_t skip, int kernel) {
+    char name[240];
+    snprintf(name, sizeof name,
+             "cuda vector channel_copy %s <- %s N=%lld Cd=%lld Cs=%lld S=%lldx%lld "
+             "[%lld,+%lld) <- [%lld,..) beta %g skip %lld%s",
+             lucid_dtype_name(ddt), lucid_dtype_name(sdt), (long long)N, (long long)Cd,
+             (long long)Cs, (long long)h, (long long)w, (long long)d0, (long long)nch,
+             (long long)s0, beta, (long long)skip, kernel ? " LUCID_CHAN_COPY=kernel" : "");
+    int64_t ds[4] = {N, Cd, h, w}, ss[4] = {N, Cs, h, w};
+    lucid_tensor *dh = NULL, *dg = NULL, *sh = NULL, *sg = NULL, *gh = NULL;
+    if (!rand_pair(ctx, ddt, 4, ds, skip, D_SIGNED, &dh, &dg) ||
+        !rand_pair(ctx, sdt, 4, ss, 0, D_SIGNED, &sh, &sg)) { FAILST(name); goto done; }
+    if (kernel) setenv("LUCID_CHAN_COPY", "kernel", 1);
+    lucid_status s1 = lucid_nn_channel_copy(ctx, dh, d0, sh, s0, nch, beta);
+    lucid_status s2 = lucid_nn_channel_copy(ctx, dg, d0, sg, s0, nch, beta);
+    if (kernel) unsetenv("LUCID_CHAN_COPY");
+    if (s1 != LUCID_OK || s2 != LUCID_OK) { FAILST(name); goto done; }
+    if (ddt == sdt) {
+        compare_bits(name, dh, ctx, dg);
+    } else {
+        gh = to_host(ctx, dg);
+        compare(name, dh, gh, 1e-6, 1, 0.0, 0);
+    }
+done:
+    rel(dh); rel(dg); rel(sh); rel(sg); rel(gh);
+}
+
+static void test_vector_paths(lucid_ctx *ctx, lucid_dtype dt) {
+    const int64_t V = 16 / (int64_t)lucid_dtype_size(dt);
+    /* more vectors than one grid-stride step covers (2 waves of 2048
+     * threads on 132 SMs, 4 vectors each: 2.2M vectors) */
+    const int64_t big = V * 2300000 + 3;
+    for (int k = MV_ADD; k <= MV_AXPY; k++) {
+        test_map_vec(ctx, dt, k, 100003, 0, 0, 0, 0);   /* vectors + tail */
+        test_map_vec(ctx, dt, k, 100003, 1, 1, 1, 0);   /* unaligned: scalar */
+    }
+    test_map_vec(ctx, dt, MV_ADD, 8000, 0, 0, 0, 0);    /* vectors only */
+    test_map_vec(ctx, dt, MV_ADD, V - 1, 0, 0, 0, 0);   /* tail only */
+    test_map_vec(ctx, dt, MV_ADD, 1, 0, 0, 0, 0);
+    test_map_vec(ctx, dt, MV_ADD, 4099, V, V, 2 * V, 0); /* aligned views */
+    test_map_vec(ctx, dt, MV_ADD, 4099, 0, 0, 1, 0);    /* b unaligned */
+    test_map_vec(ctx, dt, MV_ADD, 4099, 1, 0, 0, 0);    /* out unaligned */
+    test_map_vec(ctx, dt, MV_ADD, 4099, 2, 2, 2, 0);    /* 4/8-byte aligned */
+    test_map_vec(ctx, dt, MV_ADD, 100003, 0, 0, 0, 1);  /* a += b (grads) */
+    test_map_vec(ctx, dt, MV_ADD, 100003, 1, 1, 1, 1);
+    test_map_vec(ctx, dt, MV_ADD, big, 0, 0, 0, 1);     /* grid-stride */
+
+    test_nn_add_vec(ctx, dt, 100003, 0, 0);
+    test_nn_add_vec(ctx, dt, 8000, 0, 0);
+    test_nn_add_vec(ctx, dt, V - 1, 0, 0);
+    test_nn_add_vec(ctx, dt, 100003, 1, 0);
+    test_nn_add_vec(ctx, dt, 100003, 0, 1);
+    test_nn_add_vec(ctx, dt, 100003, 1, 1);
+    test_nn_add_vec(ctx, dt, big, 0, 0);
+
+    /* s = 2 vector route: W % (V/2) == 0, x/dx 8-byte, y/dy 16-byte aligned */
+    const double betas[3] = {0.0, 1.0, 0.5};
+    for (int b = 0; b < 3; b++) {
+        test_upsample_vec(ctx, dt, 2, 3, 20, 20, 2, 0, betas[b]);
+        test_upsample_vec(ctx, dt, 2, 3, 7, 5, 2, 0, betas[b]);   /* odd W */
+        test_upsample_vec(ctx, dt, 2, 3, 5, 8, 3, 0, betas[b]);   /* s = 3 */
+        test_upsample_vec(ctx, dt, 2, 3, 20, 20, 2, 1, betas[b]); /* unaligned */
+    }
+    test_upsample_vec(ctx, dt, 2, 3, 6, 6, 2, 0, 0.0);  /* f32 vector, 16-bit not */
+    test_upsample_vec(ctx, dt, 1, 1, 1, 4, 2, 0, 1.0);  /* one unit (16-bit) */
+    test_upsample_vec(ctx, dt, 2, 3, 4, 12, 2, 2, 0.0); /* skip 2: 16-bit x 4-byte */
+    test_upsample_vec(ctx, dt, 2, 3, 4, 12, 2, V / 2, 1.0); /* x 8-byte, y 8 off */
+    test_upsample_vec(ctx, dt, 4, 128, 40, 40, 2, 0, 0.0); /* 3.3M outputs */
+    test_upsample_vec(ctx, dt, 4, 64, 20, 20, 2, 0, 1.0);
+    /* more units (V/2 inputs each) than one grid-stride step covers */
+    test_upsample_vec(ctx, dt, 4, V == 4 ? 33 : 66, 184, 184, 2, 0, 0.0);
+
+    /* channel_copy: S = V/2 elements per channel keeps rows aligned and
+     * leaves a tail; S = 5 is unaligned; N = 70000 > 65535 rows on grid y */
+    for (int kern = 0; kern < 2; kern++) {
+        test_chan_copy_vec(ctx, dt, dt, 4, 64, 32, 40, 40, 16, 8, 16, 0.0, 0, kern);
+        test_chan_copy_vec(ctx, dt, dt, 2, 8, 12, 1, V / 2, 2, 4, 3, 0.0, 0, kern);
+        test_chan_copy_vec(ctx, dt, dt, 2, 8, 12, 1, 5, 1, 3, 4, 0.0, 0, kern);
+    }
+    test_chan_copy_vec(ctx, dt, dt, 4, 64, 32, 40, 40, 16, 8, 16, 1.0, 0, 0);
+    test_chan_copy_vec(ctx, dt, dt, 4, 64, 32, 40, 40, 16, 8, 16, 0.5, 0, 0);
+    test_chan_copy_vec(ctx, dt, dt, 2, 8, 12, 1, V / 2, 2, 4, 3, 1.0, 0, 0);
+    test_chan_copy_vec(ctx, dt, dt, 2, 8, 12, 1, 5, 1, 3, 4, 1.0, 0, 0);
+    test_chan_copy_vec(ctx, dt, dt, 4, 64, 32, 40, 40, 16, 8, 16, 1.0, 1, 0);
+    test_chan_copy_vec(ctx, dt, dt, 70000, 2, 2, 1, V, 0, 1, 1, 1.0, 0, 0);
+    test_chan_copy_vec(ctx, dt, dt, 70000, 2, 2, 1, V, 0, 1, 1, 0.0, 0, 1);
+    for (int o = 0; o < 3; o++)
+        if (FLOATS[o] != dt) {
+            test_chan_copy_vec(ctx, dt, FLOATS[o], 4, 64, 32, 40, 40, 16, 8, 16, 0.0, 0, 0);
+            test_chan_copy_vec(ctx, dt, FLOATS[o], 2, 8, 12, 1, 5, 1, 3, 4, 1.0, 0, 0);
+        }
+}
+
 /* ------------------------------------------------------------ allocator */
 
 static int stats(lucid_ctx *ctx, lucid_memory_stats *s) {
@@ -914,7 +1195,8 @@ static void test_two_contexts(lucid_ctx *ctx) {
 static const char *GROUPS[] = {
     "cuda fill", "cuda copy/cast", "cuda binary", "cuda binary_scalar",
     "cuda unary", "cuda axpy", "cuda reduce_all", "cuda reduce_dim",
-    "cuda matmul", "cuda random", "cuda allocator", "cuda two contexts"};
+    "cuda matmul", "cuda random", "cuda vector paths", "cuda allocator",
+    "cuda two contexts"};
 
 int main(void) {
     if (!lucid_cuda_available()) {
@@ -978,6 +1260,7 @@ int main(void) {
         test_random(ctx, dt, 0, 1);
         test_random(ctx, dt, 1, 0);
         test_random(ctx, dt, 1, 1);
+        test_vector_paths(ctx, dt);
     }
     test_fill(ctx, LUCID_U8, 300.0);
     test_fill(ctx, LUCID_I32, -2.9);
