@@ -6,8 +6,10 @@
  * on this network, bench/conv_lab); f32 and grouped convolutions go to cuDNN
  * (legacy convolution API); depthwise to nn_conv_dw.cu.  bf16/f16 1x1
  * convs with stride 1, no padding and dilation 1 take cuBLAS GEMMs instead
- * (nn_conv_gemm.cu) unless LUCID_CONV1X1=igemm (default gemm since the H200
- * A/B, DECISIONS 23; lucid_cuda_nn_set_conv1x1 overrides it per context).
+ * (nn_conv_gemm.cu) when their channel counts are multiples of 8
+ * (LUCID_CONV1X1=auto, the default: DECISIONS 23 and 26; =gemm for every
+ * 1x1 conv, =igemm for none; lucid_cuda_nn_set_conv1x1 overrides it per
+ * context).
  *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
@@ -387,7 +389,9 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
  * 1x1 switch says gemm: lucid_cuda_nn_set_conv1x1, else LUCID_CONV1X1, read
- * once per process; an unknown LUCID_CONV1X1 value is ERR_ARG here), the
+ * once per process, whose default "auto" takes cuBLAS only for channel
+ * counts that are multiples of 8, lucid_conv_gemm_preferred; an unknown
+ * LUCID_CONV1X1 value is ERR_ARG here), the
  * depthwise kernels of nn_conv_dw.cu for depthwise (any dtype), cuDNN
  * otherwise (f32 and grouped); 1 = the generic direct kernels below for
  * everything; 2 = cuDNN for everything it takes (depthwise included).  A
@@ -409,8 +413,8 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
             int sw = lucid_conv1x1_switch(&v);
             if (sw < 0)
                 return lucid_seterr(ctx, LUCID_ERR_ARG,
-                                    "%s: LUCID_CONV1X1=\"%s\" (expected gemm or igemm)", op, v);
-            gemm = sw == 1;
+                                    "%s: LUCID_CONV1X1=\"%s\" (expected auto, gemm or igemm)", op, v);
+            gemm = sw == 1 || (sw == 2 && lucid_conv_gemm_preferred(&pl->gg));
         }
         if (gemm) {
             *route = ROUTE_GEMM;

@@ -35,7 +35,7 @@
 
 namespace {
 struct conv1x1_env {
-    int route;     /* 0 igemm, 1 gemm, -1 unknown value */
+    int route;     /* 0 igemm, 1 gemm, 2 auto, -1 unknown value */
     char value[64];
 };
 
@@ -43,7 +43,8 @@ conv1x1_env conv1x1_env_read(void) {
     conv1x1_env e;
     const char *v = getenv("LUCID_CONV1X1");
     snprintf(e.value, sizeof e.value, "%s", v ? v : "");
-    if (!v || !v[0] || strcmp(v, "gemm") == 0) e.route = 1;
+    if (!v || !v[0] || strcmp(v, "auto") == 0) e.route = 2;
+    else if (strcmp(v, "gemm") == 0) e.route = 1;
     else if (strcmp(v, "igemm") == 0) e.route = 0;
     else e.route = -1;
     return e;
@@ -58,6 +59,10 @@ int lucid_conv1x1_switch(const char **value) {
 
 // ----------------------------------------------------------------------------
 // geometry and scratch
+
+int lucid_conv_gemm_preferred(const lucid_conv_gemm_geom *g) {
+    return g->Cin % 8 == 0 && g->Cout % 8 == 0;
+}
 
 int lucid_conv_gemm_fits(const lucid_conv_gemm_geom *g) {
     return g->N > 0 && g->Cin > 0 && g->Cout > 0 && g->HW > 0 && g->N <= INT_MAX &&

@@ -54,11 +54,21 @@ typedef struct lucid_conv_gemm_geom {
 int lucid_conv_gemm_fits(const lucid_conv_gemm_geom *g);
 
 /* The process's 1x1 route switch, from LUCID_CONV1X1 read once per process
- * (thread-safe): 1 cuBLAS GEMM (unset, "" or "gemm": the default since the
- * H200 A/B of DECISIONS 23), 0 implicit GEMM ("igemm"), -1 any other value (nn_conv.cu then fails eligible convs with
- * ERR_ARG naming the variable).  *value (may be NULL) receives the value read
- * (a copy, "" when unset). */
+ * (thread-safe): 2 auto (unset, "" or "auto": cuBLAS for the convs that
+ * lucid_conv_gemm_preferred accepts, the implicit GEMM for the others;
+ * DECISIONS 26), 1 cuBLAS GEMM for every 1x1 conv ("gemm": the default of
+ * DECISIONS 23), 0 implicit GEMM ("igemm"), -1 any other value (nn_conv.cu
+ * then fails eligible convs with ERR_ARG naming the variable).  *value (may
+ * be NULL) receives the value read (a copy, "" when unset). */
 int lucid_conv1x1_switch(const char **value);
+
+/* 1 when the auto switch sends this 1x1 conv to cuBLAS: Cin and Cout both
+ * multiples of 8, so every GEMM operand row is a whole number of 16-byte
+ * vectors.  With other channel counts (the pose head's 51 keypoint
+ * channels, the 1-class score conv) cuBLAS picked sm75-era kernels on the
+ * H200, up to 10x slower than the implicit GEMM for the same pass
+ * (bench/conv_lab, DECISIONS 26). */
+int lucid_conv_gemm_preferred(const lucid_conv_gemm_geom *g);
 
 /* Scratch bytes of a pass (0 forward, 1 backward-data, 2 backward-filter):
  *   forward          the weight in dt, plus (bias only) the f32 GEMM output

@@ -1281,7 +1281,7 @@ static cublasStatus_t blas_run(const Bufs &b, int pass, int set) {
  * is '-' here. */
 struct LucidPlan {
     bool dense = false;
-    bool gemm = false; /* 1x1 through cuda/nn_conv_gemm.cu (default; LUCID_CONV1X1=igemm: off) */
+    bool gemm = false; /* 1x1 through cuda/nn_conv_gemm.cu (as the engine: LUCID_CONV1X1=auto|gemm|igemm) */
     lucid_conv_gemm_geom gg;
     lucid_igemm_geom ig;
     lucid_conv_dw_geom dg;
@@ -1298,11 +1298,12 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
         const char *v = "";
         int sw = lucid_conv1x1_switch(&v);
         if (sw < 0) {
-            snprintf(why, nwhy, "LUCID_CONV1X1=\"%s\" (expected gemm or igemm)", v);
+            snprintf(why, nwhy, "LUCID_CONV1X1=\"%s\" (expected auto, gemm or igemm)", v);
             return false;
         }
         lp.gg = lucid_conv_gemm_geom{g.N, g.Cin, g.Cout, (int64_t)g.H * g.W};
-        lp.gemm = sw == 1 && lucid_conv_gemm_fits(&lp.gg);
+        lp.gemm = (sw == 1 || (sw == 2 && lucid_conv_gemm_preferred(&lp.gg))) &&
+                  lucid_conv_gemm_fits(&lp.gg);
     }
     if (lp.gemm) {
         lp.scratch = 0; /* the largest of the three passes' (no bias) */
