@@ -204,6 +204,8 @@ size_t lucid_tensor_nbytes(const lucid_tensor *t); /* numel * dtype size */
  * overflows". */
 int lucid_shape_bytes(int ndim, const int64_t *shape, lucid_dtype dt,
                       int64_t *numel, int64_t *nbytes);
+/* 1 when t's elements are dense in row-major order (sizes 1 ignored); an
+ * empty tensor (a size 0) is always contiguous, as in PyTorch. */
 int lucid_tensor_is_contiguous(const lucid_tensor *t);
 lucid_device lucid_tensor_device(const lucid_tensor *t);
 lucid_ctx *lucid_tensor_ctx(const lucid_tensor *t);

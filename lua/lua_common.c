@@ -15,6 +15,7 @@
  */
 #include "lua_common.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -222,26 +223,28 @@ lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
 
 /* ------------------------------------------------------------------- shape */
 
-/* One shape entry at stack index v (position pos, 1-based, for messages). */
+/* One shape entry at stack index v (position pos, 1-based, for messages):
+ * an integer >= min (0 or 1). */
 static int64_t shape_entry(lua_State *L, int v, int argidx, const char *argname,
-                           int pos) {
+                           int pos, int min) {
+    const char *want = min > 0 ? "a positive integer" : "a non-negative integer";
     if (lua_type(L, v) == LUA_TNUMBER) {
         lua_Number x = lua_tonumber(L, v);
-        if (x >= 1 && x == (lua_Number)(int64_t)x && x < 9.2e18)
+        if (x >= min && x == (lua_Number)(int64_t)x && x < 9.2e18)
             return (int64_t)x;
         const char *msg = lua_pushfstring(
-            L, "%s[%d]: expected a positive integer, got %s", argname, pos,
+            L, "%s[%d]: expected %s, got %s", argname, pos, want,
             lua_tostring(L, v) ? lua_tostring(L, v) : "?");
         lucid_lua_argerror(L, argidx, msg);
     }
-    const char *msg = lua_pushfstring(L, "%s[%d]: expected a positive integer, got %s",
-                                      argname, pos, lucid_lua_type_name(L, v));
+    const char *msg = lua_pushfstring(L, "%s[%d]: expected %s, got %s",
+                                      argname, pos, want, lucid_lua_type_name(L, v));
     lucid_lua_argerror(L, argidx, msg);
     return 0;
 }
 
-int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
-                          const char *argname) {
+static int check_shape(lua_State *L, int idx, int64_t *shape,
+                       const char *argname, int min) {
     if (idx < 0 && idx > LUA_REGISTRYINDEX) idx = lua_gettop(L) + idx + 1;
     if (lua_type(L, idx) == LUA_TNUMBER) {
         /* varargs form: zeros(2, 3, opts) */
@@ -251,7 +254,7 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
                 lucid_lua_argerror(L, idx + n,
                               lua_pushfstring(L, "%s: expected at most %d dims",
                                               argname, LUCID_MAX_DIMS));
-            shape[n] = shape_entry(L, idx + n, idx + n, argname, n + 1);
+            shape[n] = shape_entry(L, idx + n, idx + n, argname, n + 1, min);
             n++;
         }
         return n;
@@ -269,10 +272,20 @@ int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
     }
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, idx, i + 1);
-        shape[i] = shape_entry(L, lua_gettop(L), idx, argname, i + 1);
+        shape[i] = shape_entry(L, lua_gettop(L), idx, argname, i + 1, min);
         lua_pop(L, 1);
     }
     return n;
+}
+
+int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
+                          const char *argname) {
+    return check_shape(L, idx, shape, argname, 1);
+}
+
+int lucid_lua_check_tensor_shape(lua_State *L, int idx, int64_t *shape,
+                                 const char *argname) {
+    return check_shape(L, idx, shape, argname, 0);
 }
 
 /* ----------------------------------------------------------------- options */
@@ -321,6 +334,21 @@ double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,
     }
     lua_pop(L, 1);
     return v;
+}
+
+int lucid_lua_opt_int(lua_State *L, int idx, const char *key, int def,
+                      const char *what) {
+    double v = lucid_lua_opt_number(L, idx, key, def, what);
+    /* (int)v of a double outside int's range is undefined: batch = 1e12
+     * reached the loader as -2147483648 */
+    if (!(v >= -2147483648.0 && v <= 2147483647.0) || v != floor(v)) {
+        char b[32];
+        snprintf(b, sizeof b, "%.14g", v);
+        luaL_error(L, "%s: option '%s': expected an integer in [-2147483648, "
+                      "2147483647] (a C int), got %s",
+                   what, key, b);
+    }
+    return (int)v;
 }
 
 int lucid_lua_opt_boolean(lua_State *L, int idx, const char *key, int def,

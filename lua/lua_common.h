@@ -50,6 +50,11 @@ lucid_device lucid_lua_opt_device(lua_State *L, int idx, const char *field,
  * raises on bad entries naming the position and value. */
 int lucid_lua_check_shape(lua_State *L, int idx, int64_t *shape,
                           const char *argname);
+/* The same for a tensor's shape (lucid.zeros, ...): sizes may be 0, as in
+ * PyTorch (torch.zeros(0, 3) is an empty (0, 3) tensor); the message says
+ * "expected a non-negative integer". */
+int lucid_lua_check_tensor_shape(lua_State *L, int idx, int64_t *shape,
+                                 const char *argname);
 /* Raise "<fn>: bad argument #idx (<argname>): tensor size overflows: {..}
  * of f32 ..." when a contiguous tensor of this shape and dtype cannot be
  * sized in int64 (lucid_shape_bytes): a wrapped count must never reach
@@ -72,6 +77,11 @@ void lucid_lua_check_options(lua_State *L, int idx, const char *const *keys,
 int lucid_lua_unknown_option(lua_State *L, int idx, const char *const *keys);
 double lucid_lua_opt_number(lua_State *L, int idx, const char *key, double def,
                             const char *what);
+/* opt_int: opt_number that must also be an integer a C int holds, else
+ * "<what>: option '<key>': expected an integer in [-2147483648, 2147483647]
+ * (a C int), got <v>" (the callee checks its own range after it). */
+int lucid_lua_opt_int(lua_State *L, int idx, const char *key, int def,
+                      const char *what);
 int lucid_lua_opt_boolean(lua_State *L, int idx, const char *key, int def,
                           const char *what);
 

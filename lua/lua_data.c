@@ -397,11 +397,11 @@ static int l_loader_new(lua_State *L) {
     lucid_dataset *ds = check_dataset(L, 1);
     check_keys(L, 2, LOADER_KEYS, "loader options");
     lucid_loader_options o = lucid_loader_options_default();
-    o.batch = (int)opt_num(L, 2, "batch", o.batch);
-    o.imgsz = (int)opt_num(L, 2, "imgsz", o.imgsz);
-    o.max_gt = (int)opt_num(L, 2, "max_gt", o.max_gt);
-    o.threads = (int)opt_num(L, 2, "threads", o.threads);
-    o.prefetch = (int)opt_num(L, 2, "prefetch", o.prefetch);
+    o.batch = lucid_lua_opt_int(L, 2, "batch", o.batch, "loader options");
+    o.imgsz = lucid_lua_opt_int(L, 2, "imgsz", o.imgsz, "loader options");
+    o.max_gt = lucid_lua_opt_int(L, 2, "max_gt", o.max_gt, "loader options");
+    o.threads = lucid_lua_opt_int(L, 2, "threads", o.threads, "loader options");
+    o.prefetch = lucid_lua_opt_int(L, 2, "prefetch", o.prefetch, "loader options");
     o.shuffle = opt_bool(L, 2, "shuffle", o.shuffle);
     o.drop_last = opt_bool(L, 2, "drop_last", o.drop_last);
     o.seed = (uint64_t)opt_num(L, 2, "seed", 0);

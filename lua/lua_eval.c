@@ -79,7 +79,7 @@ static int l_new(lua_State *L) {
     cfg.nms = lucid_nms_opts_default();
     cfg.nms.conf_thres = (float)num_field(L, 1, "conf", cfg.nms.conf_thres);
     cfg.nms.iou_thres = (float)num_field(L, 1, "iou", cfg.nms.iou_thres);
-    cfg.nms.max_det = (int)num_field(L, 1, "max_det", cfg.nms.max_det);
+    cfg.nms.max_det = lucid_lua_opt_int(L, 1, "max_det", cfg.nms.max_det, "PoseValidator");
     cfg.ap_method = LUCID_AP_COCO;
     lua_getfield(L, 1, "ap");
     if (!lua_isnil(L, -1)) {

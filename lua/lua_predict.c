@@ -81,8 +81,8 @@ static int l_decode_nms(lua_State *L) {
     lucid_nms_opts nms = lucid_nms_opts_default();
     nms.conf_thres = (float)opt_num(L, 4, "conf", 0.25);
     nms.iou_thres = (float)opt_num(L, 4, "iou", 0.7);
-    nms.max_det = (int)opt_num(L, 4, "max_det", 300);
-    nms.max_nms = (int)opt_num(L, 4, "max_nms", nms.max_nms);
+    nms.max_det = lucid_lua_opt_int(L, 4, "max_det", 300, "lucid.eval.decode_nms");
+    nms.max_nms = lucid_lua_opt_int(L, 4, "max_nms", nms.max_nms, "lucid.eval.decode_nms");
     int reg_max = (int)opt_num(L, 4, "reg_max", 16);
     int image = (int)opt_num(L, 4, "image", 1);
     if (nms.max_det < 1) luaL_error(L, "lucid.eval.decode_nms: max_det must be >= 1");
@@ -122,6 +122,9 @@ static int l_decode_nms(lua_State *L) {
     if (image < 1 || image > B)
         luaL_error(L, "lucid.eval.decode_nms: image %d outside 1..%d", image, (int)B);
 
+    /* at most one detection per anchor survives NMS: a larger max_det keeps
+     * the same ones, and the buffers below hold max_det detections */
+    if (nms.max_det > A) nms.max_det = (int)A;
     lucid_ctx *ctx = lucid_tensor_ctx(tb);
     lucid_status st = LUCID_OK;
     lucid_tensor *hb = NULL, *hc = NULL, *hk = NULL;

@@ -206,7 +206,7 @@ static void check_opts(lua_State *L, int idx, ctor_opts *o) {
 /* Shape (table or varargs) at 1 and opts after it; returns ndim. */
 static int shape_and_opts(lua_State *L, int64_t *shape, ctor_opts *o) {
     int varargs = lua_type(L, 1) == LUA_TNUMBER;
-    int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
+    int ndim = lucid_lua_check_tensor_shape(L, 1, shape, "shape");
     check_opts(L, varargs ? 1 + ndim : 2, o);
     lucid_lua_check_shape_size(L, 1, ndim, shape, o->dt, "shape");
     return ndim;
@@ -216,7 +216,11 @@ static int shape_and_opts(lua_State *L, int64_t *shape, ctor_opts *o) {
 
 /*
  * lucid.empty(shape, [opts]) / lucid.zeros / lucid.ones
- *   shape: {d1, d2, ...} of positive integers (or varargs d1, d2, ...).
+ *   shape: {d1, d2, ...} of non-negative integers (or varargs d1, d2, ...);
+ *          a 0 size gives an empty tensor of that shape, as PyTorch:
+ *          lucid.zeros({0, 3}) has shape {0, 3} and numel 0 (see
+ *          lucid.tensor for the empty tables). Errors: a negative or
+ *          fractional size ("shape[2]: expected a non-negative integer").
  *   opts:  {dtype = "f32", device = "cpu", ctx = Context}.
  *   Returns an uninitialised / zero / one-filled contiguous tensor.
  */
@@ -233,11 +237,12 @@ static int l_empty(lua_State *L) { return fill_ctor(L, 0, 0.0); }
 static int l_zeros(lua_State *L) { return fill_ctor(L, 1, 0.0); }
 static int l_ones(lua_State *L) { return fill_ctor(L, 1, 1.0); }
 
-/* lucid.full(shape, value, [opts]) — shape is a table here. */
+/* lucid.full(shape, value, [opts]) — shape is a table here (sizes >= 0, as
+ * lucid.zeros). */
 static int l_full(lua_State *L) {
     int64_t shape[LUCID_MAX_DIMS];
     lucid_lua_checktype(L, 1, LUA_TTABLE);
-    int ndim = lucid_lua_check_shape(L, 1, shape, "shape");
+    int ndim = lucid_lua_check_tensor_shape(L, 1, shape, "shape");
     double v = lucid_lua_checknumber(L, 2);
     ctor_opts o;
     check_opts(L, 3, &o);
@@ -251,6 +256,7 @@ static int l_full(lua_State *L) {
  * lucid.rand(shape, [opts]) — uniform [0, 1); lucid.randn — standard normal.
  *   Draws from the context's counter-based generator (lucid.manual_seed /
  *   ctx:manual_seed), so cpu and cuda give the same values. Float dtypes.
+ *   Sizes >= 0, as lucid.zeros (an empty tensor draws nothing).
  */
 static int rand_ctor(lua_State *L, int normal) {
     int64_t shape[LUCID_MAX_DIMS];
@@ -387,7 +393,11 @@ static double *nested_fill(lua_State *L, int ndim, const int64_t *shape,
  *   table of numbers; the shape is inferred from the first elements and
  *   every sub-table must match it (a ragged table raises naming the path,
  *   e.g. "data[2]: ragged nested table, has 3 elements, expected 2").
- *   dtype defaults to f32.
+ *   Empty tables give empty tensors with PyTorch's shapes: {} is shape {0}
+ *   (torch.tensor([])), {{}} is {1, 0}, {{}, {}} is {2, 0}; they equal
+ *   lucid.zeros({0}) / lucid.zeros({1, 0}) (numel 0; sum 0; printed
+ *   "tensor([], size=(1, 0), ...)"; max/min/mean raise). dtype defaults to
+ *   f32.
  */
 static int l_tensor(lua_State *L) {
     int64_t shape[LUCID_MAX_DIMS], path[LUCID_MAX_DIMS];
@@ -610,8 +620,10 @@ static int l_contiguous(lua_State *L) {
 
 /* ------------------------------------------------------------------- views */
 
-/* Shape for view/reshape at idx (table or varargs); one entry may be -1 and
- * is inferred from numel. */
+/* Shape for view/reshape at idx (table or varargs) of non-negative sizes
+ * (0: an empty tensor, as PyTorch's view(0, 3)); one entry may be -1 and is
+ * inferred from numel (an error when the other sizes multiply to 0: the
+ * size is ambiguous). */
 static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
                       int64_t *shape) {
     int n = 0, infer = -1;
@@ -633,10 +645,10 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
         int v = varargs ? idx + n : lua_gettop(L);
         lua_Number x = lua_type(L, v) == LUA_TNUMBER ? lua_tonumber(L, v) : 0;
         int ok = lua_type(L, v) == LUA_TNUMBER && x == floor(x) &&
-                 (x >= 1 || (x == -1 && infer < 0)) && x < 9.0e18;
+                 (x >= 0 || (x == -1 && infer < 0)) && x < 9.0e18;
         if (!ok)
             lucid_lua_argerror(L, varargs ? v : idx,
-                          lua_pushfstring(L, "shape[%d]: expected a positive "
+                          lua_pushfstring(L, "shape[%d]: expected a non-negative "
                                              "integer or one -1, got %s",
                                           n + 1,
                                           lua_type(L, v) == LUA_TNUMBER

@@ -7,14 +7,18 @@ PNGs (boxes + skeletons) and a COCO results JSON.
 
 `weights` is a training checkpoint (its EMA weights are used when present:
 the weights the validation scored) or a model file from model:save.
-`source` is an image file, a folder (its .jpg/.jpeg/.png files) or a
-comma-separated list of them. Writes <out>/<image stem>.png for every image
-and <out>/predictions.json (COCO results: bbox [x, y, w, h] and keypoints
-[x, y, v] x 17 in original image pixels). Unknown keys are rejected by name,
-and every value is checked before the model is built (predict.check_options:
-imgsz a multiple of 32 up to 46336, conf/iou/kpt_threshold in [0, 1], max_det
->= 1, no empty path); a folder without images is an error naming it. Each
-image's line gives its size and the network input it was letterboxed to.
+`source` is an image file (.jpg/.jpeg/.png), a folder (its .jpg/.jpeg/.png
+files) or a comma-separated list of them. Writes <out>/<image stem>.png for
+every image and <out>/predictions.json (COCO results: bbox [x, y, w, h] and
+keypoints [x, y, v] x 17 in original image pixels). Unknown keys are
+rejected by name, and every value is checked before the model is built
+(predict.check_options: imgsz a multiple of 32 up to 46336,
+conf/iou/kpt_threshold in [0, 1], max_det an integer in [1, 2^31 - 1],
+device cpu/cuda/cuda:N/auto, no empty path; predict.list_sources: every
+source entry an existing image file or a folder with at least one image,
+else an error naming source, the value and why, e.g. "source =
+'README.md': not an image file"); the weights file must open. Each image's
+line gives its size and the network input it was letterboxed to.
 ]]
 local lucid = require "lucid" -- also puts the Lua library (lua/lucid/) on package.path
 local recipe = require "lucid.recipe"
@@ -51,11 +55,19 @@ if not builders[cfg.model] then
 end
 local act = ({ auto = true, bf16 = "bf16", fp16 = "f16", fp32 = "f32" })[cfg.precision]
 if not act then error("precision must be auto, bf16, fp16 or fp32, got '" .. tostring(cfg.precision) .. "'", 0) end
--- the images (a missing path, or no image in the folders, is an error now)
+-- the images (a missing path, a file that is no image, a folder without
+-- images is an error now, naming source and the entry at fault)
 local sources = {}
 for s in cfg.source:gmatch("[^,]+") do sources[#sources + 1] = s end
 if #sources == 0 then error("source = '" .. cfg.source .. "': expected an image, a folder or a comma-separated list", 0) end
-local images = predict.list_sources(sources)
+local images = predict.list_sources(sources, "source")
+-- and the weights file opens (its content is checked when it is loaded)
+local wf, werr = io.open(cfg.weights, "rb")
+if not wf then
+  local why = tostring(werr):gsub("^.*: ", "") -- "No such file or directory", "Permission denied"
+  error(string.format("predict: weights = '%s': cannot open it (%s)", cfg.weights, why), 0)
+end
+wf:close()
 recipe.print(cfg)
 
 local ctx = lucid.Context{ device = cfg.device }

@@ -166,6 +166,23 @@ describe("the mini dataset", function()
     assert.are.equal(25, b:stats().crowd + b:stats().no_keypoints)
   end)
 
+  it("refuses loader counts past a C int by option name (batch = 1e12 was cast to -2147483648)", function()
+    local ds = assert(data.open(desc, "val", { imgsz = 128 }))
+    for _, k in ipairs({ "batch", "max_gt", "imgsz", "threads", "prefetch" }) do
+      local ok, e = pcall(data.loader, ds, { [k] = 1e12 })
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("loader options: option '" .. k .. "': expected an integer in [-2147483648, "
+        .. "2147483647] (a C int), got 1000000000000", 1, true), tostring(e))
+    end
+    local ok, e = pcall(data.loader, ds, { batch = 2.5 })
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("option 'batch': expected an integer", 1, true), tostring(e))
+    -- negative control: in range, the engine's own check speaks (batch >= 1)
+    ok, e = pcall(data.loader, ds, { batch = 0 })
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("loader options: batch 0", 1, true), tostring(e))
+  end)
+
   it("delivers fixed-shape batches with a short last batch", function()
     local ds = assert(data.open(desc, "val", { imgsz = 128 }))
     local ld = data.loader(ds, { batch = 5, threads = 2, max_gt = 16, seed = 3 })

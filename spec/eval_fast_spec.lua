@@ -102,6 +102,13 @@ describe("PoseValidator fast path", function()
     assert.has_error(function() lucid.PoseValidator{ imgsz = S, threads = -1 } end,
       "PoseValidator: threads must be >= 0, got -1")
   end)
+
+  it("rejects a max_det past a C int by its option name (it was cast to -2147483648)", function()
+    assert.has_error(function() lucid.PoseValidator{ imgsz = S, max_det = 1e12 } end,
+      "PoseValidator: option 'max_det': expected an integer in [-2147483648, 2147483647] (a C int), got 1000000000000")
+    -- negative control: the largest C int is an integer the validator takes
+    assert.has_no.errors(function() lucid.PoseValidator{ imgsz = S, max_det = 2 ^ 31 - 1 } end)
+  end)
 end)
 
 -- needs the mini dataset ($LUCID_DATASETS, ../shared/datasets, datasets/):

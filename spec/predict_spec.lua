@@ -105,12 +105,20 @@ describe("lucid.image", function()
     assert.has_error(function() lucid.eval.decode_nms(b, c, k, { imgsz = 64 }) end) -- 84 anchors at 64
     assert.has_error(function() lucid.eval.decode_nms(b, c, k, { imgsz = 100 }) end)
     assert.has_error(function() lucid.eval.decode_nms(b, c, k, { imgsz = 64, confidence = 1 }) end)
+    -- a max_det past a C int is named, not wrapped to a negative count
+    assert.has_error(function() lucid.eval.decode_nms(b, c, k, { imgsz = 64, max_det = 1e12 }) end,
+      "lucid.eval.decode_nms: option 'max_det': expected an integer in [-2147483648, 2147483647] (a C int), got "
+      .. "1000000000000")
     local b2, c2, k2 = lucid.zeros({ 1, 64, 84 }), lucid.zeros({ 1, 1, 84 }), lucid.zeros({ 1, 51, 84 })
     -- sigmoid(0) = 0.5: every anchor passes conf 0.25; NMS keeps the distinct boxes
     local dets = lucid.eval.decode_nms(b2, c2, k2, { imgsz = 64, conf = 0.25, max_det = 5 })
     assert.is_true(#dets >= 1 and #dets <= 5)
     assert.equals(51, #dets[1].kpts)
     assert.equals(0, #lucid.eval.decode_nms(b2, c2, k2, { imgsz = 64, conf = 0.6 }))
+    -- the largest max_det (a C int) keeps what max_det = 84 (one per anchor)
+    -- keeps, without buffers for 2^31 - 1 detections
+    local all = lucid.eval.decode_nms(b2, c2, k2, { imgsz = 64, conf = 0.25, max_det = 84 })
+    assert.equals(#all, #lucid.eval.decode_nms(b2, c2, k2, { imgsz = 64, conf = 0.25, max_det = 2 ^ 31 - 1 }))
   end)
 end)
 

@@ -1,8 +1,10 @@
 -- recipe_checks_spec.lua — what a recipe user sees for bad input: every
 -- key=value checked up front with an error naming the key and the value
 -- (empty paths, booleans that are not, non-finite numbers, Ultralytics'
--- ranges, imgsz bounds, a 1-image batch at imgsz 32, predict's keys and an
--- empty source folder), no internal "file.lua:NN:" location in what the
+-- ranges, imgsz bounds, a 1-image batch at imgsz 32, predict's keys, a
+-- source that is no image or an empty folder, values past the engine's
+-- C int / f32 / device names named by key rather than by the C binding
+-- they used to reach), no internal "file.lua:NN:" location in what the
 -- recipes print, a clean line on Ctrl-C, and the smaller messages (a
 -- synchronous checkpoint write, the resume folder with quiet=true,
 -- predict's per-image input shape, bin/lucid -e's `lucid`). Each fix has a
@@ -178,6 +180,68 @@ describe("Trainer.check_config: Ultralytics' ranges, before anything is opened",
   end)
 end)
 
+describe("settings the C bindings would refuse are named by key, not by binding", function()
+  -- a value past what the engine holds (a C int, an f32, a device name)
+  -- used to reach lucid.Context, lucid.optim.schedule.*, the loader or the
+  -- validator, which named themselves (or printed a wrapped -2147483648)
+  local function cfg(over)
+    local c = fit_cfg.cfg("/tmp/unused", {})
+    for k, v in pairs(over) do
+      local a, b = k:match("^([^.]+)%.(.+)$")
+      if a then c[a] = c[a] or {}; c[a][b] = v else c[k] = v end
+    end
+    return c
+  end
+  local INT = " (the engine counts it in a C int)"
+
+  it("Trainer.check_config: C int bounds, the seed, f32 magnitudes and the device name", function()
+    local cases = {
+      { { batch = 1e12 }, "trainer: batch = 1000000000000: expected an integer in [1, 2147483647]" .. INT },
+      { { epochs = 2 ^ 31 }, "trainer: epochs = 2147483648: expected an integer in [1, 2147483647]" .. INT },
+      { { nbs = 1e12 }, "trainer: nbs = 1000000000000: expected an integer in [1, 2147483647]" .. INT },
+      { { max_gt = 1e10 }, "trainer: max_gt = 10000000000: expected an integer in [1, 2147483647]" .. INT },
+      { { max_det = 1e12 }, "trainer: max_det = 1000000000000: expected an integer in [1, 2147483647]" .. INT },
+      { { workers = 1e12 }, "trainer: workers = 1000000000000: expected an integer in [0, 2147483647]" .. INT },
+      { { val_period = 1e12 }, "trainer: val_period = 1000000000000: expected an integer in [0, 2147483647]" .. INT },
+      { { ["augment.close_mosaic"] = 2 ^ 31 },
+        "trainer: augment.close_mosaic = 2147483648: expected an integer in [0, 2147483647]" .. INT },
+      { { seed = 1e20 }, "trainer: seed = 1e+20: expected an integer in [0, 9007199254740991] (the largest "
+        .. "integer a Lua number holds exactly)" },
+      { { ["clip.max_norm"] = 1e300 }, "trainer: clip.max_norm = 1e+300: expected a finite number of magnitude "
+        .. "at most 3.4e+38 (the engine computes in f32)" },
+      { { ["augment.degrees"] = -1e300 }, "trainer: augment.degrees = -1e+300: expected a finite number of "
+        .. "magnitude at most 3.4e+38 (the engine computes in f32)" },
+      { { ["loss.pose"] = 1e39 }, "trainer: loss.pose = 1e+39: expected a finite number of magnitude at most "
+        .. "3.4e+38 (the engine computes in f32)" },
+      { { device = "badvalue" }, "trainer: device = 'badvalue': expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
+      { { device = "gpu" }, "trainer: device = 'gpu': expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
+      { { device = "cuda:x" }, "trainer: device = 'cuda:x': expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
+      { { device = "cuda:2000" }, "trainer: device = 'cuda:2000': expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
+      { { device = 0 }, "trainer: device = 0: expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
+    }
+    for _, c in ipairs(cases) do assert.are.equal(c[2], err_of(Trainer.check_config, cfg(c[1]))) end
+    -- negative control: the largest values the engine holds, and every device spelling it takes
+    for _, over in ipairs({
+      { batch = 2 ^ 31 - 1 }, { epochs = 2 ^ 31 - 1 }, { nbs = 2 ^ 31 - 1 }, { max_det = 2 ^ 31 - 1 },
+      { seed = 2 ^ 53 - 1 }, { ["clip.max_norm"] = 3.4e38 }, { ["augment.degrees"] = -3.4e38 },
+      { device = "cpu" }, { device = "auto" }, { device = "cuda" }, { device = "cuda:0" }, { device = "cuda:1024" },
+    }) do
+      assert.has_no.errors(function() Trainer.check_config(cfg(over)) end)
+    end
+  end)
+
+  it("predict.check_options: max_det within a C int, the device name", function()
+    local c = predict.check_options
+    assert.are.equal("predict: max_det = 1000000000000: expected an integer in [1, 2147483647] (the engine counts it in a "
+      .. "C int)", err_of(c, { max_det = 1e12 }))
+    assert.are.equal("predict: device = 'gpu': expected cpu, cuda, cuda:N (N in 0..1024) or auto",
+      err_of(c, { device = "gpu" }))
+    -- negative control
+    assert.has_no.errors(function() c({ max_det = 2 ^ 31 - 1, device = "cuda:1" }) end)
+    assert.has_no.errors(function() c({ device = "auto" }) end)
+  end)
+end)
+
 describe("Trainer.check_last_batch: a 1-image batch at imgsz 32", function()
   it("refuses imgsz 32 when a batch would hold one image, suggesting what works", function()
     assert.are.equal("trainer: imgsz=32 with batch=4 on 137 training images leaves a last batch of 1 image; at "
@@ -219,13 +283,42 @@ describe("predict.check_options and predict.list_sources", function()
 
   it("an empty folder is an error naming it (Ultralytics: No images or videos found)", function()
     local d = files.tmpdir()
-    assert.truthy(err_of(predict.list_sources, d):find("predict: no images found in " .. d
-      .. " (supported formats: .jpg, .jpeg, .png)", 1, true))
+    assert.are.equal("predict: source = '" .. d .. "': no images found in the folder (supported formats: .jpg, "
+      .. ".jpeg, .png)", err_of(predict.list_sources, d))
     files.write(d .. "/notes.txt", "x")
-    assert.truthy(err_of(predict.list_sources, { d }):find("no images found in " .. d, 1, true))
+    assert.truthy(err_of(predict.list_sources, { d }):find("source = '" .. d .. "': no images found in the folder",
+      1, true))
     -- negative control: one image in it
     files.write(d .. "/a.png", "x")
     assert.are.same({ d .. "/a.png" }, predict.list_sources(d))
+    os.execute("rm -rf " .. shell_quote(d))
+  end)
+
+  it("a named source is an existing image file (by extension) or a folder with images, else an error "
+    .. "naming the key, the value and why", function()
+    local d = files.tmpdir()
+    files.write(d .. "/notes.txt", "x")
+    files.write(d .. "/a.png", "x")
+    os.execute("mkdir -p " .. shell_quote(d .. "/sub") .. " " .. shell_quote(d .. "/empty"))
+    files.write(d .. "/sub/b.JPG", "x")
+    local ls = predict.list_sources
+    local FORMATS = "(supported formats: .jpg, .jpeg, .png; or a folder of them)"
+    assert.are.equal("predict: source = '" .. d .. "/notes.txt': not an image file " .. FORMATS,
+      err_of(ls, d .. "/notes.txt"))
+    assert.are.equal("predict: source = 'README.md': not an image file " .. FORMATS, err_of(ls, "README.md"))
+    assert.are.equal("predict: source = '" .. d .. "/none.jpg': cannot open it (No such file or directory)",
+      err_of(ls, d .. "/none.jpg"))
+    -- in a list: the whole value, then the entry at fault
+    assert.are.equal("predict: source = '" .. d .. "/a.png," .. d .. "/notes.txt': " .. d .. "/notes.txt: not an "
+      .. "image file " .. FORMATS, err_of(ls, { d .. "/a.png", d .. "/notes.txt" }))
+    assert.are.equal("predict: source = '" .. d .. "/a.png," .. d .. "/empty': " .. d .. "/empty: no images found "
+      .. "in the folder (supported formats: .jpg, .jpeg, .png)", err_of(ls, { d .. "/a.png", d .. "/empty" }))
+    -- the caller's key (predict.run's option is sources)
+    assert.are.equal("predict: sources = 'README.md': not an image file " .. FORMATS, err_of(ls, "README.md", "sources"))
+    -- negative control: an image file (any case of the extension), a folder, a list of both
+    assert.are.same({ d .. "/a.png" }, ls(d .. "/a.png"))
+    assert.are.same({ d .. "/sub/b.JPG" }, ls(d .. "/sub"))
+    assert.are.same({ d .. "/a.png", d .. "/sub/b.JPG" }, ls({ d .. "/a.png", d .. "/sub/" }))
     os.execute("rm -rf " .. shell_quote(d))
   end)
 end)
@@ -319,7 +412,7 @@ describe_data("the recipes on bad input (separate processes)", function()
       { "epochs=1 max_det=0", "pose_nano: trainer: max_det = 0: expected an integer >= 1" },
       { "epochs=1 imgsz=100000", "pose_nano: trainer: imgsz = 100000: expected at most 23168" },
       { "epochs=1 model=foo", "pose_nano: model = 'foo': expected yolo11 or yolov8" },
-      { "epochs=1 device=foo", "pose_nano: lucid.Context: bad argument #1 (device): unknown device 'foo'" },
+      { "epochs=1 device=foo", "pose_nano: trainer: device = 'foo': expected cpu, cuda, cuda:N (N in 0..1024) or auto" },
       { "epochs=1 optimizer=foo", "pose_nano: trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD" },
       { "epochs=1 scale=q", "pose_nano: model: scale: expected one of" },
       { "resume=" .. tmp .. "/none/last.safetensors", "pose_nano: resume: no checkpoint at " },
@@ -332,6 +425,66 @@ describe_data("the recipes on bad input (separate processes)", function()
       assert.is_nil(out:find("Starting training", 1, true), out)
     end
     assert.is_nil(io.open("/lucid-spec-x/results.csv", "rb"))
+  end)
+
+  it("pose_nano and predict_pose: values past the engine's types are named by key, never by a binding", function()
+    local w = tmp .. "/wb.safetensors"
+    require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }:save(w)
+    local img = predict.list_sources(mini .. "/images/val")[1]
+    local cases = {
+      { "pose_nano", "epochs=1e12", "pose_nano: trainer: epochs = 1000000000000: expected an integer in [1, 2147483647]" },
+      { "pose_nano", "nbs=1e12", "pose_nano: trainer: nbs = 1000000000000: expected an integer in [1, 2147483647]" },
+      { "pose_nano", "batch=1e12", "pose_nano: trainer: batch = 1000000000000: expected an integer in [1, 2147483647]" },
+      { "pose_nano", "max_gt=1e10", "pose_nano: trainer: max_gt = 10000000000: expected an integer in [1, 2147483647]" },
+      { "pose_nano", "max_det=1e12", "pose_nano: trainer: max_det = 1000000000000: expected an integer in [1, 2147483647]" },
+      { "pose_nano", "seed=1e20", "pose_nano: trainer: seed = 1e+20: expected an integer in [0, 9007199254740991]" },
+      { "pose_nano", "clip.max_norm=1e300", "pose_nano: trainer: clip.max_norm = 1e+300: expected a finite number "
+        .. "of magnitude at most" },
+      { "pose_nano", "augment.degrees=1e300", "pose_nano: trainer: augment.degrees = 1e+300: expected a finite "
+        .. "number of magnitude at most" },
+      { "predict_pose", "max_det=1e12", "predict_pose: predict: max_det = 1000000000000: expected an integer in "
+        .. "[1, 2147483647]" },
+      { "predict_pose", "device=gpu", "predict_pose: predict: device = 'gpu': expected cpu, cuda, cuda:N" },
+    }
+    for _, c in ipairs(cases) do
+      local out, err, rc
+      if c[1] == "pose_nano" then
+        out, err, rc = pose("epochs=1 imgsz=64 name=bind " .. c[2])
+      else
+        out, err, rc = run("luajit recipes/predict_pose.lua imgsz=64 weights=" .. shell_quote(w) .. " source="
+          .. shell_quote(img) .. " out=" .. shell_quote(tmp .. "/pb") .. " " .. c[2])
+      end
+      assert.are.equal(1, rc, c[2] .. ": " .. err)
+      assert.truthy(err:find(c[3], 1, true), c[2] .. ": " .. err)
+      assert.is_nil(err:find("lucid%.[%w_.:]+: "), err) -- no binding name (lucid.Context:, lucid.optim...)
+      assert.is_nil(err:find("-2147483648", 1, true), err)
+      no_location(err)
+      -- refused before anything was built, loaded or written
+      assert.is_nil(out:find("device ", 1, true), out)
+    end
+    assert.is_nil(io.open(tmp .. "/bind/results.csv", "rb"))
+    assert.is_nil(io.open(tmp .. "/pb/predictions.json", "rb"))
+    -- overfit8's own keys (steps is the trainer's epochs, val_every its val_period) by their names
+    for _, c in ipairs({
+      { "steps=1e12", "overfit8: steps = 1000000000000: expected an integer in [1, 2147483647]" },
+      { "val_every=-1", "overfit8: val_every = -1: expected an integer in [0, 2147483647]" },
+      { "device=gpu", "overfit8: trainer: device = 'gpu': expected cpu, cuda, cuda:N" },
+    }) do
+      local out, err, rc = run("luajit recipes/overfit8.lua device=cpu imgsz=64 " .. c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
+      assert.are.equal("", out, c[1])
+    end
+    -- negative control: the largest values the engine holds train and
+    -- predict (a max_det past the anchor count keeps what the anchor count
+    -- keeps; the validator and decode_nms size their buffers by the smaller)
+    local out, err, rc = pose("epochs=1 imgsz=64 name=bindok max_det=2147483647 nbs=2147483647 seed=9007199254740991")
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("final:", 1, true), out)
+    out, err, rc = run("luajit recipes/predict_pose.lua device=cpu imgsz=64 max_det=2147483647 weights=" .. shell_quote(w)
+      .. " source=" .. shell_quote(img) .. " out=" .. shell_quote(tmp .. "/pbok"))
+    assert.are.equal(0, rc, err)
+    assert.truthy(io.open(tmp .. "/pbok/predictions.json", "rb"))
   end)
 
   it("pose_nano imgsz=32: a last batch of 1 image is refused before training; batch=5 trains", function()
@@ -363,7 +516,8 @@ describe_data("the recipes on bad input (separate processes)", function()
       { "source=" .. img .. " weights=" .. pt .. "/missing.safetensors out=",
         "predict_pose: recipe: out: empty value; give one (the default is out=runs/predict)" },
       { "source=" .. pt .. "/empty out=" .. pt .. "/p0",
-        "predict_pose: predict: no images found in " .. pt .. "/empty (supported formats: .jpg, .jpeg, .png)" },
+        "predict_pose: predict: source = '" .. pt .. "/empty': no images found in the folder (supported formats: "
+        .. ".jpg, .jpeg, .png)" },
       { "source=" .. img .. " conf=-1", "predict_pose: predict: conf = -1: expected a confidence threshold in [0, 1]" },
       { "source=" .. img .. " max_det=0", "predict_pose: predict: max_det = 0: expected an integer >= 1" },
       { "source=" .. img .. " imgsz=0", "predict_pose: predict: imgsz = 0: expected a multiple of 32" },
@@ -388,6 +542,43 @@ describe_data("the recipes on bad input (separate processes)", function()
       geo.uw, geo.uh), 1, true), out)
     assert.truthy(out:find("per image (each letterboxed to shape (1, 3, 64, 64))", 1, true), out)
     assert.truthy(io.open(pt .. "/pred/predictions.json"))
+  end)
+
+  it("predict_pose: a source that is no image is refused before the model is built or the weights read", function()
+    local pt = tmp .. "/psrc"
+    os.execute("mkdir -p " .. shell_quote(pt))
+    local w = pt .. "/w.safetensors"
+    require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }:save(w)
+    files.write(pt .. "/notes.txt", "not an image\n")
+    local img = predict.list_sources(mini .. "/images/val")[1]
+    local FORMATS = "(supported formats: .jpg, .jpeg, .png; or a folder of them)"
+    local cases = {
+      { "source=README.md", "predict_pose: predict: source = 'README.md': not an image file " .. FORMATS },
+      { "source=" .. pt .. "/notes.txt", "predict_pose: predict: source = '" .. pt .. "/notes.txt': not an image "
+        .. "file " .. FORMATS },
+      { "source=" .. pt .. "/none.jpg", "predict_pose: predict: source = '" .. pt .. "/none.jpg': cannot open it "
+        .. "(No such file or directory)" },
+      { "source=" .. img .. ",README.md", "predict_pose: predict: source = '" .. img .. ",README.md': README.md: "
+        .. "not an image file " .. FORMATS },
+      -- a missing weights file is named before anything is built too
+      { "source=" .. img .. " weights=" .. pt .. "/none.safetensors", "predict_pose: predict: weights = '" .. pt
+        .. "/none.safetensors': cannot open it (No such file or directory)" },
+    }
+    for _, c in ipairs(cases) do
+      local out, err, rc = run("luajit recipes/predict_pose.lua device=cpu imgsz=64 weights=" .. shell_quote(w)
+        .. " out=" .. shell_quote(pt .. "/out") .. " " .. c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.are.equal(c[2] .. "\n", err, c[1])
+      no_location(err)
+      -- nothing built, loaded or written: no configuration listing, no weights line
+      assert.are.equal("", out, c[1])
+    end
+    assert.is_nil(io.open(pt .. "/out/predictions.json", "rb"))
+    -- negative control: the image alone predicts
+    local _, err, rc = run("luajit recipes/predict_pose.lua device=cpu imgsz=64 weights=" .. shell_quote(w)
+      .. " out=" .. shell_quote(pt .. "/out") .. " source=" .. shell_quote(img))
+    assert.are.equal(0, rc, err)
+    assert.truthy(io.open(pt .. "/out/predictions.json", "rb"))
   end)
 
   it("Ctrl-C during training: a clean line naming the kept checkpoints, exit status 130", function()

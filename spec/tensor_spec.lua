@@ -1,6 +1,7 @@
 -- tensor_spec.lua — the Tensor API of the Lua binding on the CPU:
--- construction, shapes, dtype conversions, views, arithmetic with
--- broadcasting, reductions, matmul, tostring, misuse errors.
+-- construction (empty tensors with PyTorch's shapes), shapes, dtype
+-- conversions, views, arithmetic with broadcasting, reductions, matmul,
+-- tostring, misuse errors.
 local lucid = require "lucid"
 
 local function close(a, b, tol)
@@ -76,6 +77,63 @@ describe("lucid tensors: construction", function()
     local n = lucid.randn({20000})
     assert.is_true(math.abs(n:mean():item()) < 0.05)
     assert.is_true(math.abs((n:norm():item() ^ 2 / 20000) - 1) < 0.05)
+  end)
+end)
+
+describe("lucid tensors: empty tensors have PyTorch's shapes", function()
+  -- torch.tensor([]) is (0,), torch.tensor([[]]) is (1, 0), torch.zeros(0, 3)
+  -- is (0, 3): the constructors take size-0 dims as tensor() infers them
+  it("tensor({}), tensor({{}}) and zeros/ones/empty/full/rand/randn with a 0 dim agree", function()
+    assert.are.same({0}, lucid.tensor({}):shape())
+    assert.are.same({1, 0}, lucid.tensor({{}}):shape())
+    assert.are.same({2, 0}, lucid.tensor({{}, {}}):shape())
+    assert.are.same({0}, lucid.zeros({0}):shape())
+    assert.are.same({0, 3}, lucid.zeros({0, 3}):shape())
+    assert.are.same({0, 3}, lucid.zeros(0, 3):shape())
+    assert.are.same({3, 0}, lucid.ones({3, 0}):shape())
+    assert.are.same({2, 0, 4}, lucid.empty({2, 0, 4}, {dtype = "bf16"}):shape())
+    assert.are.same({0, 2}, lucid.full({0, 2}, 7):shape())
+    assert.are.same({0}, lucid.rand({0}):shape())
+    assert.are.same({4, 0}, lucid.randn({4, 0}):shape())
+    for _, t in ipairs({ lucid.tensor({}), lucid.tensor({{}}), lucid.zeros({0}), lucid.zeros({0, 3}) }) do
+      assert.are.equal(0, t:numel())
+    end
+    assert.are.equal(1, lucid.zeros({0}):dim())
+    assert.are.equal(2, lucid.zeros({0, 3}):dim())
+  end)
+
+  it("print, clone, sum, add, totable, view and reshape like PyTorch", function()
+    assert.are.equal("tensor([], dtype=f32, device=cpu)", tostring(lucid.tensor({})))
+    assert.are.equal("tensor([], dtype=f32, device=cpu)", tostring(lucid.zeros({0})))
+    assert.are.equal("tensor([], size=(1, 0), dtype=f32, device=cpu)", tostring(lucid.tensor({{}})))
+    assert.are.equal("tensor([], size=(0, 3), dtype=f32, device=cpu)", tostring(lucid.zeros({0, 3})))
+    assert.are.equal("tensor([], size=(0, 3), dtype=i64, device=cpu)", tostring(lucid.zeros({0, 3}, {dtype = "i64"})))
+    local z = lucid.zeros({0, 3})
+    assert.are.same({0, 3}, z:clone():shape())
+    assert.are.same({0, 3}, (z + 1):shape())
+    assert.are.same({0, 3}, (z + lucid.ones({3})):shape()) -- broadcasting keeps the 0
+    assert.are.equal(0, z:sum():item())
+    assert.are.equal(0, lucid.tensor({}):sum():item())
+    assert.are.same({}, z:totable())
+    assert.are.same({{}}, lucid.tensor({{}}):totable())
+    assert.are.same({0, 3}, lucid.tensor({}):view({0, 3}):shape())
+    assert.are.same({0}, z:reshape({-1}):shape())
+    assert.are.same({0, 3}, lucid.tensor({}):reshape({-1, 3}):shape())
+    assert.are.same({0}, z:t():reshape({0}):shape()) -- a transposed empty view
+    -- an empty tensor is contiguous whatever its strides (PyTorch's is_contiguous)
+    assert.is_true(lucid.zeros({3, 0}):is_contiguous())
+    assert.are.same({0}, lucid.tensor({{}, {}}):view({0}):shape())
+    -- as PyTorch, the -1 of a 0-element tensor beside a 0 dim is ambiguous
+    assert.has_error(function() return z:reshape({-1, 0}) end,
+      "lucid.Tensor:reshape: bad argument #1 (shape): cannot infer -1 for 0 elements")
+    -- max/min/mean of nothing stay errors (torch.max(torch.tensor([])) raises too)
+    assert.has_error(function() return z:max() end,
+      "lucid argument error: lucid.Tensor:max: max/min/mean of an empty tensor")
+    -- negative control: a negative or fractional size is still refused
+    assert.has_error(function() lucid.zeros({0, -3}) end,
+      "lucid.zeros: bad argument #1 (shape[2]): expected a non-negative integer, got -3")
+    assert.has_error(function() lucid.tensor({}):view({-2}) end,
+      "lucid.Tensor:view: bad argument #1 (shape[1]): expected a non-negative integer or one -1, got -2")
   end)
 end)
 
@@ -345,9 +403,9 @@ end)
 describe("lucid tensors: misuse raises errors naming the argument", function()
   it("bad shapes", function()
     assert.has_error(function() lucid.zeros({2, -3}) end,
-      "lucid.zeros: bad argument #1 (shape[2]): expected a positive integer, got -3")
+      "lucid.zeros: bad argument #1 (shape[2]): expected a non-negative integer, got -3")
     assert.has_error(function() lucid.zeros({2, 1.5}) end,
-      "lucid.zeros: bad argument #1 (shape[2]): expected a positive integer, got 1.5")
+      "lucid.zeros: bad argument #1 (shape[2]): expected a non-negative integer, got 1.5")
     assert.has_error(function() lucid.ones("x") end,
       "lucid.ones: bad argument #1 (shape): expected a table of sizes, got string")
     assert.has_error(function() lucid.zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}) end,

@@ -209,6 +209,11 @@ size_t lucid_tensor_nbytes(const lucid_tensor *t) {
 }
 
 int lucid_tensor_is_contiguous(const lucid_tensor *t) {
+    /* an empty tensor is contiguous whatever its strides (as PyTorch's):
+     * the product below would be 0 after its 0 size, and a fresh (2, 0)
+     * tensor (strides 1, 1: zero sizes count as 1) would read as strided */
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 1;
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != s) return 0;

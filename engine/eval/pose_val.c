@@ -101,6 +101,11 @@ lucid_status lucid_pose_val_create(lucid_ctx *ctx,
                                          : 1.0f / (float)cfg->nkpt;
     v->cfg.sigmas = v->sigmas;
     for (int l = 0; l < cfg->nlevels; l++) v->A += cfg->levels[l].h * cfg->levels[l].w;
+    /* NMS keeps at most one detection per anchor (the candidates are each
+     * anchor's best class), so a max_det above A keeps the same detections
+     * as A; the per-image buffers (images x max_det) are sized by the
+     * smaller: max_det = 2^31 - 1 must not ask for 2^31 detections a slot */
+    if (v->A > 0 && v->cfg.nms.max_det > v->A) v->cfg.nms.max_det = (int)v->A;
     lucid_status s = lucid_ap_accum_create(ctx, &v->box_acc);
     if (s == LUCID_OK) s = lucid_ap_accum_create(ctx, &v->pose_acc);
     if (s != LUCID_OK) {

@@ -26,6 +26,7 @@ writes it). image_id is the numeric file stem when it is numeric
 (000000000785.jpg -> 785), else the 1-based position of the image.
 ]]
 local lucid = require "lucid"
+local recipe = require "lucid.recipe"
 
 local predict = {}
 
@@ -33,18 +34,15 @@ local IMAGE_EXT = { jpg = true, jpeg = true, png = true }
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-local function is_dir(p)
-  local f = io.open(p, "r")
-  if not f then return false end
+-- What a path is: "dir", "file", or nil and why it cannot be opened (the
+-- system's words: "No such file or directory", "Permission denied").
+local function probe(p)
+  local f, err = io.open(p, "rb")
+  if not f then return nil, (tostring(err):gsub("^.*: ", "")) end
   local ok, _, code = f:read(1)
   f:close()
-  return ok == nil and code == 21
-end
-
-local function file_exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
+  if ok == nil and code == 21 then return "dir" end -- EISDIR
+  return "file"
 end
 
 local function has_image_ext(p)
@@ -52,35 +50,51 @@ local function has_image_ext(p)
   return ext ~= nil and IMAGE_EXT[ext:lower()] == true
 end
 
---- predict.list_sources(src) -> list of image paths. src: a path (file or
--- folder) or a list of them; folders give their .jpg/.jpeg/.png files
--- (case-insensitive) sorted by name. Raises naming a missing path, and
--- naming the sources when they hold no image at all (an empty folder).
-function predict.list_sources(src)
+--- predict.list_sources(src, [key]) -> list of image paths. src: a path
+-- (an image file or a folder) or a list of them; key (default "source")
+-- names the setting in errors. A file must exist and have an extension
+-- the decoder reads (.jpg, .jpeg, .png, any case); a folder gives its
+-- .jpg/.jpeg/.png files sorted by name and must hold at least one (as
+-- Ultralytics' "No images or videos found"). Every entry is checked here,
+-- before a model is built; errors name the key, the value and why:
+--   predict: source = 'README.md': not an image file (supported formats:
+--     .jpg, .jpeg, .png; or a folder of them)
+--   predict: source = 'x.jpg': cannot open it (No such file or directory)
+--   predict: source = 'dir': no images found in the folder (supported
+--     formats: .jpg, .jpeg, .png)
+-- and, for a list, the whole value then the entry at fault:
+--   predict: source = 'a.jpg,README.md': README.md: not an image file (...)
+function predict.list_sources(src, key)
+  key = key or "source"
   local list = type(src) == "table" and src or { src }
+  if #list == 0 then error("predict: " .. key .. ": expected an image, a folder or a list of them, got none", 0) end
   local out = {}
+  local function fail(p, why)
+    local value = #list == 1 and tostring(list[1]) or table.concat(list, ",")
+    error(string.format("predict: %s = '%s': %s%s", key, value, #list == 1 and "" or (tostring(p) .. ": "), why), 0)
+  end
   for _, p in ipairs(list) do
-    if type(p) ~= "string" then error("predict: sources must be paths, got " .. type(p), 2) end
-    if is_dir(p) then
+    if type(p) ~= "string" then error("predict: " .. key .. " must be paths, got " .. type(p), 0) end
+    local kind, why = probe(p)
+    if kind == "dir" then
       local pipe = io.popen("ls -1 " .. shell_quote(p) .. " 2>/dev/null")
       local names = {}
       for name in pipe:lines() do
         if has_image_ext(name) then names[#names + 1] = name end
       end
       pipe:close()
+      if #names == 0 then fail(p, "no images found in the folder (supported formats: .jpg, .jpeg, .png)") end
       table.sort(names)
       local base = p:gsub("/+$", "")
       for _, n in ipairs(names) do out[#out + 1] = base .. "/" .. n end
-    elseif file_exists(p) then
+    elseif kind == "file" then
+      if not has_image_ext(p) then
+        fail(p, "not an image file (supported formats: .jpg, .jpeg, .png; or a folder of them)")
+      end
       out[#out + 1] = p
     else
-      error("predict: source not found: " .. p, 2)
+      fail(p, "cannot open it (" .. why .. ")")
     end
-  end
-  if #out == 0 then
-    -- as Ultralytics' LoadImagesAndVideos: FileNotFoundError "No images or videos found in ..."
-    error(string.format("predict: no images found in %s (supported formats: .jpg, .jpeg, .png)",
-      table.concat(list, ", ")), 2)
   end
   return out
 end
@@ -95,9 +109,11 @@ predict.MAX_IMGSZ = 46336
 -- before a model is built or a file read. o: the predict recipe's settings
 -- or predict.run's options (absent keys are not checked): imgsz (a
 -- multiple of 32 in [32, predict.MAX_IMGSZ]), conf, iou, kpt_threshold (in
--- [0, 1], Ultralytics' fraction keys), max_det (an integer >= 1), every
--- number finite; the paths weights, source, out (out_dir) non-empty
--- strings; ema a boolean.
+-- [0, 1], Ultralytics' fraction keys), max_det (an integer in [1, 2^31 - 1]:
+-- the engine counts it in a C int), every number finite; the paths
+-- weights, source, out (out_dir) non-empty strings; ema a boolean; device
+-- a name lucid.Context takes (recipe.is_device: cpu, cuda, cuda:N or
+-- auto).
 function predict.check_options(o)
   local function show(v) return type(v) == "string" and ("'" .. v .. "'") or tostring(v) end
   local function fail(k, want) error(string.format("predict: %s = %s: expected %s", k, show(o[k]), want), 0) end
@@ -123,6 +139,10 @@ function predict.check_options(o)
   end
   local m = o.max_det
   if m ~= nil and (not finite(m) or m ~= math.floor(m) or m < 1) then fail("max_det", "an integer >= 1") end
+  if m ~= nil and m > recipe.INT_MAX then
+    fail("max_det", string.format("an integer in [1, %d] (the engine counts it in a C int)", recipe.INT_MAX))
+  end
+  if o.device ~= nil and not recipe.is_device(o.device) then fail("device", recipe.DEVICES) end
   for _, k in ipairs({ "weights", "source", "out", "out_dir" }) do
     local v = o[k]
     if v ~= nil and (type(v) ~= "string" or v == "") then fail(k, "a non-empty path") end
@@ -279,7 +299,7 @@ function predict.run(opts)
   local save = opts.save ~= false
   local out_dir = opts.out_dir
   if save and not out_dir then error("predict.run: out_dir is required (or save = false)", 2) end
-  local paths = predict.list_sources(opts.sources or error("predict.run: sources is required", 2))
+  local paths = predict.list_sources(opts.sources or error("predict.run: sources is required", 2), "sources")
   if save then os.execute("mkdir -p " .. shell_quote(out_dir)) end
   local names = opts.names or { "person" }
   local ctx = opts.ctx

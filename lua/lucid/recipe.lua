@@ -288,6 +288,31 @@ function recipe.print(cfg, out)
   out:write("configuration:\n", recipe.format(cfg), "\n")
 end
 
+--- Bounds of the engine's types, for the consumers' range checks
+-- (Trainer.check_config, predict.check_options) so that a value past them
+-- is refused naming its key instead of reaching a C binding: a count the
+-- engine holds in a C int (batch, epochs, nbs, max_det, ...), a seed (a Lua
+-- number holds integers exactly up to 2^53 - 1; lucid.Context's limit) and
+-- a float the engine computes in f32 (loss gains, clip.max_norm, degrees).
+recipe.INT_MAX = 2147483647
+recipe.SEED_MAX = 2 ^ 53 - 1
+recipe.F32_MAX = 3.4028234663852886e38
+
+--- The device names lucid.Context takes, as an error's "expected ...".
+recipe.DEVICES = "cpu, cuda, cuda:N (N in 0..1024) or auto"
+
+--- recipe.is_device(v) -> true when v is a device name lucid.Context
+-- takes: "cpu", "auto", "cuda" or "cuda:N" with N in 0..1024 (the grammar
+-- of lucid_device_parse, engine/core/context.c), else false (any other
+-- string or type). Only the spelling is checked, not that the device
+-- exists (making a context does that, and may take seconds on a GPU).
+function recipe.is_device(v)
+  if type(v) ~= "string" then return false end
+  if v == "cpu" or v == "auto" or v == "cuda" then return true end
+  local n = v:match("^cuda:(%d+)$")
+  return n ~= nil and tonumber(n) <= 1024
+end
+
 --- The message of an error for a recipe user: tostring(err) without the
 -- "path/file.lua:NN: " (chunk:line) location prefixes Lua puts in front of
 -- a raised string (error(msg) at level 1 or 2, assert, a binding's error);

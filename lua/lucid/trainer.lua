@@ -37,6 +37,7 @@ queued are on disk when fit re-raises it, and recipe.run prints it as
 "<recipe>: interrupted (Ctrl-C); ..." (a second Ctrl-C kills the process).
 ]]
 local lucid = require "lucid"
+local recipe = require "lucid.recipe"
 local data = require "lucid.data"
 local progress = require "lucid.progress"
 local results_csv = require "lucid.results"
@@ -87,7 +88,11 @@ Trainer.MAX_IMGSZ = 23168
 local OPTIMIZERS = { auto = true, sgd = true, adamw = true, musgd = true }
 
 --- Trainer.check_config(cfg): raise a clear error naming the setting and its
--- value before anything is opened or built. Every number must be finite;
+-- value before anything is opened or built. Every number must be finite
+-- and within the f32 range (the engine computes in f32); the integer
+-- settings at most 2^31 - 1 (the engine counts them in a C int; seed at
+-- most 2^53 - 1); device a name lucid.Context takes (recipe.is_device:
+-- cpu, cuda, cuda:N or auto; whether it exists is the context's check);
 -- the ranges are Ultralytics' (cfg/__init__.py check_cfg: its fraction keys
 -- lr0, lrf, momentum, weight_decay, warmup_momentum, warmup_bias_lr, conf,
 -- iou and the augmentation probabilities in [0, 1]; its integer keys) plus
@@ -117,20 +122,30 @@ function Trainer.check_config(cfg)
   end
   local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
   -- every number anywhere in cfg is finite (lr0=1e999 would train an epoch
-  -- and fail at the checkpoint's JSON)
+  -- and fail at the checkpoint's JSON) and an f32 (clip.max_norm=1e300
+  -- reached the optimizer binding, augment.degrees=1e300 the loader as inf)
   local function walk(t, prefix, depth)
     if depth > 4 then return end
     for k, v in pairs(t) do
       local name = prefix and (prefix .. "." .. tostring(k)) or tostring(k)
       if type(v) == "number" and not finite(v) then fail(name, v, "a finite number") end
+      if type(v) == "number" and math.abs(v) > recipe.F32_MAX then
+        fail(name, v, "a finite number of magnitude at most 3.4e+38 (the engine computes in f32)")
+      end
       if type(v) == "table" and getmetatable(v) == nil then walk(v, name, depth + 1) end
     end
   end
   walk(cfg, nil, 1)
-  local function int_at_least(key, lo)
+  -- an integer >= lo, and at most hi (default: a C int's largest, for the
+  -- engine's counts; batch=1e12 reached the loader as -2147483648)
+  local function int_at_least(key, lo, hi, why)
     local v = get(key)
     if v == nil and key ~= "batch" and key ~= "epochs" and key ~= "imgsz" then return end
     if not finite(v) or v ~= math.floor(v) or v < lo then fail(key, v, "an integer >= " .. lo) end
+    if v > (hi or recipe.INT_MAX) then
+      fail(key, v, string.format("an integer in [%d, %.0f] (%s)", lo, hi or recipe.INT_MAX,
+        why or "the engine counts it in a C int"))
+    end
   end
   -- a number in a range; lo_open / hi_open: the bound itself excluded
   local function range(key, lo, hi, lo_open, hi_open, what)
@@ -162,7 +177,7 @@ function Trainer.check_config(cfg)
   int_at_least("epochs", 1)
   -- workers = 0: the batches are made in the training thread (Ultralytics workers=0)
   int_at_least("workers", 0)
-  int_at_least("seed", 0)
+  int_at_least("seed", 0, recipe.SEED_MAX, "the largest integer a Lua number holds exactly")
   int_at_least("nbs", 1)
   local S = cfg.imgsz
   if not finite(S) or S < 32 or S % 32 ~= 0 then
@@ -172,6 +187,7 @@ function Trainer.check_config(cfg)
     fail("imgsz", S, string.format("at most %d (the engine's image buffers hold at most 2^31 pixels, and the "
       .. "training mosaic canvas is 2 x imgsz on a side)", Trainer.MAX_IMGSZ))
   end
+  if cfg.device ~= nil and not recipe.is_device(cfg.device) then fail("device", cfg.device, recipe.DEVICES) end
   if cfg.name ~= nil and (type(cfg.name) ~= "string" or cfg.name == "" or cfg.name:find("/", 1, true)) then
     fail("name", cfg.name, "a non-empty name without '/' (the run folder under project)")
   end
