@@ -21,8 +21,9 @@
 #              separate test programs; both also run bench_bnsilu, and with
 #              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
 #   final      fit_pairs (5 pairs + the recorded-clip pair) into docs/BENCH.md,
-#              bench_model against PyTorch, then make test-gpu with the time
-#              left of FINAL_S (460) seconds
+#              bench_model against PyTorch, the scaling screen with
+#              FINAL_SCREEN=1, then make test-gpu with the time left of
+#              FINAL_S (460) seconds (FINAL_S=0: no tests)
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
 #              routes); logs packed into $out/logs.tgz
@@ -172,21 +173,32 @@ fi
 if [ "$what" = final ]; then
   # the closing measurement in one call: the complete-fit table (5 pairs)
   # and the recorded-clip pair into docs/BENCH.md, the network fwd+bwd
-  # against PyTorch, then make test-gpu with what is left of FINAL_S seconds
+  # against PyTorch, with FINAL_SCREEN=1 the scaling screen, then make
+  # test-gpu with what is left of FINAL_S seconds (FINAL_S=0: no tests).
+  # docs/BENCH.md is copied to $OUT after each table, so a call cut short
+  # still brings back what was measured.
   l=$out/logs; mkdir -p "$l"; t0=$(date +%s)
   luajit bench/fit_pairs.lua pairs=5 budget_s=${FIT_BUDGET:-100} write=docs/BENCH.md > "$l/fit_pairs.log" 2>&1 || rc=1
+  cp docs/BENCH.md "$out/BENCH.md"
   luajit bench/fit_pairs.lua pairs=1 budget_s=0 armA="record=true" \
     armB="record=true clip.capture_gradient_norm=true" write=docs/BENCH.md > "$l/fit_clip.log" 2>&1 || rc=1
+  cp docs/BENCH.md "$out/BENCH.md"
   grep -E '^\| (A|B) ' "$l/fit_pairs.log" "$l/fit_clip.log" | cut -c1-260; grep -h 'Hashes' "$l/fit_pairs.log" "$l/fit_clip.log" | cut -c1-120
   timeout 60 luajit bench/bench_model.lua > "$l/bench_model.log" 2>&1; tail -1 "$l/bench_model.log"
   timeout 90 python3 bench/bench_model_torch.py > "$l/bench_torch.log" 2>&1; tail -4 "$l/bench_torch.log"
-  cp docs/BENCH.md "$out/BENCH.md"
+  if [ -n "${FINAL_SCREEN:-}" ]; then
+    luajit bench/fit_pairs.lua screen=true budget_s=${SCREEN_BUDGET:-150} write=docs/BENCH.md > "$l/fit_screen.log" 2>&1 || rc=1
+    cp docs/BENCH.md "$out/BENCH.md"
+    grep -E '^\| (batch|image)' "$l/fit_screen.log" | cut -c1-200
+  fi
   left=$(( ${FINAL_S:-460} - ($(date +%s) - t0) ))
-  echo "make test-gpu with ${left} s left"
-  timeout "$left" make -j"$(nproc)" test-gpu > "$l/test.log" 2>&1; r=$?
-  echo "make test-gpu: rc $r, $(( $(date +%s) - t0 )) s since start"
-  grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log" | grep -v ' 0 failed' ; tail -1 "$l/test.log"
-  grep -E '^    (not ok|busted exited)' "$l/test.log" | head -20
+  if [ "${FINAL_S:-460}" != 0 ]; then
+    echo "make test-gpu with ${left} s left"
+    timeout "$left" make -j"$(nproc)" test-gpu > "$l/test.log" 2>&1; r=$?
+    echo "make test-gpu: rc $r, $(( $(date +%s) - t0 )) s since start"
+    grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log" | grep -v ' 0 failed' ; tail -1 "$l/test.log"
+    grep -E '^    (not ok|busted exited)' "$l/test.log" | head -20
+  fi
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = quick ]; then
