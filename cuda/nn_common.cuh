@@ -168,6 +168,10 @@ void *lucid_cuda_nn_stream(lucid_ctx *ctx);
  * keys.  Returns 1, or 0 (out untouched) when ctx has no nn state or
  * profiling is off.  Never creates state; safe on any context. */
 int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
+/* BatchNorm kernels (forward and backward, plain and fused with SiLU;
+ * nn_norm.cu) queued by the calling thread so far, any context, eager or
+ * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS). */
+unsigned long lucid_cuda_bn_launch_count(void);
 }
 
 /* 256-byte alignment of arena sub-regions. */

@@ -67,14 +67,45 @@
  * 64-bit scalar route (huge tensors).  The element-wise kernels have no
  * reduction, so their route never changes bits.
  *
+ * One pass (parts == 1).  When a channel is one part, training fuses the
+ * two launches of each direction into one kernel, one block per channel
+ * (grid (1, min(C, 65535)), channels strided by grid.y): bn_stats_apply1
+ * computes channel c's statistics exactly as bn_stats_partial's one-part
+ * path (same walk, vector width, tree, f64 finish, running stats,
+ * num_batches_tracked), thread 0 passes the f32 save_mean/save_invstd it
+ * stored to the block through shared memory, and after a barrier the
+ * block writes the channel's y with bn_apply's per-element arithmetic
+ * (vectors of the apply's vector choice, walked like a part: plane
+ * offsets 64-bit, so no separate route for huge tensors);
+ * bn_grad_dx1 likewise computes bn_grad_partial's one-part sums and
+ * finish (dweight/dbias with beta) and then the channel's dx with bn_dx's
+ * per-element arithmetic from the f32 coefficients bn_grad_finish would
+ * have stored (shared memory instead of the arena).  Each block reads its
+ * channel twice (the second time mostly from L2) but the layer costs one
+ * launch per direction: the small late layers are launch-latency bound.
+ * Every value is computed by the same expressions in the same order, so
+ * the results equal the two-launch route's bitwise.  Only the training
+ * forward and the training backward with dx take it (dweight/dbias alone
+ * is one launch already, eval has no reduction before the element-wise
+ * pass); multi-part channels never do.  LUCID_BN_ONEPASS=0 in the
+ * environment (read on each call; unset or anything else: on) keeps the
+ * two-launch route for A/B runs.  The choice depends on the shape and that
+ * switch only; the host bookkeeping (arena, counters) is the same either
+ * way, so eager calls and captured graphs take the same route.  Test hook:
+ * lucid_cuda_bn_launch_count() counts the kernels this thread's BatchNorm
+ * calls queued.
+ *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training forward 2 (stats
- * partial[+fold], apply), eval forward 2 (stats_eval, apply), training
- * backward 2 (grad partial[+fold], dx; 1 without dx), eval backward 1 (dx)
- * or 2 with dweight/dbias, the per-channel sum 1.  E.g. N=4 (YOLO, 640):
+ * partial[+fold], apply), 1 with parts == 1 (one pass; 2 with
+ * LUCID_BN_ONEPASS=0), eval forward 2 (stats_eval, apply), training
+ * backward 2 (grad partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
+ * LUCID_BN_ONEPASS=0); 1 without dx), eval backward 1 (dx) or 2 with
+ * dweight/dbias, the per-channel sum 1.  E.g. N=4 (YOLO, 640):
  * 16x320x320 has 52 parts per channel (13 chunks of 7880 per plane),
  * 32x160x160 16 (4 of 6400), 64x80x80 4 (whole planes), 128x40x40 and
- * 256x20x20 1.  Every kernel starts with lucid_pdl_wait();
+ * 256x20x20 1 (one pass: 1 launch forward, 1 backward).  Every kernel
+ * starts with lucid_pdl_wait();
  * lucid_pdl_launch_dependents(); (in every thread, before any early return)
  * and is queued with lucid_launch() (launch.cuh: programmatic dependent
  * launch: a kernel may be scheduled before its predecessor ends, and waits
@@ -88,7 +119,9 @@
  * Backward: bn_grad_partial and bn_dx recompute z from x, the saved
  * statistics, weight and bias, and use g = dy * s * (1 + z*(1-s)) where
  * the plain kernels use dy (g never stored): 2 launches (grad partial+fold,
- * dx) instead of 3.  The partition and the folding order are those of the
+ * dx) instead of 3.  With one part per channel the one-pass kernels
+ * (bn_stats_apply1<..., true>, bn_grad_dx1<..., true>) do the same in 1
+ * launch each.  The partition and the folding order are those of the
  * plain kernels, so the fused results are as deterministic.
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
@@ -97,6 +130,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BN_THREADS 256 /* every kernel here except bn_stats_eval */
@@ -317,13 +351,27 @@ static int bn_route(lucid_dtype dt, int64_t NCS, int64_t S, const void *a, const
  * sh = b - mean*sc; w/b NULL: 1/0): one source expression for every kernel,
  * so the fused backward recomputes the forward's z from the same f32
  * statistics. */
+static __device__ __forceinline__ void bn_affine_of(float mean, float invstd, float wc,
+                                                    float bc, float *sc, float *sh) {
+    float k = wc * invstd;
+    *sc = k;
+    *sh = bc - mean * k;
+}
+
 static __device__ __forceinline__ void bn_affine(int64_t c, const float *mean,
                                                  const float *invstd,
                                                  const float *w, const float *b,
                                                  float *sc, float *sh) {
-    float k = (w ? w[c] : 1.0f) * invstd[c];
-    *sc = k;
-    *sh = (b ? b[c] : 0.0f) - mean[c] * k;
+    float wc = w ? w[c] : 1.0f, is = invstd[c], bc = b ? b[c] : 0.0f;
+    bn_affine_of(mean[c], is, wc, bc, sc, sh);
+}
+
+/* The forward's output of one element: z = fmaf(x, sc, sh), SILU: z *
+ * sigmoid(z) (z kept in f32). */
+template <bool SILU>
+static __device__ __forceinline__ float bn_out(float x, float sc, float sh) {
+    float z = fmaf(x, sc, sh);
+    return SILU ? z * nn_sigmoid(z) : z;
 }
 
 /* dL/dz of a = silu(z): dy * s * (1 + z*(1-s)) (the formula of silu_bwd). */
@@ -454,13 +502,17 @@ typedef struct bn_stats_out {
 
 /* Channel c's results from its (count n, mean, M2) in f64 (one thread):
  * save_mean / save_invstd, the running stats and, for c == 0 only,
- * num_batches_tracked += 1 (once per forward). */
-static __device__ void bn_stats_finish(double n, double mean, double m2, int64_t c,
-                                       const bn_stats_out &out) {
+ * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
+ * invstd) it stored in save_mean[c] / save_invstd[c]. */
+static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
+                                         const bn_stats_out &out) {
     if (m2 < 0.0) m2 = 0.0;
     double var = m2 / n; /* biased: normalisation */
-    out.save_mean[c] = (float)mean;
-    out.save_invstd[c] = (float)(1.0 / sqrt(var + out.eps));
+    float2 kept;
+    kept.x = (float)mean;
+    out.save_mean[c] = kept.x;
+    kept.y = (float)(1.0 / sqrt(var + out.eps));
+    out.save_invstd[c] = kept.y;
     if (out.running_mean)
         out.running_mean[c] = (float)((1.0 - out.momentum) * (double)out.running_mean[c] +
                                       out.momentum * mean);
@@ -472,6 +524,7 @@ static __device__ void bn_stats_finish(double n, double mean, double m2, int64_t
         else if (out.nbt_dt == LUCID_I32) ((int32_t *)out.nbt)[0] += 1;
         else lucid_store_f64(out.nbt, out.nbt_dt, 0, lucid_load_f64(out.nbt, out.nbt_dt, 0) + 1.0);
     }
+    return kept;
 }
 
 /* Channel c's statistics from its `parts` (> 1) partials pp[0..parts) =
@@ -648,11 +701,74 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
             float v[V];
             Vt::unpack(r[u], v);
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                float z = fmaf(v[k], sc[u], sh[u]);
-                v[k] = SILU ? z * nn_sigmoid(z) : z;
-            }
+            for (int k = 0; k < V; k++) v[k] = bn_out<SILU>(v[k], sc[u], sh[u]);
             Vt::store(y + (size_t)at[u] * V, Vt::pack(v));
+        }
+    }
+}
+
+/* Training forward of channels of ONE part (g.parts == 1), statistics and
+ * apply in one launch (LUCID_BN_ONEPASS, see the header): block c (grid.y,
+ * channels strided) computes channel c's statistics exactly as
+ * bn_stats_partial's one-part path (part 0 walked with VS-element vectors,
+ * the same tree and f64 finish, running stats and num_batches_tracked
+ * included); thread 0 hands the f32 (mean, invstd) it stored in
+ * save_mean[c] / save_invstd[c] to the block through shared memory, and
+ * after the barrier the block writes y over the channel with bn_apply's
+ * per-element arithmetic (bn_affine_of, bn_out; VA-element vectors, VA the
+ * apply's vector choice), so y equals bn_apply's bitwise.  The walk is
+ * part 0's (all N planes; plane offsets 64-bit, so huge tensors need no
+ * other route). */
+template <typename T, int VS, int VA, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
+                const float *w, const float *b) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ bn_mv sh[32];
+    __shared__ float2 kept; /* channel c's stored (mean, invstd) */
+    const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh);
+        /* kept is rewritten only after the next channel's bn_stats_part
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0)
+            kept = bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+        __syncthreads();
+        float sc, shf;
+        {
+            float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
+            bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
+        }
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rv[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rv[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rv[u] = Vt::load(x + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float v[VA];
+                Vt::unpack(rv[u], v);
+#pragma unroll
+                for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
+                Vt::store(y + e[u], Vt::pack(v));
+            }
         }
     }
 }
@@ -685,6 +801,39 @@ static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x
         lucid_launch(bn_stats_partial<T, 1>, grid, dim3(BN_THREADS), 0, stream, x, g, partial,
                      count, so);
 }
+
+/* The one-pass training forward's launch (parts == 1): vs, the statistics'
+ * vector path (bn_stats_partial's choice), va, the apply's (route
+ * BN_ROUTE_VEC; va implies vs: both need S % V == 0 and x aligned). */
+template <typename T, bool SILU>
+static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t stream,
+                                   const T *x, T *y, const bn_geom &g,
+                                   const bn_stats_out &so, const float *w, const float *b) {
+    const int VV = bn_width<T>::V;
+    if (vs && va)
+        lucid_launch(bn_stats_apply1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else if (vs)
+        lucid_launch(bn_stats_apply1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else
+        lucid_launch(bn_stats_apply1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+}
+
+/* LUCID_BN_ONEPASS, read on each call: "0" = the two-launch route for
+ * channels of one part; unset or anything else = the one-pass kernels. */
+static bool bn_onepass(void) {
+    const char *e = getenv("LUCID_BN_ONEPASS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Kernels queued by this thread's BatchNorm forward / backward calls so far
+ * (not the conv bias sum): the test hook lucid_cuda_bn_launch_count
+ * (nn_common.cuh); nothing here reads it. */
+static thread_local unsigned long bn_launches;
+
+extern "C" unsigned long lucid_cuda_bn_launch_count(void) { return bn_launches; }
 
 static lucid_status bn_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
@@ -736,18 +885,36 @@ static lucid_status bn_forward(
         so.eps = eps;
         dim3 grid((unsigned)g.parts, bn_grid_y(C));
         bool vec = bn_use_vec(x->dtype, S, xd, NULL, NULL);
+        if (g.parts == 1 && bn_onepass()) {
+            /* one part per channel: statistics and apply in one launch */
+            bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
+            if (silu)
+                NN_DISPATCH(x->dtype, (bn_launch_stats_apply1<T, true>(
+                                          vec, va, grid, st->stream, (const T *)xd, (T *)yd,
+                                          g, so, w, b)));
+            else
+                NN_DISPATCH(x->dtype, (bn_launch_stats_apply1<T, false>(
+                                          vec, va, grid, st->stream, (const T *)xd, (T *)yd,
+                                          g, so, w, b)));
+            CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply1");
+            bn_launches += 1;
+            return LUCID_OK;
+        }
         NN_DISPATCH(x->dtype, bn_launch_stats<T>(vec, grid, st->stream, (const T *)xd, g,
                                                  (float3 *)ws, count, so));
         CUDA_CHECK_LAUNCH(ctx, "bn_stats_partial");
+        bn_launches += 1;
         if (!count && g.parts > 1) {
             lucid_launch(bn_stats_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
                          st->stream, (const float3 *)ws, g, so);
             CUDA_CHECK_LAUNCH(ctx, "bn_stats_final");
+            bn_launches += 1;
         }
     } else {
         lucid_launch(bn_stats_eval, dim3(cblocks), dim3(128), 0, st->stream, C,
                      (const float *)rm, (const float *)rv, sm, si, eps);
         CUDA_CHECK_LAUNCH(ctx, "bn_stats_eval");
+        bn_launches += 1;
     }
     int route = bn_route(x->dtype, N * C * S, S, xd, yd, NULL);
     int64_t nv = N * C * S / (route == BN_ROUTE_VEC ? 16 / (int64_t)lucid_dtype_size(x->dtype) : 1);
@@ -759,6 +926,7 @@ static lucid_status bn_forward(
         NN_DISPATCH(x->dtype, (bn_launch_apply<T, false>(route, grid, N, C, S, st->stream,
                                                          (const T *)xd, (T *)yd, sm, si, w, b)));
     CUDA_CHECK_LAUNCH(ctx, "bn_apply");
+    bn_launches += 1;
     return LUCID_OK;
 }
 
@@ -797,6 +965,16 @@ typedef struct bn_grad_out {
     float4 *coef;
 } bn_grad_out;
 
+/* Channel c's dx coefficients (k, mean(g), mean(g*xhat), 0) from its sums
+ * (sum g, sum g*xhat) in f64. */
+static __device__ __forceinline__ float4 bn_grad_coef(double sdy, double sdyx,
+                                                      const bn_geom &g, int64_t c,
+                                                      const float *w, const float *invstd) {
+    double M = (double)g.N * (double)g.S;
+    double k = (w ? (double)w[c] : 1.0) * (double)invstd[c];
+    return make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
+}
+
 /* Channel c's results from its sums (sum g, sum g*xhat) in f64 (one
  * thread). */
 static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g, int64_t c,
@@ -807,11 +985,7 @@ static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g,
             (float)(beta != 0.0 ? sdyx + beta * (double)out.dweight[c] : sdyx);
     if (out.dbias)
         out.dbias[c] = (float)(beta != 0.0 ? sdy + beta * (double)out.dbias[c] : sdy);
-    if (out.coef) {
-        double M = (double)g.N * (double)g.S;
-        double k = (out.w ? (double)out.w[c] : 1.0) * (double)out.invstd[c];
-        out.coef[c] = make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
-    }
+    if (out.coef) out.coef[c] = bn_grad_coef(sdy, sdyx, g, c, out.w, out.invstd);
 }
 
 /* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
@@ -833,6 +1007,56 @@ static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t 
     bn_grad_finish(v[0], v[1], g, c, out);
 }
 
+/* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
+ * sum g*xhat (WITH_X), xhat = (x - mu)*is; g = dy, or SILU: dy * silu'(z),
+ * z = fmaf(x, zs, zh).  dyp, xp: the part's first element in channel c. */
+template <typename T, int V, bool WITH_X, bool SILU>
+static __device__ __forceinline__ void bn_grad_part(const T *__restrict__ dyp,
+                                                    const T *__restrict__ xp,
+                                                    const bn_part &pt, int64_t CS, float mu,
+                                                    float is, float zs, float zh, float *sa,
+                                                    float *sb) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    float a = 0.0f, bsum = 0.0f;
+    bn_walk wk = bn_walk_first(pt);
+    while (wk.j < pt.total) {
+        R rg[BN_UNROLL], rx[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = wk.j < pt.total;
+            rg[u] = R();
+            rx[u] = R();
+            if (ok[u]) {
+                int64_t e = bn_walk_elem<V>(wk, CS);
+                rg[u] = Vt::load(dyp + e);
+                if (WITH_X) rx[u] = Vt::load(xp + e);
+            }
+            bn_walk_next(wk, pt);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float gv[V], xv[V];
+            Vt::unpack(rg[u], gv);
+            if (WITH_X) Vt::unpack(rx[u], xv);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float gk = gv[k];
+                if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                a += gk;
+                if (WITH_X) {
+                    float xh = (xv[k] - mu) * is;
+                    bsum = fmaf(gk, xh, bsum);
+                }
+            }
+        }
+    }
+    *sa = a;
+    *sb = bsum;
+}
+
 /* One block per (part, channel): (sum g, sum g*xhat) of the part (the
  * second only when WITH_X), g = dy, or SILU (needs WITH_X): g = dy *
  * silu'(z) with z recomputed from x (w, b: the forward's weight and bias,
@@ -848,8 +1072,6 @@ bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     static_assert(WITH_X || !SILU, "the fused SiLU gradient needs x");
-    typedef bn_vec<T, V> Vt;
-    typedef typename Vt::R R;
     __shared__ float2 sh[32];
     __shared__ int last;
     const int64_t part = blockIdx.x;
@@ -861,41 +1083,8 @@ bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *
         float mu = WITH_X ? mean[c] : 0.0f, is = WITH_X ? invstd[c] : 0.0f;
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
-        float a = 0.0f, bsum = 0.0f;
-        bn_walk wk = bn_walk_first(pt);
-        while (wk.j < pt.total) {
-            R rg[BN_UNROLL], rx[BN_UNROLL];
-            bool ok[BN_UNROLL];
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                ok[u] = wk.j < pt.total;
-                rg[u] = R();
-                rx[u] = R();
-                if (ok[u]) {
-                    int64_t e = bn_walk_elem<V>(wk, g.CS);
-                    rg[u] = Vt::load(dyp + e);
-                    if (WITH_X) rx[u] = Vt::load(xp + e);
-                }
-                bn_walk_next(wk, pt);
-            }
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (!ok[u]) break;
-                float gv[V], xv[V];
-                Vt::unpack(rg[u], gv);
-                if (WITH_X) Vt::unpack(rx[u], xv);
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    float gk = gv[k];
-                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-                    a += gk;
-                    if (WITH_X) {
-                        float xh = (xv[k] - mu) * is;
-                        bsum = fmaf(gk, xh, bsum);
-                    }
-                }
-            }
-        }
+        float a, bsum;
+        bn_grad_part<T, V, WITH_X, SILU>(dyp, xp, pt, g.CS, mu, is, zs, zh, &a, &bsum);
         bn_block_sum2(a, bsum, sh);
         if (!WITH_X) bsum = 0.0f;
         if (g.parts == 1) {
@@ -917,6 +1106,14 @@ bn_grad_final(const float2 *partial, bn_geom g, bn_grad_out out) {
     lucid_pdl_launch_dependents();
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y)
         bn_grad_fold(partial + c * g.parts, g, c, out);
+}
+
+/* Training dx of one element before beta: k*(g - mdy - xhat*mdyx), xhat =
+ * (x - mu)*is. */
+static __device__ __forceinline__ float bn_dx_train(float g, float xq, float mu, float is,
+                                                    float k, float mdy, float mdyx) {
+    float xh = (xq - mu) * is;
+    return k * (g - mdy - xh * mdyx);
 }
 
 /* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
@@ -980,8 +1177,7 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
                 if (SILU) g = bn_silu_grad(g, fmaf(xq, zs[u], zh[u]));
                 float v;
                 if (TRAIN) {
-                    float xh = (xq - mu[u]) * is[u];
-                    v = k[u] * (g - mdy[u] - xh * mdyx[u]);
+                    v = bn_dx_train(g, xq, mu[u], is[u], k[u], mdy[u], mdyx[u]);
                 } else {
                     v = k[u] * g;
                 }
@@ -989,6 +1185,87 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
                 gv[q] = v;
             }
             Vt::store(dx + (size_t)at[u] * V, Vt::pack(gv));
+        }
+    }
+}
+
+/* Training backward with dx of channels of ONE part (g.parts == 1), the
+ * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
+ * block c (grid.y, channels strided) computes channel c's (sum g, sum
+ * g*xhat) exactly as bn_grad_partial<T, VS, true, SILU>'s one-part path
+ * (bn_grad_part over part 0, bn_block_sum2, bn_grad_finish: dweight /
+ * dbias with beta_params, out.coef unused); thread 0 hands the channel's
+ * f32 dx coefficients (bn_grad_coef: those bn_grad_finish would store in
+ * coef[c]) to the block through shared memory, and after the barrier the
+ * block writes dx over the channel with bn_dx<TRAIN>'s per-element
+ * arithmetic (bn_silu_grad, bn_dx_train, then beta: fmaf(beta, dx, v), dx
+ * read only when beta != 0), VA-element vectors (bn_dx's vector choice). */
+template <typename T, int VS, int VA, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+            const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
+            float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ float2 sh[32];
+    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
+    const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float mu = mean[c], is = invstd[c];
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        float a, bsum;
+        bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
+                                        g.CS, mu, is, zs, zh, &a, &bsum);
+        bn_block_sum2(a, bsum, sh);
+        /* cf is rewritten only after the next channel's bn_block_sum2
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0) {
+            bn_grad_finish((double)a, (double)bsum, g, c, out);
+            cf = bn_grad_coef((double)a, (double)bsum, g, c, out.w, out.invstd);
+        }
+        __syncthreads();
+        const float4 q = cf;
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rg[u] = R();
+                rx[u] = R();
+                rd[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rg[u] = Vt::load(dy + e[u]);
+                    rx[u] = Vt::load(x + e[u]);
+                    if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float gv[VA], xv[VA], dv[VA];
+                Vt::unpack(rg[u], gv);
+                Vt::unpack(rx[u], xv);
+                if (beta != 0.0f) Vt::unpack(rd[u], dv);
+#pragma unroll
+                for (int k = 0; k < VA; k++) {
+                    float gk = gv[k];
+                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                    float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+                    if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+                    gv[k] = v;
+                }
+                Vt::store(dx + e[u], Vt::pack(gv));
+            }
         }
     }
 }
@@ -1027,6 +1304,26 @@ static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy
     else
         lucid_launch(bn_grad_partial<T, 1, WITH_X, SILU>, grid, dim3(BN_THREADS), 0, stream,
                      dy, x, mean, invstd, w, b, g, partial, count, go);
+}
+
+/* The one-pass training backward's launch (parts == 1, dx asked): vs, the
+ * gradient sums' vector path (bn_grad_partial's choice), va, dx's (route
+ * BN_ROUTE_VEC; va implies vs). */
+template <typename T, bool SILU>
+static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream, const T *dy,
+                               const T *x, T *dx, const float *mean, const float *invstd,
+                               const float *w, const float *b, const bn_geom &g,
+                               const bn_grad_out &go, float beta) {
+    const int VV = bn_width<T>::V;
+    if (vs && va)
+        lucid_launch(bn_grad_dx1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else if (vs)
+        lucid_launch(bn_grad_dx1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else
+        lucid_launch(bn_grad_dx1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
 }
 
 static lucid_status bn_backward(
@@ -1081,6 +1378,26 @@ static lucid_status bn_backward(
          * every subset of the outputs */
         bool vec = bn_use_vec(x->dtype, S, xd, dyd, NULL);
         const float *nof = NULL;
+        if (dx && training && g.parts == 1 && bn_onepass()) {
+            /* one part per channel: the sums and dx in one launch; the
+             * coefficients stay in shared memory */
+            void *dxd = lucid_tensor_data(dx);
+            bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
+            float bi = (float)beta_input;
+            go.coef = NULL;
+            if (silu)
+                NN_DISPATCH(x->dtype, (bn_launch_grad_dx1<T, true>(
+                                          vec, va, grid, st->stream, (const T *)dyd,
+                                          (const T *)xd, (T *)dxd, sm, si, w, b, g, go, bi)));
+            else
+                NN_DISPATCH(x->dtype, (bn_launch_grad_dx1<T, false>(
+                                          vec, va, grid, st->stream, (const T *)dyd,
+                                          (const T *)xd, (T *)dxd, sm, si, nof, nof, g, go,
+                                          bi)));
+            CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1");
+            bn_launches += 1;
+            return LUCID_OK;
+        }
         if (silu) /* g needs x whatever is asked */
             NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, true>(
                                       vec, grid, st->stream, (const T *)dyd, (const T *)xd,
@@ -1094,10 +1411,12 @@ static lucid_status bn_backward(
                                       vec, grid, st->stream, (const T *)dyd, (const T *)NULL,
                                       sm, si, nof, nof, g, part, count, go)));
         CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial");
+        bn_launches += 1;
         if (!count && g.parts > 1) {
             lucid_launch(bn_grad_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
                          st->stream, (const float2 *)part, g, go);
             CUDA_CHECK_LAUNCH(ctx, "bn_grad_final");
+            bn_launches += 1;
         }
     }
     if (!dx) return LUCID_OK;
@@ -1124,6 +1443,7 @@ static lucid_status bn_backward(
                                                              (const T *)xd, (const T *)dyd,
                                                              (T *)dxd, sm, si, w, b, cf, bi)));
     CUDA_CHECK_LAUNCH(ctx, "bn_dx");
+    bn_launches += 1;
     return LUCID_OK;
 }
 

@@ -166,8 +166,10 @@ except Exception as e: print("no result", e)')"
     done
     python3 tools/lab1x1.py "$l/lab_gemm.csv" "$l/lab_igemm.csv"
   fi
-  OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
-  python3 tools/kernel_census.py "$l/census_model.csv" --top 25
+  if [ "${AB_CENSUS:-1}" = 1 ]; then # AB_CENSUS=0: no census
+    OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
+    python3 tools/kernel_census.py "$l/census_model.csv" --top 25
+  fi
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi
 if [ "$what" = final ]; then

@@ -62,6 +62,39 @@
  * (300x2x64x72); C = 70001 (grid.y strides over channels: counter route)
  * and C = 131100 (more channels than the fold counters: fallback route);
  * f32, bf16, f16; train and eval.
+ * One pass (LUCID_BN_ONEPASS, cuda/nn_norm.cu): the cases above run the
+ * default route, so their one-part shapes take the one-pass kernels.  Then,
+ * for plain BatchNorm2d and the fused BatchNorm2d + SiLU, f32/bf16/f16:
+ *   one pass = two launches   every output of two training forwards, the
+ *                             training backward (all outputs, dx only,
+ *                             dweight only, dbias only, beta_input 0.5 /
+ *                             beta_params 0.25 onto random values) and an
+ *                             eval forward + backward, on the one-pass
+ *                             route and with LUCID_BN_ONEPASS=0 (setenv in
+ *                             this process): bitwise equal; the kernels
+ *                             queued per call (nn_norm.cu's test hook
+ *                             lucid_cuda_bn_launch_count): 1 per training
+ *                             direction with dx for one-part shapes on the
+ *                             one-pass route, 2 otherwise, and the same on
+ *                             both routes for multi-part shapes, dweight /
+ *                             dbias only and eval; the one-pass side
+ *                             against the CPU (tolerances above).  Shapes:
+ *                             4x5x20x20, 3x7x10x30 (S 300: bf16/f16
+ *                             scalar, f32 vector), 2x3x40x40, 4x32x40x40,
+ *                             3x4x5x7 (odd S, no affine), 8x5x1x1,
+ *                             100x3x9x9 (100 planes, 8100 elements),
+ *                             1x2x90x91 (S 8190), 1x3x64x128 (S = 8192),
+ *                             2x70001x1x2 (grid.y strides), 2x3x40x40 with
+ *                             y/dx and with every activation at element
+ *                             offset 1; several parts: 2x3x80x80,
+ *                             5x3x96x96, 3x4x91x91 unaligned
+ *   one pass capture          both routes captured in one graph (the
+ *                             switch flipped between the calls while
+ *                             recording) after an eager warm-up of each:
+ *                             the replay of each equals the eager one-pass
+ *                             call bitwise, with as many kernels recorded
+ *                             as queued eagerly (4x24x20x20, 3x7x10x30,
+ *                             and 4x24x96x96 with 8 parts)
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -673,6 +706,391 @@ done:
     pool_free();
 }
 
+/* ==================== one pass vs two launches (LUCID_BN_ONEPASS)
+ * cuda/nn_norm.cu fuses the two launches of a training direction into one
+ * kernel when a channel is one part (N*H*W <= 8192); LUCID_BN_ONEPASS=0
+ * keeps the two-launch route.  Each case runs the same calls on both
+ * routes in this process (setenv between them), plain BatchNorm2d or the
+ * fused BatchNorm2d + SiLU, and compares every output bitwise: two
+ * training forwards (y, save_mean, save_invstd, running stats after two
+ * updates, num_batches_tracked), the training backward with every output
+ * (beta 0), dx only, dweight only, dbias only, every output with beta_input
+ * 0.5 / beta_params 0.25 onto random values, and an eval forward and
+ * backward (not affected by the switch).  The kernels queued per call are
+ * counted (lucid_cuda_bn_launch_count, nn_norm.cu's test hook): one-part
+ * shapes take 1 per training direction with dx on the one-pass route and 2
+ * on the other, multi-part shapes 2 on both (the counter route), dweight
+ * only and eval the same on both.  The one-pass side is also checked
+ * against the CPU (tolerances of test_case).  Activations at element
+ * offset 1 of their storage (x/dy: every kernel scalar; y/dx only: the
+ * statistics vectorised, the element-wise part scalar). */
+
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_cuda_bn_launch_count(void);
+
+static unsigned long bn_launches(void) {
+    return lucid_cuda_bn_launch_count ? lucid_cuda_bn_launch_count() : 0;
+}
+
+/* 0: LUCID_BN_ONEPASS=0; 1: unset (the default); 2: "1" */
+static void set_onepass(int mode) {
+    if (mode == 0) setenv("LUCID_BN_ONEPASS", "0", 1);
+    else if (mode == 2) setenv("LUCID_BN_ONEPASS", "1", 1);
+    else unsetenv("LUCID_BN_ONEPASS");
+}
+
+static lucid_status bn_fwd(int silu, const lucid_tensor *x, lucid_tensor *y,
+                           const lucid_tensor *w, const lucid_tensor *b, lucid_tensor *rm,
+                           lucid_tensor *rv, lucid_tensor *nb, lucid_tensor *sm,
+                           lucid_tensor *si, int training) {
+    return silu ? lucid_nn_batchnorm2d_silu_forward(ctx, x, y, w, b, rm, rv, nb, sm, si,
+                                                    training, MOM, EPS)
+                : lucid_nn_batchnorm2d_forward(ctx, x, y, w, b, rm, rv, nb, sm, si, training,
+                                               MOM, EPS);
+}
+
+static lucid_status bn_bwd(int silu, const lucid_tensor *x, const lucid_tensor *dy,
+                           lucid_tensor *dx, const lucid_tensor *w, const lucid_tensor *b,
+                           const lucid_tensor *sm, const lucid_tensor *si, lucid_tensor *dw,
+                           lucid_tensor *db, int training, double bi, double bp) {
+    return silu ? lucid_nn_batchnorm2d_silu_backward(ctx, x, dy, dx, w, b, sm, si, dw, db,
+                                                     training, bi, bp)
+                : lucid_nn_batchnorm2d_backward(ctx, x, dy, dx, w, sm, si, dw, db, training,
+                                                bi, bp);
+}
+
+/* outputs of one route */
+enum {
+    OP_Y, OP_SM, OP_SI, OP_RM, OP_RV, OP_NB, OP_DX, OP_DW, OP_DB, OP_ODX, OP_ODW, OP_ODB,
+    OP_BDX, OP_BDW, OP_BDB, OP_EY, OP_EDX, OP_EDW, OP_EDB, OP_N
+};
+static const char *const OP_NAMES[OP_N] = {
+    "train y", "save_mean", "save_invstd", "running_mean (2 updates)",
+    "running_var (2 updates)", "num_batches_tracked", "train dx", "train dweight",
+    "train dbias", "train dx only", "train dweight only", "train dbias only",
+    "train dx (beta 0.5)", "train dweight (beta 0.25)", "train dbias (beta 0.25)", "eval y",
+    "eval dx", "eval dweight", "eval dbias"};
+
+/* kernels queued per call */
+enum { L_FWD, L_BWD, L_BWD_DX, L_BWD_DW, L_BWD_DB, L_BWD_BETA, L_EVAL_F, L_EVAL_B, L_N };
+static const char *const L_NAMES[L_N] = {
+    "train forward", "train backward", "train backward dx only", "train backward dweight only",
+    "train backward dbias only", "train backward with beta", "eval forward", "eval backward"};
+
+typedef struct bn_in {
+    lucid_dtype dt;
+    int silu, affine;
+    int64_t xs[4], cs[1], in_off, out_off;
+    lucid_tensor *hx1, *hx2, *hdy, *hw, *hb, *hrm, *hrv, *hnb, *hbdx, *hbdw, *hbdb;
+} bn_in;
+
+/* Device tensor at element offset off (pdview) holding the host tensor h. */
+static lucid_tensor *pdview_of(const lucid_tensor *h, int64_t off) {
+    if (!h) return NULL;
+    lucid_tensor *t = pdview(h->dtype, h->ndim, h->shape, off);
+    if (t && lucid_copy(ctx, t, h) != LUCID_OK) return NULL;
+    return t;
+}
+
+/* The calls of the header on the current route: o[OP_*] (NULL where not
+ * asked: no affine parameters), nl[L_*].  LUCID_OK or the failing call's
+ * status (*what names it). */
+static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long *nl,
+                                const char **what) {
+    const lucid_dtype dt = in->dt, F = LUCID_F32;
+    const int64_t *xs = in->xs, *cs = in->cs, oo = in->out_off;
+    const int silu = in->silu, af = in->affine;
+    lucid_status s = LUCID_OK;
+    unsigned long n0;
+    memset(o, 0, sizeof(lucid_tensor *) * OP_N);
+    memset(nl, 0, sizeof(unsigned long) * L_N);
+    *what = "setup";
+    lucid_tensor *gw = af ? pdev(in->hw) : NULL, *gb = af ? pdev(in->hb) : NULL;
+    lucid_tensor *gx1 = pdview_of(in->hx1, in->in_off), *gx2 = pdview_of(in->hx2, in->in_off);
+    lucid_tensor *gdy = pdview_of(in->hdy, in->in_off);
+    lucid_tensor *esm = pdpoison(F, 1, cs), *esi = pdpoison(F, 1, cs);
+    o[OP_Y] = pdview(dt, 4, xs, oo);
+    o[OP_SM] = pdpoison(F, 1, cs);
+    o[OP_SI] = pdpoison(F, 1, cs);
+    o[OP_RM] = pdev(in->hrm);
+    o[OP_RV] = pdev(in->hrv);
+    o[OP_NB] = pdev(in->hnb);
+    o[OP_DX] = pdview(dt, 4, xs, oo);
+    o[OP_ODX] = pdview(dt, 4, xs, oo);
+    o[OP_BDX] = pdview_of(in->hbdx, oo);
+    o[OP_EY] = pdview(dt, 4, xs, oo);
+    o[OP_EDX] = pdview(dt, 4, xs, oo);
+    if (af) {
+        o[OP_DW] = pdpoison(F, 1, cs);
+        o[OP_DB] = pdpoison(F, 1, cs);
+        o[OP_ODW] = pdpoison(F, 1, cs);
+        o[OP_ODB] = pdpoison(F, 1, cs);
+        o[OP_BDW] = pdev(in->hbdw);
+        o[OP_BDB] = pdev(in->hbdb);
+        o[OP_EDW] = pdpoison(F, 1, cs);
+        o[OP_EDB] = pdpoison(F, 1, cs);
+    }
+    int ok = gx1 && gx2 && gdy && esm && esi && (!af || (gw && gb));
+    for (int k = 0; k < OP_N; k++)
+        if (!o[k] && (af || (k != OP_DW && k != OP_DB && k != OP_ODW && k != OP_ODB &&
+                             k != OP_BDW && k != OP_BDB && k != OP_EDW && k != OP_EDB)))
+            ok = 0;
+    if (!ok) return LUCID_ERR_OOM;
+#define STEP(name, slot, expr)                                                \
+    do {                                                                      \
+        *what = name;                                                         \
+        n0 = bn_launches();                                                   \
+        if ((s = (expr)) != LUCID_OK) return s;                               \
+        if ((slot) >= 0) nl[(slot)] = bn_launches() - n0;                     \
+    } while (0)
+    STEP("train forward 1", -1,
+         bn_fwd(silu, gx1, o[OP_Y], gw, gb, o[OP_RM], o[OP_RV], o[OP_NB], o[OP_SM], o[OP_SI],
+                1));
+    STEP("train forward 2", L_FWD,
+         bn_fwd(silu, gx2, o[OP_Y], gw, gb, o[OP_RM], o[OP_RV], o[OP_NB], o[OP_SM], o[OP_SI],
+                1));
+    STEP("train backward", L_BWD,
+         bn_bwd(silu, gx2, gdy, o[OP_DX], gw, gb, o[OP_SM], o[OP_SI], o[OP_DW], o[OP_DB], 1,
+                0.0, 0.0));
+    STEP("train backward dx only", L_BWD_DX,
+         bn_bwd(silu, gx2, gdy, o[OP_ODX], gw, gb, o[OP_SM], o[OP_SI], NULL, NULL, 1, 0.0,
+                0.0));
+    if (af) {
+        STEP("train backward dweight only", L_BWD_DW,
+             bn_bwd(silu, gx2, gdy, NULL, gw, gb, o[OP_SM], o[OP_SI], o[OP_ODW], NULL, 1, 0.0,
+                    0.0));
+        STEP("train backward dbias only", L_BWD_DB,
+             bn_bwd(silu, gx2, gdy, NULL, gw, gb, o[OP_SM], o[OP_SI], NULL, o[OP_ODB], 1, 0.0,
+                    0.0));
+    }
+    STEP("train backward with beta", L_BWD_BETA,
+         bn_bwd(silu, gx2, gdy, o[OP_BDX], gw, gb, o[OP_SM], o[OP_SI], o[OP_BDW], o[OP_BDB], 1,
+                0.5, 0.25));
+    STEP("eval forward", L_EVAL_F,
+         bn_fwd(silu, gx2, o[OP_EY], gw, gb, o[OP_RM], o[OP_RV], NULL, esm, esi, 0));
+    STEP("eval backward", L_EVAL_B,
+         bn_bwd(silu, gx2, gdy, o[OP_EDX], gw, gb, esm, esi, o[OP_EDW], o[OP_EDB], 0, 0.0,
+                0.0));
+#undef STEP
+    *what = "synchronize";
+    return lucid_ctx_synchronize(ctx);
+}
+
+static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H, int64_t W,
+                         int affine, int64_t in_off, int64_t out_off) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "bn one-pass = two launches%s %lldx%lldx%lldx%lld%s%s %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             affine ? "" : " no-affine",
+             in_off || out_off ? (in_off ? " x/dy/y/dx at offset 1" : " y/dx at offset 1") : "",
+             lucid_dtype_name(dt));
+    const int one = N * H * W <= 8192; /* one part per channel */
+    const int lowp = dt != LUCID_F32;
+    const double ptol = lowp ? 1e-5 : 1e-6;
+    bn_in in;
+    memset(&in, 0, sizeof in);
+    in.dt = dt;
+    in.silu = silu;
+    in.affine = affine;
+    in.xs[0] = N, in.xs[1] = C, in.xs[2] = H, in.xs[3] = W;
+    in.cs[0] = C;
+    in.in_off = in_off;
+    in.out_off = out_off;
+    int64_t one1[1] = {1};
+    in.hx1 = phrand(dt, 4, in.xs, -2, 3);
+    in.hx2 = phrand(dt, 4, in.xs, -1.5, 2.5);
+    in.hdy = phrand(dt, 4, in.xs, -1, 1);
+    in.hw = phrand(LUCID_F32, 1, in.cs, 0.5, 1.5);
+    in.hb = phrand(LUCID_F32, 1, in.cs, -0.5, 0.5);
+    in.hrm = phrand(LUCID_F32, 1, in.cs, -0.2, 0.2);
+    in.hrv = phrand(LUCID_F32, 1, in.cs, 0.5, 2.0);
+    in.hnb = phzeros(LUCID_I64, 1, one1);
+    in.hbdx = phrand(dt, 4, in.xs, -1, 1);
+    in.hbdw = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    in.hbdb = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    lucid_tensor *o1[OP_N], *o0[OP_N];
+    unsigned long l1[L_N], l0[L_N];
+    const char *what = "";
+    lucid_status st;
+    if (!in.hx1 || !in.hx2 || !in.hdy || !in.hw || !in.hb || !in.hrm || !in.hrv || !in.hnb ||
+        !in.hbdx || !in.hbdw || !in.hbdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    CHECK(NAME("%s: launch-count hook linked", pre), lucid_cuda_bn_launch_count != NULL,
+          "lucid_cuda_bn_launch_count missing (cuda/nn_norm.cu)");
+    set_onepass(2);
+    st = onepass_run(&in, o1, l1, &what);
+    if (st != LUCID_OK) {
+        TEST_FAIL(NAME("%s: one pass: %s", pre, what), "%s: %s", lucid_status_name(st),
+                  lucid_ctx_error(ctx));
+        goto done;
+    }
+    set_onepass(0);
+    st = onepass_run(&in, o0, l0, &what);
+    set_onepass(1);
+    if (st != LUCID_OK) {
+        TEST_FAIL(NAME("%s: two launches: %s", pre, what), "%s: %s", lucid_status_name(st),
+                  lucid_ctx_error(ctx));
+        goto done;
+    }
+    for (int k = 0; k < OP_N; k++)
+        if (o1[k]) cmp_bits(NAME("%s: %s bitwise", pre, OP_NAMES[k]), o1[k], phost(o0[k]));
+    /* launches: the switch changes only one-part training calls with dx */
+    for (int k = 0; k < L_N; k++) {
+        if (!affine && (k == L_BWD_DW || k == L_BWD_DB)) continue;
+        int fused = one && (k == L_FWD || k == L_BWD || k == L_BWD_DX || k == L_BWD_BETA);
+        unsigned long want0 = k == L_BWD_DW || k == L_BWD_DB ? 1
+                              : k == L_EVAL_B                ? (affine ? 2 : 1)
+                                                             : 2;
+        unsigned long want1 = fused ? 1 : want0;
+        CHECK(NAME("%s: %s launches %lu (one pass) / %lu (LUCID_BN_ONEPASS=0)", pre,
+                   L_NAMES[k], want1, want0),
+              l1[k] == want1 && l0[k] == want0, "one pass %lu, two-launch route %lu", l1[k],
+              l0[k]);
+    }
+    /* the one-pass side against the CPU */
+    {
+        lucid_tensor *crm = pdev(in.hrm), *crv = pdev(in.hrv);
+        lucid_tensor *hy = phpoison(dt, 4, in.xs), *hsm = phpoison(LUCID_F32, 1, in.cs),
+                     *hsi = phpoison(LUCID_F32, 1, in.cs), *hdx = phpoison(dt, 4, in.xs);
+        lucid_tensor *hdw = phpoison(LUCID_F32, 1, in.cs), *hdb = phpoison(LUCID_F32, 1, in.cs);
+        lucid_tensor *rm = crm ? phost(crm) : NULL, *rv = crv ? phost(crv) : NULL;
+        lucid_tensor *nb = phzeros(LUCID_I64, 1, one1);
+        if (!hy || !hsm || !hsi || !hdx || !hdw || !hdb || !rm || !rv || !nb) {
+            TEST_FAIL(NAME("%s: cpu setup", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        const lucid_tensor *hw = affine ? in.hw : NULL, *hb = affine ? in.hb : NULL;
+        RUN(NAME("%s: cpu forward 1", pre), bn_fwd(silu, in.hx1, hy, hw, hb, rm, rv, nb, hsm,
+                                                   hsi, 1));
+        RUN(NAME("%s: cpu forward 2", pre), bn_fwd(silu, in.hx2, hy, hw, hb, rm, rv, nb, hsm,
+                                                   hsi, 1));
+        RUN(NAME("%s: cpu backward", pre),
+            bn_bwd(silu, in.hx2, in.hdy, hdx, hw, hb, hsm, hsi, affine ? hdw : NULL,
+                   affine ? hdb : NULL, 1, 0.0, 0.0));
+        cmp_act(NAME("%s: one-pass train y = cpu", pre), o1[OP_Y], hy, 1e-6);
+        cmp_rel(NAME("%s: one-pass save_mean = cpu", pre), o1[OP_SM], hsm, ptol);
+        cmp_rel(NAME("%s: one-pass save_invstd = cpu", pre), o1[OP_SI], hsi, ptol);
+        cmp_rel(NAME("%s: one-pass running_mean = cpu", pre), o1[OP_RM], rm, ptol);
+        cmp_rel(NAME("%s: one-pass running_var = cpu", pre), o1[OP_RV], rv, ptol);
+        cmp_bits(NAME("%s: one-pass num_batches_tracked = cpu (2)", pre), o1[OP_NB], nb);
+        cmp_act(NAME("%s: one-pass train dx = cpu", pre), o1[OP_DX], hdx, 1e-5);
+        if (affine) {
+            cmp_rel(NAME("%s: one-pass train dweight = cpu", pre), o1[OP_DW], hdw, 1e-5);
+            cmp_rel(NAME("%s: one-pass train dbias = cpu", pre), o1[OP_DB], hdb, 1e-5);
+        }
+    }
+done:
+    set_onepass(1);
+    pool_free();
+}
+
+/* Graph capture of both routes: an eager warm-up of each, then one capture
+ * holding a training forward + backward (every output) on the one-pass
+ * route (LUCID_BN_ONEPASS unset) and the same calls on the two-launch
+ * route (set to "0" between the calls while capturing: the switch is read
+ * per call), replayed once: both replays equal the eager one-pass call
+ * bitwise (y, statistics, running stats after one update,
+ * num_batches_tracked, dx, dweight, dbias), and the capture queued the
+ * same number of kernels as the eager calls. */
+static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
+                                 int64_t W) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn one-pass capture%s %lldx%lldx%lldx%lld %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             lucid_dtype_name(dt));
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(pre, "graphs not available on this context");
+        return;
+    }
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    const lucid_dtype F = LUCID_F32;
+    lucid_graph *g = NULL;
+    lucid_tensor *hw = phrand(F, 1, cs, 0.5, 1.5), *hb = phrand(F, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = phrand(F, 1, cs, -0.2, 0.2), *hrv = phrand(F, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
+    lucid_tensor *hx = phrand(dt, 4, xs, -2, 3), *hdy = phrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = pdev(hw), *gb = pdev(hb), *gx = pdev(hx), *gdy = pdev(hdy);
+    /* [0]: eager one pass, [1]: eager two launches, [2]: recorded one pass,
+     * [3]: recorded two launches */
+    lucid_tensor *rm[4], *rv[4], *nb[4], *sm[4], *si[4], *y[4], *dx[4], *dw[4], *db[4];
+    unsigned long nl[4] = {0, 0, 0, 0};
+    int okk = gw && gb && gx && gdy;
+    for (int k = 0; k < 4; k++) {
+        rm[k] = pdev(hrm), rv[k] = pdev(hrv), nb[k] = pdev(hnb);
+        sm[k] = pdpoison(F, 1, cs), si[k] = pdpoison(F, 1, cs);
+        y[k] = pdpoison(dt, 4, xs), dx[k] = pdpoison(dt, 4, xs);
+        dw[k] = pdpoison(F, 1, cs), db[k] = pdpoison(F, 1, cs);
+        okk = okk && rm[k] && rv[k] && nb[k] && sm[k] && si[k] && y[k] && dx[k] && dw[k] &&
+              db[k];
+    }
+    if (!okk) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    for (int k = 0; k < 2; k++) {
+        set_onepass(k == 0 ? 1 : 0);
+        unsigned long n0 = bn_launches();
+        RUN(NAME("%s: eager forward %d", pre, k),
+            bn_fwd(silu, gx, y[k], gw, gb, rm[k], rv[k], nb[k], sm[k], si[k], 1));
+        RUN(NAME("%s: eager backward %d", pre, k),
+            bn_bwd(silu, gx, gdy, dx[k], gw, gb, sm[k], si[k], dw[k], db[k], 1, 0.0, 0.0));
+        nl[k] = bn_launches() - n0;
+    }
+    set_onepass(1);
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    for (int k = 2; k < 4; k++) {
+        set_onepass(k == 2 ? 1 : 0);
+        unsigned long n0 = bn_launches();
+        lucid_status s1 = bn_fwd(silu, gx, y[k], gw, gb, rm[k], rv[k], nb[k], sm[k], si[k], 1);
+        lucid_status s2 =
+            s1 ? s1 : bn_bwd(silu, gx, gdy, dx[k], gw, gb, sm[k], si[k], dw[k], db[k], 1, 0.0,
+                             0.0);
+        nl[k] = bn_launches() - n0;
+        if (s2 != LUCID_OK) {
+            set_onepass(1);
+            TEST_FAIL(NAME("%s: calls while capturing (%s)", pre, k == 2 ? "one pass" : "two launches"),
+                      "%s: %s", lucid_status_name(s2), lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    set_onepass(1);
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    {
+        const int onep = N * H * W <= 8192;
+        unsigned long w1 = onep ? 2 : 4;
+        CHECK(NAME("%s: kernels per forward+backward: %lu one pass, 4 two launches, "
+                   "eager = recorded",
+                   pre, w1),
+              nl[0] == w1 && nl[2] == w1 && nl[1] == 4 && nl[3] == 4,
+              "eager %lu / %lu, recorded %lu / %lu", nl[0], nl[1], nl[2], nl[3]);
+    }
+    for (int k = 1; k < 4; k++) {
+        const char *tag = k == 1 ? "eager two launches" : k == 2 ? "replay one pass"
+                                                                 : "replay two launches";
+        cmp_bits(NAME("%s: %s y = eager one pass", pre, tag), y[k], phost(y[0]));
+        cmp_bits(NAME("%s: %s save_mean = eager one pass", pre, tag), sm[k], phost(sm[0]));
+        cmp_bits(NAME("%s: %s save_invstd = eager one pass", pre, tag), si[k], phost(si[0]));
+        cmp_bits(NAME("%s: %s running_mean = eager one pass", pre, tag), rm[k], phost(rm[0]));
+        cmp_bits(NAME("%s: %s running_var = eager one pass", pre, tag), rv[k], phost(rv[0]));
+        cmp_bits(NAME("%s: %s num_batches_tracked = eager one pass", pre, tag), nb[k],
+                 phost(nb[0]));
+        cmp_bits(NAME("%s: %s dx = eager one pass", pre, tag), dx[k], phost(dx[0]));
+        cmp_bits(NAME("%s: %s dweight = eager one pass", pre, tag), dw[k], phost(dw[0]));
+        cmp_bits(NAME("%s: %s dbias = eager one pass", pre, tag), db[k], phost(db[0]));
+    }
+done:
+    set_onepass(1);
+    if (g) lucid_graph_destroy(g);
+    pool_free();
+}
+
 /* ============================================ the module pair on the GPU */
 
 typedef struct pair {
@@ -758,7 +1176,9 @@ done:
 
 static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu capture",
                                "cuda bn+silu capture before the fold counters",
-                               "cuda bn+silu modules"};
+                               "cuda bn+silu modules",
+                               "cuda bn one pass = two launches (LUCID_BN_ONEPASS)",
+                               "cuda bn one pass capture"};
 
 int main(void) {
     if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
@@ -801,6 +1221,29 @@ int main(void) {
         test_capture_fallback(dt, 4, 8, 320, 320);
         test_capture_fallback(dt, 300, 2, 64, 72);
         test_modules(dt);
+        /* one pass vs two launches (LUCID_BN_ONEPASS), plain and fused */
+        for (int silu = 0; silu < 2; silu++) {
+            /* one part per channel */
+            test_onepass(dt, silu, 4, 5, 20, 20, 1, 0, 0);
+            test_onepass(dt, silu, 3, 7, 10, 30, 1, 0, 0); /* S 300: bf16/f16 scalar */
+            test_onepass(dt, silu, 2, 3, 40, 40, 1, 0, 0);
+            test_onepass(dt, silu, 4, 32, 40, 40, 1, 0, 0);
+            test_onepass(dt, silu, 3, 4, 5, 7, 0, 0, 0);   /* odd S, no affine */
+            test_onepass(dt, silu, 8, 5, 1, 1, 1, 0, 0);   /* tiny planes */
+            test_onepass(dt, silu, 100, 3, 9, 9, 1, 0, 0); /* 100 planes, 8100 elements */
+            test_onepass(dt, silu, 1, 2, 90, 91, 1, 0, 0); /* S 8190 > 256 vectors */
+            test_onepass(dt, silu, 1, 3, 64, 128, 1, 0, 0); /* S = 8192: one chunk */
+            test_onepass(dt, silu, 2, 70001, 1, 2, 1, 0, 0); /* grid.y strides */
+            test_onepass(dt, silu, 2, 3, 40, 40, 1, 0, 1);  /* y/dx unaligned */
+            test_onepass(dt, silu, 2, 3, 40, 40, 1, 1, 1);  /* all unaligned */
+            /* several parts per channel: the switch changes nothing */
+            test_onepass(dt, silu, 2, 3, 80, 80, 1, 0, 0);
+            test_onepass(dt, silu, 5, 3, 96, 96, 1, 0, 0);
+            test_onepass(dt, silu, 3, 4, 91, 91, 1, 1, 1);
+            test_onepass_capture(dt, silu, 4, 24, 20, 20);
+            test_onepass_capture(dt, silu, 3, 7, 10, 30);
+            test_onepass_capture(dt, silu, 4, 24, 96, 96);
+        }
     }
     return cuda_test_finish();
 }

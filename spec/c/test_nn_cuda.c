@@ -63,8 +63,10 @@
  * strides over channels, not a multiple of it) on the counter route and
  * C = 131100 on the fallback route; each with two training steps (running
  * stats, num_batches_tracked == 2) and every output run twice and compared
- * bitwise.  A 3x3 conv with bias on 100x90 planes sums its bias gradient
- * over 2 parts a plane.
+ * bitwise.  The one-part shapes run the default one-pass kernels
+ * (LUCID_BN_ONEPASS; spec/c/test_nn_bnsilu_cuda.c compares them bitwise
+ * with the two-launch route, plain and fused with SiLU).  A 3x3 conv with
+ * bias on 100x90 planes sums its bias gradient over 2 parts a plane.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
