@@ -80,6 +80,23 @@ static inline int cuda_test_ctx_create(const char *prog) {
     return 1;
 }
 
+/* A second context on GPU 0 with seed g_seed (for tests that need a fresh
+ * nn state: no counters, no arena yet), or NULL after a "not ok <pre>:
+ * context" line.  The caller releases it. */
+static inline lucid_ctx *cuda_test_fresh_ctx(const char *pre) {
+    lucid_ctx *fresh = NULL;
+    lucid_ctx_options o = lucid_ctx_options_default();
+    o.device = GPU;
+    o.seed = g_seed;
+    char err[512] = "";
+    lucid_status st = lucid_ctx_create(&o, &fresh, err, sizeof err);
+    if (st != LUCID_OK) {
+        TEST_FAIL(NAME("%s: context", pre), "%s: %s", lucid_status_name(st), err);
+        return NULL;
+    }
+    return fresh;
+}
+
 /* End of main: the nn state (when linked) and ctx released; the exit
  * status. */
 static inline int cuda_test_finish(void) {

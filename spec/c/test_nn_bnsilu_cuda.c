@@ -526,16 +526,8 @@ static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t 
         TEST_SKIP(pre, "graphs not available on this context");
         return;
     }
-    lucid_ctx *main_ctx = ctx, *fresh = NULL;
-    lucid_ctx_options opt = lucid_ctx_options_default();
-    opt.device = GPU;
-    opt.seed = g_seed;
-    char err[512] = "";
-    lucid_status cst = lucid_ctx_create(&opt, &fresh, err, sizeof err);
-    if (cst != LUCID_OK) {
-        TEST_FAIL(NAME("%s: context", pre), "%s: %s", lucid_status_name(cst), err);
-        return;
-    }
+    lucid_ctx *main_ctx = ctx, *fresh = cuda_test_fresh_ctx(pre);
+    if (!fresh) return;
     ctx = fresh; /* every helper below works on ctx */
     lucid_graph *g = NULL;
     {
