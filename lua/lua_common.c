@@ -171,6 +171,18 @@ void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
                                        lucid_dtype_size(dt) == 1 ? "" : "s"));
 }
 
+const char *lucid_lua_push_shape(lua_State *L, int ndim, const int64_t *shape) {
+    char b[LUCID_MAX_DIMS * 21 + 3];
+    size_t k = 0;
+    b[k++] = '[';
+    for (int i = 0; i < ndim; i++)
+        k += (size_t)snprintf(b + k, sizeof b - k, i ? ",%lld" : "%lld",
+                              (long long)shape[i]);
+    snprintf(b + k, sizeof b - k, "]");
+    lua_pushstring(L, b);
+    return lua_tostring(L, -1);
+}
+
 /* ----------------------------------------------------------------- options */
 
 static const char DTYPE_LIST[] = "f32, f64, bf16, f16, u8, i32, i64";

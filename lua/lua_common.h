@@ -63,6 +63,10 @@ void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
                                 const int64_t *shape, lucid_dtype dt,
                                 const char *argname);
 
+/* Push a shape as the engine prints it ("[2,3]", "[]" for a 0-d tensor)
+ * and return the string (it lives while it stays on the stack). */
+const char *lucid_lua_push_shape(lua_State *L, int ndim, const int64_t *shape);
+
 /* Options tables (the `{...}` argument of constructors and calls).
  * check_options raises "<what>: unknown option '<key>' (expected one of
  * k1, k2, ...)" for a key outside `keys` (NULL-terminated); it does nothing

@@ -8,8 +8,13 @@
  *   lucid.io.safetensors_open(path, [opts]) -> file   (opts.ctx)
  *     file:names()        -> {name, ...} in data-offset order
  *     file:info(name)     -> {dtype = "f32", shape = {..}} or nil
- *     file:load(name, t)  copies tensor `name` into t (shapes must match;
- *                         float dtypes converted); error names file/tensor
+ *     file:load(name, t)  copies tensor `name` into t: t must have the
+ *                         stored shape exactly ([2,2] does not load into a
+ *                         [4] tensor, nor [] into [1]: "bad argument #2
+ *                         (dst)" naming the tensor, the file and both
+ *                         shapes); any strides; float dtypes converted,
+ *                         others must match; an absent name is the
+ *                         engine's format error naming file and tensor
  *     file:metadata()     -> {key = value}
  *     file:checksummed()  -> true when the file carries data checksums
  *                         (verified by the open; false: written without,
@@ -242,6 +247,23 @@ static int l_st_load(lua_State *L) {
     st_box *b = check_file(L, 1);
     const char *name = lucid_lua_checkstring(L, 2);
     lucid_tensor *t = lucid_lua_check_tensor(L, 3, "dst");
+    /* the engine also takes a contiguous t of the same element count in
+     * another shape (row-major); the Lua API needs the stored shape (no
+     * caller in lua/ relies on more: they all size t from file:info) */
+    int i = lucid_safetensors_find(b->f, name);
+    if (i >= 0) {
+        const lucid_st_info *in = lucid_safetensors_info(b->f, i);
+        int same = in->ndim == t->ndim;
+        for (int d = 0; same && d < in->ndim; d++) same = in->shape[d] == t->shape[d];
+        if (!same) {
+            const char *fs = lucid_lua_push_shape(L, in->ndim, in->shape);
+            const char *ts = lucid_lua_push_shape(L, t->ndim, t->shape);
+            lucid_lua_argerror(L, 3, lua_pushfstring(L, "dst: tensor '%s' of %s has shape %s; "
+                                                        "dst has shape %s (the shapes must be "
+                                                        "equal)",
+                                                     name, lucid_safetensors_path(b->f), fs, ts));
+        }
+    }
     lucid_ctx *ctx = lucid_tensor_ctx(t);
     lucid_status st = lucid_safetensors_load(ctx, b->f, name, t);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);

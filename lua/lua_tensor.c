@@ -85,6 +85,83 @@ static int same_device(lucid_device a, lucid_device b) {
     return a.type == b.type && (a.type == LUCID_CPU || a.index == b.index);
 }
 
+/* --------------------------------------------------------------- overlap
+ *
+ * An op that writes a tensor w while it reads an input x elementwise gives
+ * wrong values when w and x are different views of overlapping memory (the
+ * kernel reads elements it already wrote: b[2..6] = 2 * b[1..5] gave
+ * [1,2,4,8,16,32]). As PyTorch, the binding refuses them; it accepts x when
+ * it is (a) in another storage, (b) the same view as w (same storage, byte
+ * offset, element size, shape and strides -- or both contiguous with the
+ * same start and element count: the same memory in row-major order), or
+ * (c) in a byte range of the storage disjoint from w's. Anything else
+ * (partial overlap, or a permutation of the same memory, as m:t() and m) is
+ * refused, even where the element-level memory happens to be disjoint
+ * (interleaved strided views): the check is a few integer comparisons, run
+ * on every op of the training loop. The engine's C API does not check
+ * (internal callers keep their behaviour). */
+
+/* The byte range [*lo, *hi) the elements of t reach in its storage; 0 (no
+ * range) when t has no elements. */
+static int byte_range(const lucid_tensor *t, int64_t *lo, int64_t *hi) {
+    int64_t a = t->offset, b = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return 0;
+        int64_t e = (t->shape[i] - 1) * t->strides[i];
+        if (e < 0) a += e; else b += e;
+    }
+    int64_t es = (int64_t)lucid_dtype_size(t->dtype);
+    *lo = a * es;
+    *hi = (b + 1) * es;
+    return 1;
+}
+
+/* 1 when writing w elementwise while reading x is unsafe (see above). */
+static int partial_overlap(const lucid_tensor *w, const lucid_tensor *x) {
+    if (w->storage != x->storage || w == x) return 0;
+    size_t es = lucid_dtype_size(w->dtype);
+    if (es == lucid_dtype_size(x->dtype) && w->offset == x->offset) {
+        int same = w->ndim == x->ndim;
+        for (int i = 0; same && i < w->ndim; i++)
+            same = w->shape[i] == x->shape[i] && w->strides[i] == x->strides[i];
+        if (same) return 0;
+        if (lucid_tensor_numel(w) == lucid_tensor_numel(x) &&
+            lucid_tensor_is_contiguous(w) && lucid_tensor_is_contiguous(x))
+            return 0;
+    }
+    int64_t wl, wh, xl, xh;
+    if (!byte_range(w, &wl, &wh) || !byte_range(x, &xl, &xh)) return 0;
+    return wl < xh && xl < wh;
+}
+
+/* Raise, as PyTorch, when the input x (stack index idx, argument xname)
+ * partially overlaps the written tensor w (wname: "self", "out"). */
+static void check_overlap(lua_State *L, const lucid_tensor *w, const char *wname,
+                          const lucid_tensor *x, int idx, const char *xname) {
+    if (!x || x->storage != w->storage || !partial_overlap(w, x)) return;
+    lucid_lua_argerror(L, idx,
+                       lua_pushfstring(L, "%s: unsupported operation: some elements of the "
+                                          "input tensor (%s) and the written-to tensor (%s) "
+                                          "refer to a single memory location. Please clone() "
+                                          "the tensor before performing the operation.",
+                                       xname, xname, wname));
+}
+
+/* Raise, as PyTorch, when the written tensor w (stack index idx, argument
+ * wname) has internal overlap: a dim of size > 1 with stride 0 (an
+ * expanded view), whose elements all share one memory location. */
+static void check_internal_overlap(lua_State *L, const lucid_tensor *w, int idx,
+                                   const char *wname) {
+    for (int i = 0; i < w->ndim; i++)
+        if (w->strides[i] == 0 && w->shape[i] > 1)
+            lucid_lua_argerror(L, idx,
+                               lua_pushfstring(L, "%s: unsupported operation: more than one "
+                                                  "element of the written-to tensor refers to "
+                                                  "a single memory location. Please clone() the "
+                                                  "tensor before performing the operation.",
+                                               wname));
+}
+
 /* CUDA-only requests in a build (or on a machine) without CUDA. */
 static void check_device_usable(lua_State *L, lucid_device d) {
     if (d.type != LUCID_CUDA) return;
@@ -676,16 +753,30 @@ static int view_shape(lua_State *L, int idx, const lucid_tensor *t,
                                           b));
         }
         shape[infer] = numel / known;
+    } else if (known != lucid_tensor_numel(t)) {
+        char a[24], b[24];
+        snprintf(a, sizeof a, "%lld", (long long)known);
+        snprintf(b, sizeof b, "%lld", (long long)lucid_tensor_numel(t));
+        const char *gs = lucid_lua_push_shape(L, count, shape);
+        const char *ts = lucid_lua_push_shape(L, t->ndim, t->shape);
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "shape: %s has %s elements but the "
+                                                      "tensor %s has %s",
+                                                   gs, a, ts, b));
     }
     return count;
 }
 
-/* t:view(shape) — same storage, new shape (t must be contiguous; one -1
- *   entry is inferred). Varargs t:view(2, 3) work too. */
+/* t:view(shape) — same storage, new shape (one -1 entry is inferred).
+ *   Varargs t:view(2, 3) work too. Errors: "bad argument #1 (shape)" for
+ *   another element count, "bad self: the tensor is not contiguous" (use
+ *   reshape, which copies then). */
 static int l_view(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *out = NULL;
     int64_t shape[LUCID_MAX_DIMS];
     int n = view_shape(L, 2, t, shape);
+    if (!lucid_tensor_is_contiguous(t))
+        lucid_lua_argerror(L, 1, "self: the tensor is not contiguous; use reshape(), or "
+                                 "clone() it first");
     lucid_ctx *ctx = lucid_tensor_ctx(t);
     lucid_status s = lucid_tensor_view(ctx, t, n, shape, &out);
     return push_or_fail(L, ctx, s, out);
@@ -710,15 +801,24 @@ static int l_reshape(lua_State *L) {
 }
 
 /* t:narrow(dim, start, length) — view of indices start..start+length-1
- *   (1-based) along dim. */
+ *   (1-based) along dim: start in 1..size, length in 0..size-start+1; a
+ *   zero-length view may also start at size+1 (PyTorch's 0-based start ==
+ *   size), so an empty dim narrows to length 0 at start 1. */
 static int l_narrow(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *out = NULL;
     int d = check_dim(L, 2, t->ndim, "dim");
     int64_t size = t->shape[d];
     lua_Number start = lucid_lua_checknumber(L, 3), len = lucid_lua_checknumber(L, 4);
-    if (!(start >= 1 && start <= (lua_Number)size && start == floor(start)))
-        lucid_lua_argerror(L, 3, lua_pushfstring(L, "start: expected 1..%d, got %s",
-                                            (int)size, lua_tostring(L, 3)));
+    if (!(start >= 1 && start <= (lua_Number)size + 1 && start == floor(start))) {
+        if (size == 0)
+            lucid_lua_argerror(L, 3, lua_pushfstring(L, "start: expected 1 (with length 0: the "
+                                                        "dim is empty), got %s",
+                                                     lua_tostring(L, 3)));
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "start: expected 1..%d (%d only with "
+                                                    "length 0), got %s",
+                                                 (int)size + 1, (int)size + 1,
+                                                 lua_tostring(L, 3)));
+    }
     if (!(len >= 0 && len <= (lua_Number)size - start + 1 && len == floor(len)))
         lucid_lua_argerror(L, 4,
                       lua_pushfstring(L, "length: expected 0..%d, got %s",
@@ -830,11 +930,56 @@ static int l_zero_(lua_State *L) {
     return l_fill_(L);
 }
 
-/* t:copy_(src) -> t — copies src (same shape, any dtype, any device of
- *   the contexts involved) into t. */
+/* Checks of a copy of src (stack index src_idx) into dst (self at 1, or
+ * the view t[i] of it: dst_name), before lucid_copy: the engine copies
+ * equal shapes (any strides), or equal element counts when both tensors
+ * are contiguous (row-major order: Torch7's copy, "the number of elements
+ * must match, but the sizes might be different"); a refusal names the
+ * counts or the shapes. Then the overlap checks of a written tensor. */
+static void check_copy(lua_State *L, const lucid_tensor *dst, const char *dst_name,
+                       const lucid_tensor *src, int src_idx, const char *src_name,
+                       const char *what) {
+    if (!lucid_tensor_same_shape(dst, src)) {
+        int64_t nd = lucid_tensor_numel(dst), ns = lucid_tensor_numel(src);
+        const char *ds = lucid_lua_push_shape(L, dst->ndim, dst->shape);
+        const char *ss = lucid_lua_push_shape(L, src->ndim, src->shape);
+        if (nd != ns) {
+            char a[24], b[24];
+            snprintf(a, sizeof a, "%lld", (long long)ns);
+            snprintf(b, sizeof b, "%lld", (long long)nd);
+            lucid_lua_argerror(L, src_idx,
+                               lua_pushfstring(L, "%s: %s elements (%s) but %s has %s (%s); %s "
+                                                  "needs equal element counts (copied in "
+                                                  "row-major order, shapes may differ as in "
+                                                  "Torch7's copy)",
+                                               src_name, a, ss, dst_name, b, ds, what));
+        }
+        int sc = lucid_tensor_is_contiguous(src);
+        if (!sc || !lucid_tensor_is_contiguous(dst))
+            lucid_lua_argerror(L, src_idx,
+                               lua_pushfstring(L, "%s: shape %s differs from %s's %s and %s is "
+                                                  "not contiguous; a copy between different "
+                                                  "shapes needs both tensors contiguous "
+                                                  "(reshape %s to %s's shape first)",
+                                               src_name, ss, dst_name, ds,
+                                               sc ? dst_name : src_name, src_name, dst_name));
+        lua_pop(L, 2);
+    }
+    check_internal_overlap(L, dst, 1, "self");
+    check_overlap(L, dst, dst_name, src, src_idx, src_name);
+}
+
+/* t:copy_(src) -> t — copies src (any dtype, any device of the contexts
+ *   involved) into t. src has t's shape (any strides), or -- both
+ *   contiguous -- t's element count in another shape: the elements are
+ *   copied in row-major order (Torch7's copy: "the number of elements must
+ *   match, but the sizes might be different"). Errors name src: another
+ *   element count, another shape with a non-contiguous tensor, or (as
+ *   PyTorch) a src that partially overlaps t (see partial_overlap). */
 static int l_copy_(lua_State *L) {
     lucid_tensor *t = self_tensor(L);
     lucid_tensor *src = lucid_lua_check_tensor(L, 2, "src");
+    check_copy(L, t, "self", src, 2, "src", "copy_");
     lucid_ctx *ctx = lucid_tensor_device(src).type == LUCID_CUDA
                          ? lucid_tensor_ctx(src)
                          : lucid_tensor_ctx(t);
@@ -952,28 +1097,63 @@ static lucid_tensor *tensor_or_number(lua_State *L, int idx, double *num,
     return lucid_lua_check_tensor(L, idx, name);
 }
 
-/* out = a (op) b for tensors/numbers at 1 and 2, broadcasting; in place
- * (into the tensor at 1) when inplace. */
-/* The `out` option of the out-of-place binary ops ({out = t} as argument
- * 3): NULL (nothing pushed) when absent; else t, its userdata pushed, after checking
- * that it has the result's shape and dtype and lives on base's device and
- * context (the result is written into it, so nothing is allocated). Raises
- * "bad argument #3 (out): ..." naming what differs; unknown option keys
- * are refused. */
-static lucid_tensor *binary_out(lua_State *L, lucid_ctx *ctx, const lucid_tensor *base,
-                                lucid_dtype dt, int ndim, const int64_t *shape) {
+/* The options table of the binary ops (argument 3): only `out`; a string
+ * key is an unknown option, a positional entry ({r} for {out = r}) is
+ * named as such. */
+static void check_out_keys(lua_State *L) {
     static const char *const keys[] = {"out", NULL};
+    if (!lucid_lua_unknown_option(L, 3, keys)) return;
+    const char *list = lua_tostring(L, -1);
+    int kt = lua_type(L, -2);
+    if (kt == LUA_TSTRING)
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "opts: unknown option '%s' (expected one of %s)",
+                                                 lua_tostring(L, -2), list));
+    if (kt == LUA_TNUMBER) {
+        lua_pushvalue(L, -2);
+        lua_gettable(L, 3);
+        const char *vt = lucid_lua_type_name(L, -1);
+        lua_pushvalue(L, -3);
+        const char *k = lua_tostring(L, -1); /* converts the copy only */
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "opts: positional entry [%s] (a %s) in the "
+                                                    "options table; options are named: "
+                                                    "{out = tensor}",
+                                                 k, vt));
+    }
+    lucid_lua_argerror(L, 3, lua_pushfstring(L, "opts: unexpected %s key in the options table "
+                                                "(expected one of %s)",
+                                             lucid_lua_type_name(L, -2), list));
+}
+
+/* The `out` option of the out-of-place binary ops ({out = t} as argument
+ * 3): NULL (nothing pushed) when absent; else t, its userdata pushed, after
+ * checking that it has the result's shape and dtype and lives on base's
+ * device (type and index: the engine's requirement for every operand; a
+ * tensor of another context on that device is accepted, as the inputs
+ * are, and the op runs on the context of its first tensor operand). The
+ * result is written into it, so nothing is allocated. Raises "bad argument
+ * #3 (out): ..." (#2 in the method form) naming what differs; unknown
+ * option keys are refused. */
+static lucid_tensor *binary_out(lua_State *L, const lucid_tensor *base,
+                                lucid_dtype dt, int ndim, const int64_t *shape) {
     if (lua_type(L, 3) != LUA_TTABLE) {
-        if (!lua_isnoneornil(L, 3)) lucid_lua_argerror(L, 3, "expected an options table {out = tensor}");
+        if (!lua_isnoneornil(L, 3))
+            lucid_lua_argerror(L, 3, lua_pushfstring(L, "opts: expected an options table "
+                                                        "{out = tensor}, got %s",
+                                                     lucid_lua_type_name(L, 3)));
         return NULL;
     }
-    lucid_lua_check_options(L, 3, keys, lucid_lua_function_name(L));
+    check_out_keys(L);
     lua_getfield(L, 3, "out");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
         return NULL;
     }
-    lucid_tensor *out = lucid_lua_check_tensor(L, lua_gettop(L), "out");
+    lucid_tensor **box = luaL_testudata(L, -1, LUCID_LUA_TENSOR_MT);
+    if (!box)
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "out: expected lucid.Tensor, got %s",
+                                                 lucid_lua_type_name(L, -1)));
+    if (!*box) lucid_lua_argerror(L, 3, "out: tensor was freed");
+    lucid_tensor *out = *box;
     int same = out->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = out->shape[i] == shape[i];
     if (!same) lucid_lua_argerror(L, 3, "out: its shape differs from the result's");
@@ -982,11 +1162,19 @@ static lucid_tensor *binary_out(lua_State *L, lucid_ctx *ctx, const lucid_tensor
                                                  lucid_dtype_name(out->dtype),
                                                  lucid_dtype_name(dt)));
     lucid_device od = lucid_tensor_device(out), bd = lucid_tensor_device(base);
-    if (lucid_tensor_ctx(out) != ctx || od.type != bd.type || od.index != bd.index)
-        lucid_lua_argerror(L, 3, "out: on another device or context");
+    if (od.type != bd.type || od.index != bd.index) {
+        char x[32], y[32];
+        lucid_lua_argerror(L, 3, lua_pushfstring(L, "out: on another device (%s; the result "
+                                                    "is on %s)",
+                                                 dev_name(od, x, sizeof x),
+                                                 dev_name(bd, y, sizeof y)));
+    }
+    check_internal_overlap(L, out, 3, "out");
     return out;
 }
 
+/* out = a (op) b for tensors/numbers at 1 and 2, broadcasting; in place
+ * (into the tensor at 1) when inplace. */
 static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     double na = 0, nb = 0;
     lucid_tensor *a = tensor_or_number(L, 1, &na, "self");
@@ -1000,6 +1188,8 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     lucid_ctx *ctx = lucid_tensor_ctx(base);
     lucid_status s;
     if (inplace) {
+        check_internal_overlap(L, a, 1, "self");
+        check_overlap(L, a, "self", b, 2, "other");
         s = b ? lucid_binary(ctx, op, a, a, b)
               : lucid_binary_scalar(ctx, op, a, a, nb, 0);
         if (s != LUCID_OK) return fail(L, ctx, s, NULL, NULL);
@@ -1015,9 +1205,11 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
     } else {
         memcpy(shape, base->shape, sizeof shape);
     }
-    lucid_tensor *into = binary_out(L, ctx, base, dt, ndim, shape);
+    lucid_tensor *into = binary_out(L, base, dt, ndim, shape);
     if (into) { /* the out option: written in place, its own userdata returned */
         int idx = lua_gettop(L);
+        check_overlap(L, into, "out", a, 1, "self");
+        check_overlap(L, into, "out", b, 2, "other");
         s = a && b ? lucid_binary(ctx, op, into, a, b)
             : a    ? lucid_binary_scalar(ctx, op, into, a, nb, 0)
                    : lucid_binary_scalar(ctx, op, into, b, na, 1);
@@ -1039,11 +1231,24 @@ static int binary(lua_State *L, lucid_binary_op op, int inplace) {
  * t:add(x [, {out = r}]) / :sub / :mul / :div / :pow / :maximum / :minimum
  *   x: tensor (NumPy broadcasting; the result dtype is the wider float
  *   dtype) or number. Also the metamethods + - * / ^ (a number may come
- *   first: 2 - t). In place: :add_(x) / :sub_ / :mul_ / :div_ return t.
+ *   first: 2 - t) and lucid.add(a, b [, {out = r}]) ... In place:
+ *   :add_(x) / :sub_ / :mul_ / :div_ return t (x broadcasts to t's shape).
  *   out (as torch.add's out=): a tensor of the result's shape, dtype and
- *   device that receives the result and is returned; the values are those
- *   of the call without out, bit for bit. Errors: "bad argument #3 (out)"
- *   for another shape, dtype or device, or an unknown option key.
+ *   device (type and index; its context may be another one, as the
+ *   inputs') that receives the result and is returned; the values are those
+ *   of the call without out, bit for bit.
+ *   Errors: "bad argument #2 (out)" (#3 in lucid.add) for an out that is no
+ *   tensor (or freed) or has another shape, dtype or device; "bad argument
+ *   #2 (opts)" for an unknown option key or a positional entry ({r});
+ *   PyTorch's "unsupported operation: some elements of the input tensor
+ *   (...) and the written-to tensor (...) refer to a single memory
+ *   location. Please clone() ..." naming the input (self / other) when it
+ *   partially overlaps the written tensor (out, or self in place): only
+ *   another storage, the identical view (out = self, a:add_(a)) or a
+ *   disjoint byte range of the same storage are accepted (see
+ *   partial_overlap); "more than one element of the written-to tensor
+ *   refers to a single memory location" for a written tensor with a
+ *   stride-0 dim.
  */
 static int l_add(lua_State *L) { return binary(L, LUCID_OP_ADD, 0); }
 static int l_sub(lua_State *L) { return binary(L, LUCID_OP_SUB, 0); }
@@ -1088,19 +1293,44 @@ static int l_square(lua_State *L) { return unary(L, LUCID_OP_SQUARE); }
  *   Without dim: a 0-d tensor over all elements. With dim (1-based): the
  *   shape with dim removed (or kept as 1). max/min return values only.
  *   Float inputs keep their dtype; integer inputs reduce into f32.
+ *   Empty tensors follow PyTorch: the sum of no elements is 0, their mean
+ *   nan (t:mean() of a [0,3] tensor is nan, t:mean(1) is [nan,nan,nan]);
+ *   max/min of no elements raise ("bad self: expected reduction dim to be
+ *   specified for an empty tensor", or "bad argument #1 (dim): expected
+ *   reduction dim 1 to have non-zero size").
  */
 static int reduce(lua_State *L, lucid_reduce_op op) {
     lucid_tensor *a = self_tensor(L);
     lucid_ctx *ctx = lucid_tensor_ctx(a);
     lucid_dtype dt = lucid_dtype_is_float(a->dtype) ? a->dtype : LUCID_F32;
+    int minmax = op == LUCID_REDUCE_MAX || op == LUCID_REDUCE_MIN;
+    const char *opname = op == LUCID_REDUCE_MAX ? "max" : "min";
+    lucid_status s;
     if (lua_isnoneornil(L, 2)) {
+        int empty = lucid_tensor_numel(a) == 0;
+        if (empty && minmax)
+            lucid_lua_argerror(L, 1, lua_pushfstring(L, "self: expected reduction dim to be "
+                                                        "specified for an empty tensor (%s, 0 "
+                                                        "elements); %s of no elements is "
+                                                        "undefined (as in PyTorch)",
+                                                     lucid_lua_push_shape(L, a->ndim, a->shape),
+                                                     opname));
         lucid_tensor *out = new_tensor(L, ctx, lucid_tensor_device(a), dt, 0,
                                        NULL);
-        lucid_status s = lucid_reduce_all(ctx, op, out, a);
+        if (empty && op == LUCID_REDUCE_MEAN)
+            s = lucid_fill(ctx, out, NAN); /* 0/0, as torch.mean */
+        else
+            s = lucid_reduce_all(ctx, op, out, a);
         return push_or_fail(L, ctx, s, out);
     }
     int d = check_dim(L, 2, a->ndim, "dim");
     int keep = lua_toboolean(L, 3);
+    int empty = a->shape[d] == 0;
+    if (empty && minmax)
+        lucid_lua_argerror(L, 2, lua_pushfstring(L, "dim: expected reduction dim %s to have "
+                                                    "non-zero size, the tensor is %s",
+                                                 lua_tostring(L, 2),
+                                                 lucid_lua_push_shape(L, a->ndim, a->shape)));
     int64_t shape[LUCID_MAX_DIMS];
     int n = 0;
     for (int i = 0; i < a->ndim; i++) {
@@ -1108,7 +1338,10 @@ static int reduce(lua_State *L, lucid_reduce_op op) {
         shape[n++] = i == d ? 1 : a->shape[i];
     }
     lucid_tensor *out = new_tensor(L, ctx, lucid_tensor_device(a), dt, n, shape);
-    lucid_status s = lucid_reduce_dim(ctx, op, out, a, d, keep);
+    if (empty && op == LUCID_REDUCE_MEAN)
+        s = lucid_fill(ctx, out, NAN);
+    else
+        s = lucid_reduce_dim(ctx, op, out, a, d, keep);
     return push_or_fail(L, ctx, s, out);
 }
 
@@ -1299,7 +1532,9 @@ static int l_index(lua_State *L) {
     return 1;
 }
 
-/* t[i] = x — fills (number x) or copies into (tensor x) the view t[i]. */
+/* t[i] = x — fills (number x) or copies into (tensor x) the view t[i]
+ *   (as t[i]:copy_(x): t[i]'s shape, or its element count with both
+ *   contiguous; an x that partially overlaps t[i] is refused). */
 static int l_newindex(lua_State *L) {
     lucid_tensor *t = self_tensor(L), *row = NULL;
     if (lua_type(L, 2) != LUA_TNUMBER)
@@ -1315,6 +1550,13 @@ static int l_newindex(lua_State *L) {
                          ? lucid_tensor_ctx(src)
                          : lucid_tensor_ctx(t);
     lucid_status s = lucid_tensor_select(ctx, t, 0, i, &row);
+    if (s == LUCID_OK && src) {
+        /* row is a C temporary: keep it in a userdata while the checks may raise */
+        lucid_lua_push_tensor(L, row);
+        check_copy(L, row, "t[i]", src, 3, "value", "t[i] = x");
+        lucid_tensor_retain(row);
+        lua_pop(L, 1);
+    }
     if (s == LUCID_OK) s = src ? lucid_copy(ctx, row, src) : lucid_fill(ctx, row, v);
     if (s != LUCID_OK) return fail(L, ctx, s, row, NULL);
     lucid_tensor_release(row);

@@ -10,7 +10,8 @@ Every setting is in `defaults` below (the complete-fit benchmark
 bench/fit_pairs.lua runs this same table) and can be overridden on the
 command line as key=value (nested ones with dots: clip.max_norm=5,
 augment.mosaic=0, loss.pose=10). Unknown keys are rejected by name. The resolved
-configuration is printed at start.
+configuration is printed at start; `--help` (or -h, help) lists every key
+with its default and a one-line description.
 
 Defaults are the public benchmark configuration: nano, batch 4, 640 px,
 10 epochs, mosaic for all epochs, 4 loader workers, image cache on, bf16 on
@@ -63,6 +64,64 @@ local defaults = {
 }
 
 
+-- One line per key for --help (recipe.usage; a spec checks every key has one).
+local descriptions = {
+  name = "the run folder under project (runs/<name>, then <name>2, 3, ... when taken)",
+  project = "the folder that holds the run folders",
+  exist_ok = "write into an existing run folder instead of a new <name>N",
+  resume = "true: continue <project>/<name> from its weights/last.safetensors; or a checkpoint path",
+  device = "cpu, cuda, cuda:N or auto",
+  seed = "random seed (shuffling, augmentation, initial weights)",
+  workers = "loader threads (at most the CPUs; 0: batches made in the training thread)",
+  quiet = "no configuration listing or progress output",
+  model = "architecture: yolo11 or yolov8",
+  scale = "model scale: n, s, m, l or x",
+  data = "a dataset descriptor name, a descriptor .lua, or an Ultralytics data .yaml",
+  imgsz = "training and validation image side (a multiple of 32)",
+  batch = "images per training step",
+  cache = "true (or ram): keep the prepared images in RAM; false: decode them every epoch",
+  max_gt = "instance slots per image; auto: 4 x the largest instance count of an image",
+  epochs = "passes over the training set",
+  optimizer = "auto, SGD, AdamW or MuSGD (any case, as Ultralytics)",
+  lr0 = "initial learning rate (ignored by optimizer=auto)",
+  lrf = "final learning rate as a fraction of lr0",
+  cos_lr = "cosine learning-rate schedule instead of linear",
+  momentum = "SGD momentum / Adam beta1 (ignored by optimizer=auto)",
+  weight_decay = "weight decay (scaled by batch x accumulation / nbs)",
+  nbs = "nominal batch size: gradients are accumulated to about this many images",
+  warmup_epochs = "warmup length in epochs (fractions allowed)",
+  warmup_momentum = "momentum at the start of warmup",
+  warmup_bias_lr = "bias learning rate at the start of warmup",
+  precision = "auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16 or fp32",
+  ["clip.max_norm"] = "gradient-norm limit of every optimizer step",
+  ["clip.capture_gradient_norm"] = "record the clip in the CUDA graph (record=true)",
+  ["loss.box"] = "box loss gain",
+  ["loss.cls"] = "classification loss gain",
+  ["loss.dfl"] = "distribution focal loss gain",
+  ["loss.pose"] = "keypoint location loss gain",
+  ["loss.kobj"] = "keypoint visibility loss gain",
+  ["augment.mosaic"] = "mosaic probability",
+  ["augment.close_mosaic"] = "turn mosaic off for the last N epochs (0: never)",
+  ["augment.degrees"] = "rotation range in degrees",
+  ["augment.translate"] = "translation fraction",
+  ["augment.scale"] = "scale gain",
+  ["augment.shear"] = "shear range in degrees",
+  ["augment.perspective"] = "perspective fraction",
+  ["augment.flipud"] = "vertical flip probability",
+  ["augment.fliplr"] = "horizontal flip probability (needs the data's flip_idx)",
+  ["augment.hsv_h"] = "hue gain",
+  ["augment.hsv_s"] = "saturation gain",
+  ["augment.hsv_v"] = "value gain",
+  conf = "validation confidence threshold",
+  iou = "validation NMS IoU threshold",
+  max_det = "validation detections per image at most",
+  ap = "AP interpolation: coco or ultralytics",
+  val_period = "validate every N epochs (and at the end; 0: only at the end)",
+  save_period = "write weights/last.safetensors every N epochs (and at the end; 0: only at the end)",
+  record = "the recorded (CUDA-graph) training step on a GPU",
+  device_hsv = "RandomHSV on the GPU instead of in the loader threads (ignored on the CPU)",
+}
+
 -- bench/fit_once.lua runs this same job: it loads this file with the
 -- argument "--defaults" to get the table above.
 if ... == "--defaults" then return defaults end
@@ -72,6 +131,12 @@ if ... == "--defaults" then return defaults end
 local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
 
 local function main()
+  if recipe.help_requested(arg) then
+    io.stdout:write(recipe.usage(arg[0] or "recipes/pose_nano.lua", defaults, descriptions,
+      "Trains the YOLO11 nano pose model (1 class, 17 COCO keypoints) on the mini COCO person-keypoint dataset.",
+      recipe.program(arg)))
+    return
+  end
   local cfg = recipe.resolve(defaults, arg)
   -- resume: the run's saved settings, with only the overrides a resume allows
   local note
@@ -82,6 +147,7 @@ local function main()
   end
   local Trainer = require "lucid.trainer"
   Trainer.check_config(cfg)
+  Trainer.check_paths(cfg) -- a file where the run folder goes
   if note then print(note) end
   recipe.print(cfg)
 

@@ -8,7 +8,8 @@ PNGs (boxes + skeletons) and a COCO results JSON.
 `weights` is a training checkpoint (its EMA weights are used when present:
 the weights the validation scored) or a model file from model:save.
 `source` is an image file (.jpg/.jpeg/.png), a folder (its .jpg/.jpeg/.png
-files) or a comma-separated list of them. Writes <out>/<image stem>.png for
+files) or a comma-separated list of them (spaces around the entries are
+trimmed: source="a.jpg, b.jpg"). Writes <out>/<image stem>.png for
 every image and <out>/predictions.json (COCO results: bbox [x, y, w, h] and
 keypoints [x, y, v] x 17 in original image pixels). Unknown keys are
 rejected by name, and every value is checked before the model is built
@@ -17,8 +18,18 @@ conf/iou/kpt_threshold in [0, 1], max_det an integer in [1, 2^31 - 1],
 device cpu/cuda/cuda:N/auto, no empty path; predict.list_sources: every
 source entry an existing image file or a folder with at least one image,
 else an error naming source, the value and why, e.g. "source =
-'README.md': not an image file"); the weights file must open. Each image's
-line gives its size and the network input it was letterboxed to.
+'README.md': not an image file"; predict.check_images: every image starts
+as a JPEG or a PNG, so a .jpg that is no image is refused before anything
+is written); weights must be a file that opens; out must be a folder or a
+path where one can be made (an existing file is refused by name, and a
+folder mkdir cannot make is named by out= with mkdir's reason). Weights of
+another model or scale are refused naming weights=, model= and scale=. An
+image corrupt past its first bytes stops the run naming it, the images
+written before it, and that predictions.json was not written (it is
+written, atomically, only when every image is done). Each image's line
+gives its size and the network input it was letterboxed to.
+
+  luajit recipes/predict_pose.lua --help   # every key, its default and what it does
 ]]
 local lucid = require "lucid" -- also puts the Lua library (lua/lucid/) on package.path
 local recipe = require "lucid.recipe"
@@ -37,6 +48,26 @@ local defaults = {
   ema = true, -- prefer a checkpoint's EMA weights
 }
 
+-- One line per key for --help (recipe.usage).
+local descriptions = {
+  weights = "a training checkpoint (its EMA weights when present) or a model:save file",
+  source = "an image (.jpg/.jpeg/.png), a folder of them, or a comma-separated list",
+  model = "the architecture the weights were trained with: yolo11 or yolov8",
+  scale = "the model scale the weights were trained with: n, s, m, l or x",
+  imgsz = "network input side: every image is letterboxed to imgsz x imgsz (a multiple of 32)",
+  conf = "confidence threshold in [0, 1]",
+  iou = "NMS IoU threshold in [0, 1]",
+  max_det = "at most this many detections per image",
+  kpt_threshold = "keypoints drawn when their confidence is at least this (drawing only)",
+  device = "cpu, cuda, cuda:N or auto",
+  precision = "activations: auto (bf16 on a GPU, fp32 on the CPU), bf16, fp16 or fp32",
+  out = "the folder for <image stem>.png and predictions.json",
+  ema = "prefer a checkpoint's EMA weights (true/false)",
+}
+
+-- bench and specs load this file with "--defaults" to get the table above.
+if ... == "--defaults" then return defaults end
+
 local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
 
 -- Errors (a bad setting, a missing or corrupt checkpoint, an unreadable
@@ -44,6 +75,12 @@ local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.y
 -- LUCID_DEBUG=1 adds the Lua traceback. Every setting is checked before
 -- the model is built or a file is read.
 local function main()
+if recipe.help_requested(arg) then
+  io.stdout:write(recipe.usage(arg[0] or "recipes/predict_pose.lua", defaults, descriptions,
+    "Runs a trained pose model on images: annotated PNGs and a COCO results JSON (predictions.json).",
+    recipe.program(arg)))
+  return
+end
 local cfg = recipe.resolve(defaults, arg)
 if cfg.source == nil or cfg.source == "" then
   error("source=<image, folder or comma-separated list> is required", 0)
@@ -57,17 +94,23 @@ local act = ({ auto = true, bf16 = "bf16", fp16 = "f16", fp32 = "f32" })[cfg.pre
 if not act then error("precision must be auto, bf16, fp16 or fp32, got '" .. tostring(cfg.precision) .. "'", 0) end
 -- the images (a missing path, a file that is no image, a folder without
 -- images is an error now, naming source and the entry at fault)
-local sources = {}
-for s in cfg.source:gmatch("[^,]+") do sources[#sources + 1] = s end
+-- (the entries of a list are trimmed: "a.jpg, b.jpg" is a.jpg and b.jpg)
+local sources = predict.split_sources(cfg.source)
 if #sources == 0 then error("source = '" .. cfg.source .. "': expected an image, a folder or a comma-separated list", 0) end
 local images = predict.list_sources(sources, "source")
--- and the weights file opens (its content is checked when it is loaded)
-local wf, werr = io.open(cfg.weights, "rb")
-if not wf then
-  local why = tostring(werr):gsub("^.*: ", "") -- "No such file or directory", "Permission denied"
-  error(string.format("predict: weights = '%s': cannot open it (%s)", cfg.weights, why), 0)
+-- every image's first bytes: a JPEG or a PNG (a .jpg that is no image is
+-- refused now, not after some outputs were written)
+predict.check_images(images, "source", #sources == 1 and sources[1] or table.concat(sources, ","))
+-- the weights file opens and is a file (its content is checked when it is loaded)
+local wkind, wwhy = recipe.path_kind(cfg.weights)
+if not wkind then
+  error(string.format("predict: weights = '%s': cannot open it (%s)", cfg.weights, wwhy), 0)
+elseif wkind == "dir" then
+  error(string.format("predict: weights = '%s': a folder, not a weights file (a training checkpoint or a "
+    .. "model:save file)", cfg.weights), 0)
 end
-wf:close()
+-- out: a folder or a path where one can be made (created after the model loads)
+recipe.check_folder(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
 recipe.print(cfg)
 
 local ctx = lucid.Context{ device = cfg.device }
@@ -81,7 +124,20 @@ if not on_gpu and act ~= "f32" then error("precision " .. prec .. " needs a GPU"
 local build = require(builders[cfg.model])
 local model = build{ scale = cfg.scale, nc = 1, kpt_shape = { 17, 3 }, ctx = ctx, device = device }
 
-local rep = predict.load_weights(model, cfg.weights, { ema = cfg.ema })
+-- weights of another architecture or scale: named by weights=, with the
+-- keys of this recipe that fix it (partial loading is not offered: a model
+-- left partly at its initial values predicts nothing useful)
+local lok, rep = pcall(predict.load_weights, model, cfg.weights, { ema = cfg.ema, partial = true })
+if not lok then
+  local msg = recipe.message(rep):gsub("^predict: ", "")
+  if msg:find(cfg.weights, 1, true) == 1 then msg = msg:sub(#cfg.weights + 1):gsub("^:? *", "") end
+  error(string.format("predict: weights = '%s': %s", cfg.weights, msg), 0)
+end
+local misfit = predict.misfit(rep)
+if misfit then
+  error(string.format("predict: weights = '%s' does not fit the model (model=%s scale=%s): %s; check model= and "
+    .. "scale= (they must be those the weights were trained with)", cfg.weights, cfg.model, cfg.scale, misfit), 0)
+end
 print(string.format("weights %s: %d tensors loaded%s", cfg.weights, rep.loaded,
   rep.ema and string.format(", EMA weights used (%d tensors)", rep.ema_loaded) or ""))
 local function report(what, list)
@@ -90,13 +146,12 @@ local function report(what, list)
       #list > 8 and string.format(", ... (%d more)", #list - 8) or ""))
   end
 end
-report("missing (left at their initial values)", rep.missing)
-report("mis-shaped (skipped)", rep.mismatched)
 report("unexpected (skipped)", rep.unexpected)
 if rep.loaded == 0 then error("no tensor of " .. cfg.weights .. " matches the model", 0) end
 
 print(string.format("device %s, precision %s, imgsz %d, conf %.3g, iou %.3g", device, prec, cfg.imgsz,
   cfg.conf, cfg.iou))
+recipe.make_folder(cfg.out, "out", "predict")
 local res = predict.run{ model = model, ctx = ctx, sources = images, imgsz = cfg.imgsz, conf = cfg.conf,
   iou = cfg.iou, max_det = cfg.max_det, act_dtype = act, out_dir = cfg.out,
   kpt_threshold = cfg.kpt_threshold,
@@ -114,8 +169,9 @@ for _, r in ipairs(res.images) do pre, inf, post = pre + r.time.pre, inf + r.tim
 local n = math.max(#res.images, 1)
 print(string.format("Speed: %.1fms preprocess, %.1fms inference, %.1fms postprocess per image (each letterboxed "
   .. "to shape (1, 3, %d, %d))", 1000 * pre / n, 1000 * inf / n, 1000 * post / n, cfg.imgsz, cfg.imgsz))
-print(string.format("Results saved to %s (%d images, %d detections in %s)", cfg.out, #res.images,
-  #res.entries, res.json))
+local function count(n, what) return string.format("%d %s%s", n, what, n == 1 and "" or "s") end
+print(string.format("Results saved to %s (%s, %s in %s)", cfg.out, count(#res.images, "image"),
+  count(#res.entries, "detection"), res.json))
 end
 
 recipe.run("predict_pose", main)

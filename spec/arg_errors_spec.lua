@@ -87,13 +87,14 @@ describe("argument errors name their function", function()
     local i64 = lucid.zeros({2, 3}, { dtype = "i64" })
     local cases = {
       { function() local x = t:reshape({4, 4}); return x end,
-        "lucid argument error: lucid.Tensor:reshape: shape [4,4] has 16 elements but the tensor [2,3] has 6" },
+        "lucid.Tensor:reshape: bad argument #1 (shape): [4,4] has 16 elements but the tensor [2,3] has 6" },
       { function() local x = t:view({4, 4}); return x end,
-        "lucid argument error: lucid.Tensor:view: shape [4,4] has 16 elements but the tensor [2,3] has 6" },
+        "lucid.Tensor:view: bad argument #1 (shape): [4,4] has 16 elements but the tensor [2,3] has 6" },
       { function() local x = t:t():view({6}); return x end,
-        "lucid argument error: lucid.Tensor:view: the tensor is not contiguous; clone() it first" },
+        "lucid.Tensor:view: bad self: the tensor is not contiguous; use reshape(), or clone() it first" },
       { function() local x = t:copy_(lucid.zeros({3})); return x end,
-        "lucid argument error: lucid.Tensor:copy_: destination shape [2,3] and source shape [3] differ" },
+        "lucid.Tensor:copy_: bad argument #1 (src): 3 elements ([3]) but self has 6 ([2,3]); copy_ needs equal "
+          .. "element counts (copied in row-major order, shapes may differ as in Torch7's copy)" },
       { function() local x = t:add_(lucid.zeros({4})); return x end,
         "lucid argument error: lucid.Tensor:add_: shape [4] does not broadcast to [2,3]" },
       { function() local x = lucid.matmul(t, lucid.zeros({4, 2})); return x end,

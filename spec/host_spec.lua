@@ -102,6 +102,34 @@ print("sum", t:matmul(t):sum():item())
   end)
 end)
 
+-- stdout, stderr and the exit status of a shell command, apart
+local function run3(cmd)
+  local errf = os.tmpname()
+  local out, rc = run("(" .. cmd .. ") 2>" .. shell_quote(errf))
+  local f = assert(io.open(errf, "rb"))
+  local err = f:read("*a")
+  f:close()
+  os.remove(errf)
+  return out, err, rc
+end
+
+describe("bin/lucid --help", function()
+  it("prints the usage on stdout and exits 0; a bad flag still exits 2", function()
+    for _, a in ipairs({ "--help", "-h" }) do
+      local out, err, rc = run3(BIN .. " " .. a)
+      assert.are.equal(0, rc, a)
+      assert.truthy(out:find("^usage: %S*lucid %["), out)
+      assert.are.equal("", err)
+    end
+    -- negative control: usage errors keep status 2, on stderr
+    local out, err, rc = run3(BIN .. " -x")
+    assert.are.same({ "", 2 }, { out, rc })
+    assert.truthy(err:find("usage:", 1, true), err)
+    _, _, rc = run3(BIN .. " -e")
+    assert.are.equal(2, rc)
+  end)
+end)
+
 describe("examples/host_example", function()
   it("computes a value in Lua and reads it back through the C API", function()
     assert.is_true(exists(EXAMPLE), EXAMPLE .. " is missing (run make)")

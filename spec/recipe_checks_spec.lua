@@ -144,7 +144,8 @@ describe("Trainer.check_config: Ultralytics' ranges, before anything is opened",
       { { ["augment.mosaic"] = 2 }, "trainer: augment.mosaic = 2: expected a probability in [0, 1]" },
       { { ["augment.hsv_h"] = -0.1 }, "trainer: augment.hsv_h = -0.1: expected a fraction in [0, 1]" },
       { { ["augment.close_mosaic"] = -1 }, "trainer: augment.close_mosaic = -1: expected an integer >= 0" },
-      { { optimizer = "foo" }, "trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD" },
+      { { optimizer = "foo" }, "trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD (any case, as "
+        .. "Ultralytics)" },
       { { ap = "x" }, "trainer: ap = 'x': expected coco or ultralytics" },
       { { seed = -1 }, "trainer: seed = -1: expected an integer >= 0" },
       { { cos_lr = "x/y" }, "trainer: cos_lr = 'x/y': expected true or false" },
@@ -668,5 +669,342 @@ describe_data("the recipes on bad input (separate processes)", function()
     n, seen = rows("vp1", { val_period = 1, save_period = 1 })
     assert.are.equal(2, n)
     assert.are.same({ 0, 1 }, seen)
+  end)
+end)
+
+-- ---------------------------------------------------------------------------
+-- A fresh user's tryout (items 1-8 of its report): each fix with its negative
+-- control. The library-level checks first, then the recipes as processes.
+
+describe("tryout: recipe keys, numbers and names", function()
+  local defaults = { epochs = 10, batch = 4, seed = 0, lr0 = 0.01, name = "x", optimizer = "auto" }
+
+  it("an unknown key is matched case-insensitively for 'did you mean'", function()
+    assert.are.equal("recipe: unknown key 'EPOCHS' (did you mean 'epochs'?)",
+      err_of(recipe.resolve, defaults, { "EPOCHS=1" }))
+    assert.are.equal("recipe: unknown key 'Batch' (did you mean 'batch'?)",
+      err_of(recipe.resolve, defaults, { "Batch=2" }))
+    -- negative control: a key like none of them gets no suggestion; the right key resolves
+    assert.are.equal("recipe: unknown key 'zzzzzz'", err_of(recipe.resolve, defaults, { "zzzzzz=1" }))
+    assert.are.equal(1, recipe.resolve(defaults, { "epochs=1" }).epochs)
+  end)
+
+  it("an integer typed past 2^53 is refused as typed; numbers in messages are printed exactly", function()
+    assert.are.equal("recipe: seed: 9007199254740993 is not held exactly by a number (integers are exact up to "
+      .. "2^53 = 9007199254740992; it would be read as 9007199254740992)",
+      err_of(recipe.resolve, defaults, { "seed=9007199254740993" }))
+    -- the trainer's range message prints the integer, not 9.007199254741e+15
+    assert.are.equal("trainer: seed = 9007199254740992: expected an integer in [0, 9007199254740991] (the largest "
+      .. "integer a Lua number holds exactly)", err_of(Trainer.check_config, fit_cfg.cfg("/tmp/unused", { seed = 2 ^ 53 })))
+    assert.are.equal("9007199254740992", recipe.show(2 ^ 53))
+    assert.are.equal("1000000000000", recipe.show(1e12))
+    assert.are.equal("0.01", recipe.show(0.01))
+    assert.are.equal("1e-50", recipe.show(1e-50))
+    assert.are.equal("0.30000000000000004", recipe.show(0.1 + 0.2))
+    assert.are.equal("'x'", recipe.show("x"))
+    -- negative control: the largest exact integer, and long integers that are exact, resolve as typed
+    assert.are.equal(9007199254740991, recipe.resolve(defaults, { "seed=9007199254740991" }).seed)
+    assert.are.equal(2 ^ 60, recipe.resolve(defaults, { "seed=1152921504606846976" }).seed)
+    assert.are.equal(1e20, recipe.resolve(defaults, { "seed=1e20" }).seed)
+  end)
+
+  it("trainer: a non-zero value that is 0 or subnormal in f32 is refused by key", function()
+    local function e(over) return err_of(Trainer.check_config, fit_cfg.cfg("/tmp/unused", over)) end
+    local tail = ": expected 0 or a magnitude of at least 1.1754944e-38 (the smallest normal f32; the engine "
+      .. "computes in f32, where this value would be 0 or subnormal)"
+    assert.are.equal("trainer: lr0 = 1e-50" .. tail, e({ lr0 = 1e-50 }))
+    assert.are.equal("trainer: lrf = 1e-40" .. tail, e({ lrf = 1e-40 }))
+    assert.are.equal("trainer: momentum = 1e-45" .. tail, e({ momentum = 1e-45 }))
+    assert.are.equal("trainer: weight_decay = 1e-39" .. tail, e({ weight_decay = 1e-39 }))
+    assert.are.equal("trainer: warmup_bias_lr = 1e-300" .. tail, e({ warmup_bias_lr = 1e-300 }))
+    assert.are.equal("trainer: loss.pose = 1e-320" .. tail, e({ loss = { box = 7.5, cls = 0.5, dfl = 1.5,
+      pose = 1e-320, kobj = 1 } }))
+    -- negative control: the smallest normal f32, zero where zero is allowed
+    for _, over in ipairs({ { lr0 = 2 ^ -126 }, { lr0 = 1.2e-38 }, { weight_decay = 0 }, { momentum = 0 },
+      { lrf = 1e-30 }, { warmup_bias_lr = 0 } }) do
+      assert.has_no.errors(function() Trainer.check_config(fit_cfg.cfg("/tmp/unused", over)) end)
+    end
+  end)
+
+  it("optimizer names are case-insensitive (as Ultralytics' build_optimizer); the message says so", function()
+    local function e(name) return err_of(Trainer.check_config, fit_cfg.cfg("/tmp/unused", { optimizer = name })) end
+    assert.are.equal("trainer: optimizer = 'foo': expected auto, SGD, AdamW or MuSGD (any case, as Ultralytics)",
+      e("foo"))
+    -- Ultralytics' other names: not implemented here, said as such
+    for _, n in ipairs({ "adam", "Adam", "Adamax", "NAdam", "radam", "RMSProp" }) do
+      local want = ({ adam = "Adam", radam = "RAdam" })[n] or n
+      assert.are.equal("trainer: optimizer = '" .. n .. "': expected auto, SGD, AdamW or MuSGD (any case, as "
+        .. "Ultralytics); Ultralytics' " .. want .. " is not implemented in lucid", e(n))
+    end
+    -- negative control: every spelling of the four, and the name handed to lucid.optim.build
+    for n, want in pairs({ auto = "auto", Auto = "auto", AUTO = "auto", sgd = "SGD", SGD = "SGD", Adamw = "AdamW",
+                           adamw = "AdamW", ADAMW = "AdamW", musgd = "MuSGD", MuSGD = "MuSGD" }) do
+      assert.has_no.errors(function() Trainer.check_config(fit_cfg.cfg("/tmp/unused", { optimizer = n })) end)
+      assert.are.equal(want, Trainer.optimizer_name(n), n)
+    end
+    assert.are.equal("auto", Trainer.optimizer_name(nil))
+  end)
+
+  it("recipe.help_requested and recipe.usage: every key, its default and its description", function()
+    for _, a in ipairs({ "--help", "-h", "help" }) do
+      assert.is_true(recipe.help_requested({ [0] = "r.lua", "epochs=1", a }), a)
+    end
+    assert.is_false(recipe.help_requested({ [0] = "r.lua", "epochs=1" }))
+    assert.is_false(recipe.help_requested({ [0] = "--help", [-1] = "-h" })) -- only the arguments count
+    local text = recipe.usage("recipes/r.lua", { epochs = 10, clip = { max_norm = 10.0 }, name = "r", source = "" },
+      { epochs = "passes over the training set", ["clip.max_norm"] = "gradient-norm limit" }, "Trains r.")
+    assert.truthy(text:find("^usage: luajit recipes/r%.lua %[key=value %.%.%.%]\n"), text)
+    assert.truthy(text:find("Trains r.", 1, true), text)
+    assert.truthy(text:find("\n  epochs%s+10%s+passes over the training set\n"), text)
+    assert.truthy(text:find("\n  clip%.max_norm%s+10%s+gradient%-norm limit\n"), text)
+    assert.truthy(text:find("\n  name%s+r\n"), text)        -- no description: key and default only
+    assert.truthy(text:find("\n  source%s+%(none%)\n"), text) -- an empty default: none
+  end)
+
+  it("trainer: a missing setting is named as missing, with where the defaults are", function()
+    local e = err_of(Trainer.check_config, { epochs = 1, imgsz = 64, device = "cpu" })
+    assert.are.equal("trainer: missing settings: data, batch, lr0, lrf, momentum, weight_decay, warmup_epochs, "
+      .. "warmup_momentum, warmup_bias_lr (Trainer.new takes a resolved recipe table: every key of recipes/"
+      .. "pose_nano.lua's defaults, listed with their values by luajit recipes/pose_nano.lua --help)", e)
+    e = err_of(Trainer.new, { epochs = 1, imgsz = 64, device = "cpu" })
+    assert.truthy(e:find("trainer: missing settings: data, batch, ", 1, true), e)
+    assert.is_nil(e:find("nil", 1, true), e)
+    -- negative control: the full table passes
+    assert.has_no.errors(function() Trainer.check_config(fit_cfg.cfg("/tmp/unused", {})) end)
+  end)
+end)
+
+describe("tryout: predict sources, folders and weights", function()
+  it("predict.split_sources trims the entries of a comma list", function()
+    assert.are.same({ "a.jpg", "b.jpg" }, predict.split_sources("a.jpg, b.jpg"))
+    assert.are.same({ "a.jpg", "b c.jpg", "d" }, predict.split_sources("  a.jpg ,b c.jpg,\td ,, "))
+    assert.are.same({}, predict.split_sources(" , "))
+    -- negative control: one path, kept as it is
+    assert.are.same({ "dir/x.png" }, predict.split_sources("dir/x.png"))
+  end)
+
+  it("predict.check_images: every image's first bytes are checked up front (JPEG or PNG, as the decoder)", function()
+    local d = files.tmpdir()
+    files.write(d .. "/fake.jpg", "not an image\n")
+    files.write(d .. "/empty.png", "")
+    files.write(d .. "/ok.jpg", "\255\216\255\224rest")
+    files.write(d .. "/ok.png", "\137PNG\r\n\26\nrest")
+    assert.are.equal("predict: source = '" .. d .. "': " .. d .. "/fake.jpg: not a JPEG or PNG image (first bytes "
+      .. "6e 6f 74 20, 13 bytes)", err_of(predict.check_images, { d .. "/ok.jpg", d .. "/fake.jpg" }, "source", d))
+    assert.are.equal("predict: source = '" .. d .. "/empty.png': an empty file (0 bytes), not an image",
+      err_of(predict.check_images, { d .. "/empty.png" }, "source", d .. "/empty.png"))
+    -- negative control: JPEG and PNG signatures pass, whatever the extension says
+    assert.has_no.errors(function() predict.check_images({ d .. "/ok.jpg", d .. "/ok.png" }, "source", d) end)
+    os.execute("rm -rf " .. shell_quote(d))
+  end)
+
+  it("recipe.check_folder and recipe.make_folder: a file in the way, or a failed mkdir, named by key", function()
+    local d = files.tmpdir()
+    files.write(d .. "/fake.jpg", "x")
+    assert.are.equal("predict: out = '" .. d .. "/fake.jpg': exists and is not a folder (where the output goes)",
+      err_of(recipe.check_folder, d .. "/fake.jpg", "out", "predict", "where the output goes"))
+    assert.are.equal("trainer: project = '" .. d .. "/fake.jpg/runs': " .. d .. "/fake.jpg exists and is not a folder "
+      .. "(the run folders go under it)",
+      err_of(recipe.check_folder, d .. "/fake.jpg/runs", "project", "trainer", "the run folders go under it"))
+    local e = err_of(recipe.make_folder, "/proc/lucid-spec-x/y", "out", "predict")
+    assert.are.equal("predict: out = '/proc/lucid-spec-x/y': cannot create the folder (No such file or directory)", e)
+    -- negative control: a new folder (with a space and a quote) is created; an existing one is fine
+    local new = d .. "/a b/it's"
+    assert.has_no.errors(function() recipe.check_folder(new, "out", "predict") end)
+    assert.has_no.errors(function() recipe.make_folder(new, "out", "predict") end)
+    assert.are.same({ "it's" }, files.listdir(d .. "/a b"))
+    assert.has_no.errors(function() recipe.check_folder(new, "out", "predict") end)
+    assert.has_no.errors(function() recipe.make_folder(new, "out", "predict") end)
+    os.execute("rm -rf " .. shell_quote(d))
+  end)
+end)
+
+describe_data("tryout: the recipes as a new user runs them (separate processes)", function()
+  local tmp
+  setup(function() tmp = files.tmpdir() end)
+  teardown(function() if tmp then os.execute("rm -rf " .. shell_quote(tmp)) end end)
+  local q = shell_quote
+
+  local function pose(args)
+    return run("luajit recipes/pose_nano.lua device=cpu workers=1 quiet=true project=" .. q(tmp) .. " " .. args)
+  end
+
+  it("--help, -h and help print every key with its default and description, and exit 0", function()
+    local keys = {}
+    local function walk(t, prefix)
+      for k, v in pairs(t) do
+        local name = prefix and (prefix .. "." .. k) or k
+        if type(v) == "table" and next(v) ~= nil and #v == 0 then walk(v, name) else keys[#keys + 1] = name end
+      end
+    end
+    walk(assert(loadfile("recipes/pose_nano.lua"))("--defaults"))
+    for _, a in ipairs({ "--help", "-h", "help", "epochs=3 --help" }) do
+      local out, err, rc = run("luajit recipes/pose_nano.lua " .. a)
+      assert.are.same({ 0, "" }, { rc, err }, a)
+      assert.truthy(out:find("^usage: luajit recipes/pose_nano%.lua %[key=value %.%.%.%]\n"), out)
+      for _, k in ipairs(keys) do
+        -- key, default, and a description (every pose_nano key has one)
+        assert.truthy(out:find("\n  " .. k:gsub("%p", "%%%0") .. " +%S+ +%S[^\n]*\n"), k .. "\n" .. out)
+      end
+      assert.is_nil(out:find("configuration:", 1, true)) -- nothing run
+    end
+    assert.truthy(select(1, run("luajit recipes/pose_nano.lua --help")):find("\n  epochs +10 +", 1, false))
+    for _, r in ipairs({ "predict_pose", "overfit8" }) do
+      local out, err, rc = run("luajit recipes/" .. r .. ".lua --help")
+      assert.are.same({ 0, "" }, { rc, err }, r)
+      assert.truthy(out:find("^usage: luajit recipes/" .. r .. "%.lua"), out)
+    end
+    local out = run("luajit recipes/predict_pose.lua -h")
+    assert.truthy(out:find("\n  conf +0%.25 +%S"), out)
+    -- negative control: a real key=value run is not mistaken for help
+    local _, err, rc = pose("epochs=1 imgsz=64 model=foo")
+    assert.are.equal(1, rc)
+    assert.truthy(err:find("model = 'foo'", 1, true), err)
+  end)
+
+  it("pose_nano: keys, seeds, tiny floats and optimizer names as the user typed them", function()
+    local cases = {
+      { "EPOCHS=1", "pose_nano: recipe: unknown key 'EPOCHS' (did you mean 'epochs'?)" },
+      { "seed=9007199254740993", "pose_nano: recipe: seed: 9007199254740993 is not held exactly by a number" },
+      { "seed=9007199254740992", "pose_nano: trainer: seed = 9007199254740992: expected an integer in [0, " },
+      { "optimizer=SGD lr0=1e-50", "pose_nano: trainer: lr0 = 1e-50: expected 0 or a magnitude of at least " },
+      { "optimizer=adam", "pose_nano: trainer: optimizer = 'adam': expected auto, SGD, AdamW or MuSGD (any case, "
+        .. "as Ultralytics); Ultralytics' Adam is not implemented in lucid" },
+    }
+    for _, c in ipairs(cases) do
+      local out, err, rc = pose("epochs=1 imgsz=64 name=t5 " .. c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.truthy(err:find(c[2], 1, true), c[1] .. ": " .. err)
+      assert.is_nil(err:find("e+15", 1, true), err)
+      assert.are.equal("", out, c[1])
+    end
+    -- negative control: Auto and Adamw train (the name reaches lucid.optim.build in its canonical spelling)
+    for _, n in ipairs({ "Auto", "Adamw" }) do
+      local out, err, rc = pose("epochs=1 imgsz=64 quiet=false name=opt" .. n .. " optimizer=" .. n)
+      assert.are.equal(0, rc, n .. ": " .. err)
+      assert.truthy(out:find("final:", 1, true), out)
+      assert.truthy(out:find(n == "Auto" and "'optimizer=auto' found" or "AdamW(lr=", 1, true), out)
+    end
+  end)
+
+  it("pose_nano: project= that is a file, or cannot be created, is named without mkdir's raw output", function()
+    local f = tmp .. "/fake.jpg"
+    files.write(f, "x")
+    local out, err, rc = pose("epochs=1 imgsz=64 name=pf project=" .. q(f))
+    assert.are.equal(1, rc, err)
+    assert.are.equal("pose_nano: trainer: project = '" .. f .. "': exists and is not a folder (the run folders go "
+      .. "under it)\n", err)
+    assert.are.equal("", out) -- refused before anything was built or opened
+    files.write(tmp .. "/pfn", "x")
+    _, err, rc = pose("epochs=1 imgsz=64 name=pfn")
+    assert.are.equal(1, rc, err)
+    assert.are.equal("pose_nano: trainer: name = 'pfn': " .. tmp .. "/pfn exists and is not a folder (the run "
+      .. "folder under project)\n", err)
+    _, err, rc = pose("epochs=1 imgsz=64 name=px project=/proc/lucid-spec-x")
+    assert.are.equal(1, rc, err)
+    assert.are.equal("pose_nano: trainer: project = '/proc/lucid-spec-x': cannot create the run folder "
+      .. "/proc/lucid-spec-x/px/weights (No such file or directory); check project= and name=\n", err)
+    assert.is_nil(err:find("mkdir:", 1, true), err)
+  end)
+
+  it("predict_pose: weights of another scale (no partial= hint), trimmed lists, out= and weights= checked up front, "
+    .. "plural counts", function()
+    local pt = tmp .. "/pp"
+    os.execute("mkdir -p " .. q(pt .. "/src"))
+    local w = pt .. "/n.safetensors"
+    require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }:save(w)
+    local imgs = predict.list_sources(mini .. "/images/val")
+    local function pred(args)
+      return run("luajit recipes/predict_pose.lua device=cpu imgsz=64 weights=" .. q(w) .. " " .. args)
+    end
+    -- 1. weights of scale n with scale=s: the hint names only predict_pose's keys
+    local out, err, rc = pred("scale=s source=" .. q(imgs[1]) .. " out=" .. q(pt .. "/o1"))
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find("predict_pose: predict: weights = '" .. w .. "' does not fit the model (model=yolo11 "
+      .. "scale=s): ", 1, true), err)
+    assert.truthy(err:find("; check model= and scale= (they must be those the weights were trained with)\n", 1, true), err)
+    assert.is_nil(err:find("partial", 1, true), err)
+    local keys = assert(loadfile("recipes/predict_pose.lua"))("--defaults")
+    for k in err:gmatch("(%w+)=") do assert.is_not_nil(keys[k], k .. " is not a predict_pose key: " .. err) end
+    no_location(err)
+    -- 3. out= an existing file, weights= a folder, a fake .jpg in a source folder: before the model is built
+    files.write(pt .. "/fake.jpg", "x")
+    files.write(pt .. "/src/a.jpg", "not a jpeg")
+    local cases = {
+      { "source=" .. q(imgs[1]) .. " out=" .. q(pt .. "/fake.jpg"), "predict_pose: predict: out = '" .. pt
+        .. "/fake.jpg': exists and is not a folder (the annotated images and predictions.json go into it)\n" },
+      { "source=" .. q(imgs[1]) .. " out=" .. q(pt .. "/fake.jpg/sub"), "predict_pose: predict: out = '" .. pt
+        .. "/fake.jpg/sub': " .. pt .. "/fake.jpg exists and is not a folder (the annotated images and "
+        .. "predictions.json go into it)\n" },
+      { "source=" .. q(imgs[1]) .. " out=" .. q(pt .. "/o3") .. " weights=" .. q(pt), "predict_pose: predict: "
+        .. "weights = '" .. pt .. "': a folder, not a weights file (a training checkpoint or a model:save file)\n" },
+      { "source=" .. q(pt .. "/src") .. " out=" .. q(pt .. "/o4"), "predict_pose: predict: source = '" .. pt
+        .. "/src': " .. pt .. "/src/a.jpg: not a JPEG or PNG image (first bytes 6e 6f 74 20, 10 bytes)\n" },
+    }
+    for _, c in ipairs(cases) do
+      out, err, rc = pred(c[1])
+      assert.are.equal(1, rc, c[1] .. ": " .. err)
+      assert.are.equal(c[2], err, c[1])
+      assert.are.equal("", out, c[1]) -- nothing listed, built or loaded
+    end
+    for _, d in ipairs({ "o3", "o4" }) do assert.is_nil(io.open(pt .. "/" .. d, "rb"), d) end
+    -- out= that mkdir refuses: a clean line naming out, no raw mkdir output
+    out, err, rc = pred("source=" .. q(imgs[1]) .. " out=/proc/lucid-spec-x")
+    assert.are.equal(1, rc, err)
+    assert.are.equal("predict_pose: predict: out = '/proc/lucid-spec-x': cannot create the folder (No such file or "
+      .. "directory)\n", err)
+    -- 2 and 8. "a, b": both images (trimmed), plural counts; one image: singular
+    out, err, rc = pred("source=" .. q(imgs[1] .. ", " .. imgs[2]) .. " out=" .. q(pt .. "/two"))
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("image 2/2 " .. imgs[2] .. ":", 1, true), out)
+    assert.truthy(out:find(("Results saved to " .. pt .. "/two (2 images, "):gsub("%p", "%%%0") .. "%d+ detections? in "),
+      out)
+    out, err, rc = pred("source=" .. q(" " .. imgs[1] .. " ") .. " out=" .. q(pt .. "/one"))
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("Results saved to " .. pt .. "/one (1 image, ", 1, true), out)
+    local n = tonumber(out:match("%(1 image, (%d+) detection"))
+    assert.truthy(out:find(string.format("(1 image, %d %s in", n, n == 1 and "detection" or "detections"), 1, true), out)
+  end)
+
+  it("predict.run: an image that fails to decode mid-run is named, and predictions.json is not written", function()
+    local pt = tmp .. "/mid"
+    os.execute("mkdir -p " .. q(pt .. "/src"))
+    local imgs = predict.list_sources(mini .. "/images/val")
+    files.write(pt .. "/src/a.jpg", files.read(imgs[1]))
+    files.write(pt .. "/src/b.jpg", "\255\216\255\224 a truncated JPEG")
+    local model = require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    local e = err_of(predict.run, { model = model, sources = pt .. "/src", imgsz = 64, out_dir = pt .. "/out" })
+    assert.truthy(e:find("^predict: image 2/2 " .. pt:gsub("%p", "%%%0") .. "/src/b%.jpg: "), e)
+    assert.truthy(e:find("(1 image before it was written to " .. pt .. "/out; predictions.json was not written)", 1,
+      true), e)
+    assert.are.same({ "a.png" }, files.listdir(pt .. "/out"))
+    -- negative control: the good image alone writes both
+    predict.run{ model = model, sources = pt .. "/src/a.jpg", imgsz = 64, out_dir = pt .. "/out" }
+    assert.are.same({ "a.png", "predictions.json" }, files.listdir(pt .. "/out"))
+  end)
+
+  it("overfit8 under a datasets folder with a space; its temporary folder is removed, also on error", function()
+    local root = tmp .. "/my data"
+    local tmpd = tmp .. "/t dir"
+    os.execute("mkdir -p " .. q(root) .. " " .. q(tmpd))
+    os.execute("ln -s " .. q(mini) .. " " .. q(root .. "/coco-pose-mini"))
+    local env = "LUCID_DATASETS=" .. q(root) .. " TMPDIR=" .. q(tmpd) .. " "
+    local out, err, rc = run(env .. "luajit recipes/overfit8.lua steps=3 imgsz=64 device=cpu workers=1 name=o8 "
+      .. "val_every=0 project=" .. q(tmp))
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("overfit8 result:", 1, true), out)
+    assert.are.same({}, files.listdir(tmpd))
+    -- an error after the folder was made (a label file missing): a clean message, the folder removed
+    local bad = tmp .. "/bad data/coco-pose-mini"
+    os.execute("mkdir -p " .. q(bad .. "/images/train") .. " " .. q(bad .. "/labels/train"))
+    for i, img in ipairs(predict.list_sources(mini .. "/images/train")) do
+      if i <= 8 then files.write(bad .. "/images/train/" .. img:match("[^/]+$"), files.read(img)) end
+    end
+    out, err, rc = run("LUCID_DATASETS=" .. q(tmp .. "/bad data") .. " TMPDIR=" .. q(tmpd) .. " luajit "
+      .. "recipes/overfit8.lua steps=3 imgsz=64 device=cpu workers=1 name=o8b project=" .. q(tmp))
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find("^overfit8: cannot copy "), err)
+    assert.is_nil(err:find("cp:", 1, true), err)
+    assert.are.same({}, files.listdir(tmpd))
   end)
 end)

@@ -407,6 +407,18 @@ describe("recorded step state machine (fake recorder)", function()
     r.step:release(); e.step:release()
   end)
 
+  it("the staging's shape test compares dims, not element counts (copy_ would take [4,8] into [1,32])", function()
+    -- copy_ copies between contiguous tensors of equal element counts
+    -- (Torch7's copy), so the staging copies alone cannot be the shape check
+    local st = { images = lucid.zeros({ 4, 3, 16, 16 }), cls = lucid.zeros({ 4, 8 }) }
+    local same = { images = lucid.zeros({ 4, 3, 16, 16 }), cls = lucid.zeros({ 4, 8 }) }
+    local other = { images = lucid.zeros({ 4, 3, 16, 16 }), cls = lucid.zeros({ 1, 32 }) }
+    assert.is_true(RS.shapes_match(st, same))            -- negative control
+    assert.is_false(RS.shapes_match(st, other))
+    assert.has_no.errors(function() st.cls:copy_(other.cls) end) -- what copy_ lets through
+    assert.is_false(RS.shapes_match(st, { images = lucid.zeros({ 4, 3, 16 }) }))
+  end)
+
   -- What the check costs is measured by bench/bench_contract.lua (make bench), not asserted
   -- here: a timed assertion fails on a busy or slow host (5.8 us once on the GPU machine's
   -- CPU during make test-gpu). This spec asserts the path: counters only, over 10,000 checks.

@@ -59,6 +59,51 @@ describe("binary ops with out", function()
     assert.is_false(rawequal(r, a))
   end)
 
+  it("name the argument of a bad out value as the other out errors do (#2 in the method form, #3 in lucid.add)",
+    function()
+      local a = lucid.ones({ 2 })
+      local bare = function(e) return (e:gsub("^[^:]+:%d+: ", "")) end
+      assert.are.equal("lucid.Tensor:add: bad argument #2 (out): expected lucid.Tensor, got number",
+        bare(err_of(a.add, a, a, { out = 5 })))
+      assert.are.equal("lucid.Tensor:mul: bad argument #2 (out): expected lucid.Tensor, got string",
+        bare(err_of(a.mul, a, a, { out = "x" })))
+      assert.are.equal("lucid.add: bad argument #3 (out): expected lucid.Tensor, got number",
+        bare(err_of(function() local x = lucid.add(a, a, { out = 5 }); return x end)))
+      local freed = lucid.zeros({ 2 })
+      freed:free()
+      assert.are.equal("lucid.Tensor:add: bad argument #2 (out): tensor was freed",
+        bare(err_of(a.add, a, a, { out = freed })))
+      -- (a call site the name comes from: through pcall(lucid.add, ...) the
+      -- argument machinery cannot tell lucid.add from lucid.Tensor:add)
+      -- the other out errors agree on the number (negative control)
+      assert.are.equal("lucid.add: bad argument #3 (out): its shape differs from the result's",
+        bare(err_of(function() local x = lucid.add(a, a, { out = lucid.zeros({ 3 }) }); return x end)))
+      -- a positional entry ({r} for {out = r}) is named as such
+      local e = bare(err_of(a.add, a, a, { a }))
+      assert.are.equal("lucid.Tensor:add: bad argument #2 (opts): positional entry [1] (a lucid.Tensor) in the "
+        .. "options table; options are named: {out = tensor}", e)
+      assert.are.equal("lucid.Tensor:add: bad argument #2 (opts): unknown option 'into' (expected one of out)",
+        bare(err_of(a.add, a, a, { into = a })))
+    end)
+
+  it("accept an out of another CPU context, as the inputs are accepted (same device)", function()
+    local ctx2 = lucid.Context({ device = "cpu" })
+    local a = lucid.tensor({ 1, 2 })
+    local o = lucid.zeros({ 2 }, { ctx = ctx2 })
+    -- inputs of another context on the same device were always accepted
+    assert.are.same({ 2, 4 }, a:add(o:add(a)):totable())
+    local got = a:add(a, { out = o })
+    assert.is_true(rawequal(got, o))
+    assert.are.same({ 2, 4 }, o:totable())
+    a:mul(3, { out = o })
+    assert.are.same({ 3, 6 }, o:totable())
+    -- negative control: another device is still refused (when there is one)
+    if lucid.cuda_available() then
+      assert.matches("bad argument #2 %(out%): on another device",
+        err_of(a.add, a, a, { out = lucid.zeros({ 2 }, { device = "cuda" }) }))
+    end
+  end)
+
   it("accumulate reuses one buffer per position and equals a:add(b)", function()
     local a, b = lucid.randn({ 4, 6 }, { dtype = "bf16" }), lucid.randn({ 4, 6 }, { dtype = "bf16" })
     local scope = { slots = {}, pos = 0 }

@@ -126,9 +126,10 @@ describe("lucid tensors: empty tensors have PyTorch's shapes", function()
     -- as PyTorch, the -1 of a 0-element tensor beside a 0 dim is ambiguous
     assert.has_error(function() return z:reshape({-1, 0}) end,
       "lucid.Tensor:reshape: bad argument #1 (shape): cannot infer -1 for 0 elements")
-    -- max/min/mean of nothing stay errors (torch.max(torch.tensor([])) raises too)
+    -- max/min of nothing stay errors (torch.max(torch.tensor([])) raises too)
     assert.has_error(function() return z:max() end,
-      "lucid argument error: lucid.Tensor:max: max/min/mean of an empty tensor")
+      "lucid.Tensor:max: bad self: expected reduction dim to be specified for an empty tensor ([0,3], 0 elements); "
+        .. "max of no elements is undefined (as in PyTorch)")
     -- negative control: a negative or fractional size is still refused
     assert.has_error(function() lucid.zeros({0, -3}) end,
       "lucid.zeros: bad argument #1 (shape[2]): expected a non-negative integer, got -3")
@@ -447,15 +448,23 @@ describe("lucid tensors: misuse raises errors naming the argument", function()
       "lucid.Tensor:matmul: bad argument #1 (other): expected lucid.Tensor, got number")
   end)
   it("engine failures raise 'lucid <status>: <function called>: <message>'", function()
-    local ok, err = pcall(function() return lucid.zeros({2, 3}):view({4}) end)
-    assert.is_false(ok)
-    assert.matches("lucid argument error: lucid%.Tensor:view: shape %[4%] has 4 elements but the tensor %[2,3%] has 6",
-      err)
-    ok, err = pcall(function() return lucid.zeros({2, 3}):matmul(lucid.zeros({2, 3})) end)
+    local ok, err = pcall(function() return lucid.zeros({2, 3}):matmul(lucid.zeros({2, 3})) end)
     assert.is_false(ok)
     assert.matches("lucid argument error: lucid%.Tensor:matmul: inner dimensions differ", err)
-    ok, err = pcall(function() return lucid.zeros({2, 3}):t():view({6}) end)
-    assert.matches("not contiguous", err)
+  end)
+  it("view errors name the argument like the other argument errors", function()
+    local t = lucid.zeros({2, 3})
+    assert.has_error(function() return t:view({4}) end,
+      "lucid.Tensor:view: bad argument #1 (shape): [4] has 4 elements but the tensor [2,3] has 6")
+    assert.has_error(function() return t:view(4, 2) end,
+      "lucid.Tensor:view: bad argument #1 (shape): [4,2] has 8 elements but the tensor [2,3] has 6")
+    assert.has_error(function() return t:reshape({4, 4}) end,
+      "lucid.Tensor:reshape: bad argument #1 (shape): [4,4] has 16 elements but the tensor [2,3] has 6")
+    assert.has_error(function() return t:t():view({6}) end,
+      "lucid.Tensor:view: bad self: the tensor is not contiguous; use reshape(), or clone() it first")
+    -- negative controls: a matching shape views, a non-contiguous tensor reshapes
+    assert.are.same({6}, t:view({6}):shape())
+    assert.are.same({6}, t:t():reshape({6}):shape())
   end)
   it("CUDA requests without CUDA raise a clear error", function()
     if lucid.cuda_available() then return end
@@ -470,5 +479,107 @@ describe("lucid tensors: misuse raises errors naming the argument", function()
     -- a CPU-only build: unsupported; a CUDA build on a machine without a GPU:
     -- a device error that says no device is visible
     assert.is_truthy(err:match("lucid unsupported") or err:match("lucid device error: .*0 CUDA device"), err)
+  end)
+end)
+
+describe("lucid tensors: copy_ and safetensors load check what they copy", function()
+  local bare = function(e) return (tostring(e):gsub("^[^:]+:%d+: ", "")) end
+  local function err_of(f, ...)
+    local ok, e = pcall(f, ...)
+    assert.is_false(ok, "expected an error")
+    return bare(e)
+  end
+
+  it("copy_ copies equal element counts in row-major order (Torch7's copy), else names the counts", function()
+    -- Torch7: "the number of elements must match, but the sizes might be different"
+    local d = lucid.zeros({2, 3})
+    d:copy_(lucid.arange(6):view(3, 2))
+    assert.are.same({{0, 1, 2}, {3, 4, 5}}, d:totable())
+    assert.are.equal("lucid.Tensor:copy_: bad argument #1 (src): 9 elements ([3,3]) but self has 6 ([2,3]); "
+      .. "copy_ needs equal element counts (copied in row-major order, shapes may differ as in Torch7's copy)",
+      err_of(d.copy_, d, lucid.ones({3, 3})))
+    assert.are.equal("lucid.Tensor:copy_: bad argument #1 (src): shape [3,2] differs from self's [2,3] and src is "
+      .. "not contiguous; a copy between different shapes needs both tensors contiguous (reshape src to self's "
+      .. "shape first)",
+      err_of(d.copy_, d, lucid.ones({2, 3}):t()))
+    assert.are.equal("lucid.Tensor:copy_: bad argument #1 (src): shape [2,3] differs from self's [3,2] and self is "
+      .. "not contiguous; a copy between different shapes needs both tensors contiguous (reshape src to self's "
+      .. "shape first)",
+      err_of(function() return d:t():copy_(lucid.ones({2, 3})) end))
+    -- negative control: the advice works
+    d:copy_(lucid.ones({2, 3}):t():reshape(d:shape()))
+    -- same shape: any strides
+    d:t():copy_(lucid.arange(6):view(3, 2))
+    assert.are.same({{0, 2, 4}, {1, 3, 5}}, d:totable())
+  end)
+
+  it("file:load(name, t) needs the stored shape exactly ([2,2] into [4], [] into [1] are refused)", function()
+    local path = os.tmpname()
+    lucid.io.safetensors_save(path, { { "w", lucid.tensor({{1, 2}, {3, 4}}) }, { "s", lucid.tensor(7) } })
+    local f = lucid.io.safetensors_open(path)
+    local flat = lucid.zeros({4})
+    assert.are.equal("lucid.SafeTensors:load: bad argument #2 (dst): tensor 'w' of " .. path .. " has shape [2,2]; "
+      .. "dst has shape [4] (the shapes must be equal)", err_of(f.load, f, "w", flat))
+    assert.are.same({0, 0, 0, 0}, flat:totable(), "nothing loaded")
+    assert.are.equal("lucid.SafeTensors:load: bad argument #2 (dst): tensor 's' of " .. path .. " has shape []; "
+      .. "dst has shape [1] (the shapes must be equal)", err_of(f.load, f, "s", lucid.zeros({1})))
+    -- negative controls: the same shape loads (float dtypes converted); an
+    -- absent name is still the engine's format error
+    local w = lucid.zeros({2, 2}, {dtype = "bf16"})
+    f:load("w", w)
+    assert.are.same({{1, 2}, {3, 4}}, w:totable())
+    local s = lucid.zeros({})
+    f:load("s", s)
+    assert.are.equal(7, s:item())
+    assert.matches("no tensor named 'x'", err_of(f.load, f, "x", w))
+    f:close()
+    os.remove(path)
+  end)
+end)
+
+describe("lucid tensors: empty tensors in reductions and narrow follow PyTorch", function()
+  it("mean of nothing is nan (per column over an empty dim); sum stays 0", function()
+    local z = lucid.zeros({0, 3})
+    local m = z:mean():item()
+    assert.is_true(m ~= m, "mean() of an empty tensor is nan")
+    local c = z:mean(1)
+    assert.are.same({3}, c:shape())
+    for _, v in ipairs(c:totable()) do assert.is_true(v ~= v, "mean(1) is nan per column") end
+    assert.are.same({1, 3}, z:mean(1, true):shape())
+    assert.are.same({0}, z:mean(2):shape())
+    local h = lucid.zeros({0}, {dtype = "bf16"}):mean()
+    assert.are.equal("bf16", h:dtype())
+    assert.is_true(h:item() ~= h:item())
+    assert.are.same({0, 0, 0}, z:sum(1):totable())
+    assert.are.equal(0, z:norm():item())
+    -- negative control: a non-empty mean is unchanged
+    assert.are.equal(2, lucid.tensor({1, 2, 3}):mean():item())
+  end)
+
+  it("max/min of nothing raise with PyTorch's wording, naming self or the dim", function()
+    local z = lucid.zeros({0, 3})
+    assert.has_error(function() return z:min() end,
+      "lucid.Tensor:min: bad self: expected reduction dim to be specified for an empty tensor ([0,3], 0 elements); "
+        .. "min of no elements is undefined (as in PyTorch)")
+    assert.has_error(function() return z:max(1) end,
+      "lucid.Tensor:max: bad argument #1 (dim): expected reduction dim 1 to have non-zero size, the tensor is [0,3]")
+    assert.has_error(function() return z:min(-2, true) end,
+      "lucid.Tensor:min: bad argument #1 (dim): expected reduction dim -2 to have non-zero size, the tensor is [0,3]")
+    assert.are.same({0}, z:max(2):shape()) -- reducing a non-empty dim of an empty tensor
+  end)
+
+  it("narrow takes a zero length at start = size + 1 (PyTorch's start == size)", function()
+    assert.are.same({0, 3}, lucid.zeros({0, 3}):narrow(1, 1, 0):shape())
+    assert.are.same({0, 3}, lucid.ones({3, 3}):narrow(1, 4, 0):shape())
+    assert.are.same({3, 0}, lucid.ones({3, 3}):narrow(2, 4, 0):shape())
+    -- negative controls
+    assert.has_error(function() return lucid.ones({3, 3}):narrow(1, 4, 1) end,
+      "lucid.Tensor:narrow: bad argument #3 (length): expected 0..0, got 1")
+    assert.has_error(function() return lucid.ones({3, 3}):narrow(1, 5, 0) end,
+      "lucid.Tensor:narrow: bad argument #2 (start): expected 1..4 (4 only with length 0), got 5")
+    assert.has_error(function() return lucid.ones({3, 3}):narrow(1, 0, 0) end,
+      "lucid.Tensor:narrow: bad argument #2 (start): expected 1..4 (4 only with length 0), got 0")
+    assert.has_error(function() return lucid.zeros({0, 3}):narrow(1, 2, 0) end,
+      "lucid.Tensor:narrow: bad argument #2 (start): expected 1 (with length 0: the dim is empty), got 2")
   end)
 end)

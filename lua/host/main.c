@@ -10,6 +10,8 @@
  *   bin/lucid -                      run stdin as a script
  *   bin/lucid                        interactive prompt with `lucid` loaded
  *   bin/lucid -v                     print the version
+ *   bin/lucid -h | --help            print the usage (exit status 0; a
+ *                                    usage error prints it to stderr, 2)
  *
  * `require "lucid"` resolves to the module linked into this program
  * (package.preload), so no lucid.so is needed next to it. The code typed
@@ -209,12 +211,20 @@ static int repl(lua_State *L) {
 
 /* ------------------------------------------------------------------- main */
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: %s [script.lua [args...] | -e code [args...] | - | -v]\n"
-            "  with no argument: interactive prompt with `lucid` loaded\n",
-            progname);
-    return 2;
+/* The usage text to out. For --help/-h (out = stdout, status 0) and for a
+ * usage error (out = stderr, status 2: an unknown flag, -e without code). */
+static int usage(FILE *out, int status) {
+    fprintf(out,
+            "usage: %s [script.lua [args...] | -e code [args...] | - | -v | -h]\n"
+            "  script.lua [args...]  run a script as luajit does (arg, ...)\n"
+            "  -e code [args...]     run a string, with `lucid` loaded\n"
+            "  -                     run stdin as a script\n"
+            "  -v, --version         print the version\n"
+            "  -h, --help            print this help\n"
+            "  with no argument: interactive prompt with `lucid` loaded\n"
+            "  a recipe lists its settings with --help: %s recipes/pose_nano.lua --help\n",
+            progname, progname);
+    return status;
 }
 
 /* Everything that runs Lua, inside a protected call. */
@@ -248,9 +258,13 @@ static int pmain(lua_State *L) {
         h->rc = 0;
         return 0;
     }
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+        h->rc = usage(stdout, 0);
+        return 0;
+    }
     if (strcmp(a, "-e") == 0) {
         if (argc < 3) {
-            h->rc = usage();
+            h->rc = usage(stderr, 2);
             return 0;
         }
         set_arg_table(L, argv, argc, 2);
@@ -262,7 +276,7 @@ static int pmain(lua_State *L) {
         status = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
         if (status == 0) status = docall(L, push_args(L, argv, argc, 3), 0);
     } else if (a[0] == '-' && a[1] != '\0') {
-        h->rc = usage();
+        h->rc = usage(stderr, 2);
         return 0;
     } else {
         int stdin_script = strcmp(a, "-") == 0;

@@ -32,18 +32,11 @@ local predict = {}
 
 local IMAGE_EXT = { jpg = true, jpeg = true, png = true }
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shell_quote = recipe.shell_quote
 
 -- What a path is: "dir", "file", or nil and why it cannot be opened (the
 -- system's words: "No such file or directory", "Permission denied").
-local function probe(p)
-  local f, err = io.open(p, "rb")
-  if not f then return nil, (tostring(err):gsub("^.*: ", "")) end
-  local ok, _, code = f:read(1)
-  f:close()
-  if ok == nil and code == 21 then return "dir" end -- EISDIR
-  return "file"
-end
+local probe = recipe.path_kind
 
 local function has_image_ext(p)
   local ext = p:match("%.([^./]+)$")
@@ -99,6 +92,53 @@ function predict.list_sources(src, key)
   return out
 end
 
+--- predict.split_sources(text) -> list: the entries of a comma-separated
+-- source= value, each trimmed of the spaces around it ("a.jpg, b.jpg" ->
+-- {"a.jpg", "b.jpg"}); empty entries are dropped.
+function predict.split_sources(text)
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    item = item:match("^%s*(.-)%s*$")
+    if item ~= "" then out[#out + 1] = item end
+  end
+  return out
+end
+
+--- predict.check_images(paths, [key], [value]): every file of paths (the
+-- list predict.list_sources returns) starts as an image the decoder reads:
+-- a JPEG (FF D8 FF) or a PNG (its 8-byte signature), the same test by
+-- content as lucid.image.read. Only the first bytes are read (cheap for
+-- thousands of files), so a file named .jpg that is no image is refused
+-- before a model is built or an output written, naming key (default
+-- "source"), value (the setting as given; default the file) and the file:
+--   predict: source = 'dir': dir/a.jpg: not a JPEG or PNG image (first
+--     bytes 6e 6f 74 20, 10 bytes)
+-- An image corrupt past its first bytes still fails when it is decoded
+-- (predict.run names it and what was written before it).
+function predict.check_images(paths, key, value)
+  key = key or "source"
+  for _, p in ipairs(paths) do
+    local function fail(why)
+      if value == nil or value == p then error(string.format("predict: %s = '%s': %s", key, p, why), 0) end
+      error(string.format("predict: %s = '%s': %s: %s", key, tostring(value), p, why), 0)
+    end
+    local f, err = io.open(p, "rb")
+    if not f then fail("cannot open it (" .. tostring(err):gsub("^.*: ", "") .. ")") end
+    local head = f:read(8) or ""
+    local size = #head > 0 and f:seek("end") or 0
+    f:close()
+    local b = { head:byte(1, 8) }
+    local jpeg = b[1] == 0xFF and b[2] == 0xD8 and b[3] == 0xFF
+    local png = head == "\137PNG\r\n\26\n"
+    if size == 0 then fail("an empty file (0 bytes), not an image") end
+    if not (jpeg or png) then
+      local hex = {}
+      for i = 1, math.min(#b, 4) do hex[i] = string.format("%02x", b[i]) end
+      fail(string.format("not a JPEG or PNG image (first bytes %s, %d bytes)", table.concat(hex, " "), size))
+    end
+  end
+end
+
 -- The largest imgsz: imgsz x imgsz letterboxed images, and the engine's
 -- image buffers (lucid_image_alloc) hold at most 2^31 pixels; the largest
 -- multiple of 32 with imgsz^2 <= 2^31.
@@ -115,11 +155,15 @@ predict.MAX_IMGSZ = 46336
 -- a name lucid.Context takes (recipe.is_device: cpu, cuda, cuda:N or
 -- auto).
 function predict.check_options(o)
-  local function show(v) return type(v) == "string" and ("'" .. v .. "'") or tostring(v) end
-  local function fail(k, want) error(string.format("predict: %s = %s: expected %s", k, show(o[k]), want), 0) end
+  local function fail(k, want) error(string.format("predict: %s = %s: expected %s", k, recipe.show(o[k]), want), 0) end
   local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
   for k, v in pairs(o) do
     if type(v) == "number" and not finite(v) then fail(k, "a finite number") end
+    -- the thresholds are f32 in the engine: 1e-50 would be 0 there
+    if type(v) == "number" and v ~= 0 and math.abs(v) < recipe.F32_MIN_NORMAL then
+      fail(k, "0 or a magnitude of at least 1.1754944e-38 (the smallest normal f32; the engine computes in f32, "
+        .. "where this value would be 0 or subnormal)")
+    end
   end
   local S = o.imgsz
   if S ~= nil then
@@ -177,18 +221,13 @@ function predict.load_weights(model, path, opts)
   rep.unexpected = unexpected
   -- a file for another architecture or scale is an error, not a model left
   -- mostly at its initial values (opts.partial = true allows it)
-  if not opts.partial and (#rep.missing > 0 or #rep.mismatched > 0) then
-    local function names(list)
-      local t = {}
-      for i = 1, math.min(#list, 5) do
-        local e = list[i]
-        t[i] = type(e) == "table" and (e.name or e[1]) or tostring(e)
-      end
-      return table.concat(t, ", ") .. (#list > 5 and string.format(", ... (%d more)", #list - 5) or "")
+  if not opts.partial then
+    local misfit = predict.misfit(rep)
+    if misfit then
+      error(string.format("predict: %s does not fit this model: %s; build the model with the architecture and "
+        .. "scale the weights were trained with, or pass partial = true to load only the tensors that fit", path,
+        misfit), 0)
     end
-    error(string.format("predict: %s does not fit this model: %d tensors missing (%s), %d of another shape (%s); "
-      .. "check model= and scale=, or pass partial=true", path, #rep.missing, names(rep.missing), #rep.mismatched,
-      names(rep.mismatched)), 0)
   end
   rep.ema, rep.ema_loaded = false, 0
   if has_ema and opts.ema ~= false then
@@ -207,6 +246,30 @@ function predict.load_weights(model, path, opts)
     rep.ema = rep.ema_loaded > 0
   end
   return rep
+end
+
+--- predict.misfit(report) -> nil when a load report (model:load,
+-- predict.load_weights) has no missing or mis-shaped tensor, else what did
+-- not fit: "N tensors missing (names), M of another shape (names)" (five
+-- names each at most). The callers add the hint their users can act on
+-- (predict_pose: "check model= and scale="; the library: partial = true).
+function predict.misfit(rep)
+  if #rep.missing == 0 and #rep.mismatched == 0 then return nil end
+  local function names(list)
+    local t = {}
+    for i = 1, math.min(#list, 5) do
+      local e = list[i]
+      t[i] = type(e) == "table" and (e.name or e[1]) or tostring(e)
+    end
+    return table.concat(t, ", ") .. (#list > 5 and string.format(", ... (%d more)", #list - 5) or "")
+  end
+  local function count(n, what) return string.format("%d %s%s", n, what, n == 1 and "" or "s") end
+  local parts = {}
+  if #rep.missing > 0 then parts[#parts + 1] = count(#rep.missing, "tensor") .. " missing (" .. names(rep.missing) .. ")" end
+  if #rep.mismatched > 0 then
+    parts[#parts + 1] = count(#rep.mismatched, "tensor") .. " of another shape (" .. names(rep.mismatched) .. ")"
+  end
+  return table.concat(parts, ", ")
 end
 
 --- Map one detection (network-input pixels) back to the original image of
@@ -282,6 +345,14 @@ local function device_of(model)
 end
 
 --- predict.run(opts) -> {images = {...}, json = path | nil, out_dir}.
+-- Before the model runs: the sources are listed (predict.list_sources) and
+-- their first bytes checked (predict.check_images), and out_dir is made
+-- (a file in the way, or a folder mkdir cannot make, is an error naming
+-- out_dir, never mkdir's raw output). An image that fails to decode later
+-- (corrupt past its first bytes) stops the run: "predict: image i/n
+-- <path>: <why> (N images before it were written to <out_dir>;
+-- predictions.json was not written)"; predictions.json is written only
+-- when every image is done (atomically: predict.write_json).
 -- opts: model (required), ctx, sources (path or list, required), imgsz
 -- (640), conf (0.25), iou (0.7), max_det (300), act_dtype ("f32"; "bf16"
 -- or "f16" on a GPU), out_dir (required unless save = false), save (true:
@@ -300,7 +371,12 @@ function predict.run(opts)
   local out_dir = opts.out_dir
   if save and not out_dir then error("predict.run: out_dir is required (or save = false)", 2) end
   local paths = predict.list_sources(opts.sources or error("predict.run: sources is required", 2), "sources")
-  if save then os.execute("mkdir -p " .. shell_quote(out_dir)) end
+  predict.check_images(paths, "sources", type(opts.sources) == "table" and table.concat(opts.sources, ",")
+    or opts.sources)
+  if save then
+    recipe.check_folder(out_dir, "out_dir", "predict")
+    recipe.make_folder(out_dir, "out_dir", "predict")
+  end
   local names = opts.names or { "person" }
   local ctx = opts.ctx
   local device = device_of(model)
@@ -315,7 +391,17 @@ function predict.run(opts)
     for i, path in ipairs(paths) do
       local t0 = lucid.wall_time()
       local img, msg = lucid.image.read(path, ctx)
-      if not img then error("predict: " .. tostring(msg), 0) end
+      if not img then
+        -- corrupt past its first bytes (predict.check_images passed it): the
+        -- image, its place, and what is on disk now
+        local why = tostring(msg)
+        local p = path:gsub("%p", "%%%0")
+        why = why:gsub("^" .. p .. ": ", "")
+        local done = i - 1
+        error(string.format("predict: image %d/%d %s: %s%s", i, #paths, path, why,
+          save and string.format(" (%d image%s before it %s written to %s; predictions.json was not written)", done,
+            done == 1 and "" or "s", done == 1 and "was" or "were", out_dir) or ""), 0)
+      end
       local H, W = img:size(1), img:size(2)
       local lb, rx, px, py, ry = lucid.image.letterbox(img, S)
       local chw = lb:permute(3, 1, 2):contiguous()

@@ -21,9 +21,12 @@ string that reads as a number becomes one (max_gt=64 for the default
 Ranges (lr0 > 0, conf in [0, 1], ...) are checked by the consumer
 (lucid.trainer's check_config, lucid.predict's check_options), before any
 work starts.
+An integer typed in digits that a number does not hold exactly (past 2^53)
+is refused as typed. `--help`, `-h` or `help` among the arguments: the
+recipe prints recipe.usage (its keys, defaults and descriptions) and exits 0.
 Errors: recipe.resolve raises "recipe: unknown key 'x' (did you mean 'y'?)"
-or "recipe: key=value expected, got 'x'" or "recipe: batch: expected a
-number, got 'abc'".
+(the suggestion ignores case: EPOCHS suggests epochs) or "recipe: key=value
+expected, got 'x'" or "recipe: batch: expected a number, got 'abc'".
 ]]
 local recipe = {}
 
@@ -62,10 +65,13 @@ local function all_keys(t, prefix, out)
   return out
 end
 
+-- "did you mean": the nearest key by edit distance, case ignored (EPOCHS=1
+-- suggests epochs; the keys themselves are case-sensitive)
 local function suggest(key, defaults)
   local best, bd
+  local lkey = key:lower()
   for _, k in ipairs(all_keys(defaults)) do
-    local d = distance(key, k)
+    local d = distance(lkey, k:lower())
     if not bd or d < bd then best, bd = k, d end
   end
   if bd and bd <= math.max(2, math.floor(#key / 3)) then
@@ -75,6 +81,19 @@ local function suggest(key, defaults)
 end
 
 local function finite(v) return v == v and v ~= math.huge and v ~= -math.huge end
+
+-- An integer typed in digits that a number does not hold exactly (past
+-- 2^53: seed=9007199254740993 would silently become ...992) is refused as
+-- typed; integers that are exact (2^60 in digits) and exponent forms (1e20)
+-- are read as usual.
+local function check_exact(key, text, v)
+  local digits = text:match("^%s*[+-]?0*(%d+)%s*$")
+  if not digits or math.abs(v) < 2 ^ 53 then return end
+  if digits ~= string.format("%.0f", math.abs(v)) then
+    error(string.format("recipe: %s: %s is not held exactly by a number (integers are exact up to 2^53 = "
+      .. "9007199254740992; it would be read as %.0f)", key, text, v), 0)
+  end
+end
 
 -- Boolean keys that take more than true/false (Ultralytics cfg): the value
 -- to use for the extra text, or nil (then an error).
@@ -111,6 +130,7 @@ local function parse_value(key, text, default)
     local v = tonumber(text)
     if not v then error(string.format("recipe: %s: expected a number, got '%s'", key, text), 0) end
     if not finite(v) then error(string.format("recipe: %s: expected a finite number, got '%s'", key, text), 0) end
+    check_exact(key, text, v)
     return v
   elseif kind == "boolean" then
     local l = text:lower()
@@ -138,6 +158,8 @@ local function parse_value(key, text, default)
   if text == "nil" or text == "none" then return nil end
   local v = tonumber(text)
   if v and not finite(v) then error(string.format("recipe: %s: expected a finite number, got '%s'", key, text), 0) end
+  -- digits no number holds exactly stay text here (name=12345678901234567890)
+  if v and not pcall(check_exact, key, text, v) then return text end
   return v or text
 end
 
@@ -297,6 +319,143 @@ end
 recipe.INT_MAX = 2147483647
 recipe.SEED_MAX = 2 ^ 53 - 1
 recipe.F32_MAX = 3.4028234663852886e38
+
+--- The smallest normal f32 (2^-126): a non-zero setting of smaller
+-- magnitude is 0 or subnormal once the engine holds it in f32 (lr0=1e-50
+-- would train with lr 0), so the consumers refuse it by key.
+recipe.F32_MIN_NORMAL = 2 ^ -126
+
+--- recipe.show(v) -> v as an error message prints it: a string quoted
+-- ('x'), an integer in all its digits below 1e17 (9007199254740992, not
+-- 9.007199254741e+15), another number in the fewest digits that read back
+-- as the same number (0.01, 1e-50, 1e+20), anything else by tostring.
+function recipe.show(v)
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) ~= "number" or not finite(v) then return tostring(v) end
+  if v == math.floor(v) and math.abs(v) < 1e17 then return string.format("%.0f", v) end
+  for digits = 1, 17 do
+    local s = string.format("%." .. digits .. "g", v)
+    if tonumber(s) == v then return s end
+  end
+  return string.format("%.17g", v)
+end
+
+--- recipe.shell_quote(s) -> s quoted for a POSIX shell (spaces, quotes and
+-- $ taken literally).
+function recipe.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+--- recipe.path_kind(p) -> "dir", "file", or nil and why p cannot be opened
+-- (the system's words: "No such file or directory", "Permission denied").
+function recipe.path_kind(p)
+  local f, err = io.open(p, "rb")
+  if not f then return nil, (tostring(err):gsub("^.*: ", "")) end
+  local ok, _, code = f:read(1)
+  f:close()
+  if ok == nil and code == 21 then return "dir" end -- EISDIR
+  return "file"
+end
+
+--- recipe.check_folder(path, key, who, [what]): the up-front check of a
+-- folder setting (out=, project=): every part of path that exists must be
+-- a folder, else raise "<who>: <key> = '<path>': exists and is not a
+-- folder (<what>)" (or "<prefix> exists and is not a folder" when a parent
+-- is the file). Nothing is created; a part that does not exist ends the
+-- check (recipe.make_folder creates it later and says why when it cannot).
+function recipe.check_folder(path, key, who, what)
+  local function fail(why)
+    error(string.format("%s: %s = '%s': %s%s", who, key, path, why, what and (" (" .. what .. ")") or ""), 0)
+  end
+  local parts = {}
+  for part in path:gmatch("[^/]+") do parts[#parts + 1] = part end
+  local cur = path:sub(1, 1) == "/" and "" or nil
+  for i, part in ipairs(parts) do
+    cur = cur and (cur .. "/" .. part) or part
+    local kind = recipe.path_kind(cur)
+    if kind == "file" then fail(i == #parts and "exists and is not a folder" or (cur .. " exists and is not a folder")) end
+    if kind == nil then return end
+  end
+end
+
+--- recipe.mkdir(path) -> true, or nil and why (mkdir's reason, e.g. "No
+-- such file or directory"): the folder and its parents (mkdir -p), nothing
+-- printed.
+function recipe.mkdir(path)
+  local p = io.popen("LC_ALL=C mkdir -p -- " .. recipe.shell_quote(path) .. " 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  if tonumber(out:match("__rc=(%d+)%s*$")) == 0 then return true end
+  local msg = out:gsub("__rc=%d+%s*$", ""):gsub("%s+$", "")
+  local why = msg:match(".*: ([^\n]+)$") or msg
+  return nil, why ~= "" and why or "mkdir failed"
+end
+
+--- recipe.make_folder(path, key, who): recipe.mkdir, raising "<who>:
+-- <key> = '<path>': cannot create the folder (<why>)" when it fails.
+function recipe.make_folder(path, key, who)
+  local ok, why = recipe.mkdir(path)
+  if not ok then error(string.format("%s: %s = '%s': cannot create the folder (%s)", who, key, path, why), 0) end
+  return path
+end
+
+--- recipe.help_requested(args) -> true when one of the arguments (args[1],
+-- args[2], ...; the script's arg table) is --help, -h or help.
+function recipe.help_requested(args)
+  for _, a in ipairs(args or {}) do
+    if a == "--help" or a == "-h" or a == "help" then return true end
+  end
+  return false
+end
+
+--- recipe.program(args) -> the program that runs the script (the arg
+-- table's lowest index: "luajit", "bin/lucid"), or "luajit".
+function recipe.program(args)
+  local lo
+  for k in pairs(args or {}) do
+    if type(k) == "number" and k < 0 and (not lo or k < lo) then lo = k end
+  end
+  return lo and args[lo] or "luajit"
+end
+
+--- recipe.usage(script, defaults, [descriptions], [summary], [program]) ->
+-- the text a recipe prints for --help: "usage: <program> <script>
+-- [key=value ...]", the summary, then every key (nested ones with dots,
+-- sorted) with its default and, when descriptions[key] has one, its
+-- one-line description. program defaults to luajit.
+function recipe.usage(script, defaults, descriptions, summary, program)
+  descriptions = descriptions or {}
+  local rows = {}
+  local function default_text(v)
+    if v == "" then return "(none)" end
+    if type(v) == "number" then return recipe.show(v) end
+    if type(v) == "table" then
+      local p = {}
+      for i = 1, #v do p[i] = recipe.show(v[i]) end
+      return "{" .. table.concat(p, ",") .. "}"
+    end
+    return tostring(v)
+  end
+  local function walk(t, prefix)
+    for k, v in pairs(t) do
+      local name = prefix and (prefix .. "." .. k) or tostring(k)
+      if type(v) == "table" and next(v) ~= nil and #v == 0 then walk(v, name)
+      else rows[#rows + 1] = { name, default_text(v), descriptions[name] } end
+    end
+  end
+  walk(defaults)
+  table.sort(rows, function(a, b) return a[1] < b[1] end)
+  local kw, dw = 0, 0
+  for _, r in ipairs(rows) do kw, dw = math.max(kw, #r[1]), math.max(dw, #r[2]) end
+  kw, dw = math.min(kw, 28), math.min(dw, 24)
+  local lines = { string.format("usage: %s %s [key=value ...]", program or "luajit", script) }
+  if summary and summary ~= "" then lines[#lines + 1] = summary end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "Settings (key=value; nested ones with dots; unknown keys are refused), with their defaults:"
+  for _, r in ipairs(rows) do
+    local line = string.format("  %-" .. kw .. "s  %-" .. dw .. "s  %s", r[1], r[2], r[3] or "")
+    lines[#lines + 1] = (line:gsub("%s+$", ""))
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
 
 --- The device names lucid.Context takes, as an error's "expected ...".
 recipe.DEVICES = "cpu, cuda, cuda:N (N in 0..1024) or auto"

@@ -255,27 +255,36 @@ local function copy_in(s, batch)
   if s.hsv then s.hsv:copy_(batch.hsv) end
 end
 
-local function same_shape(a, b)
-  local x, y = a:shape(), b:shape()
-  if #x ~= #y then return false end
-  for i = 1, #x do if x[i] ~= y[i] then return false end end
+-- Whether every staged tensor has the batch's shape (dims compared one by
+-- one, nothing allocated). copy_ cannot decide it: it also copies between
+-- contiguous tensors of another shape with the same element count
+-- (Torch7's copy), e.g. a batch of 1 at 640 px and a batch of 4 at 320 px.
+local function shapes_match(s, batch)
+  for _, k in ipairs(STAGED) do
+    local a, b = s[k], batch[k]
+    if a and b then
+      local n = a:dim()
+      if n ~= b:dim() then return false end
+      for i = 1, n do
+        if a:size(i) ~= b:size(i) then return false end
+      end
+    end
+  end
   return true
 end
+M.shapes_match = shapes_match
 
 -- host: loader batch -> staging, once the previous step's uploads are done.
--- The copies compare shapes (copy_ refuses a mismatch), which makes them the
--- input-shape part of the contract check: returns nil, without raising,
--- when a batch tensor's shape differs from the staging (input shapes
--- changed: images, max_gt, keypoints); any other failure is raised.
+-- The shape comparison is the input-shape part of the contract check:
+-- returns nil, copying nothing, when a batch tensor's shape differs from
+-- the staging (input shapes changed: images, max_gt, keypoints); a failing
+-- copy is raised.
 function RS:_stage(batch)
   local s = self:_staging(batch)
   if self.ev_in then self.ev_in:synchronize() end
-  local ok, err = pcall(copy_in, s, batch)
-  if ok then return s end
-  for _, k in ipairs(STAGED) do
-    if s[k] and batch[k] and not same_shape(s[k], batch[k]) then return nil end
-  end
-  error(err, 0)
+  if not shapes_match(s, batch) then return nil end
+  copy_in(s, batch)
+  return s
 end
 
 -- New input shapes: drop the staging, and point the eager step at the new
@@ -371,8 +380,8 @@ end
 -- step.clip anyway) with the same max_norm, value, fn and capture; and the
 -- policy objects (scaler, EMA, context) were not reassigned since the
 -- last check (a flag the step object's __newindex clears; see
--- new_object). The input shapes are verified by the staging copies
--- themselves (copy_ compares shapes anyway; see RS:_stage).
+-- new_object). The input shapes are compared dim by dim before the
+-- staging copies (RS:_stage, shapes_match).
 --
 -- Validation's model:eval() ... model:train() at each epoch boundary moves
 -- none of it (the count goes up and back to zero); Model:train/eval, when

@@ -58,7 +58,9 @@ local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true
 
 
 --- Trainer.new(cfg) -> trainer. Creates the context (device cfg.device,
--- seed cfg.seed). cfg keys used: see recipes/pose_nano.lua.
+-- seed cfg.seed). cfg keys used: see recipes/pose_nano.lua (its defaults
+-- table; `luajit recipes/pose_nano.lua --help` lists them); the ones without
+-- a fallback are required, and Trainer.check_config names every missing one.
 function Trainer.new(cfg)
   assert(type(cfg) == "table", "Trainer.new: cfg must be a table")
   Trainer.check_config(cfg)
@@ -84,13 +86,41 @@ end
 -- and validation letterbox to imgsz x imgsz (lucid.predict.MAX_IMGSZ).
 Trainer.MAX_IMGSZ = 23168
 
--- Optimizer names lucid.optim.build takes (case-insensitive, as Ultralytics).
-local OPTIMIZERS = { auto = true, sgd = true, adamw = true, musgd = true }
+-- Optimizer names lucid.optim.build takes, by their lower-case spelling:
+-- any case is accepted, as Ultralytics' build_optimizer does ({x.lower(): x
+-- for x in optimizers}.get(name.lower())), and the canonical spelling is
+-- what reaches lucid.optim.build and its log line.
+local OPTIMIZERS = { auto = "auto", sgd = "SGD", adamw = "AdamW", musgd = "MuSGD" }
+-- Ultralytics' other names (Adam, Adamax, NAdam, RAdam, RMSProp): refused,
+-- saying that lucid does not implement them
+local ULTRALYTICS_ONLY = { adam = "Adam", adamax = "Adamax", nadam = "NAdam", radam = "RAdam", rmsprop = "RMSProp" }
+
+--- Trainer.optimizer_name(name) -> the canonical spelling of an optimizer
+-- name in any case ("adamw" -> "AdamW", "Auto" -> "auto"; nil -> "auto"),
+-- or nil when lucid has no such optimizer.
+function Trainer.optimizer_name(name)
+  if name == nil then return "auto" end
+  if type(name) ~= "string" then return nil end
+  return OPTIMIZERS[name:lower()]
+end
+
+-- The settings Trainer.new needs (the rest have defaults: Ultralytics' or
+-- the trainer's own), in the order they are reported when missing.
+local REQUIRED = { "data", "imgsz", "batch", "epochs", "lr0", "lrf", "momentum", "weight_decay", "warmup_epochs",
+  "warmup_momentum", "warmup_bias_lr" }
 
 --- Trainer.check_config(cfg): raise a clear error naming the setting and its
--- value before anything is opened or built. Every number must be finite
--- and within the f32 range (the engine computes in f32); the integer
--- settings at most 2^31 - 1 (the engine counts them in a C int; seed at
+-- value before anything is opened or built. Missing settings come first,
+-- all of them named ("trainer: missing settings: data, batch (...)": the
+-- keys of recipes/pose_nano.lua's defaults without a fallback). Every
+-- number must be finite and within the f32 range (the engine computes in
+-- f32), and a non-zero one at least the smallest normal f32 in magnitude
+-- (lr0=1e-50 would be 0 there; recipe.F32_MIN_NORMAL); numbers are printed
+-- by recipe.show (integers in all their digits). optimizer is auto, SGD,
+-- AdamW or MuSGD in any case (as Ultralytics; Trainer.optimizer_name gives
+-- the canonical spelling), and Ultralytics' Adam, Adamax, NAdam, RAdam and
+-- RMSProp are refused as not implemented in lucid. The integer
+-- settings are at most 2^31 - 1 (the engine counts them in a C int; seed at
 -- most 2^53 - 1); device a name lucid.Context takes (recipe.is_device:
 -- cpu, cuda, cuda:N or auto; whether it exists is the context's check);
 -- the ranges are Ultralytics' (cfg/__init__.py check_cfg: its fraction keys
@@ -105,9 +135,16 @@ local OPTIMIZERS = { auto = true, sgd = true, adamw = true, musgd = true }
 -- prepared images kept in RAM; 'disk' is not supported); resume takes
 -- true/false or a checkpoint path.
 function Trainer.check_config(cfg)
-  local function show(v)
-    if type(v) == "string" then return "'" .. v .. "'" end
-    return tostring(v)
+  local show = recipe.show
+  -- missing settings first, all of them named (not "batch = nil")
+  local missing = {}
+  for _, k in ipairs(REQUIRED) do
+    if cfg[k] == nil then missing[#missing + 1] = k end
+  end
+  if #missing > 0 then
+    error(string.format("trainer: missing setting%s: %s (Trainer.new takes a resolved recipe table: every key of "
+      .. "recipes/pose_nano.lua's defaults, listed with their values by luajit recipes/pose_nano.lua --help)",
+      #missing == 1 and "" or "s", table.concat(missing, ", ")), 0)
   end
   local function fail(key, v, want)
     error(string.format("trainer: %s = %s: expected %s", key, show(v), want), 0)
@@ -131,6 +168,11 @@ function Trainer.check_config(cfg)
       if type(v) == "number" and not finite(v) then fail(name, v, "a finite number") end
       if type(v) == "number" and math.abs(v) > recipe.F32_MAX then
         fail(name, v, "a finite number of magnitude at most 3.4e+38 (the engine computes in f32)")
+      end
+      -- lr0=1e-50 passed lr0 > 0 and trained with lr 0
+      if type(v) == "number" and v ~= 0 and math.abs(v) < recipe.F32_MIN_NORMAL then
+        fail(name, v, "0 or a magnitude of at least 1.1754944e-38 (the smallest normal f32; the engine computes in "
+          .. "f32, where this value would be 0 or subnormal)")
       end
       if type(v) == "table" and getmetatable(v) == nil then walk(v, name, depth + 1) end
     end
@@ -204,8 +246,10 @@ function Trainer.check_config(cfg)
   range("warmup_epochs", 0)
   range("warmup_momentum", 0, 1)
   range("warmup_bias_lr", 0, 1)
-  if cfg.optimizer ~= nil and not (type(cfg.optimizer) == "string" and OPTIMIZERS[cfg.optimizer:lower()]) then
-    fail("optimizer", cfg.optimizer, "auto, SGD, AdamW or MuSGD")
+  if not Trainer.optimizer_name(cfg.optimizer) then
+    local other = type(cfg.optimizer) == "string" and ULTRALYTICS_ONLY[cfg.optimizer:lower()]
+    fail("optimizer", cfg.optimizer, "auto, SGD, AdamW or MuSGD (any case, as Ultralytics)"
+      .. (other and string.format("; Ultralytics' %s is not implemented in lucid", other) or ""))
   end
   range("clip.max_norm", 0, nil, true, false, "a number > 0 (the gradient-norm limit of every optimizer step)")
   for _, k in ipairs({ "box", "cls", "dfl", "pose", "kobj" }) do range("loss." .. k, 0) end
@@ -237,6 +281,24 @@ function Trainer.check_config(cfg)
   local r = cfg.resume
   if r ~= nil and type(r) ~= "boolean" and (type(r) ~= "string" or r == "") then
     fail("resume", r, "true, false or a checkpoint path")
+  end
+end
+
+--- Trainer.check_paths(cfg): the filesystem side of the settings, before
+-- anything is built (check_config checks values only): a file where the
+-- run folder goes raises "trainer: project = '<p>': exists and is not a
+-- folder (...)" (or names the parent that is a file), and a file at
+-- <project>/<name> raises "trainer: name = '<n>': <project>/<n> exists and
+-- is not a folder (...)". Nothing is created (fit does, and a folder mkdir
+-- cannot make is named by project= and name=, without mkdir's raw output).
+-- The recipes call it after check_config; fit calls it first thing.
+function Trainer.check_paths(cfg)
+  local project = cfg.project or "runs"
+  recipe.check_folder(project, "project", "trainer", "the run folders go under it")
+  local base = project .. "/" .. (cfg.name or "train")
+  if recipe.path_kind(base) == "file" then
+    error(string.format("trainer: name = %s: %s exists and is not a folder (the run folder under project)",
+      recipe.show(cfg.name or "train"), base), 0)
   end
 end
 
@@ -286,8 +348,14 @@ end
 
 -- ----------------------------------------------------------------- helpers
 
-local function mkdir_p(path)
-  os.execute("mkdir -p '" .. path:gsub("'", "'\\''") .. "'")
+-- The run folder (and its parents); mkdir's own words in a clean message
+-- (never its raw stderr), naming the settings that chose the folder.
+local function make_run_folder(path, cfg)
+  local ok, why = recipe.mkdir(path)
+  if not ok then
+    error(string.format("trainer: project = %s: cannot create the run folder %s (%s); check project= and name=",
+      recipe.show(cfg.project or "runs"), path, why), 0)
+  end
 end
 
 local function file_exists(p)
@@ -401,6 +469,8 @@ function Trainer:_fit(state, opts)
   if resume == nil then resume = cfg.resume end
   if resume == "true" then resume = true elseif resume == "false" or resume == "" then resume = false end
 
+  Trainer.check_paths(cfg)
+
   -- data ------------------------------------------------------------------
   local desc = data.load_descriptor(cfg.data)
   local nkpt = desc.kpt_shape and desc.kpt_shape[1] or 17
@@ -454,7 +524,7 @@ function Trainer:_fit(state, opts)
   local accumulate = S_.accumulate(nbs, B)
   local weight_decay = S_.weight_decay(cfg.weight_decay, B, accumulate, nbs)
   local iterations = math.ceil(#train_ds / math.max(B, nbs)) * E
-  local opt, oinfo = lucid.optim.build{ model = model, name = cfg.optimizer, lr0 = cfg.lr0,
+  local opt, oinfo = lucid.optim.build{ model = model, name = Trainer.optimizer_name(cfg.optimizer), lr0 = cfg.lr0,
     momentum = cfg.momentum, decay = weight_decay, iterations = iterations, nc = nc }
   local warmup_bias_lr = oinfo.warmup_bias_lr or cfg.warmup_bias_lr
   local ema = lucid.EMA{ model = model, decay = cfg.ema_decay or 0.9999, tau = cfg.ema_tau or 2000, block = opt }
@@ -526,7 +596,7 @@ function Trainer:_fit(state, opts)
     io.stdout:write(string.format("Continuing the run in %s (its weights/ and results.csv are updated there%s)\n", save_dir,
       inside and "" or string.format("; %s is outside this folder: project= and name= choose another", path)))
   end
-  mkdir_p(save_dir .. "/weights")
+  make_run_folder(save_dir .. "/weights", cfg)
   local probe = io.open(save_dir .. "/weights/.write_test", "w")
   if not probe then
     error(string.format("trainer: cannot write the run folder %s (check project= and its permissions)", save_dir), 0)
@@ -550,7 +620,7 @@ function Trainer:_fit(state, opts)
     time_offset = csv:last_time()
   end
 
-  if cfg.optimizer == nil or cfg.optimizer == "auto" then
+  if Trainer.optimizer_name(cfg.optimizer) == "auto" then
     -- as Ultralytics build_optimizer says it: the printed lr/momentum are the rule's
     out:write(string.format("optimizer: 'optimizer=auto' found, ignoring 'lr0=%g' and 'momentum=%g' and "
       .. "determining best 'optimizer', 'lr0' and 'momentum' automatically...\n", cfg.lr0, cfg.momentum))
