@@ -151,17 +151,28 @@ lucid_ctx *lucid_lua_ctx(lua_State *L, int idx) {
     return default_ctx(L);
 }
 
+/* shape as text into b (n >= LUCID_MAX_DIMS * 24 + 4 bytes): open, the
+ * sizes joined by sep, close ("{2, 3}" as typed in Lua, "[2,3]" in
+ * messages about tensors). */
+static const char *shape_text(char *b, size_t n, int ndim, const int64_t *shape,
+                              char open, const char *sep, char close) {
+    size_t k = 0;
+    b[k++] = open;
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(b + k, n - k, "%s%lld", i ? sep : "", (long long)shape[i]);
+    if (k < n - 1) {
+        b[k++] = close;
+        b[k] = '\0';
+    }
+    return b;
+}
+
 void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
                                 const int64_t *shape, lucid_dtype dt,
                                 const char *argname) {
     if (lucid_shape_bytes(ndim, shape, dt, NULL, NULL) == 0) return;
     char b[LUCID_MAX_DIMS * 24 + 4];
-    size_t k = 0;
-    b[k++] = '{';
-    for (int i = 0; i < ndim; i++)
-        k += (size_t)snprintf(b + k, sizeof b - k, i ? ", %lld" : "%lld",
-                              (long long)shape[i]);
-    snprintf(b + k, sizeof b - k, "}");
+    shape_text(b, sizeof b, ndim, shape, '{', ", ", '}');
     lucid_lua_argerror(L, idx,
                        lua_pushfstring(L, "%s: tensor size overflows: %s of %s "
                                           "(%d byte%s per element) needs more "
@@ -172,14 +183,8 @@ void lucid_lua_check_shape_size(lua_State *L, int idx, int ndim,
 }
 
 const char *lucid_lua_push_shape(lua_State *L, int ndim, const int64_t *shape) {
-    char b[LUCID_MAX_DIMS * 21 + 3];
-    size_t k = 0;
-    b[k++] = '[';
-    for (int i = 0; i < ndim; i++)
-        k += (size_t)snprintf(b + k, sizeof b - k, i ? ",%lld" : "%lld",
-                              (long long)shape[i]);
-    snprintf(b + k, sizeof b - k, "]");
-    lua_pushstring(L, b);
+    char b[LUCID_MAX_DIMS * 24 + 4];
+    lua_pushstring(L, shape_text(b, sizeof b, ndim, shape, '[', ",", ']'));
     return lua_tostring(L, -1);
 }
 
