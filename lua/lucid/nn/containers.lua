@@ -44,13 +44,13 @@ function M.accumulate(a, b)
     sc.slots[pos] = row
   end
   local key = table.concat(a:shape(), "x") .. a:dtype()
-  local buf = row[key]
-  if buf == nil then
-    buf = a:add(b)
-    row[key] = buf
+  local opts = row[key] -- {out = the buffer}, kept so that a pass allocates nothing
+  if opts == nil then
+    local buf = a:add(b)
+    row[key] = { out = buf }
     return buf
   end
-  return a:add(b, { out = buf })
+  return a:add(b, opts)
 end
 
 ----------------------------------------------------------------- Sequential
