@@ -7,7 +7,9 @@ the launch sequence (one iteration), largest first.
 
 The period is the smallest L such that the last L launch names equal the L
 before them (one forward+backward, or one training step); --period N forces
-it, --period all takes every row."""
+it, --period all takes every row.  After the per-kernel table, the same
+period by category (implicit-GEMM convs, cuBLAS, BatchNorm, split-K folds,
+depthwise, elementwise, loss, optimizer, other: see CATEGORIES)."""
 import csv, sys, argparse, collections, re
 
 
@@ -33,6 +35,27 @@ def period(names):
         if names[n - L:] == names[n - 2 * L:n - L]:
             return L
     return n
+
+
+# (category, substrings of the kernel name), first match wins
+CATEGORIES = [
+    ("implicit-GEMM conv", ("igemm_nchw",)),
+    ("split-K / image folds", ("reduce_splits", "reduce_out", "wgrad_fold")),
+    ("cuBLAS (1x1 convs, matmul) + casts", ("nvjet", "cutlass", "gemm_wcast", "gemm_bias", "sm90_xmma", "gemv")),
+    ("BatchNorm (+SiLU)", ("bn_",)),
+    ("depthwise conv", ("dw_",)),
+    ("loss", ("loss", "assign", "tal_", "kpt_", "dfl")),
+    ("optimizer / EMA / clip", ("optim", "adamw", "sgd", "musgd", "ema_", "clip", "norm_")),
+    ("elementwise / copies / upsample / pool", ("map_", "add_fwd", "up_", "up2_", "chan_copy", "pool_", "cast_",
+                                                "fill_", "silu", "softmax")),
+]
+
+
+def category(name):
+    for cat, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return cat
+    return "other"
 
 
 def short(name):
@@ -64,6 +87,14 @@ def main():
     print(f"{'kernel':70s} {'calls':>6s} {'ms':>8s} {'%':>6s} {'us/call':>8s}")
     for k, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:a.top]:
         print(f"{k:70s} {c:6d} {t / 1e6:8.3f} {100 * t / tot:6.1f} {t / c / 1e3:8.2f}")
+    cats = collections.defaultdict(lambda: [0, 0.0])
+    for name, t, g, b in sel:
+        e = cats[category(name)]
+        e[0] += 1
+        e[1] += t
+    print("by category:")
+    for k, (c, t) in sorted(cats.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {k:40s} {c:6d} calls {t / 1e6:8.3f} ms {100 * t / tot:6.1f} %")
     # size classes: how much of the time is in short kernels
     buckets = [(2e3, "<2us"), (5e3, "2-5us"), (10e3, "5-10us"), (20e3, "10-20us"), (50e3, "20-50us"),
                (1e12, ">=50us")]
