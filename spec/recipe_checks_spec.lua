@@ -829,6 +829,17 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
     return run("luajit recipes/pose_nano.lua device=cpu workers=1 quiet=true project=" .. q(tmp) .. " " .. args)
   end
 
+  it("batch larger than the training images: batches of all the images, with a warning (Ultralytics' build_dataloader)", function()
+    local n = #assert(data.open(data.load_descriptor("coco_pose_mini"), "train", { imgsz = 64 }))
+    local out, err, rc = run("LUCID_PROGRESS=plain luajit recipes/pose_nano.lua device=cpu workers=1 epochs=1 "
+      .. "imgsz=64 batch=100000 name=bigbatch project=" .. q(tmp))
+    assert.are.equal(0, rc, err .. out)
+    assert.truthy(out:find(string.format("WARNING: batch=100000 is more than the %d training images; the loader "
+      .. "makes batches of %d", n, n), 1, true), out)
+    -- one batch, one step per epoch (not 100000-image buffers)
+    assert.truthy(out:find("1/1", 1, true), out)
+  end)
+
   it("--help, -h and help print every key with its default and description, and exit 0", function()
     local keys = {}
     local function walk(t, prefix)

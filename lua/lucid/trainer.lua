@@ -497,6 +497,16 @@ function Trainer:_fit(state, opts)
   local open_opts = { imgsz = S, cache = cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
+  -- the loaders' batches are at most the split's image count, as Ultralytics'
+  -- build_dataloader (batch = min(batch, len(dataset))); the optimizer's
+  -- accumulate, weight decay and iteration count keep the requested batch,
+  -- as its trainer does (batch_size is not capped there)
+  local B_req = B
+  if B > #train_ds then
+    out:write(string.format("WARNING: batch=%d is more than the %d training images; the loader makes batches of %d\n",
+      B, #train_ds, #train_ds))
+    B = #train_ds
+  end
   Trainer.check_last_batch(S, B, #train_ds)
   local max_inst = train_ds:stats().max_instances or 0
   local max_gt = cfg.max_gt
@@ -513,7 +523,7 @@ function Trainer:_fit(state, opts)
       seed = cfg.seed, shuffle = shuffle, ctx = ctx }))
   end
   local train_loader = make_loader(train_ds, B, true)
-  local val_batch = cfg.val_batch or 2 * B
+  local val_batch = math.max(1, math.min(cfg.val_batch or 2 * B_req, #val_ds))
   local val_loader = make_loader(val_ds, val_batch, false)
   local nb = train_loader:num_batches()
   local aug_schedule = data.schedule(cfg.augment or {}, E)
@@ -521,9 +531,9 @@ function Trainer:_fit(state, opts)
   -- optimisation -------------------------------------------------------------
   local S_ = lucid.optim.schedule
   local nbs = cfg.nbs or 64
-  local accumulate = S_.accumulate(nbs, B)
-  local weight_decay = S_.weight_decay(cfg.weight_decay, B, accumulate, nbs)
-  local iterations = math.ceil(#train_ds / math.max(B, nbs)) * E
+  local accumulate = S_.accumulate(nbs, B_req)
+  local weight_decay = S_.weight_decay(cfg.weight_decay, B_req, accumulate, nbs)
+  local iterations = math.ceil(#train_ds / math.max(B_req, nbs)) * E
   local opt, oinfo = lucid.optim.build{ model = model, name = Trainer.optimizer_name(cfg.optimizer), lr0 = cfg.lr0,
     momentum = cfg.momentum, decay = weight_decay, iterations = iterations, nc = nc }
   local warmup_bias_lr = oinfo.warmup_bias_lr or cfg.warmup_bias_lr
@@ -672,7 +682,7 @@ function Trainer:_fit(state, opts)
       local ni = i + nb * epoch
       -- warmup: accumulate, lr and momentum interpolated per iteration
       if ni <= nw then
-        accumulate = S_.warmup_accumulate(ni, nw, nbs, B)
+        accumulate = S_.warmup_accumulate(ni, nw, nbs, B_req)
         step.accumulate = accumulate
         opt:warmup(ni, nw, lf, { warmup_bias_lr = warmup_bias_lr, warmup_momentum = cfg.warmup_momentum,
           momentum = cfg.momentum })
