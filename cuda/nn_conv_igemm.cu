@@ -223,42 +223,6 @@ __global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *
     }
 }
 
-/* The warp fold's arithmetic with coalesced loads, for many elements: thread
- * i keeps the 32 lanes' sums of element i in registers (acc[l] adds splits
- * l, l+32, ... in order, as lane l does), then runs the xor tree's additions
- * that end in lane 0 (level o: acc[l] += acc[l+o] for l < o, which is lane
- * l's shuffle sum: float addition is commutative), so dw is bitwise the
- * warp fold's.  The warp fold reads split k of its element from a different
- * 32-byte sector per lane (stride n floats); here a warp reads 32
- * consecutive floats of one split, and each thread has up to 32 independent
- * loads in flight.  Used when n >= LUCID_IGEMM_FOLD_MIN_N elements (enough
- * threads to fill the SMs); fewer elements keep the warp fold. */
-#ifndef LUCID_IGEMM_FOLD_MIN_N
-#define LUCID_IGEMM_FOLD_MIN_N 8192
-#endif
-__global__ void igemm_reduce_splits_lanes(const float *__restrict__ part, float *dw, int n,
-                                          int splits, float beta) {
-    lucid_pdl_wait();
-    lucid_pdl_launch_dependents();
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float acc[32];
-#pragma unroll
-        for (int l = 0; l < 32; l++) acc[l] = 0.0f;
-        for (int k0 = 0; k0 < splits; k0 += 32) {
-            const float *p = part + (size_t)k0 * n + i;
-#pragma unroll
-            for (int l = 0; l < 32; l++)
-                if (k0 + l < splits) acc[l] += __ldg(p + (size_t)l * n);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-            for (int l = 0; l < o; l++) acc[l] += acc[l + o];
-        float s = acc[0];
-        dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
-    }
-}
-
 /* Split-K forward / backward-data: out[i] = round(sum over splits s = 0, 1,
  * ... of part[s][i] (+ bias[c] | beta*out[i])), c = (i / plane) % M: the
  * same operations, in the same order, as the unsplit epilogue after the
@@ -598,13 +562,6 @@ cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, cons
     cudaError_t e = launch_plan(dt, L, stream);
     if (e != cudaSuccess || L.P.direct) return e;
     int n = g->Cout * g->Cin * g->kh * g->kw;
-    if (L.splits > 16 && n >= LUCID_IGEMM_FOLD_MIN_N) {
-        unsigned blocks = tiles(n, 256); /* one thread per element */
-        if (blocks > 4096) blocks = 4096;
-        lucid_launch(igemm_reduce_splits_lanes, blocks, 256, 0, stream, (const float *)scratch,
-                     dw, n, L.splits, beta);
-        return cudaGetLastError();
-    }
     if (L.splits > 16) {
         unsigned blocks = tiles(n, 8); /* 8 warps of 256 threads, one per element */
         if (blocks > 4096) blocks = 4096;
