@@ -100,12 +100,14 @@ static void cuda_shutdown(lucid_ctx *ctx) {
     if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
     if (st->stream) cudaStreamSynchronize(st->stream);
     if (st->copy_stream) cudaStreamSynchronize(st->copy_stream);
+    if (st->lane_stream) cudaStreamSynchronize(st->lane_stream);
     /* nn plans and scratch (cuda/nn_table.cu) use cuDNN and the allocator */
     lucid_cuda_nn_state_destroy(ctx);
 #if defined(LUCID_HAVE_CUDNN)
     if (st->cudnn) cudnnDestroy(st->cudnn);
 #endif
     if (st->cublas) cublasDestroy(st->cublas);
+    lucid_cuda_lane_destroy(st);
     if (st->alloc) {
         if (st->cublas_ws) lucid_cuda_free(st->alloc, st->cublas_ws);
         lucid_cuda_allocator_destroy(st->alloc);
@@ -155,8 +157,14 @@ static lucid_status cuda_init_state(lucid_ctx *ctx, lucid_cuda_state *st,
     CUDA_CHECK(ctx, cudaDeviceGetAttribute(&st->sm_count,
                                            cudaDevAttrMultiProcessorCount,
                                            device_index));
-    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&st->stream,
-                                              cudaStreamNonBlocking));
+    /* the compute stream gets the device's greatest priority, so its blocks
+     * go first when the parameter-gradient lane (least priority, lane.cu)
+     * has blocks waiting too */
+    int least_prio = 0, greatest_prio = 0;
+    CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least_prio, &greatest_prio));
+    (void)least_prio;
+    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&st->stream, cudaStreamNonBlocking,
+                                                 greatest_prio));
     CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&st->copy_stream,
                                               cudaStreamNonBlocking));
     LUCID_TRY(lucid_cuda_allocator_create(ctx, device_index, st->stream,
@@ -202,6 +210,7 @@ static lucid_status cuda_init(lucid_ctx *ctx, int device_index) {
 
 static lucid_status cuda_synchronize(lucid_ctx *ctx) {
     CUDA_ENTER(ctx, st);
+    LUCID_TRY(lucid_cuda_lane_join(ctx));
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->copy_stream));
     return LUCID_OK;
@@ -300,6 +309,10 @@ static const lucid_backend cuda_backend = {
     lucid_cuda_event_record,
     lucid_cuda_event_synchronize,
     lucid_cuda_event_destroy,
+    /* parameter-gradient lane (lane.cu) */
+    lucid_cuda_lane_fork,
+    lucid_cuda_lane_return,
+    lucid_cuda_lane_join,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

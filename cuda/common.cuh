@@ -126,7 +126,27 @@ typedef struct lucid_cuda_state {
     cudnnHandle_t cudnn;        /* bound to `stream` */
 #endif
     lucid_cuda_allocator *alloc;
+    /* Parameter-gradient lane (lane.cu): created by its first fork outside
+     * a capture. While a fork is open (lane_open) the lane's stream, cuBLAS
+     * handle and nn scratch are swapped into the fields above, so every op
+     * queues on the lane unchanged; lane_return swaps them back. */
+    cudaStream_t lane_stream;
+    cublasHandle_t lane_cublas;
+    void *lane_cublas_ws;
+    cudaEvent_t lane_fork_ev, lane_join_ev;
+    void *lane_ns;              /* the nn state swapped by the open fork */
+    int lane_open;              /* a fork is open (fields swapped) */
+    int lane_pending;           /* lane work not yet joined */
+    int lane_off;               /* LUCID_GRAD_LANE=0, or creation failed */
 } lucid_cuda_state;
+
+/* lane.cu: the compute stream waits for the lane's queued work (no-op
+ * when none is pending); used by synchronize, capture_end, event_record. */
+extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx);
+extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int *forked);
+extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
+/* Frees the lane's resources (shutdown; the streams are idle). */
+void lucid_cuda_lane_destroy(lucid_cuda_state *st);
 
 /* The context's CUDA state after making its device current; NULL (with the
  * error set in ctx) when the device cannot be selected. */

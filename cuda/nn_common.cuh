@@ -98,6 +98,12 @@ typedef struct lucid_cuda_nn_state {
     size_t arena_bytes;
     std::vector<void *> retired;    /* older arenas, freed at destroy */
     unsigned int *counters;         /* BN fold counters [LUCID_CUDA_NN_COUNTERS] */
+    /* The parameter-gradient lane's own arena and counters (lane.cu swaps
+     * them with the three above while a lane fork is open, so work on the
+     * two streams never shares scratch). */
+    void *lane_arena;
+    size_t lane_arena_bytes;
+    unsigned int *lane_counters;
     std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
     int conv1x1;                    /* 1x1 route: 0 LUCID_CONV1X1, 1 igemm, 2 gemm

@@ -122,6 +122,18 @@ typedef struct lucid_backend {
     lucid_status (*event_record)(lucid_ctx *ctx, void **event);
     lucid_status (*event_synchronize)(lucid_ctx *ctx, void *event);
     void (*event_destroy)(lucid_ctx *ctx, void *event);
+
+    /* Parameter-gradient lane (cuda/lane.cu; NULL on the CPU). lane_fork
+     * queues a fork point on the compute stream and redirects the ops that
+     * follow, until lane_return, to a second stream of the device that waits
+     * on it (*forked = 1; 0 when the lane cannot be used now, e.g. its
+     * resources would have to be allocated during a capture: then the ops
+     * stay on the compute stream). lane_join makes the compute stream wait
+     * for everything queued on the lane (a no-op when nothing is pending).
+     * See lucid_ctx_set_grad_lane (lucid.h). */
+    lucid_status (*lane_fork)(lucid_ctx *ctx, int *forked);
+    void (*lane_return)(lucid_ctx *ctx);
+    lucid_status (*lane_join)(lucid_ctx *ctx);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */
@@ -144,6 +156,7 @@ struct lucid_ctx {
     const lucid_backend *accel;   /* backend of `device` (NULL for cpu) */
     void *backend_state;          /* owned by accel (streams, allocator, ...) */
     int cpu_threads;
+    int grad_lane;                /* lucid_ctx_set_grad_lane */
     uint64_t rng_seed, rng_offset;
     lucid_memory_stats cpu_stats; /* CPU storage accounting */
     lucid_status last_status;
@@ -160,6 +173,14 @@ struct lucid_storage {
     int external;        /* data not owned (wrapping caller memory) */
     uint64_t version;
 };
+
+/* Fork the parameter-gradient lane for the ops that follow when the grad
+ * lane is on (lucid_ctx_set_grad_lane) and tensors on dev run on the
+ * context's accelerator; *forked says whether it did. Every fork that
+ * returned *forked = 1 must be closed by lucid_ctx_lane_return before the
+ * caller returns (the lane then stays pending until the next join). */
+lucid_status lucid_ctx_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked);
+void lucid_ctx_lane_return(lucid_ctx *ctx);
 
 /* Wrap caller-owned memory as a storage (never freed by lucid). */
 lucid_status lucid_storage_wrap(lucid_ctx *ctx, lucid_device dev, void *data,

@@ -125,6 +125,26 @@ lucid_device lucid_ctx_device(const lucid_ctx *ctx);
 /* Block until all queued work of this context is done. */
 lucid_status lucid_ctx_synchronize(lucid_ctx *ctx);
 
+/* Parameter-gradient lane. While on, the weight and bias gradients of
+ * Conv2d module backwards (lucid_module_backward; engine/nn/module.c) are
+ * queued on a second stream of the context's device, forked from the
+ * compute stream where the module's grad_output is complete, so they overlap
+ * the input-gradient (critical-path) work that follows; the same kernels run
+ * in the same order per gradient buffer, so results are bitwise those of the
+ * lane off. Turning it off joins: the compute stream then waits for all lane
+ * work, so anything queued after sees complete gradients. Until that join,
+ * reading or writing a Conv2d parameter gradient is a data race: turn the
+ * lane on only around a model backward (lucid.Step does, lua/lucid/step.lua).
+ * ctx_synchronize, graph capture_end and event records join as well.
+ * A no-op on the CPU, and when LUCID_GRAD_LANE=0 is set in the environment
+ * (read once per process; for A/B measurements). Errors: the join's CUDA
+ * error (LUCID_ERR_DEVICE). Reference: the wgrad/dgrad stream split of
+ * cuDNN-based frameworks (e.g. MXNet's and PyTorch DDP's overlap of
+ * weight-gradient work with the backward's critical path). */
+lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on);
+/* 1 while the parameter-gradient lane is on. */
+int lucid_ctx_grad_lane(const lucid_ctx *ctx);
+
 /* Allocator statistics of the context's device memory, in bytes. For the CPU
  * device the numbers count tensor storage allocated through the context. */
 typedef struct lucid_memory_stats {

@@ -123,6 +123,26 @@ static int l_ctx_device(lua_State *L) {
     return 1;
 }
 
+/* ctx:grad_lane([on]) -> boolean: the parameter-gradient lane's state
+ * before the call; with a boolean argument, turns it on or off (off joins:
+ * the compute stream then waits for the lane's work). See
+ * lucid_ctx_set_grad_lane (engine/lucid.h): while it is on, Conv2d weight and
+ * bias gradients are written asynchronously on a second CUDA stream, so
+ * reading them before turning it off is a race. A no-op on the CPU.
+ * Errors: a non-boolean argument; the join's CUDA error. */
+static int l_ctx_grad_lane(lua_State *L) {
+    lucid_ctx *ctx = check_ctx(L, 1);
+    int was = lucid_ctx_grad_lane(ctx);
+    if (!lua_isnoneornil(L, 2)) {
+        lucid_lua_checktype(L, 2, LUA_TBOOLEAN);
+        lucid_lua_check_nargs(L, 2);
+        lucid_status s = lucid_ctx_set_grad_lane(ctx, lua_toboolean(L, 2));
+        if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
+    }
+    lua_pushboolean(L, was);
+    return 1;
+}
+
 /* ctx:synchronize() — waits for all queued work of the context. */
 static int l_ctx_synchronize(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);
@@ -246,6 +266,7 @@ static int l_manual_seed(lua_State *L) {
 static const luaL_Reg ctx_methods[] = {
     {"device", l_ctx_device},
     {"synchronize", l_ctx_synchronize},
+    {"grad_lane", l_ctx_grad_lane},
     {"memory_stats", l_ctx_memory_stats},
     {"empty_cache", l_ctx_empty_cache},
     {"manual_seed", l_ctx_manual_seed},

@@ -69,6 +69,24 @@ describe("lucid contexts", function()
     c:free()
   end)
 
+  it("grad_lane: reports and sets the parameter-gradient lane; checks its argument", function()
+    local c = lucid.Context({device = "cpu"})
+    assert.is_false(c:grad_lane())
+    assert.is_false(c:grad_lane(true)) -- the state before the call
+    assert.is_true(c:grad_lane())
+    assert.is_true(c:grad_lane(false))
+    assert.is_false(c:grad_lane())
+    assert.has_error(function() c:grad_lane(1) end,
+      "lucid.Context:grad_lane: bad argument #1: expected a boolean, got number")
+    assert.has_error(function() c:grad_lane(true, 2) end)
+    -- lane_backward joins (turns it off) also when the backward raises
+    local step = require("lucid.step")
+    local model = {backward = function() error("boom", 0) end}
+    assert.has_error(function() step.lane_backward(c, model, nil, {}) end, "boom")
+    assert.is_false(c:grad_lane())
+    c:free()
+  end)
+
   it("rejects unknown options and devices", function()
     assert.has_error(function() lucid.Context({devcie = "cpu"}) end,
       "lucid.Context: bad argument #1: unknown option 'devcie' (expected device, seed, threads)")

@@ -21,6 +21,7 @@ local lucid = require "lucid"
 local H = require "step_harness"
 local RS = require "lucid.recorded_step"
 local data = require "lucid.data"
+local step_mod = require "lucid.step"
 
 local gpu = lucid.cuda_available and lucid.cuda_available() or (lucid.Context{ device = "auto" }:device():sub(1, 4) == "cuda")
 local describe_gpu = gpu and describe or pending
@@ -91,6 +92,41 @@ describe_gpu("recorded step on CUDA #gpu", function()
       s.contract_checks))
     H.same(e, r, "bf16")
     release(e, r)
+  end)
+
+  it("the parameter-gradient lane gives the gradients of the lane off, bitwise (two accumulated backwards)", function()
+    local ctx = ctx_()
+    local init = init_()
+    local model = H.reset(shared.models[1], init)
+    local dt = "bf16"
+    local x = lucid.rand({ B, 3, S, S }, { ctx = ctx, dtype = dt })
+    local out = model:forward(x)
+    local g = {}
+    for _, k in ipairs({ "boxes", "scores", "kpts" }) do
+      g[k] = lucid.rand(out[k]:shape(), { ctx = ctx, dtype = dt }) - 0.5
+    end
+    local function two(lane)
+      model:zero_grad()
+      for _ = 1, 2 do
+        model:forward(x)
+        if lane then
+          step_mod.lane_backward(ctx, model, x, g)
+        else
+          assert.is_false(ctx:grad_lane())
+          model:backward(x, g)
+        end
+      end
+      return model.params:flat_grads():clone()
+    end
+    local off = two(false)
+    local on = two(true)
+    assert.is_false(ctx:grad_lane()) -- lane_backward turned it off (joined)
+    assert.is_nil(H.differs(off, on))
+    assert.is_true(off:abs():sum():item() > 0)
+    -- a raising backward leaves the lane off
+    assert.has_error(function() step_mod.lane_backward(ctx, model, x, { boxes = g.boxes }) end)
+    assert.is_false(ctx:grad_lane())
+    H.reset(model, init)
   end)
 
   it("gradient accumulation over several recorded backward passes equals eager", function()

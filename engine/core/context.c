@@ -116,6 +116,26 @@ lucid_status lucid_ctx_synchronize(lucid_ctx *ctx) {
     return LUCID_OK;
 }
 
+lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on) {
+    ctx->grad_lane = on ? 1 : 0;
+    if (!on && ctx->accel && ctx->accel->lane_join) return ctx->accel->lane_join(ctx);
+    return LUCID_OK;
+}
+
+int lucid_ctx_grad_lane(const lucid_ctx *ctx) { return ctx->grad_lane; }
+
+lucid_status lucid_ctx_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked) {
+    *forked = 0;
+    if (!ctx->grad_lane || !ctx->accel || !ctx->accel->lane_fork ||
+        dev.type != ctx->device.type || dev.index != ctx->device.index)
+        return LUCID_OK;
+    return ctx->accel->lane_fork(ctx, forked);
+}
+
+void lucid_ctx_lane_return(lucid_ctx *ctx) {
+    if (ctx->accel && ctx->accel->lane_return) ctx->accel->lane_return(ctx);
+}
+
 const lucid_backend *lucid_backend_for(lucid_ctx *ctx, lucid_device dev) {
     if (dev.type == LUCID_CPU) return lucid_cpu_backend();
     if (ctx->accel && ctx->device.type == dev.type &&

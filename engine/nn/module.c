@@ -300,15 +300,23 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
         return lucid_seterr(ctx, LUCID_ERR_ARG, "Conv2d '%s': grad_output is NULL",
                             m->name);
     lucid_param *w = m->params[0], *b = c->bias ? m->params[1] : NULL;
+    /* The parameter gradients first: with the grad lane on
+     * (lucid_ctx_set_grad_lane) they fork off where dy is complete and
+     * overlap the input gradient queued after them. */
+    lucid_tensor *dw = w->trainable ? w->grad : NULL;
+    lucid_tensor *db = (b && b->trainable) ? b->grad : NULL;
+    if (dw || db) {
+        int lane = 0;
+        LUCID_TRY(lucid_ctx_lane_fork(ctx, lucid_tensor_device(x), &lane));
+        lucid_status s = lucid_nn_conv2d_backward_params(ctx, x, dy, dw, db, &c->cp, 1.0);
+        if (lane) lucid_ctx_lane_return(ctx);
+        LUCID_TRY(s);
+    }
     if (m->need_grad_input) {
         LUCID_TRY(ensure_like(ctx, &m->grad_inputs[0], x));
         LUCID_TRY(lucid_nn_conv2d_backward_input(ctx, x, dy, m->grad_inputs[0],
                                                  w->data, &c->cp, 0.0));
     }
-    lucid_tensor *dw = w->trainable ? w->grad : NULL;
-    lucid_tensor *db = (b && b->trainable) ? b->grad : NULL;
-    if (dw || db)
-        LUCID_TRY(lucid_nn_conv2d_backward_params(ctx, x, dy, dw, db, &c->cp, 1.0));
     return LUCID_OK;
 }
 

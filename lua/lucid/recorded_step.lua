@@ -333,7 +333,7 @@ function RS:_fb(b)
     gs = b.scale
   end
   local gb, gc, gk = b.crit:backward(gs)
-  model:backward(b.x, { boxes = gb, scores = gc, kpts = gk })
+  step_mod.lane_backward(self.ctx, model, b.x, { boxes = gb, scores = gc, kpts = gk })
   e.running:add_(items)
   b.items = items
 end

@@ -26,6 +26,20 @@ local Step = {}
 Step.__index = Step
 local M = {}
 
+--- M.lane_backward(ctx, model, x, grads): model:backward(x, grads) with the
+-- parameter-gradient lane of ctx on (ctx:grad_lane, lucid_ctx_set_grad_lane
+-- in engine/lucid.h): on a CUDA device the Conv2d weight and bias gradients
+-- run on a second stream and overlap the input-gradient chain; the lane is
+-- joined (turned off) before this returns, also when the backward raises
+-- (the error is raised again). Bitwise the same gradients as without it.
+function M.lane_backward(ctx, model, x, grads)
+  ctx:grad_lane(true)
+  local ok, err = pcall(model.backward, model, x, grads)
+  ctx:grad_lane(false)
+  if not ok then error(err, 0) end
+end
+local lane_backward = M.lane_backward
+
 --- Build a step (see the file comment for the fields of o).
 function M.new(o)
   local self = setmetatable({}, Step)
@@ -115,7 +129,7 @@ function Step:run(batch, do_opt)
     gs = b.scale
   end
   local gb, gc, gk = b.crit:backward(gs)
-  model:backward(b.x, { boxes = gb, scores = gc, kpts = gk })
+  lane_backward(self.ctx, model, b.x, { boxes = gb, scores = gc, kpts = gk })
   self.running:add_(items)
   self.nrun = self.nrun + 1
   if self.recorded_losses then self.recorded_losses[#self.recorded_losses + 1] = items:clone() end
