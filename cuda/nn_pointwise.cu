@@ -10,10 +10,10 @@
  *   add:      y = a + b (y may alias a or b: elementwise, same index)
  *   channel_copy: dst[:, d0:d0+n] = beta*dst[...] + src[:, s0:s0+n]; the
  *             dtypes of dst and src may differ (converted through f32);
- *             same dtype with beta 0 is one cudaMemcpy2DAsync (bits moved)
- *             unless LUCID_CHAN_COPY=kernel, which sends it to the kernel
- *             below (bits moved too; for A/B timing: a copy node is not a
- *             PDL launch).
+ *             same dtype with beta 0 moves bits with the vector kernel
+ *             below, or with one cudaMemcpy2DAsync under
+ *             LUCID_CHAN_COPY=memcpy (for A/B timing: a copy node is not a
+ *             PDL launch, and was slower in the recorded step).
  *   upsample: y[i,j] = x[i/s, j/s]; dx[h,w] = sum of the s x s block of dy
  *             (a gather: one thread per dx element, or per half vector of
  *             dx, fixed order: acc = 0, += dy[a][b] row-major, then
@@ -301,12 +301,14 @@ static __global__ void chan_copy_vec(T *dst, const T *src, IndexT N, IndexT len,
     }
 }
 
-/* LUCID_CHAN_COPY=kernel: same-dtype beta-0 copies take chan_copy_vec (when
- * aligned) instead of cudaMemcpy2DAsync. Read at each call (a getenv is
- * cheap next to a launch; tests switch it between calls). */
+/* Same-dtype beta-0 copies take chan_copy_vec (when aligned) unless
+ * LUCID_CHAN_COPY=memcpy sends them to cudaMemcpy2DAsync (the default until
+ * session 6: two H200 A/B pairs, recorded step 6.700 vs 6.779 ms and
+ * 5.650 vs 5.756 ms, favoured the kernel; docs/PERF.md). Read at each call
+ * (a getenv is cheap next to a launch; tests switch it between calls). */
 static bool chan_copy_kernel_env(void) {
     const char *e = getenv("LUCID_CHAN_COPY");
-    return e && strcmp(e, "kernel") == 0;
+    return !(e && strcmp(e, "memcpy") == 0);
 }
 
 /* grid: x along a row (`per_thread` elements per item), y over rows */

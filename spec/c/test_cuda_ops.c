@@ -931,8 +931,8 @@ done:
 
 /* channel_copy dst[:, d0:d0+nch] = beta*dst + src[:, s0:s0+nch] with
  * dst [N,Cd,h,w] (placed skip elements into its storage), src [N,Cs,h,w];
- * kernel: LUCID_CHAN_COPY=kernel during the call (beta 0, one dtype: the
- * vector kernel instead of cudaMemcpy2DAsync when aligned). One dtype:
+ * kernel: LUCID_CHAN_COPY=kernel during the call, else =memcpy (beta 0, one
+ * dtype: the vector kernel when aligned, or cudaMemcpy2DAsync). One dtype:
  * bitwise; mixed: 1 ulp (bf16/f16) or 1e-6 relative (f32), as the CPU
  * converts through f64. */
 static void test_chan_copy_vec(lucid_ctx *ctx, lucid_dtype ddt, lucid_dtype sdt,
@@ -945,15 +945,15 @@ static void test_chan_copy_vec(lucid_ctx *ctx, lucid_dtype ddt, lucid_dtype sdt,
              "[%lld,+%lld) <- [%lld,..) beta %g skip %lld%s",
              lucid_dtype_name(ddt), lucid_dtype_name(sdt), (long long)N, (long long)Cd,
              (long long)Cs, (long long)h, (long long)w, (long long)d0, (long long)nch,
-             (long long)s0, beta, (long long)skip, kernel ? " LUCID_CHAN_COPY=kernel" : "");
+             (long long)s0, beta, (long long)skip, kernel ? " LUCID_CHAN_COPY=kernel" : " LUCID_CHAN_COPY=memcpy");
     int64_t ds[4] = {N, Cd, h, w}, ss[4] = {N, Cs, h, w};
     lucid_tensor *dh = NULL, *dg = NULL, *sh = NULL, *sg = NULL, *gh = NULL;
     if (!rand_pair(ctx, ddt, 4, ds, skip, D_SIGNED, &dh, &dg) ||
         !rand_pair(ctx, sdt, 4, ss, 0, D_SIGNED, &sh, &sg)) { FAILST(name); goto done; }
-    if (kernel) setenv("LUCID_CHAN_COPY", "kernel", 1);
+    setenv("LUCID_CHAN_COPY", kernel ? "kernel" : "memcpy", 1);
     lucid_status s1 = lucid_nn_channel_copy(ctx, dh, d0, sh, s0, nch, beta);
     lucid_status s2 = lucid_nn_channel_copy(ctx, dg, d0, sg, s0, nch, beta);
-    if (kernel) unsetenv("LUCID_CHAN_COPY");
+    unsetenv("LUCID_CHAN_COPY");
     if (s1 != LUCID_OK || s2 != LUCID_OK) { FAILST(name); goto done; }
     if (ddt == sdt) {
         compare_bits(name, dh, ctx, dg);
