@@ -100,7 +100,8 @@ static void cuda_shutdown(lucid_ctx *ctx) {
     if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
     if (st->stream) cudaStreamSynchronize(st->stream);
     if (st->copy_stream) cudaStreamSynchronize(st->copy_stream);
-    if (st->lane_stream) cudaStreamSynchronize(st->lane_stream);
+    for (int k = 0; k < LUCID_CUDA_LANES; k++)
+        if (st->lanes[k].stream) cudaStreamSynchronize(st->lanes[k].stream);
     /* nn plans and scratch (cuda/nn_table.cu) use cuDNN and the allocator */
     lucid_cuda_nn_state_destroy(ctx);
 #if defined(LUCID_HAVE_CUDNN)
@@ -210,7 +211,7 @@ static lucid_status cuda_init(lucid_ctx *ctx, int device_index) {
 
 static lucid_status cuda_synchronize(lucid_ctx *ctx) {
     CUDA_ENTER(ctx, st);
-    LUCID_TRY(lucid_cuda_lane_join(ctx));
+    LUCID_TRY(lucid_cuda_lane_join(ctx, -1));
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->copy_stream));
     return LUCID_OK;

@@ -114,6 +114,22 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 
 /* ------------------------------------------------------------ state */
 
+/* Side streams of a context (lane.cu). */
+#define LUCID_CUDA_BRANCHES 3
+#define LUCID_CUDA_LANES (1 + LUCID_CUDA_BRANCHES)
+typedef struct lucid_cuda_lane {
+    cudaStream_t stream;        /* NULL until the lane's first fork */
+    cublasHandle_t cublas;      /* bound to stream, the compute handle's settings */
+    void *cublas_ws;            /* its workspace (allocator, lane's stream) */
+    cudaEvent_t fork_ev, join_ev;
+    void *arena;                /* nn scratch of the lane (swapped with the */
+    size_t arena_bytes;         /* nn state's arena, arena_bytes and      */
+    unsigned int *counters;     /* counters while the lane is open)        */
+    int open;                   /* a fork of this lane is open */
+    int pending;                /* work queued since the last join */
+    int off;                    /* disabled (environment) or creation failed */
+} lucid_cuda_lane;
+
 typedef struct lucid_cuda_state {
     int device;                 /* CUDA ordinal */
     int sm_count;               /* multiprocessors (launch sizing only) */
@@ -126,26 +142,25 @@ typedef struct lucid_cuda_state {
     cudnnHandle_t cudnn;        /* bound to `stream` */
 #endif
     lucid_cuda_allocator *alloc;
-    /* Parameter-gradient lane (lane.cu): created by its first fork outside
-     * a capture. While a fork is open (lane_open) the lane's stream, cuBLAS
-     * handle and nn scratch are swapped into the fields above, so every op
-     * queues on the lane unchanged; lane_return swaps them back. */
-    cudaStream_t lane_stream;
-    cublasHandle_t lane_cublas;
-    void *lane_cublas_ws;
-    cudaEvent_t lane_fork_ev, lane_join_ev;
-    void *lane_ns;              /* the nn state swapped by the open fork */
-    int lane_open;              /* a fork is open (fields swapped) */
-    int lane_pending;           /* lane work not yet joined */
-    int lane_off;               /* LUCID_GRAD_LANE=0, or creation failed */
+    /* Lanes (lane.cu): side streams that ops are redirected to between a
+     * fork and its return, by swapping a lane's stream, cuBLAS handle and nn
+     * scratch into the fields above (a stack: forks nest, returns undo them
+     * in reverse order). Lane 0 carries parameter gradients, lanes
+     * 1..LUCID_CUDA_BRANCHES independent branches of a network. */
+    lucid_cuda_lane lanes[LUCID_CUDA_LANES];
+    int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
+    int lane_depth;
+    void *lane_ns;              /* the nn state the open forks swapped */
 } lucid_cuda_state;
 
-/* lane.cu: the compute stream waits for the lane's queued work (no-op
- * when none is pending); used by synchronize, capture_end, event_record. */
-extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx);
-extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int *forked);
+/* lane.cu (the backend slots lane_fork / lane_return / lane_join,
+ * engine/internal.h). lucid_cuda_lane_join(ctx, -1) joins every lane with
+ * pending work (synchronize, capture_end and event_record call it). */
+extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *forked);
 extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
-/* Frees the lane's resources (shutdown; the streams are idle). */
+extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane);
+/* Frees the lanes' resources (shutdown, after the nn state: the streams are
+ * idle). */
 void lucid_cuda_lane_destroy(lucid_cuda_state *st);
 
 /* The context's CUDA state after making its device current; NULL (with the

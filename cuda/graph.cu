@@ -21,9 +21,9 @@
  *     capture mode and the allocator is unlocked, also when ending fails, so
  *     a failed capture never leaves the stream capturing.
  *   - One capture per context at a time (a second begin is LUCID_ERR_STATE).
- *   - capture_end and event_record first join the parameter-gradient lane
- *     (lane.cu): a capture cannot end with a forked stream unjoined, and an
- *     event on the compute stream then covers the lane's work too.
+ *   - capture_end and event_record first join every lane (lane.cu): a
+ *     capture cannot end with a forked stream unjoined, and an event on the
+ *     compute stream then covers the lanes' work too.
  *
  * Every CUDA call is checked; errors are returned with the message in the
  * context, never an abort.
@@ -68,7 +68,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
                             st->device);
     }
     /* a capture ends only with every forked stream joined (lane.cu) */
-    lucid_status js = lucid_cuda_lane_join(ctx);
+    lucid_status js = lucid_cuda_lane_join(ctx, -1);
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(st->stream, &graph);
     lucid_cuda_allocator_set_capture(st->alloc, 0);
@@ -136,7 +136,7 @@ extern "C" int lucid_cuda_graph_capturing(lucid_ctx *ctx) {
 
 extern "C" lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event) {
     CUDA_ENTER(ctx, st);
-    LUCID_TRY(lucid_cuda_lane_join(ctx)); /* the event covers lane work too */
+    LUCID_TRY(lucid_cuda_lane_join(ctx, -1)); /* the event covers lane work too */
     if (!*event) {
         cudaEvent_t ev = NULL;
         CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));

@@ -3,7 +3,7 @@
  *
  * Contract
  *   - The slots of lucid_nn_kernels (engine/nn/nn.h) are implemented in
- *     nn_conv.cu (Conv2d), nn_norm.cu (BatchNorm2d, the fused BatchNorm2d +
+ *     nn_conv.cu (Conv2d), nn_norm_{fwd,bwd}.cu (BatchNorm2d, the fused BatchNorm2d +
  *     SiLU, and the per-channel sum used by the conv bias gradient),
  *     nn_pointwise.cu (SiLU, Add, channel_copy,
  *     nearest Upsample, MaxPool2d) and nn_softmax.cu (softmax, DFL); the
@@ -31,7 +31,7 @@
  *     alive (retired list) until the context shuts down, because a recorded
  *     CUDA graph may still point at it.
  *   - counters: the arrival counters of the BatchNorm "last block folds"
- *     reductions (nn_norm.cu), one unsigned int per channel for up to
+ *     reductions (nn_norm_{fwd,bwd}.cu), one unsigned int per channel for up to
  *     LUCID_CUDA_NN_COUNTERS channels, zero between launches: every launch
  *     that uses them counts each channel up to its number of parts and the
  *     last-arriving block sets it back to 0 before the launch completes.
@@ -98,12 +98,9 @@ typedef struct lucid_cuda_nn_state {
     size_t arena_bytes;
     std::vector<void *> retired;    /* older arenas, freed at destroy */
     unsigned int *counters;         /* BN fold counters [LUCID_CUDA_NN_COUNTERS] */
-    /* The parameter-gradient lane's own arena and counters (lane.cu swaps
-     * them with the three above while a lane fork is open, so work on the
-     * two streams never shares scratch). */
-    void *lane_arena;
-    size_t lane_arena_bytes;
-    unsigned int *lane_counters;
+    /* (while a lane fork is open, lane.cu has swapped the lane's own
+     * arena and counters into the three fields above, so work on two
+     * streams never shares scratch; arenas a lane outgrows go to retired) */
     std::vector<lucid_cuda_conv_plan *> plans; /* conv plan cache */
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
     int conv1x1;                    /* 1x1 route: 0 LUCID_CONV1X1, 1 igemm, 2 gemm
@@ -175,7 +172,7 @@ void *lucid_cuda_nn_stream(lucid_ctx *ctx);
  * profiling is off.  Never creates state; safe on any context. */
 int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
 /* BatchNorm kernels (forward and backward, plain and fused with SiLU;
- * nn_norm.cu) queued by the calling thread so far, any context, eager or
+ * nn_norm_{fwd,bwd}.cu) queued by the calling thread so far, any context, eager or
  * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS). */
 unsigned long lucid_cuda_bn_launch_count(void);
 }
@@ -204,7 +201,7 @@ lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *,
                                                lucid_tensor *, lucid_tensor *,
                                                const lucid_conv2d_params *,
                                                double);
-/* nn_norm.cu */
+/* nn_norm_{fwd,bwd}.cu */
 lucid_status lucid_cuda_batchnorm2d_silu_forward(
     lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,
     const lucid_tensor *, lucid_tensor *, lucid_tensor *, lucid_tensor *,
@@ -262,7 +259,7 @@ lucid_status lucid_cuda_dfl_backward(lucid_ctx *, const lucid_tensor *,
                                      double);
 }
 
-/* ------------------------------------------------- shared helpers (nn_norm.cu)
+/* ------------------------------------------------- shared helpers (nn_norm_{fwd,bwd}.cu)
  * Per-channel sum over (N, S) of a [N, C, S] activation, finalised into an
  * f32 [C] tensor with beta semantics: out = beta*out + sum(dy).  Used for
  * the conv bias gradient.  dy: f32/bf16/f16 device buffer. */
@@ -315,7 +312,7 @@ static inline int64_t nn_inner(const lucid_tensor *t, int from) {
 }
 
 /* sigmoid in f32 (the SiLU of nn_pointwise.cu and of the fused
- * BatchNorm2d+SiLU of nn_norm.cu: one formula, so both give the same bits). */
+ * BatchNorm2d+SiLU of nn_norm_{fwd,bwd}.cu: one formula, so both give the same bits). */
 static __device__ __forceinline__ float nn_sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
 }

@@ -23,7 +23,7 @@
  * cuDNN in the activation dtype (beta 0, arena) and is added to the f32 dw
  * by a kernel (dw = beta*dw + float(tmp)).  Bias: forward adds b in f32 after
  * the convolution (one kernel); db is the deterministic per-channel sum of
- * nn_norm.cu.
+ * nn_norm_{fwd,bwd}.cu.
  *
  * Plans: one lucid_cuda_conv_plan per key (N,Cin,H,W,Cout,kh,kw, stride,
  * pad, dilation, groups, dtype), cached in the context's nn state and found

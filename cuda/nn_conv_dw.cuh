@@ -15,7 +15,7 @@
  *   forward          y  = conv(x, w) (+ b)                (y is overwritten)
  *   backward-data    dx = beta*dx + conv_transpose(dy, w)  (beta 0: dx not read)
  *   backward-filter  dw = beta*dw + sum_{n,i,j} dy * x     (beta 0: dw not read)
- *   The bias gradient is not computed here (nn_norm.cu's channel sum).
+ *   The bias gradient is not computed here (nn_norm_bwd.cu's channel sum).
  *
  * Routes: a tiled shared-memory kernel when kh == kw == K in {3, 5},
  * stride 1, dilation 1, pad (K-1)/2 (same-size output) and the tensors have

@@ -65,8 +65,6 @@ void nn_state_free(lucid_cuda_nn_state *ns, bool release_memory) {
         if (ns->arena) lucid_cuda_free(ns->cst->alloc, ns->arena);
         for (void *p : ns->retired) lucid_cuda_free(ns->cst->alloc, p);
         if (ns->counters) lucid_cuda_free(ns->cst->alloc, ns->counters);
-        if (ns->lane_arena) lucid_cuda_free(ns->cst->alloc, ns->lane_arena);
-        if (ns->lane_counters) lucid_cuda_free(ns->cst->alloc, ns->lane_counters);
     }
     delete ns;
 }
@@ -89,8 +87,6 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
         ns->arena = NULL;
         ns->retired.clear();
         ns->counters = NULL;
-        ns->lane_arena = NULL;
-        ns->lane_counters = NULL;
         nn_state_free(ns, false);
         g_nn_states->erase(g_nn_states->begin() + (long)i);
         break;
@@ -106,9 +102,6 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->arena = NULL;
     ns->arena_bytes = 0;
     ns->counters = NULL;
-    ns->lane_arena = NULL;
-    ns->lane_arena_bytes = 0;
-    ns->lane_counters = NULL;
     ns->conv_mode = 0;
     ns->conv1x1 = 0;
     ns->profile = nn_profile_env();
@@ -143,8 +136,9 @@ extern "C" void lucid_cuda_nn_state_destroy(lucid_ctx *ctx) {
         /* queued work may still use the arena */
         if (cudaStreamSynchronize(st->stream) != cudaSuccess)
             (void)cudaGetLastError();
-        if (st->lane_stream && cudaStreamSynchronize(st->lane_stream) != cudaSuccess)
-            (void)cudaGetLastError();
+        for (int k = 0; k < LUCID_CUDA_LANES; k++)
+            if (st->lanes[k].stream && cudaStreamSynchronize(st->lanes[k].stream) != cudaSuccess)
+                (void)cudaGetLastError();
     }
     nn_state_free(found, live);
 }

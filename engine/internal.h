@@ -123,17 +123,19 @@ typedef struct lucid_backend {
     lucid_status (*event_synchronize)(lucid_ctx *ctx, void *event);
     void (*event_destroy)(lucid_ctx *ctx, void *event);
 
-    /* Parameter-gradient lane (cuda/lane.cu; NULL on the CPU). lane_fork
-     * queues a fork point on the compute stream and redirects the ops that
-     * follow, until lane_return, to a second stream of the device that waits
-     * on it (*forked = 1; 0 when the lane cannot be used now, e.g. its
-     * resources would have to be allocated during a capture: then the ops
-     * stay on the compute stream). lane_join makes the compute stream wait
-     * for everything queued on the lane (a no-op when nothing is pending).
-     * See lucid_ctx_set_grad_lane (lucid.h). */
-    lucid_status (*lane_fork)(lucid_ctx *ctx, int *forked);
+    /* Lanes (cuda/lane.cu; NULL on the CPU): side streams of the device.
+     * lane_fork(lane) queues a fork point on the current stream and
+     * redirects the ops that follow, until lane_return, to the lane's stream
+     * (*forked = 1; 0 when the lane cannot be used now: switched off, already
+     * open, or its resources would have to be created during a capture; the
+     * ops then stay on the current stream). Forks nest; lane_return closes
+     * the innermost. lane_join(lane) makes the current stream wait for the
+     * lane's queued work (lane -1: every lane; a no-op without pending work).
+     * Lane 0 is the parameter-gradient lane (lucid_ctx_set_grad_lane), lanes
+     * 1..3 the branch lanes (lucid_ctx_branch_fork), both in lucid.h. */
+    lucid_status (*lane_fork)(lucid_ctx *ctx, int lane, int *forked);
     void (*lane_return)(lucid_ctx *ctx);
-    lucid_status (*lane_join)(lucid_ctx *ctx);
+    lucid_status (*lane_join)(lucid_ctx *ctx, int lane);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */
@@ -174,13 +176,12 @@ struct lucid_storage {
     uint64_t version;
 };
 
-/* Fork the parameter-gradient lane for the ops that follow when the grad
- * lane is on (lucid_ctx_set_grad_lane) and tensors on dev run on the
- * context's accelerator; *forked says whether it did. Every fork that
- * returned *forked = 1 must be closed by lucid_ctx_lane_return before the
+/* Fork the parameter-gradient lane (lane 0) for the ops that follow when
+ * the grad lane is on (lucid_ctx_set_grad_lane) and tensors on dev run on
+ * the context's accelerator; *forked says whether it did. Every fork that
+ * returned *forked = 1 must be closed by lucid_ctx_branch_return before the
  * caller returns (the lane then stays pending until the next join). */
-lucid_status lucid_ctx_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked);
-void lucid_ctx_lane_return(lucid_ctx *ctx);
+lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked);
 
 /* Wrap caller-owned memory as a storage (never freed by lucid). */
 lucid_status lucid_storage_wrap(lucid_ctx *ctx, lucid_device dev, void *data,

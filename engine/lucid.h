@@ -145,6 +145,31 @@ lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on);
 /* 1 while the parameter-gradient lane is on. */
 int lucid_ctx_grad_lane(const lucid_ctx *ctx);
 
+/* Branch lanes: run independent branches of a network concurrently.
+ *   lucid_ctx_branch_fork(ctx, b, &forked): the ops queued from now until
+ *     lucid_ctx_branch_return go to branch lane b (1..LUCID_BRANCHES), a
+ *     stream of the context's device that first waits for everything queued
+ *     before the fork; forked = 0 (and the ops stay where they were) on the
+ *     CPU, with LUCID_BRANCH_LANES=0, when lane b is already open, or when
+ *     its resources would have to be created inside a graph capture.
+ *   lucid_ctx_branch_return(ctx): closes the innermost open fork (call it
+ *     exactly once per fork that returned forked = 1, also on errors).
+ *   lucid_ctx_branch_join(ctx, b): the current stream waits for lane b's
+ *     work (b = -1: every branch lane). Until then, reading what a branch
+ *     wrote, or writing what it reads, is a data race.
+ * Each lane has its own scratch (nn arena, BatchNorm fold counters, cuBLAS
+ * handle and workspace), so the same kernels run with the same results as
+ * on one stream: bitwise equal to running the branches in sequence. Under
+ * graph capture the forks and joins become graph edges. The parameter-
+ * gradient lane nests inside branches. Errors: ERR_ARG for a branch out of
+ * range, ERR_STATE for joining an open lane, ERR_DEVICE for a CUDA error.
+ * Used by the pose head's box / class / keypoint branches
+ * (lua/lucid/nn/head.lua). */
+#define LUCID_BRANCHES 3
+lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked);
+void lucid_ctx_branch_return(lucid_ctx *ctx);
+lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch);
+
 /* Allocator statistics of the context's device memory, in bytes. For the CPU
  * device the numbers count tensor storage allocated through the context. */
 typedef struct lucid_memory_stats {

@@ -143,6 +143,46 @@ static int l_ctx_grad_lane(lua_State *L) {
     return 1;
 }
 
+/* ctx:branch_fork(b) -> boolean: the ops that follow, until
+ * ctx:branch_return(), queue on branch lane b (an integer 1..3) of the
+ * context's device; false when they stay where they were (CPU context,
+ * LUCID_BRANCH_LANES=0, lane b already open, or first use inside a graph
+ * capture). ctx:branch_join([b]) makes the current stream wait for lane b
+ * (all branch lanes without b). See lucid_ctx_branch_fork (engine/lucid.h)
+ * and lucid.nn.lanes (lua/lucid/nn/lanes.lua), which pairs them safely.
+ * Errors: b out of range; joining an open lane; CUDA errors. */
+static int l_ctx_branch_fork(lua_State *L) {
+    lucid_ctx *ctx = check_ctx(L, 1);
+    lua_Integer b = lucid_lua_checkinteger(L, 2);
+    lucid_lua_check_nargs(L, 2);
+    lucid_lua_argcheck(L, b >= 1 && b <= LUCID_BRANCHES, 2, "expected a branch 1..3");
+    int forked = 0;
+    lucid_status s = lucid_ctx_branch_fork(ctx, (int)b, &forked);
+    if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
+    lua_pushboolean(L, forked);
+    return 1;
+}
+
+/* ctx:branch_return(): closes the innermost fork that returned true. */
+static int l_ctx_branch_return(lua_State *L) {
+    lucid_ctx *ctx = check_ctx(L, 1);
+    lucid_lua_check_nargs(L, 1);
+    lucid_ctx_branch_return(ctx);
+    return 0;
+}
+
+/* ctx:branch_join([b]) (see ctx:branch_fork). */
+static int l_ctx_branch_join(lua_State *L) {
+    lucid_ctx *ctx = check_ctx(L, 1);
+    lua_Integer b = lucid_lua_optinteger(L, 2, -1);
+    lucid_lua_check_nargs(L, 2);
+    lucid_lua_argcheck(L, b == -1 || (b >= 1 && b <= LUCID_BRANCHES), 2,
+                       "expected a branch 1..3");
+    lucid_status s = lucid_ctx_branch_join(ctx, (int)b);
+    if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
+    return 0;
+}
+
 /* ctx:synchronize() — waits for all queued work of the context. */
 static int l_ctx_synchronize(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);
@@ -267,6 +307,9 @@ static const luaL_Reg ctx_methods[] = {
     {"device", l_ctx_device},
     {"synchronize", l_ctx_synchronize},
     {"grad_lane", l_ctx_grad_lane},
+    {"branch_fork", l_ctx_branch_fork},
+    {"branch_return", l_ctx_branch_return},
+    {"branch_join", l_ctx_branch_join},
     {"memory_stats", l_ctx_memory_stats},
     {"empty_cache", l_ctx_empty_cache},
     {"manual_seed", l_ctx_manual_seed},

@@ -87,6 +87,28 @@ describe("lucid contexts", function()
     c:free()
   end)
 
+  it("branch lanes: a no-op on the CPU; lucid.nn.lanes runs the branches in order and re-raises", function()
+    local c = lucid.Context({device = "cpu"})
+    assert.is_false(c:branch_fork(1))
+    c:branch_return() -- nothing open: a no-op
+    c:branch_join()
+    c:branch_join(3)
+    assert.has_error(function() c:branch_fork(0) end,
+      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3")
+    assert.has_error(function() c:branch_fork(4) end)
+    assert.has_error(function() c:branch_join(7) end)
+    local lanes = require("lucid.nn.lanes")
+    local t = lucid.zeros({2}, {ctx = c})
+    assert.is_nil(lanes.ctx_for(c, t)) -- CPU tensors: plain calls
+    assert.is_nil(lanes.ctx_for(nil, t))
+    local seen = {}
+    lanes.run(c, 3, function(b) seen[#seen + 1] = b end)
+    lanes.run(nil, 2, function(b) seen[#seen + 1] = b end)
+    assert.are.same({1, 2, 3, 1, 2}, seen)
+    assert.has_error(function() lanes.run(c, 3, function(b) if b == 2 then error("b2", 0) end end) end, "b2")
+    c:free()
+  end)
+
   it("rejects unknown options and devices", function()
     assert.has_error(function() lucid.Context({devcie = "cpu"}) end,
       "lucid.Context: bad argument #1: unknown option 'devcie' (expected device, seed, threads)")

@@ -94,10 +94,13 @@ describe_gpu("recorded step on CUDA #gpu", function()
     release(e, r)
   end)
 
-  it("the parameter-gradient lane gives the gradients of the lane off, bitwise (two accumulated backwards)", function()
+  it("the lanes (parameter gradients, head branches) give the bits of one stream: outputs, two accumulated backwards", function()
     local ctx = ctx_()
     local init = init_()
     local model = H.reset(shared.models[1], init)
+    local head = model.head
+    local hctx = rawget(head, "_lane_ctx")
+    assert.is_not_nil(hctx) -- the context of materialize: the head's branches use its lanes
     local dt = "bf16"
     local x = lucid.rand({ B, 3, S, S }, { ctx = ctx, dtype = dt })
     local out = model:forward(x)
@@ -106,9 +109,12 @@ describe_gpu("recorded step on CUDA #gpu", function()
       g[k] = lucid.rand(out[k]:shape(), { ctx = ctx, dtype = dt }) - 0.5
     end
     local function two(lane)
+      rawset(head, "_lane_ctx", lane and hctx or nil)
       model:zero_grad()
+      local outs = {}
       for _ = 1, 2 do
-        model:forward(x)
+        local o = model:forward(x)
+        for _, k in ipairs({ "boxes", "scores", "kpts" }) do outs[#outs + 1] = o[k]:clone() end
         if lane then
           step_mod.lane_backward(ctx, model, x, g)
         else
@@ -116,17 +122,28 @@ describe_gpu("recorded step on CUDA #gpu", function()
           model:backward(x, g)
         end
       end
-      return model.params:flat_grads():clone()
+      rawset(head, "_lane_ctx", hctx)
+      return model.params:flat_grads():clone(), outs
     end
-    local off = two(false)
-    local on = two(true)
+    local off, oo = two(false)
+    local on, oa = two(true)
     assert.is_false(ctx:grad_lane()) -- lane_backward turned it off (joined)
     assert.is_nil(H.differs(off, on))
+    for i = 1, #oo do assert.is_nil(H.differs(oo[i], oa[i]), "output " .. i) end
     assert.is_true(off:abs():sum():item() > 0)
     -- a raising backward leaves the lane off
     local other = lucid.rand({ 1, 3, S, S }, { ctx = ctx, dtype = dt })
     assert.has_error(function() step_mod.lane_backward(ctx, model, other, g) end)
     assert.is_false(ctx:grad_lane())
+    -- a raising branch closes its fork and joins: the context stays usable
+    local lanes = require "lucid.nn.lanes"
+    assert.has_error(function()
+      lanes.run(ctx, 3, function(b) if b == 2 then error("branch 2 failed", 0) end end)
+    end, "branch 2 failed")
+    assert.is_true(ctx:branch_fork(1))
+    ctx:branch_return()
+    ctx:branch_join()
+    ctx:synchronize()
     H.reset(model, init)
   end)
 

@@ -118,22 +118,41 @@ lucid_status lucid_ctx_synchronize(lucid_ctx *ctx) {
 
 lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on) {
     ctx->grad_lane = on ? 1 : 0;
-    if (!on && ctx->accel && ctx->accel->lane_join) return ctx->accel->lane_join(ctx);
+    if (!on && ctx->accel && ctx->accel->lane_join) return ctx->accel->lane_join(ctx, 0);
     return LUCID_OK;
 }
 
 int lucid_ctx_grad_lane(const lucid_ctx *ctx) { return ctx->grad_lane; }
 
-lucid_status lucid_ctx_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked) {
+lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked) {
     *forked = 0;
     if (!ctx->grad_lane || !ctx->accel || !ctx->accel->lane_fork ||
         dev.type != ctx->device.type || dev.index != ctx->device.index)
         return LUCID_OK;
-    return ctx->accel->lane_fork(ctx, forked);
+    return ctx->accel->lane_fork(ctx, 0, forked);
 }
 
-void lucid_ctx_lane_return(lucid_ctx *ctx) {
+lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked) {
+    *forked = 0;
+    if (branch < 1 || branch > LUCID_BRANCHES)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_fork: branch %d (expected 1..%d)",
+                            branch, LUCID_BRANCHES);
+    if (!ctx->accel || !ctx->accel->lane_fork) return LUCID_OK;
+    return ctx->accel->lane_fork(ctx, branch, forked);
+}
+
+void lucid_ctx_branch_return(lucid_ctx *ctx) {
     if (ctx->accel && ctx->accel->lane_return) ctx->accel->lane_return(ctx);
+}
+
+lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch) {
+    if (branch != -1 && (branch < 1 || branch > LUCID_BRANCHES))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_join: branch %d (expected 1..%d, or -1 "
+                            "for all)", branch, LUCID_BRANCHES);
+    if (!ctx->accel || !ctx->accel->lane_join) return LUCID_OK;
+    if (branch > 0) return ctx->accel->lane_join(ctx, branch);
+    for (int b = 1; b <= LUCID_BRANCHES; b++) LUCID_TRY(ctx->accel->lane_join(ctx, b));
+    return LUCID_OK;
 }
 
 const lucid_backend *lucid_backend_for(lucid_ctx *ctx, lucid_device dev) {

@@ -307,9 +307,9 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
     lucid_tensor *db = (b && b->trainable) ? b->grad : NULL;
     if (dw || db) {
         int lane = 0;
-        LUCID_TRY(lucid_ctx_lane_fork(ctx, lucid_tensor_device(x), &lane));
+        LUCID_TRY(lucid_ctx_grad_lane_fork(ctx, lucid_tensor_device(x), &lane));
         lucid_status s = lucid_nn_conv2d_backward_params(ctx, x, dy, dw, db, &c->cp, 1.0);
-        if (lane) lucid_ctx_lane_return(ctx);
+        if (lane) lucid_ctx_branch_return(ctx);
         LUCID_TRY(s);
     }
     if (m->need_grad_input) {

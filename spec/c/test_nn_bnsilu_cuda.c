@@ -1,8 +1,9 @@
 /*
  * test_nn_bnsilu_cuda.c — the fused BatchNorm2d + SiLU on the GPU
- * (cuda/nn_norm.cu, lucid_nn_batchnorm2d_silu_* and the module pair) against
- * the CPU reference (engine/nn/batchnorm.c) and against the separate GPU
- * calls (batchnorm2d then silu; silu then batchnorm2d backward).
+ * (cuda/nn_norm_fwd.cu and nn_norm_bwd.cu, lucid_nn_batchnorm2d_silu_* and
+ * the module pair) against the CPU reference (engine/nn/batchnorm.c) and
+ * against the separate GPU calls (batchnorm2d then silu; silu then
+ * batchnorm2d backward).
  *
  * Inputs are drawn with the engine's Philox generator (the seed is printed;
  * LUCID_TEST_SEED=<n> replays it), rounded once to the activation dtype, and
@@ -49,7 +50,7 @@
  *                             their storage (the scalar path of a shape
  *                             the vector path would take): against the
  *                             CPU, and deterministic
- * Shapes (cuda/nn_norm.cu's partition: a plane of S >= 8192 elements is cut
+ * Shapes (cuda/nn_norm.cuh's partition: a plane of S >= 8192 elements is cut
  * into chunks, smaller planes are grouped, floor(8192/S) to a part; the
  * vector path needs S a multiple of 8 (bf16/f16) or 4 (f32)): one part per
  * channel (4x16x32x32, 4x64x40x40, tiny planes 8x5x1x1, no affine
@@ -62,7 +63,7 @@
  * (300x2x64x72); C = 70001 (grid.y strides over channels: counter route)
  * and C = 131100 (more channels than the fold counters: fallback route);
  * f32, bf16, f16; train and eval.
- * One pass (LUCID_BN_ONEPASS, cuda/nn_norm.cu): the cases above run the
+ * One pass (LUCID_BN_ONEPASS, cuda/nn_norm.cuh): the cases above run the
  * default route, so their one-part shapes take the one-pass kernels.  Then,
  * for plain BatchNorm2d and the fused BatchNorm2d + SiLU, f32/bf16/f16:
  *   one pass = two launches   every output of two training forwards, the
@@ -72,7 +73,7 @@
  *                             eval forward + backward, on the one-pass
  *                             route and with LUCID_BN_ONEPASS=0 (setenv in
  *                             this process): bitwise equal; the kernels
- *                             queued per call (nn_norm.cu's test hook
+ *                             queued per call (nn_norm_fwd.cu's test hook
  *                             lucid_cuda_bn_launch_count): 1 per training
  *                             direction with dx for one-part shapes on the
  *                             one-pass route, 2 otherwise, and the same on
@@ -699,7 +700,7 @@ done:
 }
 
 /* ==================== one pass vs two launches (LUCID_BN_ONEPASS)
- * cuda/nn_norm.cu fuses the two launches of a training direction into one
+ * cuda/nn_norm_*.cu fuse the two launches of a training direction into one
  * kernel when a channel is one part (N*H*W <= 8192); LUCID_BN_ONEPASS=0
  * keeps the two-launch route.  Each case runs the same calls on both
  * routes in this process (setenv between them), plain BatchNorm2d or the
@@ -709,7 +710,7 @@ done:
  * (beta 0), dx only, dweight only, dbias only, every output with beta_input
  * 0.5 / beta_params 0.25 onto random values, and an eval forward and
  * backward (not affected by the switch).  The kernels queued per call are
- * counted (lucid_cuda_bn_launch_count, nn_norm.cu's test hook): one-part
+ * counted (lucid_cuda_bn_launch_count, nn_norm_fwd.cu's test hook): one-part
  * shapes take 1 per training direction with dx on the one-pass route and 2
  * on the other, multi-part shapes 2 on both (the counter route), dweight
  * only and eval the same on both.  The one-pass side is also checked
@@ -912,7 +913,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
         goto done;
     }
     CHECK(NAME("%s: launch-count hook linked", pre), lucid_cuda_bn_launch_count != NULL,
-          "lucid_cuda_bn_launch_count missing (cuda/nn_norm.cu)");
+          "lucid_cuda_bn_launch_count missing (cuda/nn_norm_fwd.cu)");
     set_onepass(2);
     st = onepass_run(&in, o1, l1, &what);
     if (st != LUCID_OK) {

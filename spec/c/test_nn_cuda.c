@@ -51,7 +51,7 @@
  * and 1) of 1x1 convs on both 1x1 routes, captured after one eager pass into
  * a CUDA graph (no allocation while capturing), replayed: bitwise equal to
  * the eager results.
- * BatchNorm cases (cuda/nn_norm.cu's partition: planes of S >= 8192
+ * BatchNorm cases (cuda/nn_norm.cuh's partition: planes of S >= 8192
  * elements cut into chunks of <= 8192, smaller planes grouped floor(8192/S)
  * to a part; vector path when S % 8 == 0, f32 S % 4 == 0): one part per
  * channel (4x16x32x32, tiny and odd planes, no affine, 3x5x6x10: vector in
@@ -67,6 +67,15 @@
  * (LUCID_BN_ONEPASS; spec/c/test_nn_bnsilu_cuda.c compares them bitwise
  * with the two-launch route, plain and fused with SiLU).  A 3x3 conv with
  * bias on 100x90 planes sums its bias gradient over 2 parts a plane.
+ * BatchNorm on more than INT32_MAX elements (test_bn_wide, the 64-bit
+ * route of the element-wise kernels): 2x65539x24x683 bf16, training
+ * forward and backward, plain and fused with SiLU, against the same calls
+ * on channel slices (the 32-bit route): statistics, running stats and
+ * gradient sums bitwise, y and dx every element equal (device difference
+ * exactly 0) and bitwise on three channel ranges, which are also checked
+ * against the CPU (the bf16 tolerances above); the reasons are given at
+ * the case.  Needs about 14.5 GiB of device memory: with less free it
+ * prints one skip line.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and the
  * program exits 0.
  */
@@ -130,7 +139,7 @@ static const conv_case CONV_CASES[] = {
     {"3x3 51>51 bias", 2, 51, 20, 20, 51, 3, 3, 1, 1, 1, 1, 1},
     {"3x3 32>32 40x40 split-K", 4, 32, 40, 40, 32, 3, 3, 1, 1, 1, 1, 0},
     {"5x5 p2 bias", 1, 5, 11, 9, 7, 5, 5, 1, 2, 1, 1, 1},
-    /* bias gradient over planes of 9000: 2 parts a plane (nn_norm.cu's sum) */
+    /* bias gradient over planes of 9000: 2 parts a plane (nn_norm_bwd.cu's sum) */
     {"3x3 bias 100x90", 2, 4, 100, 90, 4, 3, 3, 1, 1, 1, 1, 1},
     /* 1x1 shapes for the cuBLAS 1x1 route (nn_conv_gemm.cu) and its switch */
     {"1x1 N1 16>48 bias", 1, 16, 20, 20, 48, 1, 1, 1, 0, 1, 1, 1},
@@ -514,7 +523,7 @@ static lucid_tensor *hfirst(const lucid_tensor *t, int64_t Cs) {
     return o;
 }
 
-/* The two reduction routes of the GPU BatchNorm2d (cuda/nn_norm.cu): Cb
+/* The two reduction routes of the GPU BatchNorm2d (cuda/nn_norm.cuh): Cb
  * channels (> LUCID_CUDA_NN_COUNTERS: no counters) and the first Cs of
  * them alone (the counter route).  With 5x3x4 elements a channel is one
  * part, which both routes finish in the partial kernel (no fold; the
@@ -596,7 +605,7 @@ done:
 }
 
 /* The two reduction routes with more than one part per channel
- * (cuda/nn_norm.cu): a fresh context whose warm-up ran BN only on more
+ * (cuda/nn_norm.cuh): a fresh context whose warm-up ran BN only on more
  * channels than the fold counters cover (so the counters do not exist yet;
  * the arena grows there: 4x131100x1x1 needs more than the shapes below),
  * then the training forward, backward (dx, dweight, dbias) and a dbias-only
@@ -710,6 +719,452 @@ done:
     for (int i = 0; i < nall; i++) rel(all[i]);
     ctx = main_ctx;
     lucid_ctx_release(fresh);
+}
+
+/* ============================================================ BatchNorm2d, 64-bit route
+ *
+ * The element-wise BatchNorm kernels (bn_apply, bn_dx) index in 32 bits
+ * when N*C*S <= INT32_MAX and take the 64-bit route BN_ROUTE_WIDE
+ * otherwise (cuda/nn_norm.cuh, bn_route).  test_bn_wide runs the training
+ * forward (statistics + apply) and the training backward (dx, dweight,
+ * dbias) in bf16 on WIDE_N x WIDE_C x WIDE_H x WIDE_W = 2 x 65539 x 24 x
+ * 683 = 2^31 + 1146928 elements (4.0 GiB a tensor):
+ *   - S = 16392 >= 8192: 3 chunks a plane, 6 parts a channel, so neither
+ *     direction takes the one-pass kernels (they have no 32-bit route) and
+ *     every channel's partials are folded by its last block (C = 65539 <=
+ *     LUCID_CUDA_NN_COUNTERS: the counter route);
+ *   - C > 65535: channels 65535.. are reached by grid.y striding; element
+ *     2^31 lies in channel 65469 of image 1, so channels 65469.. of image 1
+ *     are past INT32_MAX;
+ *   - S % 8 == 0 and 16-byte aligned storage: the reductions take the
+ *     vector path on both sides of the comparison, the element-wise kernels
+ *     the scalar 64-bit route on the big tensor and the 32-bit vector route
+ *     on the slices.
+ * Reference: the same call on channel slices of at most WIDE_SLICE
+ * channels (contiguous device copies made with lucid_tensor_clone; 32-bit
+ * route), whose own correctness the cases above check against the CPU.  A
+ * channel's results depend only on its own data and on the partition,
+ * which is a function of (N, S) only, and the vector choice of the
+ * reductions is the same on both sides, so the statistics and gradient sums
+ * must agree bitwise; y and dx are computed per element by the same
+ * expressions from the same f32 per-channel values (the route changes only
+ * the indexing), so they must agree exactly too.  Tolerances:
+ *   save_mean, save_invstd, running stats, dweight, dbias: bitwise;
+ *   num_batches_tracked: exactly 1;
+ *   y, dx over all 2^31+ elements: every difference (big - slice, computed
+ *     on the device in f32 and rounded to bf16, which is nonzero whenever
+ *     two bf16 values differ, NaN when either is NaN) exactly 0: max = min
+ *     = 0;
+ *   y, dx of three channel ranges (channels 0-1; 65468-65470 around element
+ *     2^31; 65536-65538, the last, strided by grid.y): bitwise against the
+ *     slice call, and against the CPU with the tolerances of test_bn for
+ *     bf16 (y, dx: 1 ulp or 1e-5 * max|ref|; save_mean, save_invstd,
+ *     running stats, dweight, dbias: relative Frobenius 1e-5), each side
+ *     with its own statistics.
+ * The test hook lucid_cuda_bn_wide_count (cuda/nn_norm_fwd.cu) checks that
+ * the big calls took BN_ROUTE_WIDE (one launch per direction) and the slice
+ * calls did not.  Both the plain and the fused BatchNorm2d + SiLU run.
+ * Memory: x, y (then dy, drawn into y's storage after the forward checks),
+ * dx: 12.0 GiB, plus 3 slice tensors of 0.5 GiB; given back to the driver
+ * afterwards (lucid_memory_empty_cache).  With less free device memory
+ * than that and 1 GiB to spare (cudaMemGetInfo), or when an allocation
+ * fails with ERR_OOM, the case prints one "skip" line. */
+
+/* cudart's free-memory query (cudaError_t: an int-sized enum, 0 =
+ * cudaSuccess); weak: NULL in a build without cudart */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+/* cuda/nn_norm_fwd.cu test hook: BatchNorm element-wise launches this
+ * thread queued on BN_ROUTE_WIDE; absent (NULL) in a CPU-only build */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_cuda_bn_wide_count(void);
+
+#define WIDE_N 2
+#define WIDE_C 65539
+#define WIDE_H 24
+#define WIDE_W 683
+#define WIDE_SLICE 8192 /* channels per reference call */
+#define WIDE_NR 3       /* channel ranges checked bitwise and against the CPU */
+
+static unsigned long wide_count(void) {
+    return lucid_cuda_bn_wide_count ? lucid_cuda_bn_wide_count() : 0;
+}
+
+/* A view of t narrowed along dim, or NULL. */
+static lucid_tensor *wnarrow(const lucid_tensor *t, int dim, int64_t start, int64_t len) {
+    lucid_tensor *o = NULL;
+    if (!t || lucid_tensor_narrow(ctx, t, dim, start, len, &o) != LUCID_OK) return NULL;
+    return o;
+}
+
+/* A contiguous copy of t on t's device, or NULL. */
+static lucid_tensor *wclone(const lucid_tensor *t) {
+    lucid_tensor *o = NULL;
+    if (!t || lucid_tensor_clone(ctx, t, &o) != LUCID_OK) return NULL;
+    return o;
+}
+
+/* Training forward / backward (beta 0), plain or fused with SiLU. */
+static lucid_status wide_fwd(int silu, const lucid_tensor *x, lucid_tensor *y,
+                             const lucid_tensor *w, const lucid_tensor *b, lucid_tensor *rm,
+                             lucid_tensor *rv, lucid_tensor *nb, lucid_tensor *sm,
+                             lucid_tensor *si) {
+    return silu ? lucid_nn_batchnorm2d_silu_forward(ctx, x, y, w, b, rm, rv, nb, sm, si, 1,
+                                                    0.03, 1e-3)
+                : lucid_nn_batchnorm2d_forward(ctx, x, y, w, b, rm, rv, nb, sm, si, 1, 0.03,
+                                               1e-3);
+}
+
+static lucid_status wide_bwd(int silu, const lucid_tensor *x, const lucid_tensor *dy,
+                             lucid_tensor *dx, const lucid_tensor *w, const lucid_tensor *b,
+                             const lucid_tensor *sm, const lucid_tensor *si, lucid_tensor *dw,
+                             lucid_tensor *db) {
+    return silu ? lucid_nn_batchnorm2d_silu_backward(ctx, x, dy, dx, w, b, sm, si, dw, db, 1,
+                                                     0.0, 0.0)
+                : lucid_nn_batchnorm2d_backward(ctx, x, dy, dx, w, sm, si, dw, db, 1, 0.0, 0.0);
+}
+
+/* d = a - b on the device (a: any strides; b, d contiguous of a's shape and
+ * dtype), then *dmax = max d, *dmin = min d (NaN propagates).  LUCID_OK or
+ * the failing call's status. */
+static lucid_status wide_diff(const lucid_tensor *a, const lucid_tensor *b, lucid_tensor *d,
+                              double *dmax, double *dmin) {
+    lucid_status s = lucid_binary(ctx, LUCID_OP_SUB, d, a, b);
+    if (!s) s = lucid_reduce_item(ctx, LUCID_REDUCE_MAX, d, dmax);
+    if (!s) s = lucid_reduce_item(ctx, LUCID_REDUCE_MIN, d, dmin);
+    return s;
+}
+
+/* A setup step of test_bn_wide failed: a skip when the device ran out of
+ * memory (other tests share it), else a failure. */
+static void wide_setup_fail(const char *name) {
+    if (lucid_ctx_last_status(ctx) == LUCID_ERR_OOM)
+        TEST_SKIP(name, "device memory: %s", lucid_ctx_error(ctx));
+    else
+        TEST_FAIL(name, "%s", lucid_ctx_error(ctx));
+}
+
+static void test_bn_wide(int silu) {
+    const lucid_dtype dt = LUCID_BF16, F = LUCID_F32;
+    const int64_t N = WIDE_N, C = WIDE_C, H = WIDE_H, W = WIDE_W, S = H * W;
+    const int64_t NCS = N * C * S, CS = C * S;
+    const double GiB = 1073741824.0;
+    const double need = 2.0 * (3.0 * (double)NCS + 3.0 * (double)(N * WIDE_SLICE * S)) + GiB;
+    char pre[128];
+    snprintf(pre, sizeof pre, "batchnorm2d%s 64-bit route %lldx%lldx%lldx%lld bf16",
+             silu ? "+silu" : "", (long long)N, (long long)C, (long long)H, (long long)W);
+    /* channel ranges: the first two, three around element 2^31 (image
+     * 2^31 / CS, channel (2^31 % CS) / S), the last three */
+    const int64_t cx = ((int64_t)1 << 31) % CS / S;
+    const int64_t r0[WIDE_NR] = {0, cx - 1, C - 3}, rn[WIDE_NR] = {2, 3, 3};
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    lucid_tensor *gx = NULL, *gy = NULL, *gdx = NULL;
+    lucid_tensor *hw = NULL, *hb = NULL, *hrm = NULL, *hrv = NULL, *hnb = NULL;
+    lucid_tensor *gw = NULL, *gb = NULL, *grm = NULL, *grv = NULL, *gnb = NULL;
+    lucid_tensor *gsm = NULL, *gsi = NULL, *gdw = NULL, *gdb = NULL;
+    lucid_tensor *rrm = NULL, *rrv = NULL, *rsm = NULL, *rsi = NULL, *rdw = NULL, *rdb = NULL;
+    /* one slice call: views v* of the big tensors, copies and outputs s* */
+    lucid_tensor *vx = NULL, *vy = NULL, *vw = NULL, *vb = NULL, *vrm = NULL, *vrv = NULL;
+    lucid_tensor *vsm = NULL, *vsi = NULL, *vdw = NULL, *vdb = NULL;
+    lucid_tensor *sx = NULL, *sy = NULL, *sdy = NULL, *t1 = NULL, *t2 = NULL;
+    /* per range: host x, dy and the CPU's outputs */
+    lucid_tensor *hxr[WIDE_NR] = {NULL}, *hyr[WIDE_NR] = {NULL}, *hsmr[WIDE_NR] = {NULL};
+    lucid_tensor *hsir[WIDE_NR] = {NULL}, *hdyr[WIDE_NR] = {NULL}, *hdxr[WIDE_NR] = {NULL};
+    lucid_tensor *hdwr[WIDE_NR] = {NULL}, *hdbr[WIDE_NR] = {NULL};
+    unsigned long w0;
+    lucid_status s;
+    int nslice = 0;
+    int64_t bad0 = -1;
+    double bmax = 0, bmin = 0;
+
+    lucid_ctx_clear_error(ctx); /* wide_setup_fail reads the last status */
+    lucid_memory_empty_cache(ctx); /* blocks cached by the cases before */
+    if (cudaMemGetInfo) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == 0 && (double)fr < need) {
+            TEST_SKIP(pre, "needs about %.1f GiB of free device memory, %.1f GiB free",
+                      need / GiB, (double)fr / GiB);
+            return;
+        }
+    }
+    if (!lucid_cuda_bn_wide_count) {
+        TEST_FAIL(NAME("%s: route hook linked", pre),
+                  "lucid_cuda_bn_wide_count missing (cuda/nn_norm_fwd.cu)");
+        return;
+    }
+    /* the three big tensors: running out of device memory is a skip */
+    s = lucid_tensor_empty(ctx, GPU, dt, 4, xs, &gx);
+    if (!s) s = lucid_tensor_empty(ctx, GPU, dt, 4, xs, &gy);
+    if (!s) s = lucid_tensor_empty(ctx, GPU, dt, 4, xs, &gdx);
+    if (s != LUCID_OK) {
+        wide_setup_fail(NAME("%s: allocate %.1f GiB", pre, 3.0 * 2.0 * (double)NCS / GiB));
+        goto done;
+    }
+    RUN(NAME("%s: draw x", pre), lucid_rand_uniform(ctx, gx, g_seed, g_off, -1.5, 2.5));
+    g_off += (uint64_t)NCS;
+    RUN(NAME("%s: poison y", pre), lucid_fill(ctx, gy, NAN));
+    RUN(NAME("%s: poison dx", pre), lucid_fill(ctx, gdx, NAN));
+    hw = hrand(F, 1, cs, 0.5, 1.5);
+    hb = hrand(F, 1, cs, -0.5, 0.5);
+    hrm = hrand(F, 1, cs, -0.2, 0.2);
+    hrv = hrand(F, 1, cs, 0.5, 2.0);
+    hnb = hzeros(LUCID_I64, 1, one);
+    gw = dev(hw); gb = dev(hb); grm = dev(hrm); grv = dev(hrv); gnb = dev(hnb);
+    rrm = dev(hrm); rrv = dev(hrv);
+    gsm = dpoison(F, 1, cs); gsi = dpoison(F, 1, cs);
+    gdw = dpoison(F, 1, cs); gdb = dpoison(F, 1, cs);
+    rsm = dpoison(F, 1, cs); rsi = dpoison(F, 1, cs);
+    rdw = dpoison(F, 1, cs); rdb = dpoison(F, 1, cs);
+    if (!hw || !hb || !hrm || !hrv || !hnb || !gw || !gb || !grm || !grv || !gnb || !rrm ||
+        !rrv || !gsm || !gsi || !gdw || !gdb || !rsm || !rsi || !rdw || !rdb) {
+        wide_setup_fail(NAME("%s: setup", pre));
+        goto done;
+    }
+    /* host copies of the ranges' x (the CPU side) */
+    for (int r = 0; r < WIDE_NR; r++) {
+        t1 = wnarrow(gx, 1, r0[r], rn[r]);
+        hxr[r] = host(t1);
+        rel(t1); t1 = NULL;
+        if (!hxr[r]) {
+            TEST_FAIL(NAME("%s: copy x back", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+
+    /* ---- forward: the big call, then the slices */
+    w0 = wide_count();
+    RUN(NAME("%s: train forward", pre), wide_fwd(silu, gx, gy, gw, gb, grm, grv, gnb, gsm, gsi));
+    CHECK(NAME("%s: train forward takes the 64-bit route", pre), wide_count() - w0 == 1,
+          "%lu wide launches (N*C*S = %lld)", wide_count() - w0, (long long)NCS);
+    w0 = wide_count();
+    nslice = 0;
+    for (int64_t c0 = 0; c0 < C; c0 += WIDE_SLICE, nslice++) {
+        const int64_t cn = C - c0 < WIDE_SLICE ? C - c0 : WIDE_SLICE;
+        int64_t ss[4] = {N, cn, H, W};
+        double dmax = 0, dmin = 0;
+        vx = wnarrow(gx, 1, c0, cn); vy = wnarrow(gy, 1, c0, cn);
+        vw = wnarrow(gw, 0, c0, cn); vb = wnarrow(gb, 0, c0, cn);
+        vrm = wnarrow(rrm, 0, c0, cn); vrv = wnarrow(rrv, 0, c0, cn);
+        vsm = wnarrow(rsm, 0, c0, cn); vsi = wnarrow(rsi, 0, c0, cn);
+        sx = wclone(vx); sy = dpoison(dt, 4, ss);
+        if (!vx || !vy || !vw || !vb || !vrm || !vrv || !vsm || !vsi || !sx || !sy) {
+            wide_setup_fail(NAME("%s: forward slice %lld setup", pre, (long long)c0));
+            goto done;
+        }
+        RUN(NAME("%s: forward slice %lld", pre, (long long)c0),
+            wide_fwd(silu, sx, sy, vw, vb, vrm, vrv, NULL, vsm, vsi));
+        /* sx (no longer needed): the difference */
+        RUN(NAME("%s: forward slice %lld difference", pre, (long long)c0),
+            wide_diff(vy, sy, sx, &dmax, &dmin));
+        if (!(dmax == 0.0 && dmin == 0.0) && bad0 < 0) {
+            bad0 = c0;
+            bmax = dmax;
+            bmin = dmin;
+        }
+        for (int r = 0; r < WIDE_NR; r++)
+            if (r0[r] >= c0 && r0[r] + rn[r] <= c0 + cn) {
+                t1 = wnarrow(gy, 1, r0[r], rn[r]);
+                t2 = wnarrow(sy, 1, r0[r] - c0, rn[r]);
+                lucid_tensor *h = host(t2);
+                if (t1 && h)
+                    cmp_bits(NAME("%s: y channels %lld..%lld = 32-bit route (bitwise)", pre,
+                                  (long long)r0[r], (long long)(r0[r] + rn[r] - 1)),
+                             t1, h);
+                else
+                    TEST_FAIL(NAME("%s: y range copy", pre), "%s", lucid_ctx_error(ctx));
+                rel(h); rel(t1); rel(t2); t1 = t2 = NULL;
+            }
+        rel(vx); rel(vy); rel(vw); rel(vb); rel(vrm); rel(vrv); rel(vsm); rel(vsi);
+        rel(sx); rel(sy);
+        vx = vy = vw = vb = vrm = vrv = vsm = vsi = sx = sy = NULL;
+    }
+    CHECK(NAME("%s: y = 32-bit route on %d channel slices (every element)", pre, nslice),
+          bad0 < 0, "slice from channel %lld: y - y_slice in [%g, %g]", (long long)bad0, bmin,
+          bmax);
+    CHECK(NAME("%s: the slice calls take the 32-bit route", pre), wide_count() == w0,
+          "%lu wide launches", wide_count() - w0);
+    {
+        const lucid_tensor *g[4] = {gsm, gsi, grm, grv}, *rr[4] = {rsm, rsi, rrm, rrv};
+        const char *what[4] = {"save_mean", "save_invstd", "running_mean", "running_var"};
+        for (int i = 0; i < 4; i++) {
+            lucid_tensor *h = host(rr[i]);
+            if (h) cmp_bits(NAME("%s: %s = 32-bit route (bitwise)", pre, what[i]), g[i], h);
+            else TEST_FAIL(NAME("%s: %s copy", pre, what[i]), "%s", lucid_ctx_error(ctx));
+            rel(h);
+        }
+        lucid_tensor *h = host(gnb);
+        if (h)
+            CHECK(NAME("%s: num_batches_tracked == 1", pre), test_hget(h, 0) == 1.0,
+                  "num_batches_tracked %g", test_hget(h, 0));
+        else
+            TEST_FAIL(NAME("%s: num_batches_tracked copy", pre), "%s", lucid_ctx_error(ctx));
+        rel(h);
+    }
+    /* the CPU on the ranges (its running stats: the slices of hrm, hrv) */
+    for (int r = 0; r < WIDE_NR; r++) {
+        int64_t rs[4] = {N, rn[r], H, W}, rc[1] = {rn[r]};
+        char rg[48];
+        snprintf(rg, sizeof rg, "channels %lld..%lld", (long long)r0[r],
+                 (long long)(r0[r] + rn[r] - 1));
+        lucid_tensor *hw_ = wnarrow(hw, 0, r0[r], rn[r]), *hb_ = wnarrow(hb, 0, r0[r], rn[r]);
+        lucid_tensor *hrm_ = wnarrow(hrm, 0, r0[r], rn[r]);
+        lucid_tensor *hrv_ = wnarrow(hrv, 0, r0[r], rn[r]);
+        hyr[r] = hpoison(dt, 4, rs);
+        hsmr[r] = hpoison(F, 1, rc);
+        hsir[r] = hpoison(F, 1, rc);
+        s = hw_ && hb_ && hrm_ && hrv_ && hyr[r] && hsmr[r] && hsir[r]
+                ? wide_fwd(silu, hxr[r], hyr[r], hw_, hb_, hrm_, hrv_, NULL, hsmr[r], hsir[r])
+                : LUCID_ERR_OOM;
+        if (s == LUCID_OK) {
+            const lucid_tensor *gg[5] = {gy, gsm, gsi, grm, grv};
+            const lucid_tensor *cc[5] = {hyr[r], hsmr[r], hsir[r], hrm_, hrv_};
+            const char *what[5] = {"y", "save_mean", "save_invstd", "running_mean",
+                                   "running_var"};
+            for (int i = 0; i < 5; i++) {
+                t1 = wnarrow(gg[i], i == 0 ? 1 : 0, r0[r], rn[r]);
+                const char *n = NAME("%s: %s %s vs cpu", pre, rg, what[i]);
+                if (!t1) TEST_FAIL(n, "view: %s", lucid_ctx_error(ctx));
+                else if (i == 0) cmp_ulp(n, t1, cc[i], 1, 1e-5);
+                else cmp_rel(n, t1, cc[i], 1e-5);
+                rel(t1); t1 = NULL;
+            }
+        } else {
+            TEST_FAIL(NAME("%s: %s cpu forward", pre, rg), "%s", lucid_ctx_error(ctx));
+        }
+        rel(hw_); rel(hb_); rel(hrm_); rel(hrv_);
+    }
+
+    /* ---- backward: dy drawn into y's storage; the slices use the big call's
+     * saved statistics, so this half does not depend on the forward's */
+    RUN(NAME("%s: draw dy", pre), lucid_rand_uniform(ctx, gy, g_seed, g_off, -1.0, 1.0));
+    g_off += (uint64_t)NCS;
+    for (int r = 0; r < WIDE_NR; r++) {
+        t1 = wnarrow(gy, 1, r0[r], rn[r]);
+        hdyr[r] = host(t1);
+        rel(t1); t1 = NULL;
+        if (!hdyr[r]) {
+            TEST_FAIL(NAME("%s: copy dy back", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    w0 = wide_count();
+    RUN(NAME("%s: train backward", pre),
+        wide_bwd(silu, gx, gy, gdx, gw, gb, gsm, gsi, gdw, gdb));
+    CHECK(NAME("%s: train backward takes the 64-bit route", pre), wide_count() - w0 == 1,
+          "%lu wide launches (N*C*S = %lld)", wide_count() - w0, (long long)NCS);
+    w0 = wide_count();
+    nslice = 0;
+    bad0 = -1;
+    for (int64_t c0 = 0; c0 < C; c0 += WIDE_SLICE, nslice++) {
+        const int64_t cn = C - c0 < WIDE_SLICE ? C - c0 : WIDE_SLICE;
+        int64_t ss[4] = {N, cn, H, W};
+        double dmax = 0, dmin = 0;
+        vx = wnarrow(gx, 1, c0, cn); vy = wnarrow(gy, 1, c0, cn);
+        vw = wnarrow(gw, 0, c0, cn); vb = wnarrow(gb, 0, c0, cn);
+        vsm = wnarrow(gsm, 0, c0, cn); vsi = wnarrow(gsi, 0, c0, cn);
+        vdw = wnarrow(rdw, 0, c0, cn); vdb = wnarrow(rdb, 0, c0, cn);
+        sx = wclone(vx); sdy = wclone(vy); sy = dpoison(dt, 4, ss);
+        if (!vx || !vy || !vw || !vb || !vsm || !vsi || !vdw || !vdb || !sx || !sdy || !sy) {
+            wide_setup_fail(NAME("%s: backward slice %lld setup", pre, (long long)c0));
+            goto done;
+        }
+        /* sy: the slice's dx */
+        RUN(NAME("%s: backward slice %lld", pre, (long long)c0),
+            wide_bwd(silu, sx, sdy, sy, vw, vb, vsm, vsi, vdw, vdb));
+        rel(vy); vy = wnarrow(gdx, 1, c0, cn);
+        if (!vy) {
+            TEST_FAIL(NAME("%s: dx view", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        /* sx (no longer needed): the difference */
+        RUN(NAME("%s: backward slice %lld difference", pre, (long long)c0),
+            wide_diff(vy, sy, sx, &dmax, &dmin));
+        if (!(dmax == 0.0 && dmin == 0.0) && bad0 < 0) {
+            bad0 = c0;
+            bmax = dmax;
+            bmin = dmin;
+        }
+        for (int r = 0; r < WIDE_NR; r++)
+            if (r0[r] >= c0 && r0[r] + rn[r] <= c0 + cn) {
+                t1 = wnarrow(gdx, 1, r0[r], rn[r]);
+                t2 = wnarrow(sy, 1, r0[r] - c0, rn[r]);
+                lucid_tensor *h = host(t2);
+                if (t1 && h)
+                    cmp_bits(NAME("%s: dx channels %lld..%lld = 32-bit route (bitwise)", pre,
+                                  (long long)r0[r], (long long)(r0[r] + rn[r] - 1)),
+                             t1, h);
+                else
+                    TEST_FAIL(NAME("%s: dx range copy", pre), "%s", lucid_ctx_error(ctx));
+                rel(h); rel(t1); rel(t2); t1 = t2 = NULL;
+            }
+        rel(vx); rel(vy); rel(vw); rel(vb); rel(vsm); rel(vsi); rel(vdw); rel(vdb);
+        rel(sx); rel(sdy); rel(sy);
+        vx = vy = vw = vb = vsm = vsi = vdw = vdb = sx = sdy = sy = NULL;
+    }
+    CHECK(NAME("%s: dx = 32-bit route on %d channel slices (every element)", pre, nslice),
+          bad0 < 0, "slice from channel %lld: dx - dx_slice in [%g, %g]", (long long)bad0, bmin,
+          bmax);
+    CHECK(NAME("%s: the slice calls take the 32-bit route (backward)", pre), wide_count() == w0,
+          "%lu wide launches", wide_count() - w0);
+    {
+        const lucid_tensor *g[2] = {gdw, gdb}, *rr[2] = {rdw, rdb};
+        const char *what[2] = {"dweight", "dbias"};
+        for (int i = 0; i < 2; i++) {
+            lucid_tensor *h = host(rr[i]);
+            if (h) cmp_bits(NAME("%s: %s = 32-bit route (bitwise)", pre, what[i]), g[i], h);
+            else TEST_FAIL(NAME("%s: %s copy", pre, what[i]), "%s", lucid_ctx_error(ctx));
+            rel(h);
+        }
+    }
+    /* the CPU on the ranges, with its own saved statistics */
+    for (int r = 0; r < WIDE_NR; r++) {
+        int64_t rs[4] = {N, rn[r], H, W}, rc[1] = {rn[r]};
+        char rg[48];
+        snprintf(rg, sizeof rg, "channels %lld..%lld", (long long)r0[r],
+                 (long long)(r0[r] + rn[r] - 1));
+        lucid_tensor *hw_ = wnarrow(hw, 0, r0[r], rn[r]), *hb_ = wnarrow(hb, 0, r0[r], rn[r]);
+        hdxr[r] = hpoison(dt, 4, rs);
+        hdwr[r] = hpoison(F, 1, rc);
+        hdbr[r] = hpoison(F, 1, rc);
+        s = hw_ && hb_ && hdxr[r] && hdwr[r] && hdbr[r]
+                ? wide_bwd(silu, hxr[r], hdyr[r], hdxr[r], hw_, hb_, hsmr[r], hsir[r], hdwr[r],
+                           hdbr[r])
+                : LUCID_ERR_OOM;
+        if (s == LUCID_OK) {
+            const lucid_tensor *gg[3] = {gdx, gdw, gdb}, *cc[3] = {hdxr[r], hdwr[r], hdbr[r]};
+            const char *what[3] = {"dx", "dweight", "dbias"};
+            for (int i = 0; i < 3; i++) {
+                t1 = wnarrow(gg[i], i == 0 ? 1 : 0, r0[r], rn[r]);
+                const char *n = NAME("%s: %s %s vs cpu", pre, rg, what[i]);
+                if (!t1) TEST_FAIL(n, "view: %s", lucid_ctx_error(ctx));
+                else if (i == 0) cmp_ulp(n, t1, cc[i], 1, 1e-5);
+                else cmp_rel(n, t1, cc[i], 1e-5);
+                rel(t1); t1 = NULL;
+            }
+        } else {
+            TEST_FAIL(NAME("%s: %s cpu backward", pre, rg), "%s", lucid_ctx_error(ctx));
+        }
+        rel(hw_); rel(hb_);
+    }
+done:
+    rel(gx); rel(gy); rel(gdx);
+    rel(hw); rel(hb); rel(hrm); rel(hrv); rel(hnb);
+    rel(gw); rel(gb); rel(grm); rel(grv); rel(gnb);
+    rel(gsm); rel(gsi); rel(gdw); rel(gdb);
+    rel(rrm); rel(rrv); rel(rsm); rel(rsi); rel(rdw); rel(rdb);
+    rel(vx); rel(vy); rel(vw); rel(vb); rel(vrm); rel(vrv); rel(vsm); rel(vsi); rel(vdw);
+    rel(vdb); rel(sx); rel(sy); rel(sdy); rel(t1); rel(t2);
+    for (int r = 0; r < WIDE_NR; r++) {
+        rel(hxr[r]); rel(hyr[r]); rel(hsmr[r]); rel(hsir[r]); rel(hdyr[r]); rel(hdxr[r]);
+        rel(hdwr[r]); rel(hdbr[r]);
+    }
+    /* give the 12+ GiB back to the driver (other tests share the device) */
+    lucid_ctx_synchronize(ctx);
+    lucid_memory_empty_cache(ctx);
 }
 
 /* ============================================================ pointwise */
@@ -945,6 +1400,9 @@ int main(void) {
         test_pw("dfl R16 [2,64,3,7]", &dfl, 4, db, dt, -3, 3);
         test_pw("dfl R7 [3,28,11]", &dfl7, 3, dc, dt, -3, 3);
     }
+    /* ---- batchnorm on more than INT32_MAX elements (the 64-bit route) */
+    test_bn_wide(0);
+    test_bn_wide(1);
 
     return cuda_test_finish();
 }

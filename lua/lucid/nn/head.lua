@@ -9,6 +9,7 @@ local Module = require("lucid.nn.module")
 local P = require("lucid.nn.prim")
 local containers = require("lucid.nn.containers")
 local blocks = require("lucid.nn.blocks")
+local lanes = require("lucid.nn.lanes")
 
 local Conv, DWConv = blocks.Conv, blocks.DWConv
 local Sequential, ModuleList = containers.Sequential, containers.ModuleList
@@ -101,15 +102,25 @@ end
 
 Detect._args = sig("nn.Detect", { NC, REG_MAX, CH, LEGACY })
 
+--- Remember the context of the tree (nn.materialize): the branches run
+-- on its branch lanes (lucid.nn.lanes) when the inputs are on a GPU.
+function Detect:_create(C, set, prefix, ctx)
+  rawset(self, "_lane_ctx", ctx)
+  Module._create(self, C, set, prefix, ctx)
+end
+
 --- x: list of nl feature maps [B, ch_i, H_i, W_i]. Returns {boxes, scores,
--- (kpts), feats = x}.
+-- (kpts), feats = x}. On a GPU the box / class / keypoint branches run
+-- concurrently, one per branch lane (lucid.nn.lanes: same bits as in
+-- sequence).
 function Detect:forward(x)
   local shp = x[1]:shape()
   local Bn = shp[1]
   local st = { flat = {}, hw = {} }
   local out = { feats = x }
-  for _, br in ipairs(branches(self)) do
-    local name, list, c = br[1], br[2], br[3]
+  local brs = branches(self)
+  lanes.run(lanes.ctx_for(self._lane_ctx, x[1]), #brs, function(j)
+    local name, list, c = brs[j][1], brs[j][2], brs[j][3]
     local flat = {}
     for i = 1, self.nl do
       local y = list:get(i):forward(x[i])
@@ -120,7 +131,7 @@ function Detect:forward(x)
     st.flat[name] = flat
     local cat = self.nl < 2 and flat[1] or self._cat[name]:forward(flat)
     out[name] = cat:view({ Bn, c, cat:shape()[2] })
-  end
+  end)
   st.B = Bn
   self._st = st
   self.output = out
@@ -130,7 +141,9 @@ end
 --- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient),
 -- each present entry of the shape of the last forward's output (checked:
 -- a named error otherwise, as for running backward before any forward).
--- Returns the list of input gradients (nil for a level with none).
+-- Returns the list of input gradients (nil for a level with none). The
+-- branches run on the branch lanes as in forward; their input gradients
+-- are summed afterwards, in branch order (boxes, scores, kpts).
 function Detect:backward(x, gy)
   local st = self._st
   local who = "nn." .. getmetatable(self).__name .. ":backward"
@@ -138,18 +151,26 @@ function Detect:backward(x, gy)
     error(who .. ": forward must run first (there is no forward pass to differentiate)", 2)
   end
   util.check_output_grad(who, self.output, gy, 2)
-  local gx = {}
-  for _, br in ipairs(branches(self)) do
-    local name, list, c = br[1], br[2], br[3]
+  local brs = branches(self)
+  local gis = {}
+  lanes.run(lanes.ctx_for(self._lane_ctx, x[1]), #brs, function(j)
+    local name, list, c = brs[j][1], brs[j][2], brs[j][3]
     local g = gy[name]
-    if g ~= nil then
-      local g2 = g:view({ st.B * c, g:shape()[3] })
-      local gs = self.nl < 2 and { g2 } or self._cat[name]:backward(st.flat[name], g2)
-      for i = 1, self.nl do
-        local hw = st.hw[i]
-        local gi = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))
-        gx[i] = acc(gx[i], gi)
-      end
+    if g == nil then return end
+    local g2 = g:view({ st.B * c, g:shape()[3] })
+    local gs = self.nl < 2 and { g2 } or self._cat[name]:backward(st.flat[name], g2)
+    local row = {}
+    for i = 1, self.nl do
+      local hw = st.hw[i]
+      row[i] = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))
+    end
+    gis[j] = row
+  end)
+  local gx = {}
+  for j = 1, #brs do
+    local row = gis[j]
+    if row then
+      for i = 1, self.nl do gx[i] = acc(gx[i], row[i]) end
     end
   end
   self.grad_input = gx

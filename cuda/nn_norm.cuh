@@ -1,0 +1,444 @@
+/*
+ * nn_norm.cuh — shared internals of the GPU BatchNorm2d (plain and fused
+ * with SiLU) and of the per-channel sum used by the conv bias gradient:
+ * the partition of the reductions, the walks, the vector path, the block
+ * reductions and the "last block folds" arrival, the routes of the
+ * element-wise kernels.  The kernels themselves:
+ *   nn_norm_fwd.cu  forward: statistics (training: partial + fold, eval:
+ *                   the running ones), apply, the one-pass training
+ *                   forward; the nn.h slots lucid_cuda_batchnorm2d_forward
+ *                   and lucid_cuda_batchnorm2d_silu_forward; the test hooks
+ *   nn_norm_bwd.cu  backward: gradient sums (partial + fold), dx, the
+ *                   one-pass training backward; the slots
+ *                   lucid_cuda_batchnorm2d_backward and
+ *                   lucid_cuda_batchnorm2d_silu_backward; the per-channel
+ *                   sum lucid_cuda_nn_channel_sum (nn_common.cuh)
+ * Everything here is internal to those two files (static / inline; the
+ * launch counters are defined once, in nn_norm_fwd.cu).
+ *
+ * Contract (nn.h): x, y, dy, dx [N,C,H,W] contiguous, f32/bf16/f16;
+ * weight, bias, running_mean, running_var, save_mean, save_invstd,
+ * dweight, dbias [C] f32; num_batches_tracked one i64 (or float) element.
+ *   forward overwrites y, save_mean, save_invstd; training updates the
+ *   running stats in place (momentum, unbiased variance M/(M-1)) and
+ *   num_batches_tracked += 1.
+ *   backward: dx = beta_input*dx + ...; dweight/dbias = beta_params*(.) + ...
+ *   (beta 0 never reads the destination).
+ *
+ * Partition of the reductions (a function of N and S only, bn_geom_of):
+ * channel c's M = N*S elements are N planes of S contiguous elements, C*S
+ * apart.  A plane of S >= BN_PART (8192) elements is cut into P =
+ * ceil(S/BN_PART) chunks of `chunk` elements (ceil(S/P) rounded up to a
+ * multiple of 8, the last chunk shorter), one part per (plane, chunk); a
+ * smaller plane is never cut: pp = floor(BN_PART/S) consecutive whole planes
+ * (n, n+1, ...) make one part.  parts = ceil(N/pp) * P per channel, each
+ * part at most BN_PART elements, part 0 always the largest.  So every
+ * channel of at most BN_PART elements (N=4: S <= 2048, e.g. 40x40, 20x20)
+ * is ONE part: one block computes the channel's statistics or gradient sums
+ * and writes the final results itself (no partial, no counter, no fold).
+ * E.g. N=4 (YOLO, 640): 16x320x320 has 52 parts per channel (13 chunks of
+ * 7880 per plane), 32x160x160 16 (4 of 6400), 64x80x80 4 (whole planes),
+ * 128x40x40 and 256x20x20 1 (one pass: 1 launch forward, 1 backward).
+ *
+ * Reductions are deterministic (no float atomics).  One block per (part,
+ * channel) (grid (parts, min(C, 65535)), channels strided by grid.y) folds
+ * its part in a fixed order: thread t takes the part's vectors t, t+256,
+ * ... (BN_UNROLL of them loaded before any is used), accumulates in f32,
+ * then a fixed shuffle/shared tree.  With parts == 1 thread 0 finishes the
+ * channel (f64).  Otherwise it stores the partial in the nn arena and the
+ * partials are folded in f64 in a fixed order (bn_stats_fold: sums shifted
+ * by part 0's mean, Chan's merge of all parts at once; bn_grad_fold: plain
+ * sums; thread t of a block takes parts t, t+256, ... in turn, then one
+ * shuffle tree over all the sums at once, and across warps only when
+ * parts > 32) by the LAST block to finish channel c ("last block folds",
+ * CUDA sample threadFenceReduction): thread 0 of each block stores its
+ * partial, __threadfence(), atomicAdd on channel c's arrival counter (nn
+ * state, zero between launches); the block that sees parts-1 resets the
+ * counter to 0 and folds.  Which block that is varies run to run, but the
+ * fold reads the partials by part index with threadIdx-only roles, so the
+ * result does not: bitwise identical run to run, eager or replayed from a
+ * graph.  When the counters are unavailable (C > LUCID_CUDA_NN_COUNTERS,
+ * or the first use is inside a stream capture) a separate final kernel runs
+ * the same fold function, one block per channel: the same bits, one launch
+ * more (none when parts == 1: that path never folds).
+ *
+ * Memory access.  Vector path: when S is a multiple of V = 16/sizeof(T)
+ * (8 bf16/f16, 4 f32) and every activation pointer of the call is 16-byte
+ * aligned (decided on the host; template parameter V), each access is one
+ * 16-byte load/store of V elements; otherwise V = 1 (scalar).  Every part
+ * then starts on a vector (chunk is a multiple of 8), and the vector
+ * choice of the statistics/gradient kernels depends on the shape and the
+ * pointers' alignment, never on which outputs are asked (the backward
+ * checks x and dy whatever it computes, so dx only / dweight only / dbias
+ * only give the full call's bits).  A part's vectors are walked with 32-bit
+ * (plane, offset) counters advanced without division (a part holds at most
+ * BN_PART elements; plane base offsets are 64-bit).  The element-wise
+ * kernels (bn_apply, bn_dx) run flat over the N*C*S elements as N*C*S/V
+ * vectors, grid-stride with at most BN_WAVE blocks per SM, BN_UNROLL
+ * vectors per thread loaded before use; the channel of a vector, (j/(S/V))
+ * % C, is computed once per thread and then advanced with adds and
+ * compares (bn_at_next).  32-bit indices when N*C*S <= INT32_MAX, else a
+ * 64-bit scalar route (huge tensors; BN_ROUTE_WIDE).  The element-wise
+ * kernels have no reduction, so their route never changes bits.
+ *
+ * One pass (parts == 1).  When a channel is one part, training fuses the
+ * two launches of each direction into one kernel, one block per channel
+ * (grid (1, min(C, 65535)), channels strided by grid.y), which computes
+ * the channel's statistics (forward) or gradient sums (backward) exactly
+ * as the partial kernel's one-part path and then, after a barrier, the
+ * channel's y or dx with the element-wise kernel's per-element arithmetic
+ * (bn_stats_apply1, nn_norm_fwd.cu; bn_grad_dx1, nn_norm_bwd.cu).  Each
+ * block reads its channel twice (the second time mostly from L2) but the
+ * layer costs one launch per direction: the small late layers are
+ * launch-latency bound.  Every value is computed by the same expressions
+ * in the same order, so the results equal the two-launch route's bitwise.
+ * Only the training forward and the training backward with dx take it
+ * (dweight/dbias alone is one launch already, eval has no reduction before
+ * the element-wise pass); multi-part channels never do.  LUCID_BN_ONEPASS=0 in the
+ * environment (read on each call, bn_onepass; unset or anything else: on)
+ * keeps the two-launch route for A/B runs.  The choice depends on the
+ * shape and that switch only; the host bookkeeping (arena, counters) is
+ * the same either way, so eager calls and captured graphs take the same
+ * route.  Test hooks (nn_norm_fwd.cu): lucid_cuda_bn_launch_count() counts
+ * the kernels this thread's BatchNorm calls queued (nn_common.cuh),
+ * lucid_cuda_bn_wide_count() those of them that took BN_ROUTE_WIDE.
+ *
+ * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
+ * launches with the SiLU inside (forward: nn_norm_fwd.cu, backward:
+ * nn_norm_bwd.cu).  The partition and the folding order are those of the
+ * plain kernels, so the fused results are as deterministic.
+ *
+ * Every kernel starts with lucid_pdl_wait(); lucid_pdl_launch_dependents();
+ * (in every thread, before any early return) and is queued with
+ * lucid_launch() (launch.cuh: programmatic dependent launch: a kernel may
+ * be scheduled before its predecessor ends, and waits for it before
+ * touching memory).
+ * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
+ * docs.
+ */
+#ifndef LUCID_CUDA_NN_NORM_CUH
+#define LUCID_CUDA_NN_NORM_CUH
+
+#include "nn_common.cuh"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BN_THREADS 256 /* every BN kernel except bn_stats_eval */
+#define BN_PART 8192   /* elements per part (at most) of the reductions */
+#define BN_UNROLL 4    /* vectors a thread loads before it uses them */
+#define BN_WAVE 4      /* element-wise grids: at most this many blocks per SM */
+
+// ----------------------------------------------------------------------------
+// vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
+
+template <int BYTES> struct bn_raw;
+template <> struct bn_raw<16> { typedef uint4 type; };
+template <> struct bn_raw<4> { typedef unsigned int type; };
+template <> struct bn_raw<2> { typedef unsigned short type; };
+
+/* V elements of type T at p (aligned to V*sizeof(T)) as one raw word, and
+ * back; unpack/pack convert to/from f32 (one rounding per element on pack,
+ * that of lucid_elem). */
+template <typename T, int V> struct bn_vec {
+    typedef typename bn_raw<V * (int)sizeof(T)>::type R;
+    static __device__ __forceinline__ R load(const T *p) {
+        return *reinterpret_cast<const R *>(p);
+    }
+    static __device__ __forceinline__ void store(T *p, R r) {
+        *reinterpret_cast<R *>(p) = r;
+    }
+    static __device__ __forceinline__ void unpack(const R &r, float *f) {
+        T e[V];
+        memcpy(e, &r, sizeof r); /* register moves */
+#pragma unroll
+        for (int k = 0; k < V; k++) f[k] = lucid_elem<T>::load(e, k);
+    }
+    static __device__ __forceinline__ R pack(const float *f) {
+        T e[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) lucid_elem<T>::store(e, k, f[k]);
+        R r;
+        memcpy(&r, e, sizeof r); /* register moves */
+        return r;
+    }
+};
+
+/* The vector width of the vector path for T: 16 bytes. */
+template <typename T> struct bn_width { static const int V = 16 / (int)sizeof(T); };
+
+static inline bool bn_aligned16(const void *p) {
+    return p == NULL || ((uintptr_t)p & 15u) == 0;
+}
+
+/* Host: whether the vector path applies (S a multiple of the vector width,
+ * every given pointer 16-byte aligned). */
+static bool bn_use_vec(lucid_dtype dt, int64_t S, const void *a, const void *b,
+                       const void *c) {
+    int64_t V = 16 / (int64_t)lucid_dtype_size(dt);
+    return V > 1 && S % V == 0 && bn_aligned16(a) && bn_aligned16(b) && bn_aligned16(c);
+}
+
+// ----------------------------------------------------------------------------
+// geometry of the fixed partition (see the header)
+
+typedef struct bn_geom {
+    int64_t N, C, S;
+    int64_t CS;    /* C*S: elements between two planes of one channel */
+    int64_t chunk; /* plane elements per part (S when planes are whole) */
+    int64_t P;     /* parts per plane (chunks) */
+    int64_t pp;    /* whole planes per part (1 when P > 1) */
+    int64_t parts; /* per channel: ceil(N/pp) * P */
+} bn_geom;
+
+static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
+    bn_geom g;
+    g.N = N; g.C = C; g.S = S;
+    g.CS = C * S;
+    if (S >= BN_PART) {
+        int64_t p0 = (S + BN_PART - 1) / BN_PART;
+        int64_t ch = (S + p0 - 1) / p0;
+        g.chunk = (ch + 7) / 8 * 8; /* <= BN_PART (a multiple of 8) */
+        g.P = (S + g.chunk - 1) / g.chunk;
+        g.pp = 1;
+    } else {
+        g.chunk = S > 0 ? S : 1;
+        g.P = 1;
+        g.pp = BN_PART / g.chunk;
+        if (g.pp > N) g.pp = N > 0 ? N : 1;
+    }
+    g.parts = (N + g.pp - 1) / g.pp * g.P;
+    if (g.parts < 1) g.parts = 1;
+    return g;
+}
+
+static inline unsigned bn_grid_y(int64_t C) {
+    return (unsigned)(C < 65535 ? C : 65535);
+}
+
+/* One part as a block walks it (V elements per vector): the part's first
+ * element (channel 0's coordinates; add c*S), its planes of lenv vectors,
+ * and BN_THREADS = sq*lenv + sr for the walk's stride.  Every quantity but
+ * base is below BN_PART. */
+typedef struct bn_part {
+    int64_t base;
+    unsigned lenv, total, sq, sr;
+} bn_part;
+
+template <int V>
+static __device__ __forceinline__ bn_part bn_part_of(const bn_geom &g, int64_t part) {
+    int64_t gi = part / g.P, p = part - gi * g.P;
+    int64_t n0 = gi * g.pp, s0 = p * g.chunk;
+    int64_t npl = g.N - n0 < g.pp ? g.N - n0 : g.pp;
+    int64_t len = g.S - s0 < g.chunk ? g.S - s0 : g.chunk;
+    bn_part r;
+    r.base = n0 * g.CS + s0;
+    r.lenv = (unsigned)(len / V);
+    r.total = (unsigned)npl * r.lenv;
+    r.sq = BN_THREADS / r.lenv;
+    r.sr = BN_THREADS - r.sq * r.lenv;
+    return r;
+}
+
+/* A thread's position in its part's walk: vector j of the part lies in the
+ * part's plane q at vector offset off (j = q*lenv + off); next() moves to
+ * j + BN_THREADS with adds and one compare. */
+typedef struct bn_walk {
+    unsigned j, q, off;
+} bn_walk;
+
+static __device__ __forceinline__ bn_walk bn_walk_first(const bn_part &pt) {
+    bn_walk w;
+    w.j = threadIdx.x;
+    w.q = w.j / pt.lenv;
+    w.off = w.j - w.q * pt.lenv;
+    return w;
+}
+
+static __device__ __forceinline__ void bn_walk_next(bn_walk &w, const bn_part &pt) {
+    w.j += BN_THREADS;
+    w.q += pt.sq;
+    w.off += pt.sr;
+    if (w.off >= pt.lenv) {
+        w.off -= pt.lenv;
+        w.q += 1;
+    }
+}
+
+/* Element offset of the walk's vector from the part's first element. */
+template <int V>
+static __device__ __forceinline__ int64_t bn_walk_elem(const bn_walk &w, int64_t CS) {
+    return (int64_t)w.q * CS + (int64_t)w.off * V;
+}
+
+/* The flat walk of the element-wise kernels over nv = N*C*S/V vectors
+ * (I: uint32_t or uint64_t): grid stride G = gq*Sv + gr, gc = gq % C. */
+template <typename I> struct bn_flat {
+    I nv, Sv, C, G, gr, gc;
+};
+
+template <typename I>
+static bn_flat<I> bn_flat_of(int64_t NCS, int64_t C, int64_t S, int V, unsigned grid) {
+    bn_flat<I> f;
+    int64_t Sv = S / V, G = (int64_t)grid * BN_THREADS;
+    f.nv = (I)(NCS / V);
+    f.Sv = (I)Sv;
+    f.C = (I)C;
+    f.G = (I)G;
+    f.gr = (I)(G % Sv);
+    f.gc = (I)((G / Sv) % C);
+    return f;
+}
+
+/* A thread's vector j, its offset in its plane (vectors) and its channel. */
+template <typename I> struct bn_at {
+    I j, off, c;
+};
+
+template <typename I>
+static __device__ __forceinline__ bn_at<I> bn_at_first(const bn_flat<I> &f) {
+    bn_at<I> a;
+    a.j = (I)blockIdx.x * BN_THREADS + (I)threadIdx.x;
+    I pl = a.j / f.Sv;
+    a.off = a.j - pl * f.Sv;
+    a.c = pl % f.C;
+    return a;
+}
+
+/* j += G: off += gr with a carry into the plane, the plane's channel
+ * c + gc + carry < 2C wrapped once. */
+template <typename I>
+static __device__ __forceinline__ void bn_at_next(bn_at<I> &a, const bn_flat<I> &f) {
+    a.j += f.G;
+    a.off += f.gr;
+    a.c += f.gc;
+    if (a.off >= f.Sv) {
+        a.off -= f.Sv;
+        a.c += 1;
+    }
+    if (a.c >= f.C) a.c -= f.C;
+}
+
+/* Host: blocks of an element-wise kernel over nv vectors: one vector per
+ * thread, at most BN_WAVE blocks per SM (then each thread loops). */
+static unsigned bn_flat_grid(int64_t nv, int sm_count) {
+    int64_t b = (nv + BN_THREADS - 1) / BN_THREADS;
+    int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 132) * BN_WAVE;
+    if (b > cap) b = cap;
+    if (b < 1) b = 1;
+    return (unsigned)b;
+}
+
+/* Routes of the element-wise kernels. */
+enum { BN_ROUTE_VEC = 0, BN_ROUTE_SCALAR = 1, BN_ROUTE_WIDE = 2 };
+
+static int bn_route(lucid_dtype dt, int64_t NCS, int64_t S, const void *a, const void *b,
+                    const void *c) {
+    if (NCS > (int64_t)INT32_MAX) return BN_ROUTE_WIDE;
+    return bn_use_vec(dt, S, a, b, c) ? BN_ROUTE_VEC : BN_ROUTE_SCALAR;
+}
+
+/* Channel c's affine map z = fmaf(x, sc, sh) (sc = w*invstd,
+ * sh = b - mean*sc; w/b NULL: 1/0): one source expression for every kernel,
+ * so the fused backward recomputes the forward's z from the same f32
+ * statistics. */
+static __device__ __forceinline__ void bn_affine_of(float mean, float invstd, float wc,
+                                                    float bc, float *sc, float *sh) {
+    float k = wc * invstd;
+    *sc = k;
+    *sh = bc - mean * k;
+}
+
+static __device__ __forceinline__ void bn_affine(int64_t c, const float *mean,
+                                                 const float *invstd,
+                                                 const float *w, const float *b,
+                                                 float *sc, float *sh) {
+    float wc = w ? w[c] : 1.0f, is = invstd[c], bc = b ? b[c] : 0.0f;
+    bn_affine_of(mean[c], is, wc, bc, sc, sh);
+}
+
+// ----------------------------------------------------------------------------
+// block reductions and the last block folds
+
+/* Sums of v[0..K) over the block in a fixed order (blockDim.x ==
+ * BN_THREADS): shuffle-down tree inside each warp, then (when more than
+ * warp 0 holds values: nvals > 32 values were spread over the threads as
+ * t, t+BN_THREADS, ...) warp 0 over the warp results.  Every thread calls
+ * it (block-uniform nvals); valid in thread 0.  sh: [K][32] of the caller,
+ * free for this call. */
+template <int K>
+static __device__ __forceinline__ void bn_block_sum64(double (&v)[K], int64_t nvals,
+                                                      double (*sh)[32]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    if (nvals <= 32) return; /* warps 1.. held nothing */
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++) sh[k][wid] = v[k];
+    __syncthreads();
+    if (wid == 0) {
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = lane < BN_THREADS / 32 ? sh[k][lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    }
+}
+
+/* Arrival of this block at channel c's counter, after thread 0 stored the
+ * block's partial for c; every thread of the block calls it (it has a
+ * barrier).  Thread 0 makes the partial visible device-wide
+ * (__threadfence), counts the arrival, and if it is the last of the `parts`
+ * blocks of channel c, sets the counter back to 0 (the next launch, or
+ * graph replay, starts from zero: nothing else touches it in this launch,
+ * every block arrives exactly once per channel) and fences again so the
+ * block's loads of the other partials come after their stores.  Returns,
+ * in every thread, whether this block is the last one; *last is a
+ * __shared__ int of the caller (read back after the barrier, rewritten only
+ * after the caller's next barrier). */
+static __device__ __forceinline__ bool bn_arrive(unsigned int *count, int64_t parts,
+                                                 int *last) {
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned int prev = atomicAdd(count, 1u);
+        int am = prev == (unsigned int)(parts - 1);
+        if (am) {
+            *count = 0u;
+            __threadfence();
+        }
+        *last = am;
+    }
+    __syncthreads();
+    return *last != 0;
+}
+
+// ----------------------------------------------------------------------------
+// host switches and test counters
+
+/* LUCID_BN_ONEPASS, read on each call: "0" = the two-launch route for
+ * channels of one part; unset or anything else = the one-pass kernels. */
+static bool bn_onepass(void) {
+    const char *e = getenv("LUCID_BN_ONEPASS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Kernels queued by this thread's BatchNorm forward / backward calls so far
+ * (not the conv bias sum): the test hook lucid_cuda_bn_launch_count
+ * (nn_common.cuh); nothing here reads it.  Defined in nn_norm_fwd.cu. */
+extern thread_local unsigned long lucid_cuda_bn_launches;
+
+/* Of those, the element-wise launches (bn_apply, bn_dx) that took
+ * BN_ROUTE_WIDE (N*C*S > INT32_MAX): the test hook lucid_cuda_bn_wide_count
+ * (spec/c/test_nn_cuda.c checks that its huge-tensor case takes the 64-bit
+ * route); nothing here reads it.  Defined in nn_norm_fwd.cu. */
+extern thread_local unsigned long lucid_cuda_bn_wide_launches;
+extern "C" unsigned long lucid_cuda_bn_wide_count(void);
+
+#endif /* LUCID_CUDA_NN_NORM_CUH */

@@ -1,0 +1,630 @@
+/*
+ * nn_norm_bwd.cu — BatchNorm2d backward on the GPU (training and eval,
+ * plain and fused with SiLU): the nn.h slots
+ * lucid_cuda_batchnorm2d_backward and lucid_cuda_batchnorm2d_silu_backward;
+ * and the per-channel sum of the conv bias gradient,
+ * lucid_cuda_nn_channel_sum (nn_common.cuh).  The partition of the
+ * reductions, the folds, the vector path and the routes of the element-wise
+ * kernels are described (and implemented) in nn_norm.cuh; the forward is
+ * nn_norm_fwd.cu.
+ *
+ * Gradient sums: per channel (sum g, sum g*xhat), xhat = (x - mean)*invstd
+ * from the saved f32 statistics, g = dy (or the fused SiLU's g below); one
+ * part per block in f32 (bn_grad_partial), the parts of a channel folded in
+ * f64 (bn_grad_fold, by the last block or by bn_grad_final), finished in
+ * f64 (bn_grad_finish: dweight = beta*dweight + sum g*xhat, dbias =
+ * beta*dbias + sum g, and for a training dx the f32 coefficients (k =
+ * w*invstd, mean(g), mean(g*xhat)) in the nn arena).  Then bn_dx writes
+ * dx = beta*dx + k*(g - mean(g) - xhat*mean(g*xhat)) in training, beta*dx
+ * + w*invstd*g in eval, flat over the tensor (route VEC, SCALAR or WIDE,
+ * bn_route).
+ *
+ * One pass (parts == 1, training with dx, LUCID_BN_ONEPASS; see
+ * nn_norm.cuh): bn_grad_dx1 computes bn_grad_partial's one-part sums and
+ * finish (dweight/dbias with beta) and then the channel's dx with bn_dx's
+ * per-element arithmetic from the f32 coefficients bn_grad_finish would
+ * have stored (shared memory instead of the arena).
+ *
+ * Launches (counter route, or any route with parts == 1; the fallback adds
+ * one final per reduction when parts > 1): training backward 2 (grad
+ * partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
+ * LUCID_BN_ONEPASS=0); 1 without dx), eval backward 1 (dx) or 2 with
+ * dweight/dbias, the per-channel sum 1.
+ *
+ * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_backward):
+ * bn_grad_partial and bn_dx recompute z from x, the saved statistics,
+ * weight and bias, and use g = dy * s * (1 + z*(1-s)) where the plain
+ * kernels use dy (g never stored): 2 launches (grad partial+fold, dx)
+ * instead of 3; with one part per channel bn_grad_dx1<..., true> does the
+ * same in 1 launch.
+ *
+ * Per-channel sum (conv bias gradient): bn_grad_partial without x (sum dy
+ * only) finished into the f32 [C] output with beta: out = beta*out +
+ * sum(dy).
+ * Source: PyTorch nn.BatchNorm2d docs; nn.SiLU docs.
+ */
+#include "nn_norm.cuh"
+
+// ----------------------------------------------------------------------------
+// backward, and the per-channel sum
+
+/* dL/dz of a = silu(z): dy * s * (1 + z*(1-s)) (the formula of silu_bwd). */
+static __device__ __forceinline__ float bn_silu_grad(float dy, float z) {
+    float s = nn_sigmoid(z);
+    return dy * s * (1.0f + z * (1.0f - s));
+}
+
+/* (a, b) summed over the block in a fixed order (xor tree in each warp,
+ * then warp 0 over the warps in index order); valid in thread 0.  sh: [32]
+ * of the caller. */
+static __device__ __forceinline__ void bn_block_sum2(float &a, float &b, float2 *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[wid] = make_float2(a, b);
+    __syncthreads();
+    if (wid == 0) {
+        float2 r = lane < BN_THREADS / 32 ? sh[lane] : make_float2(0.0f, 0.0f);
+        a = r.x;
+        b = r.y;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+            b += __shfl_xor_sync(0xffffffffu, b, o);
+        }
+    }
+}
+
+/* What the gradient finish writes: dweight/dbias with beta, and the dx
+ * coefficients coef[c] = (k, mean(g), mean(g*xhat), 0); each nullable. */
+typedef struct bn_grad_out {
+    const float *w;      /* forward weight (k = w*invstd; NULL: 1) */
+    const float *invstd; /* needed with coef */
+    float *dweight, *dbias;
+    double beta;
+    float4 *coef;
+} bn_grad_out;
+
+/* Channel c's dx coefficients (k, mean(g), mean(g*xhat), 0) from its sums
+ * (sum g, sum g*xhat) in f64. */
+static __device__ __forceinline__ float4 bn_grad_coef(double sdy, double sdyx,
+                                                      const bn_geom &g, int64_t c,
+                                                      const float *w, const float *invstd) {
+    double M = (double)g.N * (double)g.S;
+    double k = (w ? (double)w[c] : 1.0) * (double)invstd[c];
+    return make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
+}
+
+/* Channel c's results from its sums (sum g, sum g*xhat) in f64 (one
+ * thread). */
+static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g, int64_t c,
+                                      const bn_grad_out &out) {
+    double beta = out.beta;
+    if (out.dweight)
+        out.dweight[c] =
+            (float)(beta != 0.0 ? sdyx + beta * (double)out.dweight[c] : sdyx);
+    if (out.dbias)
+        out.dbias[c] = (float)(beta != 0.0 ? sdy + beta * (double)out.dbias[c] : sdy);
+    if (out.coef) out.coef[c] = bn_grad_coef(sdy, sdyx, g, c, out.w, out.invstd);
+}
+
+/* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
+ * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
+ * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
+ * block calls it, thread 0 finishes.  The last block of bn_grad_partial
+ * (whichever it is) and the fallback bn_grad_final give the same bits. */
+static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
+                                    const bn_grad_out &out) {
+    __shared__ double sh[2][32];
+    double v[2] = {0.0, 0.0};
+    for (int64_t i = threadIdx.x; i < g.parts; i += BN_THREADS) {
+        float2 q = __ldcg(pp + i);
+        v[0] += (double)q.x;
+        v[1] += (double)q.y;
+    }
+    bn_block_sum64<2>(v, g.parts, sh);
+    if (threadIdx.x != 0) return;
+    bn_grad_finish(v[0], v[1], g, c, out);
+}
+
+/* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
+ * sum g*xhat (WITH_X), xhat = (x - mu)*is; g = dy, or SILU: dy * silu'(z),
+ * z = fmaf(x, zs, zh).  dyp, xp: the part's first element in channel c. */
+template <typename T, int V, bool WITH_X, bool SILU>
+static __device__ __forceinline__ void bn_grad_part(const T *__restrict__ dyp,
+                                                    const T *__restrict__ xp,
+                                                    const bn_part &pt, int64_t CS, float mu,
+                                                    float is, float zs, float zh, float *sa,
+                                                    float *sb) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    float a = 0.0f, bsum = 0.0f;
+    bn_walk wk = bn_walk_first(pt);
+    while (wk.j < pt.total) {
+        R rg[BN_UNROLL], rx[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = wk.j < pt.total;
+            rg[u] = R();
+            rx[u] = R();
+            if (ok[u]) {
+                int64_t e = bn_walk_elem<V>(wk, CS);
+                rg[u] = Vt::load(dyp + e);
+                if (WITH_X) rx[u] = Vt::load(xp + e);
+            }
+            bn_walk_next(wk, pt);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float gv[V], xv[V];
+            Vt::unpack(rg[u], gv);
+            if (WITH_X) Vt::unpack(rx[u], xv);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float gk = gv[k];
+                if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                a += gk;
+                if (WITH_X) {
+                    float xh = (xv[k] - mu) * is;
+                    bsum = fmaf(gk, xh, bsum);
+                }
+            }
+        }
+    }
+    *sa = a;
+    *sb = bsum;
+}
+
+/* One block per (part, channel): (sum g, sum g*xhat) of the part (the
+ * second only when WITH_X), g = dy, or SILU (needs WITH_X): g = dy *
+ * silu'(z) with z recomputed from x (w, b: the forward's weight and bias,
+ * nullable).  parts == 1: thread 0 finishes the channel.  Otherwise
+ * partial[(c*parts + part)] = the sums; with count (the nn state's zeroed
+ * arrival counters) the last block of channel c folds its partials
+ * (bn_grad_fold); count NULL: bn_grad_final does, in a launch of its own. */
+template <typename T, int V, bool WITH_X, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *mean,
+                const float *invstd, const float *w, const float *b, bn_geom g,
+                float2 *partial, unsigned int *count, bn_grad_out out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    static_assert(WITH_X || !SILU, "the fused SiLU gradient needs x");
+    __shared__ float2 sh[32];
+    __shared__ int last;
+    const int64_t part = blockIdx.x;
+    const bn_part pt = bn_part_of<V>(g, part);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        const int64_t base = pt.base + c * g.S;
+        const T *dyp = dy + base;
+        const T *xp = WITH_X ? x + base : dy;
+        float mu = WITH_X ? mean[c] : 0.0f, is = WITH_X ? invstd[c] : 0.0f;
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        float a, bsum;
+        bn_grad_part<T, V, WITH_X, SILU>(dyp, xp, pt, g.CS, mu, is, zs, zh, &a, &bsum);
+        bn_block_sum2(a, bsum, sh);
+        if (!WITH_X) bsum = 0.0f;
+        if (g.parts == 1) {
+            if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
+            continue;
+        }
+        /* thread 0: the one bn_arrive fences for */
+        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float2(a, bsum);
+        if (count && bn_arrive(count + c, g.parts, &last))
+            bn_grad_fold(partial + c * g.parts, g, c, out);
+    }
+}
+
+/* Fallback (no counters, parts > 1): one block per channel folds its
+ * partials. */
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_final(const float2 *partial, bn_geom g, bn_grad_out out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y)
+        bn_grad_fold(partial + c * g.parts, g, c, out);
+}
+
+/* Training dx of one element before beta: k*(g - mdy - xhat*mdyx), xhat =
+ * (x - mu)*is. */
+static __device__ __forceinline__ float bn_dx_train(float g, float xq, float mu, float is,
+                                                    float k, float mdy, float mdyx) {
+    float xh = (xq - mu) * is;
+    return k * (g - mdy - xh * mdyx);
+}
+
+/* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
+ * dx = beta*dx + w*invstd*g                (eval)
+ * g = dy, or SILU: dy * silu'(z), z recomputed from x (b: the forward's
+ * bias, nullable).  Flat over the N*C*S/V vectors (bn_flat). */
+template <typename T, int V, typename I, bool TRAIN, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
+      const float *mean, const float *invstd, const float *w, const float *b,
+      const float4 *coef, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    const bool NX = TRAIN || SILU; /* x is read */
+    bn_at<I> a = bn_at_first(f);
+    while (a.j < f.nv) {
+        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+        I at[BN_UNROLL];
+        float k[BN_UNROLL], mdy[BN_UNROLL], mdyx[BN_UNROLL], mu[BN_UNROLL], is[BN_UNROLL];
+        float zs[BN_UNROLL], zh[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            at[u] = a.j;
+            rg[u] = R();
+            rx[u] = R();
+            rd[u] = R();
+            k[u] = mdy[u] = mdyx[u] = mu[u] = is[u] = zs[u] = zh[u] = 0.0f;
+            if (a.j < f.nv) {
+                size_t e = (size_t)a.j * V;
+                int64_t c = (int64_t)a.c;
+                rg[u] = Vt::load(dy + e);
+                if (NX) rx[u] = Vt::load(x + e);
+                if (beta != 0.0f) rd[u] = Vt::load(dx + e);
+                if (TRAIN) {
+                    float4 q = coef[c];
+                    k[u] = q.x;
+                    mdy[u] = q.y;
+                    mdyx[u] = q.z;
+                    mu[u] = mean[c];
+                    is[u] = invstd[c];
+                } else {
+                    k[u] = (w ? w[c] : 1.0f) * invstd[c];
+                }
+                if (SILU) bn_affine(c, mean, invstd, w, b, &zs[u], &zh[u]);
+            }
+            bn_at_next(a, f);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (at[u] >= f.nv) break;
+            float gv[V], xv[V], dv[V];
+            Vt::unpack(rg[u], gv);
+            if (NX) Vt::unpack(rx[u], xv);
+            if (beta != 0.0f) Vt::unpack(rd[u], dv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                float g = gv[q];
+                float xq = NX ? xv[q] : 0.0f;
+                if (SILU) g = bn_silu_grad(g, fmaf(xq, zs[u], zh[u]));
+                float v;
+                if (TRAIN) {
+                    v = bn_dx_train(g, xq, mu[u], is[u], k[u], mdy[u], mdyx[u]);
+                } else {
+                    v = k[u] * g;
+                }
+                if (beta != 0.0f) v = fmaf(beta, dv[q], v);
+                gv[q] = v;
+            }
+            Vt::store(dx + (size_t)at[u] * V, Vt::pack(gv));
+        }
+    }
+}
+
+/* Training backward with dx of channels of ONE part (g.parts == 1), the
+ * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
+ * block c (grid.y, channels strided) computes channel c's (sum g, sum
+ * g*xhat) exactly as bn_grad_partial<T, VS, true, SILU>'s one-part path
+ * (bn_grad_part over part 0, bn_block_sum2, bn_grad_finish: dweight /
+ * dbias with beta_params, out.coef unused); thread 0 hands the channel's
+ * f32 dx coefficients (bn_grad_coef: those bn_grad_finish would store in
+ * coef[c]) to the block through shared memory, and after the barrier the
+ * block writes dx over the channel with bn_dx<TRAIN>'s per-element
+ * arithmetic (bn_silu_grad, bn_dx_train, then beta: fmaf(beta, dx, v), dx
+ * read only when beta != 0), VA-element vectors (bn_dx's vector choice). */
+template <typename T, int VS, int VA, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+            const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
+            float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ float2 sh[32];
+    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
+    const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float mu = mean[c], is = invstd[c];
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        float a, bsum;
+        bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
+                                        g.CS, mu, is, zs, zh, &a, &bsum);
+        bn_block_sum2(a, bsum, sh);
+        /* cf is rewritten only after the next channel's bn_block_sum2
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0) {
+            bn_grad_finish((double)a, (double)bsum, g, c, out);
+            cf = bn_grad_coef((double)a, (double)bsum, g, c, out.w, out.invstd);
+        }
+        __syncthreads();
+        const float4 q = cf;
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rg[u] = R();
+                rx[u] = R();
+                rd[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rg[u] = Vt::load(dy + e[u]);
+                    rx[u] = Vt::load(x + e[u]);
+                    if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float gv[VA], xv[VA], dv[VA];
+                Vt::unpack(rg[u], gv);
+                Vt::unpack(rx[u], xv);
+                if (beta != 0.0f) Vt::unpack(rd[u], dv);
+#pragma unroll
+                for (int k = 0; k < VA; k++) {
+                    float gk = gv[k];
+                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                    float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+                    if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+                    gv[k] = v;
+                }
+                Vt::store(dx + e[u], Vt::pack(gv));
+            }
+        }
+    }
+}
+
+template <typename T, bool TRAIN, bool SILU>
+static void bn_launch_dx(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
+                         cudaStream_t stream, const T *x, const T *dy, T *dx,
+                         const float *mean, const float *invstd, const float *w,
+                         const float *b, const float4 *coef, float beta) {
+    const int VV = bn_width<T>::V;
+    int64_t NCS = N * C * S;
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_dx<T, VV, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean,
+                     invstd, w, b, coef, beta);
+    else if (route == BN_ROUTE_SCALAR)
+        lucid_launch(bn_dx<T, 1, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean,
+                     invstd, w, b, coef, beta);
+    else
+        lucid_launch(bn_dx<T, 1, uint64_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
+                     stream, x, dy, dx, bn_flat_of<uint64_t>(NCS, C, S, 1, grid), mean,
+                     invstd, w, b, coef, beta);
+}
+
+/* The gradient sums' launch: g = dy (WITH_X: also g*xhat), or the fused
+ * SiLU's g; vec: the vector path. */
+template <typename T, bool WITH_X, bool SILU>
+static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy,
+                           const T *x, const float *mean, const float *invstd,
+                           const float *w, const float *b, const bn_geom &g,
+                           float2 *partial, unsigned int *count, const bn_grad_out &go) {
+    if (vec)
+        lucid_launch(bn_grad_partial<T, bn_width<T>::V, WITH_X, SILU>, grid, dim3(BN_THREADS),
+                     0, stream, dy, x, mean, invstd, w, b, g, partial, count, go);
+    else
+        lucid_launch(bn_grad_partial<T, 1, WITH_X, SILU>, grid, dim3(BN_THREADS), 0, stream,
+                     dy, x, mean, invstd, w, b, g, partial, count, go);
+}
+
+/* The one-pass training backward's launch (parts == 1, dx asked): vs, the
+ * gradient sums' vector path (bn_grad_partial's choice), va, dx's (route
+ * BN_ROUTE_VEC; va implies vs). */
+template <typename T, bool SILU>
+static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream, const T *dy,
+                               const T *x, T *dx, const float *mean, const float *invstd,
+                               const float *w, const float *b, const bn_geom &g,
+                               const bn_grad_out &go, float beta) {
+    const int VV = bn_width<T>::V;
+    if (vs && va)
+        lucid_launch(bn_grad_dx1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else if (vs)
+        lucid_launch(bn_grad_dx1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else
+        lucid_launch(bn_grad_dx1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+}
+
+static lucid_status bn_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params, bool silu) {
+    const char *op = silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward";
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    CUDA_ENTER(ctx, st);
+    int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    if (N * C * S == 0) return LUCID_OK;
+    const void *xd = lucid_tensor_data(x), *dyd = lucid_tensor_data(dy);
+    const float *sm = (const float *)lucid_tensor_data(save_mean);
+    const float *si = (const float *)lucid_tensor_data(save_invstd);
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = (silu && bias) ? (const float *)lucid_tensor_data(bias) : NULL;
+    bool need_sums = dweight || dbias || (dx && training);
+    float4 *coef = NULL;
+    if (need_sums) {
+        lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+        if (!ns) return ctx->last_status;
+        bn_geom g = bn_geom_of(N, C, S);
+        if (g.parts > INT32_MAX)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: batch too large", op);
+        size_t pbytes = nn_align(sizeof(float2) * (size_t)(g.parts * C));
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns,
+                                      pbytes + sizeof(float4) * (size_t)C, op,
+                                      &ws));
+        unsigned int *count = NULL; /* NULL: the two-launch fallback */
+        LUCID_TRY(lucid_cuda_nn_counters(ctx, st, ns, C, &count));
+        float2 *part = (float2 *)ws;
+        coef = (dx && training) ? (float4 *)((char *)ws + pbytes) : NULL;
+        bn_grad_out go;
+        go.w = w;
+        go.invstd = si;
+        go.dweight = dweight ? (float *)lucid_tensor_data(dweight) : NULL;
+        go.dbias = dbias ? (float *)lucid_tensor_data(dbias) : NULL;
+        go.beta = beta_params;
+        go.coef = coef;
+        dim3 grid((unsigned)g.parts, bn_grid_y(C));
+        bool with_x = dweight || (dx && training);
+        /* x and dy decide, whatever is asked: the same partition (bits) for
+         * every subset of the outputs */
+        bool vec = bn_use_vec(x->dtype, S, xd, dyd, NULL);
+        const float *nof = NULL;
+        if (dx && training && g.parts == 1 && bn_onepass()) {
+            /* one part per channel: the sums and dx in one launch; the
+             * coefficients stay in shared memory */
+            void *dxd = lucid_tensor_data(dx);
+            bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
+            float bi = (float)beta_input;
+            go.coef = NULL;
+            if (silu)
+                NN_DISPATCH(x->dtype, (bn_launch_grad_dx1<T, true>(
+                                          vec, va, grid, st->stream, (const T *)dyd,
+                                          (const T *)xd, (T *)dxd, sm, si, w, b, g, go, bi)));
+            else
+                NN_DISPATCH(x->dtype, (bn_launch_grad_dx1<T, false>(
+                                          vec, va, grid, st->stream, (const T *)dyd,
+                                          (const T *)xd, (T *)dxd, sm, si, nof, nof, g, go,
+                                          bi)));
+            CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1");
+            lucid_cuda_bn_launches += 1;
+            return LUCID_OK;
+        }
+        if (silu) /* g needs x whatever is asked */
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, true>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)xd,
+                                      sm, si, w, b, g, part, count, go)));
+        else if (with_x)
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, false>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)xd,
+                                      sm, si, nof, nof, g, part, count, go)));
+        else
+            NN_DISPATCH(x->dtype, (bn_launch_grad<T, false, false>(
+                                      vec, grid, st->stream, (const T *)dyd, (const T *)NULL,
+                                      sm, si, nof, nof, g, part, count, go)));
+        CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial");
+        lucid_cuda_bn_launches += 1;
+        if (!count && g.parts > 1) {
+            lucid_launch(bn_grad_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
+                         st->stream, (const float2 *)part, g, go);
+            CUDA_CHECK_LAUNCH(ctx, "bn_grad_final");
+            lucid_cuda_bn_launches += 1;
+        }
+    }
+    if (!dx) return LUCID_OK;
+    void *dxd = lucid_tensor_data(dx);
+    int route = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd);
+    int64_t nv = N * C * S / (route == BN_ROUTE_VEC ? 16 / (int64_t)lucid_dtype_size(x->dtype) : 1);
+    unsigned grid = bn_flat_grid(nv, st->sm_count);
+    float bi = (float)beta_input;
+    const float4 *cf = coef;
+    if (training && silu)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, true, true>(route, grid, N, C, S, st->stream,
+                                                           (const T *)xd, (const T *)dyd,
+                                                           (T *)dxd, sm, si, w, b, cf, bi)));
+    else if (training)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, true, false>(route, grid, N, C, S, st->stream,
+                                                            (const T *)xd, (const T *)dyd,
+                                                            (T *)dxd, sm, si, w, b, cf, bi)));
+    else if (silu)
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, false, true>(route, grid, N, C, S, st->stream,
+                                                            (const T *)xd, (const T *)dyd,
+                                                            (T *)dxd, sm, si, w, b, cf, bi)));
+    else
+        NN_DISPATCH(x->dtype, (bn_launch_dx<T, false, false>(route, grid, N, C, S, st->stream,
+                                                             (const T *)xd, (const T *)dyd,
+                                                             (T *)dxd, sm, si, w, b, cf, bi)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_dx");
+    lucid_cuda_bn_launches += 1;
+    if (route == BN_ROUTE_WIDE) lucid_cuda_bn_wide_launches += 1;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    return bn_backward(ctx, x, dy, dx, weight, NULL, save_mean, save_invstd,
+                       dweight, dbias, training, beta_input, beta_params, false);
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_silu_backward(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params) {
+    return bn_backward(ctx, x, dy, dx, weight, bias, save_mean, save_invstd,
+                       dweight, dbias, training, beta_input, beta_params, true);
+}
+
+// ----------------------------------------------------------------------------
+// per-channel sum (conv bias gradient)
+
+lucid_status lucid_cuda_nn_channel_sum(lucid_ctx *ctx, lucid_cuda_state *st,
+                                       lucid_cuda_nn_state *ns, const void *dy,
+                                       lucid_dtype dt, int64_t N, int64_t C,
+                                       int64_t S, float *out, double beta) {
+    bn_geom g = bn_geom_of(N, C, S);
+    if (g.parts > INT32_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "conv2d bias gradient: batch too large");
+    void *ws = NULL;
+    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, sizeof(float2) * (size_t)(g.parts * C),
+                                  "conv2d_backward_params (bias)", &ws));
+    unsigned int *count = NULL; /* NULL: the two-launch fallback */
+    LUCID_TRY(lucid_cuda_nn_counters(ctx, st, ns, C, &count));
+    bn_grad_out go;
+    go.w = NULL;
+    go.invstd = NULL;
+    go.dweight = NULL;
+    go.dbias = out;
+    go.beta = beta;
+    go.coef = NULL;
+    dim3 grid((unsigned)g.parts, bn_grid_y(C));
+    bool vec = bn_use_vec(dt, S, dy, NULL, NULL);
+    const float *nof = NULL;
+    NN_DISPATCH(dt, (bn_launch_grad<T, false, false>(vec, grid, st->stream, (const T *)dy,
+                                                     (const T *)NULL, nof, nof, nof, nof, g,
+                                                     (float2 *)ws, count, go)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_grad_partial (bias)");
+    if (!count && g.parts > 1) {
+        lucid_launch(bn_grad_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0, st->stream,
+                     (const float2 *)ws, g, go);
+        CUDA_CHECK_LAUNCH(ctx, "bn_grad_final (bias)");
+    }
+    return LUCID_OK;
+}

@@ -1,0 +1,541 @@
+/*
+ * nn_norm_fwd.cu — BatchNorm2d forward on the GPU (training and eval, plain
+ * and fused with SiLU): the nn.h slots lucid_cuda_batchnorm2d_forward and
+ * lucid_cuda_batchnorm2d_silu_forward.  The partition of the reductions,
+ * the folds, the vector path and the routes of the element-wise kernels
+ * are described (and implemented) in nn_norm.cuh; the backward is
+ * nn_norm_bwd.cu.
+ *
+ * Forward statistics (training): per-thread shifted sums (shift = the
+ * channel's first element) turned into (count, mean, M2) and merged with
+ * Chan's formula, so the variance does not suffer from E[x^2]-E[x]^2
+ * cancellation; one part per block (bn_stats_partial), the parts of a
+ * channel folded in f64 (bn_stats_fold, by the last block or by
+ * bn_stats_final), finished in f64 (bn_stats_finish: save_mean,
+ * save_invstd, the running stats, num_batches_tracked += 1).  Eval:
+ * bn_stats_eval takes the running statistics.  Then bn_apply writes
+ * y = x*scale + shift (scale = w*invstd, shift = b - mean*scale) flat over
+ * the tensor (route VEC, SCALAR or WIDE, bn_route).
+ *
+ * One pass (parts == 1, LUCID_BN_ONEPASS; see nn_norm.cuh):
+ * bn_stats_apply1 computes channel c's statistics exactly as
+ * bn_stats_partial's one-part path (same walk, vector width, tree, f64
+ * finish, running stats, num_batches_tracked), thread 0 passes the f32
+ * save_mean/save_invstd it stored to the block through shared memory, and
+ * after a barrier the block writes the channel's y with bn_apply's
+ * per-element arithmetic (vectors of the apply's vector choice, walked
+ * like a part: plane offsets 64-bit, so no separate route for huge
+ * tensors).
+ *
+ * Launches (counter route, or any route with parts == 1; the fallback adds
+ * one final when parts > 1): training forward 2 (stats partial[+fold],
+ * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), eval
+ * forward 2 (stats_eval, apply).
+ *
+ * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_forward): the
+ * statistics kernel above unchanged, then bn_apply<..., true> stores a =
+ * z*sigmoid(z) of the f32 z = fmaf(x, sc, sh) (z never stored): 2 launches
+ * in training (stats partial+fold, apply) instead of 3 for batchnorm then
+ * silu, 2 in eval; with one part per channel bn_stats_apply1<..., true>
+ * does the same in 1 launch.
+ *
+ * Test hooks (defined here, counted by both directions):
+ * lucid_cuda_bn_launch_count() (nn_common.cuh) and
+ * lucid_cuda_bn_wide_count() (nn_norm.cuh).
+ * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
+ * docs.
+ */
+#include "nn_norm.cuh"
+
+// ----------------------------------------------------------------------------
+// the forward's output of one element
+
+/* The forward's output of one element: z = fmaf(x, sc, sh), SILU: z *
+ * sigmoid(z) (z kept in f32). */
+template <bool SILU>
+static __device__ __forceinline__ float bn_out(float x, float sc, float sh) {
+    float z = fmaf(x, sc, sh);
+    return SILU ? z * nn_sigmoid(z) : z;
+}
+
+// ----------------------------------------------------------------------------
+// forward statistics
+
+struct bn_mv { float n, mean, m2; };
+
+static __device__ __forceinline__ bn_mv bn_merge(bn_mv a, bn_mv b) {
+    float n = a.n + b.n;
+    if (b.n == 0.0f) return a;
+    if (a.n == 0.0f) return b;
+    float d = b.mean - a.mean;
+    float fb = b.n / n;
+    bn_mv r;
+    r.n = n;
+    r.mean = a.mean + d * fb;
+    r.m2 = a.m2 + b.m2 + d * d * a.n * fb;
+    return r;
+}
+
+static __device__ __forceinline__ bn_mv bn_shfl(bn_mv v, int o) {
+    bn_mv r;
+    r.n = __shfl_down_sync(0xffffffffu, v.n, o);
+    r.mean = __shfl_down_sync(0xffffffffu, v.mean, o);
+    r.m2 = __shfl_down_sync(0xffffffffu, v.m2, o);
+    return r;
+}
+
+/* What the statistics finish writes (training forward). */
+typedef struct bn_stats_out {
+    float *save_mean, *save_invstd;
+    float *running_mean, *running_var; /* nullable */
+    void *nbt;                         /* num_batches_tracked, nullable */
+    int nbt_dt;
+    double momentum, eps;
+} bn_stats_out;
+
+/* Channel c's results from its (count n, mean, M2) in f64 (one thread):
+ * save_mean / save_invstd, the running stats and, for c == 0 only,
+ * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
+ * invstd) it stored in save_mean[c] / save_invstd[c]. */
+static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
+                                         const bn_stats_out &out) {
+    if (m2 < 0.0) m2 = 0.0;
+    double var = m2 / n; /* biased: normalisation */
+    float2 kept;
+    kept.x = (float)mean;
+    out.save_mean[c] = kept.x;
+    kept.y = (float)(1.0 / sqrt(var + out.eps));
+    out.save_invstd[c] = kept.y;
+    if (out.running_mean)
+        out.running_mean[c] = (float)((1.0 - out.momentum) * (double)out.running_mean[c] +
+                                      out.momentum * mean);
+    if (out.running_var)
+        out.running_var[c] = (float)((1.0 - out.momentum) * (double)out.running_var[c] +
+                                     out.momentum * (m2 / (n - 1.0)));
+    if (c == 0 && out.nbt) {
+        if (out.nbt_dt == LUCID_I64) ((int64_t *)out.nbt)[0] += 1;
+        else if (out.nbt_dt == LUCID_I32) ((int32_t *)out.nbt)[0] += 1;
+        else lucid_store_f64(out.nbt, out.nbt_dt, 0, lucid_load_f64(out.nbt, out.nbt_dt, 0) + 1.0);
+    }
+    return kept;
+}
+
+/* Channel c's statistics from its `parts` (> 1) partials pp[0..parts) =
+ * (n_i, mean_i, M2_i): called by every thread of a BN_THREADS block
+ * (block-uniform), thread 0 finishes (bn_stats_finish).
+ * f64 sums shifted by K = mean_0 (part 0 is the largest part):
+ *   n = sum n_i, s = sum n_i*(mean_i - K), q = sum M2_i + n_i*(mean_i - K)^2,
+ *   mean = K + s/n, M2 = q - s^2/n  (Chan's merge of all parts at once).
+ * The cancellation in q - s^2/n is bounded: n_0*(mean_0 - mean)^2 <= M2, so
+ * s^2/n <= M2 * n/n_0 <= M2 * parts, a relative error of about
+ * parts * 2^-53 on M2 (1e-11 for 1e5 parts), far below the f32 partials'.
+ * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
+ * bn_block_sum64 of the three sums at once.  Nothing depends on blockIdx,
+ * so the last-arriving block of bn_stats_partial (whichever it is) and the
+ * fallback bn_stats_final give the same bits.  The partials are read with
+ * ld.global.cg (L2): other blocks of this grid wrote them. */
+static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
+                                     const bn_stats_out &out) {
+    __shared__ double sh[3][32];
+    double K = (double)__ldcg((const float *)pp + 1);
+    double v[3] = {0.0, 0.0, 0.0}; /* n, s, q */
+    for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
+        const float *p = (const float *)(pp + i);
+        double ni = (double)__ldcg(p), d = (double)__ldcg(p + 1) - K;
+        double sd = ni * d;
+        v[0] += ni;
+        v[1] += sd;
+        v[2] += (double)__ldcg(p + 2) + sd * d;
+    }
+    bn_block_sum64<3>(v, parts, sh);
+    if (threadIdx.x != 0) return;
+    double n = v[0], s = v[1], q = v[2];
+    bn_stats_finish(n, K + s / n, q - s * (s / n), c, out);
+}
+
+/* One part of channel c: (count, mean, M2), thread 0 of the block holding
+ * it.  K: the channel's shift (its first element). */
+template <typename T, int V>
+static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
+                                                      const bn_part &pt, int64_t CS,
+                                                      float K, bn_mv *sh) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    float a1 = 0.0f, a2 = 0.0f;
+    unsigned nvec = 0;
+    bn_walk w = bn_walk_first(pt);
+    while (w.j < pt.total) {
+        R r[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = w.j < pt.total;
+            r[u] = R();
+            if (ok[u]) r[u] = Vt::load(xp + bn_walk_elem<V>(w, CS));
+            bn_walk_next(w, pt);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float f[V];
+            Vt::unpack(r[u], f);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = f[k] - K;
+                a1 += d;
+                a2 = fmaf(d, d, a2);
+            }
+            nvec++;
+        }
+    }
+    float cnt = (float)(nvec * V);
+    bn_mv v;
+    v.n = cnt;
+    v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
+    v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
+    /* fixed tree: shuffle down inside the warp, then warp 0 over warps */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous channel */
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    bn_mv r = {0.0f, 0.0f, 0.0f};
+    if (wid == 0) {
+        r = lane < BN_THREADS / 32 ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) r = bn_merge(r, bn_shfl(r, o));
+    }
+    return r;
+}
+
+/* One block per (part, channel).  parts == 1: thread 0 finishes the
+ * channel.  Otherwise partial[(c * parts + part)] = (count, mean, M2) of
+ * the part; with count (the nn state's zeroed arrival counters), the last
+ * block of channel c folds the channel's partials (bn_stats_fold); count
+ * NULL: bn_stats_final does, in a launch of its own. */
+template <typename T, int V>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_partial(const T *__restrict__ x, bn_geom g, float3 *partial, unsigned int *count,
+                 bn_stats_out out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    __shared__ bn_mv sh[32];
+    __shared__ int last;
+    const int64_t part = blockIdx.x;
+    const bn_part pt = bn_part_of<V>(g, part);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        bn_mv r = bn_stats_part<T, V>(x + pt.base + c * g.S, pt, g.CS, K, sh);
+        if (g.parts == 1) {
+            if (threadIdx.x == 0)
+                bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+            continue;
+        }
+        /* thread 0: the one bn_arrive fences for */
+        if (threadIdx.x == 0) partial[c * g.parts + part] = make_float3(r.n, r.mean, r.m2);
+        if (count && bn_arrive(count + c, g.parts, &last))
+            bn_stats_fold(partial + c * g.parts, g.parts, c, out);
+    }
+}
+
+/* Fallback (no counters, parts > 1): one block per channel folds its
+ * partials. */
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_final(const float3 *partial, bn_geom g, bn_stats_out out) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y)
+        bn_stats_fold(partial + c * g.parts, g.parts, c, out);
+}
+
+/* eval: the statistics used are the running ones. */
+static __global__ void bn_stats_eval(int64_t C, const float *running_mean,
+                              const float *running_var, float *save_mean,
+                              float *save_invstd, double eps) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    save_mean[c] = running_mean[c];
+    save_invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + eps));
+}
+
+/* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale;
+ * SILU: y = z * sigmoid(z) of that z (kept in f32).  Flat over the
+ * N*C*S/V vectors (bn_flat). */
+template <typename T, int V, typename I, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *mean,
+         const float *invstd, const float *w, const float *b) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    bn_at<I> a = bn_at_first(f);
+    while (a.j < f.nv) {
+        R r[BN_UNROLL];
+        I at[BN_UNROLL];
+        float sc[BN_UNROLL], sh[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            at[u] = a.j;
+            r[u] = R();
+            sc[u] = sh[u] = 0.0f;
+            if (a.j < f.nv) {
+                r[u] = Vt::load(x + (size_t)a.j * V);
+                bn_affine((int64_t)a.c, mean, invstd, w, b, &sc[u], &sh[u]);
+            }
+            bn_at_next(a, f);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (at[u] >= f.nv) break;
+            float v[V];
+            Vt::unpack(r[u], v);
+#pragma unroll
+            for (int k = 0; k < V; k++) v[k] = bn_out<SILU>(v[k], sc[u], sh[u]);
+            Vt::store(y + (size_t)at[u] * V, Vt::pack(v));
+        }
+    }
+}
+
+/* Training forward of channels of ONE part (g.parts == 1), statistics and
+ * apply in one launch (LUCID_BN_ONEPASS, see the header): block c (grid.y,
+ * channels strided) computes channel c's statistics exactly as
+ * bn_stats_partial's one-part path (part 0 walked with VS-element vectors,
+ * the same tree and f64 finish, running stats and num_batches_tracked
+ * included); thread 0 hands the f32 (mean, invstd) it stored in
+ * save_mean[c] / save_invstd[c] to the block through shared memory, and
+ * after the barrier the block writes y over the channel with bn_apply's
+ * per-element arithmetic (bn_affine_of, bn_out; VA-element vectors, VA the
+ * apply's vector choice), so y equals bn_apply's bitwise.  The walk is
+ * part 0's (all N planes; plane offsets 64-bit, so huge tensors need no
+ * other route). */
+template <typename T, int VS, int VA, bool SILU>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
+                const float *w, const float *b) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ bn_mv sh[32];
+    __shared__ float2 kept; /* channel c's stored (mean, invstd) */
+    const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh);
+        /* kept is rewritten only after the next channel's bn_stats_part
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0)
+            kept = bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+        __syncthreads();
+        float sc, shf;
+        {
+            float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
+            bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
+        }
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rv[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rv[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rv[u] = Vt::load(x + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float v[VA];
+                Vt::unpack(rv[u], v);
+#pragma unroll
+                for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
+                Vt::store(y + e[u], Vt::pack(v));
+            }
+        }
+    }
+}
+
+template <typename T, bool SILU>
+static void bn_launch_apply(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
+                            cudaStream_t stream, const T *x, T *y, const float *mean,
+                            const float *invstd, const float *w, const float *b) {
+    const int VV = bn_width<T>::V;
+    int64_t NCS = N * C * S;
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_apply<T, VV, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b);
+    else if (route == BN_ROUTE_SCALAR)
+        lucid_launch(bn_apply<T, 1, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
+    else
+        lucid_launch(bn_apply<T, 1, uint64_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
+                     x, y, bn_flat_of<uint64_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
+}
+
+template <typename T>
+static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x,
+                            const bn_geom &g, float3 *partial, unsigned int *count,
+                            const bn_stats_out &so) {
+    if (vec)
+        lucid_launch(bn_stats_partial<T, bn_width<T>::V>, grid, dim3(BN_THREADS), 0, stream, x,
+                     g, partial, count, so);
+    else
+        lucid_launch(bn_stats_partial<T, 1>, grid, dim3(BN_THREADS), 0, stream, x, g, partial,
+                     count, so);
+}
+
+/* The one-pass training forward's launch (parts == 1): vs, the statistics'
+ * vector path (bn_stats_partial's choice), va, the apply's (route
+ * BN_ROUTE_VEC; va implies vs: both need S % V == 0 and x aligned). */
+template <typename T, bool SILU>
+static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t stream,
+                                   const T *x, T *y, const bn_geom &g,
+                                   const bn_stats_out &so, const float *w, const float *b) {
+    const int VV = bn_width<T>::V;
+    if (vs && va)
+        lucid_launch(bn_stats_apply1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else if (vs)
+        lucid_launch(bn_stats_apply1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else
+        lucid_launch(bn_stats_apply1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+}
+
+/* The counters declared in nn_norm.cuh (both directions add to them). */
+thread_local unsigned long lucid_cuda_bn_launches;
+thread_local unsigned long lucid_cuda_bn_wide_launches;
+
+extern "C" unsigned long lucid_cuda_bn_launch_count(void) { return lucid_cuda_bn_launches; }
+
+extern "C" unsigned long lucid_cuda_bn_wide_count(void) { return lucid_cuda_bn_wide_launches; }
+
+static lucid_status bn_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps,
+    bool silu) {
+    const char *op = silu ? "batchnorm2d_silu_forward" : "batchnorm2d_forward";
+    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
+    LUCID_TRY(nn_check_f32(ctx, op, "running_mean", running_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "running_var", running_var));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    CUDA_ENTER(ctx, st);
+    int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    if (N * C * S == 0) return LUCID_OK;
+    const void *xd = lucid_tensor_data(x);
+    void *yd = lucid_tensor_data(y);
+    float *sm = (float *)lucid_tensor_data(save_mean);
+    float *si = (float *)lucid_tensor_data(save_invstd);
+    float *rm = running_mean ? (float *)lucid_tensor_data(running_mean) : NULL;
+    float *rv = running_var ? (float *)lucid_tensor_data(running_var) : NULL;
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = bias ? (const float *)lucid_tensor_data(bias) : NULL;
+    unsigned cblocks = (unsigned)((C + 127) / 128);
+    if (training) {
+        lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+        if (!ns) return ctx->last_status;
+        bn_geom g = bn_geom_of(N, C, S);
+        if (g.parts > INT32_MAX)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: batch too large", op);
+        void *ws = NULL;
+        LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns,
+                                      sizeof(float3) * (size_t)(g.parts * C),
+                                      op, &ws));
+        unsigned int *count = NULL; /* NULL: the two-launch fallback */
+        LUCID_TRY(lucid_cuda_nn_counters(ctx, st, ns, C, &count));
+        bn_stats_out so;
+        so.save_mean = sm;
+        so.save_invstd = si;
+        so.running_mean = rm;
+        so.running_var = rv;
+        so.nbt = num_batches_tracked ? lucid_tensor_data(num_batches_tracked) : NULL;
+        so.nbt_dt = num_batches_tracked ? (int)num_batches_tracked->dtype : 0;
+        so.momentum = momentum;
+        so.eps = eps;
+        dim3 grid((unsigned)g.parts, bn_grid_y(C));
+        bool vec = bn_use_vec(x->dtype, S, xd, NULL, NULL);
+        if (g.parts == 1 && bn_onepass()) {
+            /* one part per channel: statistics and apply in one launch */
+            bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
+            if (silu)
+                NN_DISPATCH(x->dtype, (bn_launch_stats_apply1<T, true>(
+                                          vec, va, grid, st->stream, (const T *)xd, (T *)yd,
+                                          g, so, w, b)));
+            else
+                NN_DISPATCH(x->dtype, (bn_launch_stats_apply1<T, false>(
+                                          vec, va, grid, st->stream, (const T *)xd, (T *)yd,
+                                          g, so, w, b)));
+            CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply1");
+            lucid_cuda_bn_launches += 1;
+            return LUCID_OK;
+        }
+        NN_DISPATCH(x->dtype, bn_launch_stats<T>(vec, grid, st->stream, (const T *)xd, g,
+                                                 (float3 *)ws, count, so));
+        CUDA_CHECK_LAUNCH(ctx, "bn_stats_partial");
+        lucid_cuda_bn_launches += 1;
+        if (!count && g.parts > 1) {
+            lucid_launch(bn_stats_final, dim3(1, bn_grid_y(C)), dim3(BN_THREADS), 0,
+                         st->stream, (const float3 *)ws, g, so);
+            CUDA_CHECK_LAUNCH(ctx, "bn_stats_final");
+            lucid_cuda_bn_launches += 1;
+        }
+    } else {
+        lucid_launch(bn_stats_eval, dim3(cblocks), dim3(128), 0, st->stream, C,
+                     (const float *)rm, (const float *)rv, sm, si, eps);
+        CUDA_CHECK_LAUNCH(ctx, "bn_stats_eval");
+        lucid_cuda_bn_launches += 1;
+    }
+    int route = bn_route(x->dtype, N * C * S, S, xd, yd, NULL);
+    int64_t nv = N * C * S / (route == BN_ROUTE_VEC ? 16 / (int64_t)lucid_dtype_size(x->dtype) : 1);
+    unsigned grid = bn_flat_grid(nv, st->sm_count);
+    if (silu)
+        NN_DISPATCH(x->dtype, (bn_launch_apply<T, true>(route, grid, N, C, S, st->stream,
+                                                        (const T *)xd, (T *)yd, sm, si, w, b)));
+    else
+        NN_DISPATCH(x->dtype, (bn_launch_apply<T, false>(route, grid, N, C, S, st->stream,
+                                                         (const T *)xd, (T *)yd, sm, si, w, b)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_apply");
+    lucid_cuda_bn_launches += 1;
+    if (route == BN_ROUTE_WIDE) lucid_cuda_bn_wide_launches += 1;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    return bn_forward(ctx, x, y, weight, bias, running_mean, running_var,
+                      num_batches_tracked, save_mean, save_invstd, training,
+                      momentum, eps, false);
+}
+
+extern "C" lucid_status lucid_cuda_batchnorm2d_silu_forward(
+    lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+    const lucid_tensor *weight, const lucid_tensor *bias,
+    lucid_tensor *running_mean, lucid_tensor *running_var,
+    lucid_tensor *num_batches_tracked, lucid_tensor *save_mean,
+    lucid_tensor *save_invstd, int training, double momentum, double eps) {
+    return bn_forward(ctx, x, y, weight, bias, running_mean, running_var,
+                      num_batches_tracked, save_mean, save_invstd, training,
+                      momentum, eps, true);
+}
