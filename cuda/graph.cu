@@ -30,6 +30,9 @@
  */
 #include "common.cuh"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* cuda/alloc.cu */
 void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
 
@@ -51,6 +54,22 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
                               __LINE__);
     }
     return LUCID_OK;
+}
+
+/* Kernel nodes keep the priority of the stream they were captured from
+ * (the compute stream and the branch lanes: the device's greatest; the
+ * parameter-gradient lane: its least; lane.cu). A graph runs its nodes at
+ * those priorities only when instantiated with UseNodePriority; otherwise
+ * every node takes the launch stream's. LUCID_GRAPH_PRIORITY=0 (read once)
+ * instantiates without it, for A/B measurements. Priorities change the
+ * order blocks are scheduled in, never what a kernel computes. */
+static int graph_node_priority(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LUCID_GRAPH_PRIORITY");
+        v = !(e && strcmp(e, "0") == 0);
+    }
+    return v;
 }
 
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
@@ -96,7 +115,8 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
         return lucid_seterr(ctx, LUCID_ERR_DEVICE,
                             "cudaStreamEndCapture returned no graph");
     cudaGraphExec_t exec = NULL;
-    e = cudaGraphInstantiate(&exec, graph, 0ULL);
+    e = cudaGraphInstantiate(&exec, graph, graph_node_priority() ?
+                             (unsigned long long)cudaGraphInstantiateFlagUseNodePriority : 0ULL);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess)
         return lucid_cuda_err(ctx, e, "cudaGraphInstantiate", __FILE__,
