@@ -314,6 +314,8 @@ static const lucid_backend cuda_backend = {
     lucid_cuda_lane_fork,
     lucid_cuda_lane_return,
     lucid_cuda_lane_join,
+    lucid_cuda_lane_mark,
+    lucid_cuda_lane_wait,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

@@ -117,6 +117,7 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 /* Side streams of a context (lane.cu). */
 #define LUCID_CUDA_BRANCHES 3
 #define LUCID_CUDA_LANES (1 + LUCID_CUDA_BRANCHES)
+#define LUCID_CUDA_MARKS 4
 typedef struct lucid_cuda_lane {
     cudaStream_t stream;        /* NULL until the lane's first fork */
     cublasHandle_t cublas;      /* bound to stream, the compute handle's settings */
@@ -125,6 +126,8 @@ typedef struct lucid_cuda_lane {
     void *arena;                /* nn scratch of the lane (swapped with the */
     size_t arena_bytes;         /* nn state's arena, arena_bytes and      */
     unsigned int *counters;     /* counters while the lane is open)        */
+    cudaEvent_t mark_ev[LUCID_CUDA_MARKS]; /* lucid_ctx_branch_mark slots */
+    int marked[LUCID_CUDA_MARKS];          /* recorded and not yet waited on */
     int open;                   /* a fork of this lane is open */
     int pending;                /* work queued since the last join */
     int off;                    /* disabled (environment) or creation failed */
@@ -159,6 +162,8 @@ typedef struct lucid_cuda_state {
 extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *forked);
 extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane);
+extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot);
+extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot);
 /* Frees the lanes' resources (shutdown, after the nn state: the streams are
  * idle). */
 void lucid_cuda_lane_destroy(lucid_cuda_state *st);

@@ -78,6 +78,8 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
                                                  lane == 0 ? least : greatest));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->fork_ev, cudaEventDisableTiming));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
+    for (int m = 0; m < LUCID_CUDA_MARKS; m++)
+        CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->mark_ev[m], cudaEventDisableTiming));
     CUBLAS_CHECK(ctx, cublasCreate(&L->cublas));
     CUBLAS_CHECK(ctx, cublasSetStream(L->cublas, L->stream));
     /* the compute handle's settings (backend.cu, cuda_init_state) */
@@ -101,6 +103,8 @@ static void lane_free(lucid_cuda_state *st, lucid_cuda_lane *L) {
     }
     if (L->fork_ev) cudaEventDestroy(L->fork_ev);
     if (L->join_ev) cudaEventDestroy(L->join_ev);
+    for (int m = 0; m < LUCID_CUDA_MARKS; m++)
+        if (L->mark_ev[m]) cudaEventDestroy(L->mark_ev[m]);
     if (L->stream) cudaStreamDestroy(L->stream);
     int off = L->off;
     memset(L, 0, sizeof *L);
@@ -210,5 +214,42 @@ extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
     if (lane >= 0) return join_one(ctx, st, lane);
     for (int k = 0; k < LUCID_CUDA_LANES; k++)
         if (!st->lanes[k].open) LUCID_TRY(join_one(ctx, st, k));
+    return LUCID_OK;
+}
+
+/* Mark and wait: a join split in two. mark records the lane's current
+ * position in slot m; it is recorded only inside an open fork of the lane
+ * (the lane is then the innermost fork, its stream in st->stream), so a
+ * mark is always part of the same capture as the work before it; outside
+ * a fork it is a no-op. wait makes the current stream wait for a recorded
+ * mark once (then the slot is free again); a slot never marked is a no-op.
+ * Used to release a branch's results level by level while the branch goes
+ * on (the pose head's backward: lua/lucid/nn/head.lua). */
+extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot) {
+    if (lane < 0 || lane >= LUCID_CUDA_LANES || slot < 0 || slot >= LUCID_CUDA_MARKS)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_mark: lane %d slot %d (expected 0..%d, "
+                            "0..%d)", lane, slot, LUCID_CUDA_LANES - 1, LUCID_CUDA_MARKS - 1);
+    lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
+    if (!cur || !cur->lanes[lane].open) return LUCID_OK;
+    CUDA_ENTER(ctx, st);
+    if (st->lane_depth == 0 || st->lane_stack[st->lane_depth - 1] != lane)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "lane_mark: lane %d is open under another "
+                            "fork (mark it where it is the innermost)", lane);
+    lucid_cuda_lane *L = &st->lanes[lane];
+    CUDA_CHECK(ctx, cudaEventRecord(L->mark_ev[slot], st->stream));
+    L->marked[slot] = 1;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot) {
+    if (lane < 0 || lane >= LUCID_CUDA_LANES || slot < 0 || slot >= LUCID_CUDA_MARKS)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_wait: lane %d slot %d (expected 0..%d, "
+                            "0..%d)", lane, slot, LUCID_CUDA_LANES - 1, LUCID_CUDA_MARKS - 1);
+    lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
+    if (!cur || !cur->lanes[lane].marked[slot]) return LUCID_OK;
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_lane *L = &st->lanes[lane];
+    L->marked[slot] = 0;
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, L->mark_ev[slot], 0));
     return LUCID_OK;
 }

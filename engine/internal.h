@@ -136,6 +136,11 @@ typedef struct lucid_backend {
     lucid_status (*lane_fork)(lucid_ctx *ctx, int lane, int *forked);
     void (*lane_return)(lucid_ctx *ctx);
     lucid_status (*lane_join)(lucid_ctx *ctx, int lane);
+    /* A join in two halves: mark records the lane's position in a slot
+     * (inside an open fork of that lane only), wait makes the current stream
+     * wait for it once (lucid_ctx_branch_mark / _wait, lucid.h). */
+    lucid_status (*lane_mark)(lucid_ctx *ctx, int lane, int slot);
+    lucid_status (*lane_wait)(lucid_ctx *ctx, int lane, int slot);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */

@@ -169,6 +169,18 @@ int lucid_ctx_grad_lane(const lucid_ctx *ctx);
 lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked);
 void lucid_ctx_branch_return(lucid_ctx *ctx);
 lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch);
+/* A join in two halves, to release a branch's results piece by piece while
+ * it goes on: lucid_ctx_branch_mark(ctx, b, m) records branch b's current
+ * position in mark slot m (1..LUCID_BRANCH_MARKS); it must be called inside
+ * an open fork of b where b is the innermost fork, and is a no-op when b is
+ * not forked (CPU, lanes off). lucid_ctx_branch_wait(ctx, b, m) makes the
+ * current stream wait for that mark, once; a slot not marked since its last
+ * wait is a no-op. Errors: ERR_ARG out of range, ERR_STATE for a mark under
+ * another fork, ERR_DEVICE. A branch_join is still needed before the
+ * branch's later work is read (marks cover only what came before them). */
+#define LUCID_BRANCH_MARKS 4
+lucid_status lucid_ctx_branch_mark(lucid_ctx *ctx, int branch, int mark);
+lucid_status lucid_ctx_branch_wait(lucid_ctx *ctx, int branch, int mark);
 
 /* Allocator statistics of the context's device memory, in bytes. For the CPU
  * device the numbers count tensor storage allocated through the context. */

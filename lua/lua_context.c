@@ -183,6 +183,25 @@ static int l_ctx_branch_join(lua_State *L) {
     return 0;
 }
 
+/* ctx:branch_mark(b, m) / ctx:branch_wait(b, m): a join in two halves
+ * (lucid_ctx_branch_mark / _wait, engine/lucid.h): mark slot m (1..4) of
+ * branch b (1..3) records b's position (inside b's open fork; else a
+ * no-op); wait makes the current stream wait for it once. */
+static int branch_mark_or_wait(lua_State *L, int wait) {
+    lucid_ctx *ctx = check_ctx(L, 1);
+    lua_Integer b = lucid_lua_checkinteger(L, 2);
+    lua_Integer m = lucid_lua_checkinteger(L, 3);
+    lucid_lua_check_nargs(L, 3);
+    lucid_lua_argcheck(L, b >= 1 && b <= LUCID_BRANCHES, 2, "expected a branch 1..3");
+    lucid_lua_argcheck(L, m >= 1 && m <= LUCID_BRANCH_MARKS, 3, "expected a mark 1..4");
+    lucid_status s = wait ? lucid_ctx_branch_wait(ctx, (int)b, (int)m)
+                          : lucid_ctx_branch_mark(ctx, (int)b, (int)m);
+    if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
+    return 0;
+}
+static int l_ctx_branch_mark(lua_State *L) { return branch_mark_or_wait(L, 0); }
+static int l_ctx_branch_wait(lua_State *L) { return branch_mark_or_wait(L, 1); }
+
 /* ctx:synchronize() — waits for all queued work of the context. */
 static int l_ctx_synchronize(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);
@@ -310,6 +329,8 @@ static const luaL_Reg ctx_methods[] = {
     {"branch_fork", l_ctx_branch_fork},
     {"branch_return", l_ctx_branch_return},
     {"branch_join", l_ctx_branch_join},
+    {"branch_mark", l_ctx_branch_mark},
+    {"branch_wait", l_ctx_branch_wait},
     {"memory_stats", l_ctx_memory_stats},
     {"empty_cache", l_ctx_empty_cache},
     {"manual_seed", l_ctx_manual_seed},

@@ -16,7 +16,8 @@
 #   ab         the CUDA C tests, busted --tags=gpu, then A/B arms in one call
 #              (AB_CONFIGS="ENV=a;ENV=b ..."): bench_model and a recorded fit
 #              per arm, and the kernel census of the default; logs packed
-#              into $out/logs.tgz
+#              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
+#              (busted arguments, e.g. --filter=lanes) runs those gpu specs
 #   testab     as ab, with make test-gpu (timed, one command) instead of the
 #              separate test programs; both also run bench_bnsilu, and with
 #              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
@@ -141,8 +142,13 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     tar czf "$l/test-logs.tgz" build/test-logs 2>/dev/null
     grep -E '^(c/|busted|skipped|[0-9]+ passed)' "$l/test.log"
     grep -E '^    (not ok|busted exited)' "$l/test.log" | head -30
-  else
+  elif [ "${AB_TESTS:-1}" = 1 ]; then # AB_TESTS=0: no tests; AB_BUSTED="--filter=x": those specs only
     cuda_tests "$l"
+  fi
+  if [ -n "${AB_BUSTED:-}" ]; then
+    timeout 240 busted --lua=luajit -o TAP --tags=gpu $AB_BUSTED > "$l/busted_sel.log" 2>&1
+    echo "busted $AB_BUSTED: rc $?, $(grep -c '^ok' "$l/busted_sel.log") ok, $(grep -c '^not ok' "$l/busted_sel.log") not ok"
+    grep -A8 '^not ok' "$l/busted_sel.log" | head -30
   fi
   export LUCID_PROGRESS=plain
   # AB_CONFIGS: ';'-separated environment settings, one A/B arm each

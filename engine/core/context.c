@@ -155,6 +155,25 @@ lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch) {
     return LUCID_OK;
 }
 
+static lucid_status branch_mark_args(lucid_ctx *ctx, const char *fn, int branch, int mark) {
+    if (branch < 1 || branch > LUCID_BRANCHES || mark < 1 || mark > LUCID_BRANCH_MARKS)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: branch %d mark %d (expected 1..%d, 1..%d)",
+                            fn, branch, mark, LUCID_BRANCHES, LUCID_BRANCH_MARKS);
+    return LUCID_OK;
+}
+
+lucid_status lucid_ctx_branch_mark(lucid_ctx *ctx, int branch, int mark) {
+    LUCID_TRY(branch_mark_args(ctx, "branch_mark", branch, mark));
+    if (!ctx->accel || !ctx->accel->lane_mark) return LUCID_OK;
+    return ctx->accel->lane_mark(ctx, branch, mark - 1);
+}
+
+lucid_status lucid_ctx_branch_wait(lucid_ctx *ctx, int branch, int mark) {
+    LUCID_TRY(branch_mark_args(ctx, "branch_wait", branch, mark));
+    if (!ctx->accel || !ctx->accel->lane_wait) return LUCID_OK;
+    return ctx->accel->lane_wait(ctx, branch, mark - 1);
+}
+
 const lucid_backend *lucid_backend_for(lucid_ctx *ctx, lucid_device dev) {
     if (dev.type == LUCID_CPU) return lucid_cpu_backend();
     if (ctx->accel && ctx->device.type == dev.type &&

@@ -249,6 +249,34 @@ end
 -- head's largest stride (32 for the YOLO pose models; error otherwise,
 -- naming the size). Returns the head's output ({boxes, scores, kpts, feats}
 -- for Pose).
+local head_levels
+-- The head's inputs by producing layer: {[layer index] = head input slot}
+-- when the last layer is a head that can be run level by level
+-- (nn.Detect / nn.Pose: forward_level, backward_start, ...) and takes a
+-- list of distinct earlier layers; else false (cached). Also false while
+-- the head's forward or backward is not Detect's own (an override, e.g.
+-- replace_forward, must be called as it is).
+local Detect = require("lucid.nn.head").Detect
+head_levels = function(self)
+  local head = self.head
+  if head.forward ~= Detect.forward or head.backward ~= Detect.backward then return false end
+  local hl = self._head_levels
+  if hl ~= nil then return hl end
+  hl = false
+  local last = self.layers[#self.layers]
+  if last.module == self.head and type(last.f) == "table" and self.head.forward_level
+    and self.head.backward_start then
+    hl = {}
+    for k, j in ipairs(last.f) do
+      j = (j == -1) and last.i - 1 or j
+      if hl[j] then hl = false break end
+      hl[j] = k
+    end
+  end
+  self._head_levels = hl
+  return hl
+end
+
 function Model:forward(x)
   -- a forward that fails midway leaves nothing for backward to use
   self.output, self._forward_input = nil, nil
@@ -263,6 +291,9 @@ function Model:forward(x)
   end
   local outs = {}
   local prev = x
+  local head = self.head
+  local early = head_levels(self)
+  if early then head:forward_begin() end
   for _, L in ipairs(self.layers) do
     local inp
     if type(L.f) == "number" then
@@ -274,6 +305,9 @@ function Model:forward(x)
     L.input = inp
     prev = L.module:forward(inp)
     outs[L.i] = prev
+    -- a head input exists: its level starts now (on the branch lanes)
+    local lvl = early and early[L.i]
+    if lvl then head:forward_level(lvl, prev) end
   end
   self.output, self._forward_input = prev, x
   return prev
@@ -282,23 +316,55 @@ end
 local function backward_pass(self, x, gy)
   local grads = {}
   local n = #self.layers
-  grads[self.layers[n].i] = gy
-  for idx = n, 1, -1 do
+  local last = self.layers[n]
+  -- The head's backward is queued first (backward_start); the gradient of
+  -- each of its inputs is taken (backward_level) only where the pass first
+  -- needs it, so the layers below the deepest level start while the head's
+  -- branches still run the shallower ones. pending[j]: the head input slots
+  -- k fed by layer j.
+  local head, pending = self.head, nil
+  local start = n
+  if head_levels(self) then
+    head:backward_start(last.input, gy)
+    pending = {}
+    for k, j in ipairs(last.f) do
+      j = (j == -1) and last.i - 1 or j
+      pending[j] = pending[j] or {}
+      pending[j][#pending[j] + 1] = k
+    end
+    start = n - 1
+  else
+    grads[last.i] = gy
+  end
+  local function take(j)
+    local ks = pending and pending[j]
+    if not ks then return end
+    pending[j] = nil
+    for _, k in ipairs(ks) do grads[j] = acc(grads[j], head:backward_level(k)) end
+  end
+  for idx = start, 1, -1 do
     local L = self.layers[idx]
+    take(L.i)
     local g = grads[L.i]
     grads[L.i] = nil
     if g ~= nil then
       local gin = L.module:backward(L.input, g)
       if type(L.f) == "number" then
         local j = (L.f == -1) and L.i - 1 or L.f
+        take(j)
         grads[j] = acc(grads[j], gin)
       else
         for k, j in ipairs(L.f) do
           j = (j == -1) and L.i - 1 or j
+          take(j)
           grads[j] = acc(grads[j], gin[k])
         end
       end
     end
+  end
+  if pending then
+    take(-1) -- a head fed by the model input itself
+    head:backward_finish()
   end
   self.grad_input = grads[-1]
   return self.grad_input

@@ -109,26 +109,66 @@ function Detect:_create(C, set, prefix, ctx)
   Module._create(self, C, set, prefix, ctx)
 end
 
+-- Forward of branch br at level i on input xi: the chain's output, flat
+-- ([B*c, H*W] view) into st.flat[name][i], its size into st.hw[i].
+local function chain_forward(self, st, br, i, xi)
+  local name, list, c = br[1], br[2], br[3]
+  local y = list:get(i):forward(xi)
+  local s = y:shape()
+  st.hw[i] = { s[3], s[4] }
+  local flat = st.flat[name]
+  if not flat then
+    flat = {}
+    st.flat[name] = flat
+  end
+  flat[i] = y:view({ s[1] * c, s[3] * s[4] })
+end
+
+--- Start of a forward pass (Model:forward calls it first): forgets the
+-- levels queued by forward_level for an earlier pass.
+function Detect:forward_begin()
+  self._pre = nil
+end
+
+--- Queue level i now, on input xi (the feature map the next forward will
+-- get as x[i]): on a GPU the three branch chains of that level start on the
+-- branch lanes while the caller goes on computing the other levels' inputs
+-- (Model:forward calls it as soon as a head input exists). Without branch
+-- lanes (CPU) it does nothing and forward computes the level. The work is
+-- joined by forward.
+function Detect:forward_level(i, xi)
+  local ctx = lanes.ctx_for(self._lane_ctx, xi)
+  if not ctx then return end
+  local pre = self._pre
+  if not pre then
+    pre = { flat = {}, hw = {}, done = {} }
+    self._pre = pre
+  end
+  local brs = branches(self)
+  lanes.queue(ctx, #brs, function(j) chain_forward(self, pre, brs[j], i, xi) end)
+  pre.done[i] = xi
+end
+
 --- x: list of nl feature maps [B, ch_i, H_i, W_i]. Returns {boxes, scores,
 -- (kpts), feats = x}. On a GPU the box / class / keypoint branches run
 -- concurrently, one per branch lane (lucid.nn.lanes: same bits as in
--- sequence).
+-- sequence); levels already queued by forward_level on the same tensor are
+-- not run again.
 function Detect:forward(x)
-  local shp = x[1]:shape()
-  local Bn = shp[1]
-  local st = { flat = {}, hw = {} }
+  local Bn = x[1]:shape()[1]
+  local pre = self._pre
+  self._pre = nil
+  local st = pre or { flat = {}, hw = {}, done = {} }
+  st.done = nil
   local out = { feats = x }
   local brs = branches(self)
   lanes.run(lanes.ctx_for(self._lane_ctx, x[1]), #brs, function(j)
-    local name, list, c = brs[j][1], brs[j][2], brs[j][3]
-    local flat = {}
+    local br = brs[j]
     for i = 1, self.nl do
-      local y = list:get(i):forward(x[i])
-      local s = y:shape()
-      st.hw[i] = { s[3], s[4] }
-      flat[i] = y:view({ Bn * c, s[3] * s[4] })
+      if not (pre and rawequal(pre.done[i], x[i])) then chain_forward(self, st, br, i, x[i]) end
     end
-    st.flat[name] = flat
+    local name, c = br[1], br[3]
+    local flat = st.flat[name]
     local cat = self.nl < 2 and flat[1] or self._cat[name]:forward(flat)
     out[name] = cat:view({ Bn, c, cat:shape()[2] })
   end)
@@ -138,41 +178,76 @@ function Detect:forward(x)
   return out
 end
 
---- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient),
--- each present entry of the shape of the last forward's output (checked:
--- a named error otherwise, as for running backward before any forward).
--- Returns the list of input gradients (nil for a level with none). The
--- branches run on the branch lanes as in forward; their input gradients
--- are summed afterwards, in branch order (boxes, scores, kpts).
-function Detect:backward(x, gy)
+--- First half of backward: checks gy (as backward) and queues every
+-- branch's backward, level nl first, on the branch lanes (on a GPU),
+-- marking each level's end (ctx:branch_mark(b, level)). Then
+-- backward_level(i) gives level i's input gradient once it is needed, and
+-- backward_finish() joins. Model:backward uses these so that the network
+-- below the head starts on the deepest level while the branches still
+-- run the others.
+function Detect:backward_start(x, gy)
   local st = self._st
   local who = "nn." .. getmetatable(self).__name .. ":backward"
   if not st or not self.output then
-    error(who .. ": forward must run first (there is no forward pass to differentiate)", 2)
+    error(who .. ": forward must run first (there is no forward pass to differentiate)", 3)
   end
-  util.check_output_grad(who, self.output, gy, 2)
+  util.check_output_grad(who, self.output, gy, 2, 3)
   local brs = branches(self)
-  local gis = {}
-  lanes.run(lanes.ctx_for(self._lane_ctx, x[1]), #brs, function(j)
+  local ctx = lanes.ctx_for(self._lane_ctx, x[1])
+  local rows = {}
+  lanes.queue(ctx, #brs, function(j)
     local name, list, c = brs[j][1], brs[j][2], brs[j][3]
     local g = gy[name]
     if g == nil then return end
     local g2 = g:view({ st.B * c, g:shape()[3] })
     local gs = self.nl < 2 and { g2 } or self._cat[name]:backward(st.flat[name], g2)
     local row = {}
-    for i = 1, self.nl do
+    for i = self.nl, 1, -1 do
       local hw = st.hw[i]
       row[i] = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))
+      if ctx then ctx:branch_mark(j, i) end
     end
-    gis[j] = row
+    rows[j] = row
   end)
-  local gx = {}
-  for j = 1, #brs do
-    local row = gis[j]
+  self._bq = { rows = rows, ctx = ctx, n = #brs }
+end
+
+--- Level i's input gradient after backward_start: the current stream first
+-- waits for that level of every branch, then the branch gradients are
+-- summed in branch order (boxes, scores, kpts). nil when no branch had a
+-- gradient.
+function Detect:backward_level(i)
+  local q = self._bq
+  local g
+  for j = 1, q.n do
+    local row = q.rows[j]
     if row then
-      for i = 1, self.nl do gx[i] = acc(gx[i], row[i]) end
+      if q.ctx then q.ctx:branch_wait(j, i) end
+      g = acc(g, row[i])
     end
   end
+  return g
+end
+
+--- End of a backward pass begun by backward_start: joins the branch
+-- lanes (their BatchNorm parameter gradients are complete after it).
+function Detect:backward_finish()
+  local q = self._bq
+  if q and q.ctx then q.ctx:branch_join() end
+  self._bq = nil
+end
+
+--- gy: {boxes=, scores=, kpts=} (a missing entry is a zero gradient),
+-- each present entry of the shape of the last forward's output (checked:
+-- a named error otherwise, as for running backward before any forward).
+-- Returns the list of input gradients (nil for a level with none). The
+-- branches run on the branch lanes as in forward (backward_start,
+-- backward_level, backward_finish).
+function Detect:backward(x, gy)
+  self:backward_start(x, gy)
+  local gx = {}
+  for i = 1, self.nl do gx[i] = self:backward_level(i) end
+  self:backward_finish()
   self.grad_input = gx
   return gx
 end

@@ -29,6 +29,15 @@ end
 -- @param n integer: number of branches, 1..3
 -- @param fn function(b)
 function M.run(ctx, n, fn)
+  M.queue(ctx, n, fn)
+  if ctx ~= nil then ctx:branch_join() end
+end
+
+--- As run, without the final join: the branches' device work stays queued
+-- on the lanes, and the caller joins later (ctx:branch_join), or waits for
+-- marks recorded inside fn (ctx:branch_mark(b, m) / ctx:branch_wait(b, m)).
+-- On an error the lanes are joined before it is raised again.
+function M.queue(ctx, n, fn)
   if ctx == nil then
     for b = 1, n do fn(b) end
     return
@@ -42,7 +51,6 @@ function M.run(ctx, n, fn)
       error(err, 0)
     end
   end
-  ctx:branch_join()
 end
 
 return M
