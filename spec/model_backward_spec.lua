@@ -137,9 +137,23 @@ describe("Model runs the head level by level", function()
     end
     local o2, g2, x2 = pass()
     assert.are.equal(2, calls)
-    for i = 1, #o1 do assert.are.equal(lucid.hash_tensor(o1[i]), lucid.hash_tensor(o2[i])) end
+    m.head.backward = nil
+    -- the lane route's host logic (levels queued early, marks, waits) with
+    -- a context whose lanes are no-ops (CPU): lanes.ctx_for says "use it"
+    local lanes = require("lucid.nn.lanes")
+    local ctx_for = lanes.ctx_for
+    lanes.ctx_for = function() return lucid.default_context() end
+    local ok, o3, g3, x3 = pcall(pass)
+    lanes.ctx_for = ctx_for
+    assert(ok, o3)
+    for i = 1, #o1 do
+      assert.are.equal(lucid.hash_tensor(o1[i]), lucid.hash_tensor(o2[i]))
+      assert.are.equal(lucid.hash_tensor(o1[i]), lucid.hash_tensor(o3[i]))
+    end
     assert.are.equal(lucid.hash_tensor(g1), lucid.hash_tensor(g2))
     assert.are.equal(lucid.hash_tensor(x1), lucid.hash_tensor(x2))
+    assert.are.equal(lucid.hash_tensor(g1), lucid.hash_tensor(g3))
+    assert.are.equal(lucid.hash_tensor(x1), lucid.hash_tensor(x3))
     assert.is_true(g1:abs():sum():item() > 0)
   end)
 end)

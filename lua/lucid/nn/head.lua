@@ -158,14 +158,15 @@ function Detect:forward(x)
   local Bn = x[1]:shape()[1]
   local pre = self._pre
   self._pre = nil
-  local st = pre or { flat = {}, hw = {}, done = {} }
+  local done = pre and pre.done or {}
+  local st = pre or { flat = {}, hw = {} }
   st.done = nil
   local out = { feats = x }
   local brs = branches(self)
   lanes.run(lanes.ctx_for(self._lane_ctx, x[1]), #brs, function(j)
     local br = brs[j]
     for i = 1, self.nl do
-      if not (pre and rawequal(pre.done[i], x[i])) then chain_forward(self, st, br, i, x[i]) end
+      if not rawequal(done[i], x[i]) then chain_forward(self, st, br, i, x[i]) end
     end
     local name, c = br[1], br[3]
     local flat = st.flat[name]
