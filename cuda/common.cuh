@@ -158,12 +158,17 @@ typedef struct lucid_cuda_state {
 
 /* lane.cu (the backend slots lane_fork / lane_return / lane_join,
  * engine/internal.h). lucid_cuda_lane_join(ctx, -1) joins every lane with
- * pending work (synchronize, capture_end and event_record call it). */
+ * pending work (synchronize, capture_end, event_record and graph_launch
+ * call it), -2 the branch lanes; both skip open lanes. */
 extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *forked);
 extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane);
 extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot);
 extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot);
+/* graph.cu's guards: capture_begin (ERR_STATE with a fork open; joins every
+ * lane and forgets the marks), capture_end (closes open forks first). */
+extern "C" lucid_status lucid_cuda_lane_before_capture(lucid_ctx *ctx);
+extern "C" void lucid_cuda_lane_unwind(lucid_ctx *ctx);
 /* Frees the lanes' resources (shutdown, after the nn state: the streams are
  * idle). */
 void lucid_cuda_lane_destroy(lucid_cuda_state *st);

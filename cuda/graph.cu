@@ -21,9 +21,12 @@
  *     capture mode and the allocator is unlocked, also when ending fails, so
  *     a failed capture never leaves the stream capturing.
  *   - One capture per context at a time (a second begin is LUCID_ERR_STATE).
- *   - capture_end and event_record first join every lane (lane.cu): a
- *     capture cannot end with a forked stream unjoined, and an event on the
- *     compute stream then covers the lanes' work too.
+ *   - Lanes (lane.cu): capture_begin refuses while a lane fork is open,
+ *     joins every lane and forgets their marks; capture_end closes a fork
+ *     left open and joins every lane (a capture cannot end with a forked
+ *     stream unjoined); event_record joins (the event then covers the
+ *     lanes' work); graph_launch refuses while a fork is open and joins
+ *     first (the graph's lane work uses the lanes' scratch).
  *
  * Every CUDA call is checked; errors are returned with the message in the
  * context, never an abort.
@@ -38,6 +41,7 @@ void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
 
 extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
     CUDA_ENTER(ctx, st);
+    LUCID_TRY(lucid_cuda_lane_before_capture(ctx));
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
     if (cs != cudaStreamCaptureStatusNone)
@@ -75,6 +79,9 @@ static int graph_node_priority(void) {
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
     if (graph_exec) *graph_exec = NULL;
     CUDA_ENTER(ctx, st);
+    /* a fork left open (an error between fork and return) has the lane's
+     * stream in st->stream: close it, so the capture ends on its own stream */
+    lucid_cuda_lane_unwind(ctx);
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaError_t q = cudaStreamIsCapturing(st->stream, &cs);
     if (q != cudaSuccess) (void)cudaGetLastError();
@@ -129,6 +136,12 @@ extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec
     CUDA_ENTER(ctx, st);
     if (!graph_exec)
         return lucid_seterr(ctx, LUCID_ERR_STATE, "graph_launch: no graph");
+    if (st->lane_depth)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "graph_launch: lane %d is open (its fork "
+                            "has not returned)", st->lane_stack[st->lane_depth - 1]);
+    /* the graph's lane work uses the lanes' scratch: eager lane work still
+     * queued must finish first */
+    LUCID_TRY(lucid_cuda_lane_join(ctx, -1));
     CUDA_CHECK(ctx, cudaGraphLaunch((cudaGraphExec_t)graph_exec, st->stream));
     return LUCID_OK;
 }

@@ -45,7 +45,13 @@
  *     the caching allocator tagged with the lane's stream (alloc.cu), and
  *     are held until the context goes. A block is reused only for its own
  *     stream, so a tensor a branch allocates on its lane (eager warm-up) is
- *     never handed to another stream while the lane may still use it.
+ *     never handed to another stream while the lane may still use it. The
+ *     converse is not covered: the allocator does not track a block's use
+ *     on other streams, so a tensor that lane work reads or writes must stay
+ *     referenced until the lane is joined (freed earlier, its block goes
+ *     back to its own stream's cache and can be handed out and written
+ *     there while the lane still reads it). The callers pass module-owned,
+ *     persistent buffers (module.c, head.lua), which satisfies this.
  */
 #include "common.cuh"
 #include "nn_common.cuh"
@@ -182,20 +188,29 @@ extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *fork
 extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx) {
     lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
     if (!st || st->lane_depth == 0) return;
+    /* lane_swap rebinds the cuDNN handle to the stream: make the context's
+     * device current first (another context may have made its own current
+     * since the fork) */
+    if (cudaSetDevice(st->device) != cudaSuccess) (void)cudaGetLastError();
     lucid_cuda_lane *L = &st->lanes[st->lane_stack[--st->lane_depth]];
     lane_swap(st, (lucid_cuda_nn_state *)st->lane_ns, L);
     L->open = 0;
     if (st->lane_depth == 0) st->lane_ns = NULL;
 }
 
-/* The current stream waits for lane k's queued work. */
+/* The current stream waits for lane k's queued work. pending means "the
+ * compute stream has not waited for it yet": a join made while a fork is
+ * open (synchronize or an event record inside a branch) makes only the open
+ * lane wait, so the lane stays pending until a join on the compute stream
+ * (otherwise a later branch_join would skip it and the compute stream would
+ * depend on it only through a lane it may not join, e.g. lane 0). */
 static lucid_status join_one(lucid_ctx *ctx, lucid_cuda_state *st, int k) {
     lucid_cuda_lane *L = &st->lanes[k];
     if (!L->pending) return LUCID_OK;
     if (L->open)
         return lucid_seterr(ctx, LUCID_ERR_STATE, "lane_join: lane %d is open (its fork has "
                             "not returned)", k);
-    L->pending = 0;
+    if (st->lane_depth == 0) L->pending = 0;
     CUDA_CHECK(ctx, cudaEventRecord(L->join_ev, L->stream));
     CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, L->join_ev, 0));
     return LUCID_OK;
@@ -204,15 +219,17 @@ static lucid_status join_one(lucid_ctx *ctx, lucid_cuda_state *st, int k) {
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
     lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
     if (!cur) return LUCID_OK;
-    if (lane >= LUCID_CUDA_LANES)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_join: lane %d (expected 0..%d, or -1 "
-                            "for all)", lane, LUCID_CUDA_LANES - 1);
+    if (lane >= LUCID_CUDA_LANES || lane < -2)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_join: lane %d (expected 0..%d, -1 for "
+                            "all, -2 for the branch lanes)", lane, LUCID_CUDA_LANES - 1);
     int any = 0;
     for (int k = 0; k < LUCID_CUDA_LANES; k++) any |= cur->lanes[k].pending;
     if (!any) return LUCID_OK;
     CUDA_ENTER(ctx, st);
     if (lane >= 0) return join_one(ctx, st, lane);
-    for (int k = 0; k < LUCID_CUDA_LANES; k++)
+    /* -1: every lane, -2: lanes 1..; both skip an open lane (a join from
+     * inside a branch leaves that branch to its own join) */
+    for (int k = lane == -1 ? 0 : 1; k < LUCID_CUDA_LANES; k++)
         if (!st->lanes[k].open) LUCID_TRY(join_one(ctx, st, k));
     return LUCID_OK;
 }
@@ -252,4 +269,27 @@ extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot)
     L->marked[slot] = 0;
     CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, L->mark_ev[slot], 0));
     return LUCID_OK;
+}
+
+/* Before a capture begins: every lane joined (so no wait inside the capture
+ * can reach work queued before it) and every mark forgotten (a mark left
+ * from an eager pass must not be waited on inside the capture). ERR_STATE
+ * while a fork is open: the capture would start on the lane's stream. */
+extern "C" lucid_status lucid_cuda_lane_before_capture(lucid_ctx *ctx) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return LUCID_OK;
+    if (st->lane_depth)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "capture_begin: lane %d is open (its fork "
+                            "has not returned)", st->lane_stack[st->lane_depth - 1]);
+    LUCID_TRY(lucid_cuda_lane_join(ctx, -1));
+    for (int k = 0; k < LUCID_CUDA_LANES; k++)
+        memset(st->lanes[k].marked, 0, sizeof st->lanes[k].marked);
+    return LUCID_OK;
+}
+
+/* Close every open fork (innermost first): capture_end's failure paths,
+ * so that the capture ends on the compute stream itself. */
+extern "C" void lucid_cuda_lane_unwind(lucid_ctx *ctx) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    while (st && st->lane_depth) lucid_cuda_lane_return(ctx);
 }

@@ -155,7 +155,8 @@ int lucid_ctx_grad_lane(const lucid_ctx *ctx);
  *   lucid_ctx_branch_return(ctx): closes the innermost open fork (call it
  *     exactly once per fork that returned forked = 1, also on errors).
  *   lucid_ctx_branch_join(ctx, b): the current stream waits for lane b's
- *     work (b = -1: every branch lane). Until then, reading what a branch
+ *     work (b = -1: every branch lane that is not open; an open lane b is
+ *     ERR_STATE). Until then, reading what a branch
  *     wrote, or writing what it reads, is a data race.
  * Each lane has its own scratch (nn arena, BatchNorm fold counters, cuBLAS
  * handle and workspace), so the same kernels run with the same results as

@@ -23,7 +23,8 @@
 #              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
 #   final      fit_pairs (5 pairs + the recorded-clip pair) into docs/BENCH.md,
 #              bench_model against PyTorch, the scaling screen with
-#              FINAL_SCREEN=1, then make test-gpu with the time left of
+#              FINAL_SCREEN=1, one recorded fit per FINAL_AB setting
+#              ("ENV=a;ENV=b"), then make test-gpu with the time left of
 #              FINAL_S (460) seconds (FINAL_S=0: no tests)
 #   check      the CUDA C tests, every gpu-tagged busted spec, conv_lab
 #              (lucid vs cuDNN NCHW), bench_model and the default fit (both
@@ -198,6 +199,19 @@ if [ "$what" = final ]; then
     luajit bench/fit_pairs.lua screen=true budget_s=${SCREEN_BUDGET:-150} write=docs/BENCH.md > "$l/fit_screen.log" 2>&1 || rc=1
     cp docs/BENCH.md "$out/BENCH.md"
     grep -E '^\| (batch|image)' "$l/fit_screen.log" | cut -c1-200
+  fi
+  # FINAL_AB="ENV=a;ENV=b": one recorded fit per setting (after the tables,
+  # before the tests), against the default fits of the table above
+  if [ -n "${FINAL_AB:-}" ]; then
+    IFS=';' read -r -a cfgs <<< "$FINAL_AB"
+    for cfg in "${cfgs[@]}"; do
+      tag=$(echo "$cfg" | tr ' =' '_-')
+      env $cfg LUCID_PROGRESS=plain timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
+      echo "$cfg: fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
+try:
+  d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
+except Exception as e: print("no result", e)')"
+    done
   fi
   left=$(( ${FINAL_S:-460} - ($(date +%s) - t0) ))
   if [ "${FINAL_S:-460}" != 0 ]; then

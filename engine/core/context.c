@@ -150,9 +150,8 @@ lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch) {
         return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_join: branch %d (expected 1..%d, or -1 "
                             "for all)", branch, LUCID_BRANCHES);
     if (!ctx->accel || !ctx->accel->lane_join) return LUCID_OK;
-    if (branch > 0) return ctx->accel->lane_join(ctx, branch);
-    for (int b = 1; b <= LUCID_BRANCHES; b++) LUCID_TRY(ctx->accel->lane_join(ctx, b));
-    return LUCID_OK;
+    /* -1: the backend's -2, every branch lane but an open one */
+    return ctx->accel->lane_join(ctx, branch > 0 ? branch : -2);
 }
 
 static lucid_status branch_mark_args(lucid_ctx *ctx, const char *fn, int branch, int mark) {

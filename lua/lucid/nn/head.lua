@@ -141,11 +141,12 @@ function Detect:forward_level(i, xi)
   if not ctx then return end
   local pre = self._pre
   if not pre then
-    pre = { flat = {}, hw = {}, done = {} }
+    pre = { flat = {}, hw = {}, done = {}, lanes = {}, ctx = ctx }
     self._pre = pre
   end
   local brs = branches(self)
-  lanes.queue(ctx, #brs, function(j) chain_forward(self, pre, brs[j], i, xi) end)
+  local forked = lanes.queue(ctx, #brs, function(j) chain_forward(self, pre, brs[j], i, xi) end)
+  for _, b in ipairs(forked) do pre.lanes[b] = true end
   pre.done[i] = xi
 end
 
@@ -173,6 +174,12 @@ function Detect:forward(x)
     local cat = self.nl < 2 and flat[1] or self._cat[name]:forward(flat)
     out[name] = cat:view({ Bn, c, cat:shape()[2] })
   end)
+  -- the lanes the early levels used (run joined those it forked itself)
+  if pre then
+    for b = 1, 3 do
+      if pre.lanes[b] then pre.ctx:branch_join(b) end
+    end
+  end
   st.B = Bn
   self._st = st
   self.output = out
@@ -196,7 +203,7 @@ function Detect:backward_start(x, gy)
   local brs = branches(self)
   local ctx = lanes.ctx_for(self._lane_ctx, x[1])
   local rows = {}
-  lanes.queue(ctx, #brs, function(j)
+  local forked = lanes.queue(ctx, #brs, function(j)
     local name, list, c = brs[j][1], brs[j][2], brs[j][3]
     local g = gy[name]
     if g == nil then return end
@@ -210,7 +217,7 @@ function Detect:backward_start(x, gy)
     end
     rows[j] = row
   end)
-  self._bq = { rows = rows, ctx = ctx, n = #brs }
+  self._bq = { rows = rows, ctx = ctx, n = #brs, forked = forked }
 end
 
 --- Level i's input gradient after backward_start: the current stream first
@@ -234,7 +241,9 @@ end
 -- lanes (their BatchNorm parameter gradients are complete after it).
 function Detect:backward_finish()
   local q = self._bq
-  if q and q.ctx then q.ctx:branch_join() end
+  if q and q.forked then
+    for _, b in ipairs(q.forked) do q.ctx:branch_join(b) end
+  end
   self._bq = nil
 end
 

@@ -21,36 +21,58 @@ function M.ctx_for(ctx, t)
   return ctx
 end
 
+-- The current stream waits for the lanes in forked (a list of lane
+-- numbers); errors are raised unless quiet (the error path: the first error
+-- is the one reported).
+local function join(ctx, forked, quiet)
+  for i = 1, #forked do
+    if quiet then pcall(ctx.branch_join, ctx, forked[i]) else ctx:branch_join(forked[i]) end
+  end
+end
+
 --- Call fn(1), ..., fn(n) in order, the device work of fn(b) on branch
 -- lane b of ctx (n <= 3; ctx nil: plain calls); then the current stream
--- waits for every lane. An error in fn(b) closes its fork, joins the lanes
--- and is raised again (level 0: the message as raised).
+-- waits for the lanes this call forked (only those: a run nested in a
+-- branch of another run leaves the outer branch's lane, which is open, to
+-- the outer run; a fork of an open lane runs inline). An error in fn(b) or
+-- in a fork closes the open fork, joins the lanes forked so far (their own
+-- errors then ignored) and is raised again (level 0: the message as
+-- raised).
 -- @param ctx Context|nil
 -- @param n integer: number of branches, 1..3
 -- @param fn function(b)
 function M.run(ctx, n, fn)
-  M.queue(ctx, n, fn)
-  if ctx ~= nil then ctx:branch_join() end
+  local forked = M.queue(ctx, n, fn)
+  if forked then join(ctx, forked, false) end
 end
 
 --- As run, without the final join: the branches' device work stays queued
--- on the lanes, and the caller joins later (ctx:branch_join), or waits for
--- marks recorded inside fn (ctx:branch_mark(b, m) / ctx:branch_wait(b, m)).
--- On an error the lanes are joined before it is raised again.
+-- on the lanes, and the caller joins later (ctx:branch_join(b) for each
+-- lane of the returned list), or waits for marks recorded inside fn
+-- (ctx:branch_mark(b, m) / ctx:branch_wait(b, m)). Returns the list of the
+-- lanes forked (nil when ctx is nil). On an error the lanes forked so far
+-- are joined before it is raised again.
 function M.queue(ctx, n, fn)
   if ctx == nil then
     for b = 1, n do fn(b) end
-    return
+    return nil
   end
+  local forked = {}
   for b = 1, n do
-    local forked = ctx:branch_fork(b)
+    local okf, f = pcall(ctx.branch_fork, ctx, b)
+    if not okf then
+      join(ctx, forked, true)
+      error(f, 0)
+    end
+    if f then forked[#forked + 1] = b end
     local ok, err = pcall(fn, b)
-    if forked then ctx:branch_return() end
+    if f then ctx:branch_return() end
     if not ok then
-      ctx:branch_join()
+      join(ctx, forked, true)
       error(err, 0)
     end
   end
+  return forked
 end
 
 return M
