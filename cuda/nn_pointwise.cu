@@ -303,8 +303,8 @@ static __global__ void chan_copy_vec(T *dst, const T *src, IndexT N, IndexT len,
 
 /* Same-dtype beta-0 copies take chan_copy_vec (when aligned) unless
  * LUCID_CHAN_COPY=memcpy sends them to cudaMemcpy2DAsync (the default until
- * session 6: two H200 A/B pairs, recorded step 6.700 vs 6.779 ms and
- * 5.650 vs 5.756 ms, favoured the kernel; docs/PERF.md). Read at each call
+ * session 6: three H200 A/B pairs favoured the kernel, recorded step
+ * 6.700 vs 6.779, 5.650 vs 5.756 and 5.377 vs 5.531 ms; docs/PERF.md). Read at each call
  * (a getenv is cheap next to a launch; tests switch it between calls). */
 static bool chan_copy_kernel_env(void) {
     const char *e = getenv("LUCID_CHAN_COPY");
