@@ -22,8 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before). */
-#define LUCID_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -150,6 +148,25 @@ static lucid_status pdl_decide(lucid_ctx *ctx, int device_index) {
     return LUCID_OK;
 }
 
+lucid_status lucid_cuda_cublas_create(lucid_ctx *ctx, lucid_cuda_state *st,
+                                      cudaStream_t stream, cublasHandle_t *handle,
+                                      void **ws) {
+    CUBLAS_CHECK(ctx, cublasCreate(handle));
+    CUBLAS_CHECK(ctx, cublasSetStream(*handle, stream));
+    /* f32 products stay f32 (no TF32), and bf16/f16 products reduce in the
+     * f32 compute type, never in the output type. */
+    CUBLAS_CHECK(ctx, cublasSetMathMode(
+                          *handle,
+                          (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    /* no atomics-based reductions (cuBLAS's default, made explicit): results
+     * stay bitwise identical run to run (matmul.cu, nn_conv_gemm.cu) */
+    CUBLAS_CHECK(ctx, cublasSetAtomicsMode(*handle, CUBLAS_ATOMICS_NOT_ALLOWED));
+    LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, LUCID_CUBLAS_WORKSPACE_BYTES, stream, ws));
+    CUBLAS_CHECK(ctx, cublasSetWorkspace(*handle, *ws, LUCID_CUBLAS_WORKSPACE_BYTES));
+    return LUCID_OK;
+}
+
 static lucid_status cuda_init_state(lucid_ctx *ctx, lucid_cuda_state *st,
                                     int device_index) {
     st->device = device_index;
@@ -170,22 +187,8 @@ static lucid_status cuda_init_state(lucid_ctx *ctx, lucid_cuda_state *st,
                                               cudaStreamNonBlocking));
     LUCID_TRY(lucid_cuda_allocator_create(ctx, device_index, st->stream,
                                           &st->alloc));
-    CUBLAS_CHECK(ctx, cublasCreate(&st->cublas));
-    CUBLAS_CHECK(ctx, cublasSetStream(st->cublas, st->stream));
-    /* f32 products stay f32 (no TF32), and bf16/f16 products reduce in the
-     * f32 compute type, never in the output type. */
-    CUBLAS_CHECK(ctx, cublasSetMathMode(
-                          st->cublas,
-                          (cublasMath_t)(CUBLAS_DEFAULT_MATH |
-                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    /* no atomics-based reductions (cuBLAS's default, made explicit): results
-     * stay bitwise identical run to run (matmul.cu, nn_conv_gemm.cu) */
-    CUBLAS_CHECK(ctx, cublasSetAtomicsMode(st->cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
     st->cublas_ws_bytes = LUCID_CUBLAS_WORKSPACE_BYTES;
-    LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, st->cublas_ws_bytes,
-                                st->stream, &st->cublas_ws));
-    CUBLAS_CHECK(ctx, cublasSetWorkspace(st->cublas, st->cublas_ws,
-                                         st->cublas_ws_bytes));
+    LUCID_TRY(lucid_cuda_cublas_create(ctx, st, st->stream, &st->cublas, &st->cublas_ws));
 #if defined(LUCID_HAVE_CUDNN)
     CUDNN_CHECK(ctx, cudnnCreate(&st->cudnn));
     CUDNN_CHECK(ctx, cudnnSetStream(st->cudnn, st->stream));

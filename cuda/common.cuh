@@ -156,6 +156,21 @@ typedef struct lucid_cuda_state {
     void *lane_ns;              /* the nn state the open forks swapped */
 } lucid_cuda_state;
 
+/* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before). */
+#define LUCID_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* backend.cu: a cuBLAS handle bound to stream with lucid's settings (f32
+ * reductions for bf16/f16 products, no TF32, no atomics: bitwise run to
+ * run) and a fixed workspace of LUCID_CUBLAS_WORKSPACE_BYTES from st's
+ * allocator on that stream (cuBLAS then never allocates by itself, so a
+ * captured graph replays with the same addresses). *handle and *ws are set
+ * as soon as they exist, so the caller frees them on an error. Used for the
+ * compute stream and for every lane (same settings and workspace size, so
+ * cuBLAS picks the same algorithms: same bits). */
+lucid_status lucid_cuda_cublas_create(lucid_ctx *ctx, lucid_cuda_state *st,
+                                      cudaStream_t stream, cublasHandle_t *handle,
+                                      void **ws);
+
 /* lane.cu (the backend slots lane_fork / lane_return / lane_join,
  * engine/internal.h). lucid_cuda_lane_join(ctx, -1) joins every lane with
  * pending work (synchronize, capture_end, event_record and graph_launch

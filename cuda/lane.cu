@@ -59,10 +59,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* cuBLAS workspace of a lane: as the compute handle's (backend.cu), so
- * that cuBLAS's heuristics pick the same algorithms (same bits). */
-#define LANE_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-
 /* A switch variable set to "0" (read once per process). */
 static int env_zero(const char *name, int *cache) {
     if (*cache < 0) {
@@ -86,18 +82,8 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
         CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->mark_ev[m], cudaEventDisableTiming));
-    CUBLAS_CHECK(ctx, cublasCreate(&L->cublas));
-    CUBLAS_CHECK(ctx, cublasSetStream(L->cublas, L->stream));
-    /* the compute handle's settings (backend.cu, cuda_init_state) */
-    CUBLAS_CHECK(ctx, cublasSetMathMode(
-                          L->cublas,
-                          (cublasMath_t)(CUBLAS_DEFAULT_MATH |
-                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    CUBLAS_CHECK(ctx, cublasSetAtomicsMode(L->cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
-    LUCID_TRY(lucid_cuda_malloc(ctx, st->alloc, LANE_CUBLAS_WORKSPACE_BYTES, L->stream,
-                                &L->cublas_ws));
-    CUBLAS_CHECK(ctx, cublasSetWorkspace(L->cublas, L->cublas_ws, LANE_CUBLAS_WORKSPACE_BYTES));
-    return LUCID_OK;
+    /* the compute handle's settings and workspace size (backend.cu) */
+    return lucid_cuda_cublas_create(ctx, st, L->stream, &L->cublas, &L->cublas_ws);
 }
 
 static void lane_free(lucid_cuda_state *st, lucid_cuda_lane *L) {
@@ -242,10 +228,15 @@ extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
  * mark once (then the slot is free again); a slot never marked is a no-op.
  * Used to release a branch's results level by level while the branch goes
  * on (the pose head's backward: lua/lucid/nn/head.lua). */
-extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot) {
+static lucid_status mark_args(lucid_ctx *ctx, const char *fn, int lane, int slot) {
     if (lane < 0 || lane >= LUCID_CUDA_LANES || slot < 0 || slot >= LUCID_CUDA_MARKS)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_mark: lane %d slot %d (expected 0..%d, "
-                            "0..%d)", lane, slot, LUCID_CUDA_LANES - 1, LUCID_CUDA_MARKS - 1);
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: lane %d slot %d (expected 0..%d, 0..%d)", fn,
+                            lane, slot, LUCID_CUDA_LANES - 1, LUCID_CUDA_MARKS - 1);
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot) {
+    LUCID_TRY(mark_args(ctx, "lane_mark", lane, slot));
     lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
     if (!cur || !cur->lanes[lane].open) return LUCID_OK;
     CUDA_ENTER(ctx, st);
@@ -259,9 +250,7 @@ extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot)
 }
 
 extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot) {
-    if (lane < 0 || lane >= LUCID_CUDA_LANES || slot < 0 || slot >= LUCID_CUDA_MARKS)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_wait: lane %d slot %d (expected 0..%d, "
-                            "0..%d)", lane, slot, LUCID_CUDA_LANES - 1, LUCID_CUDA_MARKS - 1);
+    LUCID_TRY(mark_args(ctx, "lane_wait", lane, slot));
     lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
     if (!cur || !cur->lanes[lane].marked[slot]) return LUCID_OK;
     CUDA_ENTER(ctx, st);

@@ -264,15 +264,17 @@ static void stack_cmp(const char *pre, const char *what, conv_stack *s, lucid_te
              lucid_param_set_flat_grads(s->set), h[4]);
 }
 
-/* Capture one pass with the grad lane on (join_inside: turned off inside the
- * capture; else left on until after capture_end, which joins it). */
-static lucid_status stack_capture(conv_stack *s, int join_inside, lucid_graph **g) {
+/* Capture body(arg) (the grad lane on inside when grad) and end it; join,
+ * when given, runs inside the capture before its end (else capture_end
+ * joins the lanes itself). The grad lane is off again afterwards. */
+static lucid_status capture_run(lucid_status (*body)(void *), void *arg, int grad,
+                                lucid_status (*join)(void), lucid_graph **g) {
     *g = NULL;
     TRY(lucid_ctx_synchronize(ctx));
     TRY(lucid_ctx_capture_begin(ctx));
-    lucid_status st = lucid_ctx_set_grad_lane(ctx, 1);
-    if (!st) st = stack_pass(s);
-    if (!st && join_inside) st = lucid_ctx_set_grad_lane(ctx, 0);
+    lucid_status st = grad ? lucid_ctx_set_grad_lane(ctx, 1) : LUCID_OK;
+    if (!st) st = body(arg);
+    if (!st && join) st = join();
     if (st) {
         lucid_ctx_capture_end(ctx, NULL);
         lucid_ctx_set_grad_lane(ctx, 0);
@@ -281,6 +283,15 @@ static lucid_status stack_capture(conv_stack *s, int join_inside, lucid_graph **
     st = lucid_ctx_capture_end(ctx, g);
     lucid_status s2 = lucid_ctx_set_grad_lane(ctx, 0);
     return st ? st : s2;
+}
+
+static lucid_status join_grad_lane(void) { return lucid_ctx_set_grad_lane(ctx, 0); }
+static lucid_status stack_body(void *s) { return stack_pass((conv_stack *)s); }
+
+/* Capture one pass with the grad lane on (join_inside: turned off inside the
+ * capture; else left on until after capture_end, which joins it). */
+static lucid_status stack_capture(conv_stack *s, int join_inside, lucid_graph **g) {
+    return capture_run(stack_body, s, 1, join_inside ? join_grad_lane : NULL, g);
 }
 
 static void test_grad_lane(int route) {
@@ -430,24 +441,16 @@ static void towers_cmp(const char *pre, const char *what, towers *t, lucid_tenso
              lucid_param_set_flat_grads(t->set), h[2 * NB]);
 }
 
+static lucid_status join_branches(void) { return lucid_ctx_branch_join(ctx, -1); }
+static lucid_status towers_body(void *t) {
+    int nf = 0;
+    return towers_run((towers *)t, 1, &nf);
+}
+
 /* Capture one run of the towers on the branch lanes (join: branch_join(-1)
  * before capture_end; grad: the grad lane on inside the branches). */
 static lucid_status towers_capture(towers *t, int join, int grad, lucid_graph **g) {
-    *g = NULL;
-    int nf = 0;
-    TRY(lucid_ctx_synchronize(ctx));
-    TRY(lucid_ctx_capture_begin(ctx));
-    lucid_status st = grad ? lucid_ctx_set_grad_lane(ctx, 1) : LUCID_OK;
-    if (!st) st = towers_run(t, 1, &nf);
-    if (!st && join) st = lucid_ctx_branch_join(ctx, -1);
-    if (st) {
-        lucid_ctx_capture_end(ctx, NULL);
-        lucid_ctx_set_grad_lane(ctx, 0);
-        return st;
-    }
-    st = lucid_ctx_capture_end(ctx, g);
-    lucid_status s2 = lucid_ctx_set_grad_lane(ctx, 0);
-    return st ? st : s2;
+    return capture_run(towers_body, t, grad, join ? join_branches : NULL, g);
 }
 
 static void test_branches(void) {

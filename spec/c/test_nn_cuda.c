@@ -848,6 +848,60 @@ static void wide_setup_fail(const char *name) {
         TEST_FAIL(name, "%s", lucid_ctx_error(ctx));
 }
 
+/* Range r's n GPU results gg[i] (the first per element, dimension 1; the
+ * others per channel, dimension 0) against the CPU's cc[i]: 1 ulp or 1e-5 of
+ * the largest for the first, relative 1e-5 for the others. */
+static void wide_cmp_cpu(const char *pre, const char *rg, int n, const lucid_tensor *const *gg,
+                         const lucid_tensor *const *cc, const char *const *what, int64_t r0,
+                         int64_t rn) {
+    for (int i = 0; i < n; i++) {
+        lucid_tensor *t = wnarrow(gg[i], i == 0 ? 1 : 0, r0, rn);
+        const char *nm_ = NAME("%s: %s %s vs cpu", pre, rg, what[i]);
+        if (!t) TEST_FAIL(nm_, "view: %s", lucid_ctx_error(ctx));
+        else if (i == 0) cmp_ulp(nm_, t, cc[i], 1, 1e-5);
+        else cmp_rel(nm_, t, cc[i], 1e-5);
+        rel(t);
+    }
+}
+
+/* Host copies of the channel ranges [r0[r], r0[r]+rn[r]) of t (dimension 1)
+ * into out[r]; 0 (one failed check named "<pre>: copy <what> back") when a
+ * copy fails. */
+static int wide_host_ranges(const char *pre, const char *what, const lucid_tensor *t,
+                            const int64_t *r0, const int64_t *rn, lucid_tensor **out) {
+    for (int r = 0; r < WIDE_NR; r++) {
+        lucid_tensor *v = wnarrow(t, 1, r0[r], rn[r]);
+        out[r] = host(v);
+        rel(v);
+        if (!out[r]) {
+            TEST_FAIL(NAME("%s: copy %s back", pre, what), "%s", lucid_ctx_error(ctx));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The channel ranges [r0[r], r0[r]+rn[r]) of the big result big that fall in
+ * the slice [c0, c0+cn) compared bitwise with the slice result sl (channel
+ * dimension 1), one check each, named "<pre>: <what> channels a..b". */
+static void wide_cmp_ranges(const char *pre, const char *what, const lucid_tensor *big,
+                            const lucid_tensor *sl, int64_t c0, int64_t cn,
+                            const int64_t *r0, const int64_t *rn) {
+    for (int r = 0; r < WIDE_NR; r++) {
+        if (r0[r] < c0 || r0[r] + rn[r] > c0 + cn) continue;
+        lucid_tensor *t1 = wnarrow(big, 1, r0[r], rn[r]);
+        lucid_tensor *t2 = wnarrow(sl, 1, r0[r] - c0, rn[r]);
+        lucid_tensor *h = host(t2);
+        if (t1 && h)
+            cmp_bits(NAME("%s: %s channels %lld..%lld = 32-bit route (bitwise)", pre, what,
+                          (long long)r0[r], (long long)(r0[r] + rn[r] - 1)),
+                     t1, h);
+        else
+            TEST_FAIL(NAME("%s: %s range copy", pre, what), "%s", lucid_ctx_error(ctx));
+        rel(h); rel(t1); rel(t2);
+    }
+}
+
 static void test_bn_wide(int silu) {
     const lucid_dtype dt = LUCID_BF16, F = LUCID_F32;
     const int64_t N = WIDE_N, C = WIDE_C, H = WIDE_H, W = WIDE_W, S = H * W;
@@ -925,15 +979,7 @@ static void test_bn_wide(int silu) {
         goto done;
     }
     /* host copies of the ranges' x (the CPU side) */
-    for (int r = 0; r < WIDE_NR; r++) {
-        t1 = wnarrow(gx, 1, r0[r], rn[r]);
-        hxr[r] = host(t1);
-        rel(t1); t1 = NULL;
-        if (!hxr[r]) {
-            TEST_FAIL(NAME("%s: copy x back", pre), "%s", lucid_ctx_error(ctx));
-            goto done;
-        }
-    }
+    if (!wide_host_ranges(pre, "x", gx, r0, rn, hxr)) goto done;
 
     /* ---- forward: the big call, then the slices */
     w0 = wide_count();
@@ -965,19 +1011,7 @@ static void test_bn_wide(int silu) {
             bmax = dmax;
             bmin = dmin;
         }
-        for (int r = 0; r < WIDE_NR; r++)
-            if (r0[r] >= c0 && r0[r] + rn[r] <= c0 + cn) {
-                t1 = wnarrow(gy, 1, r0[r], rn[r]);
-                t2 = wnarrow(sy, 1, r0[r] - c0, rn[r]);
-                lucid_tensor *h = host(t2);
-                if (t1 && h)
-                    cmp_bits(NAME("%s: y channels %lld..%lld = 32-bit route (bitwise)", pre,
-                                  (long long)r0[r], (long long)(r0[r] + rn[r] - 1)),
-                             t1, h);
-                else
-                    TEST_FAIL(NAME("%s: y range copy", pre), "%s", lucid_ctx_error(ctx));
-                rel(h); rel(t1); rel(t2); t1 = t2 = NULL;
-            }
+        wide_cmp_ranges(pre, "y", gy, sy, c0, cn, r0, rn);
         rel(vx); rel(vy); rel(vw); rel(vb); rel(vrm); rel(vrv); rel(vsm); rel(vsi);
         rel(sx); rel(sy);
         vx = vy = vw = vb = vrm = vrv = vsm = vsi = sx = sy = NULL;
@@ -1024,14 +1058,7 @@ static void test_bn_wide(int silu) {
             const lucid_tensor *cc[5] = {hyr[r], hsmr[r], hsir[r], hrm_, hrv_};
             const char *what[5] = {"y", "save_mean", "save_invstd", "running_mean",
                                    "running_var"};
-            for (int i = 0; i < 5; i++) {
-                t1 = wnarrow(gg[i], i == 0 ? 1 : 0, r0[r], rn[r]);
-                const char *n = NAME("%s: %s %s vs cpu", pre, rg, what[i]);
-                if (!t1) TEST_FAIL(n, "view: %s", lucid_ctx_error(ctx));
-                else if (i == 0) cmp_ulp(n, t1, cc[i], 1, 1e-5);
-                else cmp_rel(n, t1, cc[i], 1e-5);
-                rel(t1); t1 = NULL;
-            }
+            wide_cmp_cpu(pre, rg, 5, gg, cc, what, r0[r], rn[r]);
         } else {
             TEST_FAIL(NAME("%s: %s cpu forward", pre, rg), "%s", lucid_ctx_error(ctx));
         }
@@ -1042,15 +1069,7 @@ static void test_bn_wide(int silu) {
      * saved statistics, so this half does not depend on the forward's */
     RUN(NAME("%s: draw dy", pre), lucid_rand_uniform(ctx, gy, g_seed, g_off, -1.0, 1.0));
     g_off += (uint64_t)NCS;
-    for (int r = 0; r < WIDE_NR; r++) {
-        t1 = wnarrow(gy, 1, r0[r], rn[r]);
-        hdyr[r] = host(t1);
-        rel(t1); t1 = NULL;
-        if (!hdyr[r]) {
-            TEST_FAIL(NAME("%s: copy dy back", pre), "%s", lucid_ctx_error(ctx));
-            goto done;
-        }
-    }
+    if (!wide_host_ranges(pre, "dy", gy, r0, rn, hdyr)) goto done;
     w0 = wide_count();
     RUN(NAME("%s: train backward", pre),
         wide_bwd(silu, gx, gy, gdx, gw, gb, gsm, gsi, gdw, gdb));
@@ -1088,19 +1107,7 @@ static void test_bn_wide(int silu) {
             bmax = dmax;
             bmin = dmin;
         }
-        for (int r = 0; r < WIDE_NR; r++)
-            if (r0[r] >= c0 && r0[r] + rn[r] <= c0 + cn) {
-                t1 = wnarrow(gdx, 1, r0[r], rn[r]);
-                t2 = wnarrow(sy, 1, r0[r] - c0, rn[r]);
-                lucid_tensor *h = host(t2);
-                if (t1 && h)
-                    cmp_bits(NAME("%s: dx channels %lld..%lld = 32-bit route (bitwise)", pre,
-                                  (long long)r0[r], (long long)(r0[r] + rn[r] - 1)),
-                             t1, h);
-                else
-                    TEST_FAIL(NAME("%s: dx range copy", pre), "%s", lucid_ctx_error(ctx));
-                rel(h); rel(t1); rel(t2); t1 = t2 = NULL;
-            }
+        wide_cmp_ranges(pre, "dx", gdx, sy, c0, cn, r0, rn);
         rel(vx); rel(vy); rel(vw); rel(vb); rel(vsm); rel(vsi); rel(vdw); rel(vdb);
         rel(sx); rel(sdy); rel(sy);
         vx = vy = vw = vb = vsm = vsi = vdw = vdb = sx = sdy = sy = NULL;
@@ -1137,14 +1144,7 @@ static void test_bn_wide(int silu) {
         if (s == LUCID_OK) {
             const lucid_tensor *gg[3] = {gdx, gdw, gdb}, *cc[3] = {hdxr[r], hdwr[r], hdbr[r]};
             const char *what[3] = {"dx", "dweight", "dbias"};
-            for (int i = 0; i < 3; i++) {
-                t1 = wnarrow(gg[i], i == 0 ? 1 : 0, r0[r], rn[r]);
-                const char *n = NAME("%s: %s %s vs cpu", pre, rg, what[i]);
-                if (!t1) TEST_FAIL(n, "view: %s", lucid_ctx_error(ctx));
-                else if (i == 0) cmp_ulp(n, t1, cc[i], 1, 1e-5);
-                else cmp_rel(n, t1, cc[i], 1e-5);
-                rel(t1); t1 = NULL;
-            }
+            wide_cmp_cpu(pre, rg, 3, gg, cc, what, r0[r], rn[r]);
         } else {
             TEST_FAIL(NAME("%s: %s cpu backward", pre, rg), "%s", lucid_ctx_error(ctx));
         }
