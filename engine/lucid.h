@@ -103,7 +103,8 @@ typedef struct lucid_ctx lucid_ctx;
 typedef struct lucid_ctx_options {
     lucid_device device;   /* the accelerator this context drives; cpu = none */
     uint64_t seed;         /* default seed of the context's generator */
-    int cpu_threads;       /* threads for CPU kernels and BLAS; 0 = default */
+    int cpu_threads;       /* threads for CPU kernels and BLAS; 0 = one per
+                              core; more than the pool's limit are capped */
 } lucid_ctx_options;
 
 /* Defaults: device cpu, seed 0, cpu_threads 0. */
@@ -136,12 +137,13 @@ lucid_status lucid_ctx_synchronize(lucid_ctx *ctx);
  * reading or writing a Conv2d parameter gradient is a data race: turn the
  * lane on only around a model backward (lucid.Step does, lua/lucid/step.lua).
  * ctx_synchronize, graph capture_end and event records join as well.
- * A no-op on the CPU, and when LUCID_GRAD_LANE=0 is set in the environment
+ * Without effect on the CPU (the flag is kept and reported, nothing forks),
+ * and when LUCID_GRAD_LANE=0 is set in the environment
  * (read once per process; for A/B measurements). Errors: the join's CUDA
  * error (LUCID_ERR_DEVICE). Reference: the wgrad/dgrad stream split of
  * cuDNN-based frameworks (e.g. MXNet's and PyTorch DDP's overlap of
  * weight-gradient work with the backward's critical path). */
-lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on);
+lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on);  /* on: 0 off, else on */
 /* 1 while the parameter-gradient lane is on. */
 int lucid_ctx_grad_lane(const lucid_ctx *ctx);
 
@@ -242,7 +244,10 @@ lucid_status lucid_tensor_zeros(lucid_ctx *ctx, lucid_device dev,
                                 lucid_dtype dt, int ndim,
                                 const int64_t *shape, lucid_tensor **out);
 /* A tensor over an existing storage (takes a new reference to it). The view
- * must fit: offset + max index < storage elements. */
+ * must fit: offset + max index < storage elements. strides NULL: contiguous.
+ * Errors (ERR_ARG): a negative stride or offset (as in PyTorch, strides
+ * count forward from the offset), a view past the storage's end, a size
+ * that overflows. */
 lucid_status lucid_tensor_from_storage(lucid_ctx *ctx, lucid_storage *s,
                                        lucid_dtype dt, int ndim,
                                        const int64_t *shape,
@@ -360,7 +365,8 @@ lucid_status lucid_reduce_dim(lucid_ctx *ctx, lucid_reduce_op op,
 /* Reduce and read back as a double (synchronizes the device). */
 lucid_status lucid_reduce_item(lucid_ctx *ctx, lucid_reduce_op op,
                                const lucid_tensor *a, double *out);
-/* Read element 0 of a one-element tensor as double (synchronizes). */
+/* The value of a one-element tensor as double (synchronizes). ERR_ARG for
+ * another element count (PyTorch's Tensor.item) or a NULL out. */
 lucid_status lucid_tensor_item(lucid_ctx *ctx, const lucid_tensor *t,
                                double *out);
 

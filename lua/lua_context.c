@@ -128,7 +128,8 @@ static int l_ctx_device(lua_State *L) {
  * the compute stream then waits for the lane's work). See
  * lucid_ctx_set_grad_lane (engine/lucid.h): while it is on, Conv2d weight and
  * bias gradients are written asynchronously on a second CUDA stream, so
- * reading them before turning it off is a race. A no-op on the CPU.
+ * reading them before turning it off is a race. On the CPU the flag is
+ * kept and reported, and nothing forks.
  * Errors: a non-boolean argument; the join's CUDA error. */
 static int l_ctx_grad_lane(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);

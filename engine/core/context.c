@@ -54,7 +54,32 @@ lucid_status lucid_ctx_create(const lucid_ctx_options *opt, lucid_ctx **out,
                               char *err, size_t errlen) {
     lucid_ctx_options def = lucid_ctx_options_default();
     if (!opt) opt = &def;
+    if (!out) {
+        copy_err(err, errlen, "lucid_ctx_create: out is NULL");
+        return LUCID_ERR_ARG;
+    }
     *out = NULL;
+    if (opt->device.type != LUCID_CPU && opt->device.type != LUCID_CUDA) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "lucid_ctx_create: unknown device type %d",
+                 (int)opt->device.type);
+        copy_err(err, errlen, msg);
+        return LUCID_ERR_ARG;
+    }
+    if (opt->device.type == LUCID_CPU && opt->device.index != 0) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "lucid_ctx_create: device cpu:%d (the CPU is device 0)",
+                 opt->device.index);
+        copy_err(err, errlen, msg);
+        return LUCID_ERR_ARG;
+    }
+    if (opt->cpu_threads < 0) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "lucid_ctx_create: cpu_threads %d (expected >= 0; 0: "
+                 "one per core)", opt->cpu_threads);
+        copy_err(err, errlen, msg);
+        return LUCID_ERR_ARG;
+    }
     lucid_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) {
         copy_err(err, errlen, "lucid_ctx_create: out of host memory");
@@ -133,6 +158,7 @@ lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, int *for
 }
 
 lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked) {
+    if (!forked) return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_fork: forked is NULL");
     *forked = 0;
     if (branch < 1 || branch > LUCID_BRANCHES)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_fork: branch %d (expected 1..%d)",

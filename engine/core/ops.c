@@ -255,8 +255,11 @@ bad: {
 
 lucid_status lucid_tensor_item(lucid_ctx *ctx, const lucid_tensor *t,
                                double *out) {
-    if (lucid_tensor_numel(t) < 1)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "item: tensor is empty");
+    if (!out) return lucid_seterr(ctx, LUCID_ERR_ARG, "item: out is NULL");
+    int64_t n = lucid_tensor_numel(t);
+    if (n != 1)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "item: expected a tensor with one element, got %lld", (long long)n);
     if (lucid_tensor_device(t).type == LUCID_CPU) {
         *out = lucid_cpu_get(t, 0);
         return LUCID_OK;

@@ -8,6 +8,7 @@
  * the storage, never to the tensor it came from.
  */
 #include "internal.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +59,8 @@ static lucid_status check_shape(lucid_ctx *ctx, int ndim, const int64_t *shape) 
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "tensor rank %d out of range 0..%d", ndim,
                             LUCID_MAX_DIMS);
+    if (ndim > 0 && !shape)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "shape is NULL for a rank-%d tensor", ndim);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
             return lucid_seterr(ctx, LUCID_ERR_ARG,
@@ -126,6 +129,20 @@ lucid_status lucid_tensor_from_storage(lucid_ctx *ctx, lucid_storage *s,
     else
         lucid_contiguous_strides(ndim, shape, t->strides);
     t->offset = offset;
+    /* strides reach forward from the offset (as PyTorch's, which refuses
+     * negative strides); the span check below relies on it */
+    for (int i = -1; i < ndim; i++) {
+        int64_t v = i < 0 ? offset : t->strides[i];
+        if (v >= 0) continue;
+        char b[128], what[48];
+        if (i < 0) snprintf(what, sizeof what, "offset %lld", (long long)v);
+        else snprintf(what, sizeof what, "stride %lld of dim %d", (long long)v, i);
+        free(t);
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "view %s: %s is negative (the offset and strides count "
+                            "forward from the storage's start)",
+                            lucid_shape_str(ndim, shape, b, sizeof b), what);
+    }
     /* bytes the view reaches: (offset + span) * itemsize, every step checked
      * (a wrapped product would pass the size test with a tiny number) */
     int64_t span = span_checked(ndim, t->shape, t->strides), end = 0, need = 0;

@@ -334,6 +334,30 @@ static void test_views(void) {
     CHECK("views.from_storage_bounds",
           s == LUCID_ERR_ARG && msg_has("100 bytes", "96", NULL),
           "message '%s'", lucid_ctx_error(ctx_));
+    /* negative strides and offsets are refused (they used to pass the
+     * bounds check and reach outside the storage: tryout 3) */
+    int64_t four[1] = {4}, mone[1] = {-1};
+    s = lucid_tensor_from_storage(ctx_, t->storage, LUCID_F32, 1, four, mone, 0, &v);
+    CHECK("views.negative_stride_refused",
+          s == LUCID_ERR_ARG && !v && msg_has("stride -1 of dim 0", "negative", NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    s = lucid_tensor_from_storage(ctx_, t->storage, LUCID_F32, 1, four, mone, 3, &v);
+    CHECK("views.negative_stride_refused_at_offset",
+          s == LUCID_ERR_ARG && !v && msg_has("stride -1", "negative", NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    s = lucid_tensor_from_storage(ctx_, t->storage, LUCID_F32, 1, four, NULL, -1, &v);
+    CHECK("views.negative_offset_refused",
+          s == LUCID_ERR_ARG && !v && msg_has("offset -1", "negative", NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    s = lucid_tensor_from_storage(ctx_, t->storage, LUCID_F32, 0, NULL, NULL, -2, &v);
+    CHECK("views.negative_offset_refused_0d",
+          s == LUCID_ERR_ARG && !v && msg_has("offset -2", NULL, NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    lucid_ctx_clear_error(ctx_);
+    s = lucid_tensor_empty(ctx_, CPU, LUCID_F32, 2, NULL, &v);
+    CHECK("views.null_shape_refused", s == LUCID_ERR_ARG && !v && msg_has("shape is NULL", NULL, NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    lucid_ctx_clear_error(ctx_);
     int64_t neg[1] = {-1};
     s = lucid_tensor_empty(ctx_, CPU, LUCID_F32, 1, neg, &v);
     CHECK("views.negative_shape", s == LUCID_ERR_ARG && msg_has("shape[0]", "-1", NULL),
@@ -416,6 +440,39 @@ static void test_context_errors(void) {
     CHECK("ctx.status_names", strcmp(lucid_status_name(LUCID_OK), "ok") == 0 &&
                                   lucid_status_name((lucid_status)999) != NULL,
           "status names wrong");
+    /* options a host application could get wrong (tryout 3) */
+    struct { int type, index, threads; const char *want; } bad[3] = {
+        {7, 0, 0, "device type 7"}, {LUCID_CPU, 3, 0, "cpu:3"}, {LUCID_CPU, 0, -4, "cpu_threads -4"}};
+    for (int i = 0; i < 3; i++) {
+        lucid_ctx_options b = lucid_ctx_options_default();
+        b.device.type = (lucid_device_type)bad[i].type;
+        b.device.index = bad[i].index;
+        b.cpu_threads = bad[i].threads;
+        err[0] = 0;
+        c = NULL;
+        s = lucid_ctx_create(&b, &c, err, sizeof err);
+        CHECK(bad[i].want, s == LUCID_ERR_ARG && !c && strstr(err, bad[i].want),
+              "status %s, message '%s'", lucid_status_name(s), err);
+        if (c) lucid_ctx_release(c);
+    }
+    err[0] = 0;
+    s = lucid_ctx_create(NULL, NULL, err, sizeof err);
+    CHECK("ctx.create_null_out", s == LUCID_ERR_ARG && strstr(err, "out is NULL"),
+          "status %s, message '%s'", lucid_status_name(s), err);
+    s = lucid_ctx_branch_fork(ctx_, 1, NULL);
+    CHECK("ctx.branch_fork_null_out", s == LUCID_ERR_ARG && msg_has("forked is NULL", NULL, NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    lucid_ctx_clear_error(ctx_);
+    /* item: exactly one element (PyTorch's Tensor.item) */
+    int64_t three[1] = {3};
+    lucid_tensor *t3 = NULL;
+    double v = 0;
+    s = lucid_tensor_zeros(ctx_, CPU, LUCID_F32, 1, three, &t3);
+    if (s == LUCID_OK) s = lucid_tensor_item(ctx_, t3, &v);
+    CHECK("ctx.item_needs_one_element", s == LUCID_ERR_ARG && msg_has("one element", "got 3", NULL),
+          "status %s, message '%s'", lucid_status_name(s), lucid_ctx_error(ctx_));
+    lucid_ctx_clear_error(ctx_);
+    if (t3) lucid_tensor_release(t3);
 }
 
 static void test_storage_stats(void) {
