@@ -106,6 +106,21 @@ describe("lucid contexts", function()
     lanes.run(nil, 2, function(b) seen[#seen + 1] = b end)
     assert.are.same({1, 2, 3, 1, 2}, seen)
     assert.has_error(function() lanes.run(c, 3, function(b) if b == 2 then error("b2", 0) end end) end, "b2")
+    -- argument checks, before any branch runs (tryout 3)
+    local ran = 0
+    local count = function() ran = ran + 1 end
+    assert.has_error(function() lanes.run(c, 5, count) end,
+      "lanes.run: bad argument #2 (n): expected a branch count 1..3, got 5")
+    assert.has_error(function() lanes.run(nil, 2.5, count) end,
+      "lanes.run: bad argument #2 (n): expected a branch count 1..3, got 2.5")
+    assert.has_error(function() lanes.queue(c, 2, nil) end,
+      "lanes.queue: bad argument #3 (fn): expected a function, got nil")
+    assert.has_error(function() lanes.run("ctx", 2, count) end,
+      "lanes.run: bad argument #1 (ctx): expected a lucid.Context or nil, got string")
+    assert.has_error(function() lanes.ctx_for(c, nil) end,
+      "lanes.ctx_for: bad argument #2 (t): expected a lucid.Tensor, got nil")
+    assert.are.equal(0, ran)
+    assert.are.equal(lanes, require("lucid.nn").lanes)
     c:free()
   end)
 

@@ -121,6 +121,25 @@ describe("bad files and rows", function()
     ds:free()
   end)
 
+  it("the Trainer warns for each rejected file, with a summary (Trainer.warn_rejects)", function()
+    if not mini then pending("coco-pose-mini not found") return end
+    local ds = assert(data.open_yolo(dir .. "/images/train", { max_reject_fraction = 1.0, imgsz = 64 }))
+    local lines = {}
+    local out = { write = function(_, s) lines[#lines + 1] = s end }
+    require("lucid.trainer").warn_rejects(out, "train", ds)
+    local all = table.concat(lines)
+    assert.are.equal(6, #lines) -- 5 files, then the summary
+    assert.matches("WARNING: train: ignoring .*badrow.txt:1: 7 columns, expected 56", all)
+    assert.matches("WARNING: train: ignoring .*cut.jpg", all)
+    assert.matches("WARNING: train: .*5 rejected", all)
+    -- a clean split says nothing
+    local clean = { rejects = function() return {} end, summary = function() error("not called") end }
+    lines = {}
+    require("lucid.trainer").warn_rejects(out, "val", clean)
+    assert.are.equal(0, #lines)
+    ds:free()
+  end)
+
   it("fail the open with policy fail, naming the file", function()
     local ds, msg = data.open_yolo(dir .. "/images/train", { policy = "fail", imgsz = 64 })
     assert.is_nil(ds)

@@ -309,6 +309,28 @@ end
 -- training then sees 1 value per channel, which it (like PyTorch) refuses.
 -- The batches are not recomposed silently; the message suggests settings
 -- that work. fit calls it once the training images are counted.
+--- Say which files a split left out, as Ultralytics' "WARNING ... ignoring
+-- corrupt image/label: <reason>": one line per rejected file (its path,
+-- line and value, from the dataset's checks), at most REJECTS_SHOWN of them
+-- and a count of the rest, then the split's summary. Silent when nothing
+-- was rejected. (The dataset refuses a split that rejects more than its
+-- max_reject_fraction; below that, training goes on without them.)
+-- @param out file: where the run's messages go
+-- @param split string: "train" | "val"
+-- @param ds lucid.Dataset
+local REJECTS_SHOWN = 20
+function Trainer.warn_rejects(out, split, ds)
+  local r = ds:rejects()
+  if #r == 0 then return end
+  for i = 1, math.min(#r, REJECTS_SHOWN) do
+    out:write(string.format("WARNING: %s: ignoring %s\n", split, r[i]))
+  end
+  if #r > REJECTS_SHOWN then
+    out:write(string.format("WARNING: %s: ... and %d more files ignored\n", split, #r - REJECTS_SHOWN))
+  end
+  out:write(string.format("WARNING: %s: %s\n", split, ds:summary()))
+end
+
 function Trainer.check_last_batch(imgsz, batch, n)
   local side = math.floor(imgsz / 32)
   if side ~= 1 or n < 1 then return end
@@ -497,6 +519,8 @@ function Trainer:_fit(state, opts)
   local open_opts = { imgsz = S, cache = cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
+  Trainer.warn_rejects(out, "train", train_ds)
+  Trainer.warn_rejects(out, "val", val_ds)
   -- the loaders' batches are at most the split's image count, as Ultralytics'
   -- build_dataloader (batch = min(batch, len(dataset))); the optimizer's
   -- accumulate, weight decay and iteration count keep the requested batch,

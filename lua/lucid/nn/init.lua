@@ -19,6 +19,8 @@ local nn = {}
 nn.Module = Module
 nn.util = util
 nn.accumulate = containers.accumulate
+-- branch lanes (run, queue, ctx_for): lua/lucid/nn/lanes.lua
+nn.lanes = require("lucid.nn.lanes")
 
 -- Constructors: nn.Conv(...) == blocks.Conv.new(...), and the classes as
 -- nn.classes.Conv (for isinstance-style checks).

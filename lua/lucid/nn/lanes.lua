@@ -17,8 +17,26 @@ local M = {}
 -- @param ctx Context|nil: the context the module was materialised with
 -- @param t Tensor: an input of the forward
 function M.ctx_for(ctx, t)
+  if type(t) ~= "userdata" or type(t.device) ~= "function" then
+    error("lanes.ctx_for: bad argument #2 (t): expected a lucid.Tensor, got " .. type(t), 2)
+  end
   if ctx == nil or t:device() == "cpu" then return nil end
   return ctx
+end
+
+-- The checks of run and queue (raised at their caller).
+local function check(who, ctx, n, fn)
+  if ctx ~= nil and (type(ctx) ~= "userdata" or type(ctx.branch_fork) ~= "function") then
+    error(string.format("lanes.%s: bad argument #1 (ctx): expected a lucid.Context or nil, got %s", who,
+      type(ctx)), 3)
+  end
+  if type(n) ~= "number" or n ~= math.floor(n) or n < 1 or n > 3 then
+    error(string.format("lanes.%s: bad argument #2 (n): expected a branch count 1..3, got %s", who,
+      tostring(n)), 3)
+  end
+  if type(fn) ~= "function" then
+    error(string.format("lanes.%s: bad argument #3 (fn): expected a function, got %s", who, type(fn)), 3)
+  end
 end
 
 -- The current stream waits for the lanes in forked (a list of lane
@@ -42,6 +60,7 @@ end
 -- @param n integer: number of branches, 1..3
 -- @param fn function(b)
 function M.run(ctx, n, fn)
+  check("run", ctx, n, fn)
   local forked = M.queue(ctx, n, fn)
   if forked then join(ctx, forked, false) end
 end
@@ -53,6 +72,7 @@ end
 -- lanes forked (nil when ctx is nil). On an error the lanes forked so far
 -- are joined before it is raised again.
 function M.queue(ctx, n, fn)
+  check("queue", ctx, n, fn)
   if ctx == nil then
     for b = 1, n do fn(b) end
     return nil
