@@ -152,11 +152,19 @@ static int l_ctx_grad_lane(lua_State *L) {
  * (all branch lanes without b). See lucid_ctx_branch_fork (engine/lucid.h)
  * and lucid.nn.lanes (lua/lucid/nn/lanes.lua), which pairs them safely.
  * Errors: b out of range; joining an open lane; CUDA errors. */
+/* Argument idx: a whole number in lo..hi (what names it in the error). */
+static int check_whole(lua_State *L, int idx, int lo, int hi, const char *what) {
+    lua_Number v = lucid_lua_checknumber(L, idx);
+    if (!(v >= lo && v <= hi && v == (lua_Number)(int)v))
+        lucid_lua_argerror(L, idx, lua_pushfstring(L, "expected %s %d..%d, got %s", what, lo, hi,
+                                                   lua_tostring(L, idx)));
+    return (int)v;
+}
+
 static int l_ctx_branch_fork(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);
-    lua_Integer b = lucid_lua_checkinteger(L, 2);
+    int b = check_whole(L, 2, 1, LUCID_BRANCHES, "a branch");
     lucid_lua_check_nargs(L, 2);
-    lucid_lua_argcheck(L, b >= 1 && b <= LUCID_BRANCHES, 2, "expected a branch 1..3");
     int forked = 0;
     lucid_status s = lucid_ctx_branch_fork(ctx, (int)b, &forked);
     if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
@@ -175,10 +183,8 @@ static int l_ctx_branch_return(lua_State *L) {
 /* ctx:branch_join([b]) (see ctx:branch_fork). */
 static int l_ctx_branch_join(lua_State *L) {
     lucid_ctx *ctx = check_ctx(L, 1);
-    lua_Integer b = lucid_lua_optinteger(L, 2, -1);
+    int b = lua_isnoneornil(L, 2) ? -1 : check_whole(L, 2, 1, LUCID_BRANCHES, "a branch");
     lucid_lua_check_nargs(L, 2);
-    lucid_lua_argcheck(L, b == -1 || (b >= 1 && b <= LUCID_BRANCHES), 2,
-                       "expected a branch 1..3");
     lucid_status s = lucid_ctx_branch_join(ctx, (int)b);
     if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);
     return 0;
@@ -190,11 +196,9 @@ static int l_ctx_branch_join(lua_State *L) {
  * no-op); wait makes the current stream wait for it once. */
 static int branch_mark_or_wait(lua_State *L, int wait) {
     lucid_ctx *ctx = check_ctx(L, 1);
-    lua_Integer b = lucid_lua_checkinteger(L, 2);
-    lua_Integer m = lucid_lua_checkinteger(L, 3);
+    int b = check_whole(L, 2, 1, LUCID_BRANCHES, "a branch");
+    int m = check_whole(L, 3, 1, LUCID_BRANCH_MARKS, "a mark");
     lucid_lua_check_nargs(L, 3);
-    lucid_lua_argcheck(L, b >= 1 && b <= LUCID_BRANCHES, 2, "expected a branch 1..3");
-    lucid_lua_argcheck(L, m >= 1 && m <= LUCID_BRANCH_MARKS, 3, "expected a mark 1..4");
     lucid_status s = wait ? lucid_ctx_branch_wait(ctx, (int)b, (int)m)
                           : lucid_ctx_branch_mark(ctx, (int)b, (int)m);
     if (s != LUCID_OK) return lucid_lua_raise(L, ctx, s);

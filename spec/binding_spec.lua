@@ -94,7 +94,13 @@ describe("lucid contexts", function()
     c:branch_join()
     c:branch_join(3)
     assert.has_error(function() c:branch_fork(0) end,
-      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3")
+      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3, got 0")
+    assert.has_error(function() c:branch_fork(1.5) end,
+      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3, got 1.5")
+    assert.has_error(function() c:branch_mark(1, 5) end,
+      "lucid.Context:branch_mark: bad argument #2: expected a mark 1..4, got 5")
+    c:branch_mark(1, 1) -- outside a fork: a no-op
+    c:branch_wait(1, 1) -- nothing marked: a no-op
     assert.has_error(function() c:branch_fork(4) end)
     assert.has_error(function() c:branch_join(7) end)
     local lanes = require("lucid.nn.lanes")

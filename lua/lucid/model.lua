@@ -277,9 +277,16 @@ head_levels = function(self)
   return hl
 end
 
+--- Forward through the layers. x: the input image batch, a lucid.Tensor
+-- [B, 3, H, W] (H and W multiples of the largest stride), or the table a
+-- custom first layer takes. Returns the head's output ({boxes, scores,
+-- kpts, feats} for a pose model).
 function Model:forward(x)
   -- a forward that fails midway leaves nothing for backward to use
   self.output, self._forward_input = nil, nil
+  if type(x) ~= "table" and util.describe(x) ~= "lucid.Tensor" then
+    error("model:forward: bad argument #1 (x): expected a lucid.Tensor [B, 3, H, W], got " .. util.describe(x), 2)
+  end
   local st = self.stride
   local smax = type(st) == "table" and st[#st] or nil
   if smax and type(x) ~= "table" then
