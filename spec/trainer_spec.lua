@@ -49,6 +49,8 @@ end
 local describe_data = have_data and describe or pending
 
 describe_data("Trainer on real images (CPU, imgsz 64)", function()
+  -- the runs of this file (about half a GB of checkpoints) go when it ends
+  teardown(function() os.execute("rm -rf '" .. tmp .. "'") end)
   local full
 
   it("fits 3 epochs: losses fall, results.csv, last/best checkpoints, metrics in range", function()
