@@ -10,6 +10,7 @@ local P = require("lucid.nn.prim")
 local containers = require("lucid.nn.containers")
 local blocks = require("lucid.nn.blocks")
 local lanes = require("lucid.nn.lanes")
+local MARK_SLOTS = 4 -- LUCID_BRANCH_MARKS (engine/lucid.h)
 
 local Conv, DWConv = blocks.Conv, blocks.DWConv
 local Sequential, ModuleList = containers.Sequential, containers.ModuleList
@@ -201,7 +202,8 @@ function Detect:backward_start(x, gy)
   end
   util.check_output_grad(who, self.output, gy, 2, 3)
   local brs = branches(self)
-  local ctx = lanes.ctx_for(self._lane_ctx, x[1])
+  -- one mark slot per level: a head of more levels than slots runs in order
+  local ctx = self.nl <= MARK_SLOTS and lanes.ctx_for(self._lane_ctx, x[1]) or nil
   local rows = {}
   local forked = lanes.queue(ctx, #brs, function(j)
     local name, list, c = brs[j][1], brs[j][2], brs[j][3]
