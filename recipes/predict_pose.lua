@@ -113,7 +113,7 @@ end
 recipe.check_folder(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
 recipe.print(cfg)
 
-local ctx = lucid.Context{ device = cfg.device }
+local ctx = lucid.Context{ device = recipe.device_name(cfg.device) }
 local device = ctx:device()
 local on_gpu = device:sub(1, 4) == "cuda"
 local prec = cfg.precision

@@ -226,9 +226,17 @@ describe("settings the C bindings would refuse are named by key, not by binding"
       { batch = 2 ^ 31 - 1 }, { epochs = 2 ^ 31 - 1 }, { nbs = 2 ^ 31 - 1 }, { max_det = 2 ^ 31 - 1 },
       { seed = 2 ^ 53 - 1 }, { ["clip.max_norm"] = 3.4e38 }, { ["augment.degrees"] = -3.4e38 },
       { device = "cpu" }, { device = "auto" }, { device = "cuda" }, { device = "cuda:0" }, { device = "cuda:1024" },
+      { device = "CPU" }, { device = "Cuda:1" }, { device = "AUTO" }, -- any case, as Ultralytics
     }) do
       assert.has_no.errors(function() Trainer.check_config(cfg(over)) end)
     end
+  end)
+
+  it("a device name in another case makes the context Ultralytics' select_device would (device=CPU)", function()
+    local tr = Trainer.new(cfg({ device = "CPU" }))
+    assert.are.equal("cpu", tr.device)
+    assert.are.equal("cuda:3", require("lucid.recipe").device_name("CUDA:3"))
+    assert.is_nil(require("lucid.recipe").device_name(nil))
   end)
 
   it("predict.check_options: max_det within a C int, the device name", function()

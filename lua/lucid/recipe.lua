@@ -461,15 +461,25 @@ end
 recipe.DEVICES = "cpu, cuda, cuda:N (N in 0..1024) or auto"
 
 --- recipe.is_device(v) -> true when v is a device name lucid.Context
--- takes: "cpu", "auto", "cuda" or "cuda:N" with N in 0..1024 (the grammar
--- of lucid_device_parse, engine/core/context.c), else false (any other
--- string or type). Only the spelling is checked, not that the device
--- exists (making a context does that, and may take seconds on a GPU).
+-- takes, in any case (as Ultralytics' select_device, which lower-cases it;
+-- recipe.device_name gives the spelling lucid.Context takes): "cpu",
+-- "auto", "cuda" or "cuda:N" with N in 0..1024 (the grammar of
+-- lucid_device_parse, engine/core/context.c), else false (any other string
+-- or type). Only the spelling is checked, not that the device exists
+-- (making a context does that, and may take seconds on a GPU).
 function recipe.is_device(v)
   if type(v) ~= "string" then return false end
+  v = v:lower()
   if v == "cpu" or v == "auto" or v == "cuda" then return true end
   local n = v:match("^cuda:(%d+)$")
   return n ~= nil and tonumber(n) <= 1024
+end
+
+--- recipe.device_name(v) -> the device name as lucid.Context takes it
+-- (lower case) for a string, else v unchanged (nil: the caller's default).
+function recipe.device_name(v)
+  if type(v) == "string" then return v:lower() end
+  return v
 end
 
 --- The message of an error for a recipe user: tostring(err) without the

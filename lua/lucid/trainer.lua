@@ -64,7 +64,7 @@ local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true
 function Trainer.new(cfg)
   assert(type(cfg) == "table", "Trainer.new: cfg must be a table")
   Trainer.check_config(cfg)
-  local ctx = lucid.Context{ device = cfg.device or "auto", seed = cfg.seed or 0 }
+  local ctx = lucid.Context{ device = recipe.device_name(cfg.device) or "auto", seed = cfg.seed or 0 }
   local self = setmetatable({ cfg = cfg, ctx = ctx, callbacks = {}, fit_id = 0 }, Trainer)
   self.device = ctx:device()
   self.on_gpu = self.device:sub(1, 4) == "cuda"
