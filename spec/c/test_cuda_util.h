@@ -3,7 +3,8 @@
  * GPU and compare it with a host reference (test_nn_cuda.c,
  * test_nn_bnsilu_cuda.c; test_conv_dw_cuda.c uses the context part).
  *
- * Context: ctx on GPU 0 (cuda_test_ctx_create), the devices CPU and GPU,
+ * Context: ctx on GPU 0 (cuda_test_ctx_create), a fresh one for capture
+ * tests (cuda_test_enter_fresh / cuda_test_leave_fresh), the devices CPU and GPU,
  * the nn state hook of cuda/nn_table.cu, check names through NAME, and
  * cuda_test_finish at the end of main.
  * Inputs: host tensors drawn with the engine's Philox generator
@@ -19,6 +20,7 @@
 #define LUCID_TEST_CUDA_UTIL_H
 
 #include "test.h"
+#include "train/graph.h"
 
 #include <stdint.h>
 #include <time.h>
@@ -95,6 +97,33 @@ static inline lucid_ctx *cuda_test_fresh_ctx(const char *pre) {
         return NULL;
     }
     return fresh;
+}
+
+/* 1 when ctx can capture CUDA graphs; else one "skip <pre>: graphs not
+ * available on this context" line and 0. */
+static inline int cuda_test_graphs(const char *pre) {
+    if (lucid_ctx_graphs_available(ctx)) return 1;
+    TEST_SKIP(pre, "graphs not available on this context");
+    return 0;
+}
+
+/* For capture tests that need a fresh nn state: when ctx can capture, a
+ * fresh context (cuda_test_fresh_ctx) becomes ctx, so every helper works on
+ * it, and the previous ctx goes to *prev; 0 (after its skip or not-ok line)
+ * otherwise. The test ends with cuda_test_leave_fresh(prev). */
+static inline int cuda_test_enter_fresh(const char *pre, lucid_ctx **prev) {
+    if (!cuda_test_graphs(pre)) return 0;
+    lucid_ctx *fresh = cuda_test_fresh_ctx(pre);
+    if (!fresh) return 0;
+    *prev = ctx;
+    ctx = fresh;
+    return 1;
+}
+
+/* Release the fresh context of cuda_test_enter_fresh and make prev ctx again. */
+static inline void cuda_test_leave_fresh(lucid_ctx *prev) {
+    lucid_ctx_release(ctx);
+    ctx = prev;
 }
 
 /* End of main: the nn state (when linked) and ctx released; the exit

@@ -419,10 +419,7 @@ static void test_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t H, int64_
     char pre[96];
     snprintf(pre, sizeof pre, "bn+silu capture %lldx%lldx%lldx%lld %s", (long long)N,
              (long long)C, (long long)H, (long long)W, lucid_dtype_name(dt));
-    if (!lucid_ctx_graphs_available(ctx)) {
-        TEST_SKIP(pre, "graphs not available on this context");
-        return;
-    }
+    if (!cuda_test_graphs(pre)) return;
     int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
     lucid_graph *g = NULL;
     lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5);
@@ -523,13 +520,8 @@ static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t 
     char pre[112];
     snprintf(pre, sizeof pre, "bn+silu capture before the fold counters %lldx%lldx%lldx%lld %s",
              (long long)N, (long long)C, (long long)H, (long long)W, lucid_dtype_name(dt));
-    if (!lucid_ctx_graphs_available(ctx)) {
-        TEST_SKIP(pre, "graphs not available on this context");
-        return;
-    }
-    lucid_ctx *main_ctx = ctx, *fresh = cuda_test_fresh_ctx(pre);
-    if (!fresh) return;
-    ctx = fresh; /* every helper below works on ctx */
+    lucid_ctx *main_ctx = NULL;
+    if (!cuda_test_enter_fresh(pre, &main_ctx)) return; /* ctx: a fresh context */
     lucid_graph *g = NULL;
     {
         int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
@@ -617,8 +609,7 @@ static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t 
 done:
     if (g) lucid_graph_destroy(g);
     pool_free();
-    ctx = main_ctx;
-    lucid_ctx_release(fresh);
+    cuda_test_leave_fresh(main_ctx);
 }
 
 /* ================================== unaligned activations (scalar path)
@@ -995,10 +986,7 @@ static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C,
     snprintf(pre, sizeof pre, "bn one-pass capture%s %lldx%lldx%lldx%lld %s",
              silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
              lucid_dtype_name(dt));
-    if (!lucid_ctx_graphs_available(ctx)) {
-        TEST_SKIP(pre, "graphs not available on this context");
-        return;
-    }
+    if (!cuda_test_graphs(pre)) return;
     int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
     const lucid_dtype F = LUCID_F32;
     lucid_graph *g = NULL;

@@ -273,10 +273,7 @@ static void test_conv_capture(const conv_case *cc, lucid_dtype dt, int c1) {
     char pre[160];
     snprintf(pre, sizeof pre, "conv2d capture %s %s [%s]", cc->tag, dname(dt),
              c1 == 2 ? "gemm" : "igemm");
-    if (!lucid_ctx_graphs_available(ctx)) {
-        TEST_SKIP(pre, "graphs not available on this context");
-        return;
-    }
+    if (!cuda_test_graphs(pre)) return;
     lucid_conv2d_params p = {cc->s, cc->s, cc->p, cc->p, cc->d, cc->d, cc->g};
     int64_t Ho = lucid_nn_conv_out_size(cc->H, cc->kh, cc->s, cc->p, cc->d);
     int64_t Wo = lucid_nn_conv_out_size(cc->W, cc->kw, cc->s, cc->p, cc->d);
@@ -619,13 +616,8 @@ static void test_bn_routes_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t
     char pre[128];
     snprintf(pre, sizeof pre, "batchnorm2d routes counters = captured fallback %lldx%lldx%lldx%lld %s",
              (long long)N, (long long)C, (long long)H, (long long)W, dname(dt));
-    if (!lucid_ctx_graphs_available(ctx)) {
-        TEST_SKIP(pre, "graphs not available on this context");
-        return;
-    }
-    lucid_ctx *main_ctx = ctx, *fresh = cuda_test_fresh_ctx(pre);
-    if (!fresh) return;
-    ctx = fresh; /* every helper below works on ctx */
+    lucid_ctx *main_ctx = NULL;
+    if (!cuda_test_enter_fresh(pre, &main_ctx)) return; /* ctx: a fresh context */
     const double mom = 0.1, eps = 1e-3;
     int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
     int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
@@ -717,8 +709,7 @@ static void test_bn_routes_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t
 done:
     if (g) lucid_graph_destroy(g);
     for (int i = 0; i < nall; i++) rel(all[i]);
-    ctx = main_ctx;
-    lucid_ctx_release(fresh);
+    cuda_test_leave_fresh(main_ctx);
 }
 
 /* ============================================================ BatchNorm2d, 64-bit route
