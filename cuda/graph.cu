@@ -33,6 +33,8 @@
  */
 #include "common.cuh"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +76,122 @@ static int graph_node_priority(void) {
         v = !(e && strcmp(e, "0") == 0);
     }
     return v;
+}
+
+/* LUCID_GRAPH_STATS=1 (read once): each instantiated graph prints one line
+ * to stderr — its nodes by type, its edges, and its longest dependency path
+ * counted in nodes and in kernel nodes (a topological pass over the edges).
+ * A diagnostic for the launch-bound step: every kernel node on the longest
+ * path costs its launch latency in a replay, whatever runs beside it. */
+static int graph_stats_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LUCID_GRAPH_STATS");
+        v = e && *e && strcmp(e, "0") != 0;
+    }
+    return v;
+}
+
+static int node_cmp(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)*(const cudaGraphNode_t *)a, y = (uintptr_t)*(const cudaGraphNode_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static long node_index(cudaGraphNode_t *sorted, size_t n, cudaGraphNode_t v) {
+    cudaGraphNode_t *hit = (cudaGraphNode_t *)bsearch(&v, sorted, n, sizeof v, node_cmp);
+    return hit ? (long)(hit - sorted) : -1;
+}
+
+/* Prints the statistics of `graph`; any failure prints why instead (a
+ * diagnostic never fails the capture). */
+static void graph_stats_print(cudaGraph_t graph) {
+    size_t n = 0, ne = 0;
+    cudaGraphNode_t *nodes = NULL, *from = NULL, *to = NULL;
+    cudaGraphEdgeData *ed = NULL;
+    int *type = NULL, *indeg = NULL, *best = NULL, *bestk = NULL;
+    long *queue = NULL, *adj0 = NULL, *adj = NULL;
+    const char *why = NULL;
+    if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess ||
+        cudaGraphGetEdges(graph, NULL, NULL, NULL, &ne) != cudaSuccess) {
+        why = "cudaGraphGetNodes/GetEdges failed";
+        goto done;
+    }
+    nodes = (cudaGraphNode_t *)calloc(n + 1, sizeof *nodes);
+    from = (cudaGraphNode_t *)calloc(ne + 1, sizeof *from);
+    to = (cudaGraphNode_t *)calloc(ne + 1, sizeof *to);
+    ed = (cudaGraphEdgeData *)calloc(ne + 1, sizeof *ed);
+    type = (int *)calloc(n + 1, sizeof *type);
+    indeg = (int *)calloc(n + 1, sizeof *indeg);
+    best = (int *)calloc(n + 1, sizeof *best);
+    bestk = (int *)calloc(n + 1, sizeof *bestk);
+    queue = (long *)calloc(n + 1, sizeof *queue);
+    adj0 = (long *)calloc(n + 2, sizeof *adj0);
+    adj = (long *)calloc(ne + 1, sizeof *adj);
+    if (!nodes || !from || !to || !ed || !type || !indeg || !best || !bestk || !queue || !adj0 ||
+        !adj) {
+        why = "out of host memory";
+        goto done;
+    }
+    if (cudaGraphGetNodes(graph, nodes, &n) != cudaSuccess ||
+        cudaGraphGetEdges(graph, from, to, ed, &ne) != cudaSuccess) {
+        why = "cudaGraphGetNodes/GetEdges failed";
+        goto done;
+    }
+    {
+        qsort(nodes, n, sizeof *nodes, node_cmp);
+        size_t counts[4] = {0, 0, 0, 0}; /* kernel, memcpy, memset, other */
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+            (void)cudaGraphNodeGetType(nodes[i], &t);
+            type[i] = t == cudaGraphNodeTypeKernel ? 0 : t == cudaGraphNodeTypeMemcpy ? 1
+                    : t == cudaGraphNodeTypeMemset ? 2 : 3;
+            counts[type[i]]++;
+        }
+        for (size_t e = 0; e < ne; e++) { /* adjacency in CSR form */
+            long a = node_index(nodes, n, from[e]), b = node_index(nodes, n, to[e]);
+            if (a < 0 || b < 0) { why = "an edge names an unknown node"; goto done; }
+            adj0[a + 1]++;
+            indeg[b]++;
+        }
+        for (size_t i = 0; i < n; i++) adj0[i + 1] += adj0[i];
+        {
+            long *fill = (long *)calloc(n + 1, sizeof *fill);
+            if (!fill) { why = "out of host memory"; goto done; }
+            for (size_t e = 0; e < ne; e++) {
+                long a = node_index(nodes, n, from[e]);
+                adj[adj0[a] + fill[a]++] = node_index(nodes, n, to[e]);
+            }
+            free(fill);
+        }
+        long qh = 0, qt = 0;
+        for (size_t i = 0; i < n; i++) {
+            best[i] = 1;
+            bestk[i] = type[i] == 0;
+            if (!indeg[i]) queue[qt++] = (long)i;
+        }
+        int lp = 0, lpk = 0;
+        while (qh < qt) { /* Kahn: longest path in nodes and in kernel nodes */
+            long u = queue[qh++];
+            if (best[u] > lp) lp = best[u];
+            if (bestk[u] > lpk) lpk = bestk[u];
+            for (long j = adj0[u]; j < adj0[u + 1]; j++) {
+                long v = adj[j];
+                int k = type[v] == 0;
+                if (best[u] + 1 > best[v]) best[v] = best[u] + 1;
+                if (bestk[u] + k > bestk[v]) bestk[v] = bestk[u] + k;
+                if (--indeg[v] == 0) queue[qt++] = v;
+            }
+        }
+        fprintf(stderr,
+                "lucid graph: %zu nodes (%zu kernels, %zu memcpy, %zu memset, %zu other), %zu "
+                "edges; longest path %d nodes, %d kernel nodes\n",
+                n, counts[0], counts[1], counts[2], counts[3], ne, lp, lpk);
+    }
+done:
+    if (why) fprintf(stderr, "lucid graph: no statistics (%s)\n", why);
+    (void)cudaGetLastError();
+    free(nodes); free(from); free(to); free(ed); free(type); free(indeg); free(best);
+    free(bestk); free(queue); free(adj0); free(adj);
 }
 
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
@@ -121,6 +239,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
     if (!graph)
         return lucid_seterr(ctx, LUCID_ERR_DEVICE,
                             "cudaStreamEndCapture returned no graph");
+    if (graph_stats_on()) graph_stats_print(graph);
     cudaGraphExec_t exec = NULL;
     e = cudaGraphInstantiate(&exec, graph, graph_node_priority() ?
                              (unsigned long long)cudaGraphInstantiateFlagUseNodePriority : 0ULL);

@@ -19,6 +19,34 @@ describe("recipe.resolve", function()
     assert.has_error(function() recipe.resolve(defaults, { "epoch=3" }) end,
       "recipe: unknown key 'epoch' (did you mean 'epochs'?)")
   end)
+
+  it("refuses a key given twice on the command line, naming both arguments", function()
+    assert.has_error(function() recipe.resolve(defaults, { "epochs=3", "batch=8", "epochs=5" }) end,
+      "recipe: key 'epochs' given twice: 'epochs=3' (argument 1) and 'epochs=5' (argument 3)")
+    -- the same key once on the command line and once as an override table entry is not a repeat
+    local cfg = recipe.resolve(defaults, { "epochs=3" }, { epochs = 7 })
+    assert.are.equal(3, cfg.epochs)
+  end)
+end)
+
+describe("progress.is_tty", function()
+  local progress = require("lucid.progress")
+  local function with_env(v, f)
+    local getenv = os.getenv
+    os.getenv = function(k) if k == "LUCID_PROGRESS" then return v end return getenv(k) end
+    local ok, err = pcall(f)
+    os.getenv = getenv
+    if not ok then error(err, 0) end
+  end
+  it("takes LUCID_PROGRESS=bar|plain and refuses any other value by name", function()
+    with_env("bar", function() assert.is_true(progress.is_tty()) end)
+    with_env("plain", function() assert.is_false(progress.is_tty()) end)
+    with_env("auto", function() assert.is_boolean(progress.is_tty()) end)
+    with_env("fancy", function()
+      assert.has_error(function() progress.is_tty() end,
+        'LUCID_PROGRESS="fancy": expected bar, plain or auto (unset: bar on a terminal, plain otherwise)')
+    end)
+  end)
 end)
 
 describe("recipe.print", function()

@@ -157,7 +157,8 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
   for cfg in "${cfgs[@]}"; do
     tag=$(echo "$cfg" | tr ' =' '_-')
     env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1
-    env $cfg timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
+    env $cfg LUCID_GRAPH_STATS=1 timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
+    grep '^lucid graph' "$l/fit_$tag.log" | sort | uniq -c | sort -rn | head -3
     echo "$cfg: $(tail -1 "$l/model_$tag.log" | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
 try:
   d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))

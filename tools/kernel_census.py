@@ -25,7 +25,7 @@ def rows(path):
         except ValueError:
             continue  # the units row
         name = x.get("Kernel Name", "?")
-        out.append((name, t, x.get("Grid Size", ""), x.get("Block Size", "")))
+        out.append((name, t, x.get("Grid Size", ""), x.get("Block Size", ""), x.get("Stream", "?")))
     return out
 
 
@@ -78,7 +78,7 @@ def main():
     sel = r[len(r) - L:]
     tot = sum(x[1] for x in sel)
     by = collections.defaultdict(lambda: [0, 0.0])
-    for name, t, g, b in sel:
+    for name, t, g, b, st in sel:
         e = by[short(name)]
         e[0] += 1
         e[1] += t
@@ -88,13 +88,26 @@ def main():
     for k, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:a.top]:
         print(f"{k:70s} {c:6d} {t / 1e6:8.3f} {100 * t / tot:6.1f} {t / c / 1e3:8.2f}")
     cats = collections.defaultdict(lambda: [0, 0.0])
-    for name, t, g, b in sel:
+    for name, t, g, b, st in sel:
         e = cats[category(name)]
         e[0] += 1
         e[1] += t
     print("by category:")
     for k, (c, t) in sorted(cats.items(), key=lambda kv: -kv[1][1]):
         print(f"  {k:40s} {c:6d} calls {t / 1e6:8.3f} ms {100 * t / tot:6.1f} %")
+    # by stream (the compute stream carries the critical path; the lanes'
+    # side streams overlap it), and each stream's categories
+    streams = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
+    for name, t, g, b, st in sel:
+        e = streams[st][category(name)]
+        e[0] += 1
+        e[1] += t
+    print("by stream (ncu's stream id):")
+    for st, cs in sorted(streams.items(), key=lambda kv: -sum(v[1] for v in kv[1].values())):
+        n = sum(v[0] for v in cs.values())
+        t = sum(v[1] for v in cs.values())
+        print(f"  stream {st}: {n} calls {t / 1e6:.3f} ms; " + ", ".join(
+            f"{k.split(' ')[0]} {c}/{v / 1e6:.3f}" for k, (c, v) in sorted(cs.items(), key=lambda kv: -kv[1][1])))
     # size classes: how much of the time is in short kernels
     buckets = [(2e3, "<2us"), (5e3, "2-5us"), (10e3, "5-10us"), (20e3, "10-20us"), (50e3, "20-50us"),
                (1e12, ">=50us")]

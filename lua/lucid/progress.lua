@@ -16,12 +16,17 @@ local LOSS_NAMES = { "box", "pose", "kobj", "cls", "dfl" }
 progress.LOSS_NAMES = LOSS_NAMES
 
 -- Is `out` a terminal? (LuaJIT has no isatty; the recipe may force it with
--- LUCID_PROGRESS=bar|plain; otherwise ask `test -t 1` for stdout.)
+-- LUCID_PROGRESS=bar|plain; unset, empty or auto: ask `test -t 1` for stdout;
+-- any other value is an error naming it.)
 local tty_cache
 function progress.is_tty()
   local env = os.getenv("LUCID_PROGRESS")
   if env == "bar" then return true end
   if env == "plain" then return false end
+  if env ~= nil and env ~= "" and env ~= "auto" then
+    error(string.format("LUCID_PROGRESS=%q: expected bar, plain or auto (unset: bar on a terminal, plain "
+      .. "otherwise)", env), 0)
+  end
   if tty_cache == nil then
     tty_cache = os.execute("test -t 1") == 0 or os.execute("test -t 1") == true
   end
