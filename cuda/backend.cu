@@ -279,6 +279,9 @@ int lucid_cuda_graph_capturing(lucid_ctx *ctx);
 lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event);
 lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event);
 void lucid_cuda_event_destroy(lucid_ctx *ctx, void *event);
+lucid_status lucid_cuda_event_wait(lucid_ctx *ctx, void *event);
+lucid_status lucid_cuda_side_copy(lucid_ctx *ctx, int n, void *const *dst, const void *const *src,
+                                  const size_t *bytes, void *after, void **done);
 }
 
 static const lucid_backend cuda_backend = {
@@ -319,6 +322,9 @@ static const lucid_backend cuda_backend = {
     lucid_cuda_lane_join,
     lucid_cuda_lane_mark,
     lucid_cuda_lane_wait,
+    /* the side copy stream (graph.cu) */
+    lucid_cuda_event_wait,
+    lucid_cuda_side_copy,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

@@ -306,6 +306,43 @@ extern "C" lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event
     return LUCID_OK;
 }
 
+extern "C" lucid_status lucid_cuda_event_wait(lucid_ctx *ctx, void *event) {
+    if (!event) return LUCID_OK; /* never recorded */
+    CUDA_ENTER(ctx, st);
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, (cudaEvent_t)event, 0));
+    return LUCID_OK;
+}
+
+/* Side copies: the copy stream (created with the context, backend.cu) is
+ * ordered against the compute stream only by the events the caller passes,
+ * so a copy overlaps whatever the compute stream runs meanwhile. Eager only:
+ * a capture records the compute stream, and a copy stream's work would not
+ * be part of it. */
+extern "C" lucid_status lucid_cuda_side_copy(lucid_ctx *ctx, int n, void *const *dst,
+                                             const void *const *src, const size_t *bytes,
+                                             void *after, void **done) {
+    CUDA_ENTER(ctx, st);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "side_copy: the compute stream of cuda:%d is "
+                            "being captured (side copies are eager only)", st->device);
+    if (after) CUDA_CHECK(ctx, cudaStreamWaitEvent(st->copy_stream, (cudaEvent_t)after, 0));
+    for (int i = 0; i < n; i++)
+        if (bytes[i])
+            CUDA_CHECK(ctx, cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDefault,
+                                            st->copy_stream));
+    if (done) {
+        if (!*done) {
+            cudaEvent_t ev = NULL;
+            CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            *done = (void *)ev;
+        }
+        CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)*done, st->copy_stream));
+    }
+    return LUCID_OK;
+}
+
 extern "C" void lucid_cuda_event_destroy(lucid_ctx *ctx, void *event) {
     if (!event) return;
     lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;

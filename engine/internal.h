@@ -141,6 +141,15 @@ typedef struct lucid_backend {
      * wait for it once (lucid_ctx_branch_mark / _wait, lucid.h). */
     lucid_status (*lane_mark)(lucid_ctx *ctx, int lane, int slot);
     lucid_status (*lane_wait)(lucid_ctx *ctx, int lane, int slot);
+    /* The current stream waits for the work before event's last record (a
+     * NULL event, never recorded, is a no-op). */
+    lucid_status (*event_wait)(lucid_ctx *ctx, void *event);
+    /* n copies of bytes[i] from src[i] to dst[i] (device pointers or host
+     * ones, pinned for overlap) on the side copy stream: it first waits for
+     * `after` (NULL: nothing), then copies, then records *done (created on
+     * first use; done NULL: none). ERR_STATE during a capture. */
+    lucid_status (*side_copy)(lucid_ctx *ctx, int n, void *const *dst, const void *const *src,
+                              const size_t *bytes, void *after, void **done);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */

@@ -9,7 +9,11 @@
  *   lucid.graph.capture_discard([ctx])             (end + drop; failure path)
  *   lucid.graph.capturing([ctx]) -> boolean
  *   Graph: g:launch(), g:free() (also __gc)
- *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:free()
+ *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:wait()
+ *     (the compute stream waits for e's last record), e:free()
+ *   lucid.graph.side_copy({dst...}, {src...}, [after], [done])  (copies on
+ *     the side copy stream, after Event `after`, then `done` recorded:
+ *     lucid_side_copy; the recorded step's next-batch upload)
  *   lucid.graph.Refs(paramset, {cmodule, ...}) -> Refs
  *     r:quick() -> boolean  (true: provably unchanged since the last clean
  *                  check: lucid_graph_refs_quick, O(1))
@@ -194,6 +198,41 @@ static int l_event_synchronize(lua_State *L) {
     event_box *b = check_event(L, 1);
     lucid_status st = lucid_event_synchronize(b->e);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_event_wait(lua_State *L) {
+    event_box *b = check_event(L, 1);
+    lucid_status st = lucid_event_wait(b->e);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+/* side_copy(dsts, srcs, [after], [done]): lists of equal length (<= 64). */
+static int l_side_copy(lua_State *L) {
+    lucid_lua_check_nargs(L, 4);
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
+    lucid_lua_checktype(L, 2, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1);
+    lucid_lua_argcheck(L, (int)lua_objlen(L, 2) == n, 2,
+                       "expected as many sources as destinations");
+    lucid_lua_argcheck(L, n <= 64, 1, "expected at most 64 destinations");
+    event_box *after = lua_isnoneornil(L, 3) ? NULL : check_event(L, 3);
+    event_box *done = lua_isnoneornil(L, 4) ? NULL : check_event(L, 4);
+    lucid_tensor *d[64];
+    const lucid_tensor *sp[64];
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        d[i] = lucid_lua_check_tensor(L, -1, "destination");
+        lua_rawgeti(L, 2, i + 1);
+        sp[i] = lucid_lua_check_tensor(L, -1, "source");
+        lua_pop(L, 2);
+    }
+    lucid_ctx *ctx = n ? lucid_storage_ctx(d[0]->storage) : (after ? after->ctx : NULL);
+    if (!ctx) return 0; /* nothing to copy, no event */
+    lucid_status st = lucid_side_copy(ctx, n, d, sp, after ? after->e : NULL,
+                                      done ? done->e : NULL);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
     return 0;
 }
 
@@ -428,7 +467,7 @@ static const luaL_Reg graph_methods[] = {
     {"launch", l_graph_launch}, {"free", l_graph_free}, {NULL, NULL}};
 static const luaL_Reg event_methods[] = {
     {"record", l_event_record}, {"synchronize", l_event_synchronize},
-    {"free", l_event_free}, {NULL, NULL}};
+    {"wait", l_event_wait}, {"free", l_event_free}, {NULL, NULL}};
 static const luaL_Reg refs_methods[] = {
     {"check", l_refs_check}, {"quick", l_refs_quick}, {"guard", l_refs_guard},
     {"watch", l_refs_watch}, {"restore", l_refs_restore},
@@ -443,6 +482,7 @@ static const luaL_Reg graph_funcs[] = {
     {"Refs", l_refs_new},
     {"clock", l_clock},
     {"pinned", l_pinned},
+    {"side_copy", l_side_copy},
     {"_test_replace_param", l_test_replace_param},
     {"contract_epoch", l_contract_epoch},
     {"bump_epoch", l_bump_epoch},

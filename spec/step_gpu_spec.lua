@@ -94,6 +94,40 @@ describe_gpu("recorded step on CUDA #gpu", function()
     release(e, r)
   end)
 
+  it("the upload on the side copy stream: bf16 recorded == eager with the prefetch on and off; side_copy orders by its events and checks its arguments", function()
+    local e, r = pair{ precision = "bf16" }
+    assert.is_true(r.step.prefetch)
+    for i = 1, 8 do both(e, r, H.batch(B, S, i), i % 2 == 0) end
+    H.same(e, r, "prefetch on")
+    release(e, r)
+    local e2, r2 = pair{ precision = "bf16" }
+    r2.step.prefetch = false
+    for i = 1, 8 do both(e2, r2, H.batch(B, S, i), i % 2 == 0) end
+    H.same(e2, r2, "prefetch off")
+    release(e2, r2)
+    -- the primitive: a long compute-stream chain, an event after it, a side
+    -- copy that waits for it and overwrites what the chain read; the host
+    -- values land only after the chain, and the compute stream sees them
+    -- after waiting for `done`
+    local ctx = ctx_()
+    local G = lucid.graph
+    local dev = lucid.zeros({ 1048576 }, { ctx = ctx })
+    local acc = lucid.zeros({ 1048576 }, { ctx = ctx })
+    for _ = 1, 50 do acc:add_(dev) end -- reads dev 50 times: all zeros
+    local after, done = G.Event(ctx), G.Event(ctx)
+    after:record()
+    local host = G.pinned({ 1048576 }, "f32", ctx)
+    host:fill_(2)
+    G.side_copy({ dev }, { host }, after, done)
+    done:wait()
+    acc:add_(dev)
+    assert.are.equal(2 * 1048576, acc:sum():item()) -- 50 zero adds, then one add of the copy
+    assert.has_error(function() G.side_copy({ dev }, { lucid.zeros({ 3 }) }) end)
+    assert.has_error(function() G.side_copy({ dev }, {}) end)
+    for _, x in ipairs({ dev, acc, host }) do x:free() end
+    after:free(); done:free()
+  end)
+
   it("the lanes (parameter gradients, head branches) give the bits of one stream: outputs, two accumulated backwards", function()
     local ctx = ctx_()
     local init = init_()

@@ -67,6 +67,26 @@ describe("recorded step state machine (fake recorder)", function()
     r.step:release(); e.step:release()
   end)
 
+  it("uploads each batch through side_copy (images after the previous input_prepare, targets after the previous FB) and stays identical to eager; with the prefetch off the copies stay in line", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    assert.is_true(r.step.prefetch)
+    assert.is_true(r.step:stats().input_prefetch)
+    for i = 1, 5 do both(e, r, H.batch(B, S, i), i % 2 == 0) end
+    -- two side copies per call with n == batch: images (+ HSV gains), targets
+    assert.are.equal(10, r.recorder.side_copies)
+    assert.is_not_nil(r.step.ev_prep)
+    assert.is_not_nil(r.step.ev_fb)
+    H.same(e, r, "prefetch on")
+    local e2, r2 = pair{ B = B, S = S, warmup = 2 }
+    r2.step.prefetch = false
+    for i = 1, 5 do both(e2, r2, H.batch(B, S, i), i % 2 == 0) end
+    assert.is_nil(r2.recorder.side_copies)
+    assert.is_nil(r2.step.ev_prep)
+    H.same(e2, r2, "prefetch off")
+    H.same(r, r2, "prefetch on vs off")
+    for _, x in ipairs({ e, r, e2, r2 }) do x.step:release() end
+  end)
+
   it("records the clip with capture_gradient_norm (Trainer-driven) and refuses it for value clipping", function()
     local e, r = pair{ B = B, S = S, clip = { max_norm = 0.5, capture_gradient_norm = true } }
     assert.are.equal("recorded clip", r.step.route)

@@ -156,10 +156,11 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
   IFS=';' read -r -a cfgs <<< "${AB_CONFIGS:-LUCID_PDL=1;LUCID_PDL=0;LUCID_PDL=graph}"
   for cfg in "${cfgs[@]}"; do
     tag=$(echo "$cfg" | tr ' =' '_-')
-    env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1
+    # AB_MODEL=0: no bench_model per arm (the recorded fit only)
+    if [ "${AB_MODEL:-1}" = 1 ]; then env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1; fi
     env $cfg LUCID_GRAPH_STATS=1 timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
     grep '^lucid graph' "$l/fit_$tag.log" | sort | uniq -c | sort -rn | head -3
-    echo "$cfg: $(tail -1 "$l/model_$tag.log" | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
+    echo "$cfg: $(tail -1 "$l/model_$tag.log" 2>/dev/null | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
 try:
   d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
 except Exception as e: print("no result", e)')"

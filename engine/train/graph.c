@@ -121,6 +121,58 @@ lucid_status lucid_event_synchronize(lucid_event *e) {
     return e->ctx->accel->event_synchronize(e->ctx, e->ev);
 }
 
+lucid_status lucid_event_wait(lucid_event *e) {
+    if (!e->ctx->accel->event_wait)
+        return lucid_seterr(e->ctx, LUCID_ERR_UNSUPPORTED, "event wait: not supported by this "
+                            "build's CUDA backend");
+    return e->ctx->accel->event_wait(e->ctx, e->ev);
+}
+
+lucid_status lucid_side_copy(lucid_ctx *ctx, int n, lucid_tensor *const *dst,
+                             const lucid_tensor *const *src, lucid_event *after,
+                             lucid_event *done) {
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    if (!b || !b->side_copy)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED, "side_copy: needs a context on a CUDA "
+                            "device");
+    if (n < 0 || n > 64)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "side_copy: %d copies (expected 0..64)", n);
+    if ((after && after->ctx != ctx) || (done && done->ctx != ctx))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "side_copy: an event of another context");
+    void *d[64] = {0};
+    const void *sp[64] = {0};
+    size_t bytes[64] = {0};
+    for (int i = 0; i < n; i++) {
+        const lucid_tensor *x = dst[i], *y = src[i];
+        if (!x || !y)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "side_copy: copy %d has a NULL tensor", i + 1);
+        lucid_device dd = lucid_tensor_device(x), sd = lucid_tensor_device(y);
+        char a[96], c[96];
+        if (dd.type != LUCID_CUDA || lucid_storage_ctx(x->storage) != ctx ||
+            !(sd.type == LUCID_CPU || (sd.type == LUCID_CUDA && sd.index == dd.index)))
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "side_copy: copy %d: destination on %s, source "
+                                "on %s (expected a destination on this context's CUDA device and a "
+                                "source on the host or that device)", i + 1,
+                                dd.type == LUCID_CUDA ? "cuda" : "cpu",
+                                sd.type == LUCID_CUDA ? "cuda" : "cpu");
+        if (x->dtype != y->dtype || lucid_tensor_numel(x) != lucid_tensor_numel(y) ||
+            !lucid_tensor_is_contiguous(x) || !lucid_tensor_is_contiguous(y))
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "side_copy: copy %d: destination %s %s, source "
+                                "%s %s (expected contiguous tensors of one dtype and element count)",
+                                i + 1, lucid_shape_str(x->ndim, x->shape, a, sizeof a),
+                                lucid_dtype_name(x->dtype),
+                                lucid_shape_str(y->ndim, y->shape, c, sizeof c),
+                                lucid_dtype_name(y->dtype));
+        d[i] = lucid_tensor_data(x);
+        sp[i] = lucid_tensor_data(y);
+        bytes[i] = (size_t)lucid_tensor_numel(x) * lucid_dtype_size(x->dtype);
+    }
+    LUCID_TRY(b->side_copy(ctx, n, d, sp, bytes, after ? after->ev : NULL,
+                           done ? &done->ev : NULL));
+    for (int i = 0; i < n; i++) lucid_storage_bump_version(dst[i]->storage);
+    return LUCID_OK;
+}
+
 void lucid_event_destroy(lucid_event *e) {
     if (!e) return;
     if (e->ev && e->ctx->accel->event_destroy) e->ctx->accel->event_destroy(e->ctx, e->ev);

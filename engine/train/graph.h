@@ -71,6 +71,27 @@ lucid_status lucid_event_record(lucid_event *e);
  * once when never recorded). */
 lucid_status lucid_event_synchronize(lucid_event *e);
 void lucid_event_destroy(lucid_event *e);
+/* Make the compute stream wait for the work before e's last record (a
+ * record on the compute stream, or the `done` of lucid_side_copy); returns
+ * at once when e was never recorded. Errors: ERR_DEVICE. */
+lucid_status lucid_event_wait(lucid_event *e);
+
+/* Side copies: dst[i] = src[i] for i < n, queued on the context's side copy
+ * stream so that they overlap the compute stream's work (the recorded
+ * step's next-batch upload: lua/lucid/recorded_step.lua). The copy stream
+ * first waits for `after`'s last record (NULL or never recorded: nothing),
+ * then copies, then records `done` (NULL: none). The compute stream does not
+ * wait for them: lucid_event_wait(done) before it reads dst;
+ * lucid_event_synchronize(done) before the host overwrites src. The
+ * tensors: contiguous, the same dtype and element count, every dst on ctx's
+ * CUDA device, src on the host (pinned memory, lucid.graph.pinned, for a
+ * truly asynchronous copy) or that device; dst's storage version is bumped.
+ * Errors: ERR_ARG (n outside 0..64, a NULL, a mismatch: the message names the
+ * pair), ERR_UNSUPPORTED without a CUDA device, ERR_STATE during a capture,
+ * ERR_DEVICE. */
+lucid_status lucid_side_copy(lucid_ctx *ctx, int n, lucid_tensor *const *dst,
+                             const lucid_tensor *const *src, lucid_event *after,
+                             lucid_event *done);
 
 /* ------------------------------------------------- recording references
  * What a recording of a model's step baked in, on the C side: for every

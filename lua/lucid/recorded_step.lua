@@ -16,9 +16,16 @@ Design and contracts: docs/STEP.md.
 Segments of one call with n == batch images, once recorded:
   host   : batch -> fixed staging (CPU copies; pinned memory on CUDA)
   eager  : staging -> device (u8 images, f32/u8 targets, the f32 HSV gains
-           when device_hsv: one async memcpy each)
-  FB     : graph  — lucid.input_prepare (u8 -> HSV when device_hsv -> /255
-                    in the activation dtype), forward, loss, loss backward
+           when device_hsv: one async memcpy each). On CUDA they run on the
+           side copy stream (lucid.graph.side_copy), so the upload of batch
+           k+1 overlaps step k: the images once step k's input_prepare has
+           read the device copies, the targets once step k's FB (its loss)
+           is done; the compute stream waits for them before input_prepare.
+           LUCID_INPUT_PREFETCH=0 (read once): on the compute stream, in
+           line, as before (A/B; the same bits either way).
+  eager  : lucid.input_prepare (u8 -> HSV when device_hsv -> /255 in the
+           activation dtype; one kernel)
+  FB     : graph  — forward, loss, loss backward
                     (seed x loss scale), model backward (+= into the flat
                     gradients), running losses += items
   at an optimizer step (do_opt), the calls of lucid.step's Step:_optimizer:
@@ -75,6 +82,7 @@ local function real_recorder()
   end
   function R.refs(set, modules) return G.Refs(set, modules) end
   function R.event(ctx) return G.Event(ctx) end
+  R.side_copy = G.side_copy
   R.clock = G and G.clock or lucid.wall_time
   return R
 end
@@ -90,7 +98,14 @@ function M.fake_recorder()
     return { launch = function() R.launched = R.launched + 1; fn() end, free = function() end }
   end
   function R.refs(set, modules) return G.Refs(set, modules) end
-  function R.event() return { record = function() end, synchronize = function() end, free = function() end } end
+  function R.event()
+    return { record = function() end, synchronize = function() end, wait = function() end, free = function() end }
+  end
+  -- one stream: the copies in line (the ordering they need holds trivially)
+  function R.side_copy(dst, src)
+    R.side_copies = (R.side_copies or 0) + 1
+    for i = 1, #dst do dst[i]:copy_(src[i]) end
+  end
   R.clock = G and G.clock or lucid.wall_time
   return R
 end
@@ -176,6 +191,8 @@ function M.new(o)
   self.warmup = o.warmup or 3
   self.log = o.log or function(line) io.stderr:write(line, "\n") end
   self.recorder = o.recorder or real_recorder()
+  -- the next batch's upload on the side copy stream (file comment)
+  self.prefetch = os.getenv("LUCID_INPUT_PREFETCH") ~= "0" and self.recorder.side_copy ~= nil
   self.recorded, self.replays, self.retirements = 0, 0, 0
   self.last_retire_reason = nil
   self.calls = 0          -- calls with n == batch since the last (re)start
@@ -306,9 +323,25 @@ function RS:_reshape(batch)
   reshape_eager(self.eager, batch.images:size(3), batch.cls:size(2))
 end
 
--- eager: staging -> device buffers (async memcpys), then an event.
+-- eager: staging -> device buffers (async memcpys), then an event. With the
+-- prefetch (see the file comment) they go to the side copy stream: images
+-- (+ HSV gains) after the previous step's input_prepare (ev_prep), targets
+-- after the previous FB (ev_fb), and ev_in after both; the compute stream
+-- waits for ev_in. Without it, in line on the compute stream.
 function RS:_h2d(b)
-  local s = self.stage
+  local s, R = self.stage, self.recorder
+  if self.prefetch then
+    self.ev_in = self.ev_in or R.event(self.ctx)
+    self.ev_prep = self.ev_prep or R.event(self.ctx)
+    self.ev_fb = self.ev_fb or R.event(self.ctx)
+    local dst, src = { s.dev_images }, { s.images }
+    if s.dev_hsv then dst[2], src[2] = s.dev_hsv, s.hsv end
+    R.side_copy(dst, src, self.ev_prep)
+    R.side_copy({ b.tg.cls, b.tg.boxes, b.tg.kpts, b.tg.mask }, { s.cls, s.boxes, s.kpts, s.mask }, self.ev_fb,
+      self.ev_in)
+    self.ev_in:wait()
+    return
+  end
   s.dev_images:copy_(s.images)
   b.tg.cls:copy_(s.cls)
   b.tg.boxes:copy_(s.boxes)
@@ -319,10 +352,18 @@ function RS:_h2d(b)
   self.ev_in:record()
 end
 
--- FB: the compute part of lucid.step's run (keep the two in step).
+-- The input segment's kernel: u8 staging copy -> b.x (lucid.step's
+-- Step:_inputs does the same); with the prefetch, ev_prep then tells the
+-- next upload that the device copies have been read.
+function RS:_prepare(b)
+  lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
+  if self.prefetch then self.ev_prep:record() end
+end
+
+-- FB: the compute part of lucid.step's run after the input (keep the two
+-- in step).
 function RS:_fb(b)
   local e = self.eager
-  lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
   local model = self.model
   local out = model:forward(b.x)
   local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
@@ -726,6 +767,7 @@ function RS:run(batch, do_opt)
   end
   local b = e:_bufs(self.batch)
   self:_h2d(b)
+  self:_prepare(b)
   if replay then
     self:_launch("fb")
     self.replays = self.replays + 1
@@ -742,6 +784,7 @@ function RS:run(batch, do_opt)
     model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
     model._recordings[self] = true
   end
+  if self.prefetch then self.ev_fb:record() end -- the targets may be replaced now
   -- Model:forward sets model.output to a new table on every call: the
   -- replay of a real graph does not, the fake recorder's does (it runs the
   -- segment again), hence read after the launch
@@ -777,7 +820,9 @@ function RS:_run_warm(batch, do_opt)
     end
     b = self.eager:_bufs(self.batch)
     self:_h2d(b)
+    self:_prepare(b)
     self:_fb(b)
+    if self.prefetch then self.ev_fb:record() end
     if do_opt then self:_opt(false) end
   end)
   if not ok then self:_fail(err, "warm-up") end
@@ -837,6 +882,7 @@ function RS:stats()
   local nall = self.checks + self.mode_checks + self.full_checks
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
+    input_prefetch = self.prefetch,
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
     contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,
@@ -852,7 +898,7 @@ end
 -- step's buffers. Safe to call twice.
 function RS:release()
   self:_drop()
-  for _, k in ipairs({ "ev_in", "ev_up" }) do
+  for _, k in ipairs({ "ev_in", "ev_up", "ev_prep", "ev_fb" }) do
     if self[k] then pcall(self[k].free, self[k]); self[k] = nil end
   end
   if self.stage then
