@@ -190,18 +190,12 @@ function recipe.resolve(defaults, args, overrides)
     node[last] = value
   end
   for k, v in pairs(overrides or {}) do set(k, v, false) end
-  local seen = {}
   for i, a in ipairs(args or {}) do
     if type(a) == "string" then
       local k, v = a:match("^([%w_%.%-]+)=(.*)$")
       if not k then error(string.format("recipe: key=value expected, got '%s' (argument %d)", a, i), 0) end
-      -- a key given twice is a typo or a pasted command line: say which
-      -- (Ultralytics' argument parser keeps the last silently)
-      if seen[k] then
-        error(string.format("recipe: key '%s' given twice: '%s' (argument %d) and '%s' (argument %d)", k,
-          args[seen[k]], seen[k], a, i), 0)
-      end
-      seen[k] = i
+      -- a key given again replaces the earlier value, as in Ultralytics'
+      -- entrypoint (its overrides dict keeps the last)
       set(k, v, true)
     end
   end
