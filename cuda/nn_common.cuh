@@ -5,7 +5,7 @@
  *   - The slots of lucid_nn_kernels (engine/nn/nn.h) are implemented in
  *     nn_conv.cu (Conv2d), nn_norm_{fwd,bwd}.cu (BatchNorm2d, the fused BatchNorm2d +
  *     SiLU, and the per-channel sum used by the conv bias gradient),
- *     nn_pointwise.cu (SiLU, Add, channel_copy,
+ *     nn_pointwise.cu (SiLU, Add, channel_copy, channel_copy_multi,
  *     nearest Upsample, MaxPool2d) and nn_softmax.cu (softmax, DFL); the
  *     table and the per-context nn state live in nn_table.cu.
  *   - Activations are f32, bf16 or f16 (f64 is CPU-only: ERR_UNSUPPORTED);
@@ -175,6 +175,11 @@ int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
  * nn_norm_{fwd,bwd}.cu) queued by the calling thread so far, any context, eager or
  * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS). */
 unsigned long lucid_cuda_bn_launch_count(void);
+/* Stream operations (kernels, cudaMemcpy2DAsync, cudaMemset2DAsync) queued
+ * by the calling thread's channel_copy and channel_copy_multi calls so far
+ * (nn_pointwise.cu), any context, eager or while capturing: a test hook for
+ * LUCID_CHAN_COPY_MULTI (one launch per call vs one per piece). */
+unsigned long lucid_cuda_chan_copy_op_count(void);
 }
 
 /* 256-byte alignment of arena sub-regions. */
@@ -244,6 +249,7 @@ lucid_status lucid_cuda_upsample_nearest2d_backward(lucid_ctx *,
 lucid_status lucid_cuda_channel_copy(lucid_ctx *, lucid_tensor *, int64_t,
                                      const lucid_tensor *, int64_t, int64_t,
                                      double);
+lucid_status lucid_cuda_channel_copy_multi(lucid_ctx *, int, const lucid_chan_piece *);
 lucid_status lucid_cuda_add_forward(lucid_ctx *, const lucid_tensor *,
                                     const lucid_tensor *, lucid_tensor *);
 /* nn_softmax.cu */

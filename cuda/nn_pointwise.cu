@@ -14,6 +14,12 @@
  *             below, or with one cudaMemcpy2DAsync under
  *             LUCID_CHAN_COPY=memcpy (for A/B timing: a copy node is not a
  *             PDL launch, and was slower in the recorded step).
+ *   channel_copy_multi: up to CM_PIECES (16) beta-0 same-dtype copies
+ *             (or zero fills) per launch, one block range per piece (see
+ *             chan_copy_multi below); bits moved as unsigned integers of
+ *             the element size, so identical to channel_copy's. Under
+ *             LUCID_CHAN_COPY=memcpy: one cudaMemcpy2DAsync /
+ *             cudaMemset2DAsync per piece.
  *   upsample: y[i,j] = x[i/s, j/s]; dx[h,w] = sum of the s x s block of dy
  *             (a gather: one thread per dx element, or per half vector of
  *             dx, fixed order: acc = 0, += dy[a][b] row-major, then
@@ -311,6 +317,13 @@ static bool chan_copy_kernel_env(void) {
     return !(e && strcmp(e, "memcpy") == 0);
 }
 
+/* Stream operations queued by this thread's channel_copy and
+ * channel_copy_multi calls: the test hook lucid_cuda_chan_copy_op_count
+ * (nn_common.cuh); nothing here reads it. */
+static thread_local unsigned long chan_copy_ops;
+
+extern "C" unsigned long lucid_cuda_chan_copy_op_count(void) { return chan_copy_ops; }
+
 /* grid: x along a row (`per_thread` elements per item), y over rows */
 static dim3 cc_grid(const lucid_cuda_state *st, int64_t N, int64_t row_items,
                     int per_thread) {
@@ -388,6 +401,7 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
                                           (size_t)(Cs * S) * ses,
                                           (size_t)len * des, (size_t)N,
                                           cudaMemcpyDeviceToDevice, st->stream));
+        chan_copy_ops++;
         return LUCID_OK;
     }
     /* 32-bit when every offset of both tensors fits (the row loop's n*stride
@@ -401,6 +415,198 @@ extern "C" lucid_status lucid_cuda_channel_copy(lucid_ctx *ctx,
         launch_chan_copy<int64_t>(st, dst->dtype, src->dtype, dd, sd, N, len,
                                   Cd * S, Cs * S, (float)beta, vec);
     CUDA_CHECK_LAUNCH(ctx, "chan_copy");
+    chan_copy_ops++;
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// channel_copy_multi
+
+#define CM_PIECES 16 /* pieces per launch (Concat / Split of the nano models: <= 5) */
+
+/* One piece of a launch: rows n < N of len elements at dst + n*dstride
+ * (from src + n*sstride; src NULL: zero bits), strides in elements; its
+ * blocks are [first, first + gx*gy): gx along a row, gy over rows. vec:
+ * every dst (and src) row start 16-byte aligned. */
+struct cm_piece {
+    void *dst;
+    const void *src;
+    int64_t len, dstride, sstride;
+    unsigned first, gx, gy;
+    int vec;
+};
+
+/* The kernel parameter (passed by value, __grid_constant__): n pieces in
+ * block order, one N for all. 912 bytes, well inside the 4 KiB limit. */
+struct cm_table {
+    cm_piece p[CM_PIECES];
+    int64_t N;
+    int n;
+};
+
+/* Block b belongs to the last piece whose first <= b (a scan of at most
+ * CM_PIECES entries, the same for every thread of the block). E is the
+ * unsigned integer of the element size: the bits move verbatim (NaN
+ * payloads too). vec: V-element vectors along the row (PW_UNROLL per thread
+ * per step, loads before stores), then the len % V tail one element per
+ * thread; else one element per thread. No division per element. */
+template <typename E, typename IndexT>
+static __global__ void chan_copy_multi(const __grid_constant__ cm_table t) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    constexpr int V = 16 / sizeof(E);
+    typedef pw_pack<E, V> vt;
+    int pi = 0;
+    while (pi + 1 < t.n && blockIdx.x >= t.p[pi + 1].first) pi++;
+    const cm_piece &P = t.p[pi];
+    const unsigned b = blockIdx.x - P.first;
+    const unsigned by = b / P.gx, bx = b - by * P.gx;
+    const IndexT tx = (IndexT)bx * blockDim.x + threadIdx.x;
+    const IndexT ntx = (IndexT)P.gx * blockDim.x;
+    const IndexT N = (IndexT)t.N, len = (IndexT)P.len;
+    const IndexT dstride = (IndexT)P.dstride, sstride = (IndexT)P.sstride;
+    const IndexT nv = P.vec ? len / V : 0;
+    const E *src = (const E *)P.src;
+    for (IndexT n = by; n < N; n += P.gy) {
+        E *dr = (E *)P.dst + n * dstride;
+        vt *dv = (vt *)dr;
+        if (src) {
+            const E *sr = src + n * sstride;
+            const vt *sv = (const vt *)sr;
+            for (IndexT v0 = tx; v0 < nv; v0 += ntx * PW_UNROLL) {
+                vt xs[PW_UNROLL];
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) xs[u] = sv[v];
+                }
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) dv[v] = xs[u];
+                }
+            }
+            for (IndexT k = nv * V + tx; k < len; k += ntx) dr[k] = sr[k];
+        } else {
+            vt z;
+#pragma unroll
+            for (int k = 0; k < V; k++) z.e[k] = 0;
+            for (IndexT v = tx; v < nv; v += ntx) dv[v] = z;
+            for (IndexT k = nv * V + tx; k < len; k += ntx) dr[k] = 0;
+        }
+    }
+}
+
+/* LUCID_CHAN_COPY=memcpy: the pieces one by one, copies through
+ * lucid_cuda_channel_copy (cudaMemcpy2DAsync when beta 0 and one dtype),
+ * zero pieces with one cudaMemset2DAsync each. */
+static lucid_status chan_copy_multi_each(lucid_ctx *ctx, const lucid_cuda_state *st,
+                                         int n, const lucid_chan_piece *pc) {
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pc[i];
+        if (p->src) {
+            LUCID_TRY(lucid_cuda_channel_copy(ctx, p->dst, p->dst_c0, p->src, p->src_c0,
+                                              p->nch, 0.0));
+            continue;
+        }
+        int64_t N = p->dst->shape[0], Cd = p->dst->shape[1], S = nn_inner(p->dst, 2);
+        size_t es = lucid_dtype_size(p->dst->dtype);
+        char *dd = (char *)lucid_tensor_data(p->dst) + (size_t)(p->dst_c0 * S) * es;
+        CUDA_CHECK(ctx, cudaMemset2DAsync(dd, (size_t)(Cd * S) * es, 0,
+                                          (size_t)(p->nch * S) * es, (size_t)N,
+                                          st->stream));
+        chan_copy_ops++;
+    }
+    return LUCID_OK;
+}
+
+/* Fill t.p[0..m) from pc (block shares: each piece's grid as cc_grid would
+ * size it for a launch of its own; when they sum past pw_cap, each is
+ * scaled down in proportion, at least one block). Returns the blocks. */
+static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
+                        const lucid_chan_piece *pc, bool *small) {
+    const lucid_tensor *ref = pc[0].dst;
+    const int64_t N = ref->shape[0], S = nn_inner(ref, 2);
+    const size_t es = lucid_dtype_size(ref->dtype);
+    const int64_t V = 16 / (int64_t)es, cap = pw_cap(st);
+    int64_t gx[CM_PIECES], gy[CM_PIECES], want = 0;
+    memset(t, 0, sizeof *t);
+    t->N = N;
+    t->n = m;
+    for (int i = 0; i < m; i++) {
+        const lucid_chan_piece *p = &pc[i];
+        cm_piece *q = &t->p[i];
+        const int64_t Cd = p->dst->shape[1], len = p->nch * S;
+        char *dd = (char *)lucid_tensor_data(p->dst) + (size_t)(p->dst_c0 * S) * es;
+        const char *sd = NULL;
+        bool vec = pw_aligned(dd, 16) && ((size_t)(Cd * S) * es) % 16 == 0;
+        if (p->src) {
+            const int64_t Cs = p->src->shape[1];
+            sd = (const char *)lucid_tensor_data(p->src) + (size_t)(p->src_c0 * S) * es;
+            vec = vec && pw_aligned(sd, 16) && ((size_t)(Cs * S) * es) % 16 == 0;
+            q->sstride = Cs * S;
+            if (lucid_tensor_numel(p->src) >= ((int64_t)1 << 31)) *small = false;
+        }
+        if (lucid_tensor_numel(p->dst) >= ((int64_t)1 << 31)) *small = false;
+        q->dst = dd;
+        q->src = sd;
+        q->len = len;
+        q->dstride = Cd * S;
+        q->vec = vec;
+        const int per = vec ? PW_UNROLL : 1;
+        const int64_t items = vec ? len / V : len;
+        gy[i] = N < 65535 ? N : 65535;
+        gx[i] = pw_grid(st, items, per);
+        if (gx[i] > cap / gy[i]) gx[i] = cap / gy[i];
+        if (gx[i] < 1) gx[i] = 1;
+        want += gx[i] * gy[i];
+    }
+    int64_t first = 0;
+    for (int i = 0; i < m; i++) {
+        if (want > cap) {
+            int64_t share = (int64_t)((double)(gx[i] * gy[i]) * (double)cap / (double)want);
+            if (share < 1) share = 1;
+            if (gy[i] > share) gy[i] = share;
+            if (gx[i] > share / gy[i]) gx[i] = share / gy[i];
+            if (gx[i] < 1) gx[i] = 1;
+        }
+        t->p[i].first = (unsigned)first;
+        t->p[i].gx = (unsigned)gx[i];
+        t->p[i].gy = (unsigned)gy[i];
+        first += gx[i] * gy[i];
+    }
+    return (unsigned)first;
+}
+
+extern "C" lucid_status lucid_cuda_channel_copy_multi(lucid_ctx *ctx, int n,
+                                                      const lucid_chan_piece *pc) {
+    const lucid_dtype dt = pc[0].dst->dtype;
+    LUCID_TRY(nn_check_act(ctx, "channel_copy_multi", dt));
+    CUDA_ENTER(ctx, st);
+    if (!chan_copy_kernel_env()) return chan_copy_multi_each(ctx, st, n, pc);
+    for (int c0 = 0; c0 < n; c0 += CM_PIECES) {
+        const int m = n - c0 < CM_PIECES ? n - c0 : CM_PIECES;
+        cm_table t;
+        bool small = true;
+        const unsigned blocks = cm_plan(st, &t, m, pc + c0, &small);
+        if (lucid_dtype_size(dt) == 2) {
+            if (small)
+                lucid_launch(chan_copy_multi<uint16_t, uint32_t>, blocks, PW_THREADS, 0,
+                             st->stream, t);
+            else
+                lucid_launch(chan_copy_multi<uint16_t, int64_t>, blocks, PW_THREADS, 0,
+                             st->stream, t);
+        } else {
+            if (small)
+                lucid_launch(chan_copy_multi<uint32_t, uint32_t>, blocks, PW_THREADS, 0,
+                             st->stream, t);
+            else
+                lucid_launch(chan_copy_multi<uint32_t, int64_t>, blocks, PW_THREADS, 0,
+                             st->stream, t);
+        }
+        CUDA_CHECK_LAUNCH(ctx, "chan_copy_multi");
+        chan_copy_ops++;
+    }
     return LUCID_OK;
 }
 

@@ -290,6 +290,7 @@ static const lucid_nn_kernels cuda_nn_table = {
     lucid_cuda_dfl_backward,
     lucid_cuda_batchnorm2d_silu_forward,
     lucid_cuda_batchnorm2d_silu_backward,
+    lucid_cuda_channel_copy_multi,
 };
 
 extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {

@@ -7,6 +7,8 @@
  *     dst[:, d0:d0+n] = beta*dst[:, d0:d0+n] + src[:, s0:s0+n]
  *     (dtypes may differ: converted through f64; same dtype and beta 0 is a
  *     plain memcpy per batch item).
+ *   channel_copy_multi: beta-0 channel_copy per piece (a piece without src
+ *     memsets its channel range of each batch item to zero bits).
  *   add_forward: y = a + b, same shape and dtype (y may alias a or b).
  * f32 (and same-dtype copies) take typed loops threaded over blocks of
  * elements; other dtype mixes go through f64 per element.
@@ -85,6 +87,26 @@ lucid_status cpu_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
             nn_st_beta(d, dst->dtype, i, nn_ld(s, src->dtype, i), beta);
     }
     (void)ctx;
+    return LUCID_OK;
+}
+
+lucid_status cpu_channel_copy_multi(lucid_ctx *ctx, int n,
+                                    const lucid_chan_piece *pc) {
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pc[i];
+        if (p->src) {
+            LUCID_TRY(cpu_channel_copy(ctx, p->dst, p->dst_c0, p->src, p->src_c0,
+                                       p->nch, 0.0));
+            continue;
+        }
+        int64_t N = p->dst->shape[0], Cd = p->dst->shape[1], S = 1;
+        for (int d = 2; d < p->dst->ndim; d++) S *= p->dst->shape[d];
+        size_t es = lucid_dtype_size(p->dst->dtype);
+        char *dd = lucid_tensor_data(p->dst);
+        for (int64_t r = 0; r < N; r++)
+            memset(dd + (size_t)((r * Cd + p->dst_c0) * S) * es, 0,
+                   (size_t)(p->nch * S) * es);
+    }
     return LUCID_OK;
 }
 

@@ -724,13 +724,13 @@ static lucid_status cat_fwd(lucid_ctx *ctx, lucid_module *m, int nin,
     }
     LUCID_TRY(ensure(ctx, &m->outputs[0], lucid_tensor_device(x0), x0->dtype,
                      x0->ndim, ys));
+    lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     int64_t off = 0;
     for (int i = 0; i < nin; i++) {
-        LUCID_TRY(lucid_nn_channel_copy(ctx, m->outputs[0], off, in[i], 0,
-                                        in[i]->shape[1], 0.0));
+        pc[i] = (lucid_chan_piece){m->outputs[0], off, in[i], 0, in[i]->shape[1]};
         off += in[i]->shape[1];
     }
-    return LUCID_OK;
+    return lucid_nn_channel_copy_multi(ctx, nin, pc);
 }
 
 static lucid_status cat_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
@@ -740,14 +740,14 @@ static lucid_status cat_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
     if (!go[0])
         return lucid_seterr(ctx, LUCID_ERR_ARG, "Concat '%s': grad_output is NULL",
                             m->name);
+    lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     int64_t off = 0;
     for (int i = 0; i < nin; i++) {
         LUCID_TRY(ensure_like(ctx, &m->grad_inputs[i], in[i]));
-        LUCID_TRY(lucid_nn_channel_copy(ctx, m->grad_inputs[i], 0, go[0], off,
-                                        in[i]->shape[1], 0.0));
+        pc[i] = (lucid_chan_piece){m->grad_inputs[i], 0, go[0], off, in[i]->shape[1]};
         off += in[i]->shape[1];
     }
-    return LUCID_OK;
+    return lucid_nn_channel_copy_multi(ctx, nin, pc);
 }
 
 static int cat_describe(const lucid_module *m, char *buf, size_t n) {
@@ -800,15 +800,15 @@ static lucid_status split_fwd(lucid_ctx *ctx, lucid_module *m, int nin,
     LUCID_TRY(split_sizes(ctx, m, x, sizes));
     int64_t off = 0, ys[LUCID_MAX_DIMS];
     memcpy(ys, x->shape, sizeof ys);
+    lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     for (int i = 0; i < m->noutputs; i++) {
         ys[1] = sizes[i];
         LUCID_TRY(ensure(ctx, &m->outputs[i], lucid_tensor_device(x), x->dtype,
                          x->ndim, ys));
-        LUCID_TRY(lucid_nn_channel_copy(ctx, m->outputs[i], 0, x, off, sizes[i],
-                                        0.0));
+        pc[i] = (lucid_chan_piece){m->outputs[i], 0, x, off, sizes[i]};
         off += sizes[i];
     }
-    return LUCID_OK;
+    return lucid_nn_channel_copy_multi(ctx, m->noutputs, pc);
 }
 
 static lucid_status split_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
@@ -820,20 +820,13 @@ static lucid_status split_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
     LUCID_TRY(split_sizes(ctx, m, x, sizes));
     LUCID_TRY(ensure_like(ctx, &m->grad_inputs[0], x));
     lucid_tensor *dx = m->grad_inputs[0];
+    lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     int64_t off = 0;
-    for (int i = 0; i < m->noutputs; i++) {
-        if (go[i]) {
-            LUCID_TRY(lucid_nn_channel_copy(ctx, dx, off, go[i], 0, sizes[i], 0.0));
-        } else if (sizes[i] > 0) { /* unused output: zero gradient */
-            lucid_tensor *v = NULL;
-            LUCID_TRY(lucid_tensor_narrow(ctx, dx, 1, off, sizes[i], &v));
-            lucid_status st = lucid_fill(ctx, v, 0.0);
-            lucid_tensor_release(v);
-            LUCID_TRY(st);
-        }
+    for (int i = 0; i < m->noutputs; i++) { /* unused output (go NULL): zeros */
+        pc[i] = (lucid_chan_piece){dx, off, go[i], 0, sizes[i]};
         off += sizes[i];
     }
-    return LUCID_OK;
+    return lucid_nn_channel_copy_multi(ctx, m->noutputs, pc);
 }
 
 static int split_describe(const lucid_module *m, char *buf, size_t n) {

@@ -8,6 +8,9 @@
  * Kernel functions therefore receive only well-formed arguments.
  */
 #include "nn/nn_cpu.h"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 // ----------------------------------------------------------------------------
@@ -34,6 +37,7 @@ static const lucid_nn_kernels cpu_table = {
     .dfl_backward = cpu_dfl_backward,
     .batchnorm2d_silu_forward = cpu_batchnorm2d_silu_forward,
     .batchnorm2d_silu_backward = cpu_batchnorm2d_silu_backward,
+    .channel_copy_multi = cpu_channel_copy_multi,
 };
 
 const lucid_nn_kernels *lucid_nn_cpu_kernels(void) { return &cpu_table; }
@@ -671,6 +675,154 @@ lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
     if (nch == 0 || lucid_tensor_numel(dst) == 0) return LUCID_OK;
     LUCID_TRY(kt_->channel_copy(ctx, dst, dst_c0, src, src_c0, nch, beta));
     bump(dst);
+    return LUCID_OK;
+}
+
+/* LUCID_CHAN_COPY_MULTI: "0" = piece by piece; read once per process.
+ * The override (a test hook) wins while it is >= 0. */
+static int cc_multi_env = -1, cc_multi_override = -1;
+
+int lucid_nn_chan_copy_multi_override(int mode) {
+    int prev = cc_multi_override;
+    cc_multi_override = mode < 0 ? -1 : mode != 0;
+    return prev;
+}
+
+int lucid_nn_chan_copy_multi_on(void) {
+    if (cc_multi_override >= 0) return cc_multi_override;
+    if (cc_multi_env < 0) {
+        const char *e = getenv("LUCID_CHAN_COPY_MULTI");
+        cc_multi_env = !(e && strcmp(e, "0") == 0);
+    }
+    return cc_multi_env;
+}
+
+/* 1 when channels [a0, a0+nch_a) of a and [b0, b0+nch_b) of b may share
+ * memory: exact for two views of one layout (same storage, same first
+ * element, same channel count: the channel ranges intersect), else
+ * conservative (same storage and the tensors' whole extents intersect). */
+static int cc_overlap(const lucid_tensor *a, int64_t a0, const lucid_tensor *b,
+                      int64_t b0, int64_t nch_a, int64_t nch_b) {
+    if (a->storage != b->storage || nch_a == 0 || nch_b == 0) return 0;
+    if (lucid_tensor_data(a) == lucid_tensor_data(b) && a->shape[1] == b->shape[1])
+        return a0 < b0 + nch_b && b0 < a0 + nch_a; /* one layout: channels */
+    uintptr_t pa = (uintptr_t)lucid_tensor_data(a), pb = (uintptr_t)lucid_tensor_data(b);
+    uintptr_t ea = pa + (uintptr_t)lucid_tensor_numel(a) * lucid_dtype_size(a->dtype);
+    uintptr_t eb = pb + (uintptr_t)lucid_tensor_numel(b) * lucid_dtype_size(b->dtype);
+    return pa < eb && pb < ea;
+}
+
+/* The reference route: one lucid_nn_channel_copy per copy piece, a
+ * lucid_fill(0) of the narrowed dst per zero piece. */
+static lucid_status cc_multi_each(lucid_ctx *ctx, int n, const lucid_chan_piece *pc) {
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pc[i];
+        if (p->src) {
+            LUCID_TRY(lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, p->src,
+                                            p->src_c0, p->nch, 0.0));
+        } else if (p->nch > 0) {
+            lucid_tensor *v = NULL;
+            LUCID_TRY(lucid_tensor_narrow(ctx, p->dst, 1, p->dst_c0, p->nch, &v));
+            lucid_status st = lucid_fill(ctx, v, 0.0);
+            lucid_tensor_release(v);
+            LUCID_TRY(st);
+        }
+    }
+    return LUCID_OK;
+}
+
+/* One tensor of a piece against the reference (piece 0's dst; NULL for
+ * piece 0's dst itself); dtype: ref's (dst) or any float (src). */
+static lucid_status cc_multi_chk(lucid_ctx *ctx, const char *op, int i,
+                                 const char *role, const lucid_tensor *t,
+                                 const lucid_tensor *ref, int same_dtype) {
+    char arg[48];
+    snprintf(arg, sizeof arg, "piece %d %s", i, role);
+    LUCID_TRY(chk(ctx, op, arg, t, -1, ref));
+    LUCID_TRY(chk_act(ctx, op, arg, t, same_dtype ? ref : NULL));
+    if (t->ndim < 2)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %s needs rank >= 2 (N, C, ...)",
+                            op, arg);
+    int ok = ref == NULL || (t->ndim == ref->ndim && t->shape[0] == ref->shape[0]);
+    for (int d = 2; ok && ref && d < t->ndim; d++) ok = t->shape[d] == ref->shape[d];
+    if (!ok) {
+        char a[128], b[128];
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: %s %s and piece 0 dst %s differ outside dim 1",
+                            op, arg, lucid_shape_str(t->ndim, t->shape, a, sizeof a),
+                            lucid_shape_str(ref->ndim, ref->shape, b, sizeof b));
+    }
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
+                                         const lucid_chan_piece *pieces) {
+    const char *op = "channel_copy_multi";
+    if (n < 0 || n > LUCID_CHAN_PIECES_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %d pieces (0..%d)", op, n,
+                            LUCID_CHAN_PIECES_MAX);
+    if (n == 0) return LUCID_OK;
+    if (!pieces)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: pieces is NULL (n = %d)", op, n);
+    const lucid_tensor *ref = pieces[0].dst;
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pieces[i];
+        LUCID_TRY(cc_multi_chk(ctx, op, i, "dst", p->dst, i ? ref : NULL, 1));
+        if (p->src) LUCID_TRY(cc_multi_chk(ctx, op, i, "src", p->src, ref, 0));
+        int64_t Cs = p->src ? p->src->shape[1] : 0, s0 = p->src ? p->src_c0 : 0;
+        if (p->nch < 0 || p->dst_c0 < 0 || s0 < 0 || p->dst_c0 + p->nch > p->dst->shape[1] ||
+            (p->src && s0 + p->nch > Cs)) {
+            if (p->src)
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: piece %d: channels [%lld, %lld) of src (%lld) "
+                                    "into [%lld, %lld) of dst (%lld) out of range",
+                                    op, i, (long long)s0, (long long)(s0 + p->nch),
+                                    (long long)Cs, (long long)p->dst_c0,
+                                    (long long)(p->dst_c0 + p->nch),
+                                    (long long)p->dst->shape[1]);
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: piece %d: zero fill of channels [%lld, %lld) "
+                                "of dst (%lld) out of range",
+                                op, i, (long long)p->dst_c0,
+                                (long long)(p->dst_c0 + p->nch),
+                                (long long)p->dst->shape[1]);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            const lucid_chan_piece *a = &pieces[i], *b = &pieces[j];
+            const char *what = NULL;
+            if (j > i && cc_overlap(a->dst, a->dst_c0, b->dst, b->dst_c0, a->nch, b->nch))
+                what = "dst";
+            else if (b->src &&
+                     cc_overlap(a->dst, a->dst_c0, b->src, b->src_c0, a->nch, b->nch))
+                what = "src";
+            if (what)
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: piece %d's dst may overlap piece %d's %s "
+                                    "(pieces must not interfere)",
+                                    op, i, j, what);
+        }
+    int64_t NS = ref->shape[0]; /* N * S: 0 makes every piece empty */
+    for (int d = 2; d < ref->ndim; d++) NS *= ref->shape[d];
+    if (NS == 0) return LUCID_OK;
+    KT(ctx, ref);
+    if (!lucid_nn_chan_copy_multi_on() || !kt_->channel_copy_multi)
+        return cc_multi_each(ctx, n, pieces);
+    lucid_chan_piece live[LUCID_CHAN_PIECES_MAX];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pieces[i];
+        if (p->nch == 0) continue;
+        if (p->src && p->src->dtype != p->dst->dtype) /* a conversion */
+            LUCID_TRY(lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, p->src,
+                                            p->src_c0, p->nch, 0.0));
+        else
+            live[m++] = *p;
+    }
+    if (m == 0) return LUCID_OK;
+    LUCID_TRY(kt_->channel_copy_multi(ctx, m, live));
+    for (int i = 0; i < m; i++) bump(live[i].dst);
     return LUCID_OK;
 }
 

@@ -44,6 +44,21 @@ extern "C" {
 
 /* ============================================================ attributes */
 
+/* One piece of lucid_nn_channel_copy_multi (below):
+ *   dst[:, dst_c0 : dst_c0+nch] = src[:, src_c0 : src_c0+nch]
+ * or, with src NULL, = 0 (all-zero bits). */
+typedef struct lucid_chan_piece {
+    lucid_tensor *dst;
+    int64_t dst_c0;
+    const lucid_tensor *src; /* NULL: zero fill (src_c0 ignored) */
+    int64_t src_c0;
+    int64_t nch;
+} lucid_chan_piece;
+
+/* Pieces one lucid_nn_channel_copy_multi call takes (Concat and Split have
+ * at most 64 inputs / outputs). */
+#define LUCID_CHAN_PIECES_MAX 64
+
 /* Conv2d attributes (PyTorch nn.Conv2d).  Kernel size comes from the weight
  * shape [C_out, C_in/groups, kH, kW].
  *   H_out = floor((H + 2*pad_h - dilation_h*(kH-1) - 1) / stride_h) + 1   */
@@ -164,6 +179,13 @@ typedef struct lucid_nn_kernels {
         const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
         lucid_tensor *dweight, lucid_tensor *dbias, int training,
         double beta_input, double beta_params);
+    /* ---- multi-piece channel copy (nullable: the entry point then runs
+     * the pieces one by one).  Receives 1..LUCID_CHAN_PIECES_MAX checked,
+     * non-empty pieces (nch > 0, numel > 0) of one dtype (src NULL or of
+     * dst's dtype) and one shape outside dim 1, no piece's dst overlapping
+     * another piece's dst or any piece's src. */
+    lucid_status (*channel_copy_multi)(lucid_ctx *ctx, int n,
+                                       const lucid_chan_piece *pieces);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -326,12 +348,50 @@ lucid_status lucid_nn_upsample_nearest2d_backward(lucid_ctx *ctx,
  * dst [N, C_dst, *S], src [N, C_src, *S] (same N and trailing dims, rank
  * >= 2, both contiguous, dtypes may differ: converted):
  *   dst[:, dst_c0 : dst_c0+nch] = beta*dst[...] + src[:, src_c0 : src_c0+nch]
- * Concat forward = one call per input (beta 0); Concat backward, Split /
- * Chunk forward and backward are the same primitive with the roles swapped.
- * Also the backward of Add (nch = C, beta as wanted). */
+ * Concat forward = one piece per input (beta 0); Concat backward, Split /
+ * Chunk forward and backward are the same primitive with the roles swapped
+ * (the modules batch their pieces through lucid_nn_channel_copy_multi
+ * below).  Also the backward of Add (nch = C, beta as wanted). */
 lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
                                    int64_t dst_c0, const lucid_tensor *src,
                                    int64_t src_c0, int64_t nch, double beta);
+
+/* Several beta-0 channel copies (and zero fills) in one call — on the GPU
+ * one kernel launch per 16 pieces instead of one per piece (Concat and
+ * Split forward and backward).  For each of the n pieces p (in any order;
+ * they must not interfere):
+ *   p.dst[:, p.dst_c0 : p.dst_c0+p.nch] = p.src[:, p.src_c0 : p.src_c0+p.nch]
+ * or = 0 (all-zero bits) when p.src is NULL.  Bits are moved verbatim (NaN
+ * payloads included); p.dst outside the named channels is not touched.
+ * Every dst and src: contiguous, rank >= 2, float dtype, all of one shape
+ * outside dim 1 ([N, *, *S]), all on one device; every dst of piece 0's
+ * dst dtype.  A src of another dtype is converted as by
+ * lucid_nn_channel_copy, which then runs that piece on its own (a launch
+ * of its own on the GPU); same-dtype pieces move bits.  n in 0..LUCID_CHAN_PIECES_MAX (0: nothing).  Pieces with nch 0 are
+ * skipped.
+ * Errors (ERR_ARG, message naming the piece): pieces NULL with n > 0, n out
+ * of range, a NULL dst, a non-contiguous tensor, rank < 2, a shape outside
+ * dim 1 that differs from piece 0's dst, a dst dtype that differs from
+ * piece 0's dst, a tensor on another device, a channel range out of bounds or nch < 0,
+ * a piece whose dst region may overlap another piece's dst or any piece's
+ * src (same storage: checked per channel range on one tensor, else by
+ * extent); ERR_UNSUPPORTED for a non-float dtype (or f64 on the GPU).
+ * Route: LUCID_CHAN_COPY_MULTI=0 in the environment (read once per process)
+ * or lucid_nn_chan_copy_multi_override(0) runs the pieces one by one as
+ * lucid_nn_channel_copy(beta 0) calls and lucid_fill(0) of narrowed views:
+ * the reference route, same bits. */
+lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
+                                         const lucid_chan_piece *pieces);
+
+/* Test hook: route of lucid_nn_channel_copy_multi for the whole process.
+ * mode 1: one table call (the default); 0: piece by piece (as
+ * LUCID_CHAN_COPY_MULTI=0); -1: follow LUCID_CHAN_COPY_MULTI again.
+ * Returns the previous override (-1 when none).  Not thread-safe: set it
+ * between steps, never while another thread runs nn calls. */
+int lucid_nn_chan_copy_multi_override(int mode);
+
+/* 1 when lucid_nn_channel_copy_multi takes its one-call route now. */
+int lucid_nn_chan_copy_multi_on(void);
 
 /* ------------------------------------------------------------------- Add
  * y = a + b (same shape and dtype; y may alias a or b). */

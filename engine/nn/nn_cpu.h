@@ -279,6 +279,7 @@ lucid_status cpu_upsample_nearest2d_backward(lucid_ctx *,
 /* concat.c */
 lucid_status cpu_channel_copy(lucid_ctx *, lucid_tensor *, int64_t,
                               const lucid_tensor *, int64_t, int64_t, double);
+lucid_status cpu_channel_copy_multi(lucid_ctx *, int, const lucid_chan_piece *);
 lucid_status cpu_add_forward(lucid_ctx *, const lucid_tensor *,
                              const lucid_tensor *, lucid_tensor *);
 /* softmax.c */
