@@ -154,6 +154,12 @@ typedef struct lucid_cuda_state {
     int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
     int lane_depth;
     void *lane_ns;              /* the nn state the open forks swapped */
+    /* Device epoch of the conv weight shadows (engine/nn/nn.h
+     * lucid_conv_wshadow): graph.cu moves it at every capture begin,
+     * capture end and graph launch, so a cast queued outside a capture is
+     * never trusted inside it, nor one from before a capture or a replay
+     * afterwards. */
+    uint64_t wcast_epoch;
 } lucid_cuda_state;
 
 /* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before). */

@@ -21,6 +21,8 @@
  *     capture mode and the allocator is unlocked, also when ending fails, so
  *     a failed capture never leaves the stream capturing.
  *   - One capture per context at a time (a second begin is LUCID_ERR_STATE).
+ *   - capture_begin, capture_end and graph_launch move st->wcast_epoch (the
+ *     freshness epoch of the conv weight shadows, common.cuh).
  *   - Lanes (lane.cu): capture_begin refuses while a lane fork is open,
  *     joins every lane and forgets their marks; capture_end closes a fork
  *     left open and joins every lane (a capture cannot end with a forked
@@ -52,6 +54,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
                             "already being captured",
                             st->device);
     lucid_cuda_allocator_set_capture(st->alloc, 1);
+    st->wcast_epoch++; /* conv weight shadows cast before are not trusted inside */
     cudaError_t e = cudaStreamBeginCapture(st->stream,
                                            cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
@@ -197,6 +200,7 @@ done:
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
     if (graph_exec) *graph_exec = NULL;
     CUDA_ENTER(ctx, st);
+    st->wcast_epoch++; /* casts queued in the capture never ran */
     /* a fork left open (an error between fork and return) has the lane's
      * stream in st->stream: close it, so the capture ends on its own stream */
     lucid_cuda_lane_unwind(ctx);
@@ -261,6 +265,9 @@ extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec
     /* the graph's lane work uses the lanes' scratch: eager lane work still
      * queued must finish first */
     LUCID_TRY(lucid_cuda_lane_join(ctx, -1));
+    /* the replay may write weights (and rewrites the shadows it recorded)
+     * behind the host's storage versions: eager casts are stale after it */
+    st->wcast_epoch++;
     CUDA_CHECK(ctx, cudaGraphLaunch((cudaGraphExec_t)graph_exec, st->stream));
     return LUCID_OK;
 }

@@ -105,6 +105,8 @@ typedef struct lucid_cuda_nn_state {
     int conv_mode;                  /* lucid_cuda_nn_set_conv_mode */
     int conv1x1;                    /* 1x1 route: 0 LUCID_CONV1X1, 1 igemm, 2 gemm
                                        (lucid_cuda_nn_set_conv1x1, nn_conv_gemm.cuh) */
+    int wcast;                      /* conv weight shadows: 0 LUCID_WCAST_ONCE, 1 off,
+                                       2 on (lucid_cuda_nn_set_wcast, nn_conv.cu) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -161,6 +163,13 @@ int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
  * 1) in conv mode 0.  Returns the previous setting (-1 when ctx has no CUDA
  * state). */
 int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
+/* Conv weight shadows of ctx (engine/nn/nn.h lucid_conv_wshadow), for
+ * tests and benchmarks, overriding the process switch LUCID_WCAST_ONCE:
+ * 0 follow LUCID_WCAST_ONCE (the default), 1 off (shadows ignored, every
+ * 1x1 GEMM forward / backward-data casts its weight into scratch, group
+ * casts queue nothing), 2 on (other values read as 0).  Returns the
+ * previous setting (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/
@@ -206,6 +215,18 @@ lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *,
                                                lucid_tensor *, lucid_tensor *,
                                                const lucid_conv2d_params *,
                                                double);
+lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *, const lucid_tensor *,
+                                              lucid_tensor *, const lucid_tensor *,
+                                              const lucid_tensor *,
+                                              const lucid_conv2d_params *,
+                                              lucid_conv_wshadow *);
+lucid_status lucid_cuda_conv2d_backward_input_shadow(lucid_ctx *, const lucid_tensor *,
+                                                     const lucid_tensor *, lucid_tensor *,
+                                                     const lucid_tensor *,
+                                                     const lucid_conv2d_params *, double,
+                                                     lucid_conv_wshadow *);
+lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *, const lucid_tensor *const *,
+                                            lucid_conv_wshadow *const *, int, lucid_dtype);
 /* nn_norm_{fwd,bwd}.cu */
 lucid_status lucid_cuda_batchnorm2d_silu_forward(
     lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,

@@ -11,6 +11,19 @@
  * 1x1 conv, =igemm for none; lucid_cuda_nn_set_conv1x1 overrides it per
  * context).
  *
+ * Weight shadows (nn.h lucid_conv_wshadow; the *_shadow slots and
+ * conv2d_cast_shadows): the cuBLAS 1x1 route's forward and backward-data
+ * multiply by the weight rounded to the activation dtype; given a shadow
+ * that is fresh (same weight storage, version, dtype and device epoch
+ * st->wcast_epoch, which graph.cu moves at capture begin / end and graph
+ * launch) they read it and cast nothing, else they cast into it (one launch,
+ * as the per-call route) and mark it.  lucid_cuda_conv2d_cast_shadows casts
+ * a list of weights (those the 1x1 switch sends to cuBLAS) in one launch.
+ * A shadow's buffer is allocated on first use outside stream capture and
+ * never replaced (a recorded graph may read it); without one, or with
+ * LUCID_WCAST_ONCE=0 / lucid_cuda_nn_set_wcast(ctx, 1), the GEMM casts
+ * into scratch per call.  Same bits either way.
+ *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
  * y; dx = beta*dx + ...; dw = beta*dw + ..., db = beta*db + ... (beta 0
@@ -618,6 +631,136 @@ static lucid_status cast_weight(lucid_ctx *ctx, lucid_cuda_state *st, const floa
 #endif
 
 // ----------------------------------------------------------------------------
+// weight shadows of the cuBLAS 1x1 route (engine/nn/nn.h lucid_conv_wshadow)
+
+/* Shadows in use for ns: the per-context override, else LUCID_WCAST_ONCE. */
+static bool wcast_on(const lucid_cuda_nn_state *ns) {
+    if (ns->wcast == 1) return false;
+    if (ns->wcast == 2) return true;
+    return lucid_wcast_once_switch() != 0;
+}
+
+/* 1 when the stream is being captured (errors read as "capturing": the
+ * callers then take the route that allocates nothing). */
+static bool stream_capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+/* 1 when ws->buf exists on w's device and holds n elements of 2 bytes, or
+ * was just made so (never during a capture: allocation is refused there,
+ * and a buffer is never replaced, because a recorded graph may read it). */
+static lucid_status shadow_buffer(lucid_ctx *ctx, lucid_cuda_state *st, lucid_conv_wshadow *ws,
+                                  const lucid_tensor *w, int64_t n, bool *ok) {
+    *ok = false;
+    size_t need = (size_t)n * 2; /* bf16 and f16 */
+    lucid_device dev = lucid_tensor_device(w);
+    if (ws->buf) {
+        lucid_device bd = lucid_storage_device(ws->buf);
+        *ok = bd.type == dev.type && bd.index == dev.index &&
+              lucid_storage_nbytes(ws->buf) >= need;
+        return LUCID_OK;
+    }
+    if (stream_capturing(st->stream)) return LUCID_OK;
+    LUCID_TRY(lucid_storage_create(ctx, dev, need, 0, &ws->buf));
+    *ok = true;
+    return LUCID_OK;
+}
+
+/* The weight of a GEMM-routed forward / backward-data in the activation
+ * dtype: *wc = ws's buffer when it is fresh; else, when it can be used, w
+ * is cast into it here (one launch on the current stream, the per-call
+ * cast's kernel) and it is marked fresh; else *wc = NULL (no shadow, off,
+ * or no buffer during a capture: the GEMM casts into scratch). */
+static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
+                                lucid_conv_wshadow *ws, const lucid_tensor *w, lucid_dtype dt,
+                                const void **wc) {
+    *wc = NULL;
+    if (!ws || !wcast_on(ns)) return LUCID_OK;
+    if (lucid_conv_wshadow_fresh(ws, w, dt, st->wcast_epoch)) {
+        *wc = lucid_storage_data(ws->buf);
+        return LUCID_OK;
+    }
+    int64_t n = lucid_tensor_numel(w);
+    bool ok = false;
+    LUCID_TRY(shadow_buffer(ctx, st, ws, w, n, &ok));
+    if (!ok) return LUCID_OK;
+    void *dst = lucid_storage_data(ws->buf);
+    lucid_conv_wshadow_invalidate(ws); /* until the cast is queued */
+    LUCID_TRY(lucid_conv_gemm_cast_weight(ctx, st->stream, dt,
+                                          (const float *)lucid_tensor_data(w), dst, n));
+    lucid_conv_wshadow_mark(ws, w, dt, st->wcast_epoch);
+    *wc = dst;
+    return LUCID_OK;
+}
+
+/* 1 when conv_route would send a 1x1 conv (stride 1, no padding, dilation
+ * 1, groups 1) of these channel counts to cuBLAS in ns: the group cast
+ * casts only those weights (the spatial size only matters beyond cuBLAS's
+ * 32-bit sizes, where a cast weight is merely unused). */
+static bool gemm_route_likely(const lucid_cuda_nn_state *ns, int64_t Cin, int64_t Cout) {
+    if (ns->conv_mode != 0) return false;
+    if (ns->conv1x1 == 2) return true;
+    if (ns->conv1x1 == 1) return false;
+    int sw = lucid_conv1x1_switch(NULL);
+    lucid_conv_gemm_geom g = {1, Cin, Cout, 1};
+    return sw == 1 || (sw == 2 && lucid_conv_gemm_preferred(&g));
+}
+
+extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    int old = ns->wcast;
+    ns->wcast = mode == 1 || mode == 2 ? mode : 0;
+    return old;
+}
+
+/* Checked by lucid_nn_conv2d_cast_shadows (n >= 1, f32 contiguous weights
+ * on this device, dt bf16/f16). */
+extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
+                                                       const lucid_tensor *const *w,
+                                                       lucid_conv_wshadow *const *ws, int n,
+                                                       lucid_dtype dt) {
+    lucid_cuda_state *st = lucid_cuda_enter(ctx);
+    if (!st) return ctx->last_status;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return ctx->last_status;
+    if (!wcast_on(ns) || n <= 0 || (dt != LUCID_BF16 && dt != LUCID_F16)) return LUCID_OK;
+    std::vector<lucid_conv_gemm_cast_item> items;
+    std::vector<int> which;
+    try {
+        items.reserve((size_t)n);
+        which.reserve((size_t)n);
+    } catch (...) {
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv weight group cast)");
+    }
+    const uint64_t epoch = st->wcast_epoch;
+    for (int i = 0; i < n; i++) {
+        const lucid_tensor *wi = w[i];
+        int64_t Cout = wi->shape[0], Cin = lucid_tensor_numel(wi) / (Cout > 0 ? Cout : 1);
+        if (Cout < 1 || !gemm_route_likely(ns, Cin, Cout)) continue;
+        if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch)) continue;
+        bool ok = false;
+        LUCID_TRY(shadow_buffer(ctx, st, ws[i], wi, lucid_tensor_numel(wi), &ok));
+        if (!ok) continue; /* its conv casts per call */
+        lucid_conv_wshadow_invalidate(ws[i]); /* until the launch is queued */
+        items.push_back(lucid_conv_gemm_cast_item{(const float *)lucid_tensor_data(wi),
+                                                  lucid_storage_data(ws[i]->buf),
+                                                  lucid_tensor_numel(wi)});
+        which.push_back(i);
+    }
+    LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), (int)items.size()));
+    for (int i : which) lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
 // entry points
 
 static lucid_status conv_common(lucid_ctx *ctx, const char *op, const lucid_tensor *x,
@@ -634,10 +777,10 @@ static lucid_status conv_common(lucid_ctx *ctx, const char *op, const lucid_tens
     return LUCID_OK;
 }
 
-extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
-                                                  lucid_tensor *y, const lucid_tensor *w,
-                                                  const lucid_tensor *b,
-                                                  const lucid_conv2d_params *p) {
+/* The forward; ws (nullable) is the weight shadow of the GEMM route. */
+static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+                                 const lucid_tensor *w, const lucid_tensor *b,
+                                 const lucid_conv2d_params *p, lucid_conv_wshadow *wsh) {
     const char *op = "conv2d_forward";
     lucid_cuda_state *st;
     lucid_cuda_nn_state *ns;
@@ -655,9 +798,12 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
         if (bp) /* the f32 product the bias is added to */
             LUCID_TRY(lucid_cuda_nn_arena(
                 ctx, st, ns, lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1), op, &ws));
-        return lucid_conv_gemm_forward(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
-                                       lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
-                                       bp, lucid_tensor_data(y), ws);
+        const void *wc = NULL;
+        LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
+        return lucid_conv_gemm_forward_wc(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
+                                          lucid_tensor_data(x),
+                                          (const float *)lucid_tensor_data(w), wc, bp,
+                                          lucid_tensor_data(y), ws);
     }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
@@ -702,13 +848,26 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
     return LUCID_OK;
 }
 
-extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
-                                                         const lucid_tensor *x,
-                                                         const lucid_tensor *dy,
-                                                         lucid_tensor *dx,
-                                                         const lucid_tensor *w,
+extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                                  lucid_tensor *y, const lucid_tensor *w,
+                                                  const lucid_tensor *b,
+                                                  const lucid_conv2d_params *p) {
+    return conv_forward(ctx, x, y, w, b, p, NULL);
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
+                                                         lucid_tensor *y, const lucid_tensor *w,
+                                                         const lucid_tensor *b,
                                                          const lucid_conv2d_params *p,
-                                                         double beta) {
+                                                         lucid_conv_wshadow *ws) {
+    return conv_forward(ctx, x, y, w, b, p, ws);
+}
+
+/* The backward-data; wsh (nullable) is the weight shadow of the GEMM route. */
+static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
+                                        const lucid_tensor *dy, lucid_tensor *dx,
+                                        const lucid_tensor *w, const lucid_conv2d_params *p,
+                                        double beta, lucid_conv_wshadow *wsh) {
     const char *op = "conv2d_backward_input";
     lucid_cuda_state *st;
     lucid_cuda_nn_state *ns;
@@ -721,11 +880,14 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
     int route = ROUTE_DIRECT;
     void *ws = NULL;
     LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_DATA, op, &route, &ws));
-    if (route == ROUTE_GEMM)
-        return lucid_conv_gemm_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->gg,
-                                             lucid_tensor_data(dy),
-                                             (const float *)lucid_tensor_data(w),
-                                             lucid_tensor_data(dx), (float)beta, ws);
+    if (route == ROUTE_GEMM) {
+        const void *wc = NULL;
+        LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, dx->dtype, &wc));
+        return lucid_conv_gemm_backward_data_wc(ctx, st->cublas, st->stream, dx->dtype,
+                                                &pl->gg, lucid_tensor_data(dy),
+                                                (const float *)lucid_tensor_data(w), wc,
+                                                lucid_tensor_data(dx), (float)beta, ws);
+    }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
@@ -762,6 +924,22 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
                                          (T *)lucid_tensor_data(dx), g, (float)beta)));
     CUDA_CHECK_LAUNCH(ctx, "conv_bwd_data_direct");
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
+                                                         const lucid_tensor *x,
+                                                         const lucid_tensor *dy,
+                                                         lucid_tensor *dx,
+                                                         const lucid_tensor *w,
+                                                         const lucid_conv2d_params *p,
+                                                         double beta) {
+    return conv_backward_input(ctx, x, dy, dx, w, p, beta, NULL);
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_input_shadow(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy, lucid_tensor *dx,
+    const lucid_tensor *w, const lucid_conv2d_params *p, double beta, lucid_conv_wshadow *ws) {
+    return conv_backward_input(ctx, x, dy, dx, w, p, beta, ws);
 }
 
 extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,

@@ -57,6 +57,18 @@ int lucid_conv1x1_switch(const char **value) {
     return e.route;
 }
 
+namespace {
+int wcast_env_read(void) {
+    const char *v = getenv("LUCID_WCAST_ONCE");
+    return !(v && strcmp(v, "0") == 0);
+}
+} // namespace
+
+int lucid_wcast_once_switch(void) {
+    static const int on = wcast_env_read(); /* once, thread-safe */
+    return on;
+}
+
 // ----------------------------------------------------------------------------
 // geometry and scratch
 
@@ -95,6 +107,41 @@ static __global__ void gemm_wcast(const float *__restrict__ s, T *__restrict__ d
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         lucid_elem<T>::store(d, i, s[i]);
+}
+
+/* The table of one group-cast launch, by value in the kernel parameters
+ * (__grid_constant__: indexed in place, never copied per thread).  Item k
+ * owns blocks [first[k], first[k+1]) of the grid, GROUP_ELEMS elements per
+ * block. */
+#define GROUP_ELEMS (GEMM_THREADS * 4)
+struct gemm_cast_table {
+    const float *src[LUCID_CONV_GEMM_CAST_GROUP];
+    void *dst[LUCID_CONV_GEMM_CAST_GROUP];
+    int64_t count[LUCID_CONV_GEMM_CAST_GROUP];
+    unsigned first[LUCID_CONV_GEMM_CAST_GROUP + 1];
+    int n;
+};
+static_assert(sizeof(gemm_cast_table) <= 4000, "group cast table exceeds 4 KB of parameters");
+
+/* d[i] = T(s[i]) for every item of the table: the element operation of
+ * gemm_wcast (lucid_elem<T>::store, one rounding), so the bits are its. */
+template <typename T>
+static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table t) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    const unsigned b = blockIdx.x;
+    int lo = 0, hi = t.n - 1; /* the item k with first[k] <= b < first[k+1] */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (t.first[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    const float *s = t.src[lo];
+    T *d = (T *)t.dst[lo];
+    const int64_t n = t.count[lo];
+    const int64_t i0 = (int64_t)(b - t.first[lo]) * GROUP_ELEMS;
+    const int64_t i1 = i0 + GROUP_ELEMS < n ? i0 + GROUP_ELEMS : n;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) lucid_elem<T>::store(d, i, s[i]);
 }
 
 /* y[n, o, p] = T(acc[n, o, p] + b[o]) (one rounding of the f32 sum) */
@@ -143,6 +190,12 @@ static lucid_status gemm_check(lucid_ctx *ctx, const char *op, lucid_dtype dt,
     return LUCID_OK;
 }
 
+/* Weight-cast launches (gemm_wcast and gemm_wcast_group) queued by this
+ * thread: lucid_cuda_wcast_launch_count (nn_conv_gemm.cuh). */
+static thread_local unsigned long g_wcast_launches;
+
+extern "C" unsigned long lucid_cuda_wcast_launch_count(void) { return g_wcast_launches; }
+
 /* The weight rounded to dt into scratch (the first region). */
 static lucid_status cast_w(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
                            const lucid_conv_gemm_geom *g, const float *w, void *dst) {
@@ -154,6 +207,65 @@ static lucid_status cast_w(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
     else
         CUDA_CHECK(ctx, lucid_launch(gemm_wcast<__half>, dim3(gm_blocks(n)),
                                      dim3(GEMM_THREADS), 0, stream, w, (__half *)dst, n));
+    g_wcast_launches++;
+    return LUCID_OK;
+}
+
+lucid_status lucid_conv_gemm_cast_weight(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                         const float *w, void *dst, int64_t n) {
+    if (dt != LUCID_BF16 && dt != LUCID_F16)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "conv weight cast (1x1 GEMM route): dtype %s (expected bf16 or f16)",
+                            lucid_dtype_name(dt));
+    if (n <= 0) return LUCID_OK;
+    lucid_conv_gemm_geom g = {1, n, 1, 1}; /* cast_w casts Cout*Cin elements */
+    return cast_w(ctx, stream, dt, &g, w, dst);
+}
+
+lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                        const lucid_conv_gemm_cast_item *items, int n) {
+    if (dt != LUCID_BF16 && dt != LUCID_F16)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "conv weight group cast: dtype %s (expected bf16 or f16)",
+                            lucid_dtype_name(dt));
+    if (n < 0 || (n > 0 && !items))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "conv weight group cast: %d items%s", n,
+                            n < 0 ? "" : ", table NULL");
+    int i = 0;
+    while (i < n) {
+        gemm_cast_table t;
+        memset(&t, 0, sizeof t);
+        uint64_t blocks = 0;
+        while (i < n && t.n < LUCID_CONV_GEMM_CAST_GROUP) {
+            const lucid_conv_gemm_cast_item &it = items[i++];
+            if (it.count < 0 || it.count > ((int64_t)1 << 40))
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "conv weight group cast: item %d has %lld elements "
+                                    "(expected 0 .. 2^40)",
+                                    i - 1, (long long)it.count);
+            if (it.count == 0) continue;
+            uint64_t nb = ((uint64_t)it.count + GROUP_ELEMS - 1) / GROUP_ELEMS;
+            if (blocks + nb > 0x7fffffffu) { /* grid.x: start a new launch */
+                i--;
+                break;
+            }
+            t.src[t.n] = it.src;
+            t.dst[t.n] = it.dst;
+            t.count[t.n] = it.count;
+            t.first[t.n] = (unsigned)blocks;
+            blocks += nb;
+            t.n++;
+        }
+        if (t.n == 0) continue;
+        t.first[t.n] = (unsigned)blocks;
+        if (dt == LUCID_BF16)
+            CUDA_CHECK(ctx, lucid_launch(gemm_wcast_group<__nv_bfloat16>, dim3((unsigned)blocks),
+                                         dim3(GEMM_THREADS), 0, stream, t));
+        else
+            CUDA_CHECK(ctx, lucid_launch(gemm_wcast_group<__half>, dim3((unsigned)blocks),
+                                         dim3(GEMM_THREADS), 0, stream, t));
+        g_wcast_launches++;
+    }
     return LUCID_OK;
 }
 
@@ -161,10 +273,20 @@ lucid_status lucid_conv_gemm_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStrea
                                      lucid_dtype dt, const lucid_conv_gemm_geom *g,
                                      const void *x, const float *w, const float *b, void *y,
                                      void *scratch) {
+    return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, g, x, w, NULL, b, y, scratch);
+}
+
+lucid_status lucid_conv_gemm_forward_wc(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                        lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                        const void *x, const float *w, const void *wcast,
+                                        const float *b, void *y, void *scratch) {
     LUCID_TRY(gemm_check(ctx, "conv2d_forward", dt, g));
     const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout;
-    void *wc = scratch;
-    LUCID_TRY(cast_w(ctx, stream, dt, g, w, wc));
+    const void *wc = wcast;
+    if (!wc) {
+        LUCID_TRY(cast_w(ctx, stream, dt, g, w, scratch));
+        wc = scratch;
+    }
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     /* with a bias the product stays f32 until the bias is added */
     void *out = b ? (void *)((char *)scratch + wcast_bytes(g, dt)) : y;
@@ -194,10 +316,22 @@ lucid_status lucid_conv_gemm_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                            const lucid_conv_gemm_geom *g, const void *dy,
                                            const float *w, void *dx, float beta,
                                            void *scratch) {
+    return lucid_conv_gemm_backward_data_wc(ctx, h, stream, dt, g, dy, w, NULL, dx, beta,
+                                            scratch);
+}
+
+lucid_status lucid_conv_gemm_backward_data_wc(lucid_ctx *ctx, cublasHandle_t h,
+                                              cudaStream_t stream, lucid_dtype dt,
+                                              const lucid_conv_gemm_geom *g, const void *dy,
+                                              const float *w, const void *wcast, void *dx,
+                                              float beta, void *scratch) {
     LUCID_TRY(gemm_check(ctx, "conv2d_backward_input", dt, g));
     const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout;
-    void *wc = scratch;
-    LUCID_TRY(cast_w(ctx, stream, dt, g, w, wc));
+    const void *wc = wcast;
+    if (!wc) {
+        LUCID_TRY(cast_w(ctx, stream, dt, g, w, scratch));
+        wc = scratch;
+    }
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     const float one = 1.0f;
     CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(

@@ -16,7 +16,12 @@
  * (f32 accumulation; the handle's math mode forbids reduced-precision
  * reductions), operands in the activation dtype.  The f32 master weight is
  * rounded once to the activation dtype (into scratch) before the forward and
- * backward-data GEMMs, as the implicit-GEMM kernels round it when staging.
+ * backward-data GEMMs, as the implicit-GEMM kernels round it when staging;
+ * the _wc variants take it already rounded (nn_conv.cu passes a Conv2d's
+ * persistent weight shadow, engine/nn/nn.h lucid_conv_wshadow, cast once
+ * per weight change by lucid_conv_gemm_cast_weight or, for a whole model in
+ * one launch, lucid_conv_gemm_cast_group: the same rounding, so the same
+ * bits; LUCID_WCAST_ONCE=0 restores a cast per call).
  * Outputs are rounded once: y = dt(acc [+ b]), dx = dt(acc + beta*dx),
  * dw (f32) = beta*dw + acc.
  *
@@ -97,6 +102,58 @@ lucid_status lucid_conv_gemm_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                            const float *w, void *dx, float beta,
                                            void *scratch);
 
+/* The two calls above with the weight already rounded to dt: wc (device,
+ * Cout*Cin elements of dt, the bits lucid_conv_gemm_cast_weight or
+ * lucid_conv_gemm_cast_group write for w) is multiplied instead, and no
+ * cast is launched; wc NULL casts w into scratch as above (w is then read,
+ * else ignored).  Outputs are bitwise those of the calls above for the same
+ * w.  scratch: the same sizes (the weight region is left unused with wc). */
+lucid_status lucid_conv_gemm_forward_wc(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                        lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                        const void *x, const float *w, const void *wc,
+                                        const float *b, void *y, void *scratch);
+lucid_status lucid_conv_gemm_backward_data_wc(lucid_ctx *ctx, cublasHandle_t h,
+                                              cudaStream_t stream, lucid_dtype dt,
+                                              const lucid_conv_gemm_geom *g, const void *dy,
+                                              const float *w, const void *wc, void *dx,
+                                              float beta, void *scratch);
+
+/* dst[i] = dt(w[i]) for i < n (round to nearest even), one launch on
+ * stream: the cast the two calls above make into scratch.  ERR_UNSUPPORTED
+ * for dt other than bf16/f16, ERR_DEVICE on a launch error. */
+lucid_status lucid_conv_gemm_cast_weight(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                         const float *w, void *dst, int64_t n);
+
+/* One weight of a group cast: dst[i] = dt(src[i]) for i < count. */
+typedef struct lucid_conv_gemm_cast_item {
+    const float *src;
+    void *dst;
+    int64_t count;
+} lucid_conv_gemm_cast_item;
+
+/* Weights per launch of lucid_conv_gemm_cast_group (the table travels by
+ * value in the kernel parameters: under 4 KiB). */
+#define LUCID_CONV_GEMM_CAST_GROUP 96
+
+/* The casts of n items (count >= 0; the buffers must not overlap) in
+ * ceil(n / LUCID_CONV_GEMM_CAST_GROUP) launches on stream (none for n 0),
+ * each element rounded exactly as lucid_conv_gemm_cast_weight rounds it.
+ * Errors: as lucid_conv_gemm_cast_weight; ERR_ARG for n < 0, a negative
+ * count or a count above 2^40 elements. */
+lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                        const lucid_conv_gemm_cast_item *items, int n);
+
+/* The process's switch of the weight shadows (engine/nn/nn.h
+ * lucid_conv_wshadow), from LUCID_WCAST_ONCE read once per process
+ * (thread-safe): 0 when it is "0" (every GEMM forward / backward-data casts
+ * its weight into scratch, shadows are ignored), else 1 (the default). */
+int lucid_wcast_once_switch(void);
+
+/* Weight-cast launches of this file (the per-call cast and each group-cast
+ * launch) queued by the calling thread so far, any context, eager or while
+ * capturing: a test hook for the shadow routes. */
+extern "C" unsigned long lucid_cuda_wcast_launch_count(void);
+
 /* dw = beta*dw + sum_n dY[n] . X[n]^T (dw f32 [Cout,Cin]); beta == 0 never
  * reads dw.  NCHW interleaves the images along the reduction (n, hw), so the
  * sum over images is not one GEMM: N == 1 is one GEMM straight into dw (beta
@@ -112,6 +169,7 @@ lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                              void *scratch);
 
 /* Per context, lucid_cuda_nn_set_conv1x1 (nn_common.cuh, nn_table.cu)
- * overrides the switch for tests and benchmarks. */
+ * overrides the LUCID_CONV1X1 switch for tests and benchmarks, and
+ * lucid_cuda_nn_set_wcast (nn_conv.cu) the LUCID_WCAST_ONCE switch. */
 
 #endif

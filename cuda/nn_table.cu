@@ -104,6 +104,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->counters = NULL;
     ns->conv_mode = 0;
     ns->conv1x1 = 0;
+    ns->wcast = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -291,6 +292,9 @@ static const lucid_nn_kernels cuda_nn_table = {
     lucid_cuda_batchnorm2d_silu_forward,
     lucid_cuda_batchnorm2d_silu_backward,
     lucid_cuda_channel_copy_multi,
+    lucid_cuda_conv2d_forward_shadow,
+    lucid_cuda_conv2d_backward_input_shadow,
+    lucid_cuda_conv2d_cast_shadows,
 };
 
 extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {

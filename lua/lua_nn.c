@@ -36,6 +36,12 @@
  *     batchnorm2d_silu_backward(bn, act, x, gy) -> gx (bn's persistent grad
  *       input; nil when bn's need_grad_input is off); accumulates into bn's
  *       trainable weight/bias gradients
+ *   conv_cast_weights({m1, ...}, dtype): the weights of the Conv2d modules
+ *     that can take the cuBLAS 1x1 route (1x1, stride 1, padding 0,
+ *     dilation 1, groups 1) rounded to dtype ("bf16" | "f16"; "f32" does
+ *     nothing) into their weight shadows in one launch, so their next
+ *     forward and backward-data cast nothing (engine/nn/nn.h
+ *     lucid_nn_conv_cast_weights); a module of another kind is an error
  *   Module methods: m:forward(x | {x1, ...}) -> y | {y1, ...};
  *     m:backward(x | {x1, ...}, gy | {gy1, ...}) -> gx | {gx1, ...} (nil
  *     when need_grad_input is off); m:parameters(), m:buffers() -> {Param};
@@ -703,6 +709,40 @@ static int l_bn_silu_backward(lua_State *L) {
     return 1;
 }
 
+/* conv_cast_weights({m1, ...}, dtype): the weights of the Conv2d modules
+ * that can take the cuBLAS 1x1 route, rounded to the activation dtype into
+ * their shadows in one launch (engine/nn/nn.h lucid_nn_conv_cast_weights).
+ * dtype: "bf16" | "f16" | "f32" (f32: nothing to do).  Every module must be
+ * a Conv2d CModule of one context. */
+static int l_conv_cast_weights(lua_State *L) {
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
+    const char *dn = lucid_lua_checkstring(L, 2);
+    lucid_dtype dt;
+    if (lucid_dtype_parse(dn, &dt) != 0 || (dt != LUCID_F32 && dt != LUCID_BF16 && dt != LUCID_F16))
+        return lucid_lua_argerror(L, 2, lua_pushfstring(L, "dtype: expected \"bf16\", \"f16\" or "
+                                                            "\"f32\", got '%s'", dn));
+    int n = (int)lua_objlen(L, 1);
+    if (n == 0) return 0;
+    lucid_module **mods = lua_newuserdata(L, (size_t)n * sizeof *mods); /* freed by the GC */
+    lucid_ctx *ctx = NULL;
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        module_box *b = luaL_testudata(L, -1, CMODULE_MT);
+        if (!b || !b->m)
+            return lucid_lua_argerror(L, 1, lua_pushfstring(L, "modules[%d]: expected lucid.CModule, got %s",
+                                                            i + 1, luaL_typename(L, -1)));
+        if (ctx && b->ctx != ctx)
+            return lucid_lua_argerror(L, 1, lua_pushfstring(L, "modules[%d]: belongs to another "
+                                                               "context than modules[1]", i + 1));
+        ctx = b->ctx;
+        mods[i] = b->m;
+        lua_pop(L, 1);
+    }
+    lucid_status st = lucid_nn_conv_cast_weights(ctx, mods, n, dt);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
 static int push_params_of(lua_State *L, lucid_module *m, lucid_param_kind kind) {
     lua_newtable(L);
     int j = 0;
@@ -809,6 +849,7 @@ static const luaL_Reg nn_funcs[] = {
     {"add", l_add},              {"softmax", l_softmax}, {"matmul", l_matmul},
     {"batchnorm2d_silu_forward", l_bn_silu_forward},
     {"batchnorm2d_silu_backward", l_bn_silu_backward},
+    {"conv_cast_weights", l_conv_cast_weights},
     {NULL, NULL},
 };
 

@@ -267,9 +267,13 @@ static lucid_status want_channels(lucid_ctx *ctx, const lucid_module *m,
 // ----------------------------------------------------------------------------
 // Conv2d
 
+/* ws: the weight rounded to the activation dtype for the cuBLAS 1x1 route
+ * (nn.h lucid_conv_wshadow): the forward casts it (or finds it cast by
+ * lucid_nn_conv_cast_weights), the backward-data reuses it. */
 typedef struct conv_priv {
     int c1, c2, k, s, p, d, g, bias;
     lucid_conv2d_params cp;
+    lucid_conv_wshadow ws;
 } conv_priv;
 
 static lucid_status conv_forward(lucid_ctx *ctx, lucid_module *m, int nin,
@@ -287,8 +291,9 @@ static lucid_status conv_forward(lucid_ctx *ctx, lucid_module *m, int nin,
                             m->name, (long long)x->shape[2],
                             (long long)x->shape[3], c->k, c->p, c->d);
     LUCID_TRY(ensure(ctx, &m->outputs[0], lucid_tensor_device(x), x->dtype, 4, ys));
-    return lucid_nn_conv2d_forward(ctx, x, m->outputs[0], m->params[0]->data,
-                                   c->bias ? m->params[1]->data : NULL, &c->cp);
+    return lucid_nn_conv2d_forward_shadow(ctx, x, m->outputs[0], m->params[0]->data,
+                                          c->bias ? m->params[1]->data : NULL, &c->cp,
+                                          &c->ws);
 }
 
 static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
@@ -314,8 +319,8 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
     }
     if (m->need_grad_input) {
         LUCID_TRY(ensure_like(ctx, &m->grad_inputs[0], x));
-        LUCID_TRY(lucid_nn_conv2d_backward_input(ctx, x, dy, m->grad_inputs[0],
-                                                 w->data, &c->cp, 0.0));
+        LUCID_TRY(lucid_nn_conv2d_backward_input_shadow(ctx, x, dy, m->grad_inputs[0],
+                                                        w->data, &c->cp, 0.0, &c->ws));
     }
     return LUCID_OK;
 }
@@ -336,8 +341,59 @@ static int conv_describe(const lucid_module *m, char *buf, size_t n) {
                     c->bias ? "" : ", bias=False");
 }
 
+static void conv_free_priv(lucid_module *m) {
+    conv_priv *c = m->priv;
+    if (c) lucid_conv_wshadow_release(&c->ws);
+}
+
 static const lucid_module_vtable conv_vt = {"Conv2d", conv_forward,
-                                            conv_backward, conv_describe, NULL};
+                                            conv_backward, conv_describe,
+                                            conv_free_priv};
+
+/* 1 when the conv can take the cuBLAS 1x1 route (cuda/nn_conv.cu). */
+static int conv_gemm_shape(const conv_priv *c) {
+    return c->k == 1 && c->s == 1 && c->p == 0 && c->d == 1 && c->g == 1;
+}
+
+lucid_status lucid_nn_conv_cast_weights(lucid_ctx *ctx, lucid_module *const *modules,
+                                        int n, lucid_dtype dt) {
+    if (n < 0 || (n > 0 && !modules))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "conv_cast_weights: %d modules%s", n,
+                            n < 0 ? " (n < 0)" : ", array NULL");
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        lucid_module *m = modules[i];
+        if (!m) return lucid_seterr(ctx, LUCID_ERR_ARG, "conv_cast_weights: module %d is NULL", i);
+        if (m->vt != &conv_vt)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "conv_cast_weights: module %d ('%s') is a %s, not a Conv2d", i,
+                                m->name, m->vt->kind);
+        if (!m->params[0]->data)
+            return lucid_seterr(ctx, LUCID_ERR_STATE,
+                                "conv_cast_weights: Conv2d '%s': parameters not materialized",
+                                m->name);
+        k += conv_gemm_shape(m->priv);
+    }
+    if (k == 0) return LUCID_OK;
+    const lucid_tensor **w = malloc((size_t)k * sizeof *w);
+    lucid_conv_wshadow **ws = malloc((size_t)k * sizeof *ws);
+    if (!w || !ws) {
+        free(w);
+        free(ws);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "conv_cast_weights: out of host memory");
+    }
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        conv_priv *c = modules[i]->priv;
+        if (!conv_gemm_shape(c)) continue;
+        w[k] = modules[i]->params[0]->data;
+        ws[k++] = &c->ws;
+    }
+    lucid_status st = lucid_nn_conv2d_cast_shadows(ctx, w, ws, k, dt);
+    free(w);
+    free(ws);
+    return st;
+}
 
 lucid_status lucid_module_conv2d_create(lucid_ctx *ctx, lucid_param_set *set,
                                         const char *prefix, int c1, int c2,
@@ -360,6 +416,7 @@ lucid_status lucid_module_conv2d_create(lucid_ctx *ctx, lucid_param_set *set,
     c->c1 = c1; c->c2 = c2; c->k = k; c->s = s; c->p = p; c->d = d; c->g = g;
     c->bias = bias != 0;
     c->cp = (lucid_conv2d_params){s, s, p, p, d, d, g};
+    lucid_conv_wshadow_init(&c->ws);
     int64_t fan_in = (int64_t)(c1 / g) * k * k;
     int64_t ws[4] = {c2, c1 / g, k, k}, bs[1] = {c2};
     lucid_init_rule fi = {LUCID_INIT_FAN_IN, 0, 0, fan_in};

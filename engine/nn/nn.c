@@ -190,10 +190,10 @@ static lucid_status chk_conv(lucid_ctx *ctx, const char *op,
     return LUCID_OK;
 }
 
-lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
-                                     lucid_tensor *y, const lucid_tensor *w,
-                                     const lucid_tensor *b,
-                                     const lucid_conv2d_params *p) {
+/* The forward with an optional weight shadow (nn.h). */
+static lucid_status conv_fwd(lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
+                             const lucid_tensor *w, const lucid_tensor *b,
+                             const lucid_conv2d_params *p, lucid_conv_wshadow *ws) {
     const char *op = "conv2d_forward";
     int64_t ys[4];
     LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
@@ -207,18 +207,34 @@ lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
     }
     KT(ctx, x);
     if (lucid_tensor_numel(y) == 0) return LUCID_OK;
-    LUCID_TRY(kt_->conv2d_forward(ctx, x, y, w, b, p));
+    if (ws && kt_->conv2d_forward_shadow)
+        LUCID_TRY(kt_->conv2d_forward_shadow(ctx, x, y, w, b, p, ws));
+    else
+        LUCID_TRY(kt_->conv2d_forward(ctx, x, y, w, b, p));
     bump(y);
     return LUCID_OK;
 }
 
-lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
-                                            const lucid_tensor *x,
-                                            const lucid_tensor *dy,
-                                            lucid_tensor *dx,
-                                            const lucid_tensor *w,
+lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
+                                     lucid_tensor *y, const lucid_tensor *w,
+                                     const lucid_tensor *b,
+                                     const lucid_conv2d_params *p) {
+    return conv_fwd(ctx, x, y, w, b, p, NULL);
+}
+
+lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
+                                            lucid_tensor *y, const lucid_tensor *w,
+                                            const lucid_tensor *b,
                                             const lucid_conv2d_params *p,
-                                            double beta) {
+                                            lucid_conv_wshadow *ws) {
+    return conv_fwd(ctx, x, y, w, b, p, ws);
+}
+
+/* The backward-data with an optional weight shadow (nn.h). */
+static lucid_status conv_bwd_in(lucid_ctx *ctx, const lucid_tensor *x,
+                                const lucid_tensor *dy, lucid_tensor *dx,
+                                const lucid_tensor *w, const lucid_conv2d_params *p,
+                                double beta, lucid_conv_wshadow *ws) {
     const char *op = "conv2d_backward_input";
     int64_t ys[4];
     LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
@@ -230,9 +246,57 @@ lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
     LUCID_TRY(chk_shape(ctx, op, "grad_input", dx, 4, x->shape));
     KT(ctx, x);
     if (lucid_tensor_numel(dx) == 0) return LUCID_OK;
-    LUCID_TRY(kt_->conv2d_backward_input(ctx, x, dy, dx, w, p, beta));
+    if (ws && kt_->conv2d_backward_input_shadow)
+        LUCID_TRY(kt_->conv2d_backward_input_shadow(ctx, x, dy, dx, w, p, beta, ws));
+    else
+        LUCID_TRY(kt_->conv2d_backward_input(ctx, x, dy, dx, w, p, beta));
     bump(dx);
     return LUCID_OK;
+}
+
+lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
+                                            const lucid_tensor *x,
+                                            const lucid_tensor *dy,
+                                            lucid_tensor *dx,
+                                            const lucid_tensor *w,
+                                            const lucid_conv2d_params *p,
+                                            double beta) {
+    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, NULL);
+}
+
+lucid_status lucid_nn_conv2d_backward_input_shadow(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+    double beta, lucid_conv_wshadow *ws) {
+    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, ws);
+}
+
+lucid_status lucid_nn_conv2d_cast_shadows(lucid_ctx *ctx, const lucid_tensor *const *w,
+                                          lucid_conv_wshadow *const *ws, int n,
+                                          lucid_dtype dt) {
+    const char *op = "conv2d_cast_shadows";
+    if (n < 0 || (n > 0 && (!w || !ws)))
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %d weights, arrays %s", op, n,
+                            n < 0 ? "(n < 0)" : "NULL");
+    if (dt != LUCID_F32 && dt != LUCID_BF16 && dt != LUCID_F16)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: activation dtype %s (expected f32, bf16 or f16)", op,
+                            lucid_dtype_name(dt));
+    for (int i = 0; i < n; i++) {
+        if (!w[i] || !ws[i])
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: entry %d: %s is NULL", op, i,
+                                !w[i] ? "weight" : "shadow");
+        LUCID_TRY(chk(ctx, op, "weight", w[i], -1, w[0]));
+        if (w[i]->dtype != LUCID_F32)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: weight %d has dtype %s; device weights are f32", op,
+                                i, lucid_dtype_name(w[i]->dtype));
+    }
+    if (n == 0 || dt == LUCID_F32 || lucid_tensor_device(w[0]).type == LUCID_CPU)
+        return LUCID_OK;
+    KT(ctx, w[0]);
+    if (!kt_->conv2d_cast_shadows) return LUCID_OK;
+    return kt_->conv2d_cast_shadows(ctx, w, ws, n, dt);
 }
 
 lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,

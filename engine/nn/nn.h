@@ -88,6 +88,9 @@ int64_t lucid_nn_conv_out_size(int64_t in, int k, int stride, int pad,
  * see each entry point for the contract of the slot with the same name.
  * Optional tensors (NULL allowed) are marked "nullable".
  */
+/* A Conv2d weight shadow (defined with its functions below). */
+typedef struct lucid_conv_wshadow lucid_conv_wshadow;
+
 typedef struct lucid_nn_kernels {
     const char *name; /* "cpu", "cuda" */
 
@@ -186,6 +189,22 @@ typedef struct lucid_nn_kernels {
      * another piece's dst or any piece's src. */
     lucid_status (*channel_copy_multi)(lucid_ctx *ctx, int n,
                                        const lucid_chan_piece *pieces);
+    /* ---- Conv2d with a weight shadow (nullable: the entry points then
+     * call conv2d_forward / conv2d_backward_input and ignore the shadow;
+     * the CPU table has none).  See lucid_conv_wshadow below. */
+    lucid_status (*conv2d_forward_shadow)(lucid_ctx *ctx, const lucid_tensor *x,
+                                          lucid_tensor *y, const lucid_tensor *w,
+                                          const lucid_tensor *b,
+                                          const lucid_conv2d_params *p,
+                                          lucid_conv_wshadow *ws);
+    lucid_status (*conv2d_backward_input_shadow)(
+        lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+        lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+        double beta, lucid_conv_wshadow *ws);
+    lucid_status (*conv2d_cast_shadows)(lucid_ctx *ctx,
+                                        const lucid_tensor *const *w,
+                                        lucid_conv_wshadow *const *ws,
+                                        int n, lucid_dtype dt);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -232,6 +251,91 @@ lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
                                              lucid_tensor *dw, lucid_tensor *db,
                                              const lucid_conv2d_params *p,
                                              double beta);
+
+/* ------------------------------------------------ Conv2d weight shadows
+ * The cuBLAS route of bf16/f16 1x1 convolutions (cuda/nn_conv_gemm.cu)
+ * multiplies by the f32 master weight rounded once to the activation dtype
+ * (round to nearest even: __float2bfloat16_rn / __float2half_rn).  Without
+ * a shadow that rounding is one kernel launch before EVERY forward and
+ * backward-data GEMM, into scratch.  A shadow is a persistent device copy of
+ * that rounded weight plus the host-side record of what it holds, so the
+ * cast runs once per weight change:
+ *   - the shadow is FRESH for (w, dt) when its last cast was queued from the
+ *     same weight view (storage, retained, and data pointer) at the same
+ *     storage version (lucid_storage_version: every host-queued write, the
+ *     optimizer's included, bumps it), into the same dtype, in the same
+ *     device epoch;
+ *   - the device epoch (backend, cuda/graph.cu) changes at every capture
+ *     begin, capture end and graph launch: a cast queued outside a capture
+ *     is never relied on inside it (the replay would read a stale shadow), a
+ *     cast queued inside it is (it is replayed too), and after a capture or
+ *     a replay (which may have changed weights on the device behind the
+ *     host's versions) the next eager use casts again.
+ * A gemm-routed forward / backward-data given a shadow uses it when fresh,
+ * else casts into it (one launch, as without) and marks it fresh; a shadow
+ * whose buffer does not exist yet and cannot be allocated now (stream
+ * capture refuses allocation) is left alone and the call casts into scratch
+ * exactly as without a shadow.  The bits of every output are those of the
+ * shadow-less route (the same rounding of the same values).
+ * LUCID_WCAST_ONCE=0 (read once per process; lucid_cuda_nn_set_wcast per
+ * context) makes the CUDA kernels ignore shadows: the per-call casts.
+ * Fields are owned by the functions below and the CUDA kernels; clients
+ * only init, pass and release a shadow.  Not thread-safe: one shadow is
+ * used by the thread that drives its module. */
+struct lucid_conv_wshadow {
+    lucid_storage *buf;       /* device bytes (2 per weight element), or NULL */
+    int valid;                /* buf holds the cast described below */
+    lucid_storage *src;       /* retained: the weight's storage at the cast */
+    const void *src_data;     /* lucid_tensor_data(w) at the cast */
+    int64_t numel;            /* weight elements cast */
+    uint64_t src_version;     /* lucid_storage_version(src) at the cast */
+    lucid_dtype dtype;        /* LUCID_BF16 or LUCID_F16 */
+    uint64_t epoch;           /* device epoch at the cast */
+};
+
+/* An empty shadow (no buffer, not valid). */
+void lucid_conv_wshadow_init(lucid_conv_wshadow *s);
+/* Free the buffer and drop the source reference (s is empty again).  The
+ * caller makes sure no queued or recorded work still reads the buffer (a
+ * module's shadow is released with the module; a recording holds a
+ * reference on its modules). */
+void lucid_conv_wshadow_release(lucid_conv_wshadow *s);
+/* 1 when s holds w (an f32 weight view) rounded to dt as cast in device
+ * epoch `epoch` and nothing has written w's storage since (see above). */
+int lucid_conv_wshadow_fresh(const lucid_conv_wshadow *s, const lucid_tensor *w,
+                             lucid_dtype dt, uint64_t epoch);
+/* Record that a cast of w to dt into s->buf was just queued in `epoch`
+ * (retains w's storage, releasing the previous one). */
+void lucid_conv_wshadow_mark(lucid_conv_wshadow *s, const lucid_tensor *w,
+                             lucid_dtype dt, uint64_t epoch);
+/* Forget what s holds (s->buf is kept). */
+void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s);
+
+/* lucid_nn_conv2d_forward / _backward_input with a weight shadow ws
+ * (nullable: exactly the calls above).  Same arguments, checks, results
+ * and errors; the CUDA table's cuBLAS 1x1 route reads and updates ws (see
+ * above), every other route and device ignores it. */
+lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
+                                            lucid_tensor *y, const lucid_tensor *w,
+                                            const lucid_tensor *b,
+                                            const lucid_conv2d_params *p,
+                                            lucid_conv_wshadow *ws);
+lucid_status lucid_nn_conv2d_backward_input_shadow(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+    double beta, lucid_conv_wshadow *ws);
+/* Cast n f32 weights w[i] (contiguous, one device) into their shadows
+ * ws[i] for activation dtype dt, in ONE kernel launch (chunked beyond the
+ * kernel-parameter table's size) for every shadow that the cuBLAS 1x1
+ * route would use and that is not fresh; marks them fresh.  A shadow whose
+ * buffer does not exist yet is allocated here, except during a stream
+ * capture (it is skipped: its conv then casts per call).  dt f32 and
+ * weights on the CPU: nothing to do (LUCID_OK).  ERR_ARG for NULL
+ * entries, n < 0, non-f32 or non-contiguous weights, weights on different
+ * devices, or dt other than f32/bf16/f16.  No-op with LUCID_WCAST_ONCE=0. */
+lucid_status lucid_nn_conv2d_cast_shadows(lucid_ctx *ctx, const lucid_tensor *const *w,
+                                          lucid_conv_wshadow *const *ws, int n,
+                                          lucid_dtype dt);
 
 /* ----------------------------------------------------------- BatchNorm2d
  * x, y [N, C, H, W]; weight, bias, running_mean, running_var, save_mean,
@@ -647,6 +751,18 @@ lucid_status lucid_module_matmul_create(lucid_ctx *ctx, int trans_a,
 lucid_status lucid_module_dfl_create(lucid_ctx *ctx, lucid_param_set *set,
                                      const char *prefix, int reg_max,
                                      lucid_module **out);
+
+/* Cast the weights of the given Conv2d modules that can take the cuBLAS
+ * 1x1 route (kernel 1x1, stride 1, padding 0, dilation 1, groups 1) into
+ * their weight shadows (lucid_conv_wshadow above) for the activation dtype
+ * dt, in one kernel launch (lucid_nn_conv2d_cast_shadows): the forward and
+ * backward-data of those convs then cast nothing until a weight changes.
+ * Other Conv2d modules are skipped; a module of another kind is ERR_ARG;
+ * so is n < 0 or a NULL entry.  ERR_STATE before materialize.  Modules on
+ * the CPU, dt f32, or LUCID_WCAST_ONCE=0: nothing is queued (LUCID_OK).
+ * Call it right before a forward (the Lua model does, Model:forward). */
+lucid_status lucid_nn_conv_cast_weights(lucid_ctx *ctx, lucid_module *const *modules,
+                                        int n, lucid_dtype dt);
 
 void lucid_module_retain(lucid_module *m);
 void lucid_module_release(lucid_module *m);

@@ -277,6 +277,35 @@ head_levels = function(self)
   return hl
 end
 
+-- The C modules of this model's Conv2d leaves that can take the cuBLAS 1x1
+-- route (1x1, stride 1, padding 0, dilation 1, groups 1), cached per
+-- parameter set and contract version (a tree edit bumps the latter).
+local function wcast_modules(self)
+  local cache = self._wcast
+  local ver = self._contract_version or 0
+  if cache and cache.set == self.params and cache.version == ver then return cache.list, cache.cast end
+  local list = {}
+  self:apply(function(m)
+    if getmetatable(m).__name == "Conv2d" and m._c and m.k == 1 and m.s == 1 and m.p == 0
+      and m.d == 1 and m.g == 1 then
+      list[#list + 1] = m._c
+    end
+  end)
+  self._wcast = { set = self.params, version = ver, list = list, cast = nn.binding().conv_cast_weights }
+  return list, self._wcast.cast
+end
+
+-- Before a forward on the GPU in bf16/f16: the 1x1 conv weights rounded to
+-- the activation dtype in one launch (lucid.nn.conv_cast_weights), so no
+-- conv casts its weight in the forward or the backward-data
+-- (LUCID_WCAST_ONCE=0: nothing is queued).
+local WCAST_DTYPES = { bf16 = true, f16 = true }
+local function cast_weights(self, x)
+  if type(x) == "table" or not self.params or not WCAST_DTYPES[x:dtype()] or x:device() == "cpu" then return end
+  local list, cast = wcast_modules(self)
+  if #list > 0 then cast(list, x:dtype()) end
+end
+
 --- Forward through the layers. x: the input image batch, a lucid.Tensor
 -- [B, 3, H, W] (H and W multiples of the largest stride), or the table a
 -- custom first layer takes. Returns the head's output ({boxes, scores,
@@ -296,6 +325,7 @@ function Model:forward(x)
         .. "letterbox or resize the image first", sh[3], sh[4], smax), 2)
     end
   end
+  cast_weights(self, x)
   local outs = {}
   local prev = x
   local head = self.head

@@ -1,0 +1,564 @@
+/*
+ * test_conv_wcast_cuda.c — the Conv2d weight shadows of the cuBLAS 1x1 route
+ * (engine/nn/nn.h lucid_conv_wshadow; cuda/nn_conv.cu, cuda/nn_conv_gemm.cu)
+ * on the GPU, against the per-call casts (lucid_cuda_nn_set_wcast(ctx, 1),
+ * what LUCID_WCAST_ONCE=0 selects) and the CPU reference.
+ *
+ * Every comparison with the per-call route is BITWISE (y, dx, dw); the CPU
+ * reference is the bf16/f16 conv tolerance of test_nn_cuda.c (relative
+ * Frobenius <= 1e-2).  Weight-cast launches are counted with
+ * lucid_cuda_wcast_launch_count (cuda/nn_conv_gemm.cuh):
+ *   - module: a 1x1 Conv2d (bias or not, N 1..3, odd channel counts and
+ *     planes, a 256x128 weight of 32 group-kernel blocks): per-call route 1
+ *     cast in the forward and 1 in the backward-data; shadows: 1 in the
+ *     first forward, 0 in its backward-data, 0 in a second forward and
+ *     backward with unchanged weights, 0 in a group cast of a fresh shadow;
+ *     after an in-place weight write (an op: the storage version moves) the
+ *     group cast launches 1 and the forward and backward-data 0, bitwise the
+ *     per-call route on the new weights;
+ *   - replaced parameter (nn level, one shadow, weights w1 / w2 / w1): each
+ *     switch re-casts (1 launch), bitwise the per-call route; a larger
+ *     weight than the shadow's buffer casts per call and leaves the shadow
+ *     (still fresh for w1 afterwards: 0 launches);
+ *   - group cast of 100 1x1 modules (and 3x3 / strided ones, skipped): 2
+ *     launches (96 weights a launch), then every forward and backward-data
+ *     casts nothing and equals the per-call route bitwise; 0 launches when
+ *     the 1x1 switch says implicit GEMM (lucid_cuda_nn_set_conv1x1 1);
+ *   - capture: a shadow cast eagerly before a capture is re-cast inside it
+ *     (1 launch recorded by the group cast; the forward and backward-data
+ *     record none), the replay equals the eager per-call route; a graph that
+ *     also updates the weight (axpy) replayed twice: each replay's y equals
+ *     the per-call route on the updated weight, and the eager forward after
+ *     each replay re-casts (1 launch: a launch moves the epoch) and equals it;
+ *   - first use inside a capture (no shadow buffer yet, the allocation is
+ *     refused): the capture succeeds, the convs cast per call (2 launches),
+ *     the group cast skips the shadow, the shadow stays empty, the replay
+ *     equals the eager route.
+ * Without a CUDA device every group prints a skip line and the program exits
+ * 0.
+ */
+#include "test_cuda_util.h"
+
+#include "internal.h"
+#include "nn/nn.h"
+#include "train/graph.h"
+
+/* cuda/ test hooks; absent (NULL) in a CPU-only build */
+#if defined(__GNUC__)
+#define WEAK __attribute__((weak))
+#else
+#define WEAK
+#endif
+WEAK int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
+WEAK int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
+WEAK unsigned long lucid_cuda_wcast_launch_count(void);
+
+static void rel(lucid_tensor *t) {
+    if (t) lucid_tensor_release(t);
+}
+
+static unsigned long casts(void) { return lucid_cuda_wcast_launch_count(); }
+
+static void check_casts(const char *name, unsigned long got, unsigned long want) {
+    CHECK(name, got == want, "%lu weight-cast launches, expected %lu", got, want);
+}
+
+typedef struct wc_case {
+    const char *tag;
+    int64_t N, Cin, Cout, H, W;
+    int bias;
+} wc_case;
+
+static const wc_case CASES[] = {
+    {"N2 32>24 12x10 bias", 2, 32, 24, 12, 10, 1},
+    {"N1 24>40 16x16", 1, 24, 40, 16, 16, 0},
+    {"N3 8>8 7x5 bias", 3, 8, 8, 7, 5, 1},
+    {"N2 256>128 1x1", 2, 256, 128, 1, 1, 0},
+    {"N2 13>21 9x7 bias", 2, 13, 21, 9, 7, 1},
+};
+
+/* A materialized 1x1 (or k x k, stride s) Conv2d on the GPU. */
+static lucid_status make_conv(lucid_param_set **set, lucid_module **m, const char *name,
+                              int64_t Cin, int64_t Cout, int k, int s, int bias) {
+    LUCID_TRY(lucid_param_set_create(ctx, set));
+    LUCID_TRY(lucid_module_conv2d_create(ctx, *set, name, (int)Cin, (int)Cout, k, s, -1, 1, 1,
+                                         bias, m));
+    return lucid_param_set_materialize(ctx, *set, GPU, LUCID_F32);
+}
+
+/* One forward + backward of m (grads zeroed first); host copies of y, dx,
+ * dw into out[0..2] (caller releases); the cast launches of the forward and
+ * of the backward into nc[0], nc[1]. */
+static lucid_status fwd_bwd(lucid_module *m, const lucid_tensor *x, const lucid_tensor *dy,
+                            lucid_tensor *out[3], unsigned long nc[2]) {
+    lucid_tensor *y = NULL, *dx = NULL;
+    LUCID_TRY(lucid_param_set_zero_grad(ctx, m->set));
+    unsigned long c0 = casts();
+    LUCID_TRY(lucid_module_forward1(ctx, m, x, &y));
+    unsigned long c1 = casts();
+    LUCID_TRY(lucid_module_backward1(ctx, m, x, dy, &dx));
+    unsigned long c2 = casts();
+    nc[0] = c1 - c0;
+    nc[1] = c2 - c1;
+    out[0] = host(y);
+    out[1] = host(dx);
+    out[2] = host(m->params[0]->grad);
+    if (!out[0] || !out[1] || !out[2]) return lucid_ctx_last_status(ctx);
+    return LUCID_OK;
+}
+
+static void rel3(lucid_tensor *t[3]) {
+    for (int i = 0; i < 3; i++) {
+        rel(t[i]);
+        t[i] = NULL;
+    }
+}
+
+/* The module's outputs now (device) against host copies, bitwise. */
+static void cmp3(const char *pre, const char *what, lucid_module *m, lucid_tensor *ref[3]) {
+    cmp_bits(NAME("%s: %s y", pre, what), m->outputs[0], ref[0]);
+    cmp_bits(NAME("%s: %s dx", pre, what), m->grad_inputs[0], ref[1]);
+    cmp_bits(NAME("%s: %s dw", pre, what), m->params[0]->grad, ref[2]);
+}
+
+static void test_module(const wc_case *cc, lucid_dtype dt) {
+    char pre[160];
+    snprintf(pre, sizeof pre, "wcast module %s %s", cc->tag, lucid_dtype_name(dt));
+    lucid_param_set *set = NULL;
+    lucid_module *m = NULL;
+    int64_t xs[4] = {cc->N, cc->Cin, cc->H, cc->W}, ys[4] = {cc->N, cc->Cout, cc->H, cc->W};
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *off[3] = {0}, *on[3] = {0}, *hw = NULL,
+                 *hb = NULL, *cy = NULL;
+    unsigned long nc[2];
+    if (!hx || !hdy || !gx || !gdy ||
+        make_conv(&set, &m, "c", cc->Cin, cc->Cout, 1, 1, cc->bias) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, off, nc));
+    check_casts(NAME("%s: per-call route casts in the forward", pre), nc[0], 1);
+    check_casts(NAME("%s: per-call route casts in the backward-data", pre), nc[1], 1);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    RUN(NAME("%s: shadow route", pre), fwd_bwd(m, gx, gdy, on, nc));
+    check_casts(NAME("%s: first forward casts into the shadow", pre), nc[0], 1);
+    check_casts(NAME("%s: backward-data reuses the shadow", pre), nc[1], 0);
+    cmp3(pre, "shadow = per-call", m, off);
+    rel3(on);
+    RUN(NAME("%s: shadow route again", pre), fwd_bwd(m, gx, gdy, on, nc));
+    check_casts(NAME("%s: unchanged weight: forward and backward cast nothing", pre),
+                nc[0] + nc[1], 0);
+    cmp3(pre, "second shadow pass = per-call", m, off);
+    rel3(on);
+    {
+        unsigned long c0 = casts();
+        RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+        check_casts(NAME("%s: group cast of a fresh shadow queues nothing", pre), casts() - c0, 0);
+        /* an in-place write of the weight (an op: bumps the storage version) */
+        lucid_tensor *w = m->params[0]->data;
+        RUN(NAME("%s: in-place weight write", pre),
+            lucid_binary_scalar(ctx, LUCID_OP_MUL, w, w, -0.75, 0));
+        c0 = casts();
+        RUN(NAME("%s: group cast after the write", pre),
+            lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+        check_casts(NAME("%s: group cast after the write launches once", pre), casts() - c0, 1);
+    }
+    RUN(NAME("%s: shadow route after the write", pre), fwd_bwd(m, gx, gdy, on, nc));
+    check_casts(NAME("%s: after the group cast the convs cast nothing", pre), nc[0] + nc[1], 0);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    rel3(off);
+    RUN(NAME("%s: per-call route after the write", pre), fwd_bwd(m, gx, gdy, off, nc));
+    cmp3(pre, "new weight: per-call = shadow", m, on);
+    /* CPU reference on the same rounded input and the current weight */
+    {
+        lucid_conv2d_params p = {1, 1, 0, 0, 1, 1, 1};
+        hw = host(m->params[0]->data);
+        hb = cc->bias ? host(m->params[1]->data) : NULL;
+        cy = hpoison(dt, 4, ys);
+        if (!hw || !cy || (cc->bias && !hb)) {
+            TEST_FAIL(NAME("%s: cpu setup", pre), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        RUN(NAME("%s: cpu forward", pre), lucid_nn_conv2d_forward(ctx, hx, cy, hw, hb, &p));
+        cmp_rel(NAME("%s: y = cpu", pre), m->outputs[0], cy, 1e-2);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    rel3(off);
+    rel3(on);
+    rel(hx); rel(hdy); rel(gx); rel(gdy); rel(hw); rel(hb); rel(cy);
+    lucid_module_release(m);
+    lucid_param_set_release(set);
+}
+
+/* nn level: one shadow, the weight tensor replaced (w1 -> w2 -> w1), and a
+ * weight larger than the shadow's buffer. */
+static void test_replace(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast replaced weight %s", lucid_dtype_name(dt));
+    const int64_t N = 2, Ci = 16, Co = 24, H = 6, W = 5, Co3 = 40;
+    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, y3s[4] = {N, Co3, H, W};
+    int64_t ws[4] = {Co, Ci, 1, 1}, w3s[4] = {Co3, Ci, 1, 1};
+    lucid_conv2d_params p = {1, 1, 0, 0, 1, 1, 1};
+    lucid_conv_wshadow s;
+    lucid_conv_wshadow_init(&s);
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hw1 = hrand(LUCID_F32, 4, ws, -0.5, 0.5), *hw2 = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *hw3 = hrand(LUCID_F32, 4, w3s, -0.5, 0.5);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *w1 = dev(hw1), *w2 = dev(hw2), *w3 = dev(hw3);
+    lucid_tensor *ya = dpoison(dt, 4, ys), *yb = dpoison(dt, 4, ys), *y3a = dpoison(dt, 4, y3s),
+                 *y3b = dpoison(dt, 4, y3s), *dxa = dpoison(dt, 4, xs), *dxb = dpoison(dt, 4, xs);
+    lucid_tensor *h = NULL;
+    if (!hx || !hdy || !hw1 || !hw2 || !hw3 || !gx || !gdy || !w1 || !w2 || !w3 || !ya || !yb ||
+        !y3a || !y3b || !dxa || !dxb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    const lucid_tensor *seq[3] = {w1, w2, w1};
+    for (int i = 0; i < 3; i++) {
+        unsigned long c0 = casts();
+        RUN(NAME("%s: forward %d", pre, i), lucid_nn_conv2d_forward_shadow(ctx, gx, ya, seq[i], NULL, &p, &s));
+        check_casts(NAME("%s: weight %s re-casts", pre, i == 1 ? "w2" : i ? "w1 again" : "w1"),
+                    casts() - c0, 1);
+        RUN(NAME("%s: reference forward %d", pre, i), lucid_nn_conv2d_forward(ctx, gx, yb, seq[i], NULL, &p));
+        h = host(yb);
+        cmp_bits(NAME("%s: y with weight %d = per-call", pre, i), ya, h);
+        rel(h);
+        h = NULL;
+    }
+    {
+        unsigned long c0 = casts();
+        RUN(NAME("%s: backward-data", pre),
+            lucid_nn_conv2d_backward_input_shadow(ctx, gx, gdy, dxa, w1, &p, 0.0, &s));
+        check_casts(NAME("%s: backward-data reuses the shadow", pre), casts() - c0, 0);
+        RUN(NAME("%s: reference backward-data", pre),
+            lucid_nn_conv2d_backward_input(ctx, gx, gdy, dxb, w1, &p, 0.0));
+        h = host(dxb);
+        cmp_bits(NAME("%s: dx = per-call", pre), dxa, h);
+        rel(h);
+        h = NULL;
+        /* a larger weight than the buffer: cast per call, shadow untouched */
+        c0 = casts();
+        RUN(NAME("%s: forward larger weight", pre),
+            lucid_nn_conv2d_forward_shadow(ctx, gx, y3a, w3, NULL, &p, &s));
+        check_casts(NAME("%s: larger weight casts per call", pre), casts() - c0, 1);
+        RUN(NAME("%s: reference larger weight", pre), lucid_nn_conv2d_forward(ctx, gx, y3b, w3, NULL, &p));
+        h = host(y3b);
+        cmp_bits(NAME("%s: larger weight y = per-call", pre), y3a, h);
+        rel(h);
+        h = NULL;
+        c0 = casts();
+        RUN(NAME("%s: forward w1 after", pre), lucid_nn_conv2d_forward_shadow(ctx, gx, ya, w1, NULL, &p, &s));
+        check_casts(NAME("%s: shadow of w1 survived the larger weight", pre), casts() - c0, 0);
+        RUN(NAME("%s: reference w1 after", pre), lucid_nn_conv2d_forward(ctx, gx, yb, w1, NULL, &p));
+        h = host(yb);
+        cmp_bits(NAME("%s: y with w1 after = per-call", pre), ya, h);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    lucid_conv_wshadow_release(&s);
+    rel(h);
+    rel(hx); rel(hdy); rel(hw1); rel(hw2); rel(hw3); rel(gx); rel(gdy); rel(w1); rel(w2);
+    rel(w3); rel(ya); rel(yb); rel(y3a); rel(y3b); rel(dxa); rel(dxb);
+}
+
+#define NGROUP 100
+#define NOTHER 4
+
+/* 100 eligible 1x1 convs (and 3x3 / strided ones) cast in one call. */
+static void test_group(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast group %s", lucid_dtype_name(dt));
+    static const int64_t CH[5] = {8, 16, 24, 13, 40};
+    lucid_param_set *set = NULL;
+    lucid_module *m[NGROUP + NOTHER] = {0};
+    lucid_tensor *x[5] = {0}, *dy[5 * 5] = {0}, *ref[NGROUP][3];
+    memset(ref, 0, sizeof ref);
+    int ok = lucid_param_set_create(ctx, &set) == LUCID_OK;
+    for (int i = 0; ok && i < NGROUP; i++) {
+        char nmb[32];
+        snprintf(nmb, sizeof nmb, "g%d", i);
+        ok = lucid_module_conv2d_create(ctx, set, nmb, (int)CH[i % 5], (int)CH[(i / 5) % 5], 1,
+                                        1, -1, 1, 1, i % 3 == 0, &m[i]) == LUCID_OK;
+    }
+    if (ok) ok = !lucid_module_conv2d_create(ctx, set, "o0", 16, 16, 3, 1, -1, 1, 1, 0, &m[NGROUP]);
+    if (ok) ok = !lucid_module_conv2d_create(ctx, set, "o1", 16, 8, 1, 2, -1, 1, 1, 0, &m[NGROUP + 1]);
+    if (ok) ok = !lucid_module_conv2d_create(ctx, set, "o2", 16, 16, 1, 1, -1, 1, 2, 0, &m[NGROUP + 2]);
+    if (ok) ok = !lucid_module_conv2d_create(ctx, set, "o3", 8, 8, 1, 1, -1, 2, 1, 0, &m[NGROUP + 3]);
+    if (ok) ok = !lucid_param_set_materialize(ctx, set, GPU, LUCID_F32);
+    for (int a = 0; ok && a < 5; a++) {
+        int64_t xs[4] = {2, CH[a], 5, 7};
+        lucid_tensor *hx = hrand(dt, 4, xs, -1, 1);
+        x[a] = dev(hx);
+        rel(hx);
+        ok = x[a] != NULL;
+        for (int b = 0; ok && b < 5; b++) {
+            int64_t ys[4] = {2, CH[b], 5, 7};
+            lucid_tensor *hd = hrand(dt, 4, ys, -1, 1);
+            dy[a * 5 + b] = dev(hd);
+            rel(hd);
+            ok = dy[a * 5 + b] != NULL;
+        }
+    }
+    if (!ok) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    for (int i = 0; i < NGROUP; i++) {
+        unsigned long nc[2];
+        RUN(NAME("%s: per-call route %d", pre, i),
+            fwd_bwd(m[i], x[i % 5], dy[(i % 5) * 5 + (i / 5) % 5], ref[i], nc));
+    }
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    {
+        unsigned long c0 = casts();
+        RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, m, NGROUP + NOTHER, dt));
+        check_casts(NAME("%s: %d weights in two launches", pre, NGROUP), casts() - c0, 2);
+        c0 = casts();
+        int same = 1;
+        for (int i = 0; i < NGROUP; i++) {
+            unsigned long nc[2];
+            lucid_tensor *o[3] = {0};
+            RUN(NAME("%s: shadow route %d", pre, i),
+                fwd_bwd(m[i], x[i % 5], dy[(i % 5) * 5 + (i / 5) % 5], o, nc));
+            for (int k = 0; k < 3; k++)
+                same = same && memcmp(lucid_tensor_data(o[k]), lucid_tensor_data(ref[i][k]),
+                                      lucid_tensor_nbytes(o[k])) == 0;
+            rel3(o);
+            if (!same) {
+                TEST_FAIL(NAME("%s: conv %d", pre, i), "y, dx or dw differ from the per-call route");
+                break;
+            }
+        }
+        check_casts(NAME("%s: the 100 forwards and backward-data cast nothing", pre),
+                    casts() - c0, 0);
+        CHECK(NAME("%s: every y, dx, dw = per-call (bitwise)", pre), same, "differs");
+        /* implicit-GEMM 1x1 route: nothing to cast (weights changed first) */
+        RUN(NAME("%s: weight write", pre),
+            lucid_binary_scalar(ctx, LUCID_OP_MUL, lucid_param_set_flat_params(set),
+                                lucid_param_set_flat_params(set), 0.5, 0));
+        lucid_cuda_nn_set_conv1x1(ctx, 1);
+        c0 = casts();
+        RUN(NAME("%s: group cast igemm", pre), lucid_nn_conv_cast_weights(ctx, m, NGROUP, dt));
+        check_casts(NAME("%s: 1x1 switch igemm: group cast queues nothing", pre), casts() - c0, 0);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    for (int i = 0; i < NGROUP; i++) rel3(ref[i]);
+    for (int i = 0; i < 5; i++) rel(x[i]);
+    for (int i = 0; i < 25; i++) rel(dy[i]);
+    for (int i = 0; i < NGROUP + NOTHER; i++) lucid_module_release(m[i]);
+    lucid_param_set_release(set);
+}
+
+/* Capture: a shadow cast before the capture is re-cast inside it; replays
+ * after device-side weight updates equal the per-call route, and eager use
+ * after a replay re-casts. */
+static void test_capture(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast capture %s", lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    const int64_t N = 2, Ci = 32, Co = 24, H = 10, W = 6;
+    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, ws[4] = {Co, Ci, 1, 1};
+    lucid_param_set *set = NULL;
+    lucid_module *m = NULL;
+    lucid_graph *g1 = NULL, *g2 = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *r[3] = {0}, *e[3] = {0},
+                 *ry = NULL, *rdx = NULL;
+    unsigned long nc[2];
+    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
+        make_conv(&set, &m, "c", Ci, Co, 1, 1, 1) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    rel3(e);
+    RUN(NAME("%s: eager group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    /* graph 1: group cast, forward, backward (weights unchanged) */
+    RUN(NAME("%s: capture 1 begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        unsigned long c0 = casts();
+        lucid_tensor *y = NULL, *dx = NULL;
+        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
+        unsigned long c1 = casts();
+        if (!s) s = lucid_param_set_zero_grad(ctx, set);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        unsigned long c2 = casts();
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing 1", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        check_casts(NAME("%s: a shadow cast before the capture is re-cast inside", pre), c1 - c0, 1);
+        check_casts(NAME("%s: captured forward and backward-data cast nothing", pre), c2 - c1, 0);
+    }
+    RUN(NAME("%s: capture 1 end", pre), lucid_ctx_capture_end(ctx, &g1));
+    RUN(NAME("%s: replay 1", pre), lucid_graph_launch(ctx, g1));
+    ry = host(m->outputs[0]);
+    rdx = host(m->grad_inputs[0]);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, r, nc));
+    cmp_bits(NAME("%s: replay 1 y = per-call", pre), m->outputs[0], ry);
+    cmp_bits(NAME("%s: replay 1 dx = per-call", pre), m->grad_inputs[0], rdx);
+    rel(ry);
+    rel(rdx);
+    ry = rdx = NULL;
+    rel3(r);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    /* graph 2: the weight moves on the device (axpy) before the forward */
+    RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_tensor *y = NULL, *dx = NULL;
+        lucid_status s = lucid_axpy(ctx, m->params[0]->data, 0.25, gd);
+        if (!s) s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
+        if (!s) s = lucid_param_set_zero_grad(ctx, set);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture 2 end", pre), lucid_ctx_capture_end(ctx, &g2));
+    for (int rep = 0; rep < 2; rep++) {
+        RUN(NAME("%s: replay 2 #%d", pre, rep), lucid_graph_launch(ctx, g2));
+        ry = host(m->outputs[0]);
+        rdx = host(m->grad_inputs[0]);
+        /* eager, shadow route: the replay moved the epoch, so it re-casts */
+        RUN(NAME("%s: eager after replay #%d", pre, rep), fwd_bwd(m, gx, gdy, e, nc));
+        check_casts(NAME("%s: eager forward after replay #%d re-casts", pre, rep), nc[0], 1);
+        check_casts(NAME("%s: eager backward-data after replay #%d reuses", pre, rep), nc[1], 0);
+        lucid_cuda_nn_set_wcast(ctx, 1);
+        RUN(NAME("%s: per-call after replay #%d", pre, rep), fwd_bwd(m, gx, gdy, r, nc));
+        lucid_cuda_nn_set_wcast(ctx, 2);
+        cmp_bits(NAME("%s: replay 2 #%d y = per-call on the updated weight", pre, rep),
+                 m->outputs[0], ry);
+        cmp_bits(NAME("%s: replay 2 #%d dx = per-call on the updated weight", pre, rep),
+                 m->grad_inputs[0], rdx);
+        cmp_bits(NAME("%s: eager shadow y after replay #%d = per-call", pre, rep), m->outputs[0],
+                 e[0]);
+        cmp_bits(NAME("%s: eager shadow dx after replay #%d = per-call", pre, rep),
+                 m->grad_inputs[0], e[1]);
+        rel(ry);
+        rel(rdx);
+        ry = rdx = NULL;
+        rel3(r);
+        rel3(e);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    if (g1) lucid_graph_destroy(g1);
+    if (g2) lucid_graph_destroy(g2);
+    rel3(r);
+    rel3(e);
+    rel(ry); rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
+    lucid_module_release(m);
+    lucid_param_set_release(set);
+}
+
+/* A shadow first used inside a capture (no buffer: allocation refused). */
+static void test_first_use_in_capture(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast first use in a capture %s", lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    const int64_t N = 2, Ci = 24, Co = 16, H = 8, W = 8;
+    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, ws[4] = {Co, Ci, 1, 1};
+    lucid_conv2d_params p = {1, 1, 0, 0, 1, 1, 1};
+    lucid_conv_wshadow s, *sp = &s;
+    lucid_conv_wshadow_init(&s);
+    lucid_graph *gr = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hw = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gw = dev(hw);
+    lucid_tensor *ey = dpoison(dt, 4, ys), *ry = dpoison(dt, 4, ys), *edx = dpoison(dt, 4, xs),
+                 *rdx = dpoison(dt, 4, xs), *h0 = NULL, *h1 = NULL;
+    if (!hx || !hdy || !hw || !gx || !gdy || !gw || !ey || !ry || !edx || !rdx) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    /* eager, no shadow: plans and scratch of the shape exist */
+    RUN(NAME("%s: eager forward", pre), lucid_nn_conv2d_forward(ctx, gx, ey, gw, NULL, &p));
+    RUN(NAME("%s: eager backward-data", pre),
+        lucid_nn_conv2d_backward_input(ctx, gx, gdy, edx, gw, &p, 0.0));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        const lucid_tensor *wv = gw;
+        unsigned long c0 = casts();
+        lucid_status st = lucid_nn_conv2d_cast_shadows(ctx, &wv, &sp, 1, dt);
+        unsigned long c1 = casts();
+        if (!st) st = lucid_nn_conv2d_forward_shadow(ctx, gx, ry, gw, NULL, &p, &s);
+        if (!st) st = lucid_nn_conv2d_backward_input_shadow(ctx, gx, gdy, rdx, gw, &p, 0.0, &s);
+        unsigned long c2 = casts();
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(st),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        check_casts(NAME("%s: group cast skips a shadow without buffer", pre), c1 - c0, 0);
+        check_casts(NAME("%s: the convs cast per call", pre), c2 - c1, 2);
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
+    CHECK(NAME("%s: the shadow stays empty", pre), !s.buf && !s.valid, "buf %p valid %d",
+          (void *)s.buf, s.valid);
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
+    h0 = host(ey);
+    h1 = host(edx);
+    cmp_bits(NAME("%s: replay y = eager", pre), ry, h0);
+    cmp_bits(NAME("%s: replay dx = eager", pre), rdx, h1);
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    if (gr) lucid_graph_destroy(gr);
+    lucid_conv_wshadow_release(&s);
+    rel(h0); rel(h1); rel(hx); rel(hdy); rel(hw); rel(gx); rel(gdy); rel(gw);
+    rel(ey); rel(ry); rel(edx); rel(rdx);
+}
+
+static const char *GROUPS[] = {"cuda conv weight shadows"};
+
+int main(void) {
+    if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
+    if (!lucid_cuda_nn_set_wcast || !lucid_cuda_nn_set_conv1x1 || !lucid_cuda_wcast_launch_count) {
+        TEST_FAIL("cuda conv weight shadow hooks linked", "a test hook of cuda/ is missing");
+        return test_exit();
+    }
+    if (!cuda_test_ctx_create("test_conv_wcast_cuda")) return test_exit();
+    static const lucid_dtype DTS[2] = {LUCID_BF16, LUCID_F16};
+    for (int d = 0; d < 2; d++) {
+        for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) test_module(&CASES[c], DTS[d]);
+        test_replace(DTS[d]);
+        test_group(DTS[d]);
+        test_capture(DTS[d]);
+        test_first_use_in_capture(DTS[d]);
+    }
+    return cuda_test_finish();
+}

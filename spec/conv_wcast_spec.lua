@@ -1,0 +1,145 @@
+-- conv_wcast_spec.lua — lucid.nn.conv_cast_weights and the weight-cast
+-- prologue of Model:forward (the 1x1 conv weight shadows of
+-- engine/nn/nn.h, lucid_conv_wshadow).
+--
+-- CPU part (make test): the binding's argument errors, a call on CPU
+-- modules does nothing, and a CPU model's forward is unchanged by the
+-- prologue (the same bytes as calling the layers without it is not
+-- observable; the check is that the forward runs and its outputs equal a
+-- second model's with the same parameters).
+-- GPU part (#gpu, make test-gpu): a YOLO11n-pose forward + backward in
+-- bf16 and f16 launches ONE weight cast (the group cast of the prologue)
+-- and its outputs and gradients equal, byte for byte (lucid.hash_tensor),
+-- those of the per-call casts (lucid_cuda_nn_set_wcast(ctx, 1) through the
+-- LuaJIT FFI: LUCID_WCAST_ONCE=0 for this context); after an optimizer-like
+-- in-place write of the parameters the next forward re-casts and still
+-- equals the per-call route.
+local lucid = require "lucid"
+local nn = require "lucid.nn"
+local yolo11 = require "lucid.models.yolo11_pose"
+local err_of = require("support.errors").err_of
+
+local function conv_modules(m, pred)
+  local list = {}
+  m:apply(function(x)
+    if getmetatable(x).__name == "Conv2d" and x._c and (not pred or pred(x)) then list[#list + 1] = x._c end
+  end)
+  return list
+end
+
+describe("lucid.nn.conv_cast_weights", function()
+  it("checks its arguments", function()
+    local m = nn.Conv(8, 16, 1)
+    nn.materialize(m)
+    local C = lucid.nn
+    local e = err_of(C.conv_cast_weights, "x", "bf16")
+    assert.is_truthy(e:find("bad argument #1", 1, true), e)
+    e = err_of(C.conv_cast_weights, { m.conv._c }, "f64")
+    assert.is_truthy(e:find('bad argument #2 (dtype): expected "bf16", "f16" or "f32", got \'f64\'', 1, true), e)
+    e = err_of(C.conv_cast_weights, { m.conv._c, 3 }, "bf16")
+    assert.is_truthy(e:find("bad argument #1 (modules[2]): expected lucid.CModule, got number", 1, true), e)
+    e = err_of(C.conv_cast_weights, { m.conv._c, m.bn._c }, "bf16")
+    assert.is_truthy(e:find("is a BatchNorm2d, not a Conv2d", 1, true), e)
+  end)
+
+  it("does nothing on CPU modules, for an empty list and for f32", function()
+    local m = nn.Conv(8, 16, 1)
+    nn.materialize(m)
+    local before = lucid.hash_tensor(m.conv._c:parameters()[1]:data())
+    assert.is_nil(lucid.nn.conv_cast_weights({ m.conv._c }, "bf16"))
+    assert.is_nil(lucid.nn.conv_cast_weights({}, "bf16"))
+    assert.is_nil(lucid.nn.conv_cast_weights({ m.conv._c }, "f32"))
+    assert.equal(before, lucid.hash_tensor(m.conv._c:parameters()[1]:data()))
+  end)
+
+  it("a CPU model's forward runs the prologue and gives the same outputs as a copy", function()
+    lucid.manual_seed(3)
+    local a = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 } })
+    local b = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 } })
+    b.params:flat_params():copy_(a.params:flat_params())
+    local x = lucid.rand({ 1, 3, 64, 64 })
+    local ya, yb = a:forward(x), b:forward(x)
+    for _, k in ipairs({ "boxes", "scores", "kpts" }) do
+      assert.equal(lucid.hash_tensor(yb[k]), lucid.hash_tensor(ya[k]), k)
+    end
+    -- the 1x1 convs the prologue would cast on the GPU: some, not all
+    local n1, all = #conv_modules(a, function(c) return c.k == 1 and c.s == 1 and c.p == 0 and c.g == 1 end),
+      #conv_modules(a)
+    assert.is_true(n1 > 0 and n1 < all, ("%d of %d"):format(n1, all))
+  end)
+end)
+
+-- the per-context switch and the launch counter, through the FFI
+local function hooks()
+  local okf, ffi = pcall(require, "ffi")
+  if not okf then return nil end
+  pcall(ffi.cdef, "int lucid_cuda_nn_set_wcast(void *ctx, int mode); unsigned long lucid_cuda_wcast_launch_count(void);")
+  local lib
+  if pcall(function() return ffi.C.lucid_cuda_nn_set_wcast end) then
+    lib = ffi.C
+  else
+    local path = package.searchpath and package.searchpath("lucid", package.cpath)
+    local okl, l = pcall(ffi.load, path or "lucid")
+    if okl and pcall(function() return l.lucid_cuda_nn_set_wcast end) then lib = l end
+  end
+  if not lib then return nil end
+  return {
+    set = function(ctx, mode) return lib.lucid_cuda_nn_set_wcast(ffi.cast("void **", ctx)[0], mode) end,
+    count = function() return tonumber(lib.lucid_cuda_wcast_launch_count()) end,
+  }
+end
+
+-- without a GPU the block is listed as pending (skipped visibly), as the
+-- other #gpu specs do
+local describe_gpu = lucid.cuda_available() and describe or pending
+describe_gpu("1x1 conv weights cast once per forward #gpu", function()
+  local H, ctx
+  setup(function()
+    H = assert(hooks(), "the cuda test hooks are not reachable through the FFI")
+    ctx = lucid.Context({ device = "cuda", seed = 11 })
+  end)
+
+  for _, dt in ipairs({ "bf16", "f16" }) do
+    it(dt .. ": one cast launch per forward + backward, bitwise the per-call casts", function()
+      local m = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, device = "cuda", ctx = ctx })
+      local o = { device = "cuda", dtype = dt, ctx = ctx }
+      local x = lucid.rand({ 2, 3, 64, 64 }):to(o)
+      local function pass()
+        m:zero_grad()
+        local c0 = H.count()
+        local y = m:forward(x)
+        local c1 = H.count()
+        local gy = {}
+        for _, k in ipairs({ "boxes", "scores", "kpts" }) do gy[k] = lucid.ones(y[k]:shape(), o) * 0.01 end
+        m:backward(x, gy)
+        ctx:synchronize()
+        local h = {}
+        for _, k in ipairs({ "boxes", "scores", "kpts" }) do h[k] = lucid.hash_tensor(y[k]) end
+        h.grads = lucid.hash_tensor(m.params:flat_grads())
+        return h, c1 - c0, H.count() - c1
+      end
+      H.set(ctx, 1)
+      local ref, f0, b0 = pass()
+      assert.is_true(f0 > 1 and b0 > 1, ("per-call route: %d + %d casts"):format(f0, b0))
+      H.set(ctx, 2)
+      local got, f1, b1 = pass()
+      assert.equal(1, f1, "forward: the prologue's group cast only")
+      assert.equal(0, b1, "backward: no cast")
+      assert.same(ref, got)
+      -- unchanged weights: the prologue finds every shadow fresh
+      local _, f2, b2 = pass()
+      assert.equal(0, f2 + b2)
+      -- an optimizer-like in-place write of every parameter
+      local p = m.params:flat_params()
+      p:mul_(0.5)
+      local got2, f3, b3 = pass()
+      assert.equal(1, f3)
+      assert.equal(0, b3)
+      H.set(ctx, 1)
+      local ref2 = pass()
+      H.set(ctx, 0)
+      assert.same(ref2, got2)
+      assert.are_not.same(ref, ref2)
+    end)
+  end
+end)
