@@ -105,6 +105,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv_mode = 0;
     ns->conv1x1 = 0;
     ns->wcast = 0;
+    ns->igemm_kfold = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -161,6 +162,16 @@ extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
     if (!ns) return -1;
     int old = ns->conv1x1;
     ns->conv1x1 = route == 1 || route == 2 ? route : 0;
+    return old;
+}
+
+extern "C" int lucid_cuda_nn_set_igemm_kfold(lucid_ctx *ctx, int route) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    int old = ns->igemm_kfold;
+    ns->igemm_kfold = route == 1 || route == 2 ? route : 0;
     return old;
 }
 
