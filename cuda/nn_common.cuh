@@ -112,6 +112,8 @@ typedef struct lucid_cuda_nn_state {
     int igemm_kfold;                /* split-K fold of the implicit-GEMM fwd/dgrad:
                                        0 LUCID_IGEMM_KFOLD, 1 in the conv kernel,
                                        2 second kernel (lucid_cuda_nn_set_igemm_kfold) */
+    int conv_small;                 /* small-channel 3x3 route: 0 LUCID_CONV_SMALL, 1 off,
+                                       2 on (lucid_cuda_nn_set_conv_small, nn_conv_small.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -183,6 +185,13 @@ int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
  * (igemm_reduce_out); other values read as 0.  Both routes give the same
  * bits.  Returns the previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_igemm_kfold(lucid_ctx *ctx, int route);
+/* Small-channel 3x3 route of ctx (nn_conv_small.cuh), for tests and
+ * benchmarks, overriding the process switch LUCID_CONV_SMALL: 0 follow
+ * LUCID_CONV_SMALL (the default), 1 off (the implicit GEMM), 2 on (other
+ * values read as 0).  Affects only eligible convs
+ * (lucid_conv_small_eligible) in conv mode 0, forward and backward-data.
+ * Returns the previous setting (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/

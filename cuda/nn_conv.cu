@@ -9,7 +9,11 @@
  * (nn_conv_gemm.cu) when their channel counts are multiples of 8
  * (LUCID_CONV1X1=auto, the default: DECISIONS 23 and 26; =gemm for every
  * 1x1 conv, =igemm for none; lucid_cuda_nn_set_conv1x1 overrides it per
- * context).
+ * context).  bf16/f16 3x3 convs with few channels (Cin*Cout <= 512, stride
+ * 1 or 2, pad 1: nn_conv_small.cuh) run the direct kernels of
+ * nn_conv_small.cu for the forward and backward-data passes (ROUTE_SMALL;
+ * LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small restores the implicit
+ * GEMM); their filter gradient stays on the implicit GEMM.
  *
  * Weight shadows (nn.h lucid_conv_wshadow; the *_shadow slots and
  * conv2d_cast_shadows): the cuBLAS 1x1 route's forward and backward-data
@@ -67,6 +71,7 @@
 #include "nn_conv_igemm.cuh"
 #include "nn_conv_gemm.cuh"
 #include "nn_conv_dw.cuh"
+#include "nn_conv_small.cuh"
 
 #include <limits.h>
 #include <new>
@@ -85,6 +90,7 @@ typedef struct conv_geom {
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
 enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3, ROUTE_GEMM = 4 };
+enum { ROUTE_SMALL = 5 }; /* nn_conv_small.cu: forward and backward-data */
 
 struct lucid_cuda_conv_plan {
     int64_t key[16];
@@ -397,8 +403,20 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
     return LUCID_OK;
 }
 
-/* Route of a pass (*route: ROUTE_GEMM, ROUTE_IGEMM, ROUTE_DW, ROUTE_CUDNN
- * or ROUTE_DIRECT).
+/* The small-channel route's view of a geometry (nn_conv_small.cuh). */
+static lucid_conv_small_geom small_geom_of(const conv_geom &g) {
+    return lucid_conv_small_geom{g.N, g.Cin, g.H, g.W, g.Cout, g.Ho, g.Wo, (int)g.kh, (int)g.kw,
+                                 g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, (int)g.G};
+}
+
+/* Route of a pass (*route: ROUTE_SMALL, ROUTE_GEMM, ROUTE_IGEMM, ROUTE_DW,
+ * ROUTE_CUDNN or ROUTE_DIRECT).
+ * Small-channel 3x3 convs (lucid_conv_small_eligible, bf16/f16) take
+ * ROUTE_SMALL for the forward and backward-data passes in mode 0, before
+ * anything else, unless the per-context switch (lucid_cuda_nn_set_conv_small:
+ * 1 off, 2 on) or, when that is 0, LUCID_CONV_SMALL (read once per process;
+ * "0" off, unset or "1" on, another value ERR_ARG here) turns it off; it
+ * needs no scratch.
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
  * 1x1 switch says gemm: lucid_cuda_nn_set_conv1x1, else LUCID_CONV1X1, read
@@ -419,6 +437,24 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
     *route = ROUTE_DIRECT;
     *ws = NULL;
     if (ns->conv_mode == 1) return LUCID_OK;
+    if (ns->conv_mode == 0 && pass != PASS_BWD_FILTER && ns->conv_small != 1) {
+        lucid_conv_small_geom sg = small_geom_of(pl->g);
+        if (lucid_conv_small_eligible(&sg, pl->dt)) {
+            int on = ns->conv_small == 2;
+            if (ns->conv_small == 0) {
+                const char *v = "";
+                int sw = lucid_conv_small_switch(&v);
+                if (sw < 0)
+                    return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                        "%s: LUCID_CONV_SMALL=\"%s\" (expected 0 or 1)", op, v);
+                on = sw == 1;
+            }
+            if (on) {
+                *route = ROUTE_SMALL;
+                return LUCID_OK;
+            }
+        }
+    }
     if (ns->conv_mode == 0 && pl->gemm1x1) {
         int gemm = ns->conv1x1 == 2;
         if (ns->conv1x1 == 0) {
@@ -726,16 +762,6 @@ static bool gemm_route_likely(const lucid_cuda_nn_state *ns, int64_t Cin, int64_
     return sw == 1 || (sw == 2 && lucid_conv_gemm_preferred(&g));
 }
 
-extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
-    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
-    if (!st) return -1;
-    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
-    if (!ns) return -1;
-    int old = ns->wcast;
-    ns->wcast = mode == 1 || mode == 2 ? mode : 0;
-    return old;
-}
-
 /* Checked by lucid_nn_conv2d_cast_shadows (n >= 1, f32 contiguous weights
  * on this device, dt bf16/f16). */
 extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
@@ -829,6 +855,12 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
                                                  st->stream));
         return LUCID_OK;
     }
+    if (route == ROUTE_SMALL) {
+        lucid_conv_small_geom sg = small_geom_of(g);
+        return lucid_conv_small_forward(ctx, st->stream, x->dtype, &sg, lucid_tensor_data(x),
+                                        (const float *)lucid_tensor_data(w), bp,
+                                        lucid_tensor_data(y));
+    }
     if (route == ROUTE_DW)
         return lucid_conv_dw_forward(ctx, st->stream, x->dtype, &pl->dwg, lucid_tensor_data(x),
                                      (const float *)lucid_tensor_data(w), bp,
@@ -913,6 +945,13 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
                             lucid_tensor_data(dx), (float)beta, ws, cnt, &pl->ig, st->stream));
         return LUCID_OK;
+    }
+    if (route == ROUTE_SMALL) {
+        lucid_conv_small_geom sg = small_geom_of(g);
+        return lucid_conv_small_backward_data(ctx, st->stream, dx->dtype, &sg,
+                                              lucid_tensor_data(dy),
+                                              (const float *)lucid_tensor_data(w),
+                                              lucid_tensor_data(dx), beta);
     }
     if (route == ROUTE_DW)
         return lucid_conv_dw_backward_data(ctx, st->stream, dx->dtype, &pl->dwg,

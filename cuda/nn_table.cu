@@ -106,6 +106,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv1x1 = 0;
     ns->wcast = 0;
     ns->igemm_kfold = 0;
+    ns->conv_small = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -155,24 +156,33 @@ extern "C" int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode) {
     return old;
 }
 
-extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
+/* The per-context route overrides below (0 follow the process switch, 1
+ * and 2 the two routes; other values read as 0): the previous setting, or
+ * -1 when ctx has no CUDA state. */
+static int set_route(lucid_ctx *ctx, int lucid_cuda_nn_state::*field, int route) {
     lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
     if (!st) return -1;
     lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
     if (!ns) return -1;
-    int old = ns->conv1x1;
-    ns->conv1x1 = route == 1 || route == 2 ? route : 0;
+    int old = ns->*field;
+    ns->*field = route == 1 || route == 2 ? route : 0;
     return old;
 }
 
+extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
+    return set_route(ctx, &lucid_cuda_nn_state::conv1x1, route);
+}
+
 extern "C" int lucid_cuda_nn_set_igemm_kfold(lucid_ctx *ctx, int route) {
-    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
-    if (!st) return -1;
-    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
-    if (!ns) return -1;
-    int old = ns->igemm_kfold;
-    ns->igemm_kfold = route == 1 || route == 2 ? route : 0;
-    return old;
+    return set_route(ctx, &lucid_cuda_nn_state::igemm_kfold, route);
+}
+
+extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
+    return set_route(ctx, &lucid_cuda_nn_state::conv_small, route);
+}
+
+extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
+    return set_route(ctx, &lucid_cuda_nn_state::wcast, mode);
 }
 
 /* The compute stream of ctx (as void *), for benchmarks that time nn calls

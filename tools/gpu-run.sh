@@ -13,7 +13,8 @@
 #   verify     make test-gpu (timed, one command), then bench_optim (with and
 #              without the programmatic dependent launch), bench_bnsilu,
 #              bench_model; logs packed into $out/logs.tgz
-#   ab         the CUDA C tests, busted --tags=gpu, then A/B arms in one call
+#   ab         the CUDA C tests (AB_CTESTS="test_x ...": only those), busted
+#              --tags=gpu, then A/B arms in one call
 #              (AB_CONFIGS="ENV=a;ENV=b ..."): bench_model and a recorded fit
 #              per arm, and the kernel census of the default; logs packed
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
@@ -145,6 +146,15 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     grep -E '^    (not ok|busted exited)' "$l/test.log" | head -30
   elif [ "${AB_TESTS:-1}" = 1 ]; then # AB_TESTS=0: no tests; AB_BUSTED="--filter=x": those specs only
     cuda_tests "$l"
+  fi
+  if [ -n "${AB_CTESTS:-}" ]; then # AB_CTESTS="test_x test_y": those C test programs only
+    for n in $AB_CTESTS; do
+      make -j"$(nproc)" "build/tests/$n" > /dev/null 2>&1 || echo "$n: build failed"
+      [ -x "build/tests/$n" ] || continue
+      timeout 150 "build/tests/$n" > "$l/$n.log" 2>&1; r=$?
+      echo "$n: rc $r, $(grep -c '^ok' "$l/$n.log") ok, $(grep -c '^not ok' "$l/$n.log") not ok, $(grep -c '^skip' "$l/$n.log") skip"
+      grep -E '^(not ok|skip)' "$l/$n.log" | head -8
+    done
   fi
   if [ -n "${AB_BUSTED:-}" ]; then
     timeout 240 busted --lua=luajit -o TAP --tags=gpu $AB_BUSTED > "$l/busted_sel.log" 2>&1

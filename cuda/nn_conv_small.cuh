@@ -1,0 +1,127 @@
+/*
+ * nn_conv_small.cuh — direct Conv2d kernels for 3x3 convolutions with few
+ * channels (cuda/nn_conv_small.cu): forward and backward-data.  nn_conv.cu
+ * routes an eligible bf16/f16 conv here (ROUTE_SMALL, before the implicit
+ * GEMM) unless LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small says
+ * otherwise; the filter gradient stays on the implicit GEMM.
+ *
+ * Why: on the implicit GEMM (64x64 tensor-core tiles) a conv whose output
+ * channels (forward) or input channels (backward-data) number 8..32 wastes
+ * most of each tile, and its high-resolution planes make it the slowest
+ * kind of conv per byte in the network (H200, Nsight Compute: 3->16 s2
+ * 640->320 51 us, 16->32 s2 320->160 54 us, 16->8 and 8->16 at 160x160
+ * 51 / 33 us forward, 61 / 38 / 70 us backward-data, for 1.6-13 MB of
+ * tensors).  Here every thread accumulates several outputs of several
+ * channels in registers from a shared-memory tile, so each input byte is
+ * read from global memory about once.
+ *
+ * Definitions (the direct convolution, cross-correlation as in PyTorch's
+ * torch.nn.Conv2d documentation and Caffe's convolution layer; 3x3 kernel,
+ * padding 1, stride s in {1, 2}, zero padding):
+ *   forward        y[n][o][i][j]  = b[o] + sum_{c,r,q} w[o][c][r][q] *
+ *                                   x[n][c][i*s-1+r][j*s-1+q]
+ *   backward-data  dx[n][c][h][v] = beta*dx[n][c][h][v] + sum_{o,r,q}
+ *                                   w[o][c][r][q] * dy[n][o][(h+1-r)/s][(v+1-q)/s]
+ *                  (only the terms whose divisions are exact and whose dy
+ *                  index is inside [0,Ho) x [0,Wo); out-of-range x is 0)
+ *
+ * Layout and dtypes: x, dx [N, Cin, H, W], y, dy [N, Cout, Ho, Wo]:
+ * contiguous NCHW in `dt` (LUCID_BF16 or LUCID_F16; anything else is
+ * ERR_UNSUPPORTED).  w [Cout, Cin, 3, 3] and b [Cout] (b may be NULL) are
+ * f32 master parameters.  Any alignment is accepted (16-byte loads where
+ * the row length and the pointer allow them).
+ *
+ * Numerics: each weight is rounded to `dt` first (round-to-nearest-even,
+ * as the implicit GEMM and the cuBLAS 1x1 route do when staging), so every
+ * product is of two `dt` values and exact in f32; products are accumulated
+ * with fmaf in f32 in a fixed order — forward: bias first, then channel c
+ * ascending, then r, then q ascending; backward-data: channel o ascending,
+ * then the 3x3 taps in a fixed order (stride 1: r and q descending; stride
+ * 2: r, q ascending) — and the result is rounded once to `dt` (with beta:
+ * rnd(fmaf(beta, dx, acc)); beta == 0 never reads dx, so NaN there cannot
+ * leak).  The order does not depend on the tiling, the GPU or the run:
+ * results are bitwise identical run to run.  They are not bitwise those of
+ * the implicit GEMM (another summation order); both are within the
+ * bf16/f16 tolerances of the CPU reference (spec/c/test_conv_small_cuda.c).
+ *
+ * Capturable: a call only queues one kernel on `stream` (a cudaStream_t
+ * passed as void *): no allocation, no synchronisation, no attribute
+ * change (dynamic shared memory stays under 48 KiB), no scratch.
+ *
+ * Errors: lucid_status with the message in ctx: ERR_ARG for a geometry
+ * lucid_conv_small_eligible() refuses, ERR_UNSUPPORTED for a dtype other
+ * than bf16/f16, ERR_DEVICE for a failed launch.  Nothing is printed.
+ * Usable from C (declarations only; no CUDA headers).
+ */
+#ifndef LUCID_CUDA_NN_CONV_SMALL_CUH
+#define LUCID_CUDA_NN_CONV_SMALL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lucid.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest Cin * Cout that takes this route.  Tuned on the YOLO11n-pose
+ * shapes: 3->16 (48), 16->32 (512), the C3k2 bottlenecks 16->8 / 8->16
+ * (128) qualify; the next 3x3 convs (32->32, 64->64, 51->51 ...) do not,
+ * and keep the implicit GEMM, whose tensor cores win once both channel
+ * counts fill a tile. */
+#define LUCID_CONV_SMALL_MAX_CC 512
+
+/* Geometry of one convolution (the conv's own view: x [N,Cin,H,W],
+ * w [Cout,Cin,kh,kw], y [N,Cout,Ho,Wo]; stride, zero padding, dilation,
+ * groups as in lucid_conv2d_params). */
+typedef struct lucid_conv_small_geom {
+    int64_t N, Cin, H, W, Cout, Ho, Wo;
+    int kh, kw;   /* kernel */
+    int sh, sw;   /* stride */
+    int ph, pw;   /* zero padding */
+    int dh, dw;   /* dilation */
+    int groups;
+} lucid_conv_small_geom;
+
+/* 1 when (g, dt) may run on this route, 0 otherwise.  Host-only; a pure
+ * function of its arguments (no device, no environment).  Eligible: dt
+ * LUCID_BF16 or LUCID_F16; groups 1; kernel 3x3; dilation 1; stride 1 or 2
+ * (the same in both dims); padding 1 in both dims; N, Cin, Cout >= 1;
+ * Cin * Cout <= LUCID_CONV_SMALL_MAX_CC; H, W >= 1 and Ho, Wo equal to
+ * (H + 2 - 3) / s + 1 (resp. W), i.e. consistent with the parameters; every
+ * tensor (x, y) under 2^31 elements (32-bit indices).  Any plane size, any
+ * N. */
+int lucid_conv_small_eligible(const lucid_conv_small_geom *g, lucid_dtype dt);
+
+/* The process switch LUCID_CONV_SMALL, read once (the first call):
+ * unset, "" or "1": 1 (the route is on); "0": 0 (eligible convs keep the
+ * implicit GEMM); any other value: -1, with *value (when not NULL) set to
+ * the text, so the caller can name it in an ERR_ARG.  *value is always set
+ * when value is not NULL. */
+int lucid_conv_small_switch(const char **value);
+
+/* y = conv(x, w) + b (see the definitions above); y is overwritten.
+ * x [N,Cin,H,W], y [N,Cout,Ho,Wo] in dt; w [Cout,Cin,3,3] f32; b [Cout]
+ * f32 or NULL.  `stream`: the cudaStream_t to queue on. */
+lucid_status lucid_conv_small_forward(lucid_ctx *ctx, void *stream, lucid_dtype dt,
+                                      const lucid_conv_small_geom *g, const void *x,
+                                      const float *w, const float *b, void *y);
+
+/* dx = beta*dx + conv_transpose(dy, w) (see the definitions above; beta 0
+ * never reads dx).  dy [N,Cout,Ho,Wo], dx [N,Cin,H,W] in dt; w
+ * [Cout,Cin,3,3] f32. */
+lucid_status lucid_conv_small_backward_data(lucid_ctx *ctx, void *stream, lucid_dtype dt,
+                                            const lucid_conv_small_geom *g, const void *dy,
+                                            const float *w, void *dx, double beta);
+
+/* Kernels launched by this route from the calling thread so far (any
+ * context, eager or while capturing): a test hook that tells which route a
+ * conv took. */
+unsigned long lucid_conv_small_launch_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LUCID_CUDA_NN_CONV_SMALL_CUH */
