@@ -31,9 +31,7 @@
  *     alive (retired list) until the context shuts down, because a recorded
  *     CUDA graph may still point at it.
  *   - counters: the arrival counters of the BatchNorm "last block folds"
- *     reductions (nn_norm_{fwd,bwd}.cu; the implicit-GEMM conv's split-K fold,
- *     nn_conv_igemm.cu, uses the same array, one per output tile, under the
- *     same rule), one unsigned int per channel for up to
+ *     reductions (nn_norm_{fwd,bwd}.cu), one unsigned int per channel for up to
  *     LUCID_CUDA_NN_COUNTERS channels, zero between launches: every launch
  *     that uses them counts each channel up to its number of parts and the
  *     last-arriving block sets it back to 0 before the launch completes.
@@ -109,9 +107,6 @@ typedef struct lucid_cuda_nn_state {
                                        (lucid_cuda_nn_set_conv1x1, nn_conv_gemm.cuh) */
     int wcast;                      /* conv weight shadows: 0 LUCID_WCAST_ONCE, 1 off,
                                        2 on (lucid_cuda_nn_set_wcast, nn_conv.cu) */
-    int igemm_kfold;                /* split-K fold of the implicit-GEMM fwd/dgrad:
-                                       0 LUCID_IGEMM_KFOLD, 1 in the conv kernel,
-                                       2 second kernel (lucid_cuda_nn_set_igemm_kfold) */
     int conv_small;                 /* small-channel 3x3 route: 0 LUCID_CONV_SMALL, 1 off,
                                        2 on (lucid_cuda_nn_set_conv_small, nn_conv_small.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
@@ -177,14 +172,6 @@ int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
  * casts queue nothing), 2 on (other values read as 0).  Returns the
  * previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
-/* Split-K fold route of ctx's implicit-GEMM forward / backward-data passes
- * (nn_conv_igemm.cuh), for tests, overriding the process switch
- * LUCID_IGEMM_KFOLD: 0 follow the switch (the default), 1 inside the conv
- * kernel (the last split of a tile to arrive folds it; needs the state's
- * arrival counters, else the second kernel runs), 2 a second kernel
- * (igemm_reduce_out); other values read as 0.  Both routes give the same
- * bits.  Returns the previous setting (-1 when ctx has no CUDA state). */
-int lucid_cuda_nn_set_igemm_kfold(lucid_ctx *ctx, int route);
 /* Small-channel 3x3 route of ctx (nn_conv_small.cuh), for tests and
  * benchmarks, overriding the process switch LUCID_CONV_SMALL: 0 follow
  * LUCID_CONV_SMALL (the default), 1 off (the implicit GEMM), 2 on (other

@@ -495,21 +495,6 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
     return LUCID_OK;
 }
 
-/* Arrival counters for the in-kernel split-K fold of an implicit-GEMM
- * forward / backward-data pass (nn_conv_igemm.cuh): the nn state's (the
- * current lane's), when the pass is split and the route is on (the
- * context's lucid_cuda_nn_set_igemm_kfold, else LUCID_IGEMM_KFOLD); *cnt =
- * NULL otherwise, and when the counters do not exist yet inside a capture
- * (lucid_cuda_nn_counters): the second-kernel fold, the same bits. */
-static lucid_status igemm_counters(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
-                                   const lucid_cuda_conv_plan *pl, int pass, unsigned int **cnt) {
-    *cnt = NULL;
-    int on = ns->igemm_kfold ? ns->igemm_kfold == 1 : lucid_conv_igemm_kfold_switch();
-    int n = on ? lucid_conv_igemm_fold_counters(&pl->ig, pass) : 0;
-    if (n > 0) return lucid_cuda_nn_counters(ctx, st, ns, n, cnt);
-    return LUCID_OK;
-}
-
 #if defined(LUCID_HAVE_CUDNN)
 /* Profile: the host time of a pass's first cuDNN call (lazy kernel-module
  * loading and first-launch costs show up here). */
@@ -847,12 +832,9 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
                                           lucid_tensor_data(y), ws);
     }
     if (route == ROUTE_IGEMM) {
-        unsigned int *cnt;
-        LUCID_TRY(igemm_counters(ctx, st, ns, pl, PASS_FWD, &cnt));
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
                                                  (const float *)lucid_tensor_data(w), bp,
-                                                 lucid_tensor_data(y), ws, cnt, &pl->ig,
-                                                 st->stream));
+                                                 lucid_tensor_data(y), ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_SMALL) {
@@ -939,11 +921,9 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                                 lucid_tensor_data(dx), (float)beta, ws);
     }
     if (route == ROUTE_IGEMM) {
-        unsigned int *cnt;
-        LUCID_TRY(igemm_counters(ctx, st, ns, pl, PASS_BWD_DATA, &cnt));
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
-                            lucid_tensor_data(dx), (float)beta, ws, cnt, &pl->ig, st->stream));
+                            lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_SMALL) {

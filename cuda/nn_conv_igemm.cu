@@ -43,12 +43,7 @@
  * decomposition divides by constants.  3x3 passes with enough channels run
  * tap-major (KT3, nn_conv_igemm_tile.cuh): one tap per k tile, so the
  * gather's bounds test is made once per tile.  Grids smaller than the GPU
- * are split along K (split-K); the f32 partials of a forward / backward-data
- * split are folded by the last split of each output tile to arrive, inside
- * the conv kernel (fold_tile, when the caller passes arrival counters), or
- * by a second kernel (igemm_reduce_out, LUCID_IGEMM_KFOLD=0): the same
- * bits.  The filter gradient's partials (up to 1024 splits, on a side lane)
- * always fold in a second kernel.
+ * are split along K (split-K), the f32 partials folded by a second kernel.
  * The tile code (parameters, loaders, epilogue) is in
  * nn_conv_igemm_tile.cuh; this file holds the kernels and the planning.
  */
@@ -195,47 +190,6 @@ __global__ void IG_BOUNDS igemm_nchw(IgP P) {
     __syncthreads();
 
     epilogue<T, MODE>(P, f, m0, n0, blockIdx.z, t, sC);
-
-    if (MODE == IG_FWD || MODE == IG_DGRAD) {
-        if (P.cnt) { /* split-K folded here: the last split of the tile to arrive folds */
-            /* Arrival ("last block folds", as the BatchNorm reductions of
-             * nn_norm.cuh; the release/acquire pattern of CUTLASS's
-             * GenericBarrier arrive_inc / wait_eq, in the terms of the PTX
-             * memory model).  Writer side: every thread has stored its share
-             * of this split's partial (epilogue); the barrier orders all those
-             * stores before thread 0's __threadfence() (fence.sc.gpu, which is
-             * cumulative: it covers the writes of the other threads that the
-             * barrier ordered before it), and the fence orders them before
-             * thread 0's atomicAdd on the tile's counter: a release.  Reader
-             * side: the thread 0 whose atomicAdd returns splits-1 has read the
-             * counter after every other split's release, so its
-             * __threadfence() after the atomic (an acquire) makes every
-             * partial stored before those releases visible to it, and the
-             * barrier that follows extends that to the loads of all its
-             * threads; they load with __ldcg (served by L2, never by a line
-             * this SM's L1 may hold).  The counter only picks WHICH block
-             * folds; fold_tile adds the splits in index order.  The last block
-             * sets the counter back to 0: every block of the tile has
-             * arrived, so nothing else touches it in this launch, and the next
-             * kernel that uses the counters (queued behind this one on the
-             * stream, or the next graph replay) passes its griddepcontrol.wait
-             * only after this grid completed and its memory is flushed. */
-            __shared__ int last;
-            __syncthreads();
-            if (t == 0) {
-                unsigned int *cnt = P.cnt + blockIdx.y * gridDim.x + blockIdx.x;
-                __threadfence();
-                const unsigned int prev = atomicAdd(cnt, 1u);
-                last = prev == gridDim.z - 1;
-                if (last) {
-                    *cnt = 0u;
-                    __threadfence();
-                }
-            }
-            __syncthreads();
-            if (last) fold_tile<T, MODE>(P, m0, n0, blockIdx.z, gridDim.z, t, sC);
-        }
-    }
 }
 
 /* dw[i] = beta*dw[i] + sum over splits s = 0, 1, ... of part[s][i] */
@@ -272,8 +226,7 @@ __global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *
 /* Split-K forward / backward-data: out[i] = round(sum over splits s = 0, 1,
  * ... of part[s][i] (+ bias[c] | beta*out[i])), c = (i / plane) % M: the
  * same operations, in the same order, as the unsplit epilogue after the
- * f32 sum.  The reference route of the in-kernel fold (fold_tile, which
- * must stay operation for operation equal to this loop). */
+ * f32 sum. */
 template <typename T>
 __global__ void igemm_reduce_out(const float *__restrict__ part, T *out, int n, int splits,
                                  const float *__restrict__ bias, int plane, int M, float beta) {
@@ -306,8 +259,6 @@ static IgP params_of(const lucid_igemm_geom *g) {
     P.part_n = 0;
     P.ct = 0;
     P.lc = 0;
-    P.cnt = NULL;
-    P.fold_out = NULL;
     return P;
 }
 
@@ -571,84 +522,36 @@ static void reduce_out(const IgLaunch &L, void *out, const float *bias, float be
                  L.splits, bias, plane, L.P.M, beta);
 }
 
-/* igemm_reduce_out launches queued by this thread (test hook
- * lucid_conv_igemm_reduce_count; nothing here reads it). */
-static thread_local unsigned long g_reduce_launches;
-
-/* A forward / backward-data plan launched: unsplit (one kernel); split with
- * counters (one kernel, the last split of each tile folds: fold_tile); split
- * without (the kernel writes the partials, igemm_reduce_out folds them).
- * The two split routes give the same bits. */
 static cudaError_t launch_fd(lucid_dtype dt, IgLaunch L, void *out, const float *bias,
-                             float beta, void *scratch, unsigned int *counters,
-                             cudaStream_t s) {
+                             float beta, void *scratch, cudaStream_t s) {
     if (L.P.direct) return launch_plan(dt, L, s);
     if (!scratch) return cudaErrorInvalidValue;
     L.P.out = scratch;
-    if (counters) {
-        L.P.cnt = counters;
-        L.P.fold_out = out;
-        return launch_plan(dt, L, s);
-    }
     cudaError_t e = launch_plan(dt, L, s);
     if (e != cudaSuccess) return e;
     if (dt == LUCID_BF16) reduce_out<__nv_bfloat16>(L, out, bias, beta, s);
     else reduce_out<__half>(L, out, bias, beta, s);
-    g_reduce_launches++;
     return cudaGetLastError();
 }
 
-int lucid_conv_igemm_kfold_switch(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LUCID_IGEMM_KFOLD");
-        v = e && e[0] == '0' && e[1] == '\0' ? 0 : 1;
-    }
-    return v;
-}
-
-/* The plan of a forward (0) or backward-data (1) pass, pointers NULL: its
- * geometry is all that the split depends on. */
-static IgLaunch plan_pass(const lucid_igemm_geom *g, int pass) {
-    return pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
-                     : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
-}
-
-int lucid_conv_igemm_fold_counters(const lucid_igemm_geom *g, int pass) {
-    if (pass != 0 && pass != 1) return 0;
-    IgLaunch L = plan_pass(g, pass);
-    return L.P.direct ? 0 : (int)(L.grid.x * L.grid.y);
-}
-
-extern "C" int lucid_conv_igemm_split_count(const int geom[15], int pass) {
-    lucid_igemm_geom g = {geom[0], geom[1], geom[2],  geom[3],  geom[4],
-                          geom[5], geom[6], geom[7],  geom[8],  geom[9],
-                          geom[10], geom[11], geom[12], geom[13], geom[14]};
-    if ((pass != 0 && pass != 1) || !lucid_conv_igemm_fits(&g)) return 0;
-    return plan_pass(&g, pass).splits;
-}
-
-extern "C" unsigned long lucid_conv_igemm_reduce_count(void) { return g_reduce_launches; }
-
 size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass) {
     if (pass == 2) return lucid_conv_igemm_wgrad_scratch(g);
-    IgLaunch L = plan_pass(g, pass);
+    IgLaunch L = pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
+                           : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
     return L.P.direct ? 0 : (size_t)L.splits * L.P.part_n * sizeof(float);
 }
 
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
                                      const float *b, void *y, void *scratch,
-                                     unsigned int *counters, const lucid_igemm_geom *g,
-                                     cudaStream_t stream) {
-    return launch_fd(dt, plan_forward(g, x, w, b, y), y, b, 0.0f, scratch, counters, stream);
+                                     const lucid_igemm_geom *g, cudaStream_t stream) {
+    return launch_fd(dt, plan_forward(g, x, w, b, y), y, b, 0.0f, scratch, stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
                                            void *dx, float beta, void *scratch,
-                                           unsigned int *counters, const lucid_igemm_geom *g,
-                                           cudaStream_t stream) {
+                                           const lucid_igemm_geom *g, cudaStream_t stream) {
     return launch_fd(dt, plan_backward_data(g, dy, w, dx, beta), dx, NULL, beta, scratch,
-                     counters, stream);
+                     stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,

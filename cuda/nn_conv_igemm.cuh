@@ -10,12 +10,10 @@
  * (CUDA-graph capturable) and returns cudaGetLastError() after its launches
  * (cudaErrorInvalidValue for a dtype other than bf16/f16).  Results are
  * bitwise identical run to run: every reduction has a fixed order (tensor-core
- * accumulation in k order within a tile, split-K partials folded in an order
- * fixed by the split count: sequentially, or for more than 16 splits of the
- * filter gradient by 32 lanes and a fixed shuffle tree).  The partials of a
- * split forward / backward-data are folded either inside the conv kernel, by
- * the last split of each output tile to arrive (given arrival counters), or
- * by a second kernel: the same operations in the same order, the same bits.
+ * accumulation in k order within a tile, split-K partials folded by a
+ * separate kernel in an order fixed by the split count: sequentially, or
+ * for more than 16 splits of the filter gradient by 32 lanes and a fixed
+ * shuffle tree).
  */
 #ifndef LUCID_CUDA_NN_CONV_IGEMM_CUH
 #define LUCID_CUDA_NN_CONV_IGEMM_CUH
@@ -47,58 +45,24 @@ size_t lucid_conv_igemm_wgrad_scratch(const lucid_igemm_geom *g);
  * which does not change it); reserve it before capturing. */
 size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass);
 
-/* Arrival counters a split forward (pass 0) or backward-data (pass 1) needs
- * to fold its partials inside the conv kernel: one per output tile (the
- * grid's x*y, under 132 whenever the pass is split), 0 when the pass is not
- * split (or pass is 2: the filter gradient keeps its fold kernels).  A
- * function of the geometry only. */
-int lucid_conv_igemm_fold_counters(const lucid_igemm_geom *g, int pass);
-
-/* LUCID_IGEMM_KFOLD, read once per process: 0 when it is "0" (split
- * forward / backward-data passes fold in a second kernel, igemm_reduce_out:
- * the reference route), else 1 (the in-kernel fold, when the caller has
- * counters).  The callers decide (cuda/nn_conv.cu, per context overridable
- * by lucid_cuda_nn_set_igemm_kfold); the functions below just follow the
- * counters argument. */
-int lucid_conv_igemm_kfold_switch(void);
-
 /* y = conv(x, w) + b (b may be NULL), one rounding of the f32 sum to dt.
  * scratch: lucid_conv_igemm_scratch(g, 0) bytes (may be NULL when 0): a
- * grid too small for the GPU is split along K into f32 partials, folded in
- * split order (v = p0 + p1 + ... + p[S-1], then + b, one rounding).
- * counters: NULL, or lucid_conv_igemm_fold_counters(g, 0) unsigned ints of
- * device memory that are zero (and left zero: the kernel resets each one
- * it counts up) and used by no other grid while this one runs (one array
- * per stream); with counters the last split of each output tile to arrive
- * folds that tile inside the conv kernel (no second launch), without them
- * igemm_reduce_out does; both give the same bits.  Ignored when the pass is
- * not split. */
+ * grid too small for the GPU is split along K, its partials folded in split
+ * order by a second kernel. */
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
                                      const float *b, void *y, void *scratch,
-                                     unsigned int *counters, const lucid_igemm_geom *g,
-                                     cudaStream_t stream);
+                                     const lucid_igemm_geom *g, cudaStream_t stream);
 
 /* dx = beta*dx + conv_transpose(dy, w); beta == 0 never reads dx.
- * scratch: lucid_conv_igemm_scratch(g, 1) bytes (may be NULL when 0);
- * counters: as for the forward, lucid_conv_igemm_fold_counters(g, 1) of
- * them (the fold then computes fmaf(beta, dx, sum) as igemm_reduce_out). */
+ * scratch: lucid_conv_igemm_scratch(g, 1) bytes (may be NULL when 0). */
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
                                            void *dx, float beta, void *scratch,
-                                           unsigned int *counters, const lucid_igemm_geom *g,
-                                           cudaStream_t stream);
+                                           const lucid_igemm_geom *g, cudaStream_t stream);
 
 /* dw = beta*dw + sum over (n, ho, wo) of dy * x-patch (f32); scratch holds
  * lucid_conv_igemm_wgrad_scratch(g) bytes (may be NULL when that is 0). */
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,
                                              float *dw, float beta, void *scratch,
                                              const lucid_igemm_geom *g, cudaStream_t stream);
-
-/* Test hooks (C linkage, for spec/c programs): the split count of a forward
- * (pass 0) or backward-data (pass 1) pass of the geometry given as its 15
- * ints in lucid_igemm_geom's order (1: not split; 0: pass or geometry out
- * of range), and the igemm_reduce_out launches queued by the calling thread
- * so far (the two-kernel fold route; any stream, eager or captured). */
-extern "C" int lucid_conv_igemm_split_count(const int geom[15], int pass);
-extern "C" unsigned long lucid_conv_igemm_reduce_count(void);
 
 #endif

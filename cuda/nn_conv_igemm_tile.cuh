@@ -45,13 +45,6 @@ struct IgP {
     int ct;             /* tap-major 3x3 (KT3): channel tiles per kernel tap; 0 otherwise */
     int lc;             /* KT3: log2 of the channels per slot (fwd/dgrad 2..5 of a k tile,
                            wgrad 2..6 of a column tile); stride phases: 5 */
-    /* fwd/dgrad split-K folded inside the kernel (fold_tile): the arrival
-     * counters, one per output tile (blockIdx.y*gridDim.x + blockIdx.x),
-     * zero between launches, and the output y / dx (T) that the last split
-     * of a tile to arrive writes; both NULL on every other route (direct,
-     * or partials folded by igemm_reduce_out) */
-    unsigned int *cnt;
-    void *fold_out;
 };
 
 /* Backward-data of a strided convolution, one launch per stride phase
@@ -70,11 +63,9 @@ struct Phase {
 #ifdef __CUDA_ARCH__
 #define UNROLL _Pragma("unroll")
 #define LDG16(p) __ldg((const uint4 *)(p))
-#define LDCG(p) __ldcg(p) /* a load served by L2, never by this SM's L1 */
 #else
 #define UNROLL
 #define LDG16(p) (*(const uint4 *)(p))
-#define LDCG(p) (*(p))
 #endif
 
 /* v, opaque to the optimiser (no instruction): a value fixed for the whole
@@ -781,63 +772,6 @@ HD void epilogue(const IgP &P, const Phase &f, int m0, int n0, int z, int t, con
             v = fmaf(P.beta, to_f<T>(out[o]), v);
         }
         out[o] = to_t<T>(v);
-    }
-}
-
-
-/* Rows of the output tile a thread folds at once in fold_tile: independent
- * load chains in flight per thread (each row's own sum stays in split order). */
-#define FOLD_ROWS 8
-
-/* Split-K forward / backward-data folded inside the conv kernel: run by the
- * block of output tile (m0, n0) that arrived last (split z, grid slice
- * blockIdx.z), once the `splits` partials of the tile are in P.out (f32,
- * split s at s*part_n, in output order: epilogue's !direct branch).  Thread
- * t takes the elements it stored there itself: column c = t % BN, rows
- * t/BN + i*(NT/BN).  Per element, exactly igemm_reduce_out's operations:
- *   v = part[0]; v += part[1]; ... v += part[splits-1];   (split order)
- *   fwd: v += bias[m] (bias may be NULL); dgrad: v = fmaf(beta, out, v)
- *   when beta != 0; out = one rounding of v to T (P.fold_out).
- * So the result is bitwise that of the two-kernel route, whichever split
- * arrives last.  The block's own partial is taken from sC (the f32 tile it
- * stored, the same bits) instead of a reload; the other splits' partials
- * are read with LDCG (__ldcg: L2, never a stale L1 line; see the arrival
- * protocol in igemm_nchw).  Host-callable (emulation). */
-template <typename T, int MODE>
-HD void fold_tile(const IgP &P, int m0, int n0, int z, int splits, int t, const float *sC) {
-    const int c = t % BN, gn = n0 + c;
-    if (gn >= P.Nc) return;
-    const size_t plane = MODE == IG_FWD ? (size_t)P.Ho * P.Wo : (size_t)P.H * P.W;
-    const int im = (int)(gn / plane);
-    const size_t base = (size_t)im * P.M * plane + (gn - (size_t)im * plane);
-    const float *part = (const float *)P.out;
-    const size_t pn = (size_t)P.part_n;
-    T *out = (T *)P.fold_out;
-    for (int r0 = t / BN; r0 < BM && m0 + r0 < P.M; r0 += FOLD_ROWS * (NT / BN)) {
-        float v[FOLD_ROWS] = {}; /* each set from split 0's x (no 0 + x) */
-        for (int s = 0; s < splits; s++) {
-            UNROLL
-            for (int j = 0; j < FOLD_ROWS; j++) {
-                const int r = r0 + j * (NT / BN);
-                if (r >= BM || m0 + r >= P.M) continue;
-                const float x = s == z ? sC[r * LDC + c]
-                                       : LDCG(part + (size_t)s * pn + base + (size_t)(m0 + r) * plane);
-                v[j] = s == 0 ? x : v[j] + x;
-            }
-        }
-        UNROLL
-        for (int j = 0; j < FOLD_ROWS; j++) {
-            const int r = r0 + j * (NT / BN), gm = m0 + r;
-            if (r >= BM || gm >= P.M) continue;
-            const size_t o = base + (size_t)gm * plane;
-            float x = v[j];
-            if (MODE == IG_FWD) {
-                if (P.bias) x += P.bias[gm];
-            } else if (P.beta != 0.0f) {
-                x = fmaf(P.beta, to_f<T>(out[o]), x);
-            }
-            out[o] = to_t<T>(x);
-        }
     }
 }
 

@@ -105,7 +105,6 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv_mode = 0;
     ns->conv1x1 = 0;
     ns->wcast = 0;
-    ns->igemm_kfold = 0;
     ns->conv_small = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
@@ -171,10 +170,6 @@ static int set_route(lucid_ctx *ctx, int lucid_cuda_nn_state::*field, int route)
 
 extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
     return set_route(ctx, &lucid_cuda_nn_state::conv1x1, route);
-}
-
-extern "C" int lucid_cuda_nn_set_igemm_kfold(lucid_ctx *ctx, int route) {
-    return set_route(ctx, &lucid_cuda_nn_state::igemm_kfold, route);
 }
 
 extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {

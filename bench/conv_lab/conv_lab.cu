@@ -853,15 +853,12 @@ struct Res {
     char why[320] = "";
 };
 
-#define KCNT_N 1024 /* fold counters (a split pass has under 132 output tiles) */
 struct Glob {
     cudaStream_t stream;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     cublasHandle_t blas_eng; /* set up as cuda/backend.cu's (lucid route, 1x1 GEMMs) */
     void *ws;  /* cuDNN workspace, WS_CAP bytes */
-    unsigned int *kcnt; /* lucid route: the split-K fold's arrival counters (zeroed once; the
-                           kernels leave them zero), NULL under LUCID_IGEMM_KFOLD=0 */
     int sms;
     int iters;
     bool on[NV];    /* routes= selection */
@@ -1338,8 +1335,7 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
     return true;
 }
 
-/* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0; the split-K fold in the conv kernel
- * unless LUCID_IGEMM_KFOLD=0); false with why */
+/* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0); false with why */
 static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, char *why, size_t nwhy) {
     void *scratch = lp.scratch ? (void *)b.part : NULL;
     if (lp.gemm) {
@@ -1359,13 +1355,12 @@ static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, cha
     }
     if (lp.dense) {
         cudaError_t e;
-        unsigned int *cnt = pass < 2 && lucid_conv_igemm_fold_counters(&lp.ig, pass) <= KCNT_N ? G.kcnt : NULL;
         if (pass == 0)
-            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch, cnt,
-                                         &lp.ig, G.stream);
+            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch, &lp.ig,
+                                         G.stream);
         else if (pass == 1)
             e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, scratch,
-                                               cnt, &lp.ig, G.stream);
+                                               &lp.ig, G.stream);
         else
             e = lucid_conv_igemm_backward_filter(LUCID_BF16, b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f,
                                                  scratch, &lp.ig, G.stream);
@@ -1756,11 +1751,6 @@ int main(int argc, char **argv) {
         }
     }
     CK(cudaMalloc(&G.ws, WS_CAP));
-    G.kcnt = NULL;
-    if (lucid_conv_igemm_kfold_switch()) { /* as cuda/nn_conv.cu: the nn state's counters */
-        CK(cudaMalloc((void **)&G.kcnt, KCNT_N * sizeof(unsigned int)));
-        CK(cudaMemset(G.kcnt, 0, KCNT_N * sizeof(unsigned int)));
-    }
     for (int i = 0; i <= G.iters; i++) CK(cudaEventCreate(&EV[i]));
     printf("conv_lab: %s, %d SMs, cuDNN %zu, cuBLAS %d, %zu shapes from %s, median of %d; routes:", prop.name,
            G.sms, cudnnGetVersion(), CUBLAS_VERSION, shapes.size(), path, G.iters);
