@@ -413,10 +413,11 @@ static lucid_conv_small_geom small_geom_of(const conv_geom &g) {
  * ROUTE_CUDNN or ROUTE_DIRECT).
  * Small-channel 3x3 convs (lucid_conv_small_eligible, bf16/f16) take
  * ROUTE_SMALL for the forward and backward-data passes in mode 0, before
- * anything else, unless the per-context switch (lucid_cuda_nn_set_conv_small:
- * 1 off, 2 on) or, when that is 0, LUCID_CONV_SMALL (read once per process;
- * "0" off, unset or "1" on, another value ERR_ARG here) turns it off; it
- * needs no scratch.
+ * anything else: with the per-context switch at 0 (lucid_cuda_nn_set_conv_small)
+ * those that lucid_conv_small_preferred accepts, unless LUCID_CONV_SMALL=0
+ * (read once per process; unset or "1" on, another value ERR_ARG here);
+ * with the per-context switch at 2 every eligible one, at 1 none.  It needs
+ * no scratch.
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
  * 1x1 switch says gemm: lucid_cuda_nn_set_conv1x1, else LUCID_CONV1X1, read
@@ -447,7 +448,7 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
                 if (sw < 0)
                     return lucid_seterr(ctx, LUCID_ERR_ARG,
                                         "%s: LUCID_CONV_SMALL=\"%s\" (expected 0 or 1)", op, v);
-                on = sw == 1;
+                on = sw == 1 && lucid_conv_small_preferred(&sg);
             }
             if (on) {
                 *route = ROUTE_SMALL;

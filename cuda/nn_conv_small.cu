@@ -552,6 +552,10 @@ extern "C" int lucid_conv_small_switch(const char **value) {
     return e.route;
 }
 
+extern "C" int lucid_conv_small_preferred(const lucid_conv_small_geom *g) {
+    return g->Cin * g->Cout <= LUCID_CONV_SMALL_PREFER_CC;
+}
+
 extern "C" int lucid_conv_small_eligible(const lucid_conv_small_geom *g, lucid_dtype dt) {
     if (!g) return 0;
     if (dt != LUCID_BF16 && dt != LUCID_F16) return 0;

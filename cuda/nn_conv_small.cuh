@@ -72,6 +72,18 @@ extern "C" {
  * counts fill a tile. */
 #define LUCID_CONV_SMALL_MAX_CC 512
 
+/* Largest Cin * Cout that the default switch sends to this route
+ * (lucid_conv_small_preferred).  Measured on the H200 (Nsight Compute,
+ * one forward+backward of YOLO11n-pose at batch 4, 640, bf16, each kernel
+ * alone, seventh session): against the implicit GEMM the direct kernels
+ * win for 3->16 (layer 0, 51.1 -> 31.0 us) and the 160x160 bottlenecks
+ * 16->8 / 8->16 (forward 51.3 -> 20.6 and 32.6 -> 17.5 us, backward-data
+ * 61.4 -> 20.6 and 38.2 -> 17.1 us), and lose for the products of 512:
+ * 16->32 stride 2 (forward 54.5 -> 60.1 us) and the 80x80 bottlenecks
+ * 32->16 / 16->32 (15.9 -> 37.9, 17.5 -> 23.1 us forward, similar
+ * backward), where the tensor cores' tile is full enough. */
+#define LUCID_CONV_SMALL_PREFER_CC 256
+
 /* Geometry of one convolution (the conv's own view: x [N,Cin,H,W],
  * w [Cout,Cin,kh,kw], y [N,Cout,Ho,Wo]; stride, zero padding, dilation,
  * groups as in lucid_conv2d_params). */
@@ -93,6 +105,10 @@ typedef struct lucid_conv_small_geom {
  * tensor (x, y) under 2^31 elements (32-bit indices).  Any plane size, any
  * N. */
 int lucid_conv_small_eligible(const lucid_conv_small_geom *g, lucid_dtype dt);
+
+/* 1 when an eligible conv is one the default switch routes here:
+ * Cin * Cout <= LUCID_CONV_SMALL_PREFER_CC.  Host-only, pure. */
+int lucid_conv_small_preferred(const lucid_conv_small_geom *g);
 
 /* The process switch LUCID_CONV_SMALL, read once (the first call):
  * unset, "" or "1": 1 (the route is on); "0": 0 (eligible convs keep the

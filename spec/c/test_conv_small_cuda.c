@@ -159,6 +159,22 @@ static void test_host(void) {
     REFUSE("plane over 2^31 elements", (g = geom(1, 1, 46341, 46341, 1, 3, 1, 1, 1, 1)));
 #undef REFUSE
 
+    /* the default switch's preference (LUCID_CONV_SMALL_PREFER_CC = 256):
+     * the YOLO11n-pose shapes measured faster here, not the products of 512 */
+    struct { const char *tag; int cin, cout, s, want; } pref[] = {
+        {"3->16 s2 (layer 0)", 3, 16, 2, 1}, {"16->8 (160x160 bottleneck)", 16, 8, 1, 1},
+        {"8->16", 8, 16, 1, 1}, {"16->16 (= 256)", 16, 16, 1, 1},
+        {"16->32 s2 (layer 1, 512)", 16, 32, 2, 0}, {"32->16 (80x80 bottleneck, 512)", 32, 16, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof pref / sizeof pref[0]; i++) {
+        lucid_conv_small_geom pg = geom(4, pref[i].cin, 64, 64, pref[i].cout, 3, pref[i].s, 1, 1, 1);
+        CHECK(NAME("conv_small preferred: %s", pref[i].tag),
+              lucid_conv_small_eligible(&pg, LUCID_BF16) &&
+                  lucid_conv_small_preferred(&pg) == pref[i].want,
+              "eligible %d preferred %d", lucid_conv_small_eligible(&pg, LUCID_BF16),
+              lucid_conv_small_preferred(&pg));
+    }
+
     const char *v = NULL;
     int sw = lucid_conv_small_switch(&v);
     const char *env = getenv("LUCID_CONV_SMALL");
