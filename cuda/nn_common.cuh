@@ -112,9 +112,6 @@ typedef struct lucid_cuda_nn_state {
     int bn_cluster;                 /* BatchNorm cluster route: 0 LUCID_BN_CLUSTER, 1 off,
                                        2..16 at most that many blocks per cluster
                                        (lucid_cuda_nn_set_bn_cluster, nn_norm.cuh) */
-    int igemm_cluster;              /* split-K fold of the implicit-GEMM fwd/dgrad: 0
-                                       LUCID_IGEMM_CLUSTER, 1 off (second kernel), 2 on
-                                       (cluster; lucid_cuda_nn_set_igemm_cluster) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -192,15 +189,6 @@ int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
  * blocks per cluster (other values read as 0).  Returns the previous
  * setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
-/* Split-K fold route of ctx's implicit-GEMM forward / backward-data passes
- * (nn_conv_igemm.cuh), for tests, overriding the process switch
- * LUCID_IGEMM_CLUSTER: 0 follow LUCID_IGEMM_CLUSTER (the default), 1 off
- * (the kernel writes f32 partials to the arena, a second kernel folds them),
- * 2 on (folded inside the conv kernel across a thread-block cluster, where
- * lucid_conv_igemm_cluster_route says it can run; else the second kernel);
- * other values read as 0.  Both routes give the same bits.  Returns the
- * previous setting (-1 when ctx has no CUDA state). */
-int lucid_cuda_nn_set_igemm_cluster(lucid_ctx *ctx, int route);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/

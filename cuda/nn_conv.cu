@@ -409,13 +409,6 @@ static lucid_conv_small_geom small_geom_of(const conv_geom &g) {
                                  g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, (int)g.G};
 }
 
-/* The split-K fold route of the implicit-GEMM forward / backward-data
- * (nn_conv_igemm.cuh's `cluster` argument): the context's
- * lucid_cuda_nn_set_igemm_cluster, else LUCID_IGEMM_CLUSTER. */
-static int igemm_cluster_on(const lucid_cuda_nn_state *ns) {
-    return ns->igemm_cluster ? ns->igemm_cluster == 2 : lucid_conv_igemm_cluster_switch();
-}
-
 /* Route of a pass (*route: ROUTE_SMALL, ROUTE_GEMM, ROUTE_IGEMM, ROUTE_DW,
  * ROUTE_CUDNN or ROUTE_DIRECT).
  * Small-channel 3x3 convs (lucid_conv_small_eligible, bf16/f16) take
@@ -438,10 +431,7 @@ static int igemm_cluster_on(const lucid_cuda_nn_state *ns) {
  * here (the arena grows here, named `op`, and never during capture; the
  * GEMM forward with a bias reserves its f32 output on top, in the
  * forward).  *ws: the arena (cuDNN, the split-K partials of the
- * implicit-GEMM passes on the two-kernel route: none where the split
- * forward / backward-data folds across a thread-block cluster,
- * igemm_cluster_on and lucid_conv_igemm_cluster_route; the GEMM route's
- * weight cast and partials). */
+ * implicit-GEMM passes, the GEMM route's weight cast and partials). */
 static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
                                lucid_cuda_conv_plan *pl, int pass, const char *op,
                                int *route, void **ws) {
@@ -486,10 +476,6 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
     if (ns->conv_mode == 0 && pl->igemm) {
         *route = ROUTE_IGEMM;
         size_t need = lucid_conv_igemm_scratch(&pl->ig, pass);
-        /* a split fwd / dgrad folded across a cluster needs no partials */
-        if (need && pass != PASS_BWD_FILTER && igemm_cluster_on(ns) &&
-            lucid_conv_igemm_cluster_route(pl->dt, &pl->ig, pass))
-            need = 0;
         if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
         return LUCID_OK;
     }
@@ -849,8 +835,7 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
                                                  (const float *)lucid_tensor_data(w), bp,
-                                                 lucid_tensor_data(y), ws, igemm_cluster_on(ns),
-                                                 &pl->ig, st->stream));
+                                                 lucid_tensor_data(y), ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_SMALL) {
@@ -939,8 +924,7 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
-                            lucid_tensor_data(dx), (float)beta, ws, igemm_cluster_on(ns),
-                            &pl->ig, st->stream));
+                            lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_SMALL) {

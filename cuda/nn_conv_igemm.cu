@@ -43,16 +43,7 @@
  * decomposition divides by constants.  3x3 passes with enough channels run
  * tap-major (KT3, nn_conv_igemm_tile.cuh): one tap per k tile, so the
  * gather's bounds test is made once per tile.  Grids smaller than the GPU
- * are split along K (split-K).  The f32 partials of a split forward /
- * backward-data are folded inside the conv kernel across a thread-block
- * cluster of the tile's S split blocks (sm_90: each block keeps its partial
- * tile in shared memory and block rank r folds rows r, r+S, ... reading the
- * others' tiles through distributed shared memory: cluster_fold, no scratch,
- * no second launch), or, under LUCID_IGEMM_CLUSTER=0 or where the cluster
- * cannot be scheduled, written to scratch and folded by a second kernel
- * (igemm_reduce_out): the same operations in the same order, the same bits.
- * The filter gradient's partials (up to 1024 splits, on a side lane) always
- * fold in a second kernel.
+ * are split along K (split-K), the f32 partials folded by a second kernel.
  * The tile code (parameters, loaders, epilogue) is in
  * nn_conv_igemm_tile.cuh; this file holds the kernels and the planning.
  */
@@ -60,14 +51,10 @@
 #include "nn_conv_igemm_tile.cuh"
 #include "launch.cuh"
 
-#include <cooperative_groups.h>
 #include <mma.h>
 #include <stdlib.h>
 
-#include <atomic>
-
 namespace wm = nvcuda::wmma;
-namespace cg = cooperative_groups;
 
 /* Shared memory of a block: the A and B tiles during the k loop, then the f32
  * output tile (the loop's last __syncthreads ends every read of A and B, so
@@ -132,19 +119,6 @@ __device__ __forceinline__ void ig_ld_b(ig_fbc_bf16 &f, const __nv_bfloat16 *p, 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
 }
-#endif
-
-/* cluster_fold's view of the cluster: split s's f32 tile is the sC of
- * block rank s (distributed shared memory; mapa + a shared::cluster load).
- * Clusters exist from sm_90 (an ARCH=sm_80 build compiles, and the host
- * never launches a cluster there). */
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-struct IgClusterTiles {
-    const float *sC;
-    __device__ __forceinline__ const float *operator()(int s) const {
-        return cg::this_cluster().map_shared_rank(sC, (unsigned)s);
-    }
-};
 #endif
 
 template <typename T, int MODE, int KS>
@@ -215,20 +189,6 @@ __global__ void IG_BOUNDS igemm_nchw(IgP P) {
                                   wm::mem_row_major);
     __syncthreads();
 
-    if ((MODE == IG_FWD || MODE == IG_DGRAD) && P.cl > 1) {
-        /* split-K folded across the cluster (cluster_fold): every block of
-         * the cluster reaches both barriers (no early exit above for these
-         * modes); the second keeps each tile alive until all have read it */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();
-        cluster_fold<T, MODE>(P, m0, n0, (int)blockIdx.z, t, IgClusterTiles{sC});
-        cluster.sync();
-#else
-        __trap(); /* the host launches clusters only on sm_90+ devices */
-#endif
-        return;
-    }
     epilogue<T, MODE>(P, f, m0, n0, blockIdx.z, t, sC);
 }
 
@@ -266,8 +226,7 @@ __global__ void igemm_reduce_splits_warp(const float *__restrict__ part, float *
 /* Split-K forward / backward-data: out[i] = round(sum over splits s = 0, 1,
  * ... of part[s][i] (+ bias[c] | beta*out[i])), c = (i / plane) % M: the
  * same operations, in the same order, as the unsplit epilogue after the
- * f32 sum.  The reference of the cluster fold (cluster_fold, which must
- * stay operation for operation equal to this loop). */
+ * f32 sum. */
 template <typename T>
 __global__ void igemm_reduce_out(const float *__restrict__ part, T *out, int n, int splits,
                                  const float *__restrict__ bias, int plane, int M, float beta) {
@@ -300,7 +259,6 @@ static IgP params_of(const lucid_igemm_geom *g) {
     P.part_n = 0;
     P.ct = 0;
     P.lc = 0;
-    P.cl = 0;
     return P;
 }
 
@@ -341,39 +299,16 @@ static int tap_min_cw(void) {
 }
 static bool is3x3(const lucid_igemm_geom *g) { return g->kh == 3 && g->kw == 3; }
 
-/* P.cl > 1: a cluster launch, cluster dims (1, 1, P.cl) (grid.z == P.cl) */
-template <typename T, int MODE, int KS>
-static void launch_k(const IgP &P, dim3 grid, cudaStream_t s) {
-    if (P.cl > 1)
-        lucid_launch_cluster(igemm_nchw<T, MODE, KS>, grid, NT, 0, s, dim3(1, 1, P.cl), P);
-    else
-        lucid_launch(igemm_nchw<T, MODE, KS>, grid, NT, 0, s, P);
-}
-
 template <typename T, int MODE>
 static void launch(const IgP &P, int ks, dim3 grid, cudaStream_t s) {
     switch (ks) {
-    case KV1: launch_k<T, MODE, KV1>(P, grid, s); break;
-    case 1: launch_k<T, MODE, 1>(P, grid, s); break;
-    case 3: launch_k<T, MODE, 3>(P, grid, s); break;
-    case KT3: launch_k<T, MODE, KT3>(P, grid, s); break;
-    default: launch_k<T, MODE, 0>(P, grid, s); break;
+    case KV1: lucid_launch(igemm_nchw<T, MODE, KV1>, grid, NT, 0, s, P); break;
+    case 1: lucid_launch(igemm_nchw<T, MODE, 1>, grid, NT, 0, s, P); break;
+    case 3: lucid_launch(igemm_nchw<T, MODE, 3>, grid, NT, 0, s, P); break;
+    case KT3: lucid_launch(igemm_nchw<T, MODE, KT3>, grid, NT, 0, s, P); break;
+    default: lucid_launch(igemm_nchw<T, MODE, 0>, grid, NT, 0, s, P); break;
     }
 }
-
-/* The kernel of (T, MODE, ks) as a function pointer (attribute and
- * occupancy queries) and its index among the variants (0 .. 4). */
-template <typename T, int MODE>
-static const void *kernel_of(int ks) {
-    switch (ks) {
-    case KV1: return (const void *)igemm_nchw<T, MODE, KV1>;
-    case 1: return (const void *)igemm_nchw<T, MODE, 1>;
-    case 3: return (const void *)igemm_nchw<T, MODE, 3>;
-    case KT3: return (const void *)igemm_nchw<T, MODE, KT3>;
-    default: return (const void *)igemm_nchw<T, MODE, 0>;
-    }
-}
-static int ks_index(int ks) { return ks == KV1 ? 0 : ks == 1 ? 1 : ks == 3 ? 2 : ks == KT3 ? 3 : 4; }
 
 template <int MODE>
 static cudaError_t launch_dt(lucid_dtype dt, const IgP &P, int ks, dim3 grid, cudaStream_t s) {
@@ -587,149 +522,36 @@ static void reduce_out(const IgLaunch &L, void *out, const float *bias, float be
                  L.splits, bias, plane, L.P.M, beta);
 }
 
-/* Launches queued by this thread (test hooks lucid_conv_igemm_reduce_count
- * and lucid_conv_igemm_cluster_count; nothing here reads them). */
-static thread_local unsigned long g_reduce_launches, g_cluster_launches;
-
-/* 1 when a cluster of S blocks of the kernel of (dt, mode, ks) can be
- * scheduled on the current device: compute capability 9.0 or newer, the
- * non-portable cluster size allowed (S > 8: cudaFuncSetAttribute, once per
- * kernel and device) and cudaOccupancyMaxActiveClusters >= 1.  Queried once
- * per (device, kernel, S) and remembered (a race computes the same answer
- * twice); nothing is allocated or queued, so it may run while a stream is
- * being captured.  A failed query answers 0 and clears its error. */
-#define IG_CL_DEVS 16
-static int cluster_fits(lucid_dtype dt, int mode, int ks, int S) {
-    static std::atomic<signed char> known[IG_CL_DEVS][2][4][5][17];
-    if (S < 2 || S > 16 || (dt != LUCID_BF16 && dt != LUCID_F16)) return 0;
-    if (mode != IG_FWD && mode != IG_DGRAD) return 0;
-    int dev = -1;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    if (dev < 0 || dev >= IG_CL_DEVS) return 0;
-    std::atomic<signed char> &k = known[dev][dt == LUCID_F16][mode][ks_index(ks)][S];
-    signed char v = k.load(std::memory_order_relaxed);
-    if (v) return v > 0;
-    const void *fn = dt == LUCID_BF16 ? (mode == IG_FWD ? kernel_of<__nv_bfloat16, IG_FWD>(ks)
-                                                       : kernel_of<__nv_bfloat16, IG_DGRAD>(ks))
-                                      : (mode == IG_FWD ? kernel_of<__half, IG_FWD>(ks)
-                                                        : kernel_of<__half, IG_DGRAD>(ks));
-    int major = 0, n = 0;
-    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                  cudaSuccess && major >= 9;
-    if (ok && S > 8)
-        ok = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-             cudaSuccess;
-    if (ok) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, 1, (unsigned)S);
-        cfg.blockDim = dim3(NT, 1, 1);
-        cudaLaunchAttribute a[1];
-        a[0].id = cudaLaunchAttributeClusterDimension;
-        a[0].val.clusterDim.x = 1;
-        a[0].val.clusterDim.y = 1;
-        a[0].val.clusterDim.z = (unsigned)S;
-        cfg.attrs = a;
-        cfg.numAttrs = 1;
-        ok = cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n >= 1;
-    }
-    if (!ok) (void)cudaGetLastError();
-    k.store(ok ? 1 : -1, std::memory_order_relaxed);
-    return ok;
-}
-
-/* A split forward / backward-data plan goes the cluster route: 2..16
- * splits, the grid's z exactly the split count (so the cluster (1, 1, S)
- * divides the grid and a cluster is one output tile's splits), and the
- * cluster fits (cluster_fits). */
-static bool cluster_plan(lucid_dtype dt, const IgLaunch &L) {
-    return !L.P.direct && (L.mode == IG_FWD || L.mode == IG_DGRAD) && L.splits >= 2 &&
-           L.splits <= 16 && L.grid.z == (unsigned)L.splits &&
-           cluster_fits(dt, L.mode, L.ks, L.splits);
-}
-
-/* A forward / backward-data plan launched: unsplit (one kernel); split on
- * the cluster route (cluster != 0 and cluster_plan: one cluster launch, the
- * fold in the kernel, no scratch); split otherwise (the kernel writes the
- * partials to scratch, igemm_reduce_out folds them).  The two split routes
- * give the same bits. */
 static cudaError_t launch_fd(lucid_dtype dt, IgLaunch L, void *out, const float *bias,
-                             float beta, void *scratch, int cluster, cudaStream_t s) {
+                             float beta, void *scratch, cudaStream_t s) {
     if (L.P.direct) return launch_plan(dt, L, s);
-    if (cluster && cluster_plan(dt, L)) {
-        L.P.cl = L.splits;
-        L.P.out = out;
-        L.P.bias = bias;
-        L.P.beta = beta;
-        cudaError_t e = launch_plan(dt, L, s);
-        if (e == cudaSuccess) g_cluster_launches++;
-        return e;
-    }
     if (!scratch) return cudaErrorInvalidValue;
     L.P.out = scratch;
     cudaError_t e = launch_plan(dt, L, s);
     if (e != cudaSuccess) return e;
     if (dt == LUCID_BF16) reduce_out<__nv_bfloat16>(L, out, bias, beta, s);
     else reduce_out<__half>(L, out, bias, beta, s);
-    g_reduce_launches++;
     return cudaGetLastError();
-}
-
-int lucid_conv_igemm_cluster_switch(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LUCID_IGEMM_CLUSTER");
-        v = e && e[0] == '0' && e[1] == '\0' ? 0 : 1;
-    }
-    return v;
-}
-
-/* The plan of a forward (0) or backward-data (1) pass, pointers NULL: its
- * geometry is all that the split depends on. */
-static IgLaunch plan_pass(const lucid_igemm_geom *g, int pass) {
-    return pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
-                     : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
-}
-
-int lucid_conv_igemm_cluster_route(lucid_dtype dt, const lucid_igemm_geom *g, int pass) {
-    if (pass != 0 && pass != 1) return 0;
-    IgLaunch L = plan_pass(g, pass);
-    if (!cluster_plan(dt, L)) return 0;
-    /* the 1x1 vector variant needs 16-byte aligned tensors (ks_of), which a
-     * plan without pointers assumes: the scalar one must fit as well */
-    return L.ks != KV1 || cluster_fits(dt, L.mode, 1, L.splits);
 }
 
 size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass) {
     if (pass == 2) return lucid_conv_igemm_wgrad_scratch(g);
-    IgLaunch L = plan_pass(g, pass);
+    IgLaunch L = pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
+                           : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
     return L.P.direct ? 0 : (size_t)L.splits * L.P.part_n * sizeof(float);
 }
 
-extern "C" int lucid_conv_igemm_split_count(const int geom[15], int pass) {
-    lucid_igemm_geom g = {geom[0], geom[1], geom[2],  geom[3],  geom[4],
-                          geom[5], geom[6], geom[7],  geom[8],  geom[9],
-                          geom[10], geom[11], geom[12], geom[13], geom[14]};
-    if ((pass != 0 && pass != 1) || !lucid_conv_igemm_fits(&g)) return 0;
-    return plan_pass(&g, pass).splits;
-}
-
-extern "C" unsigned long lucid_conv_igemm_reduce_count(void) { return g_reduce_launches; }
-extern "C" unsigned long lucid_conv_igemm_cluster_count(void) { return g_cluster_launches; }
-
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
-                                     const float *b, void *y, void *scratch, int cluster,
+                                     const float *b, void *y, void *scratch,
                                      const lucid_igemm_geom *g, cudaStream_t stream) {
-    return launch_fd(dt, plan_forward(g, x, w, b, y), y, b, 0.0f, scratch, cluster, stream);
+    return launch_fd(dt, plan_forward(g, x, w, b, y), y, b, 0.0f, scratch, stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
-                                           void *dx, float beta, void *scratch, int cluster,
+                                           void *dx, float beta, void *scratch,
                                            const lucid_igemm_geom *g, cudaStream_t stream) {
     return launch_fd(dt, plan_backward_data(g, dy, w, dx, beta), dx, NULL, beta, scratch,
-                     cluster, stream);
+                     stream);
 }
 
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,

@@ -45,9 +45,6 @@ struct IgP {
     int ct;             /* tap-major 3x3 (KT3): channel tiles per kernel tap; 0 otherwise */
     int lc;             /* KT3: log2 of the channels per slot (fwd/dgrad 2..5 of a k tile,
                            wgrad 2..6 of a column tile); stride phases: 5 */
-    int cl;             /* fwd/dgrad split-K folded across a thread-block cluster of the
-                           S = cl split blocks of each output tile (cluster_fold; out is then
-                           y / dx, T, and direct is 0); 0 on every other route */
 };
 
 /* Backward-data of a strided convolution, one launch per stride phase
@@ -769,53 +766,6 @@ HD void epilogue(const IgP &P, const Phase &f, int m0, int n0, int z, int t, con
         if (gm >= P.M) break;
         size_t o = base + (size_t)gm * plane;
         float v = sC[r * LDC + c];
-        if (MODE == IG_FWD) {
-            if (P.bias) v += P.bias[gm];
-        } else if (P.beta != 0.0f) {
-            v = fmaf(P.beta, to_f<T>(out[o]), v);
-        }
-        out[o] = to_t<T>(v);
-    }
-}
-
-/* Split-K forward / backward-data folded across a thread-block cluster
- * (igemm_nchw with P.cl = S > 1, launched with cluster dims (1, 1, S) over a
- * grid of z = S: the S split blocks of one output tile form one cluster and
- * block rank s of the cluster is split s = blockIdx.z).  Every block keeps
- * its split's f32 tile in its own shared memory (sC, [BM][LDC]); after a
- * cluster barrier (release/acquire: the tiles are visible cluster-wide),
- * block rank r folds the tile rows lr = r, r + S, r + 2S, ... (local row
- * index, rows past P.M skipped): thread t takes column c = t % BN and rows
- * lr = r + S*(t/BN + i*(NT/BN)).  Per element, exactly igemm_reduce_out's
- * operations, with the partials read in split order from the S blocks'
- * shared memory (tile(s): split s's sC; distributed shared memory on the
- * device, an array in the host emulation):
- *   v = p0; v += p1; ... v += p[S-1];
- *   fwd: v += bias[m] (bias may be NULL); dgrad: v = fmaf(beta, out, v)
- *   when beta != 0 (never reads out otherwise); out = one rounding to T.
- * The partials are the same f32 values the two-kernel route stores to its
- * scratch (the epilogue's !direct branch copies sC), so the output bits are
- * the two-kernel route's.  The caller holds a second cluster barrier before
- * any block exits (its tile must stay alive while the others read it).
- * The loads of one element are issued together (the loop over splits is
- * unrolled to 16 with a predicate), so the fold of a row costs about one
- * DSMEM round trip, not S.  Host-callable (emulation). */
-template <typename T, int MODE, typename Tiles>
-HD void cluster_fold(const IgP &P, int m0, int n0, int r, int t, const Tiles &tile) {
-    const int S = P.cl, c = t % BN, gn = n0 + c;
-    if (gn >= P.Nc) return;
-    const size_t plane = MODE == IG_FWD ? (size_t)P.Ho * P.Wo : (size_t)P.H * P.W;
-    const int im = (int)(gn / plane);
-    const size_t base = (size_t)im * P.M * plane + (gn - (size_t)im * plane);
-    T *out = (T *)P.out;
-    for (int lr = r + S * (t / BN); lr < BM && m0 + lr < P.M; lr += S * (NT / BN)) {
-        const int e = lr * LDC + c;
-        float v = tile(0)[e];
-        UNROLL
-        for (int s = 1; s < 16; s++)
-            if (s < S) v += tile(s)[e];
-        const int gm = m0 + lr;
-        const size_t o = base + (size_t)gm * plane;
         if (MODE == IG_FWD) {
             if (P.bias) v += P.bias[gm];
         } else if (P.beta != 0.0f) {

@@ -107,7 +107,6 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->wcast = 0;
     ns->conv_small = 0;
     ns->bn_cluster = 0;
-    ns->igemm_cluster = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -176,10 +175,6 @@ extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
 
 extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
     return set_route(ctx, &lucid_cuda_nn_state::conv_small, route);
-}
-
-extern "C" int lucid_cuda_nn_set_igemm_cluster(lucid_ctx *ctx, int route) {
-    return set_route(ctx, &lucid_cuda_nn_state::igemm_cluster, route);
 }
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {

@@ -1335,9 +1335,7 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
     return true;
 }
 
-/* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0; a split forward /
- * backward-data folds across a thread-block cluster unless LUCID_IGEMM_CLUSTER=0,
- * as the engine; the scratch stays allocated for the two-kernel route); false with why */
+/* one call as cuda/nn_conv.cu makes it (bias NULL, beta 0); false with why */
 static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, char *why, size_t nwhy) {
     void *scratch = lp.scratch ? (void *)b.part : NULL;
     if (lp.gemm) {
@@ -1358,11 +1356,11 @@ static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, cha
     if (lp.dense) {
         cudaError_t e;
         if (pass == 0)
-            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch,
-                                         lucid_conv_igemm_cluster_switch(), &lp.ig, G.stream);
+            e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch, &lp.ig,
+                                         G.stream);
         else if (pass == 1)
             e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, scratch,
-                                               lucid_conv_igemm_cluster_switch(), &lp.ig, G.stream);
+                                               &lp.ig, G.stream);
         else
             e = lucid_conv_igemm_backward_filter(LUCID_BF16, b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f,
                                                  scratch, &lp.ig, G.stream);
@@ -1757,8 +1755,7 @@ int main(int argc, char **argv) {
     printf("conv_lab: %s, %d SMs, cuDNN %zu, cuBLAS %d, %zu shapes from %s, median of %d; routes:", prop.name,
            G.sms, cudnnGetVersion(), CUBLAS_VERSION, shapes.size(), path, G.iters);
     for (int v : sel) printf(" %s", VNAME[v]);
-    printf("; lucid split-K fwd/dgrad fold: %s\n",
-           lucid_conv_igemm_cluster_switch() ? "cluster (LUCID_IGEMM_CLUSTER)" : "two-kernel (LUCID_IGEMM_CLUSTER=0)");
+    printf("\n");
 
     double t_empty = time_median([&](int) { empty_kernel<<<1, 32, 0, G.stream>>>(); });
 

@@ -11,13 +11,6 @@
  * GEMM operands A(m, k) and B(k, n) taken from their definitions (ref_a,
  * ref_b): the loaders carry state from one k tile to the next (the filter
  * gradient's pixel, the tap-major tile's tap), so a slip shows there exactly.
- * Split forward / backward-data passes: the cluster fold (cluster_fold, run
- * for every block rank r = 0..S-1 of every output tile, thread by thread,
- * reading the S emulated blocks' f32 tiles sC as the kernel reads them
- * through distributed shared memory) must equal, bit for bit, the fold of
- * igemm_reduce_out written out below (split order, then bias / beta*out,
- * one rounding), in bf16 and f16, with and without bias (forward) and with
- * beta 0 and 1 (backward-data), every output element written exactly once.
  */
 #include "nn_conv_igemm.cu"
 /* cuda/backend.cu (lucid_pdl_for_stream, used by lucid_launch in the included
@@ -83,14 +76,10 @@ static T ref_b(const IgP& P,const Phase& f,int k,int n,int kend){ /* wgrad: k = 
   return src[(((size_t)img*P.Cout+c)*P.Ho+hn/P.sh)*P.Wo+wn/P.sw];
 }
 static long staged_bad=0, staged_n=0;
-/* a split fwd/dgrad grid's f32 output tiles sC, block (bx, by, bz) at
- * (bz*grid.y + by)*grid.x + bx: what each block of a cluster holds in shared memory */
-typedef std::vector<std::vector<float>> Tiles;
 // emulate a whole kernel grid on the host: out receives what the kernel writes
-// (as float; wgrad partials per split); tiles (optional): every block's sC
+// (as float; wgrad partials per split)
 template<int MODE,int KS>
-static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out, Tiles* tiles){
-  if(tiles) tiles->assign((size_t)grid.x*grid.y*grid.z, std::vector<float>());
+static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out){
   std::vector<T> sA(BM*LDA), sB(SB_ELEMS); std::vector<float> sC(BM*LDC);
   for(unsigned bz=0;bz<grid.z;bz++) for(unsigned by=0;by<grid.y;by++) for(unsigned bx=0;bx<grid.x;bx++){
     int n0=bx*BN, m0=by*BM;
@@ -115,79 +104,21 @@ static void emulate_t(const IgP& P, dim3 grid, std::vector<float>& out, Tiles* t
     if(tpath){ tout.assign(out.size(), __float2bfloat16_rn(NAN)); Q.out=tout.data(); } else Q.out=out.data();
     for(int t=0;t<NT;t++) epilogue<T,MODE>(Q,f,m0,n0,bz,t,sC.data());
     if(tpath) for(size_t i=0;i<out.size();i++){ float v=__bfloat162float(tout[i]); if(v==v) out[i]=v; }
-    if(tiles) (*tiles)[((size_t)bz*grid.y+by)*grid.x+bx]=sC;
   }
 }
 template<int MODE>
-static void emulate_m(const IgLaunch& L, std::vector<float>& out, Tiles* tl){
-  switch(L.ks){ case KV1: emulate_t<MODE,KV1>(L.P,L.grid,out,tl); break; case 1: emulate_t<MODE,1>(L.P,L.grid,out,tl); break;
-    case 3: emulate_t<MODE,3>(L.P,L.grid,out,tl); break; case KT3: emulate_t<MODE,KT3>(L.P,L.grid,out,tl); break; default: emulate_t<MODE,0>(L.P,L.grid,out,tl); }
+static void emulate_m(const IgLaunch& L, std::vector<float>& out){
+  switch(L.ks){ case KV1: emulate_t<MODE,KV1>(L.P,L.grid,out); break; case 1: emulate_t<MODE,1>(L.P,L.grid,out); break;
+    case 3: emulate_t<MODE,3>(L.P,L.grid,out); break; case KT3: emulate_t<MODE,KT3>(L.P,L.grid,out); break; default: emulate_t<MODE,0>(L.P,L.grid,out); }
 }
-static void emulate(const IgLaunch& L, std::vector<float>& out, Tiles* tl=nullptr){
-  switch(L.mode){ case IG_FWD: emulate_m<IG_FWD>(L,out,tl); break; case IG_DGRAD: emulate_m<IG_DGRAD>(L,out,tl); break;
-    case IG_DGRAD_PH: emulate_m<IG_DGRAD_PH>(L,out,tl); break; default: emulate_m<IG_WGRAD>(L,out,tl); }
+static void emulate(const IgLaunch& L, std::vector<float>& out){
+  switch(L.mode){ case IG_FWD: emulate_m<IG_FWD>(L,out); break; case IG_DGRAD: emulate_m<IG_DGRAD>(L,out); break;
+    case IG_DGRAD_PH: emulate_m<IG_DGRAD_PH>(L,out); break; default: emulate_m<IG_WGRAD>(L,out); }
 }
 static const char* variant(const IgLaunch& L){
   static char b[48]; snprintf(b,48,"%s%s", L.mode==IG_DGRAD_PH?"phases ":"", L.ks==KV1?"vec1x1":L.ks==1?"k1":L.ks==3?"k3":L.ks==KT3?"tap-major k3":"generic"); return b;
 }
 static int fails=0;
-static unsigned short bits16(__half v){ unsigned short u; memcpy(&u,&v,2); return u; }
-static unsigned short bits16(T v){ return bits(v); }
-/* cluster_fold's tile(s) on the host: split s's sC of the cluster's output tile */
-struct HostTiles { const float* const* t; size_t tile, per; /* t: the tiles' data, as Tiles; per = grid.x*grid.y */
-  HD const float* operator()(int s) const { return t[(size_t)s*per+tile]; } };
-static std::vector<const float*> ptrs(const Tiles& tl){ std::vector<const float*> p; for(auto& v: tl) p.push_back(v.data()); return p; }
-/* The cluster fold (every rank of every output tile, thread by thread) against
- * igemm_reduce_out's loop, bitwise: TT the output dtype, bias (fwd) or beta
- * (dgrad) as given; old: dx before a beta-1 call.  Besides, every element
- * must be written exactly once (a rank's row slice overlapping another's, or
- * a row no rank takes, shows here). */
-template<typename TT,int MODE>
-static void fold_check(const char* name, const IgLaunch& L, const std::vector<float>& part, const Tiles& tl,
-                       const float* bias, float beta, const std::vector<float>& old){
-  const size_t n=(size_t)L.P.part_n; const int plane= MODE==IG_FWD ? L.P.Ho*L.P.Wo : L.P.H*L.P.W, M=L.P.M;
-  std::vector<TT> got(n), ref(n);
-  for(size_t i=0;i<n;i++){ got[i]= beta!=0.f ? to_t<TT>(old[i]) : to_t<TT>(NAN);
-    float v=part[i]; for(int k=1;k<L.splits;k++) v+=part[(size_t)k*n+i];   /* igemm_reduce_out */
-    if(bias) v+=bias[(i/plane)%M]; else if(beta!=0.f) v=fmaf(beta,to_f<TT>(to_t<TT>(old[i])),v);
-    ref[i]=to_t<TT>(v); }
-  IgP Q=L.P; Q.cl=L.splits; Q.out=got.data(); Q.bias=bias; Q.beta=beta;
-  const size_t per=(size_t)L.grid.x*L.grid.y;
-  const std::vector<const float*> tp=ptrs(tl);
-  for(unsigned by=0;by<L.grid.y;by++) for(unsigned bx=0;bx<L.grid.x;bx++){ HostTiles ht{tp.data(),(size_t)by*L.grid.x+bx,per};
-    for(int r=0;r<L.splits;r++) for(int t=0;t<NT;t++) cluster_fold<TT,MODE>(Q,by*BM,bx*BN,r,t,ht); }
-  long bad=0, first=-1; for(size_t i=0;i<n;i++) if(bits16(got[i])!=bits16(ref[i])){ if(first<0) first=(long)i; bad++; }
-  /* writes per element, counted by a second fold into an output starting at
-   * 0.  dgrad: tiles of split 0 all 1, the others 0, beta 1: each write makes
-   * out + 1 (the count); fwd: all tiles 0, bias 1: each write sets 1 (a miss
-   * stays 0; the row slices are the same code for both modes, so dgrad's
-   * count covers the overlaps) */
-  long miss=0, dup=0;
-  { std::vector<TT> cnt(n, to_t<TT>(0.f)); std::vector<float> one(M,1.f);
-    Tiles ones(tl.size(), std::vector<float>(BM*LDC,0.f)); /* fwd: all 0 (+ bias 1) */
-    if(MODE!=IG_FWD) for(size_t q=0;q<per;q++) ones[q].assign(BM*LDC,1.f);
-    const std::vector<const float*> op=ptrs(ones);
-    IgP C=Q; C.out=cnt.data(); C.bias= MODE==IG_FWD ? one.data() : nullptr; C.beta= MODE==IG_FWD ? 0.f : 1.f;
-    for(unsigned by=0;by<L.grid.y;by++) for(unsigned bx=0;bx<L.grid.x;bx++){ HostTiles ho{op.data(),(size_t)by*L.grid.x+bx,per};
-      for(int r=0;r<L.splits;r++) for(int t=0;t<NT;t++) cluster_fold<TT,MODE>(C,by*BM,bx*BN,r,t,ho); }
-    for(size_t i=0;i<n;i++){ float c=to_f<TT>(cnt[i]); if(c==0.f) miss++; else if(c!=1.f) dup++; } }
-  if(bad){ printf("not ok %s: %ld of %zu elements differ from igemm_reduce_out's fold (first %ld)\n",name,bad,n,first); fails++; }
-  else if(miss||dup){ printf("not ok %s: %ld elements never written, %ld written twice or more\n",name,miss,dup); fails++; }
-  else printf("ok %s\n",name);
-}
-/* every variant of the cluster fold of one split pass (pass 0 fwd: bias and none; 1 dgrad: beta 0 and 1) */
-static void fold_checks(const char* tag, int pass, const IgLaunch& L, const std::vector<float>& part, const Tiles& tl,
-                        const float* bias){
-  std::vector<float> old(L.P.part_n); for(auto& v: old) v=frand();
-  char nm[220];
-  for(int h=0;h<2;h++) for(int o=0;o<2;o++){
-    const char* dn= h ? "f16" : "bf16";
-    if(pass==0){ snprintf(nm,220,"cluster fold %s %s %s",tag,dn,o?"bias":"no bias");
-      if(h) fold_check<__half,IG_FWD>(nm,L,part,tl,o?bias:nullptr,0.f,old); else fold_check<T,IG_FWD>(nm,L,part,tl,o?bias:nullptr,0.f,old); }
-    else { snprintf(nm,220,"cluster fold %s %s beta %d",tag,dn,o);
-      if(h) fold_check<__half,IG_DGRAD>(nm,L,part,tl,nullptr,(float)o,old); else fold_check<T,IG_DGRAD>(nm,L,part,tl,nullptr,(float)o,old); }
-  }
-}
 static void check(const char*name,const std::vector<float>&a,const std::vector<double>&r,double tol=1e-5){
   double num=0,den=0; for(size_t i=0;i<a.size();i++){double d=a[i]-r[i]; num+=d*d; den+=r[i]*r[i];}
   double e=sqrt(num/(den+1e-30)); long bad=staged_bad, n=staged_n; staged_bad=staged_n=0;
@@ -215,12 +146,10 @@ static void run(int N,int Cin,int H,int W,int Cout,int kh,int kw,int s,int p,int
     std::vector<float> out(n,NAN); double tol=4e-3;
     if(!L.P.direct){ /* split-K: partials in output order, folded here as igemm_reduce_out does */
       if((size_t)L.P.part_n!=n || lucid_conv_igemm_scratch(&g,pass)!=(size_t)L.splits*n*sizeof(float)){ printf("not ok split-K sizes\n"); fails++; }
-      std::vector<float> part((size_t)L.splits*n,NAN); Tiles tl; emulate(L,part,&tl);
+      std::vector<float> part((size_t)L.splits*n,NAN); emulate(L,part);
       int plane= pass==0 ? Ho*Wo : H*W, M= pass==0 ? Cout : Cin;
       for(size_t i=0;i<n;i++){ float v=part[i]; for(int k=1;k<L.splits;k++) v+=part[k*n+i]; if(pass==0) v+=b[(i/plane)%M]; out[i]=v; }
       tol=1e-5;
-      char tag[160]; snprintf(tag,160,"%s N%d %d>%d %dx%d k%dx%d s%d splits %d tiles %ux%u",pass==0?"fwd":"dgrad",N,Cin,Cout,H,W,kh,kw,s,L.splits,L.grid.x,L.grid.y);
-      fold_checks(tag,pass,L,part,tl,b.data());
     } else emulate(L,out);
     snprintf(nm,160,"%s N%d %d>%d %dx%d k%dx%d s%d p%d d%d splits %d [%s]",pass==0?"fwd":"dgrad",N,Cin,Cout,H,W,kh,kw,s,p,d,L.splits,variant(L));
     check(nm,out,ref,tol);
@@ -240,11 +169,6 @@ int main(){
   run(1,5,12,12,7,5,5,2,2,1);
   /* split-K forward / backward-data (grids under 132 blocks) */
   run(4,64,20,20,64,3,3,1,1,1); run(4,256,20,20,64,3,3,1,1,1); run(4,128,20,20,256,1,1,1,0,1); run(2,51,13,11,33,3,3,1,1,1);
-  /* more split counts for the cluster fold: 1x1 scalar fwd 2 (K 100: a short last chunk),
-   * 5x5 fwd 7, tap-major fwd 16 / dgrad 16 (M 5: fewer rows than ranks), several output
-   * tiles with a partial row tile (Cout 70: fwd 6 splits, dgrad 9), fwd 14 / dgrad 8 */
-  run(2,100,9,5,5,1,1,1,0,1); run(1,17,9,5,5,5,5,1,2,1); run(1,200,9,5,5,3,3,1,1,1); run(1,5,9,5,200,3,3,1,1,1);
-  run(3,40,20,20,70,3,3,1,1,1); run(3,70,30,10,40,5,5,1,2,1);
   /* tap-major 3x3 (KT3): channel tails (70 = 2 tiles + 6, 51, 20, 17), stride 2
    * and 3 phases, dilation 2, filter gradient with Cin >= 48 (one and two
    * column tiles per tap) */
