@@ -97,10 +97,10 @@ static __device__ __forceinline__ void lucid_pdl_launch_dependents(void) {
 int lucid_pdl_for_stream(cudaStream_t stream);
 
 /* Queue kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute
- * when lucid_pdl_for_stream(stream), and, when the cluster has more than one
- * block, as a grid of thread-block clusters of cluster.x * .y * .z blocks
- * (cudaLaunchAttributeClusterDimension, sm_90+; every grid dimension must be
- * a multiple of the cluster's, and a size above 8 needs the kernel's
+ * when lucid_pdl_for_stream(stream), and with cluster_x > 1 as a grid of
+ * thread-block clusters of (cluster_x, 1, 1) blocks
+ * (cudaLaunchAttributeClusterDimension, sm_90+; grid.x must be a multiple of
+ * cluster_x, and a size above 8 needs the kernel's
  * cudaFuncAttributeNonPortableClusterSizeAllowed; the caller checks that the
  * cluster can be scheduled, e.g. with cudaOccupancyMaxActiveClusters).
  * Arguments are converted to the kernel's parameter types as by <<<>>>.
@@ -109,7 +109,7 @@ int lucid_pdl_for_stream(cudaStream_t stream);
 template <typename... KArgs, typename... Args>
 static inline cudaError_t lucid_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                                size_t smem, cudaStream_t stream,
-                                               dim3 cluster, Args &&...args) {
+                                               unsigned cluster_x, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -117,11 +117,11 @@ static inline cudaError_t lucid_launch_cluster(void (*kernel)(KArgs...), dim3 gr
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     unsigned n = 0;
-    if (cluster.x * cluster.y * cluster.z > 1) {
+    if (cluster_x > 1) {
         attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = cluster.x;
-        attr[n].val.clusterDim.y = cluster.y;
-        attr[n].val.clusterDim.z = cluster.z;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
         n++;
     }
     if (lucid_pdl_for_stream(stream)) {
@@ -140,7 +140,7 @@ static inline cudaError_t lucid_launch_cluster(void (*kernel)(KArgs...), dim3 gr
 template <typename... KArgs, typename... Args>
 static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                        size_t smem, cudaStream_t stream, Args &&...args) {
-    return lucid_launch_cluster(kernel, grid, block, smem, stream, dim3(1, 1, 1),
+    return lucid_launch_cluster(kernel, grid, block, smem, stream, 0u,
                                 std::forward<Args>(args)...);
 }
 

@@ -577,7 +577,7 @@ static int bn_launch_grad_dx_cl1(int maxcs, cudaStream_t stream, const T *dy, co
     int cs = bn_cluster_pick(&fit, bn_grad_dx_cl<T, VS, VA, SILU>, maxcs, g.parts);
     if (cs)
         lucid_launch_cluster(bn_grad_dx_cl<T, VS, VA, SILU>, dim3((unsigned)cs, bn_grid_y(g.C)),
-                             dim3(BN_THREADS), 0, stream, dim3((unsigned)cs, 1, 1), dy, x, dx, mean, invstd,
+                             dim3(BN_THREADS), 0, stream, (unsigned)cs, dy, x, dx, mean, invstd,
                              w, b, g, go, beta);
     return cs;
 }

@@ -546,7 +546,7 @@ static int bn_launch_stats_apply_cl1(int maxcs, cudaStream_t stream, const T *x,
     if (cs)
         lucid_launch_cluster(bn_stats_apply_cl<T, VS, VA, SILU>,
                              dim3((unsigned)cs, bn_grid_y(g.C)), dim3(BN_THREADS), 0, stream,
-                             dim3((unsigned)cs, 1, 1), x, y, g, so, w, b);
+                             (unsigned)cs, x, y, g, so, w, b);
     return cs;
 }
 
