@@ -36,8 +36,7 @@
  *     lucid_pdl_launch_dependents();
  * as its first two statements (before any declaration, early return or
  * branch, so every thread runs them), whether or not it is launched in the
- * train step, and every launch goes through lucid_launch() (or
- * lucid_launch_cluster(), the same with a cluster dimension). The lint
+ * train step, and every launch goes through lucid_launch(). The lint
  * spec/c/test_pdl_rule.sh (checker spec/c/pdl_rule.lua, counted by make test)
  * enforces both over the .cu and .cuh files of cuda/ and names file:line of
  * a violation. Notes:
@@ -97,51 +96,25 @@ static __device__ __forceinline__ void lucid_pdl_launch_dependents(void) {
 int lucid_pdl_for_stream(cudaStream_t stream);
 
 /* Queue kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute
- * when lucid_pdl_for_stream(stream), and with cluster_x > 1 as a grid of
- * thread-block clusters of (cluster_x, 1, 1) blocks
- * (cudaLaunchAttributeClusterDimension, sm_90+; grid.x must be a multiple of
- * cluster_x, and a size above 8 needs the kernel's
- * cudaFuncAttributeNonPortableClusterSizeAllowed; the caller checks that the
- * cluster can be scheduled, e.g. with cudaOccupancyMaxActiveClusters).
- * Arguments are converted to the kernel's parameter types as by <<<>>>.
- * Returns the launch's cudaError_t (check it with CUDA_CHECK or
- * CUDA_CHECK_LAUNCH's cudaGetLastError, which it also sets). */
+ * when lucid_pdl_for_stream(stream). Arguments are converted to the kernel's parameter
+ * types as by <<<>>>. Returns the launch's cudaError_t (check it with
+ * CUDA_CHECK or CUDA_CHECK_LAUNCH's cudaGetLastError, which it also sets). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t lucid_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                               size_t smem, cudaStream_t stream,
-                                               unsigned cluster_x, Args &&...args) {
+static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                       size_t smem, cudaStream_t stream, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (cluster_x > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = cluster_x;
-        attr[n].val.clusterDim.y = 1;
-        attr[n].val.clusterDim.z = 1;
-        n++;
-    }
+    cudaLaunchAttribute attr[1];
     if (lucid_pdl_for_stream(stream)) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
-    if (n) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
-        cfg.numAttrs = n;
+        cfg.numAttrs = 1;
     }
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-/* lucid_launch_cluster without clusters (every other kernel of cuda/). */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                       size_t smem, cudaStream_t stream, Args &&...args) {
-    return lucid_launch_cluster(kernel, grid, block, smem, stream, 0u,
-                                std::forward<Args>(args)...);
 }
 
 #endif

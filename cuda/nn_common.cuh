@@ -109,9 +109,6 @@ typedef struct lucid_cuda_nn_state {
                                        2 on (lucid_cuda_nn_set_wcast, nn_conv.cu) */
     int conv_small;                 /* small-channel 3x3 route: 0 LUCID_CONV_SMALL, 1 off,
                                        2 on (lucid_cuda_nn_set_conv_small, nn_conv_small.cuh) */
-    int bn_cluster;                 /* BatchNorm cluster route: 0 LUCID_BN_CLUSTER, 1 off,
-                                       2..16 at most that many blocks per cluster
-                                       (lucid_cuda_nn_set_bn_cluster, nn_norm.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -182,13 +179,6 @@ int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
  * (lucid_conv_small_eligible) in conv mode 0, forward and backward-data.
  * Returns the previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
-/* BatchNorm cluster route of ctx (multi-part channels in one launch per
- * training direction, nn_norm.cuh), for tests and benchmarks, overriding
- * the process switch LUCID_BN_CLUSTER: 0 follow LUCID_BN_CLUSTER (the
- * default), 1 off (the two-launch route), 2..16 on with at most that many
- * blocks per cluster (other values read as 0).  Returns the previous
- * setting (-1 when ctx has no CUDA state). */
-int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/
@@ -203,9 +193,6 @@ int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
  * nn_norm_{fwd,bwd}.cu) queued by the calling thread so far, any context, eager or
  * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS). */
 unsigned long lucid_cuda_bn_launch_count(void);
-/* Of those, the kernels queued on the cluster route (bn_stats_apply_cl,
- * bn_grad_dx_cl; LUCID_BN_CLUSTER, lucid_cuda_nn_set_bn_cluster). */
-unsigned long lucid_cuda_bn_cluster_count(void);
 /* Stream operations (kernels, cudaMemcpy2DAsync, cudaMemset2DAsync) queued
  * by the calling thread's channel_copy and channel_copy_multi calls so far
  * (nn_pointwise.cu), any context, eager or while capturing: a test hook for

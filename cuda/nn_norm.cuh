@@ -94,8 +94,7 @@
  * in the same order, so the results equal the two-launch route's bitwise.
  * Only the training forward and the training backward with dx take it
  * (dweight/dbias alone is one launch already, eval has no reduction before
- * the element-wise pass); multi-part channels take the cluster route
- * below instead.  LUCID_BN_ONEPASS=0 in the
+ * the element-wise pass); multi-part channels never do.  LUCID_BN_ONEPASS=0 in the
  * environment (read on each call, bn_onepass; unset or anything else: on)
  * keeps the two-launch route for A/B runs.  The choice depends on the
  * shape and that switch only; the host bookkeeping (arena, counters) is
@@ -103,38 +102,6 @@
  * route.  Test hooks (nn_norm_fwd.cu): lucid_cuda_bn_launch_count() counts
  * the kernels this thread's BatchNorm calls queued (nn_common.cuh),
  * lucid_cuda_bn_wide_count() those of them that took BN_ROUTE_WIDE.
- *
- * Cluster route (1 < parts <= BN_CL_SLOTS * cs).  Training channels of
- * several parts (N=4, 640 px: 16x320x320 52 parts, 32x160x160 16, 64x80x80
- * 4) also run one launch per direction: bn_stats_apply_cl (forward) and
- * bn_grad_dx_cl (backward with dx), sm_90 thread-block clusters of cs =
- * min(parts, cap) blocks (cap BN_CL_MAX = 16, non-portable above 8; grid
- * (cs, min(C, 65535)), one cluster per channel, channels strided by
- * grid.y).  The block of cluster rank r computes the partials of parts r,
- * r+cs, ... (at most BN_CL_SLOTS = 8) with the partial kernels' per-part
- * code (bn_stats_part; bn_grad_part + bn_block_sum2) into static shared
- * slots (slot k: part r + k*cs); after a cluster barrier every block reads
- * all of the channel's partials from the cluster's shared memory
- * (distributed shared memory: part i at rank i % cs, slot i / cs) and runs
- * the fold's arithmetic on them in part order (bn_stats_fold_of /
- * bn_grad_fold_of, the functions bn_stats_fold / bn_grad_fold use), so each
- * block holds the channel's f32 (mean, invstd) or dx coefficients bitwise
- * equal to what the two-launch route stores; rank 0 alone writes
- * save_mean / save_invstd / running stats / num_batches_tracked (forward)
- * or dweight / dbias (backward).  Then each block applies to its own parts
- * (last read first, likeliest still cached) with the element-wise kernels'
- * per-element arithmetic (bn_apply_part / bn_dx_part, shared with the
- * one-pass kernels).  The cluster barrier after the fold is split (arrive
- * once this block's reads of the other slots are done, wait before the
- * slots are rewritten for the next channel or the block exits).  No arena
- * partials, no counters: the same bits eager or replayed.  The host
- * launches it when the shape is covered and clusters of that size can be
- * scheduled (cudaOccupancyMaxActiveClusters > 0, asked once per kernel and
- * size; a 16 that cannot is retried as 8), otherwise the two-launch route.
- * Switches: LUCID_BN_CLUSTER (read once per process: "0" off, "2".."16" the
- * cap, default 16) and, per context, lucid_cuda_nn_set_bn_cluster
- * (nn_common.cuh; tests).  Test hook lucid_cuda_bn_cluster_count(): the
- * cluster launches this thread queued.
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
  * launches with the SiLU inside (forward: nn_norm_fwd.cu, backward:
@@ -154,7 +121,6 @@
 
 #include "nn_common.cuh"
 
-#include <cooperative_groups.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -164,8 +130,6 @@
 #define BN_PART 8192   /* elements per part (at most) of the reductions */
 #define BN_UNROLL 4    /* vectors a thread loads before it uses them */
 #define BN_WAVE 4      /* element-wise grids: at most this many blocks per SM */
-#define BN_CL_MAX 16   /* cluster route: blocks per cluster (channel), at most */
-#define BN_CL_SLOTS 8  /* cluster route: parts per block, at most */
 
 // ----------------------------------------------------------------------------
 // vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
@@ -465,101 +429,6 @@ static bool bn_onepass(void) {
     return !(e && strcmp(e, "0") == 0);
 }
 
-/* LUCID_BN_CLUSTER, read once per process: the most blocks of a cluster
- * on the cluster route of multi-part channels (see the header): "0" (or
- * "1") = off, the two-launch route; "2".."16" = at most that many; unset or
- * anything else = BN_CL_MAX. */
-static int bn_cluster_env(void) {
-    static int v = -1;
-    if (v < 0) {
-        int r = BN_CL_MAX;
-        const char *e = getenv("LUCID_BN_CLUSTER");
-        if (e && *e) {
-            char *end = NULL;
-            long k = strtol(e, &end, 10);
-            if (end && *end == 0 && k >= 0) r = k < 2 ? 0 : k > BN_CL_MAX ? BN_CL_MAX : (int)k;
-        }
-        v = r;
-    }
-    return v;
-}
-
-/* The most blocks per cluster for ctx's nn state: its override
- * (lucid_cuda_nn_set_bn_cluster: 1 off, 2..16 that many) or else
- * LUCID_BN_CLUSTER; 0 = the cluster route is off. */
-static int bn_cluster_max(const lucid_cuda_nn_state *ns) {
-    int m = ns->bn_cluster;
-    if (m == 1) return 0;
-    if (m >= 2) return m > BN_CL_MAX ? BN_CL_MAX : m;
-    return bn_cluster_env();
-}
-
-/* Host: blocks per cluster for channels of `parts` parts under the cap
- * maxcs, 0 when the cluster route does not take the shape (one part: the
- * one-pass kernels; more than BN_CL_SLOTS parts per block). */
-static int bn_cluster_size(int maxcs, int64_t parts) {
-    if (maxcs < 2 || parts < 2) return 0;
-    int64_t cs = parts < maxcs ? parts : maxcs;
-    if ((parts + cs - 1) / cs > BN_CL_SLOTS) return 0;
-    return (int)cs;
-}
-
-/* Host: whether clusters of cs blocks of BN_THREADS threads of `kernel`
- * can be scheduled (cudaOccupancyMaxActiveClusters > 0; above 8 blocks the
- * kernel gets cudaFuncAttributeNonPortableClusterSizeAllowed first).
- * Neither call touches a stream (legal while capturing).  The answer is
- * kept in *f (one per kernel, static in its launcher; process-wide: all
- * devices of a process are assumed to be of one kind, as for PDL). */
-typedef struct bn_cl_fit {
-    signed char fits[BN_CL_MAX + 1]; /* 0 unknown, 1 yes, -1 no */
-    signed char nonportable;         /* 0 unknown, 1 set, -1 refused */
-} bn_cl_fit;
-
-template <typename... KArgs>
-static bool bn_cluster_fits(bn_cl_fit *f, void (*kernel)(KArgs...), int cs) {
-    if (cs < 2 || cs > BN_CL_MAX) return false;
-    if (f->fits[cs]) return f->fits[cs] > 0;
-    bool ok = false;
-    if (cs > 8 && f->nonportable == 0) {
-        cudaError_t e = cudaFuncSetAttribute((const void *)kernel,
-                                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        if (e != cudaSuccess) (void)cudaGetLastError();
-        f->nonportable = e == cudaSuccess ? 1 : -1;
-    }
-    if (cs <= 8 || f->nonportable > 0) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)cs, 1, 1);
-        cfg.blockDim = dim3(BN_THREADS, 1, 1);
-        cudaLaunchAttribute a[1];
-        a[0].id = cudaLaunchAttributeClusterDimension;
-        a[0].val.clusterDim.x = (unsigned)cs;
-        a[0].val.clusterDim.y = 1;
-        a[0].val.clusterDim.z = 1;
-        cfg.attrs = a;
-        cfg.numAttrs = 1;
-        int n = 0;
-        cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-        if (e != cudaSuccess) (void)cudaGetLastError();
-        ok = e == cudaSuccess && n > 0;
-    }
-    f->fits[cs] = ok ? 1 : -1;
-    return ok;
-}
-
-/* Host: the cluster size a launcher uses: bn_cluster_size(maxcs, parts),
- * and when that cannot be scheduled, 8 (portable) if the parts still fit
- * BN_CL_SLOTS per block; 0: the two-launch route. */
-template <typename... KArgs>
-static int bn_cluster_pick(bn_cl_fit *f, void (*kernel)(KArgs...), int maxcs, int64_t parts) {
-    int cs = bn_cluster_size(maxcs, parts);
-    if (cs && bn_cluster_fits(f, kernel, cs)) return cs;
-    if (cs > 8) {
-        cs = bn_cluster_size(8, parts);
-        if (cs && bn_cluster_fits(f, kernel, cs)) return cs;
-    }
-    return 0;
-}
-
 /* Kernels queued by this thread's BatchNorm forward / backward calls so far
  * (not the conv bias sum): the test hook lucid_cuda_bn_launch_count
  * (nn_common.cuh); nothing here reads it.  Defined in nn_norm_fwd.cu. */
@@ -571,10 +440,5 @@ extern thread_local unsigned long lucid_cuda_bn_launches;
  * route); nothing here reads it.  Defined in nn_norm_fwd.cu. */
 extern thread_local unsigned long lucid_cuda_bn_wide_launches;
 extern "C" unsigned long lucid_cuda_bn_wide_count(void);
-
-/* Of those, the cluster-route launches (bn_stats_apply_cl, bn_grad_dx_cl):
- * the test hook lucid_cuda_bn_cluster_count (nn_common.cuh); nothing here
- * reads it.  Defined in nn_norm_fwd.cu. */
-extern thread_local unsigned long lucid_cuda_bn_cluster_launches;
 
 #endif /* LUCID_CUDA_NN_NORM_CUH */

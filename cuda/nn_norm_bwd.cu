@@ -25,18 +25,10 @@
  * per-element arithmetic from the f32 coefficients bn_grad_finish would
  * have stored (shared memory instead of the arena).
  *
- * Cluster route (1 < parts, training with dx, LUCID_BN_CLUSTER; see
- * nn_norm.cuh): bn_grad_dx_cl, one cluster of blocks per channel, each
- * block the sums of its parts, the fold of all of them from the cluster's
- * shared memory (bn_grad_fold_of, bn_grad_fold's arithmetic; rank 0
- * finishes dweight/dbias), then dx over its parts (bn_dx_part, the
- * one-pass kernel's per-part dx) from the coefficients bn_grad_coef.
- *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training backward 2 (grad
  * partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
- * LUCID_BN_ONEPASS=0); 1 on the cluster route (covered multi-part shapes;
- * 2 with LUCID_BN_CLUSTER=0); 1 without dx), eval backward 1 (dx) or 2 with
+ * LUCID_BN_ONEPASS=0); 1 without dx), eval backward 1 (dx) or 2 with
  * dweight/dbias, the per-channel sum 1.
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_backward):
@@ -123,50 +115,20 @@ static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g,
 /* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
  * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
  * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
- * block calls it, thread 0 finishes (bn_grad_fold) or gets the sums
- * (bn_grad_fold_of: true in thread 0).  The last block of bn_grad_partial
- * (whichever it is), the fallback bn_grad_final and every block of a
- * cluster of bn_grad_dx_cl give the same bits.  ld(i): part i's partial. */
-template <typename L>
-static __device__ __forceinline__ bool bn_grad_fold_of(const L &ld, int64_t parts, double *sdy,
-                                                       double *sdyx) {
+ * block calls it, thread 0 finishes.  The last block of bn_grad_partial
+ * (whichever it is) and the fallback bn_grad_final give the same bits. */
+static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
+                                    const bn_grad_out &out) {
     __shared__ double sh[2][32];
     double v[2] = {0.0, 0.0};
-    for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
-        float2 q = ld(i);
+    for (int64_t i = threadIdx.x; i < g.parts; i += BN_THREADS) {
+        float2 q = __ldcg(pp + i);
         v[0] += (double)q.x;
         v[1] += (double)q.y;
     }
-    bn_block_sum64<2>(v, parts, sh);
-    if (threadIdx.x != 0) return false;
-    *sdy = v[0];
-    *sdyx = v[1];
-    return true;
-}
-
-/* The partials in global memory (the arena), read with ld.global.cg. */
-struct bn_ld_global2 {
-    const float2 *pp;
-    __device__ __forceinline__ float2 operator()(int64_t i) const { return __ldcg(pp + i); }
-};
-
-/* The partials in the shared memory of the blocks of this cluster (the
- * cluster route): part i in slot i / cs of the block of rank i % cs. */
-struct bn_ld_cluster2 {
-    const float2 *slots; /* this block's slots (the same offset in every block) */
-    unsigned cs;
-    __device__ __forceinline__ float2 operator()(int64_t i) const {
-        const float2 *p = cooperative_groups::this_cluster().map_shared_rank(
-            const_cast<float2 *>(slots), (int)(i % cs));
-        return p[i / cs];
-    }
-};
-
-static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
-                                    const bn_grad_out &out) {
-    double sdy, sdyx;
-    bn_ld_global2 ld = {pp};
-    if (bn_grad_fold_of(ld, g.parts, &sdy, &sdyx)) bn_grad_finish(sdy, sdyx, g, c, out);
+    bn_block_sum64<2>(v, g.parts, sh);
+    if (threadIdx.x != 0) return;
+    bn_grad_finish(v[0], v[1], g, c, out);
 }
 
 /* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
@@ -351,59 +313,6 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
     }
 }
 
-/* Training dx over one part of a channel with bn_dx<TRAIN>'s per-element
- * arithmetic (bn_silu_grad of z = fmaf(x, zs, zh), bn_dx_train with the
- * coefficients q = (k, mean(g), mean(g*xhat)), then beta: fmaf(beta, dx, v),
- * dx read only when beta != 0): the part pa (walked with VA-element
- * vectors), its first element at base (channel included). */
-template <typename T, int VA, bool SILU>
-static __device__ __forceinline__ void bn_dx_part(const T *__restrict__ dy,
-                                                  const T *__restrict__ x, T *dx,
-                                                  const bn_part &pa, int64_t base, int64_t CS,
-                                                  float mu, float is, float zs, float zh,
-                                                  const float4 q, float beta) {
-    typedef bn_vec<T, VA> Vt;
-    typedef typename Vt::R R;
-    bn_walk wk = bn_walk_first(pa);
-    while (wk.j < pa.total) {
-        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-        int64_t e[BN_UNROLL];
-        bool ok[BN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            ok[u] = wk.j < pa.total;
-            rg[u] = R();
-            rx[u] = R();
-            rd[u] = R();
-            e[u] = 0;
-            if (ok[u]) {
-                e[u] = base + bn_walk_elem<VA>(wk, CS);
-                rg[u] = Vt::load(dy + e[u]);
-                rx[u] = Vt::load(x + e[u]);
-                if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
-            }
-            bn_walk_next(wk, pa);
-        }
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            if (!ok[u]) break;
-            float gv[VA], xv[VA], dv[VA];
-            Vt::unpack(rg[u], gv);
-            Vt::unpack(rx[u], xv);
-            if (beta != 0.0f) Vt::unpack(rd[u], dv);
-#pragma unroll
-            for (int k = 0; k < VA; k++) {
-                float gk = gv[k];
-                if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-                float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
-                if (beta != 0.0f) v = fmaf(beta, dv[k], v);
-                gv[k] = v;
-            }
-            Vt::store(dx + e[u], Vt::pack(gv));
-        }
-    }
-}
-
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
  * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
  * block c (grid.y, channels strided) computes channel c's (sum g, sum
@@ -422,6 +331,8 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
             float beta) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
     __shared__ float2 sh[32];
     __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
@@ -441,73 +352,46 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         }
         __syncthreads();
         const float4 q = cf;
-        bn_dx_part<T, VA, SILU>(dy, x, dx, pa, pa.base + c * g.S, g.CS, mu, is, zs, zh, q,
-                                beta);
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rg[u] = R();
+                rx[u] = R();
+                rd[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rg[u] = Vt::load(dy + e[u]);
+                    rx[u] = Vt::load(x + e[u]);
+                    if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float gv[VA], xv[VA], dv[VA];
+                Vt::unpack(rg[u], gv);
+                Vt::unpack(rx[u], xv);
+                if (beta != 0.0f) Vt::unpack(rd[u], dv);
+#pragma unroll
+                for (int k = 0; k < VA; k++) {
+                    float gk = gv[k];
+                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                    float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+                    if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+                    gv[k] = v;
+                }
+                Vt::store(dx + e[u], Vt::pack(gv));
+            }
+        }
     }
-}
-
-/* Training backward with dx of channels of several parts (1 < g.parts <=
- * BN_CL_SLOTS * cs) in one launch (the cluster route, see nn_norm.cuh):
- * grid (cs, min(C, 65535)) in clusters of (cs, 1, 1) blocks, one cluster per
- * channel (channels strided by grid.y).  The block of rank r computes the
- * sums of parts r, r+cs, ... exactly as bn_grad_partial<T, VS, true, SILU>
- * (bn_grad_part, bn_block_sum2) into its shared slots; after a cluster
- * barrier every block folds all of the channel's partials from the
- * cluster's shared memory in part order (bn_grad_fold_of: bn_grad_fold's
- * arithmetic) and computes the f32 dx coefficients bn_grad_finish would
- * store (bn_grad_coef); rank 0 finishes dweight / dbias with beta_params
- * (out.coef unused).  Each block then writes dx over its own parts (the last
- * one read first) with bn_dx<TRAIN>'s per-element arithmetic (bn_dx_part,
- * VA-element vectors).  The cluster barrier is split as in
- * bn_stats_apply_cl. */
-template <typename T, int VS, int VA, bool SILU>
-static __global__ void __launch_bounds__(BN_THREADS)
-bn_grad_dx_cl(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
-              const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
-              float beta) {
-    lucid_pdl_wait();
-    lucid_pdl_launch_dependents();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    __shared__ float2 sh[32];
-    __shared__ float2 slots[BN_CL_SLOTS]; /* this block's partials */
-    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
-    cg::cluster_group cl = cg::this_cluster();
-    const unsigned cs = cl.num_blocks(), rank = cl.block_rank();
-    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        float mu = mean[c], is = invstd[c];
-        float zs = 0.0f, zh = 0.0f;
-        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
-        int nmine = 0;
-        for (int64_t part = rank; part < g.parts; part += cs, nmine++) {
-            const bn_part ps = bn_part_of<VS>(g, part);
-            const int64_t base = ps.base + c * g.S;
-            float a, bsum;
-            bn_grad_part<T, VS, true, SILU>(dy + base, x + base, ps, g.CS, mu, is, zs, zh, &a,
-                                            &bsum);
-            bn_block_sum2(a, bsum, sh);
-            if (threadIdx.x == 0) slots[nmine] = make_float2(a, bsum);
-        }
-        cl.sync(); /* every partial of the channel stored */
-        double sdy, sdyx;
-        bn_ld_cluster2 ld = {slots, cs};
-        /* cf is rewritten only after the next channel's bn_block_sum2
-         * barriers, which every thread reaches after reading it below */
-        if (bn_grad_fold_of(ld, g.parts, &sdy, &sdyx)) {
-            if (rank == 0) bn_grad_finish(sdy, sdyx, g, c, out);
-            cf = bn_grad_coef(sdy, sdyx, g, c, out.w, out.invstd);
-        }
-        cl.barrier_arrive(); /* done with the other blocks' slots */
-        __syncthreads();
-        const float4 q = cf;
-        for (int k = nmine - 1; k >= 0; k--) {
-            const bn_part pa = bn_part_of<VA>(g, (int64_t)rank + (int64_t)k * cs);
-            bn_dx_part<T, VA, SILU>(dy, x, dx, pa, pa.base + c * g.S, g.CS, mu, is, zs, zh, q,
-                                    beta);
-        }
-        cl.barrier_wait(); /* the slots may be rewritten, the block may exit */
-    }
-#endif
 }
 
 template <typename T, bool TRAIN, bool SILU>
@@ -564,42 +448,6 @@ static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream,
     else
         lucid_launch(bn_grad_dx1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
                      mean, invstd, w, b, g, go, beta);
-}
-
-/* One instantiation of the cluster route's backward: its cluster size
- * (bn_cluster_pick; 0: not schedulable, nothing queued) and the launch. */
-template <typename T, int VS, int VA, bool SILU>
-static int bn_launch_grad_dx_cl1(int maxcs, cudaStream_t stream, const T *dy, const T *x,
-                                 T *dx, const float *mean, const float *invstd,
-                                 const float *w, const float *b, const bn_geom &g,
-                                 const bn_grad_out &go, float beta) {
-    static bn_cl_fit fit;
-    int cs = bn_cluster_pick(&fit, bn_grad_dx_cl<T, VS, VA, SILU>, maxcs, g.parts);
-    if (cs)
-        lucid_launch_cluster(bn_grad_dx_cl<T, VS, VA, SILU>, dim3((unsigned)cs, bn_grid_y(g.C)),
-                             dim3(BN_THREADS), 0, stream, (unsigned)cs, dy, x, dx, mean, invstd,
-                             w, b, g, go, beta);
-    return cs;
-}
-
-/* The cluster route's training backward with dx (1 < parts): vs, va as
- * for bn_launch_grad_dx1.  Returns the cluster size, 0 when the route does
- * not take the shape or the cluster cannot be scheduled (nothing queued). */
-template <typename T, bool SILU>
-static int bn_launch_grad_dx_cl(bool vs, bool va, int maxcs, cudaStream_t stream, const T *dy,
-                                const T *x, T *dx, const float *mean, const float *invstd,
-                                const float *w, const float *b, const bn_geom &g,
-                                const bn_grad_out &go, float beta) {
-    const int VV = bn_width<T>::V;
-    if (!bn_cluster_size(maxcs, g.parts)) return 0;
-    if (vs && va)
-        return bn_launch_grad_dx_cl1<T, VV, VV, SILU>(maxcs, stream, dy, x, dx, mean, invstd, w,
-                                                      b, g, go, beta);
-    if (vs)
-        return bn_launch_grad_dx_cl1<T, VV, 1, SILU>(maxcs, stream, dy, x, dx, mean, invstd, w,
-                                                     b, g, go, beta);
-    return bn_launch_grad_dx_cl1<T, 1, 1, SILU>(maxcs, stream, dy, x, dx, mean, invstd, w, b,
-                                                g, go, beta);
 }
 
 static lucid_status bn_backward(
@@ -673,33 +521,6 @@ static lucid_status bn_backward(
             CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
-        }
-        int maxcs = bn_cluster_max(ns);
-        if (dx && training && g.parts > 1 && bn_cluster_size(maxcs, g.parts)) {
-            /* several parts per channel: one cluster per channel, the sums
-             * and dx in one launch (when the cluster can be scheduled); the
-             * coefficients stay in shared memory */
-            void *dxd = lucid_tensor_data(dx);
-            bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
-            float bi = (float)beta_input;
-            bn_grad_out gc = go;
-            gc.coef = NULL;
-            int cs = 0;
-            if (silu)
-                NN_DISPATCH(x->dtype, (cs = bn_launch_grad_dx_cl<T, true>(
-                                           vec, va, maxcs, st->stream, (const T *)dyd,
-                                           (const T *)xd, (T *)dxd, sm, si, w, b, g, gc, bi)));
-            else
-                NN_DISPATCH(x->dtype, (cs = bn_launch_grad_dx_cl<T, false>(
-                                           vec, va, maxcs, st->stream, (const T *)dyd,
-                                           (const T *)xd, (T *)dxd, sm, si, nof, nof, g, gc,
-                                           bi)));
-            if (cs) {
-                CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx_cl");
-                lucid_cuda_bn_launches += 1;
-                lucid_cuda_bn_cluster_launches += 1;
-                return LUCID_OK;
-            }
         }
         if (silu) /* g needs x whatever is asked */
             NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, true>(

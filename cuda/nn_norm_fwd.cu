@@ -27,17 +27,10 @@
  * like a part: plane offsets 64-bit, so no separate route for huge
  * tensors).
  *
- * Cluster route (1 < parts, LUCID_BN_CLUSTER; see nn_norm.cuh):
- * bn_stats_apply_cl, one cluster of blocks per channel, each block the
- * partials of its parts, the fold of all of them from the cluster's shared
- * memory (bn_stats_fold_of, bn_stats_fold's arithmetic), then y over its
- * parts (bn_apply_part, the one-pass kernel's per-part apply).
- *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final when parts > 1): training forward 2 (stats partial[+fold],
- * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), 1 on
- * the cluster route (covered multi-part shapes; 2 with LUCID_BN_CLUSTER=0),
- * eval forward 2 (stats_eval, apply).
+ * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), eval
+ * forward 2 (stats_eval, apply).
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_forward): the
  * statistics kernel above unchanged, then bn_apply<..., true> stores a =
@@ -103,18 +96,15 @@ typedef struct bn_stats_out {
 /* Channel c's results from its (count n, mean, M2) in f64 (one thread):
  * save_mean / save_invstd, the running stats and, for c == 0 only,
  * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
- * invstd) it stored in save_mean[c] / save_invstd[c].  store false (the
- * cluster route's blocks but one): the same f32 (mean, invstd), nothing
- * written. */
+ * invstd) it stored in save_mean[c] / save_invstd[c]. */
 static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
-                                         const bn_stats_out &out, bool store = true) {
+                                         const bn_stats_out &out) {
     if (m2 < 0.0) m2 = 0.0;
     double var = m2 / n; /* biased: normalisation */
     float2 kept;
     kept.x = (float)mean;
-    kept.y = (float)(1.0 / sqrt(var + out.eps));
-    if (!store) return kept;
     out.save_mean[c] = kept.x;
+    kept.y = (float)(1.0 / sqrt(var + out.eps));
     out.save_invstd[c] = kept.y;
     if (out.running_mean)
         out.running_mean[c] = (float)((1.0 - out.momentum) * (double)out.running_mean[c] +
@@ -141,68 +131,26 @@ static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64
  * parts * 2^-53 on M2 (1e-11 for 1e5 parts), far below the f32 partials'.
  * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
  * bn_block_sum64 of the three sums at once.  Nothing depends on blockIdx,
- * so the last-arriving block of bn_stats_partial (whichever it is), the
- * fallback bn_stats_final and every block of a cluster of
- * bn_stats_apply_cl give the same bits.  ld(i): part i's partial (the
- * loaders below); in thread 0, *n, *mean, *m2 = the channel's (count,
- * mean, M2) and true; false in the other threads. */
-template <typename L>
-static __device__ __forceinline__ bool bn_stats_fold_of(const L &ld, int64_t parts, double *n,
-                                                        double *mean, double *m2) {
+ * so the last-arriving block of bn_stats_partial (whichever it is) and the
+ * fallback bn_stats_final give the same bits.  The partials are read with
+ * ld.global.cg (L2): other blocks of this grid wrote them. */
+static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
+                                     const bn_stats_out &out) {
     __shared__ double sh[3][32];
-    double K = (double)ld.mean(0);
+    double K = (double)__ldcg((const float *)pp + 1);
     double v[3] = {0.0, 0.0, 0.0}; /* n, s, q */
     for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
-        const float3 p = ld(i);
-        double ni = (double)p.x, d = (double)p.y - K;
+        const float *p = (const float *)(pp + i);
+        double ni = (double)__ldcg(p), d = (double)__ldcg(p + 1) - K;
         double sd = ni * d;
         v[0] += ni;
         v[1] += sd;
-        v[2] += (double)p.z + sd * d;
+        v[2] += (double)__ldcg(p + 2) + sd * d;
     }
     bn_block_sum64<3>(v, parts, sh);
-    if (threadIdx.x != 0) return false;
-    double s = v[1], q = v[2];
-    *n = v[0];
-    *mean = K + s / v[0];
-    *m2 = q - s * (s / v[0]);
-    return true;
-}
-
-/* The partials in global memory (the arena), read with ld.global.cg (L2):
- * other blocks of this grid wrote them. */
-struct bn_ld_global3 {
-    const float3 *pp;
-    __device__ __forceinline__ float mean(int64_t i) const {
-        return __ldcg((const float *)(pp + i) + 1);
-    }
-    __device__ __forceinline__ float3 operator()(int64_t i) const {
-        const float *p = (const float *)(pp + i);
-        return make_float3(__ldcg(p), __ldcg(p + 1), __ldcg(p + 2));
-    }
-};
-
-/* The partials in the shared memory of the blocks of this cluster (the
- * cluster route): part i in slot i / cs of the block of rank i % cs. */
-struct bn_ld_cluster3 {
-    const float3 *slots; /* this block's slots (the same offset in every block) */
-    unsigned cs;
-    __device__ __forceinline__ const float3 *at(int64_t i) const {
-        const float3 *p = cooperative_groups::this_cluster().map_shared_rank(
-            const_cast<float3 *>(slots), (int)(i % cs));
-        return p + i / cs;
-    }
-    __device__ __forceinline__ float mean(int64_t i) const { return at(i)->y; }
-    __device__ __forceinline__ float3 operator()(int64_t i) const { return *at(i); }
-};
-
-/* Channel c's fold from the partials in global memory (bn_stats_fold_of),
- * thread 0 finishing it. */
-static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
-                                     const bn_stats_out &out) {
-    double n, mean, m2;
-    bn_ld_global3 ld = {pp};
-    if (bn_stats_fold_of(ld, parts, &n, &mean, &m2)) bn_stats_finish(n, mean, m2, c, out);
+    if (threadIdx.x != 0) return;
+    double n = v[0], s = v[1], q = v[2];
+    bn_stats_finish(n, K + s / n, q - s * (s / n), c, out);
 }
 
 /* One part of channel c: (count, mean, M2), thread 0 of the block holding
@@ -352,44 +300,6 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
     }
 }
 
-/* y over one part of a channel with bn_apply's per-element arithmetic
- * (bn_out of the channel's sc, shf): the part pa (walked with VA-element
- * vectors), its first element at base (channel included). */
-template <typename T, int VA, bool SILU>
-static __device__ __forceinline__ void bn_apply_part(const T *__restrict__ x,
-                                                     T *__restrict__ y, const bn_part &pa,
-                                                     int64_t base, int64_t CS, float sc,
-                                                     float shf) {
-    typedef bn_vec<T, VA> Vt;
-    typedef typename Vt::R R;
-    bn_walk wk = bn_walk_first(pa);
-    while (wk.j < pa.total) {
-        R rv[BN_UNROLL];
-        int64_t e[BN_UNROLL];
-        bool ok[BN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            ok[u] = wk.j < pa.total;
-            rv[u] = R();
-            e[u] = 0;
-            if (ok[u]) {
-                e[u] = base + bn_walk_elem<VA>(wk, CS);
-                rv[u] = Vt::load(x + e[u]);
-            }
-            bn_walk_next(wk, pa);
-        }
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            if (!ok[u]) break;
-            float v[VA];
-            Vt::unpack(rv[u], v);
-#pragma unroll
-            for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
-            Vt::store(y + e[u], Vt::pack(v));
-        }
-    }
-}
-
 /* Training forward of channels of ONE part (g.parts == 1), statistics and
  * apply in one launch (LUCID_BN_ONEPASS, see the header): block c (grid.y,
  * channels strided) computes channel c's statistics exactly as
@@ -408,6 +318,8 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
                 const float *w, const float *b) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
     __shared__ bn_mv sh[32];
     __shared__ float2 kept; /* channel c's stored (mean, invstd) */
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
@@ -424,67 +336,34 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
             float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
             bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
         }
-        bn_apply_part<T, VA, SILU>(x, y, pa, pa.base + c * g.S, g.CS, sc, shf);
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rv[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rv[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                    rv[u] = Vt::load(x + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                float v[VA];
+                Vt::unpack(rv[u], v);
+#pragma unroll
+                for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
+                Vt::store(y + e[u], Vt::pack(v));
+            }
+        }
     }
-}
-
-/* Training forward of channels of several parts (1 < g.parts <=
- * BN_CL_SLOTS * cs) in one launch (the cluster route, see the header):
- * grid (cs, min(C, 65535)) in clusters of (cs, 1, 1) blocks, one cluster per
- * channel (channels strided by grid.y).  The block of rank r computes the
- * partials of parts r, r+cs, ... exactly as bn_stats_partial (bn_stats_part,
- * VS-element vectors) into its shared slots; after a cluster barrier every
- * block folds all of the channel's partials from the cluster's shared
- * memory in part order (bn_stats_fold_of: bn_stats_fold's arithmetic, so
- * its bits) and computes the f32 (mean, invstd) of bn_stats_finish; rank 0
- * also stores them, the running stats and num_batches_tracked.  Each block
- * then writes y over its own parts (the last one read first: the likeliest
- * still in L1/L2) with bn_apply's per-element arithmetic (bn_apply_part,
- * VA-element vectors).  The cluster barrier is split: arrive once the
- * block's fold has read the others' slots, wait before the slots are
- * rewritten (next channel) or the block exits. */
-template <typename T, int VS, int VA, bool SILU>
-static __global__ void __launch_bounds__(BN_THREADS)
-bn_stats_apply_cl(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
-                  const float *w, const float *b) {
-    lucid_pdl_wait();
-    lucid_pdl_launch_dependents();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    __shared__ bn_mv sh[32];
-    __shared__ float3 slots[BN_CL_SLOTS]; /* this block's partials */
-    __shared__ float2 kept;               /* channel c's (mean, invstd) */
-    cg::cluster_group cl = cg::this_cluster();
-    const unsigned cs = cl.num_blocks(), rank = cl.block_rank();
-    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
-        int nmine = 0;
-        for (int64_t part = rank; part < g.parts; part += cs, nmine++) {
-            const bn_part ps = bn_part_of<VS>(g, part);
-            bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh);
-            if (threadIdx.x == 0) slots[nmine] = make_float3(r.n, r.mean, r.m2);
-        }
-        cl.sync(); /* every partial of the channel stored */
-        double n, mean, m2;
-        bn_ld_cluster3 ld = {slots, cs};
-        /* kept is rewritten only after the next channel's bn_stats_part
-         * barriers, which every thread reaches after reading it below */
-        if (bn_stats_fold_of(ld, g.parts, &n, &mean, &m2))
-            kept = bn_stats_finish(n, mean, m2, c, out, rank == 0);
-        cl.barrier_arrive(); /* done with the other blocks' slots */
-        __syncthreads();
-        float sc, shf;
-        {
-            float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
-            bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
-        }
-        for (int k = nmine - 1; k >= 0; k--) {
-            const bn_part pa = bn_part_of<VA>(g, (int64_t)rank + (int64_t)k * cs);
-            bn_apply_part<T, VA, SILU>(x, y, pa, pa.base + c * g.S, g.CS, sc, shf);
-        }
-        cl.barrier_wait(); /* the slots may be rewritten, the block may exit */
-    }
-#endif
 }
 
 template <typename T, bool SILU>
@@ -535,48 +414,13 @@ static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t str
                      g, so, w, b);
 }
 
-/* One instantiation of the cluster route's forward: its cluster size
- * (bn_cluster_pick; 0: not schedulable, nothing queued) and the launch. */
-template <typename T, int VS, int VA, bool SILU>
-static int bn_launch_stats_apply_cl1(int maxcs, cudaStream_t stream, const T *x, T *y,
-                                     const bn_geom &g, const bn_stats_out &so, const float *w,
-                                     const float *b) {
-    static bn_cl_fit fit;
-    int cs = bn_cluster_pick(&fit, bn_stats_apply_cl<T, VS, VA, SILU>, maxcs, g.parts);
-    if (cs)
-        lucid_launch_cluster(bn_stats_apply_cl<T, VS, VA, SILU>,
-                             dim3((unsigned)cs, bn_grid_y(g.C)), dim3(BN_THREADS), 0, stream,
-                             (unsigned)cs, x, y, g, so, w, b);
-    return cs;
-}
-
-/* The cluster route's training forward (1 < parts): vs, va as for
- * bn_launch_stats_apply1.  Returns the cluster size, 0 when the route does
- * not take the shape or the cluster cannot be scheduled (nothing queued). */
-template <typename T, bool SILU>
-static int bn_launch_stats_apply_cl(bool vs, bool va, int maxcs, cudaStream_t stream,
-                                    const T *x, T *y, const bn_geom &g,
-                                    const bn_stats_out &so, const float *w, const float *b) {
-    const int VV = bn_width<T>::V;
-    if (!bn_cluster_size(maxcs, g.parts)) return 0;
-    if (vs && va)
-        return bn_launch_stats_apply_cl1<T, VV, VV, SILU>(maxcs, stream, x, y, g, so, w, b);
-    if (vs) return bn_launch_stats_apply_cl1<T, VV, 1, SILU>(maxcs, stream, x, y, g, so, w, b);
-    return bn_launch_stats_apply_cl1<T, 1, 1, SILU>(maxcs, stream, x, y, g, so, w, b);
-}
-
 /* The counters declared in nn_norm.cuh (both directions add to them). */
 thread_local unsigned long lucid_cuda_bn_launches;
 thread_local unsigned long lucid_cuda_bn_wide_launches;
-thread_local unsigned long lucid_cuda_bn_cluster_launches;
 
 extern "C" unsigned long lucid_cuda_bn_launch_count(void) { return lucid_cuda_bn_launches; }
 
 extern "C" unsigned long lucid_cuda_bn_wide_count(void) { return lucid_cuda_bn_wide_launches; }
-
-extern "C" unsigned long lucid_cuda_bn_cluster_count(void) {
-    return lucid_cuda_bn_cluster_launches;
-}
 
 static lucid_status bn_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
@@ -642,27 +486,6 @@ static lucid_status bn_forward(
             CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
-        }
-        int maxcs = bn_cluster_max(ns);
-        if (g.parts > 1 && bn_cluster_size(maxcs, g.parts)) {
-            /* several parts per channel: one cluster per channel, statistics
-             * and apply in one launch (when the cluster can be scheduled) */
-            bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
-            int cs = 0;
-            if (silu)
-                NN_DISPATCH(x->dtype, (cs = bn_launch_stats_apply_cl<T, true>(
-                                           vec, va, maxcs, st->stream, (const T *)xd, (T *)yd,
-                                           g, so, w, b)));
-            else
-                NN_DISPATCH(x->dtype, (cs = bn_launch_stats_apply_cl<T, false>(
-                                           vec, va, maxcs, st->stream, (const T *)xd, (T *)yd,
-                                           g, so, w, b)));
-            if (cs) {
-                CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply_cl");
-                lucid_cuda_bn_launches += 1;
-                lucid_cuda_bn_cluster_launches += 1;
-                return LUCID_OK;
-            }
         }
         NN_DISPATCH(x->dtype, bn_launch_stats<T>(vec, grid, st->stream, (const T *)xd, g,
                                                  (float3 *)ws, count, so));

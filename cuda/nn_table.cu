@@ -106,7 +106,6 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv1x1 = 0;
     ns->wcast = 0;
     ns->conv_small = 0;
-    ns->bn_cluster = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -179,16 +178,6 @@ extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
     return set_route(ctx, &lucid_cuda_nn_state::wcast, mode);
-}
-
-extern "C" int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode) {
-    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
-    if (!st) return -1;
-    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
-    if (!ns) return -1;
-    int old = ns->bn_cluster;
-    ns->bn_cluster = mode >= 1 && mode <= 16 ? mode : 0;
-    return old;
 }
 
 /* The compute stream of ctx (as void *), for benchmarks that time nn calls

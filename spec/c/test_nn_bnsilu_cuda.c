@@ -96,11 +96,6 @@
  *                             call bitwise, with as many kernels recorded
  *                             as queued eagerly (4x24x20x20, 3x7x10x30,
  *                             and 4x24x96x96 with 8 parts)
- * Cluster route (LUCID_BN_CLUSTER): the groups above run the default route,
- * so their multi-part training calls with dx take the cluster kernels when
- * covered; the one-pass groups and the capture before the fold counters
- * turn it off per context (lucid_cuda_nn_set_bn_cluster 1) to test the
- * two-launch route; spec/c/test_nn_bncluster_cuda.c compares the two.
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -111,20 +106,6 @@
 
 #define MOM 0.03
 #define EPS 1e-3
-
-/* cuda/nn_table.cu: the BatchNorm cluster route per context (1 = off).
- * The one-pass and capture-before-the-counters groups below test the
- * two-launch route of multi-part channels, so they turn the cluster route
- * off (spec/c/test_nn_bncluster_cuda.c tests it); the other groups run the
- * default route. */
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
-int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
-
-static void bn_cluster_off(int off) {
-    if (lucid_cuda_nn_set_bn_cluster) lucid_cuda_nn_set_bn_cluster(ctx, off ? 1 : 0);
-}
 
 /* ------------------------------------------------------------ tensors
  * Every tensor made here is kept in a pool released at the end of a test
@@ -541,7 +522,6 @@ static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t 
              (long long)N, (long long)C, (long long)H, (long long)W, lucid_dtype_name(dt));
     lucid_ctx *main_ctx = NULL;
     if (!cuda_test_enter_fresh(pre, &main_ctx)) return; /* ctx: a fresh context */
-    bn_cluster_off(1); /* the fallback of the two-launch route */
     lucid_graph *g = NULL;
     {
         int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
@@ -925,7 +905,6 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     }
     CHECK(NAME("%s: launch-count hook linked", pre), lucid_cuda_bn_launch_count != NULL,
           "lucid_cuda_bn_launch_count missing (cuda/nn_norm_fwd.cu)");
-    bn_cluster_off(1);
     set_onepass(2);
     st = onepass_run(&in, o1, l1, &what);
     if (st != LUCID_OK) {
@@ -990,7 +969,6 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     }
 done:
     set_onepass(1);
-    bn_cluster_off(0);
     pool_free();
 }
 
@@ -1009,7 +987,6 @@ static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C,
              silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
              lucid_dtype_name(dt));
     if (!cuda_test_graphs(pre)) return;
-    bn_cluster_off(1);
     int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
     const lucid_dtype F = LUCID_F32;
     lucid_graph *g = NULL;
@@ -1091,7 +1068,6 @@ static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C,
     }
 done:
     set_onepass(1);
-    bn_cluster_off(0);
     if (g) lucid_graph_destroy(g);
     pool_free();
 }

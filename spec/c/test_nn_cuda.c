@@ -94,12 +94,6 @@ int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
 __attribute__((weak))
 #endif
 int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
-/* cuda/nn_table.cu test hook: BatchNorm cluster route 0 LUCID_BN_CLUSTER,
- * 1 off (test_bn_routes_capture records the two-launch route's fallback) */
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
-int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
 
 static void rel(lucid_tensor *t) {
     if (t) lucid_tensor_release(t);
@@ -624,7 +618,6 @@ static void test_bn_routes_capture(lucid_dtype dt, int64_t N, int64_t C, int64_t
              (long long)N, (long long)C, (long long)H, (long long)W, dname(dt));
     lucid_ctx *main_ctx = NULL;
     if (!cuda_test_enter_fresh(pre, &main_ctx)) return; /* ctx: a fresh context */
-    if (lucid_cuda_nn_set_bn_cluster) lucid_cuda_nn_set_bn_cluster(ctx, 1);
     const double mom = 0.1, eps = 1e-3;
     int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
     int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
