@@ -132,6 +132,27 @@ static void ignore_sigxfsz(void) {
     }
 }
 
+/* lucid.Step(o): the capturable training step (lua/lucid/recorded_step.lua's
+ * new, docs/STEP.md): the Trainer's step, usable from a recipe or the REPL.
+ * A Lua function that requires the module on its first call, so require
+ * "lucid" stays light and the Lua library (which requires "lucid") is not
+ * loaded before this module exists. */
+static const char step_src[] =
+    "local rs\n"
+    "return function(o)\n"
+    "  rs = rs or require('lucid.recorded_step')\n"
+    "  return rs.new(o)\n"
+    "end\n";
+
+static void add_step(lua_State *L) {
+    if (luaL_loadbuffer(L, step_src, sizeof step_src - 1, "=lucid.Step") != 0 ||
+        lua_pcall(L, 0, 1, 0) != 0) {
+        lua_pop(L, 1); /* the message: a build without the Lua library has no Step */
+        return;
+    }
+    lua_setfield(L, -2, "Step");
+}
+
 int luaopen_lucid(lua_State *L) {
     ignore_sigxfsz();
     lua_newtable(L);
@@ -154,6 +175,7 @@ int luaopen_lucid(lua_State *L) {
     if (lucid_lua_open_input) lucid_lua_open_input(L);
     if (lucid_lua_open_hash) lucid_lua_open_hash(L);
     add_package_path(L);
+    add_step(L);
     lucid_lua_set_module(L, -1); /* argument errors name its functions */
     return 1;
 }

@@ -41,6 +41,8 @@ describe("progress.is_tty", function()
   end
   it("takes LUCID_PROGRESS=bar|plain and refuses any other value by name", function()
     with_env("bar", function() assert.is_true(progress.is_tty()) end)
+    with_env("BAR", function() assert.is_true(progress.is_tty()) end) -- any case
+    with_env("Plain", function() assert.is_false(progress.is_tty()) end)
     with_env("plain", function() assert.is_false(progress.is_tty()) end)
     with_env("auto", function() assert.is_boolean(progress.is_tty()) end)
     with_env("fancy", function()

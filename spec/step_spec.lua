@@ -837,3 +837,23 @@ describe_data("recorded step in a CPU Trainer fit (fake recorder)", function()
     assert.is_true(s.contract_us_per_replay ~= nil)
   end)
 end)
+
+describe("lucid.Step", function()
+  it("is the recorded step's constructor (the Trainer's step); a missing or mistyped field is named", function()
+    assert.is_function(lucid.Step)
+    assert.has_error(function() lucid.Step(5) end, "lucid.Step: expected a table of fields, got number")
+    assert.has_error(function() lucid.Step{} end, "lucid.Step: field 'ctx' must be a lucid.Context, got nothing")
+    local ctx = lucid.Context{ device = "cpu" }
+    local model = H.model(ctx)
+    local opt = lucid.optim.build{ model = model, name = "SGD", lr0 = 0.01, momentum = 0.9, decay = 5e-4,
+      iterations = 100, nc = 1 }
+    assert.has_error(function()
+      lucid.Step{ ctx = ctx, model = model, optimizer = opt, batch = "4", imgsz = 64, max_gt = H.G, nkpt = H.K }
+    end, "lucid.Step: field 'batch' must be the batch size (images per step), got string")
+    local st = lucid.Step{ ctx = ctx, model = model, optimizer = opt, batch = 2, imgsz = 64, max_gt = H.G,
+      nkpt = H.K, nc = 1, act_dtype = "f32", log = function() end }
+    assert.are.equal("eager", st.route) -- the CPU: the visible fallback
+    assert.are.equal("no CUDA", st:stats().eager_reason)
+    st:release()
+  end)
+end)

@@ -21,6 +21,7 @@ progress.LOSS_NAMES = LOSS_NAMES
 local tty_cache
 function progress.is_tty()
   local env = os.getenv("LUCID_PROGRESS")
+  env = env and env:lower() -- any case, as the recipes' device and optimizer names
   if env == "bar" then return true end
   if env == "plain" then return false end
   if env ~= nil and env ~= "" and env ~= "auto" then

@@ -176,7 +176,25 @@ end
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
 -- recording, default 3), recorder (tests), log (function(line): where the
 -- route is reported once; default stderr).
+-- The fields lucid.Step / M.new cannot do without, and what each must be.
+local REQUIRED = {
+  { "ctx", "userdata", "a lucid.Context" }, { "model", "table", "the model (lucid.model)" },
+  { "optimizer", "userdata", "a lucid optimizer (lucid.SGD, lucid.AdamW, ...)" },
+  { "batch", "number", "the batch size (images per step)" }, { "imgsz", "number", "the image size in pixels" },
+  { "max_gt", "number", "the instance slots per image" }, { "nkpt", "number", "the keypoints per instance (17)" },
+}
+
 function M.new(o)
+  if type(o) ~= "table" then
+    error(string.format("lucid.Step: expected a table of fields, got %s", type(o)), 2)
+  end
+  for _, f in ipairs(REQUIRED) do
+    local v = o[f[1]]
+    if type(v) ~= f[2] then
+      error(string.format("lucid.Step: field '%s' must be %s, got %s", f[1], f[3],
+        v == nil and "nothing" or type(v)), 2)
+    end
+  end
   local self = new_object()
   local eo = {}
   for k, v in pairs(o) do eo[k] = v end

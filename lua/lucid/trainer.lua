@@ -428,6 +428,7 @@ end
 function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
   opts = nn_util.check_options("trainer:fit", opts, { "resume" })
+  progress.is_tty() -- a bad LUCID_PROGRESS is an error before anything is built or written
   self.fit_id = self.fit_id + 1
   self.fitting = true
   local state = { model = model, resources = {} }
