@@ -24,6 +24,13 @@ describe("recipe.resolve", function()
     local cfg = recipe.resolve(defaults, { "epochs=3", "batch=8", "epochs=5" })
     assert.are.equal(5, cfg.epochs)
     assert.are.equal(8, cfg.batch)
+    -- only the value that applies is checked (Ultralytics merges, then checks)
+    cfg = recipe.resolve(defaults, { "epochs=bad", "epochs=1" })
+    assert.are.equal(1, cfg.epochs)
+    assert.has_error(function() recipe.resolve(defaults, { "epochs=1", "epochs=bad" }) end)
+    -- an unknown key is refused wherever it stands
+    assert.has_error(function() recipe.resolve(defaults, { "epoch=1", "epoch=2" }) end,
+      "recipe: unknown key 'epoch' (did you mean 'epochs'?)")
     -- the command line wins over the override table
     cfg = recipe.resolve(defaults, { "epochs=3" }, { epochs = 7 })
     assert.are.equal(3, cfg.epochs)

@@ -190,13 +190,19 @@ function recipe.resolve(defaults, args, overrides)
     node[last] = value
   end
   for k, v in pairs(overrides or {}) do set(k, v, false) end
+  -- a key given again replaces the earlier value, as in Ultralytics'
+  -- entrypoint (its overrides dict keeps the last, then checks it): only
+  -- the last occurrence of a key is parsed and checked
+  local last = {}
+  for i, a in ipairs(args or {}) do
+    local k = type(a) == "string" and a:match("^([%w_%.%-]+)=") or nil
+    if k then last[k] = i end
+  end
   for i, a in ipairs(args or {}) do
     if type(a) == "string" then
       local k, v = a:match("^([%w_%.%-]+)=(.*)$")
       if not k then error(string.format("recipe: key=value expected, got '%s' (argument %d)", a, i), 0) end
-      -- a key given again replaces the earlier value, as in Ultralytics'
-      -- entrypoint (its overrides dict keeps the last)
-      set(k, v, true)
+      if last[k] == i then set(k, v, true) end
     end
   end
   return cfg
