@@ -919,6 +919,12 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
     assert.are.equal(1, rc, err)
     assert.are.equal("pose_nano: trainer: name = 'pfn': " .. tmp .. "/pfn exists and is not a folder (the run "
       .. "folder under project)\n", err)
+    os.execute("mkdir -p " .. q(tmp .. "/pw"))
+    files.write(tmp .. "/pw/weights", "x")
+    _, err, rc = pose("epochs=1 imgsz=64 name=pw exist_ok=true")
+    assert.are.equal(1, rc, err)
+    assert.are.equal("pose_nano: trainer: name = 'pw': " .. tmp .. "/pw/weights exists and is not a folder (the "
+      .. "run's checkpoints go there)\n", err)
     _, err, rc = pose("epochs=1 imgsz=64 name=px project=/proc/lucid-spec-x")
     assert.are.equal(1, rc, err)
     assert.are.equal("pose_nano: trainer: project = '/proc/lucid-spec-x': cannot create the run folder "

@@ -300,6 +300,14 @@ function Trainer.check_paths(cfg)
     error(string.format("trainer: name = %s: %s exists and is not a folder (the run folder under project)",
       recipe.show(cfg.name or "train"), base), 0)
   end
+  -- the run goes into base itself unless base holds a run and a new folder
+  -- is chosen (run_dir: not exist_ok, not resuming); then its weights/
+  -- must be a folder too
+  local reused = not (cfg.exist_ok or cfg.resume) and recipe.path_kind(base .. "/results.csv") ~= nil
+  if not reused and recipe.path_kind(base .. "/weights") == "file" then
+    error(string.format("trainer: name = %s: %s/weights exists and is not a folder (the run's checkpoints go "
+      .. "there)", recipe.show(cfg.name or "train"), base), 0)
+  end
 end
 
 --- Trainer.check_last_batch(imgsz, batch, n): raise when a training batch
