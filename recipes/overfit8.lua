@@ -2,7 +2,9 @@
 recipes/overfit8.lua — the overfitting check of the trainer (issue 7):
 8 real images, augmentation off, no accumulation (nbs = batch = 8), trained
 for 2000 steps and validated on the same 8 images. A working trainer reaches
-box mAP50 >= 0.9 and pose mAP50 >= 0.5. Prints the loss and metric curves.
+box mAP50 >= 0.9 and pose mAP50 >= 0.5. Prints the loss and metric curves;
+exits with status 3 (a line on stderr says why) when either is missed, so
+a script can rely on it (a short run, e.g. steps=30, is expected to miss).
 
   luajit recipes/overfit8.lua                  # 2000 steps on the GPU
   luajit recipes/overfit8.lua steps=200 device=cpu imgsz=128
@@ -100,6 +102,7 @@ Trainer.check_paths(cfg)
 -- the temporary dataset: removed when the run ends, whether it succeeded or failed
 local dir = make_tmpdir()
 cfg.data = dir .. "/overfit8.lua"
+local passed = false
 local ok, err = pcall(function()
   for _, sub in ipairs({ "images/train", "labels/train", "images/val", "labels/val" }) do
     recipe.make_folder(dir .. "/" .. sub, "TMPDIR", "overfit8")
@@ -148,9 +151,17 @@ local ok, err = pcall(function()
   local m = res.metrics
   print(string.format("overfit8 result: box mAP50 %.4f (>= 0.9: %s), pose mAP50 %.4f (>= 0.5: %s), %.1f s",
     m.box.map50, tostring(m.box.map50 >= 0.9), m.pose.map50, tostring(m.pose.map50 >= 0.5), res.fit_seconds))
+  passed = m.box.map50 >= 0.9 and m.pose.map50 >= 0.5
 end)
 os.execute("rm -rf -- " .. q(dir))
 if not ok then error(err, 0) end
+if not passed then
+  -- the check is the recipe's purpose: a script (or CI) can rely on the status
+  io.stdout:flush()
+  io.stderr:write("overfit8: check failed: box mAP50 >= 0.9 and pose mAP50 >= 0.5 not both reached "
+    .. "(exit status 3)\n")
+  os.exit(3)
+end
 end
 
 recipe.run("overfit8", main)

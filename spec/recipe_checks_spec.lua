@@ -1016,8 +1016,11 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
     local env = "LUCID_DATASETS=" .. q(root) .. " TMPDIR=" .. q(tmpd) .. " "
     local out, err, rc = run(env .. "luajit recipes/overfit8.lua steps=3 imgsz=64 device=cpu workers=1 name=o8 "
       .. "val_every=0 project=" .. q(tmp))
-    assert.are.equal(0, rc, err)
+    -- 3 steps cannot overfit: the check fails, status 3, and says so
+    assert.are.equal(3, rc, err)
     assert.truthy(out:find("overfit8 result:", 1, true), out)
+    assert.are.equal("overfit8: check failed: box mAP50 >= 0.9 and pose mAP50 >= 0.5 not both reached "
+      .. "(exit status 3)\n", err)
     assert.are.same({}, files.listdir(tmpd))
     -- an error after the folder was made (a label file missing): a clean message, the folder removed
     local bad = tmp .. "/bad data/coco-pose-mini"
