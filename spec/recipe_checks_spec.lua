@@ -666,13 +666,23 @@ describe_data("the recipes on bad input (separate processes)", function()
       local tr = Trainer.new(c)
       tr:add_callback("on_val_end", function(_, ev) epochs_seen[#epochs_seen + 1] = ev.epoch end)
       tr:fit(fit_cfg.build(tr))
-      local n = 0
-      for _ in io.lines(tmp .. "/" .. name .. "/results.csv") do n = n + 1 end
-      return n - 1, epochs_seen
+      local lines = {}
+      for l in io.lines(tmp .. "/" .. name .. "/results.csv") do lines[#lines + 1] = l end
+      return #lines - 1, epochs_seen, lines
     end
-    local n, seen = rows("vp0", { val_period = 0, save_period = 0 })
-    assert.are.equal(1, n)
+    local n, seen, lines = rows("vp0", { val_period = 0, save_period = 0 })
+    -- a row every epoch (as Ultralytics); the epoch that was not validated
+    -- has its training losses and learning rates, and empty metric cells
+    assert.are.equal(2, n)
     assert.are.same({ 1 }, seen)
+    local c1 = {}
+    for v in (lines[2] .. ","):gmatch("([^,]*),") do c1[#c1 + 1] = v end
+    assert.are.equal(23, #c1)
+    assert.are.equal("1", c1[1])
+    assert.truthy(tonumber(c1[3]), lines[2]) -- train/box_loss
+    for i = 8, 20 do assert.are.equal("", c1[i], lines[2]) end -- metrics and val losses
+    assert.truthy(tonumber(c1[21]), lines[2]) -- lr/pg0
+    assert.truthy(tonumber(lines[3]:match("^2,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,([^,]*)")), lines[3])
     -- negative control: every epoch
     n, seen = rows("vp1", { val_period = 1, save_period = 1 })
     assert.are.equal(2, n)

@@ -8,7 +8,9 @@ reference's columns (Ultralytics PoseTrainer):
   val/pose_loss, val/kobj_loss, val/cls_loss, val/dfl_loss, lr/pg0, lr/pg1,
   lr/pg2
 Rows are appended and flushed at once (a killed run keeps the finished
-epochs); a resumed run appends to the same file.
+epochs); a resumed run appends to the same file. Every epoch has its row
+(Ultralytics writes one each epoch); an epoch that was not validated
+(val_period) has empty metric and val/ cells.
 ]]
 local results = {}
 
@@ -70,11 +72,13 @@ function Csv:truncate_after(epochs)
   assert(os.rename(tmp, self.path))
 end
 
---- csv:row(epoch (1-based), seconds, train_losses {box=..}, metrics, val_losses|nil, lrs {pg0, pg1, pg2})
+--- csv:row(epoch (1-based), seconds, train_losses {box=..}, metrics|nil, val_losses|nil, lrs {pg0, pg1, pg2})
+-- metrics nil (an epoch that was not validated, val_period): the metric
+-- cells are left empty, as the val/ ones are without val_losses.
 function Csv:row(epoch, seconds, tl, m, vl, lrs)
   local r = { tostring(epoch), num(seconds) }
   for _, k in ipairs(LOSSES) do r[#r + 1] = num(tl and tl[k]) end
-  for _, s in ipairs({ m.box, m.pose }) do
+  for _, s in ipairs({ m and m.box or {}, m and m.pose or {} }) do
     r[#r + 1] = num(s.precision); r[#r + 1] = num(s.recall)
     r[#r + 1] = num(s.map50); r[#r + 1] = num(s.map50_95)
   end

@@ -815,7 +815,7 @@ function Trainer:_fit(state, opts)
     -- the row goes in after the checkpoint's snapshot: a run killed before
     -- that write is on disk resumes from the previous checkpoint, and
     -- csv:truncate_after drops this epoch's row
-    if metrics then csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs) end
+    csv:row(epoch + 1, time_offset + lucid.wall_time() - t_fit0, train_losses, metrics, val_losses, lrs)
     self:run_callbacks("on_epoch_end", { epoch = epoch, metrics = metrics, fitness = metrics and metrics.fitness,
       train_losses = train_losses })
   end
