@@ -178,7 +178,7 @@ describe("checkpoint.save {async = true}", function()
     checkpoint.save({ bad, best }, state(r, { iteration = 4 }), { async = true })
     local ok, err = pcall(checkpoint.wait)
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("not written either (previous contents kept): " .. best, 1, true),
+    assert.truthy(tostring(err):find("not written either (any previous file there is unchanged): " .. best, 1, true),
       tostring(err))
     assert.are.equal(3, checkpoint.load(best).iteration)
   end)

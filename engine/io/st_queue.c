@@ -156,8 +156,8 @@ static lucid_status run_job(st_job *j, lucid_st_queue_stats *stats, char **msg) 
     }
     free(hdr);
     if (st == LUCID_OK) return st;
-    /* "background write of P failed: <why>[; not written either (previous
-     * contents kept): Q, R]" */
+    /* "background write of P failed: <why>[; not written either (any
+     * previous file there is unchanged): Q, R]" */
     const char *p = j->paths[i < j->npaths ? i : 0];
     size_t n = strlen(p) + strlen(sink.errmsg) + 128;
     for (int k = i + 1; k < j->npaths; k++) n += strlen(j->paths[k]) + 2;
@@ -166,7 +166,7 @@ static lucid_status run_job(st_job *j, lucid_st_queue_stats *stats, char **msg) 
         int len = snprintf(m, n, "background write of %s failed: %s", p, sink.errmsg);
         for (int k = i + 1; k < j->npaths && len > 0 && (size_t)len < n; k++)
             len += snprintf(m + len, n - (size_t)len, "%s%s",
-                            k == i + 1 ? "; not written either (previous contents kept): "
+                            k == i + 1 ? "; not written either (any previous file there is unchanged): "
                                        : ", ",
                             j->paths[k]);
     }
