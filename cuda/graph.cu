@@ -73,12 +73,8 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
  * instantiates without it, for A/B measurements. Priorities change the
  * order blocks are scheduled in, never what a kernel computes. */
 static int graph_node_priority(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LUCID_GRAPH_PRIORITY");
-        v = !(e && strcmp(e, "0") == 0);
-    }
-    return v;
+    static int off = -1;
+    return !lucid_env_zero("LUCID_GRAPH_PRIORITY", &off);
 }
 
 /* LUCID_GRAPH_STATS=1 (read once): each instantiated graph prints one line

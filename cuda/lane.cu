@@ -59,17 +59,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A switch variable set to "0" (read once per process). */
-static int env_zero(const char *name, int *cache) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = e && strcmp(e, "0") == 0;
-    }
-    return *cache;
-}
 static int lane_env_off(int lane) {
     static int grad = -1, branch = -1;
-    return lane == 0 ? env_zero("LUCID_GRAD_LANE", &grad) : env_zero("LUCID_BRANCH_LANES", &branch);
+    return lane == 0 ? lucid_env_zero("LUCID_GRAD_LANE", &grad)
+                     : lucid_env_zero("LUCID_BRANCH_LANES", &branch);
 }
 
 static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_lane *L,

@@ -57,16 +57,9 @@ int lucid_conv1x1_switch(const char **value) {
     return e.route;
 }
 
-namespace {
-int wcast_env_read(void) {
-    const char *v = getenv("LUCID_WCAST_ONCE");
-    return !(v && strcmp(v, "0") == 0);
-}
-} // namespace
-
 int lucid_wcast_once_switch(void) {
-    static const int on = wcast_env_read(); /* once, thread-safe */
-    return on;
+    static int off = -1;
+    return !lucid_env_zero("LUCID_WCAST_ONCE", &off);
 }
 
 // ----------------------------------------------------------------------------

@@ -145,7 +145,7 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
 
 /* The process's switch of the weight shadows (engine/nn/nn.h
  * lucid_conv_wshadow), from LUCID_WCAST_ONCE read once per process
- * (thread-safe): 0 when it is "0" (every GEMM forward / backward-data casts
+ * (lucid_env_zero): 0 when it is "0" (every GEMM forward / backward-data casts
  * its weight into scratch, shadows are ignored), else 1 (the default). */
 int lucid_wcast_once_switch(void);
 

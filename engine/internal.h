@@ -19,10 +19,25 @@
 
 #include "lucid.h"
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ------------------------------------------------------- switch variables */
+
+/* An A/B switch that "0" turns off (LUCID_GRAD_LANE, LUCID_WCAST_ONCE, ...),
+ * read once: *cache starts at -1 and then holds 1 when the variable is set
+ * to "0", else 0 (a race between threads reads the same value twice). */
+static inline int lucid_env_zero(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && strcmp(e, "0") == 0;
+    }
+    return *cache;
+}
 
 /* ------------------------------------------------------------ error helpers */
 

@@ -754,11 +754,7 @@ int lucid_nn_chan_copy_multi_override(int mode) {
 
 int lucid_nn_chan_copy_multi_on(void) {
     if (cc_multi_override >= 0) return cc_multi_override;
-    if (cc_multi_env < 0) {
-        const char *e = getenv("LUCID_CHAN_COPY_MULTI");
-        cc_multi_env = !(e && strcmp(e, "0") == 0);
-    }
-    return cc_multi_env;
+    return !lucid_env_zero("LUCID_CHAN_COPY_MULTI", &cc_multi_env);
 }
 
 /* 1 when channels [a0, a0+nch_a) of a and [b0, b0+nch_b) of b may share
