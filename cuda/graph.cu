@@ -87,8 +87,40 @@ static int graph_stats_on(void) {
     if (v < 0) {
         const char *e = getenv("LUCID_GRAPH_STATS");
         v = e && *e && strcmp(e, "0") != 0;
+        if (v && strcmp(e, "path") == 0) v = 2;
     }
     return v;
+}
+
+/* LUCID_GRAPH_STATS=path: also one stderr line per kernel node of the
+ * longest path (in kernel nodes), in dependency order:
+ *   lucid graph path: <i> <kernel name> grid <x,y,z> block <x,y,z>
+ * joined offline with a kernel census (tools/kernel_census.py --path) to
+ * see which kernels the critical path is made of. */
+static void graph_path_print(const cudaGraphNode_t *nodes, const int *type, const long *pred,
+                             long end) {
+    long len = 0;
+    for (long u = end; u >= 0; u = pred[u]) len++;
+    long *seq = (long *)calloc((size_t)len + 1, sizeof *seq);
+    if (!seq) { fprintf(stderr, "lucid graph path: out of host memory\n"); return; }
+    long i = len;
+    for (long u = end; u >= 0; u = pred[u]) seq[--i] = u;
+    long k = 0;
+    for (i = 0; i < len; i++) {
+        if (type[seq[i]] != 0) continue;
+        cudaKernelNodeParams kp;
+        const char *name = "?";
+        if (cudaGraphKernelNodeGetParams(nodes[seq[i]], &kp) == cudaSuccess) {
+            if (cudaFuncGetName(&name, kp.func) != cudaSuccess || !name) name = "?";
+            fprintf(stderr, "lucid graph path: %ld %s grid %u,%u,%u block %u,%u,%u\n", k++, name,
+                    kp.gridDim.x, kp.gridDim.y, kp.gridDim.z, kp.blockDim.x, kp.blockDim.y,
+                    kp.blockDim.z);
+        } else {
+            fprintf(stderr, "lucid graph path: %ld ? (no kernel parameters)\n", k++);
+        }
+        (void)cudaGetLastError();
+    }
+    free(seq);
 }
 
 static int node_cmp(const void *a, const void *b) {
@@ -108,7 +140,7 @@ static void graph_stats_print(cudaGraph_t graph) {
     cudaGraphNode_t *nodes = NULL, *from = NULL, *to = NULL;
     cudaGraphEdgeData *ed = NULL;
     int *type = NULL, *indeg = NULL, *best = NULL, *bestk = NULL;
-    long *queue = NULL, *adj0 = NULL, *adj = NULL;
+    long *queue = NULL, *adj0 = NULL, *adj = NULL, *pred = NULL;
     const char *why = NULL;
     if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess ||
         cudaGraphGetEdges(graph, NULL, NULL, NULL, &ne) != cudaSuccess) {
@@ -126,8 +158,9 @@ static void graph_stats_print(cudaGraph_t graph) {
     queue = (long *)calloc(n + 1, sizeof *queue);
     adj0 = (long *)calloc(n + 2, sizeof *adj0);
     adj = (long *)calloc(ne + 1, sizeof *adj);
+    pred = (long *)calloc(n + 1, sizeof *pred);
     if (!nodes || !from || !to || !ed || !type || !indeg || !best || !bestk || !queue || !adj0 ||
-        !adj) {
+        !adj || !pred) {
         why = "out of host memory";
         goto done;
     }
@@ -166,18 +199,20 @@ static void graph_stats_print(cudaGraph_t graph) {
         for (size_t i = 0; i < n; i++) {
             best[i] = 1;
             bestk[i] = type[i] == 0;
+            pred[i] = -1;
             if (!indeg[i]) queue[qt++] = (long)i;
         }
         int lp = 0, lpk = 0;
+        long endk = -1;
         while (qh < qt) { /* Kahn: longest path in nodes and in kernel nodes */
             long u = queue[qh++];
             if (best[u] > lp) lp = best[u];
-            if (bestk[u] > lpk) lpk = bestk[u];
+            if (bestk[u] > lpk || endk < 0) { lpk = bestk[u]; endk = u; }
             for (long j = adj0[u]; j < adj0[u + 1]; j++) {
                 long v = adj[j];
                 int k = type[v] == 0;
                 if (best[u] + 1 > best[v]) best[v] = best[u] + 1;
-                if (bestk[u] + k > bestk[v]) bestk[v] = bestk[u] + k;
+                if (bestk[u] + k > bestk[v]) { bestk[v] = bestk[u] + k; pred[v] = u; }
                 if (--indeg[v] == 0) queue[qt++] = v;
             }
         }
@@ -185,12 +220,13 @@ static void graph_stats_print(cudaGraph_t graph) {
                 "lucid graph: %zu nodes (%zu kernels, %zu memcpy, %zu memset, %zu other), %zu "
                 "edges; longest path %d nodes, %d kernel nodes\n",
                 n, counts[0], counts[1], counts[2], counts[3], ne, lp, lpk);
+        if (graph_stats_on() == 2 && endk >= 0) graph_path_print(nodes, type, pred, endk);
     }
 done:
     if (why) fprintf(stderr, "lucid graph: no statistics (%s)\n", why);
     (void)cudaGetLastError();
     free(nodes); free(from); free(to); free(ed); free(type); free(indeg); free(best);
-    free(bestk); free(queue); free(adj0); free(adj);
+    free(bestk); free(queue); free(adj0); free(adj); free(pred);
 }
 
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {

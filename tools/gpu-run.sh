@@ -168,8 +168,10 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     tag=$(echo "$cfg" | tr ' =' '_-')
     # AB_MODEL=0: no bench_model per arm (the recorded fit only)
     if [ "${AB_MODEL:-1}" = 1 ]; then env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1; fi
-    env $cfg LUCID_GRAPH_STATS=1 timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
-    grep '^lucid graph' "$l/fit_$tag.log" | sort | uniq -c | sort -rn | head -3
+    # the first arm also lists its graph's critical path (joined with the census below)
+    gs=1; [ -z "${first_tag:-}" ] && { gs=path; first_tag=$tag; }
+    env $cfg LUCID_GRAPH_STATS=$gs timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
+    grep '^lucid graph:' "$l/fit_$tag.log" | sort | uniq -c | sort -rn | head -3
     echo "$cfg: $(tail -1 "$l/model_$tag.log" 2>/dev/null | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
 try:
   d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
@@ -187,7 +189,8 @@ except Exception as e: print("no result", e)')"
   fi
   if [ "${AB_CENSUS:-1}" = 1 ]; then # AB_CENSUS=0: no census
     OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
-    python3 tools/kernel_census.py "$l/census_model.csv" --top 25
+    python3 tools/kernel_census.py "$l/census_model.csv" --top 25 --path "$l/fit_$first_tag.log" |
+      head -60
   fi
   tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$l"
 fi

@@ -9,8 +9,19 @@ The period is the smallest L such that the last L launch names equal the L
 before them (one forward+backward, or one training step); --period N forces
 it, --period all takes every row.  After the per-kernel table, the same
 period by category (implicit-GEMM convs, cuBLAS, BatchNorm, split-K folds,
-depthwise, elementwise, loss, optimizer, other: see CATEGORIES)."""
-import csv, sys, argparse, collections, re
+depthwise, elementwise, loss, optimizer, other: see CATEGORIES).
+
+  --path LOG: a log of a run with LUCID_GRAPH_STATS=path (cuda/graph.cu),
+  whose "lucid graph path:" lines list the kernel nodes of a graph's longest
+  dependency path; each is matched to the census by kernel name (demangled
+  with c++filt) and grid, and given the median duration of those launches
+  (of that name alone when the grid differs; cuBLAS kernels, unnamed in the
+  graph, by grid among the nvjet launches; 3 us when nothing matches, named
+  in the output).  Prints the path's estimated kernel time by kernel
+  (--path-seq: and the path node by node).  An estimate: the census times
+  kernels one at a time, while in a replay the lanes' kernels share the
+  GPU with the path."""
+import csv, sys, argparse, collections, re, statistics, subprocess
 
 
 def rows(path):
@@ -63,11 +74,72 @@ def short(name):
     return name[:70]
 
 
+def base_name(name):
+    """Census / demangled kernel name without parameters, bools as 0/1
+    (ncu prints template bools as 1/0, c++filt as true/false)."""
+    b = re.sub(r"\(.*$", "", name).replace("void ", "").strip()
+    b = re.sub(r"\btrue\b", "1", b)
+    return re.sub(r"\bfalse\b", "0", b)
+
+
+def critical_path(sel, log, seq):
+    lines = [l for l in open(log, errors="replace") if l.startswith("lucid graph path:")]
+    if not lines:
+        print(f"{log}: no 'lucid graph path:' lines (run with LUCID_GRAPH_STATS=path)")
+        return 1
+    # one graph's path: the lines of the last graph printed (indices restart at 0)
+    start = max(i for i, l in enumerate(lines) if l.split()[3] == "0")
+    lines = lines[start:]
+    mangled = [l.split()[4] for l in lines]
+    grids = [l.split()[6] if len(l.split()) > 6 else "" for l in lines]
+    try:
+        dem = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        dem = mangled
+    dur = collections.defaultdict(list)
+    dur_name = collections.defaultdict(list)
+    for name, t, g, b, st in sel:
+        g = g.strip("()").replace(" ", "")
+        dur[(base_name(name), g)].append(t / 1e3)
+        dur_name[base_name(name)].append(t / 1e3)
+    total, missing, nodes = 0.0, collections.Counter(), []
+    by = collections.defaultdict(lambda: [0, 0.0])
+    for m, d, g in zip(mangled, dem, grids):
+        if m == "?":
+            key = "cuBLAS (unnamed in the graph)"
+            v = [t for (k, gg), ts in dur.items() if k.startswith("nvjet") and gg == g for t in ts]
+        else:
+            key = base_name(d)
+            v = dur.get((key, g)) or dur_name.get(key)
+        if v:
+            t = statistics.median(v)
+        else:
+            t = 3.0
+            missing[key] += 1
+        total += t
+        by[key][0] += 1
+        by[key][1] += t
+        nodes.append((key, g, t))
+    print(f"critical path ({log}): {len(nodes)} kernel nodes, estimated kernel time "
+          f"{total / 1e3:.3f} ms (census medians)")
+    if missing:
+        print("  not in the census (3 us each): " + ", ".join(f"{k} x{c}" for k, c in missing.items()))
+    for k, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {k[:66]:66s} {c:5d} {t / 1e3:8.3f} ms {t / c:7.1f} us")
+    if seq:
+        for i, (k, g, t) in enumerate(nodes):
+            print(f"  {i:4d} {k[:60]:60s} grid {g:12s} {t:7.1f} us")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--period", default="auto")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--path", default=None)
+    ap.add_argument("--path-seq", action="store_true")
     a = ap.parse_args()
     r = rows(a.csv)
     if not r:
@@ -114,6 +186,8 @@ def main():
     print("duration classes:", ", ".join(
         f"{lab} {sum(1 for x in sel if lo_ok(x[1], buckets, i))} calls/"
         f"{sum(x[1] for x in sel if lo_ok(x[1], buckets, i)) / 1e6:.2f} ms" for i, (_, lab) in enumerate(buckets)))
+    if a.path:
+        return critical_path(sel, a.path, a.path_seq)
     return 0
 
 
