@@ -116,7 +116,10 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 
 /* Side streams of a context (lane.cu). */
 #define LUCID_CUDA_BRANCHES 3
-#define LUCID_CUDA_LANES (1 + LUCID_CUDA_BRANCHES)
+/* parameter-gradient lanes: lane 0 and lanes LUCID_CUDA_BRANCHES + 1 .. */
+#define LUCID_CUDA_GRAD_LANES 3
+#define LUCID_CUDA_LANES (LUCID_CUDA_GRAD_LANES + LUCID_CUDA_BRANCHES)
+#define LUCID_CUDA_GRAD_KEYS 512 /* gradient buffers remembered per context */
 #define LUCID_CUDA_MARKS 4
 typedef struct lucid_cuda_lane {
     cudaStream_t stream;        /* NULL until the lane's first fork */
@@ -148,12 +151,18 @@ typedef struct lucid_cuda_state {
     /* Lanes (lane.cu): side streams that ops are redirected to between a
      * fork and its return, by swapping a lane's stream, cuBLAS handle and nn
      * scratch into the fields above (a stack: forks nest, returns undo them
-     * in reverse order). Lane 0 carries parameter gradients, lanes
-     * 1..LUCID_CUDA_BRANCHES independent branches of a network. */
+     * in reverse order). Lanes 0 and LUCID_CUDA_BRANCHES + 1 .. carry
+     * parameter gradients, lanes 1..LUCID_CUDA_BRANCHES independent
+     * branches of a network. */
     lucid_cuda_lane lanes[LUCID_CUDA_LANES];
     int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
     int lane_depth;
     void *lane_ns;              /* the nn state the open forks swapped */
+    /* The parameter-gradient lane of each gradient buffer, fixed when the
+     * buffer is first seen (lane.cu, grad_lane_of) */
+    const void *grad_keys[LUCID_CUDA_GRAD_KEYS];
+    unsigned char grad_key_lane[LUCID_CUDA_GRAD_KEYS];
+    int grad_keys_n;
     /* Device epoch of the conv weight shadows (engine/nn/nn.h
      * lucid_conv_wshadow): graph.cu moves it at every capture begin,
      * capture end and graph launch, so a cast queued outside a capture is
@@ -180,8 +189,10 @@ lucid_status lucid_cuda_cublas_create(lucid_ctx *ctx, lucid_cuda_state *st,
 /* lane.cu (the backend slots lane_fork / lane_return / lane_join,
  * engine/internal.h). lucid_cuda_lane_join(ctx, -1) joins every lane with
  * pending work (synchronize, capture_end, event_record and graph_launch
- * call it), -2 the branch lanes; both skip open lanes. */
-extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *forked);
+ * call it), -2 the branch lanes, 0 the parameter-gradient lanes; -1 and -2
+ * skip open lanes. */
+extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, const void *key,
+                                             int *forked);
 extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane);
 extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot);

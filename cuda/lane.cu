@@ -4,7 +4,12 @@
  *   - lane 0, the parameter-gradient lane: the weight and bias gradients of
  *     a backward run there while the compute stream goes on with the input
  *     gradients (lucid_ctx_set_grad_lane, engine/lucid.h; used by the Conv2d
- *     module's backward, engine/nn/module.c);
+ *     module's backward, engine/nn/module.c). It has up to
+ *     LUCID_CUDA_GRAD_LANES streams (lane 0 and lanes LUCID_CUDA_BRANCHES +
+ *     1 ..; LUCID_GRAD_LANES=n uses n of them, default 3): each gradient
+ *     buffer (the fork's key) is given one of them, in turn, the first time
+ *     it is seen, and keeps it, so the work on one buffer stays in order on
+ *     one stream while the gradients of different layers run side by side;
  *   - lanes 1..LUCID_CUDA_BRANCHES, branch lanes: independent branches of a
  *     network, e.g. the box / class / keypoint branches of the pose head
  *     (lucid_ctx_branch_fork, engine/lucid.h; lua/lucid/nn/head.lua).
@@ -32,8 +37,14 @@
  *   - Lane work keeps the order of its calls: the gradients of a parameter
  *     written by several backwards accumulate in the same order as without
  *     the lane, with the same kernels, so results are bitwise equal.
+ *   - Why several parameter-gradient streams: one was the step's tail. A
+ *     CUPTI timeline of the recorded step (tools/ktrace.c, H200, 2026-11-30)
+ *     showed the input-gradient chain done at 4.58 ms of a 4.98 ms replay
+ *     while the single lane still had ~0.4 ms of weight gradients queued,
+ *     the early layers' (160x160 and 320x320 planes, 35-50 us each), one
+ *     after the other although they do not depend on each other.
  *   - Priorities: the compute stream and the branch lanes are created with
- *     the device's greatest priority and the parameter lane with its least
+ *     the device's greatest priority and the parameter lanes with its least
  *     (backend.cu), so when both have blocks waiting, the critical path's
  *     are scheduled first.
  *   - Resources (stream, events, a cuBLAS handle with the compute handle's
@@ -59,10 +70,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Lane 0 and the lanes after the branch lanes carry parameter gradients. */
+static int lane_is_grad(int lane) { return lane == 0 || lane > LUCID_CUDA_BRANCHES; }
+
+/* LUCID_GRAD_LANES=n (1..LUCID_CUDA_GRAD_LANES, read once): how many
+ * parameter-gradient streams are used; default LUCID_CUDA_GRAD_LANES. A
+ * value out of range or not a number keeps the default. */
+static int grad_lane_count(void) {
+    static int n = 0;
+    if (n == 0) {
+        const char *e = getenv("LUCID_GRAD_LANES");
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : 0;
+        n = (end && *end == '\0' && v >= 1 && v <= LUCID_CUDA_GRAD_LANES) ? (int)v
+                                                                         : LUCID_CUDA_GRAD_LANES;
+    }
+    return n;
+}
+
+/* The parameter-gradient lane of gradient buffer key: the one it was given
+ * when first seen; a new key takes the next stream in turn (lane 0, then
+ * LUCID_CUDA_BRANCHES + 1, ...). With the table full, or no key, lane 0. */
+static int grad_lane_of(lucid_cuda_state *st, const void *key) {
+    int n = grad_lane_count();
+    if (n <= 1 || !key) return 0;
+    for (int i = 0; i < st->grad_keys_n; i++)
+        if (st->grad_keys[i] == key) return st->grad_key_lane[i];
+    if (st->grad_keys_n >= LUCID_CUDA_GRAD_KEYS) return 0;
+    int slot = st->grad_keys_n % n;
+    int lane = slot == 0 ? 0 : LUCID_CUDA_BRANCHES + slot;
+    st->grad_keys[st->grad_keys_n] = key;
+    st->grad_key_lane[st->grad_keys_n] = (unsigned char)lane;
+    st->grad_keys_n++;
+    return lane;
+}
+
 static int lane_env_off(int lane) {
     static int grad = -1, branch = -1;
-    return lane == 0 ? lucid_env_zero("LUCID_GRAD_LANE", &grad)
-                     : lucid_env_zero("LUCID_BRANCH_LANES", &branch);
+    return lane_is_grad(lane) ? lucid_env_zero("LUCID_GRAD_LANE", &grad)
+                              : lucid_env_zero("LUCID_BRANCH_LANES", &branch);
 }
 
 static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_lane *L,
@@ -70,7 +116,7 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     int least = 0, greatest = 0;
     CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&L->stream, cudaStreamNonBlocking,
-                                                 lane == 0 ? least : greatest));
+                                                 lane_is_grad(lane) ? least : greatest));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->fork_ev, cudaEventDisableTiming));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
@@ -128,12 +174,14 @@ static void lane_swap(lucid_cuda_state *st, lucid_cuda_nn_state *ns, lucid_cuda_
     L->counters = c;
 }
 
-extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, int *forked) {
+extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, const void *key,
+                                             int *forked) {
     *forked = 0;
-    if (lane < 0 || lane >= LUCID_CUDA_LANES)
+    if (lane < 0 || lane > LUCID_CUDA_BRANCHES)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_fork: lane %d (expected 0..%d)", lane,
-                            LUCID_CUDA_LANES - 1);
+                            LUCID_CUDA_BRANCHES);
     CUDA_ENTER(ctx, st);
+    if (lane == 0) lane = grad_lane_of(st, key);
     lucid_cuda_lane *L = &st->lanes[lane];
     if (L->off || L->open) return LUCID_OK;
     if (lane_env_off(lane)) {
@@ -198,17 +246,24 @@ static lucid_status join_one(lucid_ctx *ctx, lucid_cuda_state *st, int k) {
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
     lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
     if (!cur) return LUCID_OK;
-    if (lane >= LUCID_CUDA_LANES || lane < -2)
+    if (lane > LUCID_CUDA_BRANCHES || lane < -2)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "lane_join: lane %d (expected 0..%d, -1 for "
-                            "all, -2 for the branch lanes)", lane, LUCID_CUDA_LANES - 1);
+                            "all, -2 for the branch lanes)", lane, LUCID_CUDA_BRANCHES);
     int any = 0;
     for (int k = 0; k < LUCID_CUDA_LANES; k++) any |= cur->lanes[k].pending;
     if (!any) return LUCID_OK;
     CUDA_ENTER(ctx, st);
-    if (lane >= 0) return join_one(ctx, st, lane);
-    /* -1: every lane, -2: lanes 1..; both skip an open lane (a join from
-     * inside a branch leaves that branch to its own join) */
-    for (int k = lane == -1 ? 0 : 1; k < LUCID_CUDA_LANES; k++)
+    if (lane > 0) return join_one(ctx, st, lane);
+    if (lane == 0) { /* every parameter-gradient stream */
+        for (int k = 0; k < LUCID_CUDA_LANES; k++)
+            if (lane_is_grad(k)) LUCID_TRY(join_one(ctx, st, k));
+        return LUCID_OK;
+    }
+    /* -1: every lane, -2: the branch lanes 1..LUCID_CUDA_BRANCHES; both
+     * skip an open lane (a join from inside a branch leaves that branch to
+     * its own join) */
+    for (int k = lane == -1 ? 0 : 1; k < (lane == -1 ? LUCID_CUDA_LANES : LUCID_CUDA_BRANCHES + 1);
+         k++)
         if (!st->lanes[k].open) LUCID_TRY(join_one(ctx, st, k));
     return LUCID_OK;
 }

@@ -147,8 +147,12 @@ typedef struct lucid_backend {
      * the innermost. lane_join(lane) makes the current stream wait for the
      * lane's queued work (lane -1: every lane; a no-op without pending work).
      * Lane 0 is the parameter-gradient lane (lucid_ctx_set_grad_lane), lanes
-     * 1..3 the branch lanes (lucid_ctx_branch_fork), both in lucid.h. */
-    lucid_status (*lane_fork)(lucid_ctx *ctx, int lane, int *forked);
+     * 1..3 the branch lanes (lucid_ctx_branch_fork), both in lucid.h. A
+     * fork of lane 0 passes `key`, the gradient buffer its work writes: a
+     * backend with several parameter-gradient streams runs all the work of
+     * one key on the same one (NULL for the branch lanes). lane_join(0)
+     * joins every parameter-gradient stream. */
+    lucid_status (*lane_fork)(lucid_ctx *ctx, int lane, const void *key, int *forked);
     void (*lane_return)(lucid_ctx *ctx);
     lucid_status (*lane_join)(lucid_ctx *ctx, int lane);
     /* A join in two halves: mark records the lane's position in a slot
@@ -207,10 +211,14 @@ struct lucid_storage {
 
 /* Fork the parameter-gradient lane (lane 0) for the ops that follow when
  * the grad lane is on (lucid_ctx_set_grad_lane) and tensors on dev run on
- * the context's accelerator; *forked says whether it did. Every fork that
- * returned *forked = 1 must be closed by lucid_ctx_branch_return before the
- * caller returns (the lane then stays pending until the next join). */
-lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked);
+ * the context's accelerator; *forked says whether it did. key: the
+ * gradient buffer the forked work writes (its data pointer); work on the
+ * same key always goes to the same stream of the lane, so accumulations
+ * into one buffer keep their order. Every fork that returned *forked = 1
+ * must be closed by lucid_ctx_branch_return before the caller returns (the
+ * lane then stays pending until the next join). */
+lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, const void *key,
+                                      int *forked);
 
 /* Wrap caller-owned memory as a storage (never freed by lucid). */
 lucid_status lucid_storage_wrap(lucid_ctx *ctx, lucid_device dev, void *data,

@@ -19,6 +19,8 @@
 #              per arm, and the kernel census of the default; logs packed
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
 #              (busted arguments, e.g. --filter=lanes) runs those gpu specs
+#              AB_KTRACE=1: also a CUPTI kernel timeline of one recorded fit
+#              of the first arm (tools/ktrace.c, tools/ktrace_report.py)
 #   testab     as ab, with make test-gpu (timed, one command) instead of the
 #              separate test programs; both also run bench_bnsilu, and with
 #              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
@@ -61,6 +63,28 @@ cuda_tests() {
   timeout 240 busted --lua=luajit -o TAP --tags=gpu > "$l/busted_gpu.log" 2>&1; r=$?
   echo "busted gpu: rc $r, $(grep -c '^ok' "$l/busted_gpu.log") ok, $(grep -c '^not ok' "$l/busted_gpu.log") not ok"
   grep -A6 '^not ok' "$l/busted_gpu.log" | head -30
+}
+# ktrace_fit LOGDIR "ENV=a ...": one recorded fit under the CUPTI kernel
+# tracer (tools/ktrace.c, loaded through CUDA_INJECTION64_PATH), then
+# tools/ktrace_report.py over its timeline; the report and the last 60,000
+# records (gzipped) stay in LOGDIR
+ktrace_fit() {
+  local l=$1 cfg=$2 cu=/usr/local/cuda lib
+  lib=$(dirname "$(ls $cu/lib64/libcupti.so $cu/extras/CUPTI/lib64/libcupti.so $cu/lib/libcupti.so \
+        2>/dev/null | head -1)")
+  if ! gcc -std=c11 -O2 -shared -fPIC tools/ktrace.c -o build/ktrace.so -I$cu/include \
+       -I$cu/extras/CUPTI/include -L"$lib" -Wl,-rpath,"$lib" -lcupti > "$l/ktrace_build.log" 2>&1; then
+    echo "ktrace: build failed"; tail -3 "$l/ktrace_build.log"; return
+  fi
+  env $cfg CUDA_INJECTION64_PATH=$PWD/build/ktrace.so KTRACE_OUT=$l/ktrace.csv \
+    timeout 150 luajit bench/fit_once.lua record=true > "$l/ktrace_fit.log" 2>&1
+  echo "ktrace fit ($cfg): rc $?, $(wc -l < "$l/ktrace.csv") records, $(tail -1 "$l/ktrace_fit.log" |
+    python3 -c 'import json,sys
+try: d=json.loads(sys.stdin.read()); print("step %.3f ms" % d["steady_step_ms"])
+except Exception as e: print("no result", e)')"
+  python3 tools/ktrace_report.py "$l/ktrace.csv" --last 40 --top 30 | tee "$l/ktrace_report.txt"
+  { head -1 "$l/ktrace.csv"; tail -60000 "$l/ktrace.csv"; } | gzip > "$l/ktrace_tail.csv.gz"
+  rm -f "$l/ktrace.csv"
 }
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
@@ -186,6 +210,9 @@ except Exception as e: print("no result", e)')"
         csv="$l/lab_$r.csv" > "$l/lab_$r.log" 2>&1 || echo "conv_lab $r: rc $?"
     done
     python3 tools/lab1x1.py "$l/lab_gemm.csv" "$l/lab_igemm.csv"
+  fi
+  if [ "${AB_KTRACE:-0}" = 1 ]; then # a CUPTI kernel timeline of one recorded fit (tools/ktrace.c)
+    ktrace_fit "$l" "${cfgs[0]}"
   fi
   if [ "${AB_CENSUS:-1}" = 1 ]; then # AB_CENSUS=0: no census
     OUT=$l tools/kernel-census.sh model > /dev/null 2>&1

@@ -149,12 +149,13 @@ lucid_status lucid_ctx_set_grad_lane(lucid_ctx *ctx, int on) {
 
 int lucid_ctx_grad_lane(const lucid_ctx *ctx) { return ctx->grad_lane; }
 
-lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, int *forked) {
+lucid_status lucid_ctx_grad_lane_fork(lucid_ctx *ctx, lucid_device dev, const void *key,
+                                      int *forked) {
     *forked = 0;
     if (!ctx->grad_lane || !ctx->accel || !ctx->accel->lane_fork ||
         dev.type != ctx->device.type || dev.index != ctx->device.index)
         return LUCID_OK;
-    return ctx->accel->lane_fork(ctx, 0, forked);
+    return ctx->accel->lane_fork(ctx, 0, key, forked);
 }
 
 lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked) {
@@ -164,7 +165,7 @@ lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked) {
         return lucid_seterr(ctx, LUCID_ERR_ARG, "branch_fork: branch %d (expected 1..%d)",
                             branch, LUCID_BRANCHES);
     if (!ctx->accel || !ctx->accel->lane_fork) return LUCID_OK;
-    return ctx->accel->lane_fork(ctx, branch, forked);
+    return ctx->accel->lane_fork(ctx, branch, NULL, forked);
 }
 
 void lucid_ctx_branch_return(lucid_ctx *ctx) {

@@ -312,7 +312,8 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
     lucid_tensor *db = (b && b->trainable) ? b->grad : NULL;
     if (dw || db) {
         int lane = 0;
-        LUCID_TRY(lucid_ctx_grad_lane_fork(ctx, lucid_tensor_device(x), &lane));
+        const void *key = dw ? lucid_tensor_data(dw) : lucid_tensor_data(db);
+        LUCID_TRY(lucid_ctx_grad_lane_fork(ctx, lucid_tensor_device(x), key, &lane));
         lucid_status s = lucid_nn_conv2d_backward_params(ctx, x, dy, dw, db, &c->cp, 1.0);
         if (lane) lucid_ctx_branch_return(ctx); /* closes the innermost fork: this one */
         LUCID_TRY(s);

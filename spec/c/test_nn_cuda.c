@@ -1371,11 +1371,16 @@ int main(void) {
                        {4, 0, {3, 3, 2, 2, 1, 1}, 1},
                        {4, 0, {2, 2, 2, 2, 0, 0}, 1}};
         const char *mpn[3] = {"maxpool2d k5 s1 p2", "maxpool2d k3 s2 p1", "maxpool2d k2 s2"};
-        int64_t sm[4] = {2, 3, 13, 11};
+        /* planes of 13x11 take the shared-memory plane route of
+         * nn_pointwise.cu, 80x70 (over POOL_PLANE_MAX elements) the generic
+         * kernels; both must equal the CPU exactly */
+        int64_t sm[4] = {2, 3, 13, 11}, sbig[4] = {2, 3, 80, 70};
         for (int k = 0; k < 3; k++) {
             test_pw(NAME("%s indices", mpn[k]), &mp[k], 4, sm, dt, -3, 3);
+            test_pw(NAME("%s 80x70 indices", mpn[k]), &mp[k], 4, sbig, dt, -3, 3);
             mp[k].use_indices = 0;
             test_pw(NAME("%s no-indices", mpn[k]), &mp[k], 4, sm, dt, -3, 3);
+            test_pw(NAME("%s 80x70 no-indices", mpn[k]), &mp[k], 4, sbig, dt, -3, 3);
         }
         /* ---- softmax */
         pw_op smx = {1, 0, {0, 0, 0, 0, 0, 0}, 0};
