@@ -87,15 +87,11 @@
  * the channel's statistics (forward) or gradient sums (backward) exactly
  * as the partial kernel's one-part path and then, after a barrier, the
  * channel's y or dx with the element-wise kernel's per-element arithmetic
- * (bn_stats_apply1, nn_norm_fwd.cu; bn_grad_dx1, nn_norm_bwd.cu).  The
+ * (bn_stats_apply1, nn_norm_fwd.cu; bn_grad_dx1, nn_norm_bwd.cu).  Each
+ * block reads its channel twice (the second time mostly from L2) but the
  * layer costs one launch per direction: the small late layers are
- * launch-latency bound.  A channel of at most BN_UNROLL*BN_THREADS
- * vectors (every bf16/f16 vector one-part channel) whose two walks use one
- * vector width is read once, the element-wise half working on the
- * registers the reduction loaded (FIT); a larger one is read twice (the
- * second time mostly from L2).  Every value is computed by the same
- * expressions in the same order, so the results equal the two-launch
- * route's bitwise.
+ * launch-latency bound.  Every value is computed by the same expressions
+ * in the same order, so the results equal the two-launch route's bitwise.
  * Only the training forward and the training backward with dx take it
  * (dweight/dbias alone is one launch already, eval has no reduction before
  * the element-wise pass); multi-part channels never do.  LUCID_BN_ONEPASS=0 in the

@@ -23,12 +23,7 @@
  * nn_norm.cuh): bn_grad_dx1 computes bn_grad_partial's one-part sums and
  * finish (dweight/dbias with beta) and then the channel's dx with bn_dx's
  * per-element arithmetic from the f32 coefficients bn_grad_finish would
- * have stored (computed by every thread from the block sums every thread
- * holds, instead of the arena; no barrier after the finish).  Loads that
- * do not depend on the sums are issued with the data loads, and when the
- * channel is at most BN_UNROLL vectors per thread with one vector width
- * for both walks (FIT), dx is computed from the dy / x (and old dx)
- * vectors loaded for the sums instead of reading them again.
+ * have stored (shared memory instead of the arena).
  *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training backward 2 (grad
@@ -84,33 +79,6 @@ static __device__ __forceinline__ void bn_block_sum2(float &a, float &b, float2 
     }
 }
 
-/* bn_block_sum2 with the second level in every warp (bn_grad_dx1): each
- * warp reads the 8 warp results and sums them with the same xor tree, so
- * every thread of the block ends with thread 0's (a, b) of bn_block_sum2
- * (an xor butterfly leaves the same bits in every lane: IEEE addition is
- * commutative, and warp 0's lane 0 does exactly what it does there).  wait:
- * sh may still be read by a previous call (false for a block's first). */
-static __device__ __forceinline__ void bn_block_sum2_all(float &a, float &b, float2 *sh,
-                                                         bool wait) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-    if (wait) __syncthreads();
-    if (lane == 0) sh[wid] = make_float2(a, b);
-    __syncthreads();
-    float2 r = lane < BN_THREADS / 32 ? sh[lane] : make_float2(0.0f, 0.0f);
-    a = r.x;
-    b = r.y;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-}
-
 /* What the gradient finish writes: dweight/dbias with beta, and the dx
  * coefficients coef[c] = (k, mean(g), mean(g*xhat), 0); each nullable. */
 typedef struct bn_grad_out {
@@ -144,20 +112,6 @@ static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g,
     if (out.coef) out.coef[c] = bn_grad_coef(sdy, sdyx, g, c, out.w, out.invstd);
 }
 
-/* bn_grad_dx1's forms of bn_grad_coef and bn_grad_finish (the same
- * expressions, the loads done up front): the coefficients from wc = w[c]
- * (1.0f without w: (double)1.0f == 1.0), isc = invstd[c], M = N*S; a
- * parameter gradient with beta from its old value (unused when beta 0). */
-static __device__ __forceinline__ float4 bn_grad_coef_of(double sdy, double sdyx, double M,
-                                                         float wc, float isc) {
-    double k = (double)wc * (double)isc;
-    return make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
-}
-
-static __device__ __forceinline__ float bn_beta_sum(double s, double beta, float old) {
-    return (float)(beta != 0.0 ? s + beta * (double)old : s);
-}
-
 /* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
  * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
  * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
@@ -175,38 +129,6 @@ static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t 
     bn_block_sum64<2>(v, g.parts, sh);
     if (threadIdx.x != 0) return;
     bn_grad_finish(v[0], v[1], g, c, out);
-}
-
-/* Adds the loaded vectors rg[u] (dy) and rx[u] (x, WITH_X; ok[u]: loaded,
- * the first !ok ends them) to a thread's sums a = sum g, bsum = sum
- * g*xhat (WITH_X), xhat = (x - mu)*is; g = dy, or SILU: dy * silu'(z),
- * z = fmaf(x, zs, zh): the body of bn_grad_part's loop, the same
- * statements (bn_grad_part keeps its own copy so that its kernels'
- * machine code stays as it was; bn_grad_dx1's FIT path uses this one). */
-template <typename T, int V, bool WITH_X, bool SILU>
-static __device__ __forceinline__ void bn_grad_acc(const typename bn_vec<T, V>::R (&rg)[BN_UNROLL],
-                                                   const typename bn_vec<T, V>::R (&rx)[BN_UNROLL],
-                                                   const bool (&ok)[BN_UNROLL], float mu,
-                                                   float is, float zs, float zh, float &a,
-                                                   float &bsum) {
-    typedef bn_vec<T, V> Vt;
-#pragma unroll
-    for (int u = 0; u < BN_UNROLL; u++) {
-        if (!ok[u]) break;
-        float gv[V], xv[V];
-        Vt::unpack(rg[u], gv);
-        if (WITH_X) Vt::unpack(rx[u], xv);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            float gk = gv[k];
-            if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-            a += gk;
-            if (WITH_X) {
-                float xh = (xv[k] - mu) * is;
-                bsum = fmaf(gk, xh, bsum);
-            }
-        }
-    }
 }
 
 /* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
@@ -391,91 +313,51 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
     }
 }
 
-/* One vector of the one-pass training dx from its dy, x and (beta != 0)
- * old dx vectors: bn_dx<TRAIN>'s per-element arithmetic (bn_silu_grad,
- * bn_dx_train, then beta: fmaf(beta, dx, v)). */
-template <typename T, int V, bool SILU>
-static __device__ __forceinline__ typename bn_vec<T, V>::R
-bn_dx1_vec(const typename bn_vec<T, V>::R &rg, const typename bn_vec<T, V>::R &rx,
-           const typename bn_vec<T, V>::R &rd, float beta, float mu, float is, float zs,
-           float zh, float4 q) {
-    typedef bn_vec<T, V> Vt;
-    float gv[V], xv[V], dv[V];
-    Vt::unpack(rg, gv);
-    Vt::unpack(rx, xv);
-    if (beta != 0.0f) Vt::unpack(rd, dv);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        float gk = gv[k];
-        if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-        float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
-        if (beta != 0.0f) v = fmaf(beta, dv[k], v);
-        gv[k] = v;
-    }
-    return Vt::pack(gv);
-}
-
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
  * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
  * block c (grid.y, channels strided) computes channel c's (sum g, sum
  * g*xhat) exactly as bn_grad_partial<T, VS, true, SILU>'s one-part path
- * (bn_grad_part's walk and bn_grad_acc over part 0, bn_block_sum2's tree,
- * bn_grad_finish's dweight / dbias with beta_params, out.coef unused) and
- * the channel's f32 dx coefficients (bn_grad_coef: those bn_grad_finish
- * would store in coef[c]), then writes dx over the channel with
- * bn_dx<TRAIN>'s per-element arithmetic (bn_dx1_vec; dx read only when
- * beta != 0), VA-element vectors (bn_dx's vector choice).
- *
- * Latency bound like bn_stats_apply1, and shortened the same ways:
- *  - prefetch: at the top of each channel, before the data, every load
- *    that does not depend on the sums: mean[c], invstd[c] (and the SiLU's
- *    w[c], b[c]), the coefficient's out.w[c] and out.invstd[c]
- *    (bn_grad_coef_of takes them), and in thread 0 with beta_params != 0
- *    the old dweight[c] / dbias[c] (bn_beta_sum takes them).
- *  - the tree's second level runs in every warp (bn_block_sum2_all), so
- *    every thread holds thread 0's sums bitwise and computes the f64
- *    coefficients itself: no shared coefficients and no barrier after the
- *    finish; thread 0 alone stores dweight / dbias.  The barrier before the
- *    warp sums are written is skipped for a block's first channel.
- *  - FIT (the host's choice: VS == VA and at most BN_UNROLL*BN_THREADS
- *    vectors a channel, as bn_stats_apply1): the sums load their dy and x
- *    vectors in bn_grad_part's walk's one step (and, beta != 0, the old dx
- *    vectors of the same positions), and dx is computed from those
- *    registers instead of reading dy, x and dx again: the same vectors,
- *    the same values (only this thread writes those dx elements, after it
- *    read them).  Otherwise dx re-reads them with its own walk. */
-template <typename T, int VS, int VA, bool SILU, bool FIT>
+ * (bn_grad_part over part 0, bn_block_sum2, bn_grad_finish: dweight /
+ * dbias with beta_params, out.coef unused); thread 0 hands the channel's
+ * f32 dx coefficients (bn_grad_coef: those bn_grad_finish would store in
+ * coef[c]) to the block through shared memory, and after the barrier the
+ * block writes dx over the channel with bn_dx<TRAIN>'s per-element
+ * arithmetic (bn_silu_grad, bn_dx_train, then beta: fmaf(beta, dx, v), dx
+ * read only when beta != 0), VA-element vectors (bn_dx's vector choice). */
+template <typename T, int VS, int VA, bool SILU>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
             const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
             float beta) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    static_assert(!FIT || VS == VA, "registers are reused only with one vector width");
     typedef bn_vec<T, VA> Vt;
     typedef typename Vt::R R;
     __shared__ float2 sh[32];
+    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
-    const double M = (double)g.N * (double)g.S;
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        /* prefetch: nothing below depends on the sums */
-        const float mu = mean[c], is = invstd[c];
+        float mu = mean[c], is = invstd[c];
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
-        const float kw = out.w ? out.w[c] : 1.0f, kis = out.invstd[c];
-        float dw0 = 0.0f, db0 = 0.0f;
-        if (threadIdx.x == 0 && out.beta != 0.0) {
-            if (out.dweight) dw0 = out.dweight[c];
-            if (out.dbias) db0 = out.dbias[c];
+        float a, bsum;
+        bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
+                                        g.CS, mu, is, zs, zh, &a, &bsum);
+        bn_block_sum2(a, bsum, sh);
+        /* cf is rewritten only after the next channel's bn_block_sum2
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0) {
+            bn_grad_finish((double)a, (double)bsum, g, c, out);
+            cf = bn_grad_coef((double)a, (double)bsum, g, c, out.w, out.invstd);
         }
+        __syncthreads();
+        const float4 q = cf;
         const int64_t base = pa.base + c * g.S;
-        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-        int64_t e[BN_UNROLL];
-        bool ok[BN_UNROLL];
-        float a = 0.0f, bsum = 0.0f;
-        if constexpr (FIT) {
-            /* bn_grad_part's walk in one step; the vectors stay */
-            bn_walk wk = bn_walk_first(pa);
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 ok[u] = wk.j < pa.total;
@@ -491,51 +373,22 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
                 }
                 bn_walk_next(wk, pa);
             }
-            bn_grad_acc<T, VA, true, SILU>(rg, rx, ok, mu, is, zs, zh, a, bsum);
-        } else {
-            bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
-                                            g.CS, mu, is, zs, zh, &a, &bsum);
-        }
-        bn_block_sum2_all(a, bsum, sh, c != (int64_t)blockIdx.y);
-        /* bn_grad_finish (out.coef NULL) and bn_grad_coef, in every thread;
-         * thread 0 stores */
-        const double sdy = (double)a, sdyx = (double)bsum;
-        const float4 q = bn_grad_coef_of(sdy, sdyx, M, kw, kis);
-        if (threadIdx.x == 0) {
-            if (out.dweight) out.dweight[c] = bn_beta_sum(sdyx, out.beta, dw0);
-            if (out.dbias) out.dbias[c] = bn_beta_sum(sdy, out.beta, db0);
-        }
-        if constexpr (FIT) {
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 if (!ok[u]) break;
-                Vt::store(dx + e[u],
-                          bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], beta, mu, is, zs, zh, q));
-            }
-        } else {
-            bn_walk wk = bn_walk_first(pa);
-            while (wk.j < pa.total) {
+                float gv[VA], xv[VA], dv[VA];
+                Vt::unpack(rg[u], gv);
+                Vt::unpack(rx[u], xv);
+                if (beta != 0.0f) Vt::unpack(rd[u], dv);
 #pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    ok[u] = wk.j < pa.total;
-                    rg[u] = R();
-                    rx[u] = R();
-                    rd[u] = R();
-                    e[u] = 0;
-                    if (ok[u]) {
-                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                        rg[u] = Vt::load(dy + e[u]);
-                        rx[u] = Vt::load(x + e[u]);
-                        if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
-                    }
-                    bn_walk_next(wk, pa);
+                for (int k = 0; k < VA; k++) {
+                    float gk = gv[k];
+                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                    float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+                    if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+                    gv[k] = v;
                 }
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    if (!ok[u]) break;
-                    Vt::store(dx + e[u], bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], beta, mu,
-                                                                 is, zs, zh, q));
-                }
+                Vt::store(dx + e[u], Vt::pack(gv));
             }
         }
     }
@@ -579,33 +432,22 @@ static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy
 
 /* The one-pass training backward's launch (parts == 1, dx asked): vs, the
  * gradient sums' vector path (bn_grad_partial's choice), va, dx's (route
- * BN_ROUTE_VEC; va implies vs).  FIT (registers reused, see bn_grad_dx1)
- * when both walks are the same and the channel's N*S/V vectors are at most
- * BN_UNROLL per thread. */
+ * BN_ROUTE_VEC; va implies vs). */
 template <typename T, bool SILU>
 static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream, const T *dy,
                                const T *x, T *dx, const float *mean, const float *invstd,
                                const float *w, const float *b, const bn_geom &g,
                                const bn_grad_out &go, float beta) {
     const int VV = bn_width<T>::V;
-    const int64_t fitv = (int64_t)BN_UNROLL * BN_THREADS; /* vectors per channel */
-    if (vs && va) {
-        if (g.N * (g.S / VV) <= fitv)
-            lucid_launch(bn_grad_dx1<T, VV, VV, SILU, true>, grid, dim3(BN_THREADS), 0, stream,
-                         dy, x, dx, mean, invstd, w, b, g, go, beta);
-        else
-            lucid_launch(bn_grad_dx1<T, VV, VV, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
-                         dy, x, dx, mean, invstd, w, b, g, go, beta);
-    } else if (vs) {
-        lucid_launch(bn_grad_dx1<T, VV, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy,
-                     x, dx, mean, invstd, w, b, g, go, beta);
-    } else if (g.N * g.S <= fitv) {
-        lucid_launch(bn_grad_dx1<T, 1, 1, SILU, true>, grid, dim3(BN_THREADS), 0, stream, dy, x,
-                     dx, mean, invstd, w, b, g, go, beta);
-    } else {
-        lucid_launch(bn_grad_dx1<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy,
-                     x, dx, mean, invstd, w, b, g, go, beta);
-    }
+    if (vs && va)
+        lucid_launch(bn_grad_dx1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else if (vs)
+        lucid_launch(bn_grad_dx1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
+    else
+        lucid_launch(bn_grad_dx1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
+                     mean, invstd, w, b, g, go, beta);
 }
 
 static lucid_status bn_backward(

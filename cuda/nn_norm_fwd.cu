@@ -20,16 +20,12 @@
  * One pass (parts == 1, LUCID_BN_ONEPASS; see nn_norm.cuh):
  * bn_stats_apply1 computes channel c's statistics exactly as
  * bn_stats_partial's one-part path (same walk, vector width, tree, f64
- * finish, running stats, num_batches_tracked), every thread holding the
- * f32 save_mean/save_invstd thread 0 stores (the tree's last level and the
- * finish run in every warp: no shared copy, no barrier after the finish),
- * then the block writes the channel's y with bn_apply's per-element
- * arithmetic (vectors of the apply's vector choice, walked like a part:
- * plane offsets 64-bit, so no separate route for huge tensors).  Loads
- * that do not depend on the statistics are issued with the data loads,
- * and when the channel is at most BN_UNROLL vectors per thread with one
- * vector width for both walks (FIT), y is computed from the vectors the
- * statistics loaded instead of reading x again.
+ * finish, running stats, num_batches_tracked), thread 0 passes the f32
+ * save_mean/save_invstd it stored to the block through shared memory, and
+ * after a barrier the block writes the channel's y with bn_apply's
+ * per-element arithmetic (vectors of the apply's vector choice, walked
+ * like a part: plane offsets 64-bit, so no separate route for huge
+ * tensors).
  *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final when parts > 1): training forward 2 (stats partial[+fold],
@@ -60,18 +56,6 @@ template <bool SILU>
 static __device__ __forceinline__ float bn_out(float x, float sc, float sh) {
     float z = fmaf(x, sc, sh);
     return SILU ? z * nn_sigmoid(z) : z;
-}
-
-/* One vector of y from one vector of x (bn_out of each element). */
-template <typename T, int V, bool SILU>
-static __device__ __forceinline__ typename bn_vec<T, V>::R
-bn_apply_vec(const typename bn_vec<T, V>::R &r, float sc, float sh) {
-    typedef bn_vec<T, V> Vt;
-    float v[V];
-    Vt::unpack(r, v);
-#pragma unroll
-    for (int k = 0; k < V; k++) v[k] = bn_out<SILU>(v[k], sc, sh);
-    return Vt::pack(v);
 }
 
 // ----------------------------------------------------------------------------
@@ -109,59 +93,10 @@ typedef struct bn_stats_out {
     double momentum, eps;
 } bn_stats_out;
 
-/* The f32 (mean, invstd) bn_stats_finish stores, from the f64 (n, mean,
- * M2); *m2 is clamped at 0 (the running variance uses the clamped M2). */
-static __device__ __forceinline__ float2 bn_stats_kept(double n, double mean, double *m2,
-                                                       double eps) {
-    if (*m2 < 0.0) *m2 = 0.0;
-    double var = *m2 / n; /* biased: normalisation */
-    float2 kept;
-    kept.x = (float)mean;
-    kept.y = (float)(1.0 / sqrt(var + eps));
-    return kept;
-}
-
-/* A running statistic's update from its old value (f64). */
-static __device__ __forceinline__ float bn_run_update(double momentum, float old, double v) {
-    return (float)((1.0 - momentum) * (double)old + momentum * v);
-}
-
-/* num_batches_tracked's old value, as the finish's += 1 reads it. */
-typedef struct bn_nbt_old {
-    int64_t i; /* LUCID_I64, LUCID_I32 */
-    double d;  /* any other dtype (lucid_load_f64) */
-} bn_nbt_old;
-
-static __device__ __forceinline__ bn_nbt_old bn_nbt_load(const bn_stats_out &out) {
-    bn_nbt_old o = {0, 0.0};
-    if (out.nbt_dt == LUCID_I64) o.i = ((const int64_t *)out.nbt)[0];
-    else if (out.nbt_dt == LUCID_I32) o.i = ((const int32_t *)out.nbt)[0];
-    else o.d = lucid_load_f64(out.nbt, out.nbt_dt, 0);
-    return o;
-}
-
-/* Thread 0's prefetch of channel c's old running stats and (c == 0)
- * num_batches_tracked. */
-static __device__ __forceinline__ void bn_run_prefetch(const bn_stats_out &out, int64_t c,
-                                                       float *rm0, float *rv0,
-                                                       bn_nbt_old *nb0) {
-    if (out.running_mean) *rm0 = out.running_mean[c];
-    if (out.running_var) *rv0 = out.running_var[c];
-    if (c == 0 && out.nbt) *nb0 = bn_nbt_load(out);
-}
-
-static __device__ __forceinline__ void bn_nbt_store(const bn_stats_out &out, bn_nbt_old o) {
-    if (out.nbt_dt == LUCID_I64) ((int64_t *)out.nbt)[0] = o.i + 1;
-    else if (out.nbt_dt == LUCID_I32) ((int32_t *)out.nbt)[0] = (int32_t)o.i + 1;
-    else lucid_store_f64(out.nbt, out.nbt_dt, 0, o.d + 1.0);
-}
-
 /* Channel c's results from its (count n, mean, M2) in f64 (one thread):
  * save_mean / save_invstd, the running stats and, for c == 0 only,
  * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
- * invstd) it stored in save_mean[c] / save_invstd[c].  bn_stats_apply1
- * computes the same with bn_stats_kept, bn_run_update and bn_nbt_*: the
- * same expressions, the old running values loaded up front. */
+ * invstd) it stored in save_mean[c] / save_invstd[c]. */
 static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
                                          const bn_stats_out &out) {
     if (m2 < 0.0) m2 = 0.0;
@@ -218,54 +153,12 @@ static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
     bn_stats_finish(n, K + s / n, q - s * (s / n), c, out);
 }
 
-/* Adds the loaded vectors r[u] (ok[u]: loaded; the first !ok ends them) to
- * a thread's shifted sums a1 = sum(x - K), a2 = sum((x - K)^2), nvec
- * vectors. */
+/* One part of channel c: (count, mean, M2), thread 0 of the block holding
+ * it.  K: the channel's shift (its first element). */
 template <typename T, int V>
-static __device__ __forceinline__ void bn_stats_acc(const typename bn_vec<T, V>::R (&r)[BN_UNROLL],
-                                                    const bool (&ok)[BN_UNROLL], float K,
-                                                    float &a1, float &a2, unsigned &nvec) {
-    typedef bn_vec<T, V> Vt;
-#pragma unroll
-    for (int u = 0; u < BN_UNROLL; u++) {
-        if (!ok[u]) break;
-        float f[V];
-        Vt::unpack(r[u], f);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            float d = f[k] - K;
-            a1 += d;
-            a2 = fmaf(d, d, a2);
-        }
-        nvec++;
-    }
-}
-
-/* A thread's (count, mean, M2) from its shifted sums. */
-template <int V>
-static __device__ __forceinline__ bn_mv bn_stats_mv(float a1, float a2, unsigned nvec,
-                                                    float K) {
-    float cnt = (float)(nvec * V);
-    bn_mv v;
-    v.n = cnt;
-    v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
-    v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
-    return v;
-}
-
-/* The fixed shuffle-down merge tree of a warp; valid in lane 0. */
-static __device__ __forceinline__ bn_mv bn_warp_merge(bn_mv v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
-    return v;
-}
-
-/* A thread's (count, mean, M2) of its vectors t, t+BN_THREADS, ... of a
- * part (before the block tree).  K: the channel's shift. */
-template <typename T, int V>
-static __device__ __forceinline__ bn_mv bn_stats_thread(const T *__restrict__ xp,
-                                                        const bn_part &pt, int64_t CS,
-                                                        float K) {
+static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
+                                                      const bn_part &pt, int64_t CS,
+                                                      float K, bn_mv *sh) {
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a1 = 0.0f, a2 = 0.0f;
@@ -281,20 +174,28 @@ static __device__ __forceinline__ bn_mv bn_stats_thread(const T *__restrict__ xp
             if (ok[u]) r[u] = Vt::load(xp + bn_walk_elem<V>(w, CS));
             bn_walk_next(w, pt);
         }
-        bn_stats_acc<T, V>(r, ok, K, a1, a2, nvec);
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float f[V];
+            Vt::unpack(r[u], f);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = f[k] - K;
+                a1 += d;
+                a2 = fmaf(d, d, a2);
+            }
+            nvec++;
+        }
     }
-    return bn_stats_mv<V>(a1, a2, nvec, K);
-}
-
-/* One part of channel c: (count, mean, M2), thread 0 of the block holding
- * it.  K: the channel's shift (its first element). */
-template <typename T, int V>
-static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
-                                                      const bn_part &pt, int64_t CS,
-                                                      float K, bn_mv *sh) {
-    bn_mv v = bn_stats_thread<T, V>(xp, pt, CS, K);
+    float cnt = (float)(nvec * V);
+    bn_mv v;
+    v.n = cnt;
+    v.mean = cnt > 0.0f ? K + a1 / cnt : 0.0f;
+    v.m2 = cnt > 0.0f ? fmaxf(a2 - a1 * (a1 / cnt), 0.0f) : 0.0f;
     /* fixed tree: shuffle down inside the warp, then warp 0 over warps */
-    v = bn_warp_merge(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = bn_merge(v, bn_shfl(v, o));
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     __syncthreads(); /* sh may still be read by a previous channel */
     if (lane == 0) sh[wid] = v;
@@ -302,7 +203,8 @@ static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
     bn_mv r = {0.0f, 0.0f, 0.0f};
     if (wid == 0) {
         r = lane < BN_THREADS / 32 ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
-        r = bn_warp_merge(r);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) r = bn_merge(r, bn_shfl(r, o));
     }
     return r;
 }
@@ -402,69 +304,44 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
  * apply in one launch (LUCID_BN_ONEPASS, see the header): block c (grid.y,
  * channels strided) computes channel c's statistics exactly as
  * bn_stats_partial's one-part path (part 0 walked with VS-element vectors,
- * the same per-thread sums, the same tree, the same f64 finish, running
- * stats and num_batches_tracked), then writes y over the channel with
- * bn_apply's per-element arithmetic (bn_affine_of, bn_out; VA-element
- * vectors, VA the apply's vector choice), so y equals bn_apply's bitwise.
- * The walk is part 0's (all N planes; plane offsets 64-bit, so huge
- * tensors need no other route).
- *
- * The kernel is latency bound (one block of a small channel: a chain of
- * dependent loads and barriers), so the chain is kept short:
- *  - prefetch: every load that does not depend on the statistics is
- *    issued into registers with the data loads, not after the tree: the
- *    shift K (the channel's first element), w[c] and b[c] (the apply) at
- *    the top of each channel, and in thread 0 running_mean[c],
- *    running_var[c] and (c == 0) num_batches_tracked (bn_run_prefetch; the
- *    finish's read-modify-writes, which bn_run_update / bn_nbt_store
- *    complete from the old values) right after its data loads.  Same
- *    values, same arithmetic (bn_stats_kept, bn_run_update, bn_nbt_store
- *    are bn_stats_finish's expressions).
- *  - the tree's second level runs in every warp, not only warp 0: each
- *    warp reads the 8 warp results from shared memory and merges them with
- *    the same shuffle-down tree, so lane 0 of every warp holds bitwise
- *    thread 0's (count, mean, M2) of bn_stats_part; it is broadcast to the
- *    warp (__shfl_sync from lane 0) and every thread computes the f64
- *    (mean, invstd) itself (bn_stats_kept, the finish's expressions).  No
- *    shared (mean, invstd) and no barrier after the finish; thread 0 alone
- *    stores save_mean / save_invstd and the running stats.  The barrier
- *    before the warp results are written (sh may still be read for the
- *    previous channel) is skipped for a block's first channel.
- *  - FIT (the host's choice: VS == VA and the channel is at most
- *    BN_UNROLL*BN_THREADS vectors, i.e. every thread's share is one unrolled
- *    step of the walk: all bf16/f16 vector one-part channels, f32 vector
- *    ones of N*S <= 4096, scalar ones of N*S <= 1024): the statistics
- *    load their vectors in that one step (bn_stats_thread's walk, loads and
- *    bn_stats_acc) and the apply uses the same registers instead of
- *    reading x again: the same vectors of the same walk, so the same
- *    values.  Otherwise the apply re-reads x with its own walk (VS != VA:
- *    y unaligned; or a channel larger than that). */
-template <typename T, int VS, int VA, bool SILU, bool FIT>
+ * the same tree and f64 finish, running stats and num_batches_tracked
+ * included); thread 0 hands the f32 (mean, invstd) it stored in
+ * save_mean[c] / save_invstd[c] to the block through shared memory, and
+ * after the barrier the block writes y over the channel with bn_apply's
+ * per-element arithmetic (bn_affine_of, bn_out; VA-element vectors, VA the
+ * apply's vector choice), so y equals bn_apply's bitwise.  The walk is
+ * part 0's (all N planes; plane offsets 64-bit, so huge tensors need no
+ * other route). */
+template <typename T, int VS, int VA, bool SILU>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
                 const float *w, const float *b) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    static_assert(!FIT || VS == VA, "registers are reused only with one vector width");
     typedef bn_vec<T, VA> Vt;
     typedef typename Vt::R R;
     __shared__ bn_mv sh[32];
+    __shared__ float2 kept; /* channel c's stored (mean, invstd) */
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
-        /* prefetch: nothing below depends on the statistics */
-        const float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
-        const float wc = w ? w[c] : 1.0f, bc = b ? b[c] : 0.0f;
-        float rm0 = 0.0f, rv0 = 0.0f;
-        bn_nbt_old nb0 = {0, 0.0};
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh);
+        /* kept is rewritten only after the next channel's bn_stats_part
+         * barriers, which every thread reaches after reading it below */
+        if (threadIdx.x == 0)
+            kept = bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+        __syncthreads();
+        float sc, shf;
+        {
+            float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
+            bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
+        }
         const int64_t base = pa.base + c * g.S;
-        R rv[BN_UNROLL];
-        int64_t e[BN_UNROLL];
-        bool ok[BN_UNROLL];
-        bn_mv v;
-        if constexpr (FIT) {
-            /* bn_stats_thread's walk in one step; the vectors stay */
-            bn_walk wk = bn_walk_first(pa);
+        bn_walk wk = bn_walk_first(pa);
+        while (wk.j < pa.total) {
+            R rv[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 ok[u] = wk.j < pa.total;
@@ -476,66 +353,14 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
                 }
                 bn_walk_next(wk, pa);
             }
-            /* thread 0's loads after its data loads (the dtype switch of
-             * num_batches_tracked would hold them back) */
-            if (threadIdx.x == 0) bn_run_prefetch(out, c, &rm0, &rv0, &nb0);
-            float a1 = 0.0f, a2 = 0.0f;
-            unsigned nvec = 0;
-            bn_stats_acc<T, VA>(rv, ok, K, a1, a2, nvec);
-            v = bn_stats_mv<VA>(a1, a2, nvec, K);
-        } else {
-            if (threadIdx.x == 0) bn_run_prefetch(out, c, &rm0, &rv0, &nb0);
-            v = bn_stats_thread<T, VS>(x + ps.base + c * g.S, ps, g.CS, K);
-        }
-        /* bn_stats_part's tree, its second level in every warp */
-        v = bn_warp_merge(v);
-        if (c != (int64_t)blockIdx.y) __syncthreads(); /* sh: the previous channel's */
-        if (lane == 0) sh[wid] = v;
-        __syncthreads();
-        bn_mv r = lane < BN_THREADS / 32 ? sh[lane] : bn_mv{0.0f, 0.0f, 0.0f};
-        r = bn_warp_merge(r); /* lane 0: thread 0's r of bn_stats_part */
-        r.n = __shfl_sync(0xffffffffu, r.n, 0);
-        r.mean = __shfl_sync(0xffffffffu, r.mean, 0);
-        r.m2 = __shfl_sync(0xffffffffu, r.m2, 0);
-        /* bn_stats_finish, in every thread; thread 0 stores */
-        const double n = (double)r.n, mean = (double)r.mean;
-        double m2 = (double)r.m2;
-        const float2 kept = bn_stats_kept(n, mean, &m2, out.eps);
-        if (threadIdx.x == 0) {
-            out.save_mean[c] = kept.x;
-            out.save_invstd[c] = kept.y;
-            if (out.running_mean) out.running_mean[c] = bn_run_update(out.momentum, rm0, mean);
-            if (out.running_var)
-                out.running_var[c] = bn_run_update(out.momentum, rv0, m2 / (n - 1.0));
-            if (c == 0 && out.nbt) bn_nbt_store(out, nb0);
-        }
-        float sc, shf;
-        bn_affine_of(kept.x, kept.y, wc, bc, &sc, &shf);
-        if constexpr (FIT) {
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 if (!ok[u]) break;
-                Vt::store(y + e[u], bn_apply_vec<T, VA, SILU>(rv[u], sc, shf));
-            }
-        } else {
-            bn_walk wk = bn_walk_first(pa);
-            while (wk.j < pa.total) {
+                float v[VA];
+                Vt::unpack(rv[u], v);
 #pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    ok[u] = wk.j < pa.total;
-                    rv[u] = R();
-                    e[u] = 0;
-                    if (ok[u]) {
-                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                        rv[u] = Vt::load(x + e[u]);
-                    }
-                    bn_walk_next(wk, pa);
-                }
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    if (!ok[u]) break;
-                    Vt::store(y + e[u], bn_apply_vec<T, VA, SILU>(rv[u], sc, shf));
-                }
+                for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
+                Vt::store(y + e[u], Vt::pack(v));
             }
         }
     }
@@ -572,32 +397,21 @@ static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x
 
 /* The one-pass training forward's launch (parts == 1): vs, the statistics'
  * vector path (bn_stats_partial's choice), va, the apply's (route
- * BN_ROUTE_VEC; va implies vs: both need S % V == 0 and x aligned).  FIT
- * (registers reused, see bn_stats_apply1) when both walks are the same and
- * the channel's N*S/V vectors are at most BN_UNROLL per thread. */
+ * BN_ROUTE_VEC; va implies vs: both need S % V == 0 and x aligned). */
 template <typename T, bool SILU>
 static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t stream,
                                    const T *x, T *y, const bn_geom &g,
                                    const bn_stats_out &so, const float *w, const float *b) {
     const int VV = bn_width<T>::V;
-    const int64_t fitv = (int64_t)BN_UNROLL * BN_THREADS; /* vectors per channel */
-    if (vs && va) {
-        if (g.N * (g.S / VV) <= fitv)
-            lucid_launch(bn_stats_apply1<T, VV, VV, SILU, true>, grid, dim3(BN_THREADS), 0,
-                         stream, x, y, g, so, w, b);
-        else
-            lucid_launch(bn_stats_apply1<T, VV, VV, SILU, false>, grid, dim3(BN_THREADS), 0,
-                         stream, x, y, g, so, w, b);
-    } else if (vs) {
-        lucid_launch(bn_stats_apply1<T, VV, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
-                     x, y, g, so, w, b);
-    } else if (g.N * g.S <= fitv) {
-        lucid_launch(bn_stats_apply1<T, 1, 1, SILU, true>, grid, dim3(BN_THREADS), 0, stream,
-                     x, y, g, so, w, b);
-    } else {
-        lucid_launch(bn_stats_apply1<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
-                     x, y, g, so, w, b);
-    }
+    if (vs && va)
+        lucid_launch(bn_stats_apply1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else if (vs)
+        lucid_launch(bn_stats_apply1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
+    else
+        lucid_launch(bn_stats_apply1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
+                     g, so, w, b);
 }
 
 /* The counters declared in nn_norm.cuh (both directions add to them). */
