@@ -25,27 +25,57 @@
  *     Assignments match exactly except for near-ties within an ulp; losses
  *     and gradients agree to a few ulps.
  *
- * Kernels (one phase each, as the reference):
- *   prep_gt   per gt row: pixels xyxy, the widened box of the inside test,
- *             label, mask_gt, keypoints; zeroes the gt's pos_al/pos_ov.
- *   decode    per anchor: DFL expectation -> predicted xyxy (grid units);
- *             zeroes the anchor's claim count.
- *   topk      one block per (image, gt): each thread keeps the top-k of its
- *             anchors (strided, in index order: ties keep the lower index),
- *             then k rounds of a block argmax over the threads' heads
- *             (value desc, index asc) give the reference's top-k; the
- *             candidates among them are the gt's positives and claim their
- *             anchors (atomicAdd count, atomicMin first gt).
+ * Kernels (one phase each, as the reference), and their threads:
+ *   prep_gt   one warp per gt row: every lane evaluates the box and mask
+ *             (same loads, same expressions), lane 0 writes the row's
+ *             pixels xyxy, widened box of the inside test, label, mask_gt
+ *             and zeroes pos_al/pos_ov; keypoint k by lane k % 32.
+ *   decode    one thread per (anchor, side), 4 per anchor (the sides warp-
+ *             uniform): DFL softmax + expectation of one side, the
+ *             reference's sequential chain -> predicted xyxy (grid units);
+ *             side 0 zeroes the anchor's claim count.
+ *   topk      one block of 1024 threads per (image, gt): each thread keeps
+ *             the top-k of its anchors (strided, in index order: ties keep
+ *             the lower index), then k rounds of a block argmax over the
+ *             threads' heads (xor-shuffle argmax per warp, then over the
+ *             warps) give the reference's top-k; the candidates among them
+ *             are the gt's positives and claim their anchors (atomicAdd
+ *             count, atomicMin first gt). (value desc, index asc) is a total
+ *             order on NaN-free values: each thread's list is the top-k of
+ *             its anchors under it and the argmax is unique, so the
+ *             selection does not depend on the block size or the trees.
+ *             (A NaN align metric, i.e. NaN network outputs, has no such
+ *             order: the selection then depends on the partition, as it
+ *             always did, and differs from the CPU's.)
  *   resolve   per anchor: unclaimed -> background; one claim -> that gt;
  *             several -> argmax overlap over all gts (first on ties); then
  *             max align / overlap per gt (atomicMax on the float bits).
- *   loss      per anchor: normalised target score, CIoU box + DFL, OKS
- *             keypoint + kobj, class BCE; block partials of the 7 sums.
+ *   loss      blocks of 256 anchors x LPL_SUB (2) threads: thread t < 256
+ *             owns anchor 256 blockIdx + t (the former one-thread-per-anchor
+ *             map) and does the normalised target score and class BCE; the
+ *             block's foreground anchors are compacted in index order and
+ *             their independent terms (4 DFL sides, K keypoints' OKS + kobj,
+ *             the CIoU) are spread one per thread over the block (grouped by
+ *             kind, passes of 512 when there are more); each term is the
+ *             reference's expression in one thread, and the owner adds them
+ *             in the reference's order and precision (sides 0..3 in float,
+ *             keypoints 0..K-1 in double). Block partials of the 7 sums over
+ *             the same 256 anchors with the same tree as before: the extra
+ *             threads hold zeros, so their warp sums are +0.0 exactly where
+ *             the 8-warp block had 0.0 in lanes 8..31 of the last warp sum.
  *   finalize  one block: folds the partials, writes tss, n_fg, the raw
  *             components, the items and the total (plan->scal and the
  *             caller's total/items tensors).
- *   backward  per anchor: d total / d outputs (every element written), in
- *             the gradients' dtypes, times the optional device grad_scale.
+ *   backward  the layout of loss: class gradients and a background anchor's
+ *             zeros split by channel over the anchor's threads; a foreground
+ *             anchor's DFL sides (each with the CIoU gradient, recomputed)
+ *             and keypoints spread one per thread over the block. d total /
+ *             d outputs (every element written), in the gradients' dtypes,
+ *             times the optional device grad_scale; nothing is summed
+ *             across threads.
+ * Every value is computed by the same expression on the same inputs as
+ * with one thread per anchor / 256 threads per gt, and every sum keeps its
+ * order: the outputs are bitwise those of that layout.
  */
 #define LUCID_POSE_LOSS_INTERNAL
 #include "common.cuh"
@@ -58,8 +88,12 @@
 
 #define LPL_MAX_TOPK 64 /* as loss.c / assigner.c */
 #define LPL_MAX_REG 64  /* as loss.c / loss_box.c */
-#define LPL_THREADS 256 /* per-anchor kernels */
-#define LPL_TOPK_THREADS 256
+#define LPL_THREADS 256 /* anchors per block (and per loss partial) */
+#define LPL_SUB 2       /* threads per anchor of k_loss / k_backward */
+#define LPL_LB_THREADS (LPL_THREADS * LPL_SUB)
+#define LPL_DEC_ANCHORS (LPL_THREADS / 4) /* k_decode: 4 sides per anchor */
+#define LPL_PREP_THREADS 128 /* k_prep_gt: 4 gt rows (warps) per block */
+#define LPL_TOPK_THREADS 1024
 #define LPL_FIN_THREADS 256
 
 /* Block partials of the loss kernel (slot stride 8 doubles). */
@@ -280,25 +314,6 @@ __device__ __forceinline__ void load_side(const View &box, int b, int sd,
     for (int i = 0; i < n; i++) z[i] = ld(box, b, sd * n + i, a);
 }
 
-/* Decoded predicted box (grid units, xyxy) of anchor a (lpl_decode_f32). */
-template <int RF>
-__device__ __forceinline__ void decode_anchor(const Geom &g, const View &box,
-                                              int b, int a, float ax,
-                                              float ay, float *o) {
-    constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
-    float z[NZ], pr[NZ], E[4];
-#pragma unroll
-    for (int sd = 0; sd < 4; sd++) {
-        load_side<RF>(box, b, sd, a, g.R, z);
-        softmax_side<RF>(z, g.R, pr);
-        E[sd] = expect_side<RF>(pr, g.R);
-    }
-    o[0] = FS(ax, E[0]);
-    o[1] = FS(ay, E[1]);
-    o[2] = FA(ax, E[2]);
-    o[3] = FA(ay, E[3]);
-}
-
 /* Inside test of the assigner (select_candidates_in_gts) for gt row r. */
 __device__ __forceinline__ int inside(const Bufs &bf, int64_t r, float px,
                                       float py) {
@@ -372,17 +387,23 @@ __device__ __forceinline__ void block_sums(double *v, double (*sh)[32]) {
 
 /* ------------------------------------------------------------ kernels */
 
+/* One warp per gt row: every lane evaluates the row's box and mask (the
+ * same loads, the same float expressions), lane 0 writes the per-row values
+ * and the lanes write the keypoints k = lane, lane + 32, ... */
 __global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
     if (r >= (int64_t)g.B * g.G) return;
     const int64_t b = r / g.G, gi = r % g.G;
     const int K = g.K;
     float *bx = bf.gt_box + r * 4, *cd = bf.gt_cand + r * 4;
     float *k3 = bf.gt_kpt + r * K * 3;
-    bf.pos_al[r] = 0.0f;
-    bf.pos_ov[r] = 0.0f;
+    if (lane == 0) {
+        bf.pos_al[r] = 0.0f;
+        bf.pos_ov[r] = 0.0f;
+    }
     const int valid =
         lucid_load_f64(t.valid.p, t.valid.dt,
                        b * t.valid.s[0] + gi * t.valid.s[1]) != 0.0;
@@ -398,29 +419,34 @@ __global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
     const float hw = w / 2, hh = h / 2;
     const float x1 = FS(x, hw), y1 = FS(y, hh), x2 = FA(x, hw), y2 = FA(y, hh);
     const int ok = valid && FA(FA(FA(x1, y1), x2), y2) > 0;
-    bf.gt_mask[r] = (uint8_t)ok;
     if (!ok) {
-        bf.gt_label[r] = 0;
-        for (int j = 0; j < 4; j++) bx[j] = cd[j] = 0.0f;
-        for (int j = 0; j < K * 3; j++) k3[j] = 0.0f;
+        if (lane == 0) {
+            bf.gt_mask[r] = 0;
+            bf.gt_label[r] = 0;
+            for (int j = 0; j < 4; j++) bx[j] = cd[j] = 0.0f;
+        }
+        for (int j = lane; j < K * 3; j += 32) k3[j] = 0.0f;
         return;
     }
-    const double c =
-        lucid_load_f64(t.cls.p, t.cls.dt, b * t.cls.s[0] + gi * t.cls.s[1]);
-    int lab = 0;
-    if (c >= g.nc) lab = g.nc - 1;
-    else if (c >= 0) lab = (int)c;
-    bf.gt_label[r] = lab;
-    bx[0] = x1, bx[1] = y1, bx[2] = x2, bx[3] = y2;
-    const float cx = FA(x1, x2) / 2, cy = FA(y1, y2) / 2;
-    float cw = FS(x2, x1), ch = FS(y2, y1);
-    if (cw < g.s0) cw = g.s1;
-    if (ch < g.s0) ch = g.s1;
-    const float chw = cw / 2, chh = ch / 2;
-    cd[0] = FS(cx, chw), cd[1] = FS(cy, chh), cd[2] = FA(cx, chw),
-    cd[3] = FA(cy, chh);
+    if (lane == 0) {
+        bf.gt_mask[r] = 1;
+        const double c = lucid_load_f64(t.cls.p, t.cls.dt,
+                                        b * t.cls.s[0] + gi * t.cls.s[1]);
+        int lab = 0;
+        if (c >= g.nc) lab = g.nc - 1;
+        else if (c >= 0) lab = (int)c;
+        bf.gt_label[r] = lab;
+        bx[0] = x1, bx[1] = y1, bx[2] = x2, bx[3] = y2;
+        const float cx = FA(x1, x2) / 2, cy = FA(y1, y2) / 2;
+        float cw = FS(x2, x1), ch = FS(y2, y1);
+        if (cw < g.s0) cw = g.s1;
+        if (ch < g.s0) ch = g.s1;
+        const float chw = cw / 2, chh = ch / 2;
+        cd[0] = FS(cx, chw), cd[1] = FS(cy, chh), cd[2] = FA(cx, chw),
+        cd[3] = FA(cy, chh);
+    }
     const int64_t ok0 = b * t.kpt.s[0] + gi * t.kpt.s[1];
-    for (int k = 0; k < K; k++) {
+    for (int k = lane; k < K; k += 32) {
         const int64_t o = ok0 + k * t.kpt.s[2];
         k3[k * 3 + 0] = FM((float)lucid_load_f64(t.kpt.p, t.kpt.dt, o), W);
         k3[k * 3 + 1] =
@@ -430,21 +456,32 @@ __global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
     }
 }
 
+/* One thread per (anchor, side): block = LPL_DEC_ANCHORS anchors x 4 sides,
+ * side = threadIdx.x / LPL_DEC_ANCHORS (warp-uniform). Each side's softmax
+ * and expectation is the reference's sequential chain in one thread. */
 template <int RF>
-__global__ void k_decode(Geom g, Bufs bf, View box) {
+__global__ void __launch_bounds__(LPL_THREADS)
+    k_decode(Geom g, Bufs bf, View box) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int sd = threadIdx.x / LPL_DEC_ANCHORS;
+    const int64_t i = (int64_t)blockIdx.x * LPL_DEC_ANCHORS +
+                      (threadIdx.x % LPL_DEC_ANCHORS);
     if (i >= (int64_t)g.B * g.A) return;
     const int b = (int)(i / g.A), a = (int)(i % g.A);
     float ax, ay, s;
     anchor(g, a, ax, ay, s);
-    float o[4];
-    decode_anchor<RF>(g, box, b, a, ax, ay, o);
-    float *pb = bf.pbox + i * 4;
-    pb[0] = o[0], pb[1] = o[1], pb[2] = o[2], pb[3] = o[3];
-    bf.cnt[i] = 0;
-    bf.first[i] = INT_MAX;
+    constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+    float z[NZ], pr[NZ];
+    load_side<RF>(box, b, sd, a, g.R, z);
+    softmax_side<RF>(z, g.R, pr);
+    const float E = expect_side<RF>(pr, g.R);
+    const float c = (sd & 1) ? ay : ax;
+    bf.pbox[i * 4 + sd] = sd < 2 ? FS(c, E) : FA(c, E);
+    if (sd == 0) {
+        bf.cnt[i] = 0;
+        bf.first[i] = INT_MAX;
+    }
 }
 
 /* (v1, i1) ranks before (v2, i2): larger value, then lower index. */
@@ -483,7 +520,11 @@ __global__ void __launch_bounds__(LPL_TOPK_THREADS)
         }
         val[j] = al, idx[j] = a;
     }
-    /* 2. k rounds of a block argmax over the heads of the threads' lists */
+    /* 2. k rounds of a block argmax over the heads of the threads' lists:
+     * an xor-shuffle argmax in each warp, then every warp the same
+     * xor-shuffle argmax over the warps' winners. (value desc, index asc)
+     * is a total order on the NaN-free values, so the winner is unique and
+     * independent of the tree and of the block size. */
     __shared__ float wv[2][32];
     __shared__ int wi[2][32];
     __shared__ int sel[LPL_MAX_TOPK];
@@ -502,11 +543,14 @@ __global__ void __launch_bounds__(LPL_TOPK_THREADS)
         }
         if (lane == 0) wv[j & 1][wid] = v, wi[j & 1][wid] = ix;
         __syncthreads();
-        float bv = wv[j & 1][0];
-        int bi = wi[j & 1][0];
-        for (int w = 1; w < nw; w++)
-            if (ranks_before(wv[j & 1][w], wi[j & 1][w], bv, bi))
-                bv = wv[j & 1][w], bi = wi[j & 1][w];
+        float bv = lane < nw ? wv[j & 1][lane] : -INFINITY;
+        int bi = lane < nw ? wi[j & 1][lane] : INT_MAX;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(v2, i2, bv, bi)) bv = v2, bi = i2;
+        }
         if (mine == bi && bi != INT_MAX) h++;
         if (threadIdx.x == 0) sel[j] = bi;
     }
@@ -569,21 +613,100 @@ __device__ __forceinline__ void kpt_consts(const Geom &g, const float *gb,
     factor = FM(rcp, (float)g.K);
 }
 
+/* Foreground compaction of a block's LPL_THREADS anchors (threads
+ * 0 .. LPL_THREADS-1 own them; every thread of the block calls this, fg is 0
+ * in the others): returns the rank of the thread's anchor among the block's
+ * foreground anchors in index order (-1 when fg is 0), *nf their count. */
+__device__ __forceinline__ int fg_compact(int fg, int *s_cnt, int *nf) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const unsigned m = __ballot_sync(0xffffffffu, fg);
+    if (lane == 0 && wid < LPL_THREADS / 32) s_cnt[wid] = __popc(m);
+    __syncthreads();
+    int off = 0, tot = 0;
+#pragma unroll
+    for (int w = 0; w < LPL_THREADS / 32; w++) {
+        if (w < wid) off += s_cnt[w];
+        tot += s_cnt[w];
+    }
+    *nf = tot;
+    return fg ? off + __popc(m & ((1u << lane) - 1u)) : -1;
+}
+
+/* Target box of gt row r in grid units at stride s (the reference's tb). */
+__device__ __forceinline__ void target_box(const float *gb, float s,
+                                           float *tb) {
+    tb[0] = gb[0] / s, tb[1] = gb[1] / s, tb[2] = gb[2] / s, tb[3] = gb[3] / s;
+}
+
+/* ltrb[sd] of the reference (distance of the anchor to the target's side). */
+__device__ __forceinline__ float ltrb_side(const float *tb, float ax, float ay,
+                                           int sd) {
+    return sd == 0 ? FS(ax, tb[0])
+                   : sd == 1 ? FS(ay, tb[1])
+                             : sd == 2 ? FS(tb[2], ax) : FS(tb[3], ay);
+}
+
+/* One side's DFL term of the forward (the body of the reference's side
+ * loop): lse-weighted cross-entropy against the two neighbouring bins. */
 template <int RF>
-__global__ void __launch_bounds__(LPL_THREADS, 2)
+__device__ __forceinline__ float dfl_side_term(const Geom &g, const View &box,
+                                               int b, int a, int sd,
+                                               float ltrb) {
+    constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+    const int R = RF > 0 ? RF : g.R;
+    const float tmax = (float)((double)(R - 1) - 0.01);
+    float z[NZ], pr[NZ];
+    load_side<RF>(box, b, sd, a, R, z);
+    const float lse = softmax_side<RF>(z, R, pr);
+    float tg = ltrb;
+    if (!(tg > 0)) tg = 0.0f;
+    if (tg > tmax) tg = tmax;
+    const int tl = (int)tg, tr = tl + 1;
+    const float wl = FS((float)tr, tg), wr = FS(1.0f, wl);
+    float ztl = 0.0f, ztr = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NZ; q++) {
+        if (q == tl) ztl = z[q];
+        if (q == tr) ztr = z[q];
+    }
+    return FA(FM(FS(lse, ztl), wl), FM(FS(lse, ztr), wr));
+}
+
+/* k_loss / k_backward: a block owns LPL_THREADS anchors (thread t < 256 owns
+ * anchor blockIdx.x * 256 + t, exactly the former one-thread-per-anchor
+ * map) and has LPL_SUB threads per anchor. The owners do the per-anchor part
+ * (assignment, class terms); the block's foreground anchors are then
+ * compacted in index order and their independent terms ("items": the 4 DFL
+ * sides, the K keypoints, the CIoU) are spread over all the block's threads,
+ * one item per thread, grouped by kind (sides, then keypoints, then boxes)
+ * so that a warp runs one code path. Every item is the reference's
+ * expression in one thread; the forward's owners then add the items' terms
+ * in the reference's order (sides 0..3, keypoints 0..K-1) and precision. */
+template <int RF>
+__global__ void __launch_bounds__(LPL_LB_THREADS, 1)
     k_loss(Geom g, Bufs bf, View box, View cls, View kpt, int frozen) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     __shared__ double sh[Q_N][32];
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ int s_cnt[LPL_THREADS / 32];
+    __shared__ int s_la[LPL_THREADS];
+    __shared__ float s_area[LPL_THREADS], s_factor[LPL_THREADS];
+    __shared__ float s_res[LPL_LB_THREADS][2];
+    const int tid = threadIdx.x;
+    const int64_t n = (int64_t)g.B * g.A;
+    const int64_t i0 = (int64_t)blockIdx.x * LPL_THREADS;
+    const int64_t i = i0 + tid; /* the owned anchor (tid < LPL_THREADS) */
+    const int K = g.K;
     double acc[Q_N];
 #pragma unroll
     for (int q = 0; q < Q_N; q++) acc[q] = 0.0;
-    if (i < (int64_t)g.B * g.A) {
+    int fg = 0;
+    float norm = 0.0f, area = 0.0f, factor = 0.0f;
+    if (tid < LPL_THREADS && i < n) {
         const int b = (int)(i / g.A), a = (int)(i % g.A);
         const int t = bf.tgt[i];
         const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
-        float norm = bf.tscore[i];
+        norm = bf.tscore[i];
         if (!frozen && t >= 0) {
             norm = FM(norm, bf.pos_ov[r]) / FA(bf.pos_al[r], 1e-9f);
             bf.tscore[i] = norm;
@@ -596,48 +719,54 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
             acc[Q_CLS] += (double)m_bce(z, y);
         }
         if (t >= 0) {
+            fg = 1;
             acc[Q_NFG] = 1.0;
             acc[Q_TSS] = (double)norm;
             float ax, ay, s;
             anchor(g, a, ax, ay, s);
-            const float *gb = bf.gt_box + r * 4;
-            const float tb[4] = {gb[0] / s, gb[1] / s, gb[2] / s, gb[3] / s};
-            const float *pbp = bf.pbox + i * 4;
-            const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
-            const float cv = ciou(pb, tb, &bf.alpha[i], frozen, 0.0f, NULL);
-            acc[Q_BOX] = (double)FM(FS(1.0f, cv), norm);
-            /* DFL */
-            constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
-            const int R = RF > 0 ? RF : g.R;
-            const float tmax = (float)((double)(R - 1) - 0.01);
-            const float ltrb[4] = {FS(ax, tb[0]), FS(ay, tb[1]),
-                                   FS(tb[2], ax), FS(tb[3], ay)};
-            float z[NZ], pr[NZ];
-            float dfl = 0.0f;
-#pragma unroll 1
-            for (int sd = 0; sd < 4; sd++) {
-                load_side<RF>(box, b, sd, a, R, z);
-                const float lse = softmax_side<RF>(z, R, pr);
-                float tg = ltrb[sd];
-                if (!(tg > 0)) tg = 0.0f;
-                if (tg > tmax) tg = tmax;
-                const int tl = (int)tg, tr = tl + 1;
-                const float wl = FS((float)tr, tg), wr = FS(1.0f, wl);
-                float ztl = 0.0f, ztr = 0.0f;
-#pragma unroll
-                for (int q = 0; q < NZ; q++) {
-                    if (q == tl) ztl = z[q];
-                    if (q == tr) ztr = z[q];
-                }
-                dfl = FA(dfl, FA(FM(FS(lse, ztl), wl), FM(FS(lse, ztr), wr)));
+            kpt_consts(g, bf.gt_box + r * 4, bf.gt_kpt + r * K * 3, s, area,
+                       factor);
+        }
+    }
+    int nf;
+    const int slot = fg_compact(fg, s_cnt, &nf);
+    if (slot >= 0) {
+        s_la[slot] = tid;
+        s_area[slot] = area;
+        s_factor[slot] = factor;
+    }
+    __syncthreads();
+    /* items: [0, 4 nf) DFL sides, [4 nf, (4 + K) nf) keypoints, then boxes */
+    const int n_side = 4 * nf, n_kpt = K * nf, total = (5 + K) * nf;
+    float dfl = 0.0f, cv = 0.0f;
+    double ps = 0.0, os = 0.0;
+    for (int base = 0; base < total; base += LPL_LB_THREADS) {
+        const int it = base + tid;
+        if (it < total) {
+            int f, j; /* j: 0..3 side, 4 .. 3 + K keypoint, 4 + K box */
+            if (it < n_side) {
+                f = it >> 2, j = it & 3;
+            } else if (it < n_side + n_kpt) {
+                const int q = it - n_side;
+                f = q / K, j = 4 + (q - f * K);
+            } else {
+                f = it - n_side - n_kpt, j = 4 + K;
             }
-            acc[Q_DFL] = (double)FM(dfl / 4, norm);
-            /* keypoints */
-            const float *gk = bf.gt_kpt + r * g.K * 3;
-            float area, factor;
-            kpt_consts(g, gb, gk, s, area, factor);
-            double ps = 0.0, os = 0.0;
-            for (int k = 0; k < g.K; k++) {
+            const int64_t fi = i0 + s_la[f];
+            const int b = (int)(fi / g.A), a = (int)(fi % g.A);
+            const int64_t r = (int64_t)b * g.G + bf.tgt[fi];
+            float ax, ay, s;
+            anchor(g, a, ax, ay, s);
+            float tb[4];
+            target_box(bf.gt_box + r * 4, s, tb);
+            float x = 0.0f, y = 0.0f;
+            if (j < 4) {
+                x = dfl_side_term<RF>(g, box, b, a, j,
+                                      ltrb_side(tb, ax, ay, j));
+            } else if (j < 4 + K) {
+                const int k = j - 4;
+                const float *gk = bf.gt_kpt + r * K * 3;
+                const float ar = s_area[f], fc = s_factor[f];
                 const float rx = ld(kpt, b, k * 3 + 0, a);
                 const float ry = ld(kpt, b, k * 3 + 1, a);
                 const float rv = ld(kpt, b, k * 3 + 2, a);
@@ -648,17 +777,46 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
                 const float dy = FS(py, gk[k * 3 + 1] / s);
                 const float d = FA(FM(dx, dx), FM(dy, dy));
                 const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-                const float den = FM(FM(FM(sg2, sg2), FA(area, 1e-9f)), 2.0f);
+                const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
                 const float ex = m_exp(-(d / den));
-                ps += (double)FM(factor, FM(FS(1.0f, ex), m));
-                os += (double)m_bce(rv, m);
+                x = FM(fc, FM(FS(1.0f, ex), m));
+                y = m_bce(rv, m);
+            } else {
+                const float *pbp = bf.pbox + fi * 4;
+                const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+                x = ciou(pb, tb, &bf.alpha[fi], frozen, 0.0f, NULL);
             }
-            acc[Q_POSE] = ps;
-            acc[Q_KOBJ] = os;
+            s_res[tid][0] = x;
+            s_res[tid][1] = y;
         }
+        __syncthreads();
+        if (slot >= 0) { /* the owner adds its items in the reference order */
+            for (int sd = 0; sd < 4; sd++) {
+                const int q = 4 * slot + sd - base;
+                if (q >= 0 && q < LPL_LB_THREADS) dfl = FA(dfl, s_res[q][0]);
+            }
+            for (int k = 0; k < K; k++) {
+                const int q = n_side + slot * K + k - base;
+                if (q >= 0 && q < LPL_LB_THREADS) {
+                    ps += (double)s_res[q][0];
+                    os += (double)s_res[q][1];
+                }
+            }
+            const int q = n_side + n_kpt + slot - base;
+            if (q >= 0 && q < LPL_LB_THREADS) cv = s_res[q][0];
+        }
+        __syncthreads();
     }
+    if (slot >= 0) {
+        acc[Q_BOX] = (double)FM(FS(1.0f, cv), norm);
+        acc[Q_DFL] = (double)FM(dfl / 4, norm);
+        acc[Q_POSE] = ps;
+        acc[Q_KOBJ] = os;
+    }
+    /* threads >= LPL_THREADS hold zeros: their warps' sums are +0.0, what
+     * the former 8-warp block put in lanes 8..31 of the final warp sum */
     block_sums(acc, sh);
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
 #pragma unroll
         for (int q = 0; q < Q_N; q++)
             bf.part[(int64_t)blockIdx.x * Q_STRIDE + q] = acc[q];
@@ -715,16 +873,28 @@ __global__ void __launch_bounds__(LPL_FIN_THREADS)
         }
 }
 
+/* k_backward: the block layout of k_loss (LPL_SUB threads per anchor). All
+ * threads write the class gradient and a background anchor's zeros, channel
+ * c by the anchor's thread c % LPL_SUB; the foreground anchors' items (a DFL
+ * side with its CIoU gradient, a keypoint) are spread over the block, one
+ * per thread, each the reference's expressions. Nothing is summed across
+ * threads. */
 template <int RF>
-__global__ void __launch_bounds__(LPL_THREADS, 2)
+__global__ void __launch_bounds__(LPL_LB_THREADS, 1)
     k_backward(Geom g, Bufs bf, View box, View cls, View kpt,
                const void *gscale, int gscale_dt, OView gbox, OView gcls,
                OView gkpt) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)g.B * g.A) return;
-    const int b = (int)(i / g.A), a = (int)(i % g.A);
+    __shared__ int s_cnt[LPL_THREADS / 32];
+    __shared__ int s_la[LPL_THREADS];
+    __shared__ float s_area[LPL_THREADS], s_factor[LPL_THREADS];
+    const int tid = threadIdx.x;
+    const int la = tid % LPL_THREADS, sub = tid / LPL_THREADS;
+    const int64_t n = (int64_t)g.B * g.A;
+    const int64_t i0 = (int64_t)blockIdx.x * LPL_THREADS;
+    const int64_t i = i0 + la;
+    const int K = g.K;
     /* coefficients, as lucid_pose_loss_backward (double) */
     const double g0 = gscale ? lucid_load_f64(gscale, gscale_dt, 0) : 1.0;
     const double tss = bf.scal[LPL_S_TSS], nfg = bf.scal[LPL_S_NFG];
@@ -736,49 +906,83 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
     const double c_pose = nfg > 0 ? __dmul_rn(gB, g.gain_pose) / nk : 0;
     const double c_kobj = nfg > 0 ? __dmul_rn(gB, g.gain_kobj) / nk : 0;
 
-    const int t = bf.tgt[i];
-    const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
-    const float norm = bf.tscore[i];
-    if (gcls.p) {
-        const float cc = (float)c_cls;
-        const int lab = t >= 0 ? bf.gt_label[r] : -1;
-        for (int c = 0; c < g.nc; c++) {
-            const float z = ld(cls, b, c, a);
-            const float y = c == lab ? norm : 0.0f;
-            stg(gcls, b, c, a, cc * (m_sigmoid(z) - y));
+    const int R = RF > 0 ? RF : g.R;
+    int fg = 0;
+    float area = 0.0f, factor = 0.0f;
+    if (i < n) {
+        const int b = (int)(i / g.A), a = (int)(i % g.A);
+        const int t = bf.tgt[i];
+        const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
+        const float norm = bf.tscore[i];
+        if (gcls.p) {
+            const float cc = (float)c_cls;
+            const int lab = t >= 0 ? bf.gt_label[r] : -1;
+            for (int c = sub; c < g.nc; c += LPL_SUB) {
+                const float z = ld(cls, b, c, a);
+                const float y = c == lab ? norm : 0.0f;
+                stg(gcls, b, c, a, cc * (m_sigmoid(z) - y));
+            }
+        }
+        if (t < 0) {
+            if (gbox.p)
+                for (int c = sub; c < 4 * R; c += LPL_SUB)
+                    stg(gbox, b, c, a, 0.0f);
+            if (gkpt.p)
+                for (int c = sub; c < 3 * K; c += LPL_SUB)
+                    stg(gkpt, b, c, a, 0.0f);
+        } else if (sub == 0) {
+            fg = 1;
+            if (gkpt.p) {
+                float ax, ay, s;
+                anchor(g, a, ax, ay, s);
+                kpt_consts(g, bf.gt_box + r * 4, bf.gt_kpt + r * K * 3, s,
+                           area, factor);
+            }
         }
     }
-    const int R = RF > 0 ? RF : g.R;
-    if (t < 0) {
-        if (gbox.p)
-            for (int c = 0; c < 4 * R; c++) stg(gbox, b, c, a, 0.0f);
-        if (gkpt.p)
-            for (int c = 0; c < 3 * g.K; c++) stg(gkpt, b, c, a, 0.0f);
-        return;
+    int nf;
+    const int slot = fg_compact(fg, s_cnt, &nf);
+    if (slot >= 0) {
+        s_la[slot] = tid;
+        s_area[slot] = area;
+        s_factor[slot] = factor;
     }
-    float ax, ay, s;
-    anchor(g, a, ax, ay, s);
-    const float *gb = bf.gt_box + r * 4;
-    if (gbox.p) {
-        constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
-        const float tb[4] = {gb[0] / s, gb[1] / s, gb[2] / s, gb[3] / s};
-        /* the forward's decode of the same pred_box (lpl_decode_f32) */
-        const float *pbp = bf.pbox + i * 4;
-        const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
-        float g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float gscl = (float)(-c_box) * norm;
-        ciou(pb, tb, &bf.alpha[i], 1, gscl, g1);
-        const float ltrb[4] = {FS(ax, tb[0]), FS(ay, tb[1]), FS(tb[2], ax),
-                               FS(tb[3], ay)};
-        const float gE[4] = {-g1[0], -g1[1], g1[2], g1[3]};
-        const float cd = (float)c_dfl * norm / 4;
-        const float tmax = (float)((double)(R - 1) - 0.01);
-        float z[NZ], pr[NZ];
-#pragma unroll 1
-        for (int sd = 0; sd < 4; sd++) {
+    __syncthreads();
+    /* items: [0, 4 nf) DFL sides (with gbox), then the keypoints (gkpt) */
+    const int n_side = gbox.p ? 4 * nf : 0, n_kpt = gkpt.p ? K * nf : 0;
+    for (int it = tid; it < n_side + n_kpt; it += LPL_LB_THREADS) {
+        int f, j; /* j: 0..3 side, 4 .. 3 + K keypoint */
+        if (it < n_side) {
+            f = it >> 2, j = it & 3;
+        } else {
+            const int q = it - n_side;
+            f = q / K, j = 4 + (q - f * K);
+        }
+        const int64_t fi = i0 + s_la[f];
+        const int b = (int)(fi / g.A), a = (int)(fi % g.A);
+        const int64_t r = (int64_t)b * g.G + bf.tgt[fi];
+        const float norm = bf.tscore[fi];
+        float ax, ay, s;
+        anchor(g, a, ax, ay, s);
+        const float *gb = bf.gt_box + r * 4;
+        if (j < 4) {
+            const int sd = j;
+            constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+            float tb[4];
+            target_box(gb, s, tb);
+            /* the forward's decode of the same pred_box (lpl_decode_f32) */
+            const float *pbp = bf.pbox + fi * 4;
+            const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+            float g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float gscl = (float)(-c_box) * norm;
+            ciou(pb, tb, &bf.alpha[fi], 1, gscl, g1);
+            const float gE[4] = {-g1[0], -g1[1], g1[2], g1[3]};
+            const float cd = (float)c_dfl * norm / 4;
+            const float tmax = (float)((double)(R - 1) - 0.01);
+            float z[NZ], pr[NZ];
             load_side<RF>(box, b, sd, a, R, z);
             softmax_side<RF>(z, R, pr);
-            float tg = ltrb[sd];
+            float tg = ltrb_side(tb, ax, ay, sd);
             if (!(tg > 0)) tg = 0.0f;
             if (tg > tmax) tg = tmax;
             const int tl = (int)tg, tr = tl + 1;
@@ -792,13 +996,10 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
                             wr * (pr[q] - (q == tr ? 1.0f : 0.0f)));
                 stg(gbox, b, sd * R + q, a, gv);
             }
-        }
-    }
-    if (gkpt.p) {
-        const float *gk = bf.gt_kpt + r * g.K * 3;
-        float area, factor;
-        kpt_consts(g, gb, gk, s, area, factor);
-        for (int k = 0; k < g.K; k++) {
+        } else {
+            const int k = j - 4;
+            const float *gk = bf.gt_kpt + r * K * 3;
+            const float ar = s_area[f], fc = s_factor[f];
             const float rx = ld(kpt, b, k * 3 + 0, a);
             const float ry = ld(kpt, b, k * 3 + 1, a);
             const float rv = ld(kpt, b, k * 3 + 2, a);
@@ -809,9 +1010,9 @@ __global__ void __launch_bounds__(LPL_THREADS, 2)
             const float dy = FS(py, gk[k * 3 + 1] / s);
             const float d = FA(FM(dx, dx), FM(dy, dy));
             const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-            const float den = FM(FM(FM(sg2, sg2), FA(area, 1e-9f)), 2.0f);
+            const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
             const float ex = m_exp(-(d / den));
-            const float gd = m != 0 ? (float)c_pose * factor * ex / den : 0.0f;
+            const float gd = m != 0 ? (float)c_pose * fc * ex / den : 0.0f;
             stg(gkpt, b, k * 3 + 0, a, gd * 4 * dx);
             stg(gkpt, b, k * 3 + 1, a, gd * 4 * dy);
             stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(rv) - m));
@@ -968,10 +1169,15 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
         t.kpt = make_tview(targets->kpts);
         t.valid = make_tview(targets->valid);
         const int64_t nG = (int64_t)g.B * g.G;
-        lucid_launch(k_prep_gt, (unsigned)((nG + 127) / 128), 128, 0, st->stream, g, bf, t);
+        const int64_t rows = LPL_PREP_THREADS / 32;
+        lucid_launch(k_prep_gt, (unsigned)((nG + rows - 1) / rows),
+                     LPL_PREP_THREADS, 0, st->stream, g, bf, t);
         CUDA_CHECK_LAUNCH(ctx, "pose loss prep_gt");
     }
-    LAUNCH_RF(k_decode, blocksA, LPL_THREADS, g, bf, vb);
+    const int64_t nA = (int64_t)g.B * g.A;
+    LAUNCH_RF(k_decode,
+              (unsigned)((nA + LPL_DEC_ANCHORS - 1) / LPL_DEC_ANCHORS),
+              LPL_THREADS, g, bf, vb);
     CUDA_CHECK_LAUNCH(ctx, "pose loss decode");
     if (!frozen) {
         lucid_launch(k_topk, (unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0, st->stream, g, bf, vc);
@@ -979,7 +1185,7 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
         lucid_launch(k_resolve, blocksA, LPL_THREADS, 0, st->stream, g, bf, vc);
         CUDA_CHECK_LAUNCH(ctx, "pose loss resolve");
     }
-    LAUNCH_RF(k_loss, blocksA, LPL_THREADS, g, bf, vb, vc, vk, frozen);
+    LAUNCH_RF(k_loss, blocksA, LPL_LB_THREADS, g, bf, vb, vc, vk, frozen);
     CUDA_CHECK_LAUNCH(ctx, "pose loss terms");
     Scalars out;
     memset(&out, 0, sizeof out);
@@ -1024,7 +1230,7 @@ static lucid_status cuda_backward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
                 ok = make_oview(grad_kpt);
     const void *gs = grad_scale ? lucid_tensor_data(grad_scale) : NULL;
     const int gs_dt = grad_scale ? (int)grad_scale->dtype : 0;
-    LAUNCH_RF(k_backward, (unsigned)loss_blocks(p), LPL_THREADS, g, bf, vb,
+    LAUNCH_RF(k_backward, (unsigned)loss_blocks(p), LPL_LB_THREADS, g, bf, vb,
               vc, vk, gs, gs_dt, ob, oc, ok);
     CUDA_CHECK_LAUNCH(ctx, "pose loss backward");
     return LUCID_OK;

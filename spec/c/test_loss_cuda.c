@@ -11,9 +11,10 @@
  * instance, all keypoints invisible, a degenerate box), random problems at
  * 64x64 and 640x640 (B 4, 10 and 60 instances per image), and a real batch
  * of the mini dataset (loader, batch 4, 640, max_gt 64) with random network
- * outputs. Also: bitwise determinism (two runs), no allocation inside
- * forward/backward (the device allocator's counters), and no host sync
- * (forward + backward captured into a CUDA graph on the context's stream,
+ * outputs, and exact ties with crowded blocks (case_ties). Also: bitwise
+ * determinism (two runs), no allocation inside forward/backward (the
+ * device allocator's counters), and no host sync (forward + backward
+ * captured into a CUDA graph on the context's stream,
  * replayed, same bits as the eager run). Frozen forward: same values.
  *
  * Without a CUDA device: "skip ...: no CUDA device", exit 0.
@@ -257,6 +258,37 @@ static double frob_rel(const lucid_tensor *got, const lucid_tensor *want,
     return w2 > 0 ? sqrt(d2 / w2) : sqrt(d2);
 }
 
+/* LUCID_LOSS_CUDA_DUMP=file: append the GPU side's outputs, gradients,
+ * assignment and scores of every case to file, for a bitwise A/B of two
+ * builds of cuda/loss.cu (cmp the two files). */
+static void dump_gpu(prob *P) {
+    const char *path = getenv("LUCID_LOSS_CUDA_DUMP");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "ab");
+    if (!f) return;
+    const lucid_tensor *ts[5] = {P->gpu.total, P->gpu.items, P->gpu.gb,
+                                 P->gpu.gc, P->gpu.gk};
+    for (int j = 0; j < 5; j++) {
+        size_t nb = 0;
+        void *v = host_bytes(ts[j], &nb);
+        if (v) fwrite(v, 1, nb, f);
+        free(v);
+    }
+    const int64_t n = (int64_t)P->B * P->A;
+    int32_t *a = malloc(n * sizeof(int32_t));
+    double *sc = malloc(n * sizeof(double)), nf = 0, tss = 0;
+    if (a && sc &&
+        lucid_pose_loss_read_assignment(ctx, P->gpu.plan, a, sc, &nf, &tss) ==
+            LUCID_OK) {
+        fwrite(a, sizeof(int32_t), (size_t)n, f);
+        fwrite(sc, sizeof(double), (size_t)n, f);
+        fwrite(&nf, sizeof nf, 1, f);
+        fwrite(&tss, sizeof tss, 1, f);
+    }
+    free(a), free(sc);
+    fclose(f);
+}
+
 /* CPU vs GPU on one prepared problem: forward + backward on both sides,
  * then values, assignment and gradients. */
 static void compare(const char *name, prob *P) {
@@ -317,6 +349,7 @@ static void compare(const char *name, prob *P) {
           "max score diff %.3g, tss cpu %.9g gpu %.9g", smax, tsc, tsg);
     free(ac), free(ag), free(sc), free(sg);
 
+    dump_gpu(P);
     const lucid_tensor *gg[3] = {P->gpu.gb, P->gpu.gc, P->gpu.gk};
     const lucid_tensor *gc[3] = {P->cpu.gb, P->cpu.gc, P->cpu.gk};
     static const char *gn[3] = {"box", "cls", "kpt"};
@@ -524,6 +557,56 @@ static void case_random(const char *name, int B, int G, int img, int n,
     prob_free(&P);
 }
 
+/* Ties and crowding, against a partition-dependent GPU result (the top-k
+ * over a block's threads, the foreground terms spread over a block's
+ * threads): constant box and class outputs, so the align metric ties
+ * exactly between anchors at mirrored offsets of a gt and between gts
+ * with the same box; image 0 has 40 small gts packed along its top rows
+ * (the first loss blocks hold far more foreground anchors than one pass of
+ * their threads covers) and 8 duplicates of them (claimed twice, overlap
+ * ties -> first gt); image 1 has 12 large gts sharing most anchors, 6 of
+ * them identical. Assignment identical to the CPU reference, two runs
+ * bitwise equal, graph replay equal. */
+static void case_ties(void) {
+    prob P;
+    if (prob_init(&P, 2, 48, 640, LUCID_F32, LUCID_F32)) {
+        TEST_FAIL("ties", "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    lucid_rand_uniform(ctx, P.pk, 21, 2u << 20, -1.0, 1.0);
+    for (int g = 0; g < 40; g++) { /* 24 px boxes, 16 px apart, rows 0..3 */
+        const double x = (16.0 + 15.5 * g) / 640, y = (g & 1 ? 20.0 : 14.0) / 640;
+        gt_row(&P, 0, g, 1, x, y, 24.0 / 640, 24.0 / 640, x, y, 2);
+    }
+    for (int g = 40; g < 48; g++) { /* duplicates of rows 0, 5, 10, ... */
+        const int o = (g - 40) * 5;
+        const double x = (16.0 + 15.5 * o) / 640, y = (o & 1 ? 20.0 : 14.0) / 640;
+        gt_row(&P, 0, g, 1, x, y, 24.0 / 640, 24.0 / 640, x, y, 1);
+    }
+    for (int g = 0; g < 12; g++) { /* image 1: large shared boxes */
+        const double d = g < 6 ? 0.0 : 0.02 * (g - 5);
+        gt_row(&P, 1, g, 1, 0.5 + d, 0.5 - d, 0.6, 0.5, 0.5, 0.5, 2);
+    }
+    run_case("ties", &P, 1);
+    const int64_t n = (int64_t)P.B * P.A;
+    int32_t *a0 = malloc(n * sizeof(int32_t));
+    int fg0 = 0, fg1 = 0, blk0 = 0;
+    if (a0 && lucid_pose_loss_read_assignment(ctx, P.gpu.plan, a0, NULL, NULL,
+                                              NULL) == LUCID_OK)
+        for (int64_t i = 0; i < n; i++) {
+            fg0 += i < P.A && a0[i] >= 0;
+            fg1 += i >= P.A && a0[i] >= 0;
+            blk0 += i < 256 && a0[i] >= 0;
+        }
+    CHECK("ties: crowded block and shared anchors are foreground",
+          blk0 > 24 && fg0 > 100 && fg1 > 0,
+          "fg in anchors 0..255: %d, image 0: %d, image 1: %d", blk0, fg0,
+          fg1);
+    free(a0);
+    prob_free(&P);
+}
+
 /* A strided (non-contiguous) output view on the GPU: same results. */
 static void case_strided(void) {
     prob P;
@@ -649,6 +732,7 @@ int main(void) {
     case_invisible();
     case_degenerate();
     case_strided();
+    case_ties();
     case_random("random 64 f32", 3, 6, 64, -1, 1, LUCID_F32, LUCID_F32, 0);
     case_random("random 64 bf16", 3, 6, 64, -1, 2, LUCID_BF16, LUCID_F32, 0);
     case_random("random 64 f16 grads f16", 2, 5, 64, -1, 3, LUCID_F16,
