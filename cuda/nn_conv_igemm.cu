@@ -335,10 +335,27 @@ int lucid_conv_igemm_fits(const lucid_igemm_geom *g) {
  * SMs about four times, each split at least 2 k tiles (64 pixels) long (a
  * short grid is latency-bound: each k tile is a dependent global load), at
  * most 1024 splits. */
+/* Blocks a split filter-gradient grid aims at: LUCID_WGRAD_BLOCKS (read
+ * once; default 132, one per SM of the H200).  The filter gradients run on
+ * the parameter-gradient lanes beside the input-gradient chain, so their
+ * grid size also sets how many SMs they take from it: measured on the H200
+ * (recorded steady step of one default fit, 2026-11-30), 528 blocks (the
+ * former aim, 4 per SM) 4.447 ms, 264 4.351, 132 4.316 / 4.315, 96 4.352,
+ * 66 4.466.  The split count, hence the summation order and the bits of the
+ * weight gradients, follow it. */
+static int wgrad_blocks(void) {
+    static int v = -1;
+    if (v < 0) {
+        v = env_int("LUCID_WGRAD_BLOCKS", 132);
+        if (v < 1) v = 132;
+    }
+    return v;
+}
+
 int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
     int M = g->Cout, Nc = g->Cin * g->kh * g->kw, K = g->N * g->Ho * g->Wo;
     long blocks = (long)tiles(M, BM) * tiles(Nc, BN);
-    long want = (528 + blocks - 1) / blocks;
+    long want = (wgrad_blocks() + blocks - 1) / blocks;
     long maxs = (K + 2 * BK - 1) / (2 * BK);
     long s = want < maxs ? want : maxs;
     if (s > 1024) s = 1024;
@@ -347,12 +364,21 @@ int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
 
 /* Split-K of forward / backward-data (not the stride-phase form): only a
  * grid that leaves SMs idle (< 132 blocks) is split, into up to 16 ranges
- * of at least 2 k tiles, for about 2 blocks per SM.  A function of the
+ * of at least 2 k tiles, for about 2 blocks per SM (LUCID_FD_BLOCKS, 264).  A function of the
  * geometry only.  M, Nc, K: the pass's GEMM. */
+static int fd_blocks(void) { /* LUCID_FD_BLOCKS (read once; default 264): A/B runs */
+    static int v = -1;
+    if (v < 0) {
+        v = env_int("LUCID_FD_BLOCKS", 264);
+        if (v < 1) v = 264;
+    }
+    return v;
+}
+
 static int fd_splits(int M, int Nc, int K) {
     long blocks = (long)tiles(Nc, BN) * tiles(M, BM);
     if (blocks >= 132) return 1;
-    long want = (264 + blocks - 1) / blocks;
+    long want = (fd_blocks() + blocks - 1) / blocks;
     long maxs = (K + BK - 1) / BK / 2;
     long s = want < maxs ? want : maxs;
     if (s > 16) s = 16;
