@@ -142,7 +142,7 @@ bench-fit: all
 	luajit bench/fit_pairs.lua $(FIT)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
-  libpng-dev libjpeg62-turbo-dev libopenblas-dev libyaml-dev libcjson-dev zlib1g-dev
+  libpng-dev libjpeg62-turbo-dev libopenblas-dev libyaml-dev libcjson-dev zlib1g-dev python3
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# test_tools.sh — the GPU diagnostics' offline halves on synthetic inputs
+# whose answers are known:
+#   tools/ktrace_report.py   a CUPTI kernel timeline (tools/ktrace.c's CSV):
+#                            5 replays of a 4-node graph on 2 streams, an
+#                            eager kernel between replays; checks the node
+#                            count, replays, span, period, per-stream busy
+#                            time and the critical chain's kernel time/gaps
+#   tools/kernel_census.py   --path: a census (Nsight Compute CSV rows) and
+#                            a LUCID_GRAPH_STATS=path log; checks the path's
+#                            estimated kernel time and the per-kernel rows
+# make installs it as build/tests/test_tools; spec/run_tests.sh counts its
+# "ok" / "not ok" lines like those of the C tests. Needs python3 and c++filt.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+check() { # check NAME HAYSTACK NEEDLE
+    if printf '%s\n' "$2" | grep -qF -- "$3"; then
+        echo "ok tools $1"
+    else
+        echo "not ok tools $1: expected '$3' in the output:"
+        printf '%s\n' "$2" | sed 's/^/#   /'
+        failed=1
+    fi
+}
+
+for tool in python3 c++filt; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "not ok tools: $tool not found"
+        exit 1
+    fi
+done
+
+# ---- ktrace_report.py: replay r starts at 100000*r ns; node 0 on stream 13
+# [0, 10us), nodes 1 and 2 on streams 13 / 20 after it ([11, 31) and
+# [11, 21) us), node 3 on 13 at [32, 40) us; an eager kernel at 60-61 us.
+{
+    echo "start_ns,end_ns,stream,graph_id,graph_node_id,grid,block,name"
+    for r in 0 1 2 3 4; do
+        b=$((r * 100000))
+        echo "$((b)),$((b + 10000)),13,7,100,1.1.1,256.1.1,_Z5firstv"
+        echo "$((b + 11000)),$((b + 31000)),13,7,101,2.1.1,256.1.1,_Z4longv"
+        echo "$((b + 11000)),$((b + 21000)),20,7,102,3.1.1,256.1.1,_Z4sidev"
+        echo "$((b + 32000)),$((b + 40000)),13,7,103,1.1.1,256.1.1,_Z4lastv"
+        echo "$((b + 60000)),$((b + 61000)),13,0,0,1.1.1,64.1.1,_Z5inputv"
+    done
+} > "$tmp/trace.csv"
+out=$(python3 tools/ktrace_report.py "$tmp/trace.csv" --last 3 2>&1)
+check "ktrace nodes and replays" "$out" "graph 7: 4 kernel nodes, 5 replays; last 3 analysed"
+check "ktrace span" "$out" "replay span: median 0.040 ms [0.040, 0.040]"
+check "ktrace period" "$out" "replay period (start to next start): median 0.100 ms"
+check "ktrace between replays" "$out" "input 1.0x 1.0 us"
+check "ktrace stream busy" "$out" "stream 13: busy 0.038 ms, 3 kernels"
+check "ktrace side stream" "$out" "stream 20: busy 0.010 ms, 1 kernels"
+# chain: last (8 us) <- long (20 us, ended 1 us before) <- first (10 us, 1 us)
+check "ktrace chain" "$out" "critical chain (walked back by times): 3 kernels, kernel time 0.038 ms, gaps 0.002 ms"
+check "ktrace gap median" "$out" "median 1.00 us"
+
+# ---- kernel_census.py --path: a census of one 3-launch period repeated
+# twice, and a path of 4 kernel nodes (one of them cuBLAS, one unknown)
+{
+    echo '"ID","Kernel Name","Stream","Block Size","Grid Size","gpu__time_duration.sum"'
+    echo '"","","","","","nsecond"'
+    i=0
+    for rep in 0 1; do
+        echo "\"$i\",\"void conv_k<__nv_bfloat16, true>(int)\",\"13\",\"(128, 1, 1)\",\"(400, 1, 1)\",\"20,000\""; i=$((i + 1))
+        echo "\"$i\",\"bn_k(float *)\",\"13\",\"(256, 1, 1)\",\"(1, 64, 1)\",\"6,000\""; i=$((i + 1))
+        echo "\"$i\",\"nvjet_sm90_tst_64x64\",\"13\",\"(384, 1, 1)\",\"(4, 28, 1)\",\"4,000\""; i=$((i + 1))
+    done
+} > "$tmp/census.csv"
+{
+    echo "lucid graph: 9 nodes (9 kernels, 0 memcpy, 0 memset, 0 other), 8 edges; longest path 4 nodes, 4 kernel nodes"
+    echo "lucid graph path: 0 _Z6conv_kI13__nv_bfloat16Lb1EEvi grid 400,1,1 block 128,1,1"
+    echo "lucid graph path: 1 _Z4bn_kPf grid 1,64,1 block 256,1,1"
+    echo "lucid graph path: 2 ? grid 4,28,1 block 384,1,1"
+    echo "lucid graph path: 3 _Z7unknownv grid 1,1,1 block 32,1,1"
+} > "$tmp/path.log"
+out=$(python3 tools/kernel_census.py "$tmp/census.csv" --period 3 --path "$tmp/path.log" 2>&1)
+check "census period" "$out" "period 3 launches, GPU time 0.030 ms"
+check "census path total" "$out" "4 kernel nodes, estimated kernel time 0.033 ms"
+check "census path missing" "$out" "not in the census (3 us each): unknown x1"
+check "census path conv row" "$out" "conv_k<__nv_bfloat16, 1>"
+check "census path cublas row" "$out" "cuBLAS (unnamed in the graph)"
+exit $failed
