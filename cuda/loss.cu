@@ -632,6 +632,22 @@ __device__ __forceinline__ int fg_compact(int fg, int *s_cnt, int *nf) {
     return fg ? off + __popc(m & ((1u << lane) - 1u)) : -1;
 }
 
+/* The foreground list of a k_loss / k_backward block: fg_compact, then a
+ * foreground thread publishes its anchor (tid) and its keypoint constants
+ * in its slot; ends with the barrier that makes the list visible.
+ * Returns the thread's slot (-1: background); *nf = the block's count. */
+__device__ __forceinline__ int fg_list(int fg, int tid, float area, float factor, int *s_cnt,
+                                       int *s_la, float *s_area, float *s_factor, int *nf) {
+    const int slot = fg_compact(fg, s_cnt, nf);
+    if (slot >= 0) {
+        s_la[slot] = tid;
+        s_area[slot] = area;
+        s_factor[slot] = factor;
+    }
+    __syncthreads();
+    return slot;
+}
+
 /* Target box of gt row r in grid units at stride s (the reference's tb). */
 __device__ __forceinline__ void target_box(const float *gb, float s,
                                            float *tb) {
@@ -729,13 +745,7 @@ __global__ void __launch_bounds__(LPL_LB_THREADS, 1)
         }
     }
     int nf;
-    const int slot = fg_compact(fg, s_cnt, &nf);
-    if (slot >= 0) {
-        s_la[slot] = tid;
-        s_area[slot] = area;
-        s_factor[slot] = factor;
-    }
-    __syncthreads();
+    const int slot = fg_list(fg, tid, area, factor, s_cnt, s_la, s_area, s_factor, &nf);
     /* items: [0, 4 nf) DFL sides, [4 nf, (4 + K) nf) keypoints, then boxes */
     const int n_side = 4 * nf, n_kpt = K * nf, total = (5 + K) * nf;
     float dfl = 0.0f, cv = 0.0f;
@@ -941,13 +951,7 @@ __global__ void __launch_bounds__(LPL_LB_THREADS, 1)
         }
     }
     int nf;
-    const int slot = fg_compact(fg, s_cnt, &nf);
-    if (slot >= 0) {
-        s_la[slot] = tid;
-        s_area[slot] = area;
-        s_factor[slot] = factor;
-    }
-    __syncthreads();
+    const int slot = fg_list(fg, tid, area, factor, s_cnt, s_la, s_area, s_factor, &nf);
     /* items: [0, 4 nf) DFL sides (with gbox), then the keypoints (gkpt) */
     const int n_side = gbox.p ? 4 * nf : 0, n_kpt = gkpt.p ? K * nf : 0;
     for (int it = tid; it < n_side + n_kpt; it += LPL_LB_THREADS) {
