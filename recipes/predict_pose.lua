@@ -3,10 +3,15 @@ recipes/predict_pose.lua — run a trained pose model on images: annotated
 PNGs (boxes + skeletons) and a COCO results JSON.
 
   luajit recipes/predict_pose.lua weights=runs/pose_nano/weights/best.safetensors \
-      source=path/to/image_or_folder [imgsz=640 conf=0.25 iou=0.7 device=auto out=runs/predict]
+      source=path/to/image_or_folder [imgsz=auto conf=0.25 iou=0.7 device=auto out=runs/predict]
 
 `weights` is a training checkpoint (its EMA weights are used when present:
 the weights the validation scored) or a model file from model:save.
+`imgsz` (default auto) is the imgsz the checkpoint was trained at (the
+imgsz of its training arguments, the `config` metadata lucid's trainer
+stores, as Ultralytics predicts at ckpt["train_args"]["imgsz"]), else 640
+for weights without one (a model:save file); an explicit imgsz=N always
+wins. The line "device ..., imgsz N (...)" says which it took.
 `source` is an image file (.jpg/.jpeg/.png), a folder (its .jpg/.jpeg/.png
 files) or a comma-separated list of them (spaces around the entries are
 trimmed: source="a.jpg, b.jpg"). Writes <out>/<image stem>.png for
@@ -24,10 +29,14 @@ is written); weights must be a file that opens; out must be a folder or a
 path where one can be made (an existing file is refused by name, and a
 folder mkdir cannot make is named by out= with mkdir's reason). Weights of
 another model or scale are refused naming weights=, model= and scale=. An
-image corrupt past its first bytes stops the run naming it, the images
-written before it, and that predictions.json was not written (it is
-written, atomically, only when every image is done). Each image's line
-gives its size and the network input it was letterboxed to.
+image corrupt past its first bytes (a truncated JPEG) in a folder or a
+list is skipped: one line on stderr names it and the decoder's reason
+("WARNING: predict: skipping image 2/3 dir/b.jpg: corrupt or truncated
+JPEG: Premature end of JPEG file"), the other images are predicted, and
+the summary counts the skipped images; a single image file that cannot be
+decoded, or a source none of whose images can, is an error naming the file
+(predictions.json is written, atomically, once every image is done). Each
+image's line gives its size and the network input it was letterboxed to.
 
   luajit recipes/predict_pose.lua --help   # every key, its default and what it does
 ]]
@@ -39,7 +48,8 @@ local defaults = {
   weights = "runs/pose_nano/weights/best.safetensors",
   source = "",
   model = "yolo11", scale = "n",
-  imgsz = 640, conf = 0.25, iou = 0.7, max_det = 300,
+  -- auto: the imgsz the checkpoint was trained at, else 640
+  imgsz = "auto", conf = 0.25, iou = 0.7, max_det = 300,
   kpt_threshold = 0.5,
   device = "auto",
   -- activations: auto = bf16 on a GPU, fp32 on the CPU; or bf16 | fp16 | fp32
@@ -54,7 +64,8 @@ local descriptions = {
   source = "an image (.jpg/.jpeg/.png), a folder of them, or a comma-separated list",
   model = "the architecture the weights were trained with: yolo11 or yolov8",
   scale = "the model scale the weights were trained with: n, s, m, l or x",
-  imgsz = "network input side: every image is letterboxed to imgsz x imgsz (a multiple of 32)",
+  imgsz = "network input side (a multiple of 32; every image is letterboxed to imgsz x imgsz); auto: the "
+    .. "checkpoint's training imgsz, else 640",
   conf = "confidence threshold in [0, 1]",
   iou = "NMS IoU threshold in [0, 1]",
   max_det = "at most this many detections per image",
@@ -70,9 +81,9 @@ if ... == "--defaults" then return defaults end
 
 local builders = { yolo11 = "lucid.models.yolo11_pose", yolov8 = "lucid.models.yolov8_pose" }
 
--- Errors (a bad setting, a missing or corrupt checkpoint, an unreadable
--- image, no image in source) print their message and exit with status 1;
--- LUCID_DEBUG=1 adds the Lua traceback. Every setting is checked before
+-- Errors (a bad setting, a missing or corrupt checkpoint, a single image
+-- file that cannot be decoded, no image in source) print their message and
+-- exit with status 1; LUCID_DEBUG=1 adds the Lua traceback. Every setting is checked before
 -- the model is built or a file is read.
 local function main()
 if recipe.help_requested(arg) then
@@ -149,10 +160,19 @@ end
 report("unexpected (skipped)", rep.unexpected)
 if rep.loaded == 0 then error("no tensor of " .. cfg.weights .. " matches the model", 0) end
 
-print(string.format("device %s, precision %s, imgsz %d, conf %.3g, iou %.3g", device, prec, cfg.imgsz,
+-- imgsz: given, else the checkpoint's training imgsz (a stored value
+-- prediction cannot use is an error naming weights), else 640
+local auto = cfg.imgsz == nil or cfg.imgsz == "auto"
+local S, from = predict.resolve_imgsz(cfg.imgsz, auto
+  and predict.train_imgsz(rep.train_args, "weights = '" .. cfg.weights .. "'") or nil)
+local from_text = ({ imgsz = "given", weights = "the imgsz the weights were trained at",
+  default = "the default; the weights carry no training imgsz" })[from]
+print(string.format("device %s, precision %s, imgsz %d (%s), conf %.3g, iou %.3g", device, prec, S, from_text,
   cfg.conf, cfg.iou))
 recipe.make_folder(cfg.out, "out", "predict")
-local res = predict.run{ model = model, ctx = ctx, sources = images, imgsz = cfg.imgsz, conf = cfg.conf,
+-- the sources as given (predict.run skips an unreadable image of a folder or
+-- a list, with a warning on stderr; a single image file is an error)
+local res = predict.run{ model = model, ctx = ctx, sources = sources, imgsz = S, conf = cfg.conf,
   iou = cfg.iou, max_det = cfg.max_det, act_dtype = act, out_dir = cfg.out,
   kpt_threshold = cfg.kpt_threshold,
   on_image = function(r, i, n)
@@ -168,10 +188,12 @@ local pre, inf, post = 0, 0, 0
 for _, r in ipairs(res.images) do pre, inf, post = pre + r.time.pre, inf + r.time.inference, post + r.time.post end
 local n = math.max(#res.images, 1)
 print(string.format("Speed: %.1fms preprocess, %.1fms inference, %.1fms postprocess per image (each letterboxed "
-  .. "to shape (1, 3, %d, %d))", 1000 * pre / n, 1000 * inf / n, 1000 * post / n, cfg.imgsz, cfg.imgsz))
+  .. "to shape (1, 3, %d, %d))", 1000 * pre / n, 1000 * inf / n, 1000 * post / n, S, S))
 local function count(n, what) return string.format("%d %s%s", n, what, n == 1 and "" or "s") end
-print(string.format("Results saved to %s (%s, %s in %s)", cfg.out, count(#res.images, "image"),
-  count(#res.entries, "detection"), res.json))
+local nskip = #res.skipped
+print(string.format("Results saved to %s (%s, %s in %s)%s", cfg.out, count(#res.images, "image"),
+  count(#res.entries, "detection"), res.json, nskip == 0 and ""
+    or string.format("; %s skipped (could not be read; each named in a WARNING line on stderr)", count(nskip, "image"))))
 end
 
 recipe.run("predict_pose", main)

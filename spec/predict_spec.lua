@@ -1,7 +1,10 @@
 -- lucid.predict, lucid.image, lucid.eval.decode_nms and lucid.val_output (CPU):
 -- annotated PNGs and a COCO results JSON from a model on real images; the
 -- letterbox equals the validation loader's and maps back within half a
--- pixel; pose drawing colours the expected pixels; checkpoints prefer EMA.
+-- pixel; pose drawing colours the expected pixels; checkpoints prefer EMA;
+-- an image of a folder or list that cannot be decoded (a truncated JPEG) is
+-- skipped with its path and reason, a single one is an error; imgsz
+-- defaults to the checkpoint's training imgsz, else 640.
 local lucid = require("lucid")
 local data = require("lucid.data")
 local predict = require("lucid.predict")
@@ -14,6 +17,14 @@ local describe_data = mini and describe or pending
 
 local files = require "support.files"
 local read_all, tmpdir = files.read, files.tmpdir
+local checkpoint = require("lucid.checkpoint")
+
+-- The message of the error fn(...) raises (fails the spec when none).
+local function err_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return tostring(e)
+end
 
 local function val_images(n)
   local list = predict.list_sources(mini .. "/images/val")
@@ -216,6 +227,133 @@ describe_data("lucid.predict on real images", function()
     local rep3 = predict.load_weights(m3, d .. "/ck.safetensors", { ema = false })
     assert.is_false(rep3.ema)
     assert.equals(0, (m3:param(probe):data() - model:param(probe):data()):abs():max():item())
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
+  -- a real val image cut short (its first bytes still a JPEG's, so
+  -- predict.check_images passes it) beside two good ones
+  local function folder_with_truncated_jpeg()
+    local d = tmpdir()
+    os.execute("mkdir -p '" .. d .. "/src'")
+    local imgs = val_images(2)
+    local good = read_all(imgs[1])
+    files.write(d .. "/src/a.jpg", good)
+    files.write(d .. "/src/b.jpg", good:sub(1, math.floor(#good / 3)))
+    files.write(d .. "/src/c.jpg", read_all(imgs[2]))
+    return d, d .. "/src/a.jpg", d .. "/src/b.jpg", d .. "/src/c.jpg"
+  end
+
+  it("skips an image of a folder or a list that cannot be decoded (a truncated JPEG), naming it and the "
+    .. "decoder's reason, and predicts the others", function()
+    local d, a, b, c = folder_with_truncated_jpeg()
+    -- the decoder returns the failure (never prints it): nil, the path and libjpeg's message
+    local img, msg = lucid.image.read(b)
+    assert.is_nil(img)
+    assert.are.equal(b .. ": corrupt or truncated JPEG: Premature end of JPEG file", msg)
+    local model = build{ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    local skips, seen = {}, {}
+    local res = predict.run{ model = model, sources = d .. "/src", imgsz = 64, conf = 0, max_det = 5,
+      out_dir = d .. "/out",
+      on_image = function(r, i, n) seen[#seen + 1] = { r.path, i, n } end,
+      on_skip = function(s, i, n) skips[#skips + 1] = { s.path, s.reason, i, n } end }
+    assert.are.same({ { a, 1, 3 }, { c, 3, 3 } }, seen)
+    assert.are.same({ { b, "corrupt or truncated JPEG: Premature end of JPEG file", 2, 3 } }, skips)
+    assert.are.same({ { path = b, index = 2, reason = "corrupt or truncated JPEG: Premature end of JPEG file" } },
+      res.skipped)
+    assert.are.equal(2, #res.images)
+    assert.are.same({ a, c }, { res.images[1].path, res.images[2].path })
+    -- the image ids keep each image's place in the sources (a is 1, c is 3)
+    assert.are.same({ 1, 3 }, { res.images[1].image_id, res.images[2].image_id })
+    assert.are.same({ "a.png", "c.png", "predictions.json" }, files.listdir(d .. "/out"))
+    local ids = {}
+    for _, e in ipairs(cjson.decode(read_all(d .. "/out/predictions.json"))) do ids[e.image_id] = true end
+    assert.are.same({ [1] = true, [3] = true }, ids)
+    -- a list of files: the same (a corrupt header, libjpeg's error path, too)
+    files.write(d .. "/src/e.jpg", "\255\216\255\224 not much of a JPEG")
+    skips = {}
+    res = predict.run{ model = model, sources = { b, c, d .. "/src/e.jpg" }, imgsz = 64, save = false,
+      on_skip = function(s, i, n) skips[#skips + 1] = { s.path, i, n } end }
+    assert.are.same({ { b, 1, 3 }, { d .. "/src/e.jpg", 3, 3 } }, skips)
+    assert.are.equal(1, #res.images)
+    assert.truthy(res.skipped[2].reason:find("^corrupt JPEG: "), res.skipped[2].reason)
+    -- the default report: one line on stderr, the image, its place and the reason
+    local lines = {}
+    local stderr = io.stderr
+    io.stderr = { write = function(_, ...) lines[#lines + 1] = table.concat({ ... }) end }
+    local ok, err = pcall(predict.run, { model = model, sources = { a, b }, imgsz = 64, save = false })
+    io.stderr = stderr
+    assert(ok, err)
+    assert.are.same({ "WARNING: predict: skipping image 2/2 " .. b .. ": corrupt or truncated JPEG: Premature end "
+      .. "of JPEG file\n" }, lines)
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
+  it("a single image file that cannot be decoded is an error naming it; so is a source with no readable image",
+    function()
+    local d, a, b = folder_with_truncated_jpeg()
+    local model = build{ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    local want = "predict: cannot read image " .. b .. ": corrupt or truncated JPEG: Premature end of JPEG file"
+    assert.are.equal(want, err_of(predict.run, { model = model, sources = b, imgsz = 64, out_dir = d .. "/o1" }))
+    assert.are.equal(want, err_of(predict.run, { model = model, sources = { b }, imgsz = 64, save = false }))
+    assert.are.same({}, files.listdir(d .. "/o1"))
+    -- a folder of one unreadable image, and a list of unreadable ones: nothing to predict
+    os.execute("mkdir -p '" .. d .. "/one'")
+    files.write(d .. "/one/b.jpg", read_all(b))
+    local quiet = function() end
+    assert.are.equal("predict: the only image could not be read (" .. d .. "/one/b.jpg: corrupt or truncated "
+      .. "JPEG: Premature end of JPEG file); predictions.json was not written",
+      err_of(predict.run, { model = model, sources = d .. "/one", imgsz = 64, out_dir = d .. "/o2", on_skip = quiet }))
+    assert.are.equal("predict: none of the 2 images could be read (the first, " .. b .. ": corrupt or truncated "
+      .. "JPEG: Premature end of JPEG file)", err_of(predict.run, { model = model, sources = { b, d .. "/one/b.jpg" },
+      imgsz = 64, save = false, on_skip = quiet }))
+    -- negative control: the good file alone
+    assert.are.equal(1, #predict.run{ model = model, sources = a, imgsz = 64, save = false }.images)
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
+  it("predicts at the imgsz the checkpoint was trained at unless imgsz is given, else at 640", function()
+    local d = tmpdir()
+    local img = val_images(1)
+    local model = build{ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    checkpoint.save(d .. "/ck96.safetensors", { model = model, epoch = 0, config = { imgsz = 96, epochs = 1 } })
+    model:save(d .. "/plain.safetensors")
+    local m2 = build{ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
+    local rep = predict.load_weights(m2, d .. "/ck96.safetensors")
+    assert.are.equal(96, rep.imgsz)
+    assert.are.equal(96, rep.train_args.imgsz)
+    assert.are.equal(96, m2.train_args.imgsz)
+    assert.are.same({ imgsz = 96, epochs = 1 }, predict.train_args(d .. "/ck96.safetensors"))
+    local function side(o)
+      o.model, o.sources, o.save, o.max_det = m2, img, false, 1
+      return predict.run(o).images[1].input_shape[3]
+    end
+    assert.are.equal(96, side{})
+    assert.are.equal(96, side{ imgsz = "auto" })
+    assert.are.equal(64, side{ imgsz = 64 }) -- an explicit imgsz wins
+    -- weights without training arguments (a model:save file): 640
+    rep = predict.load_weights(m2, d .. "/plain.safetensors")
+    assert.is_nil(rep.imgsz)
+    assert.is_nil(rep.train_args)
+    assert.is_nil(m2.train_args)
+    assert.is_nil(predict.train_args(d .. "/plain.safetensors"))
+    assert.are.equal(640, side{})
+    assert.are.same({ 640, "default" }, { predict.resolve_imgsz(nil, nil) })
+    assert.are.same({ 96, "weights" }, { predict.resolve_imgsz("auto", 96) })
+    assert.are.same({ 320, "imgsz" }, { predict.resolve_imgsz(320, 96) })
+    -- a stored imgsz prediction cannot use is named with the file where it
+    -- would be used (no imgsz given); an explicit imgsz still predicts
+    checkpoint.save(d .. "/ck100.safetensors", { model = model, epoch = 0, config = { imgsz = 100 } })
+    rep = predict.load_weights(m2, d .. "/ck100.safetensors")
+    assert.is_nil(rep.imgsz)
+    assert.are.equal("predict: " .. d .. "/ck100.safetensors: the imgsz of its training arguments (metadata "
+      .. "'config') is 100: expected a multiple of 32 (the network's largest stride), at least 32; give imgsz= to "
+      .. "choose one", err_of(predict.train_imgsz, rep.train_args, d .. "/ck100.safetensors"))
+    assert.truthy(err_of(predict.run, { model = m2, sources = img, save = false }):find("^predict: model%.train_args: "
+      .. "the imgsz of its training arguments %(metadata 'config'%) is 100: "))
+    assert.are.equal(64, side{ imgsz = 64 })
+    assert.are.equal("predict: imgsz = 'big': expected a multiple of 32 (the network's largest stride), at least "
+      .. "32, or auto (the imgsz the weights were trained at, else 640)", err_of(predict.check_options,
+      { imgsz = "big" }))
     os.execute("rm -rf '" .. d .. "'")
   end)
 

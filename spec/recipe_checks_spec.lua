@@ -7,8 +7,10 @@
 -- they used to reach), no internal "file.lua:NN:" location in what the
 -- recipes print, a clean line on Ctrl-C, and the smaller messages (a
 -- synchronous checkpoint write, the resume folder with quiet=true,
--- predict's per-image input shape, bin/lucid -e's `lucid`). Each fix has a
--- negative control: the valid neighbour of the bad value is accepted.
+-- predict's per-image input shape, bin/lucid -e's `lucid`, a truncated
+-- JPEG of a folder skipped with one stderr line, predict's imgsz taken from
+-- the checkpoint). Each fix has a negative control: the valid neighbour of
+-- the bad value is accepted.
 local lucid = require "lucid"
 local recipe = require "lucid.recipe"
 local Trainer = require "lucid.trainer"
@@ -1001,21 +1003,46 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
     assert.truthy(out:find(string.format("(1 image, %d %s in", n, n == 1 and "detection" or "detections"), 1, true), out)
   end)
 
-  it("predict.run: an image that fails to decode mid-run is named, and predictions.json is not written", function()
+  it("predict_pose: a truncated JPEG of a folder is skipped with one stderr line and counted; one such file is an "
+    .. "error; imgsz defaults to the checkpoint's training imgsz", function()
     local pt = tmp .. "/mid"
     os.execute("mkdir -p " .. q(pt .. "/src"))
     local imgs = predict.list_sources(mini .. "/images/val")
-    files.write(pt .. "/src/a.jpg", files.read(imgs[1]))
-    files.write(pt .. "/src/b.jpg", "\255\216\255\224 a truncated JPEG")
+    local good = files.read(imgs[1])
+    files.write(pt .. "/src/a.jpg", good)
+    files.write(pt .. "/src/b.jpg", good:sub(1, math.floor(#good / 3))) -- a real JPEG cut short
     local model = require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }
-    local e = err_of(predict.run, { model = model, sources = pt .. "/src", imgsz = 64, out_dir = pt .. "/out" })
-    assert.truthy(e:find("^predict: image 2/2 " .. pt:gsub("%p", "%%%0") .. "/src/b%.jpg: "), e)
-    assert.truthy(e:find("(1 image before it was written to " .. pt .. "/out; predictions.json was not written)", 1,
-      true), e)
-    assert.are.same({ "a.png" }, files.listdir(pt .. "/out"))
-    -- negative control: the good image alone writes both
-    predict.run{ model = model, sources = pt .. "/src/a.jpg", imgsz = 64, out_dir = pt .. "/out" }
+    local ck = pt .. "/ck.safetensors"
+    require("lucid.checkpoint").save(ck, { model = model, epoch = 0, config = { imgsz = 96 } })
+    local function pred(args) return run("luajit recipes/predict_pose.lua device=cpu weights=" .. q(ck) .. " " .. args) end
+    -- the folder: b is skipped (one line on stderr, the file and libjpeg's reason), a is predicted at
+    -- the checkpoint's imgsz 96
+    local out, err, rc = pred("source=" .. q(pt .. "/src") .. " out=" .. q(pt .. "/out"))
+    assert.are.equal(0, rc, err)
+    assert.are.equal("WARNING: predict: skipping image 2/2 " .. pt .. "/src/b.jpg: corrupt or truncated JPEG: "
+      .. "Premature end of JPEG file\n", err)
+    assert.truthy(out:find("imgsz 96 (the imgsz the weights were trained at)", 1, true), out)
+    assert.truthy(out:find("image 1/2 " .. pt .. "/src/a.jpg: ", 1, true), out)
+    assert.truthy(out:find("input (1, 3, 96, 96)", 1, true), out)
+    assert.truthy(out:find("; 1 image skipped (could not be read; each named in a WARNING line on stderr)\n", 1, true),
+      out)
     assert.are.same({ "a.png", "predictions.json" }, files.listdir(pt .. "/out"))
+    -- an explicit imgsz wins
+    out, err, rc = pred("imgsz=64 source=" .. q(pt .. "/src") .. " out=" .. q(pt .. "/out64"))
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("imgsz 64 (given)", 1, true), out)
+    assert.truthy(out:find("input (1, 3, 64, 64)", 1, true), out)
+    -- the truncated file alone: an error naming it, nothing predicted
+    out, err, rc = pred("source=" .. q(pt .. "/src/b.jpg") .. " out=" .. q(pt .. "/out1"))
+    assert.are.equal(1, rc, err)
+    assert.are.equal("predict_pose: predict: cannot read image " .. pt .. "/src/b.jpg: corrupt or truncated JPEG: "
+      .. "Premature end of JPEG file\n", err)
+    no_location(err)
+    assert.are.same({}, files.listdir(pt .. "/out1"))
+    -- the help names the default
+    out = run("luajit recipes/predict_pose.lua --help")
+    assert.truthy(out:find("\n  imgsz +auto +network input side .*auto: the checkpoint's training imgsz, else 640\n"),
+      out)
   end)
 
   it("overfit8 under a datasets folder with a space; its temporary folder is removed, also on error", function()
