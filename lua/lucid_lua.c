@@ -32,6 +32,7 @@ __attribute__((weak)) int lucid_lua_open_predict(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_graph(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_input(lua_State *L);
 __attribute__((weak)) int lucid_lua_open_hash(lua_State *L);
+__attribute__((weak)) int lucid_lua_open_signal(lua_State *L);
 int lucid_lua_open_loss(lua_State *L);
 int lucid_lua_open_eval(lua_State *L);
 
@@ -174,6 +175,7 @@ int luaopen_lucid(lua_State *L) {
     if (lucid_lua_open_graph) lucid_lua_open_graph(L);
     if (lucid_lua_open_input) lucid_lua_open_input(L);
     if (lucid_lua_open_hash) lucid_lua_open_hash(L);
+    if (lucid_lua_open_signal) lucid_lua_open_signal(L);
     add_package_path(L);
     add_step(L);
     lucid_lua_set_module(L, -1); /* argument errors name its functions */

@@ -12,7 +12,8 @@ a script can rely on it (a short run, e.g. steps=30, is expected to miss).
 
 The 8 images and their labels are copied (by Lua, so any path works) into
 a temporary folder under $TMPDIR (default /tmp), which is removed when the
-run ends, on success and on every error (Ctrl-C included).
+run ends, on success and on every error (Ctrl-C included, and SIGTERM while
+training).
 ]]
 local lucid = require "lucid"
 local recipe = require "lucid.recipe"

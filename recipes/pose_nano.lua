@@ -153,8 +153,8 @@ local function main()
 
   local trainer = Trainer.new(cfg)
   print(string.format("device %s, precision %s", trainer.device, trainer.precision))
-  -- Ctrl-C: the trainer waits for the checkpoint writes it queued, then the
-  -- error reaches recipe.run, which prints this note
+  -- Ctrl-C or SIGTERM: the trainer waits for the checkpoint writes it queued,
+  -- then the error reaches recipe.run, which prints this note
   local save_dir
   trainer:add_callback("on_fit_start", function(_, ev) save_dir = ev.save_dir end)
   recipe.interrupt_note = function()

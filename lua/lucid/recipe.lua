@@ -505,19 +505,39 @@ function recipe.message(err)
   return s
 end
 
---- A note recipe.run adds when the run is interrupted (Ctrl-C), e.g. where
--- the checkpoints are: recipe.interrupt_note = function() return "..." end
--- (a string or nil). Set by the recipe's main.
+--- A note recipe.run adds when the run is interrupted (Ctrl-C, SIGTERM),
+-- e.g. where the checkpoints are: recipe.interrupt_note = function() return
+-- "..." end (a string or nil). Set by the recipe's main.
 recipe.interrupt_note = nil
+
+-- The errors that mean "stopped by a signal": LuaJIT's Ctrl-C error, and
+-- the trainer's for SIGTERM (Trainer.stop_error): what the message calls the
+-- signal, and the exit status a shell reports for it (128 + its number).
+local INTERRUPTIONS = {
+  ["interrupted!"] = { "Ctrl-C", 128 + 2 },
+  ["interrupted! (SIGTERM)"] = { "SIGTERM", 128 + 15 },
+}
+
+--- recipe.interruption(err) -> label, status when err (an error value, its
+-- location prefix ignored) says the run was stopped by a signal: "Ctrl-C",
+-- 130 for LuaJIT's "interrupted!" (SIGINT); "SIGTERM", 143 for
+-- "interrupted! (SIGTERM)" (lucid.trainer's clean stop); else nil.
+function recipe.interruption(err)
+  local hit = INTERRUPTIONS[recipe.message(err)]
+  if hit then return hit[1], hit[2] end
+  return nil
+end
 
 --- Run a recipe's main function: on an error (a bad setting, a missing
 -- file, a failed fit) print "<name>: <message>" to stderr after flushing
 -- stdout (so a piped configuration listing comes first) and exit with
 -- status 1. The message is recipe.message(err): no internal file:line
--- location; LUCID_DEBUG=1 prints the Lua traceback instead. Ctrl-C (LuaJIT's
--- "interrupted!" error; the trainer has already waited for the checkpoint
--- writes it queued) prints "<name>: interrupted (Ctrl-C)" and the recipe's
--- interrupt_note, and exits with status 130 (as a shell reports SIGINT).
+-- location; LUCID_DEBUG=1 prints the Lua traceback instead. A stop by
+-- signal (recipe.interruption: Ctrl-C's "interrupted!", the trainer's
+-- "interrupted! (SIGTERM)"; the trainer has already waited for the
+-- checkpoint writes it queued) prints "<name>: interrupted (Ctrl-C)" or
+-- "<name>: interrupted (SIGTERM)" and the recipe's interrupt_note, and exits
+-- with the status a shell reports for that signal: 130 (SIGINT), 143 (SIGTERM).
 function recipe.run(name, main)
   local trace
   local ok, err = xpcall(main, function(e)
@@ -527,15 +547,16 @@ function recipe.run(name, main)
   if not ok then
     io.stdout:flush()
     local msg = recipe.message(err)
-    if msg == "interrupted!" then
+    local label, status = recipe.interruption(err)
+    if label then
       local note = recipe.interrupt_note
       if type(note) == "function" then
         local nok, n = pcall(note)
         note = nok and n or nil
       end
-      io.stderr:write(name, ": interrupted (Ctrl-C)", note and ("; " .. note) or "", "\n")
+      io.stderr:write(name, ": interrupted (", label, ")", note and ("; " .. note) or "", "\n")
       if trace then io.stderr:write(trace, "\n") end
-      os.exit(130)
+      os.exit(status)
     end
     io.stderr:write(name, ": ", trace or msg, "\n")
     os.exit(1)

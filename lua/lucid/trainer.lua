@@ -35,6 +35,17 @@ on stderr, never raised over it). Ctrl-C under luajit is such an error
 ("interrupted!", raised where the Lua code was): the checkpoints already
 queued are on disk when fit re-raises it, and recipe.run prints it as
 "<recipe>: interrupted (Ctrl-C); ..." (a second Ctrl-C kills the process).
+SIGTERM (kill, timeout, a job scheduler) takes the same path: while fit runs,
+lucid.signal records it (only when its disposition is the default), and
+the loop raises "interrupted! (SIGTERM)" (Trainer.stop_error) at the next
+training step, validation batch or epoch start; recipe.run prints
+"<recipe>: interrupted (SIGTERM); ..." and exits with status 143 (a second
+SIGTERM kills the process).
+
+Resume never goes back in time silently: a resume from a checkpoint with
+fewer completed epochs than the run folder's weights/last.safetensors (an
+older copy) is refused before anything in the folder is written
+(Trainer.check_resume_progress).
 ]]
 local lucid = require "lucid"
 local recipe = require "lucid.recipe"
@@ -358,6 +369,24 @@ function Trainer.check_last_batch(imgsz, batch, n)
     .. "more%s", imgsz, what, imgsz, alt and string.format(", or batch=%d", alt) or ""), 0)
 end
 
+--- The signal that stops a fit cleanly besides Ctrl-C (lucid.signal).
+Trainer.STOP_SIGNAL = "SIGTERM"
+
+--- Trainer.stop_error(name) -> the error a fit raises when signal `name`
+-- ("SIGTERM") asked it to stop: "interrupted! (SIGTERM)", as LuaJIT's
+-- "interrupted!" for Ctrl-C (recipe.interruption reads both).
+function Trainer.stop_error(name) return "interrupted! (" .. tostring(name) .. ")" end
+
+--- Trainer.check_stop(): raise Trainer.stop_error(name) when lucid.signal
+-- recorded a stop signal (SIGTERM) since the fit began; nothing otherwise.
+-- The fit calls it between units of work (each training step, each
+-- validation batch, each epoch start), so the stop takes fit's failure path:
+-- queued checkpoint writes finish, resources are released.
+function Trainer.check_stop()
+  local name = lucid.signal.caught()
+  if name then error(Trainer.stop_error(name), 0) end
+end
+
 --- trainer:add_callback(event, fn, [opts]) — opts.persistent keeps the
 -- callback for later fits (default: only the next or current fit); another
 -- key is an error.
@@ -407,6 +436,43 @@ local function run_dir(cfg)
   return dir
 end
 
+--- Trainer.check_resume_progress(path, save_dir): refuse a resume that would
+-- overwrite newer progress. path: the checkpoint the run resumes from;
+-- save_dir: the run folder it continues (where weights/ and results.csv are
+-- written). When <save_dir>/weights/last.safetensors exists, is not path
+-- (as given) and has completed more epochs than path (e.g. path is an
+-- older copy of it), raise an error naming both files, both epoch counts
+-- (1-based, as the log's "N/E") and the ways on: resume from the newer file,
+-- or branch off into a new run folder with name= / project=, or move the
+-- newer file away to go back on purpose. A folder checkpoint that cannot be
+-- read (corrupt, another format) is refused too, since its progress is
+-- unknown. Reads only (checkpoint.load of both; a bad path raises its own
+-- error first); nothing is created or written. Equal progress passes.
+function Trainer.check_resume_progress(path, save_dir)
+  local last = save_dir .. "/weights/last.safetensors"
+  if path == last or not file_exists(last) then return end
+  local ck = checkpoint.load(path)
+  local done = ck.epochs_completed
+  ck:close()
+  local ok, lk = pcall(checkpoint.load, last)
+  if not ok then
+    error(string.format("trainer: resume: %s is to continue the run in %s, whose %s cannot be read (%s), so "
+      .. "whether it holds newer progress is unknown; nothing was written. Resume from that folder's own "
+      .. "checkpoint after repairing it, or continue from %s in a new run folder with name= (and project=), or "
+      .. "move %s out of the folder first", path, save_dir, last, recipe.message(lk), path, last), 0)
+  end
+  local newer = lk.epochs_completed
+  lk:close()
+  if newer <= done then return end
+  local function epochs(n) return string.format("%d epoch%s", n, n == 1 and "" or "s") end
+  error(string.format("trainer: resume: %s has completed %s, but the run folder it would continue, %s, holds "
+    .. "newer progress: %s has completed %s. Resuming would overwrite that folder's weights/last.safetensors, "
+    .. "weights/best.safetensors and its results.csv rows from epoch %d on, so nothing was written. Resume from "
+    .. "the newer checkpoint (resume=%s), or branch off from %s into a new run folder with name= (and project=); "
+    .. "to continue %s from the older file on purpose, move %s out of it first", path, epochs(done), save_dir,
+    last, epochs(newer), done + 1, last, path, save_dir, last), 0)
+end
+
 local function losses_table(items)
   local t = {}
   for i, k in ipairs(progress.LOSS_NAMES) do t[k] = items[i] end
@@ -437,6 +503,9 @@ function Trainer:fit(model, opts)
   if self.fitting then error("trainer:fit: a fit is already running on this trainer", 2) end
   opts = nn_util.check_options("trainer:fit", opts, { "resume" })
   progress.is_tty() -- a bad LUCID_PROGRESS is an error before anything is built or written
+  -- SIGTERM while fitting: recorded, and raised by Trainer.check_stop in the
+  -- loop (released below, on every path, once the queued writes are on disk)
+  lucid.signal.catch(Trainer.STOP_SIGNAL)
   self.fit_id = self.fit_id + 1
   self.fitting = true
   local state = { model = model, resources = {} }
@@ -467,6 +536,9 @@ function Trainer:fit(model, opts)
   end
   self.fitting = false
   self.state = nil
+  -- the queued writes are on disk: a SIGTERM from here on takes its default action
+  local sok, serr = pcall(lucid.signal.release, Trainer.STOP_SIGNAL)
+  if not sok then cleanup_errors[#cleanup_errors + 1] = "signal release: " .. tostring(serr) end
   if not ok then
     for _, k in ipairs({ "ema", "opt" }) do
       local o = state[k]
@@ -501,6 +573,12 @@ function Trainer:_fit(state, opts)
   if resume == "true" then resume = true elseif resume == "false" or resume == "" then resume = false end
 
   Trainer.check_paths(cfg)
+  -- a resume from an older checkpoint than the run folder's own last is
+  -- refused here, before the folder (or anything else) is written
+  if resume then
+    local dir = run_dir(cfg)
+    Trainer.check_resume_progress(type(resume) == "string" and resume or (dir .. "/weights/last.safetensors"), dir)
+  end
 
   -- data ------------------------------------------------------------------
   local desc = data.load_descriptor(cfg.data)
@@ -693,6 +771,7 @@ function Trainer:_fit(state, opts)
     if epoch > start_epoch and aug.mosaic == 0 and aug_schedule(epoch - 1).mosaic ~= 0 then
       out:write("Closing dataloader mosaic\n")
     end
+    Trainer.check_stop() -- SIGTERM: stop before the epoch starts
     self:run_callbacks("on_epoch_start", { epoch = epoch })
     model:train()
     local t_train0 = lucid.wall_time()
@@ -729,6 +808,7 @@ function Trainer:_fit(state, opts)
         bar:update(i, losses_table(step:running_losses()), self:mem_gb(), batch.max_count, S)
       end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
+      Trainer.check_stop() -- SIGTERM: stop after this step
       -- device memory held by tensors that are already garbage is invisible
       -- to Lua's collector (it sees only the small userdata), so without a
       -- regular full cycle the caching allocator keeps growing over an
@@ -927,6 +1007,7 @@ function Trainer:validate(model, ema, val, loader, step, out, collect)
     local ta = now()
     loader:start_epoch(0, data.val)
     while true do
+      Trainer.check_stop() -- SIGTERM: stop between validation batches
       local vb = loader:next()
       local tb = now()
       vt.loader = vt.loader + (tb - ta)
