@@ -17,6 +17,7 @@ local Trainer = require "lucid.trainer"
 local predict = require "lucid.predict"
 local data = require "lucid.data"
 local files = require "support.files"
+local interrupt_run = require "support.interrupt_run"
 local fit_cfg = require "support.fit_cfg"
 
 local mini = data.find_dataset("coco-pose-mini")
@@ -593,39 +594,8 @@ describe_data("the recipes on bad input (separate processes)", function()
   end)
 
   it("Ctrl-C during training: a clean line naming the kept checkpoints, exit status 130", function()
-    local log = tmp .. "/int"
-    local q = shell_quote
-    -- started in the background: its pid (the one that gets the SIGINT) and,
-    -- once it ended, its exit status go to files
-    os.execute("(luajit recipes/pose_nano.lua device=cpu workers=1 epochs=30 imgsz=64 project=" .. q(tmp)
-      .. " name=int >" .. q(log .. ".out") .. " 2>" .. q(log .. ".err") .. " & echo $! >" .. q(log .. ".pid")
-      .. "; wait $!; echo $? >" .. q(log .. ".rc") .. ") >/dev/null 2>&1 &")
-    local function read_num(path)
-      local f = io.open(path, "rb")
-      if not f then return nil end
-      local v = tonumber(f:read("*a"))
-      f:close()
-      return v
-    end
-    local last = tmp .. "/int/weights/last.safetensors"
-    local pid
-    for _ = 1, 600 do
-      pid = pid or read_num(log .. ".pid")
-      local f = io.open(last, "rb")
-      if f then f:close(); break end
-      os.execute("sleep 0.1")
-    end
-    assert.truthy(pid and io.open(last, "rb"), "no checkpoint after 60 s")
-    os.execute("kill -INT " .. pid)
-    local rc
-    for _ = 1, 600 do
-      rc = read_num(log .. ".rc")
-      if rc then break end
-      os.execute("sleep 0.1")
-    end
-    if not rc then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end -- never left running
+    local rc, err, last = interrupt_run.run(tmp, "int", "INT", "")
     assert.are.equal(130, rc)
-    local err = files.read(log .. ".err")
     assert.are.equal("pose_nano: interrupted (Ctrl-C); the checkpoints written so far are kept in " .. tmp
       .. "/int/weights; continue with resume=true project=" .. tmp .. " name=int\n", err)
     -- the kept checkpoint resumes

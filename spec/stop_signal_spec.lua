@@ -14,6 +14,7 @@ local recipe = require "lucid.recipe"
 local Trainer = require "lucid.trainer"
 local data = require "lucid.data"
 local files = require "support.files"
+local interrupt_run = require "support.interrupt_run"
 local fit_cfg = require "support.fit_cfg"
 local errors = require "support.errors"
 local ffi = require "ffi"
@@ -123,45 +124,16 @@ describe_data("SIGTERM during training", function()
   end)
 
   it("pose_nano: a clean line naming the kept checkpoints, exit status 143, and the checkpoint resumes", function()
-    local log, q = tmp .. "/term", shell_quote
-    -- started in the background: its pid (the one that gets SIGTERM) and,
-    -- once it ended, its exit status go to files
-    os.execute("(luajit recipes/pose_nano.lua device=cpu workers=1 epochs=30 imgsz=64 quiet=true project=" .. q(tmp)
-      .. " name=term >" .. q(log .. ".out") .. " 2>" .. q(log .. ".err") .. " & echo $! >" .. q(log .. ".pid")
-      .. "; wait $!; echo $? >" .. q(log .. ".rc") .. ") >/dev/null 2>&1 &")
-    local function read_num(path)
-      local f = io.open(path, "rb")
-      if not f then return nil end
-      local v = tonumber(f:read("*a"))
-      f:close()
-      return v
-    end
-    local last = tmp .. "/term/weights/last.safetensors"
-    local pid
-    for _ = 1, 600 do
-      pid = pid or read_num(log .. ".pid")
-      local f = io.open(last, "rb")
-      if f then f:close(); break end
-      os.execute("sleep 0.1")
-    end
-    assert.truthy(pid and io.open(last, "rb"), "no checkpoint after 60 s")
-    os.execute("kill -TERM " .. pid)
-    local rc
-    for _ = 1, 600 do
-      rc = read_num(log .. ".rc")
-      if rc then break end
-      os.execute("sleep 0.1")
-    end
-    if not rc then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end -- never left running
+    local rc, err, last = interrupt_run.run(tmp, "term", "TERM", "quiet=true")
     assert.are.equal(143, rc)
     assert.are.equal("pose_nano: interrupted (SIGTERM); the checkpoints written so far are kept in " .. tmp
-      .. "/term/weights; continue with resume=true project=" .. tmp .. " name=term\n", files.read(log .. ".err"))
+      .. "/term/weights; continue with resume=true project=" .. tmp .. " name=term\n", err)
     -- the kept checkpoint resumes as the message says (one more epoch)
     local ck = require("lucid.checkpoint").load(last)
     local done = ck.epochs_completed
     ck:close()
     assert.is_true(done >= 1)
-    local out, rc2 = errors.run("luajit recipes/pose_nano.lua resume=true project=" .. q(tmp) .. " name=term "
+    local out, rc2 = errors.run("luajit recipes/pose_nano.lua resume=true project=" .. shell_quote(tmp) .. " name=term "
       .. "workers=1 epochs=" .. (done + 1))
     assert.are.equal(0, rc2, out)
     assert.truthy(out:find("Resuming " .. last .. " (" .. done .. " epoch" .. (done == 1 and "" or "s")
