@@ -9,10 +9,16 @@
  *   lucid.signal.catch(name) -> true | false
  *       name: "SIGTERM" (the signals lucid catches; another name is an
  *       argument error listing them). Replaces the DEFAULT disposition by a
- *       handler that only records the signal (a volatile sig_atomic_t, the
- *       one async-signal-safe thing it does), with SA_RESETHAND: a second
- *       signal gets the default action again (it kills, as a second Ctrl-C
- *       does). A disposition that is not the default (SIG_IGN, e.g. under
+ *       handler that only records the signal (volatile sig_atomic_t flags).
+ *       A second signal at least 2 s after the first gets the default
+ *       action (the handler puts it back with sigaction and re-raises: it
+ *       kills, as a second Ctrl-C does); one sooner is the same request
+ *       delivered twice and is ignored — GNU timeout(1) sends its signal to
+ *       the child and then to its own process group, which holds the child,
+ *       so the child receives it twice within microseconds (a fresh-user
+ *       tryout saw 2 of 14 `timeout` runs die without the message when the
+ *       second delivery killed them). sigaction, raise and clock_gettime are
+ *       async-signal-safe (POSIX.1-2008, signal-safety(7)). A disposition that is not the default (SIG_IGN, e.g. under
  *       nohup-like launchers, or a host application's own handler) is left
  *       as it is and catch returns false: nothing will be recorded. Catches
  *       nest (one release each); the outermost one clears what was recorded.
@@ -35,6 +41,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 
 /* One catchable signal: its name, number, nesting depth, whether lucid's
  * handler is installed, and the disposition it replaced. */
@@ -51,12 +58,35 @@ static stop_signal signals_[] = {
 };
 #define NSIGNALS ((int)(sizeof signals_ / sizeof signals_[0]))
 
-/* The first recorded signal number (0: none). Written by the handler only. */
+/* The first recorded signal number (0: none) and when it came (seconds of
+ * CLOCK_MONOTONIC). Written by the handler only. */
 static volatile sig_atomic_t caught_sig = 0;
+static volatile sig_atomic_t caught_at = 0;
 
-/* Async-signal-safe: one store to a sig_atomic_t, nothing else. */
+#define STOP_REPEAT_S 2 /* a repeat sooner than this is one request delivered twice */
+
+static sig_atomic_t now_s(void) {
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC, &t) != 0) return 0;
+    return (sig_atomic_t)(t.tv_sec & 0x3fffffff);
+}
+
+/* Async-signal-safe (clock_gettime, sigaction, raise): the first signal is
+ * recorded; a repeat within STOP_REPEAT_S is ignored; a later one restores
+ * the default action and re-raises the signal (it kills). */
 static void on_stop_signal(int sig) {
-    if (caught_sig == 0) caught_sig = sig;
+    if (caught_sig == 0) {
+        caught_at = now_s();
+        caught_sig = sig;
+        return;
+    }
+    if (now_s() - caught_at < STOP_REPEAT_S) return;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
 }
 
 /* Sum of the depths: 0 when no catch is active. */
@@ -104,9 +134,9 @@ static int l_catch(lua_State *L) {
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_stop_signal;
         sigemptyset(&sa.sa_mask);
-        /* SA_RESTART: a read/write in progress goes on; SA_RESETHAND: a
-         * second signal takes the default action */
-        sa.sa_flags = SA_RESTART | SA_RESETHAND;
+        /* SA_RESTART: a read/write in progress goes on; a second signal
+         * is on_stop_signal's (ignored, or the default action) */
+        sa.sa_flags = SA_RESTART;
         if (sigaction(s->sig, &sa, &s->saved) != 0) {
             return sigaction_error(L, s, errno);
         }

@@ -95,6 +95,26 @@ describe("recipe.run: a stop by SIGTERM", function()
   end)
 end)
 
+describe("lucid.signal: one request delivered twice", function()
+  -- GNU timeout(1) signals the child and then its process group: the child
+  -- gets SIGTERM twice within microseconds. That must stay one stop request;
+  -- a second SIGTERM 2 s or more later kills (the default action).
+  it("two SIGTERMs at once are recorded once and do not kill; a later one kills (143)", function()
+    local script = os.tmpname()
+    files.write(script, "package.path = 'lua/?.lua;' .. package.path\n"
+      .. "local lucid = require 'lucid'\n"
+      .. "assert(lucid.signal.catch('SIGTERM'))\n"
+      .. "os.execute('kill -TERM $PPID; kill -TERM $PPID')\n"
+      .. "print('alive', lucid.signal.caught())\n"
+      .. "io.stdout:flush()\n"
+      .. "os.execute('sleep 2.2; kill -TERM $PPID')\n"
+      .. "print('not killed')\n")
+    local out, rc = errors.run("{ luajit " .. shell_quote(script) .. "; } 2>/dev/null")
+    os.remove(script)
+    assert.are.same({ "alive\tSIGTERM\t15\n", 143 }, { out, rc })
+  end)
+end)
+
 describe_data("SIGTERM during training", function()
   local tmp
   setup(function() tmp = files.tmpdir() end)

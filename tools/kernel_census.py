@@ -25,7 +25,7 @@ import csv, sys, argparse, collections, re, statistics, subprocess
 
 
 def rows(path):
-    with open(path, newline="") as f:
+    with open(path, newline="", errors="replace") as f:
         lines = [l for l in f if l.startswith('"')]
     r = list(csv.DictReader(lines))
     out = []
@@ -83,13 +83,20 @@ def base_name(name):
 
 
 def critical_path(sel, log, seq):
-    lines = [l for l in open(log, errors="replace") if l.startswith("lucid graph path:")]
-    if not lines:
-        print(f"{log}: no 'lucid graph path:' lines (run with LUCID_GRAPH_STATS=path)")
+    try:
+        with open(log, errors="replace") as f:
+            # node lines only: "lucid graph path: <i> <name> grid <g> block <b>"
+            lines = [l for l in f if l.startswith("lucid graph path:") and len(l.split()) >= 7
+                     and l.split()[3].isdigit()]
+    except OSError as e:
+        print(f"kernel_census: cannot read {log}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    starts = [i for i, l in enumerate(lines) if l.split()[3] == "0"]
+    if not starts:
+        print(f"{log}: no 'lucid graph path: 0 ...' node lines (run with LUCID_GRAPH_STATS=path)")
         return 1
     # one graph's path: the lines of the last graph printed (indices restart at 0)
-    start = max(i for i, l in enumerate(lines) if l.split()[3] == "0")
-    lines = lines[start:]
+    lines = lines[starts[-1]:]
     mangled = [l.split()[4] for l in lines]
     grids = [l.split()[6] if len(l.split()) > 6 else "" for l in lines]
     try:
@@ -141,7 +148,11 @@ def main():
     ap.add_argument("--path", default=None)
     ap.add_argument("--path-seq", action="store_true")
     a = ap.parse_args()
-    r = rows(a.csv)
+    try:
+        r = rows(a.csv)
+    except OSError as e:
+        print(f"kernel_census: cannot read {a.csv}: {e.strerror or e}", file=sys.stderr)
+        return 1
     if not r:
         print("no kernel rows in", a.csv)
         return 1

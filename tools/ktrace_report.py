@@ -45,13 +45,17 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
     rows = []
-    with open(a.csv, newline="") as f:
-        for r in csv.DictReader(f):
-            try:
-                rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]), int(r["graph_id"]),
-                             int(r["graph_node_id"]), r["grid"], r["name"]))
-            except (KeyError, ValueError):
-                continue
+    try:
+        with open(a.csv, newline="", errors="replace") as f:
+            for r in csv.DictReader(f):
+                try:
+                    rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]),
+                                 int(r["graph_id"]), int(r["graph_node_id"]), r["grid"], r["name"]))
+                except (KeyError, ValueError, TypeError):
+                    continue  # a malformed row (e.g. the last one of a trace cut short)
+    except OSError as e:
+        print(f"ktrace_report: cannot read {a.csv}: {e.strerror or e}", file=sys.stderr)
+        return 1
     if not rows:
         print("no kernel records in", a.csv)
         return 1

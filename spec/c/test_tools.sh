@@ -84,4 +84,16 @@ check "census path total" "$out" "4 kernel nodes, estimated kernel time 0.033 ms
 check "census path missing" "$out" "not in the census (3 us each): unknown x1"
 check "census path conv row" "$out" "conv_k<__nv_bfloat16, 1>"
 check "census path cublas row" "$out" "cuBLAS (unnamed in the graph)"
+# ---- bad input: one clear line, never a traceback
+{ cat "$tmp/trace.csv"; printf '300,4'; } > "$tmp/cut.csv" # a trace cut short mid-row
+out=$(python3 tools/ktrace_report.py "$tmp/cut.csv" --last 3 2>&1)
+check "ktrace cut-short row skipped" "$out" "graph 7: 4 kernel nodes, 5 replays; last 3 analysed"
+out=$(python3 tools/ktrace_report.py "$tmp/missing.csv" 2>&1)
+check "ktrace missing file" "$out" "ktrace_report: cannot read $tmp/missing.csv: No such file or directory"
+printf 'lucid graph path: out of host memory\nlucid graph path:\n' > "$tmp/oom.log"
+out=$(python3 tools/kernel_census.py "$tmp/census.csv" --period 3 --path "$tmp/oom.log" 2>&1)
+check "census path without node lines" "$out" "no 'lucid graph path: 0 ...' node lines"
+out=$(python3 tools/kernel_census.py "$tmp/missing.csv" 2>&1)
+check "census missing file" "$out" "kernel_census: cannot read $tmp/missing.csv: No such file or directory"
+if printf '%s\n' "$out" | grep -q Traceback; then echo "not ok tools: a traceback"; failed=1; fi
 exit $failed
