@@ -306,6 +306,15 @@ describe_data("lucid.predict on real images", function()
     assert.are.equal("predict: none of the 2 images could be read (the first, " .. b .. ": corrupt or truncated "
       .. "JPEG: Premature end of JPEG file)", err_of(predict.run, { model = model, sources = { b, d .. "/one/b.jpg" },
       imgsz = 64, save = false, on_skip = quiet }))
+    -- an older predictions.json in out= is left as it was, and the message says so
+    files.write(d .. "/o2/predictions.json", "[]")
+    assert.are.equal("predict: the only image could not be read (" .. d .. "/one/b.jpg: corrupt or truncated "
+      .. "JPEG: Premature end of JPEG file); predictions.json was not written (the one already in " .. d
+      .. "/o2 is left as it was)",
+      err_of(predict.run, { model = model, sources = d .. "/one", imgsz = 64, out_dir = d .. "/o2", on_skip = quiet }))
+    assert.are.equal("[]", files.read(d .. "/o2/predictions.json"))
+    -- imgsz "auto" in any case is the weights' imgsz
+    assert.are.equal(1, #predict.run{ model = model, sources = a, imgsz = "AUTO", save = false }.images)
     -- negative control: the good file alone
     assert.are.equal(1, #predict.run{ model = model, sources = a, imgsz = 64, save = false }.images)
     os.execute("rm -rf '" .. d .. "'")

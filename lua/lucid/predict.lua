@@ -180,11 +180,11 @@ function predict.check_options(o)
     end
   end
   local S = o.imgsz
-  if type(S) == "string" and S ~= "auto" then
+  if type(S) == "string" and S:lower() ~= "auto" then
     fail("imgsz", "a multiple of 32 (the network's largest stride), at least 32, or auto (the imgsz the weights "
       .. "were trained at, else " .. predict.DEFAULT_IMGSZ .. ")")
   end
-  if S ~= nil and S ~= "auto" then
+  if S ~= nil and type(S) ~= "string" then
     if not finite(S) or S < 32 or S % 32 ~= 0 then
       fail("imgsz", "a multiple of 32 (the network's largest stride), at least 32")
     end
@@ -266,6 +266,9 @@ function predict.train_imgsz(args, path)
   return v
 end
 
+--- predict.is_auto(v) -> whether v is the string "auto", in any case.
+function predict.is_auto(v) return type(v) == "string" and v:lower() == "auto" end
+
 --- predict.resolve_imgsz(imgsz, [train_imgsz]) -> S, from: the network
 -- input side (pixels) prediction uses. imgsz (a number) always wins (from =
 -- "imgsz"); nil or "auto" takes train_imgsz, the imgsz the weights were
@@ -273,7 +276,7 @@ end
 -- predict.DEFAULT_IMGSZ = 640 (from = "default"), as Ultralytics predicts at
 -- the checkpoint's train_args imgsz.
 function predict.resolve_imgsz(imgsz, train_imgsz)
-  if imgsz ~= nil and imgsz ~= "auto" then return imgsz, "imgsz" end
+  if imgsz ~= nil and not predict.is_auto(imgsz) then return imgsz, "imgsz" end
   if train_imgsz ~= nil then return train_imgsz, "weights" end
   return predict.DEFAULT_IMGSZ, "default"
 end
@@ -447,6 +450,7 @@ end
 --   WARNING: predict: skipping image 2/3 dir/b.jpg: corrupt or truncated
 --     JPEG: Premature end of JPEG file
 function predict.warn_skipped(skip, i, n)
+  io.stdout:flush() -- the image lines before it keep their order in a shared log
   io.stderr:write(string.format("WARNING: predict: skipping image %d/%d %s: %s\n", i, n, skip.path, skip.reason))
 end
 
@@ -487,7 +491,7 @@ function predict.run(opts)
   predict.check_options({ imgsz = opts.imgsz, conf = opts.conf, iou = opts.iou, max_det = opts.max_det,
     kpt_threshold = opts.kpt_threshold, out_dir = opts.out_dir })
   -- an explicit imgsz wins; else the one the weights were trained at
-  local auto = opts.imgsz == nil or opts.imgsz == "auto"
+  local auto = opts.imgsz == nil or predict.is_auto(opts.imgsz)
   local S = predict.resolve_imgsz(opts.imgsz, auto and predict.train_imgsz(model.train_args, "model.train_args") or nil)
   local save = opts.save ~= false
   local out_dir = opts.out_dir
@@ -575,8 +579,14 @@ function predict.run(opts)
     local first = res.skipped[1]
     local what = #paths == 1 and "the only image could not be read (" or
       string.format("none of the %d images could be read (the first, ", #paths)
-    error(string.format("predict: %s%s: %s)%s", what, first.path, first.reason,
-      save and "; predictions.json was not written" or ""), 0)
+    local note = ""
+    if save then
+      local old = io.open(out_dir .. "/predictions.json", "rb")
+      note = "; predictions.json was not written" .. (old and " (the one already in " .. out_dir
+        .. " is left as it was)" or "")
+      if old then old:close() end
+    end
+    error(string.format("predict: %s%s: %s)%s", what, first.path, first.reason, note), 0)
   end
   if save then
     res.json = out_dir .. "/predictions.json"
