@@ -77,15 +77,8 @@ static int lane_is_grad(int lane) { return lane == 0 || lane > LUCID_CUDA_BRANCH
  * parameter-gradient streams are used; default LUCID_CUDA_GRAD_LANES. A
  * value out of range or not a number keeps the default. */
 static int grad_lane_count(void) {
-    static int n = 0;
-    if (n == 0) {
-        const char *e = getenv("LUCID_GRAD_LANES");
-        char *end = NULL;
-        long v = e && *e ? strtol(e, &end, 10) : 0;
-        n = (end && *end == '\0' && v >= 1 && v <= LUCID_CUDA_GRAD_LANES) ? (int)v
-                                                                         : LUCID_CUDA_GRAD_LANES;
-    }
-    return n;
+    static int n = -1;
+    return lucid_env_int("LUCID_GRAD_LANES", 1, LUCID_CUDA_GRAD_LANES, LUCID_CUDA_GRAD_LANES, &n);
 }
 
 /* The parameter-gradient lane of gradient buffer key: the one it was given

@@ -50,6 +50,7 @@
 #include "nn_conv_igemm.cuh"
 #include "nn_conv_igemm_tile.cuh"
 #include "launch.cuh"
+#include "internal.h" /* lucid_env_int */
 
 #include <mma.h>
 #include <stdlib.h>
@@ -343,19 +344,9 @@ int lucid_conv_igemm_fits(const lucid_igemm_geom *g) {
  * former aim, 4 per SM) 4.447 ms, 264 4.351, 132 4.316 / 4.315, 96 4.352,
  * 66 4.466.  The split count, hence the summation order and the bits of the
  * weight gradients, follow it. */
-/* A positive integer from the environment (read by the caller once), or
- * dflt when unset or not a whole positive number (e.g. "-5", "12abc"). */
-static int env_positive(const char *name, int dflt) {
-    const char *e = getenv(name);
-    char *end = NULL;
-    long v = e && *e ? strtol(e, &end, 10) : 0;
-    return (end && *end == '\0' && v >= 1 && v <= 1 << 20) ? (int)v : dflt;
-}
-
 static int wgrad_blocks(void) {
     static int v = -1;
-    if (v < 0) v = env_positive("LUCID_WGRAD_BLOCKS", 132);
-    return v;
+    return lucid_env_int("LUCID_WGRAD_BLOCKS", 1, 1 << 20, 132, &v);
 }
 
 int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
@@ -374,8 +365,7 @@ int lucid_conv_igemm_wgrad_splits(const lucid_igemm_geom *g) {
  * geometry only.  M, Nc, K: the pass's GEMM. */
 static int fd_blocks(void) { /* LUCID_FD_BLOCKS (read once; default 264): A/B runs */
     static int v = -1;
-    if (v < 0) v = env_positive("LUCID_FD_BLOCKS", 264);
-    return v;
+    return lucid_env_int("LUCID_FD_BLOCKS", 1, 1 << 20, 264, &v);
 }
 
 static int fd_splits(int M, int Nc, int K) {

@@ -39,6 +39,20 @@ static inline int lucid_env_zero(const char *name, int *cache) {
     return *cache;
 }
 
+/* A whole-number switch (LUCID_GRAD_LANES, LUCID_WGRAD_BLOCKS, ...), read
+ * once: *cache starts at -1 and then holds the variable's value when it is
+ * a whole number in [lo, hi] (0 <= lo), else dflt (unset, empty, "12abc",
+ * "-5", out of range). */
+static inline int lucid_env_int(const char *name, int lo, int hi, int dflt, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : 0;
+        *cache = (end && *end == '\0' && v >= lo && v <= hi) ? (int)v : dflt;
+    }
+    return *cache;
+}
+
 /* ------------------------------------------------------------ error helpers */
 
 /* Store a printf-formatted message and status in ctx; returns status.

@@ -74,6 +74,20 @@ def short(name):
     return name[:70]
 
 
+def demangle(names):
+    """{mangled: demangled} for the names, through c++filt (each name maps to
+    itself when c++filt is missing or fails). Also used by ktrace_report.py."""
+    names = list(names)
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        if len(out) == len(names):
+            return dict(zip(names, out))
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return {n: n for n in names}
+
+
 def base_name(name):
     """Census / demangled kernel name without parameters, bools as 0/1
     (ncu prints template bools as 1/0, c++filt as true/false)."""
@@ -99,11 +113,8 @@ def critical_path(sel, log, seq):
     lines = lines[starts[-1]:]
     mangled = [l.split()[4] for l in lines]
     grids = [l.split()[6] if len(l.split()) > 6 else "" for l in lines]
-    try:
-        dem = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True,
-                             text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        dem = mangled
+    dm = demangle(set(mangled))
+    dem = [dm[m] for m in mangled]
     dur = collections.defaultdict(list)
     dur_name = collections.defaultdict(list)
     for name, t, g, b, st in sel:

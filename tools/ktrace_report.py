@@ -18,19 +18,9 @@ the last --last replays are summarised:
   - the gap distribution along that chain.
 All times are from CUPTI's timestamps of the real replay (kernels sharing
 the GPU), unlike a Nsight Compute census (kernels one at a time)."""
-import argparse, bisect, collections, csv, statistics, subprocess, sys
+import argparse, bisect, collections, csv, statistics, sys
 
-
-def demangle(names):
-    names = list(names)
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                             check=True).stdout.splitlines()
-        if len(out) == len(names):
-            return dict(zip(names, out))
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return {n: n for n in names}
+from kernel_census import demangle  # tools/kernel_census.py, beside this file
 
 
 def short(n):
