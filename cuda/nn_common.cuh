@@ -109,6 +109,9 @@ typedef struct lucid_cuda_nn_state {
                                        2 on (lucid_cuda_nn_set_wcast, nn_conv.cu) */
     int conv_small;                 /* small-channel 3x3 route: 0 LUCID_CONV_SMALL, 1 off,
                                        2 on (lucid_cuda_nn_set_conv_small, nn_conv_small.cuh) */
+    int conv_col;                   /* im2col route: 0 LUCID_CONV_COL, else 1 + the
+                                       mask of passes (lucid_cuda_nn_set_conv_col,
+                                       nn_conv_col.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -179,6 +182,15 @@ int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
  * (lucid_conv_small_eligible) in conv mode 0, forward and backward-data.
  * Returns the previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
+/* im2col route of ctx (nn_conv_col.cuh), for tests and benchmarks,
+ * overriding the process switch LUCID_CONV_COL: 0 follow LUCID_CONV_COL
+ * (the default), else 1 + the mask of the passes it takes
+ * (LUCID_CONV_COL_F 1 forward, _D 2 backward-data, _W 4 backward-filter:
+ * 1 off, i.e. the implicit GEMM, 8 every pass; other values read as 0).
+ * Affects only eligible convs (lucid_conv_col_eligible, groups 1, not
+ * taken by the small-channel or 1x1 routes) in conv mode 0.  Returns the
+ * previous setting (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/

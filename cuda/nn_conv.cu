@@ -13,7 +13,13 @@
  * 1 or 2, pad 1: nn_conv_small.cuh) run the direct kernels of
  * nn_conv_small.cu for the forward and backward-data passes (ROUTE_SMALL;
  * LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small restores the implicit
- * GEMM); their filter gradient stays on the implicit GEMM.
+ * GEMM); their filter gradient stays on the implicit GEMM unless the next
+ * route takes it.  bf16/f16 convs with a spatial kernel whose K =
+ * Cin*kh*kw, Cout and Ho*Wo are multiples of 8 take im2col + cuBLAS GEMMs
+ * (nn_conv_col.cu, ROUTE_COL) for the forward, the backward-filter and the
+ * stride-1 backward-data (LUCID_CONV_COL, default every pass;
+ * lucid_cuda_nn_set_conv_col per context); the rest stays on the implicit
+ * GEMM.
  *
  * Weight shadows (nn.h lucid_conv_wshadow; the *_shadow slots and
  * conv2d_cast_shadows): the cuBLAS 1x1 route's forward and backward-data
@@ -72,6 +78,7 @@
 #include "nn_conv_gemm.cuh"
 #include "nn_conv_dw.cuh"
 #include "nn_conv_small.cuh"
+#include "nn_conv_col.cuh"
 
 #include <limits.h>
 #include <new>
@@ -91,6 +98,7 @@ typedef struct conv_geom {
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
 enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3, ROUTE_GEMM = 4 };
 enum { ROUTE_SMALL = 5 }; /* nn_conv_small.cu: forward and backward-data */
+enum { ROUTE_COL = 6 };   /* nn_conv_col.cu: im2col + cuBLAS */
 
 struct lucid_cuda_conv_plan {
     int64_t key[16];
@@ -102,6 +110,8 @@ struct lucid_cuda_conv_plan {
     lucid_igemm_geom ig;
     int gemm1x1;      /* the cuBLAS 1x1 route applies (nn_conv_gemm.cu) */
     lucid_conv_gemm_geom gg;
+    int col[3];       /* the im2col route applies to the pass (nn_conv_col.cu) */
+    lucid_conv_col_geom cg;
     lucid_conv_dw_geom dwg; /* depthwise kernels (nn_conv_dw.cu) */
     size_t wbytes;    /* weight in the activation dtype (0 for f32) */
     int planned[3];   /* the pass's algorithm choice ran (have/ws final) */
@@ -390,6 +400,10 @@ static lucid_status plan_get(lucid_ctx *ctx, lucid_cuda_nn_state *ns, const luci
     pl->gemm1x1 = x->dtype != LUCID_F32 && g.G == 1 && g.kh == 1 && g.kw == 1 && g.sh == 1 &&
                   g.sw == 1 && g.ph == 0 && g.pw == 0 && g.dh == 1 && g.dw == 1 &&
                   lucid_conv_gemm_fits(&pl->gg);
+    pl->cg = lucid_conv_col_geom{g.N, g.Cin, g.H, g.W, g.Cout, g.Ho, g.Wo, (int)g.kh, (int)g.kw,
+                                 g.sh, g.sw, g.ph, g.pw, g.dh, g.dw};
+    for (int ps = 0; ps < 3; ps++)
+        pl->col[ps] = g.G == 1 && !pl->gemm1x1 && lucid_conv_col_eligible(&pl->cg, x->dtype, ps);
     pl->wbytes = x->dtype == LUCID_F32
                      ? 0
                      : (size_t)(g.Cout * g.Cg * g.kh * g.kw) * lucid_dtype_size(x->dtype);
@@ -409,8 +423,21 @@ static lucid_conv_small_geom small_geom_of(const conv_geom &g) {
                                  g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, (int)g.G};
 }
 
-/* Route of a pass (*route: ROUTE_SMALL, ROUTE_GEMM, ROUTE_IGEMM, ROUTE_DW,
- * ROUTE_CUDNN or ROUTE_DIRECT).
+/* Whether the im2col route (nn_conv_col.cuh) takes `pass` in ns: the
+ * per-context setting (lucid_cuda_nn_set_conv_col: 1 + a mask of
+ * LUCID_CONV_COL_F / _D / _W), else LUCID_CONV_COL (lucid_conv_col_switch,
+ * the same mask).  -1 for an unknown LUCID_CONV_COL value (*v: the value,
+ * v nullable). */
+static int col_on(const lucid_cuda_nn_state *ns, int pass, const char **v) {
+    int m = ns->conv_col ? ns->conv_col - 1 : lucid_conv_col_switch(v);
+    if (m < 0) return -1;
+    return (m >> pass) & 1;
+}
+
+/* Route of a pass (*route: ROUTE_SMALL, ROUTE_GEMM, ROUTE_COL, ROUTE_IGEMM,
+ * ROUTE_DW, ROUTE_CUDNN or ROUTE_DIRECT).  The im2col route (col_on) comes
+ * after the 1x1 GEMM and before the implicit GEMM, for the passes its
+ * switch names and lucid_conv_col_eligible accepts.
  * Small-channel 3x3 convs (lucid_conv_small_eligible, bf16/f16) take
  * ROUTE_SMALL for the forward and backward-data passes in mode 0, before
  * anything else: with the per-context switch at 0 (lucid_cuda_nn_set_conv_small)
@@ -470,6 +497,20 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
             *route = ROUTE_GEMM;
             size_t need = lucid_conv_gemm_scratch(&pl->gg, pl->dt, pass, 0);
             if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+            return LUCID_OK;
+        }
+    }
+    if (ns->conv_mode == 0 && pl->col[pass]) {
+        const char *v = "";
+        int on = col_on(ns, pass, &v);
+        if (on < 0)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: LUCID_CONV_COL=\"%s\" (expected 0, 1 or a set of the "
+                                "letters f, d, w)", op, v);
+        if (on) {
+            *route = ROUTE_COL;
+            size_t need = lucid_conv_col_scratch(&pl->cg, pl->dt, pass, 0);
+            LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
             return LUCID_OK;
         }
     }
@@ -748,6 +789,16 @@ static bool gemm_route_likely(const lucid_cuda_nn_state *ns, int64_t Cin, int64_
     return sw == 1 || (sw == 2 && lucid_conv_gemm_preferred(&g));
 }
 
+/* 1 when conv_route would send the forward of a conv with a spatial kernel,
+ * K = Cin*kh*kw and Cout output channels to the im2col route in ns (the
+ * spatial size only decides beyond that; a weight cast for a conv that
+ * then takes another route is merely unused). */
+static bool col_route_likely(const lucid_cuda_nn_state *ns, int64_t K, int64_t Cout) {
+    (void)Cout;
+    if (ns->conv_mode != 0 || K % 8) return false;
+    return col_on(ns, PASS_FWD, NULL) == 1;
+}
+
 /* Checked by lucid_nn_conv2d_cast_shadows (n >= 1, f32 contiguous weights
  * on this device, dt bf16/f16). */
 extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
@@ -771,7 +822,9 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     for (int i = 0; i < n; i++) {
         const lucid_tensor *wi = w[i];
         int64_t Cout = wi->shape[0], Cin = lucid_tensor_numel(wi) / (Cout > 0 ? Cout : 1);
-        if (Cout < 1 || !gemm_route_likely(ns, Cin, Cout)) continue;
+        bool spatial = wi->ndim == 4 && wi->shape[2] * wi->shape[3] > 1;
+        if (Cout < 1 || !(spatial ? col_route_likely(ns, Cin, Cout) : gemm_route_likely(ns, Cin, Cout)))
+            continue;
         if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch)) continue;
         bool ok = false;
         LUCID_TRY(shadow_buffer(ctx, st, ws[i], wi, lucid_tensor_numel(wi), &ok));
@@ -831,6 +884,16 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
                                           lucid_tensor_data(x),
                                           (const float *)lucid_tensor_data(w), wc, bp,
                                           lucid_tensor_data(y), ws);
+    }
+    if (route == ROUTE_COL) {
+        if (bp) /* the f32 product the bias is added to */
+            LUCID_TRY(lucid_cuda_nn_arena(
+                ctx, st, ns, lucid_conv_col_scratch(&pl->cg, x->dtype, PASS_FWD, 1), op, &ws));
+        const void *wc = NULL;
+        LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
+        return lucid_conv_col_forward(ctx, st->cublas, st->stream, x->dtype, &pl->cg,
+                                      lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
+                                      wc, bp, lucid_tensor_data(y), ws);
     }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),
@@ -921,6 +984,11 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                                 (const float *)lucid_tensor_data(w), wc,
                                                 lucid_tensor_data(dx), (float)beta, ws);
     }
+    if (route == ROUTE_COL) /* the flipped weight is cast per call; no shadow */
+        return lucid_conv_col_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->cg,
+                                            lucid_tensor_data(dy),
+                                            (const float *)lucid_tensor_data(w),
+                                            lucid_tensor_data(dx), (float)beta, ws);
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
@@ -1010,6 +1078,13 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
                                                       &pl->gg, lucid_tensor_data(x),
                                                       lucid_tensor_data(dy), dwp, (float)beta,
                                                       ws));
+            done = true;
+        }
+        if (route == ROUTE_COL) {
+            LUCID_TRY(lucid_conv_col_backward_filter(ctx, st->cublas, st->stream, x->dtype,
+                                                     &pl->cg, lucid_tensor_data(x),
+                                                     lucid_tensor_data(dy), dwp, (float)beta,
+                                                     ws));
             done = true;
         }
         if (route == ROUTE_IGEMM) {

@@ -23,6 +23,7 @@
  * context goes, because a recorded CUDA graph may point at them.
  */
 #include "nn_common.cuh"
+#include "nn_conv_col.cuh"
 
 #include <mutex>
 #include <new>
@@ -106,6 +107,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv1x1 = 0;
     ns->wcast = 0;
     ns->conv_small = 0;
+    ns->conv_col = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -174,6 +176,16 @@ extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
 
 extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
     return set_route(ctx, &lucid_cuda_nn_state::conv_small, route);
+}
+
+extern "C" int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    int old = ns->conv_col;
+    ns->conv_col = route >= 1 && route <= 1 + LUCID_CONV_COL_ALL ? route : 0;
+    return old;
 }
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {

@@ -351,9 +351,13 @@ static const lucid_module_vtable conv_vt = {"Conv2d", conv_forward,
                                             conv_backward, conv_describe,
                                             conv_free_priv};
 
-/* 1 when the conv can take the cuBLAS 1x1 route (cuda/nn_conv.cu). */
+/* 1 when the conv can take a cuBLAS route of cuda/nn_conv.cu: the 1x1 GEMM
+ * (stride 1, no padding, dilation 1) or the im2col GEMM (a spatial kernel);
+ * groups 1 either way.  The backend casts only the weights its switches
+ * actually send there (cuda/nn_conv.cu lucid_cuda_conv2d_cast_shadows). */
 static int conv_gemm_shape(const conv_priv *c) {
-    return c->k == 1 && c->s == 1 && c->p == 0 && c->d == 1 && c->g == 1;
+    if (c->g != 1) return 0;
+    return c->k > 1 || (c->k == 1 && c->s == 1 && c->p == 0 && c->d == 1);
 }
 
 lucid_status lucid_nn_conv_cast_weights(lucid_ctx *ctx, lucid_module *const *modules,

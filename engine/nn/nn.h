@@ -752,8 +752,10 @@ lucid_status lucid_module_dfl_create(lucid_ctx *ctx, lucid_param_set *set,
                                      const char *prefix, int reg_max,
                                      lucid_module **out);
 
-/* Cast the weights of the given Conv2d modules that can take the cuBLAS
- * 1x1 route (kernel 1x1, stride 1, padding 0, dilation 1, groups 1) into
+/* Cast the weights of the given Conv2d modules that can take a cuBLAS
+ * route (groups 1 and either kernel 1x1, stride 1, padding 0, dilation 1:
+ * the 1x1 GEMM, or a spatial kernel: the im2col GEMM; the backend casts only
+ * those its route switches send there) into
  * their weight shadows (lucid_conv_wshadow above) for the activation dtype
  * dt, in one kernel launch (lucid_nn_conv2d_cast_shadows): the forward and
  * backward-data of those convs then cast nothing until a weight changes.

@@ -277,17 +277,18 @@ head_levels = function(self)
   return hl
 end
 
--- The C modules of this model's Conv2d leaves that can take the cuBLAS 1x1
--- route (1x1, stride 1, padding 0, dilation 1, groups 1), cached per
--- parameter set and contract version (a tree edit bumps the latter).
+-- The C modules of this model's Conv2d leaves that can take a cuBLAS route
+-- (groups 1: the 1x1 GEMM for 1x1, stride 1, padding 0, dilation 1; the
+-- im2col GEMM for a spatial kernel), cached per parameter set and contract
+-- version (a tree edit bumps the latter).
 local function wcast_modules(self)
   local cache = self._wcast
   local ver = self._contract_version or 0
   if cache and cache.set == self.params and cache.version == ver then return cache.list, cache.cast end
   local list = {}
   self:apply(function(m)
-    if getmetatable(m).__name == "Conv2d" and m._c and m.k == 1 and m.s == 1 and m.p == 0
-      and m.d == 1 and m.g == 1 then
+    if getmetatable(m).__name == "Conv2d" and m._c and m.g == 1
+      and (m.k > 1 or (m.k == 1 and m.s == 1 and m.p == 0 and m.d == 1)) then
       list[#list + 1] = m._c
     end
   end)
@@ -295,7 +296,7 @@ local function wcast_modules(self)
   return list, self._wcast.cast
 end
 
--- Before a forward on the GPU in bf16/f16: the 1x1 conv weights rounded to
+-- Before a forward on the GPU in bf16/f16: the GEMM-routed conv weights rounded to
 -- the activation dtype in one launch (lucid.nn.conv_cast_weights), so no
 -- conv casts its weight in the forward or the backward-data
 -- (LUCID_WCAST_ONCE=0: nothing is queued).

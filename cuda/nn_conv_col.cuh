@@ -1,0 +1,140 @@
+/*
+ * nn_conv_col.cuh — convolutions with a spatial kernel (3x3 and any other
+ * kh x kw, stride, padding, dilation; groups 1) of bf16/f16 NCHW
+ * activations as an explicit im2col buffer and cuBLAS GEMMs: forward,
+ * backward-data (stride 1) and backward-filter.  An alternative to the
+ * implicit-GEMM kernels of nn_conv_igemm.cu, chosen per process and pass by
+ * LUCID_CONV_COL (see lucid_conv_col_switch) and dispatched from nn_conv.cu
+ * (ROUTE_COL).  Measured on the H200 (docs/DECISIONS.md 31): GPU time per
+ * call 0.30-0.95x the implicit GEMM's on 47 of the network's 48 (shape,
+ * pass) pairs it can take (bench/bench_conv_col_cuda.c), the recorded
+ * training step 4.318 -> 4.015 ms.
+ *
+ * Formulation: Caffe's / Torch7's SpatialConvolutionMM.  With K = Cin*kh*kw,
+ * P = Ho*Wo and, per image n, the column matrix
+ *     col[n] (K x P):  col[n][(ci*kh + r)*kw + q][ho*Wo + wo]
+ *                        = x[n][ci][ho*sh - ph + r*dh][wo*sw - pw + q*dw]
+ *                          (0 outside the image: the zero padding),
+ * the weight w [Cout, Cin, kh, kw] read as the row-major W (Cout x K) and
+ * Y[n], dY[n] the row-major [Cout, P] planes of image n:
+ *     forward          Y[n] = W . col[n]  (nn_conv_gemm.cuh's 1x1 forward
+ *                      with Cin -> K and x -> col)
+ *     backward-data    (stride 1 only) the forward of dy with the weight
+ *                      flipped and transposed, w'[ci][co][r][q] =
+ *                      w[co][ci][kh-1-r][kw-1-q], padding (kh-1)*dh - ph
+ *                      (>= 0) and (kw-1)*dw - pw, the same dilation
+ *                      (Caffe's DeconvolutionLayer identity): im2col(dy),
+ *                      then one GEMM straight into dx.  A strided backward-
+ *                      data would need a col2im scatter of f32 columns: an
+ *                      implementation of it measured slower than the
+ *                      implicit GEMM's stride phases, so strided convs keep
+ *                      those for this pass.
+ *     backward-filter  dW = sum_n dY[n] . col[n]^T (col recomputed from x;
+ *                      lucid_conv_gemm_backward_filter with Cin -> K).
+ *
+ * Numerics: as nn_conv_gemm.cuh (cuBLAS CUBLAS_COMPUTE_32F, f32
+ * accumulation, the weight rounded once to the activation dtype: a shadow
+ * or a per-call cast for the forward, a per-call flipped cast for the
+ * backward-data).  forward: y = dt(sum over K [+ b]); backward-data: dx =
+ * dt(sum over Cout*kh*kw + beta*dx), one rounding each; backward-filter:
+ * dw (f32) = beta*dw + ((p0 + p1) + ...) over the images in order.  The
+ * im2col copy is exact.  Deterministic run to run (fixed GEMMs, fixed sum
+ * orders, no atomics); the sums differ in order from the implicit GEMM's,
+ * so the bits differ from that route's.
+ *
+ * Every entry point queues on `stream` (the cuBLAS handle bound to it, with
+ * its preset workspace), allocates nothing, never synchronizes (CUDA-graph
+ * capturable once a shape's first call has loaded cuBLAS's kernels).
+ * Errors set ctx: ERR_UNSUPPORTED for a geometry, dtype or pass that
+ * lucid_conv_col_eligible refuses (ERR_ARG for g NULL), else the cuBLAS /
+ * launch error.
+ */
+#ifndef LUCID_CUDA_NN_CONV_COL_CUH
+#define LUCID_CUDA_NN_CONV_COL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "lucid.h"
+
+/* Geometry: x [N,Cin,H,W], w [Cout,Cin,kh,kw], y [N,Cout,Ho,Wo], all
+ * contiguous, Ho = (H + 2ph - dh(kh-1) - 1)/sh + 1 (likewise Wo). */
+typedef struct lucid_conv_col_geom {
+    int64_t N, Cin, H, W, Cout, Ho, Wo;
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+} lucid_conv_col_geom;
+
+/* Largest column buffer the route takes, in elements (N*K*P): 2^26, i.e.
+ * 128 MiB of bf16 columns and 256 MiB of f32 backward-data columns. */
+#define LUCID_CONV_COL_MAX_ELEMS ((int64_t)1 << 26)
+
+/* 1 when the route can run pass `pass` (0 forward, 1 backward-data, 2
+ * backward-filter) of g in dt: bf16/f16; every size positive and Ho, Wo
+ * consistent with the kernel, stride, padding and dilation; P = Ho*Wo, K
+ * and Cout multiples of 8 (16-byte column vectors, aligned leading
+ * dimensions: measured on the H200, cuBLAS picked a GEMV-like kernel that
+ * took 967 us for the filter gradient of layer 0, K = 27);
+ * N*K*P <= LUCID_CONV_COL_MAX_ELEMS and every operand under 2^31 elements;
+ * for the backward-data also stride 1 with (kh-1)*dh >= ph, (kw-1)*dw >= pw
+ * and the flipped forward's own K = Cout*kh*kw and H*W passing the same
+ * tests.  0 otherwise (also for g NULL or another pass). */
+int lucid_conv_col_eligible(const lucid_conv_col_geom *g, lucid_dtype dt, int pass);
+
+/* The passes of the route, as a mask. */
+#define LUCID_CONV_COL_F 1 /* forward */
+#define LUCID_CONV_COL_D 2 /* backward-data */
+#define LUCID_CONV_COL_W 4 /* backward-filter */
+#define LUCID_CONV_COL_ALL 7
+
+/* LUCID_CONV_COL, read once per process, as the mask of passes the route
+ * takes: unset, empty or "1": all three; "0": none; else a set of the
+ * letters f (forward), d (backward-data), w (backward-filter), e.g. "fw";
+ * -1 for any other value (nn_conv.cu then fails the conv with ERR_ARG
+ * naming it).  *value (nullable) receives the raw value ("" when unset). */
+int lucid_conv_col_switch(const char **value);
+
+/* Scratch bytes of a pass (0 forward, 1 backward-data, 2 backward-filter)
+ * of an eligible g; bias: the forward has a bias (its f32 product).
+ * Regions, each aligned to 256 bytes: forward col (N*K*P of dt) + the
+ * GEMM's (the weight cast when no shadow is given, the f32 product with a
+ * bias); backward-data the columns of dy (N*Cout*kh*kw*H*W of dt) + the
+ * flipped weight (Cin*Cout*kh*kw of dt); backward-filter col + the
+ * per-image f32 partials (N*Cout*K*4 for N > 1).  0 for a backward-data g
+ * that is not eligible. */
+size_t lucid_conv_col_scratch(const lucid_conv_col_geom *g, lucid_dtype dt, int pass, int bias);
+
+/* y = conv(x, w) [+ b].  x, y: dt; w, b: f32 (b nullable); wcast
+ * (nullable): w already rounded to dt (Cout*K elements, a weight shadow).
+ * Launches: im2col, [weight cast,] one strided-batched GEMM [, bias add]. */
+lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                    lucid_dtype dt, const lucid_conv_col_geom *g,
+                                    const void *x, const float *w, const void *wcast,
+                                    const float *b, void *y, void *scratch);
+
+/* dx = beta*dx + conv_transpose(dy, w) (beta == 0 never reads dx), for a
+ * g eligible for pass 1 (stride 1).  Launches: the flipped weight cast,
+ * im2col(dy), one strided-batched GEMM. */
+lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
+                                          cudaStream_t stream, lucid_dtype dt,
+                                          const lucid_conv_col_geom *g, const void *dy,
+                                          const float *w, void *dx, float beta, void *scratch);
+
+/* dw = beta*dw + sum_n dY[n] . col[n]^T (dw f32 [Cout,Cin,kh,kw]; beta == 0
+ * never reads dw).  Launches: im2col, one strided-batched GEMM, [the image
+ * fold for N > 1]. */
+lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
+                                            cudaStream_t stream, lucid_dtype dt,
+                                            const lucid_conv_col_geom *g, const void *x,
+                                            const void *dy, float *dw, float beta,
+                                            void *scratch);
+
+/* im2col launches queued by the calling thread so far (one per forward,
+ * backward-data and backward-filter call of the route), any context, eager
+ * or while capturing: a test hook for the route choice. */
+extern "C" unsigned long lucid_cuda_conv_col_launch_count(void);
+
+/* Per context, lucid_cuda_nn_set_conv_col (nn_common.cuh, nn_table.cu)
+ * overrides LUCID_CONV_COL for tests and benchmarks. */
+
+#endif
