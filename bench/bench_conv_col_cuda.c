@@ -25,6 +25,9 @@
 
 #include "nn/nn.h"
 
+#define BENCH_NAME "bench_conv_col_cuda"
+#include "bench_cuda_util.h"
+
 int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route);   /* cuda/nn_table.cu */
 int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route); /* cuda/nn_table.cu */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
@@ -34,41 +37,9 @@ unsigned long lucid_cuda_conv_col_launch_count(void);
 #define WARMUP 5
 #define REPS 30
 
-static lucid_ctx *ctx;
-static const lucid_device GPU = {LUCID_CUDA, 0};
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_conv_col_cuda: %s: %s\n", what, lucid_ctx_error(ctx));
-    exit(1);
-}
-
 static lucid_tensor *mk(lucid_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, double lo,
                         double hi) {
-    int64_t sh[4] = {a, b, c, d};
-    static uint64_t off = 0;
-    lucid_tensor *t;
-    if (lucid_tensor_empty(ctx, GPU, dt, 4, sh, &t)) die("alloc");
-    if (lucid_rand_uniform(ctx, t, 1234, off, lo, hi)) die("rand");
-    off += (uint64_t)lucid_tensor_numel(t);
-    return t;
-}
-
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-typedef struct bufs {
-    lucid_tensor *x, *w, *y, *dy, *dx, *dw;
-    lucid_conv2d_params p;
-} bufs;
-
-static lucid_status run_pass(bufs *b, int pass) {
-    switch (pass) {
-    case 0: return lucid_nn_conv2d_forward(ctx, b->x, b->y, b->w, NULL, &b->p);
-    case 1: return lucid_nn_conv2d_backward_input(ctx, b->x, b->dy, b->dx, b->w, &b->p, 0.0);
-    default: return lucid_nn_conv2d_backward_params(ctx, b->x, b->dy, b->dw, NULL, &b->p, 1.0);
-    }
+    return mk_seeded(1234, dt, a, b, c, d, lo, hi);
 }
 
 /* GPU microseconds per call of one pass: after WARMUP eager calls (plan,

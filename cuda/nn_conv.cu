@@ -874,26 +874,24 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     int route = ROUTE_DIRECT;
     void *ws = NULL;
     LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_FWD, op, &route, &ws));
-    if (route == ROUTE_GEMM) {
+    if (route == ROUTE_GEMM || route == ROUTE_COL) { /* cuBLAS: 1x1 or im2col */
+        const bool col = route == ROUTE_COL;
         if (bp) /* the f32 product the bias is added to */
             LUCID_TRY(lucid_cuda_nn_arena(
-                ctx, st, ns, lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1), op, &ws));
+                ctx, st, ns,
+                col ? lucid_conv_col_scratch(&pl->cg, x->dtype, PASS_FWD, 1)
+                    : lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1),
+                op, &ws));
         const void *wc = NULL;
         LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
-        return lucid_conv_gemm_forward_wc(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
-                                          lucid_tensor_data(x),
-                                          (const float *)lucid_tensor_data(w), wc, bp,
+        const float *wp = (const float *)lucid_tensor_data(w);
+        if (col)
+            return lucid_conv_col_forward(ctx, st->cublas, st->stream, x->dtype, &pl->cg,
+                                          lucid_tensor_data(x), wp, wc, bp,
                                           lucid_tensor_data(y), ws);
-    }
-    if (route == ROUTE_COL) {
-        if (bp) /* the f32 product the bias is added to */
-            LUCID_TRY(lucid_cuda_nn_arena(
-                ctx, st, ns, lucid_conv_col_scratch(&pl->cg, x->dtype, PASS_FWD, 1), op, &ws));
-        const void *wc = NULL;
-        LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
-        return lucid_conv_col_forward(ctx, st->cublas, st->stream, x->dtype, &pl->cg,
-                                      lucid_tensor_data(x), (const float *)lucid_tensor_data(w),
-                                      wc, bp, lucid_tensor_data(y), ws);
+        return lucid_conv_gemm_forward_wc(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
+                                          lucid_tensor_data(x), wp, wc, bp,
+                                          lucid_tensor_data(y), ws);
     }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_forward(x->dtype, lucid_tensor_data(x),

@@ -147,49 +147,37 @@ extern "C" void lucid_cuda_nn_state_destroy(lucid_ctx *ctx) {
     nn_state_free(found, live);
 }
 
-extern "C" int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode) {
-    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
-    if (!st) return -1;
-    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
-    if (!ns) return -1;
-    int old = ns->conv_mode;
-    ns->conv_mode = mode < 0 || mode > 2 ? 0 : mode;
-    return old;
-}
-
-/* The per-context route overrides below (0 follow the process switch, 1
- * and 2 the two routes; other values read as 0): the previous setting, or
- * -1 when ctx has no CUDA state. */
-static int set_route(lucid_ctx *ctx, int lucid_cuda_nn_state::*field, int route) {
+/* The per-context settings below (0 the default / follow the process
+ * switch, 1 .. max the others; any other value reads as 0): the previous
+ * setting, or -1 when ctx has no CUDA state. */
+static int set_route(lucid_ctx *ctx, int lucid_cuda_nn_state::*field, int route, int max) {
     lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
     if (!st) return -1;
     lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
     if (!ns) return -1;
     int old = ns->*field;
-    ns->*field = route == 1 || route == 2 ? route : 0;
+    ns->*field = route >= 1 && route <= max ? route : 0;
     return old;
+}
+
+extern "C" int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode) {
+    return set_route(ctx, &lucid_cuda_nn_state::conv_mode, mode, 2);
 }
 
 extern "C" int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route) {
-    return set_route(ctx, &lucid_cuda_nn_state::conv1x1, route);
+    return set_route(ctx, &lucid_cuda_nn_state::conv1x1, route, 2);
 }
 
 extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
-    return set_route(ctx, &lucid_cuda_nn_state::conv_small, route);
+    return set_route(ctx, &lucid_cuda_nn_state::conv_small, route, 2);
 }
 
 extern "C" int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route) {
-    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
-    if (!st) return -1;
-    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
-    if (!ns) return -1;
-    int old = ns->conv_col;
-    ns->conv_col = route >= 1 && route <= 1 + LUCID_CONV_COL_ALL ? route : 0;
-    return old;
+    return set_route(ctx, &lucid_cuda_nn_state::conv_col, route, 1 + LUCID_CONV_COL_ALL);
 }
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
-    return set_route(ctx, &lucid_cuda_nn_state::wcast, mode);
+    return set_route(ctx, &lucid_cuda_nn_state::wcast, mode, 2);
 }
 
 /* The compute stream of ctx (as void *), for benchmarks that time nn calls

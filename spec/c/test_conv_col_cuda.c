@@ -45,6 +45,7 @@
  * (nn_conv_small.cu) never takes them.
  */
 #include "test_cuda_util.h"
+#include "conv_col_env.h"
 
 #include "nn/nn.h"
 
@@ -337,16 +338,7 @@ static void test_env(const col_case *cc, lucid_dtype dt) {
     const char *env = getenv("LUCID_CONV_COL");
     snprintf(pre, sizeof pre, "conv_col switch 0 follows LUCID_CONV_COL=\"%s\": %s %s",
              env ? env : "(unset)", cc->tag, lucid_dtype_name(dt));
-    int sw = !env || !env[0] || strcmp(env, "1") == 0 ? 7 : 0; /* the pass mask */
-    if (env && env[0] && strcmp(env, "1") != 0 && strcmp(env, "0") != 0)
-        for (const char *c = env; *c; c++) {
-            int bit = *c == 'f' ? 1 : *c == 'd' ? 2 : *c == 'w' ? 4 : 0;
-            if (!bit || (sw & bit)) {
-                sw = -1;
-                break;
-            }
-            sw |= bit;
-        }
+    const int sw = conv_col_env_mask(env); /* the pass mask, -1 for a bad value */
     col_io io;
     lucid_tensor *gx = NULL, *gw = NULL, *gy = NULL, *gdy = NULL, *gdx = NULL, *gdw = NULL;
     if (!io_make(&io, cc, dt)) {

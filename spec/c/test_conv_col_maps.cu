@@ -57,6 +57,8 @@
  */
 #include "nn_conv_col.cu"
 
+#include "conv_col_env.h"
+
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -537,18 +539,7 @@ static void test_switch(void) {
     const char *v = NULL;
     int sw = lucid_conv_col_switch(&v);
     const char *env = getenv("LUCID_CONV_COL");
-    int want = !env || !env[0] || strcmp(env, "1") == 0 ? LUCID_CONV_COL_ALL
-               : strcmp(env, "0") == 0                  ? 0
-                                                        : 0;
-    if (env && env[0] && strcmp(env, "1") != 0 && strcmp(env, "0") != 0)
-        for (const char *c = env; *c; c++) {
-            int bit = *c == 'f' ? 1 : *c == 'd' ? 2 : *c == 'w' ? 4 : 0;
-            if (!bit || (want & bit)) {
-                want = -1;
-                break;
-            }
-            want |= bit;
-        }
+    const int want = conv_col_env_mask(env);
     ok(sw == want && v && strcmp(v, env ? env : "") == 0,
        "conv_col switch follows LUCID_CONV_COL",
        WHY("switch %d value \"%s\", environment \"%s\"", sw, v ? v : "(null)", env ? env : ""));
