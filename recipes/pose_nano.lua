@@ -73,7 +73,7 @@ local descriptions = {
   device = "cpu, cuda, cuda:N or auto (any case)",
   seed = "random seed (shuffling, augmentation, initial weights)",
   workers = "loader threads (at most the CPUs; 0: batches made in the training thread)",
-  quiet = "no configuration listing or progress output",
+  quiet = "no configuration listing or progress output (warnings still go to stderr)",
   model = "architecture: yolo11 or yolov8",
   scale = "model scale: n, s, m, l or x",
   data = "a dataset descriptor name, a descriptor .lua, or an Ultralytics data .yaml",
@@ -117,7 +117,8 @@ local descriptions = {
   max_det = "validation detections per image at most",
   ap = "AP interpolation: coco or ultralytics",
   val_period = "validate every N epochs (and at the end; 0: only at the end)",
-  save_period = "write weights/last.safetensors every N epochs (and at the end; 0: only at the end)",
+  save_period = "write weights/last.safetensors every N epochs (and at the end; 0: only at the end and "
+    .. "whenever best.safetensors improves)",
   record = "the recorded (CUDA-graph) training step on a GPU",
   device_hsv = "RandomHSV on the GPU instead of in the loader threads (ignored on the CPU)",
 }

@@ -26,8 +26,10 @@ else an error naming source, the value and why, e.g. "source =
 'README.md': not an image file"; predict.check_images: every image starts
 as a JPEG or a PNG, so a .jpg that is no image is refused before anything
 is written); weights must be a file that opens; out must be a folder or a
-path where one can be made (an existing file is refused by name, and a
-folder mkdir cannot make is named by out= with mkdir's reason). Weights of
+path where one can be made (an existing file is refused by name, a folder
+or parent that takes no new file, e.g. read-only, is refused by name before
+the model is built, and a folder mkdir cannot make is named by out= with
+mkdir's reason). Weights of
 another model or scale are refused naming weights=, model= and scale=. An
 image corrupt past its first bytes (a truncated JPEG) in a folder or a
 list is skipped: one line on stderr names it and the decoder's reason
@@ -120,8 +122,10 @@ elseif wkind == "dir" then
   error(string.format("predict: weights = '%s': a folder, not a weights file (a training checkpoint or a "
     .. "model:save file)", cfg.weights), 0)
 end
--- out: a folder or a path where one can be made (created after the model loads)
+-- out: a folder or a path where one can be made (created after the model loads),
+-- in a place that takes new files
 recipe.check_folder(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
+recipe.check_writable(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
 recipe.print(cfg)
 
 local ctx = lucid.Context{ device = recipe.device_name(cfg.device) }

@@ -155,6 +155,28 @@ describe("checkpoint.save {async = true}", function()
     os.execute("rm -rf '" .. d .. "'")
   end)
 
+  it("a failed first write of a path says that no file was written there (not 'the previous file')", function()
+    local r = small_run()
+    local d = tmpdir()
+    local path = d .. "/first.safetensors"
+    lucid._test.atomic_fail("write", "ENOSPC")
+    local ok, err = pcall(checkpoint.save, path, state(r))
+    lucid._test.atomic_fail(nil)
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.truthy(err:find("No space left on device (no file was written at that path)", 1, true), err)
+    assert.is_nil(err:find("previous file", 1, true), err)
+    assert.same({}, listdir(d)) -- no temporary file left, no target
+    -- negative control: with a file in place the message says it is unchanged
+    checkpoint.save(path, state(r))
+    lucid._test.atomic_fail("write", "ENOSPC")
+    ok, err = pcall(checkpoint.save, path, state(r, { iteration = 7 }))
+    lucid._test.atomic_fail(nil)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("(the previous file is unchanged)", 1, true), tostring(err))
+    os.execute("rm -rf '" .. d .. "'")
+  end)
+
   it("a failed write of a path is raised by a load of that path", function()
     local r = small_run()
     local path = dir .. "/loadfail.safetensors"

@@ -955,11 +955,12 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
       assert.are.equal("", out, c[1]) -- nothing listed, built or loaded
     end
     for _, d in ipairs({ "o3", "o4" }) do assert.is_nil(io.open(pt .. "/" .. d, "rb"), d) end
-    -- out= that mkdir refuses: a clean line naming out, no raw mkdir output
+    -- out= where nothing can be made: a clean line naming out, no raw mkdir output, before the
+    -- model is built (recipe.check_writable, ninth session)
     out, err, rc = pred("source=" .. q(imgs[1]) .. " out=/proc/lucid-spec-x")
     assert.are.equal(1, rc, err)
-    assert.are.equal("predict_pose: predict: out = '/proc/lucid-spec-x': cannot create the folder (No such file or "
-      .. "directory)\n", err)
+    assert.are.equal("predict_pose: predict: out = '/proc/lucid-spec-x': cannot write in /proc (No such file or "
+      .. "directory) (the annotated images and predictions.json go into it)\n", err)
     -- 2 and 8. "a, b": both images (trimmed), plural counts; one image: singular
     out, err, rc = pred("source=" .. q(imgs[1] .. ", " .. imgs[2]) .. " out=" .. q(pt .. "/two"))
     assert.are.equal(0, rc, err)
@@ -1041,5 +1042,87 @@ describe_data("tryout: the recipes as a new user runs them (separate processes)"
     assert.truthy(err:find("^overfit8: cannot copy "), err)
     assert.is_nil(err:find("cp:", 1, true), err)
     assert.are.same({}, files.listdir(tmpd))
+  end)
+end)
+
+-- ---------------------------------------------------------------------------
+-- The ninth session's tryout: each fix with its negative control.
+
+describe("tryout (ninth session): keys of nested groups", function()
+  local defaults = { epochs = 10, augment = { fliplr = 0.5, mosaic = 1.0 }, loss = { box = 7.5 },
+    clip = { max_norm = 10.0 }, other = { box = 1 } }
+
+  it("a flat Ultralytics key suggests the one nested key ending in it (fliplr -> augment.fliplr)", function()
+    assert.are.equal("recipe: unknown key 'fliplr' (did you mean 'augment.fliplr'?)",
+      err_of(recipe.resolve, defaults, { "fliplr=0.2" }))
+    assert.are.equal("recipe: unknown key 'MAX_NORM' (did you mean 'clip.max_norm'?)",
+      err_of(recipe.resolve, defaults, { "MAX_NORM=3" }))
+    -- two nested keys end in it: no single answer, no suggestion
+    assert.are.equal("recipe: unknown key 'box'", err_of(recipe.resolve, defaults, { "box=2" }))
+    -- negative control: the nested key itself resolves
+    assert.are.equal(0.2, recipe.resolve(defaults, { "augment.fliplr=0.2" }).augment.fliplr)
+  end)
+end)
+
+describe_data("tryout (ninth session): the recipes as processes", function()
+  local tmp
+  setup(function() tmp = files.tmpdir() end)
+  teardown(function() if tmp then os.execute("rm -rf " .. shell_quote(tmp)) end end)
+  local q = shell_quote
+
+  it("quiet=true still shows the warnings for rejected files, on stderr", function()
+    -- a dataset of 14 train images, one with a label row of 7 columns, 2 val images
+    local root = tmp .. "/qset"
+    for _, sub in ipairs({ "images/train", "labels/train", "images/val", "labels/val" }) do
+      os.execute("mkdir -p " .. q(root .. "/" .. sub))
+    end
+    local function copy(split, n)
+      local k = 0
+      for _, img in ipairs(predict.list_sources(mini .. "/images/" .. split)) do
+        local stem = img:match("([^/]+)%.%w+$")
+        local lab = files.read(mini .. "/labels/" .. split .. "/" .. stem .. ".txt")
+        if lab and lab ~= "" then
+          files.write(root .. "/images/" .. split .. "/" .. img:match("[^/]+$"), files.read(img))
+          files.write(root .. "/labels/" .. split .. "/" .. stem .. ".txt", lab)
+          k = k + 1
+          if k == n then return stem end
+        end
+      end
+    end
+    local last = copy("train", 14)
+    copy("val", 2)
+    files.write(root .. "/labels/train/" .. last .. ".txt", "0 0.5 0.5 0.2 0.2 0.1 0.1\n")
+    files.write(root .. "/data.yaml", "path: " .. root .. "\ntrain: images/train\nval: images/val\n"
+      .. "kpt_shape: [17, 3]\nflip_idx: [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]\n"
+      .. "names:\n  0: person\n")
+    local base = "luajit recipes/pose_nano.lua device=cpu workers=1 epochs=1 imgsz=64 batch=4 data="
+      .. q(root .. "/data.yaml") .. " project=" .. q(tmp)
+    local out, err, rc = run(base .. " name=quiet quiet=true")
+    assert.are.equal(0, rc, err)
+    assert.truthy(err:find("WARNING: train: ignoring .*" .. last .. "%.txt:1: 7 columns"), err)
+    assert.truthy(err:find("WARNING: train: .*1 rejected"), err)
+    assert.is_nil(out:find("WARNING", 1, true), out)
+    -- negative control: without quiet the same warnings go to stdout, with the run's other lines
+    out, err, rc = run(base .. " name=loud")
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("WARNING: train: ignoring .*" .. last .. "%.txt:1: 7 columns"), out)
+    assert.is_nil(err:find("WARNING", 1, true), err)
+  end)
+
+  it("predict_pose: out= where no file can be made is refused before the model is built", function()
+    local w = tmp .. "/w.safetensors"
+    require("lucid.models.yolo11_pose"){ scale = "n", nc = 1, kpt_shape = { 17, 3 } }:save(w)
+    local img = predict.list_sources(mini .. "/images/val")[1]
+    -- /proc takes no new file, for root too
+    local out, err, rc = run("luajit recipes/predict_pose.lua device=cpu imgsz=64 weights=" .. q(w)
+      .. " source=" .. q(img) .. " out=/proc/lucid-spec-out")
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find("^predict_pose: predict: out = '/proc/lucid%-spec%-out': cannot write in /proc %("), err)
+    assert.is_nil(out:find("device ", 1, true), out) -- nothing built, nothing predicted
+    -- negative control: a writable out is made and filled
+    out, err, rc = run("luajit recipes/predict_pose.lua device=cpu imgsz=64 weights=" .. q(w)
+      .. " source=" .. q(img) .. " out=" .. q(tmp .. "/pred/new"))
+    assert.are.equal(0, rc, err)
+    assert.truthy(files.read(tmp .. "/pred/new/predictions.json"), "no predictions.json")
   end)
 end)

@@ -209,7 +209,8 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
     assert.is_true(ok, tostring(res))
     local text = table.concat(printed)
     assert.truthy(text:find("\nContinuing the run in " .. tmp .. "/fails2 (its weights/ and results.csv are updated "
-      .. "there; " .. copy .. " is outside this folder: project= and name= choose another)\n", 1, true), text)
+      .. "there; the checkpoint " .. copy .. " lies outside it: a resumed run continues in the folder its project= "
+      .. "and name= settings give)\n", 1, true), text)
     assert.are.equal(tmp .. "/fails2", res.save_dir)
     assert.are.equal(3, #read_lines(tmp .. "/fails2/results.csv")) -- header + epochs 1 and 2
     -- nothing written beside the copy, nor into the other run's folder

@@ -57,6 +57,14 @@ static int injected(const char *stage) {
     return 0;
 }
 
+/* What a failure before the rename left at the target, for the message:
+ * the previous file, or nothing (the first write of that path). */
+static const char *af_kept(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? "the previous file is unchanged"
+                                : "no file was written at that path";
+}
+
 static void af_free(lucid_atomic_file *f) {
     if (!f) return;
     free(f->path);
@@ -119,10 +127,10 @@ lucid_status lucid_atomic_file_write(lucid_ctx *ctx, lucid_atomic_file *f,
         ssize_t w = injected("write") ? -1 : write(f->fd, p, n);
         if (w < 0) {
             if (errno == EINTR) continue;
+            int e = errno;
             return lucid_seterr(ctx, LUCID_ERR_IO,
-                                "%s: write to the temporary file failed: %s "
-                                "(the previous file is unchanged)",
-                                f->path, strerror(errno));
+                                "%s: write to the temporary file failed: %s (%s)", f->path,
+                                strerror(e), af_kept(f->path));
         }
         p += w;
         n -= (size_t)w;
@@ -133,28 +141,25 @@ lucid_status lucid_atomic_file_write(lucid_ctx *ctx, lucid_atomic_file *f,
 lucid_status lucid_atomic_file_commit(lucid_ctx *ctx, lucid_atomic_file *f) {
     lucid_status st = LUCID_OK;
     if (injected("fsync") || fsync(f->fd) != 0) {
-        st = lucid_seterr(ctx, LUCID_ERR_IO,
-                          "%s: fsync of the temporary file failed: %s (the "
-                          "previous file is unchanged)",
-                          f->path, strerror(errno));
+        int e = errno;
+        st = lucid_seterr(ctx, LUCID_ERR_IO, "%s: fsync of the temporary file failed: %s (%s)",
+                          f->path, strerror(e), af_kept(f->path));
         lucid_atomic_file_abort(f);
         return st;
     }
     int rc = close(f->fd);
     f->fd = -1;
     if (rc != 0) {
-        st = lucid_seterr(ctx, LUCID_ERR_IO,
-                          "%s: close of the temporary file failed: %s (the "
-                          "previous file is unchanged)",
-                          f->path, strerror(errno));
+        int e = errno;
+        st = lucid_seterr(ctx, LUCID_ERR_IO, "%s: close of the temporary file failed: %s (%s)",
+                          f->path, strerror(e), af_kept(f->path));
         lucid_atomic_file_abort(f);
         return st;
     }
     if (injected("rename") || rename(f->tmp, f->path) != 0) {
-        st = lucid_seterr(ctx, LUCID_ERR_IO,
-                          "%s: rename from %s failed: %s (the previous file "
-                          "is unchanged)",
-                          f->path, f->tmp, strerror(errno));
+        int e = errno;
+        st = lucid_seterr(ctx, LUCID_ERR_IO, "%s: rename from %s failed: %s (%s)", f->path,
+                          f->tmp, strerror(e), af_kept(f->path));
         lucid_atomic_file_abort(f);
         return st;
     }

@@ -66,18 +66,28 @@ local function all_keys(t, prefix, out)
 end
 
 -- "did you mean": the nearest key by edit distance, case ignored (EPOCHS=1
--- suggests epochs; the keys themselves are case-sensitive)
+-- suggests epochs; the keys themselves are case-sensitive); failing that,
+-- the one nested key whose last part is the key (fliplr=0.5 suggests
+-- augment.fliplr: Ultralytics' keys are flat, lucid groups some)
 local function suggest(key, defaults)
   local best, bd
   local lkey = key:lower()
-  for _, k in ipairs(all_keys(defaults)) do
+  local keys = all_keys(defaults)
+  for _, k in ipairs(keys) do
     local d = distance(lkey, k:lower())
     if not bd or d < bd then best, bd = k, d end
   end
   if bd and bd <= math.max(2, math.floor(#key / 3)) then
     return string.format(" (did you mean '%s'?)", best)
   end
-  return ""
+  local nested
+  for _, k in ipairs(keys) do
+    if k:lower():sub(-#lkey - 1) == "." .. lkey then
+      if nested then return "" end -- two of them: no single answer
+      nested = k
+    end
+  end
+  return nested and string.format(" (did you mean '%s'?)", nested) or ""
 end
 
 local function finite(v) return v == v and v ~= math.huge and v ~= -math.huge end
@@ -382,6 +392,33 @@ function recipe.check_folder(path, key, who, what)
     if kind == "file" then fail(i == #parts and "exists and is not a folder" or (cur .. " exists and is not a folder")) end
     if kind == nil then return end
   end
+end
+
+--- recipe.check_writable(path, key, who, [what]): the deepest part of path
+-- that exists (the folder itself when it exists, else the parent the
+-- missing folders would be made in) must take a new file: a probe file
+-- ".lucid-write-probe-<pid-ish>" is created there and removed; else raise
+-- "<who>: <key> = '<path>': cannot write in <dir> (<why>)". Call it after
+-- recipe.check_folder (every existing part a folder).
+function recipe.check_writable(path, key, who, what)
+  local parts = {}
+  for part in path:gmatch("[^/]+") do parts[#parts + 1] = part end
+  local abs = path:sub(1, 1) == "/"
+  local deepest = abs and "/" or "."
+  local cur = abs and "" or nil
+  for _, part in ipairs(parts) do
+    cur = cur and (cur .. "/" .. part) or part
+    if recipe.path_kind(cur) ~= "dir" then break end
+    deepest = cur
+  end
+  local probe = string.format("%s/.lucid-write-probe-%d", deepest, os.time() % 100000)
+  local f, err = io.open(probe, "wb")
+  if not f then
+    error(string.format("%s: %s = '%s': cannot write in %s (%s)%s", who, key, path, deepest,
+      (tostring(err):gsub("^.*: ", "")), what and (" (" .. what .. ")") or ""), 0)
+  end
+  f:close()
+  os.remove(probe)
 end
 
 --- recipe.mkdir(path) -> true, or nil and why (mkdir's reason, e.g. "No

@@ -337,6 +337,18 @@ end
 -- @param out file: where the run's messages go
 -- @param split string: "train" | "val"
 -- @param ds lucid.Dataset
+--- Where a fit's warnings go (rejected files, flips turned off, a batch
+-- larger than the split): the run's messages (`out`, stdout), or stderr with
+-- quiet=true, whose `out` discards everything: quiet silences the listing
+-- and the progress, never a warning that data was left out.
+-- @param cfg table: the run's configuration (cfg.quiet)
+-- @param out file: where the run's messages go
+-- @return file
+function Trainer.warn_stream(cfg, out)
+  if cfg.quiet == true then return io.stderr end
+  return out
+end
+
 local REJECTS_SHOWN = 20
 function Trainer.warn_rejects(out, split, ds)
   local r = ds:rejects()
@@ -565,6 +577,7 @@ function Trainer:_fit(state, opts)
   local cfg, ctx = self.cfg, self.ctx
   local model = state.model
   local out = cfg.quiet and io.open("/dev/null", "w") or io.stdout
+  local warn = Trainer.warn_stream(cfg, out)
   local t_fit0 = lucid.wall_time()
   local B, S = cfg.batch, cfg.imgsz
   local E = cfg.epochs
@@ -585,7 +598,7 @@ function Trainer:_fit(state, opts)
   local nkpt = desc.kpt_shape and desc.kpt_shape[1] or 17
   if desc.kpt_shape and not desc.flip_idx and ((cfg.augment or {}).fliplr or data.defaults.fliplr) > 0 then
     -- the loader then never flips (a flip without the map would swap left and right)
-    out:write(string.format("WARNING: no 'flip_idx' in %s, horizontal flips (fliplr) are off\n",
+    warn:write(string.format("WARNING: no 'flip_idx' in %s, horizontal flips (fliplr) are off\n",
       tostring(desc.descriptor_file or desc.name)))
   end
   local nc = desc.names and #desc.names or desc.nc or 1
@@ -606,15 +619,15 @@ function Trainer:_fit(state, opts)
   local open_opts = { imgsz = S, cache = cache, ctx = ctx }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
-  Trainer.warn_rejects(out, "train", train_ds)
-  Trainer.warn_rejects(out, "val", val_ds)
+  Trainer.warn_rejects(warn, "train", train_ds)
+  Trainer.warn_rejects(warn, "val", val_ds)
   -- the loaders' batches are at most the split's image count, as Ultralytics'
   -- build_dataloader (batch = min(batch, len(dataset))); the optimizer's
   -- accumulate, weight decay and iteration count keep the requested batch,
   -- as its trainer does (batch_size is not capped there)
   local B_req = B
   if B > #train_ds then
-    out:write(string.format("WARNING: batch=%d is more than the %d training images; the loader makes batches of %d\n",
+    warn:write(string.format("WARNING: batch=%d is more than the %d training images; the loader makes batches of %d\n",
       B, #train_ds, #train_ds))
     B = #train_ds
   end
@@ -715,7 +728,8 @@ function Trainer:_fit(state, opts)
     local inside = abs(path):sub(1, #abs(save_dir) + 1) == abs(save_dir) .. "/"
     -- printed with quiet=true too: it says where this run's output goes
     io.stdout:write(string.format("Continuing the run in %s (its weights/ and results.csv are updated there%s)\n", save_dir,
-      inside and "" or string.format("; %s is outside this folder: project= and name= choose another", path)))
+      inside and "" or string.format("; the checkpoint %s lies outside it: a resumed run continues in the folder "
+        .. "its project= and name= settings give", path)))
   end
   make_run_folder(save_dir .. "/weights", cfg)
   local probe = io.open(save_dir .. "/weights/.write_test", "w")
