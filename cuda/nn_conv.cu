@@ -794,8 +794,7 @@ static bool gemm_route_likely(const lucid_cuda_nn_state *ns, int64_t Cin, int64_
  * spatial size only decides beyond that; a weight cast for a conv that
  * then takes another route is merely unused). */
 static bool col_route_likely(const lucid_cuda_nn_state *ns, int64_t K, int64_t Cout) {
-    (void)Cout;
-    if (ns->conv_mode != 0 || K % 8) return false;
+    if (ns->conv_mode != 0 || K % 8 || Cout % 8) return false;
     return col_on(ns, PASS_FWD, NULL) == 1;
 }
 

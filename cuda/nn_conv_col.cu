@@ -85,6 +85,9 @@ static int col_geom_ok(const lucid_conv_col_geom *g, lucid_dtype dt) {
     if (P % 8 || K % 8 || g->Cout % 8) return 0;
     if (K > lim || P > lim) return 0;
     if (g->N > LUCID_CONV_COL_MAX_ELEMS / K / P) return 0;
+    /* the filter gradient's f32 per-image partials (N*Cout*K) too */
+    if (g->Cout > LUCID_CONV_COL_MAX_ELEMS / K || g->N > LUCID_CONV_COL_MAX_ELEMS / (g->Cout * K))
+        return 0;
     /* x, y and the weight under 2^31 elements (32-bit plane offsets) */
     if (g->N * g->Cin > lim / (g->H * g->W) || g->N * g->Cout > lim / P ||
         g->Cout > lim / K)
@@ -221,8 +224,9 @@ static __global__ void col_wflip(const float *__restrict__ w, T *__restrict__ wf
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     const int KK = kh * kw;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const int rq = i % KK, t = i / KK, co = t % Cout, ci = t / Cout;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int rq = (int)(i % KK), t = (int)(i / KK), co = t % Cout, ci = t / Cout;
         const int r = rq / kw, q = rq - r * kw;
         lucid_elem<T>::store(wf, i, w[((size_t)co * Cin + ci) * KK + (kh - 1 - r) * kw + (kw - 1 - q)]);
     }
@@ -240,8 +244,8 @@ static lucid_status col_check(lucid_ctx *ctx, const char *op, lucid_dtype dt,
                         "%s (im2col GEMM route): dtype %s, x %lldx%lldx%lldx%lld, Cout %lld, "
                         "y %lldx%lld, kernel %dx%d, stride %d,%d, pad %d,%d, dilation %d,%d "
                         "not eligible (needs bf16/f16, Cin*kh*kw, Cout and Ho*Wo multiples of 8, "
-                        "N*Cin*kh*kw*Ho*Wo <= %lld; backward-data: stride 1, padding <= "
-                        "(kernel-1)*dilation)",
+                        "N*Cin*kh*kw*Ho*Wo and N*Cout*Cin*kh*kw <= %lld; backward-data also "
+                        "stride 1, padding <= (kernel-1)*dilation, Cin and H*W multiples of 8)",
                         op, lucid_dtype_name(dt), (long long)g->N, (long long)g->Cin,
                         (long long)g->H, (long long)g->W, (long long)g->Cout,
                         (long long)g->Ho, (long long)g->Wo, g->kh, g->kw, g->sh, g->sw, g->ph,

@@ -65,8 +65,9 @@ typedef struct lucid_conv_col_geom {
     int kh, kw, sh, sw, ph, pw, dh, dw;
 } lucid_conv_col_geom;
 
-/* Largest column buffer the route takes, in elements (N*K*P): 2^26, i.e.
- * 128 MiB of bf16 columns and 256 MiB of f32 backward-data columns. */
+/* Largest column buffer the route takes, in elements (N*K*P), and largest
+ * set of filter-gradient partials (N*Cout*K): 2^26, i.e. 128 MiB of bf16
+ * columns and 256 MiB of f32 partials. */
 #define LUCID_CONV_COL_MAX_ELEMS ((int64_t)1 << 26)
 
 /* 1 when the route can run pass `pass` (0 forward, 1 backward-data, 2
@@ -75,7 +76,8 @@ typedef struct lucid_conv_col_geom {
  * and Cout multiples of 8 (16-byte column vectors, aligned leading
  * dimensions: measured on the H200, cuBLAS picked a GEMV-like kernel that
  * took 967 us for the filter gradient of layer 0, K = 27);
- * N*K*P <= LUCID_CONV_COL_MAX_ELEMS and every operand under 2^31 elements;
+ * N*K*P (the columns) and N*Cout*K (the filter gradient's f32 partials) at
+ * most LUCID_CONV_COL_MAX_ELEMS, every operand under 2^31 elements;
  * for the backward-data also stride 1 with (kh-1)*dh >= ph, (kw-1)*dw >= pw
  * and the flipped forward's own K = Cout*kh*kw and H*W passing the same
  * tests.  0 otherwise (also for g NULL or another pass). */

@@ -483,6 +483,8 @@ static void test_eligible(void) {
     REFUSE("N*K*P over the limit (N 32 64>64 80x80)", (g.N = 32));
     REFUSE("N*K*P over the limit by one image (1x1)", (g = e1, g.N = 9));
     REFUSE("N*K*P over the limit by one image (2x2 s2)", (g = e2, g.N = 9));
+    REFUSE("N*Cout*K over the limit (the filter gradient's f32 partials: 256x 512>512 3x3 on 4x4)",
+           (g = sq(256, 512, 4, 4, 512, 3, 1, 1, 1)));
     REFUSE("N 0", (g.N = 0));
     REFUSE("Cin 0", (g.Cin = 0));
     REFUSE("H 0", (g.H = 0));
