@@ -310,7 +310,7 @@ lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
     col_dgrad_geom(g, dt, &t); /* eligible: stride 1, t valid */
     const int64_t Kt = col_K(&t), Pt = col_P(&t), nwf = g->Cin * Kt;
     void *wf = (char *)scratch + col_bytes(&t, 2);
-    const unsigned blocks = (unsigned)((nwf + 255) / 256 < 4096 ? (nwf + 255) / 256 : 4096);
+    const unsigned blocks = lucid_cuda_blocks(nwf, 256);
     if (dt == LUCID_BF16)
         CUDA_CHECK(ctx, lucid_launch(col_wflip<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
                                      w, (__nv_bfloat16 *)wf, (int)g->Cin, (int)g->Cout, g->kh,

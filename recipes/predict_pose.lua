@@ -124,7 +124,6 @@ elseif wkind == "dir" then
 end
 -- out: a folder or a path where one can be made (created after the model loads),
 -- in a place that takes new files
-recipe.check_folder(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
 recipe.check_writable(cfg.out, "out", "predict", "the annotated images and predictions.json go into it")
 recipe.print(cfg)
 

@@ -373,44 +373,41 @@ function recipe.path_kind(p)
   return "file"
 end
 
---- recipe.check_folder(path, key, who, [what]): the up-front check of a
--- folder setting (out=, project=): every part of path that exists must be
--- a folder, else raise "<who>: <key> = '<path>': exists and is not a
--- folder (<what>)" (or "<prefix> exists and is not a folder" when a parent
--- is the file). Nothing is created; a part that does not exist ends the
--- check (recipe.make_folder creates it later and says why when it cannot).
+--- recipe.check_folder(path, key, who, [what]) -> the deepest part of path
+-- that exists (path itself when it exists; "/" or "." when no part does):
+-- the up-front check of a folder setting (out=, project=): every part of
+-- path that exists must be a folder, else raise "<who>: <key> = '<path>':
+-- exists and is not a folder (<what>)" (or "<prefix> exists and is not a
+-- folder" when a parent is the file). Nothing is created; a part that does
+-- not exist ends the check (recipe.make_folder creates it later and says why
+-- when it cannot).
 function recipe.check_folder(path, key, who, what)
   local function fail(why)
     error(string.format("%s: %s = '%s': %s%s", who, key, path, why, what and (" (" .. what .. ")") or ""), 0)
   end
   local parts = {}
   for part in path:gmatch("[^/]+") do parts[#parts + 1] = part end
-  local cur = path:sub(1, 1) == "/" and "" or nil
+  local abs = path:sub(1, 1) == "/"
+  local deepest = abs and "/" or "."
+  local cur = abs and "" or nil
   for i, part in ipairs(parts) do
     cur = cur and (cur .. "/" .. part) or part
     local kind = recipe.path_kind(cur)
     if kind == "file" then fail(i == #parts and "exists and is not a folder" or (cur .. " exists and is not a folder")) end
-    if kind == nil then return end
-  end
-end
-
---- recipe.check_writable(path, key, who, [what]): the deepest part of path
--- that exists (the folder itself when it exists, else the parent the
--- missing folders would be made in) must take a new file: a probe file
--- ".lucid-write-probe-<pid-ish>" is created there and removed; else raise
--- "<who>: <key> = '<path>': cannot write in <dir> (<why>)". Call it after
--- recipe.check_folder (every existing part a folder).
-function recipe.check_writable(path, key, who, what)
-  local parts = {}
-  for part in path:gmatch("[^/]+") do parts[#parts + 1] = part end
-  local abs = path:sub(1, 1) == "/"
-  local deepest = abs and "/" or "."
-  local cur = abs and "" or nil
-  for _, part in ipairs(parts) do
-    cur = cur and (cur .. "/" .. part) or part
-    if recipe.path_kind(cur) ~= "dir" then break end
+    if kind == nil then break end
     deepest = cur
   end
+  return deepest
+end
+
+--- recipe.check_writable(path, key, who, [what]): recipe.check_folder, then
+-- the deepest part of path that exists (the folder itself when it exists,
+-- else the parent the missing folders would be made in) must take a new
+-- file: a probe file ".lucid-write-probe-<n>" is created there and removed;
+-- else raise "<who>: <key> = '<path>': cannot write in <dir> (<why>)
+-- (<what>)".
+function recipe.check_writable(path, key, who, what)
+  local deepest = recipe.check_folder(path, key, who, what)
   local probe = string.format("%s/.lucid-write-probe-%d", deepest, os.time() % 100000)
   local f, err = io.open(probe, "wb")
   if not f then

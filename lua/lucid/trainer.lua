@@ -321,22 +321,6 @@ function Trainer.check_paths(cfg)
   end
 end
 
---- Trainer.check_last_batch(imgsz, batch, n): raise when a training batch
--- would hold a single image while the network's last feature map (stride
--- 32) is 1x1, i.e. imgsz 32 with batch 1 or n % batch == 1 (the short last
--- batch; the loader keeps it, as Ultralytics does): batch normalisation in
--- training then sees 1 value per channel, which it (like PyTorch) refuses.
--- The batches are not recomposed silently; the message suggests settings
--- that work. fit calls it once the training images are counted.
---- Say which files a split left out, as Ultralytics' "WARNING ... ignoring
--- corrupt image/label: <reason>": one line per rejected file (its path,
--- line and value, from the dataset's checks), at most REJECTS_SHOWN of them
--- and a count of the rest, then the split's summary. Silent when nothing
--- was rejected. (The dataset refuses a split that rejects more than its
--- max_reject_fraction; below that, training goes on without them.)
--- @param out file: where the run's messages go
--- @param split string: "train" | "val"
--- @param ds lucid.Dataset
 --- Where a fit's warnings go (rejected files, flips turned off, a batch
 -- larger than the split): the run's messages (`out`, stdout), or stderr with
 -- quiet=true, whose `out` discards everything: quiet silences the listing
@@ -350,6 +334,15 @@ function Trainer.warn_stream(cfg, out)
 end
 
 local REJECTS_SHOWN = 20
+--- Say which files a split left out, as Ultralytics' "WARNING ... ignoring
+-- corrupt image/label: <reason>": one line per rejected file (its path,
+-- line and value, from the dataset's checks), at most REJECTS_SHOWN of them
+-- and a count of the rest, then the split's summary. Silent when nothing
+-- was rejected. (The dataset refuses a split that rejects more than its
+-- max_reject_fraction; below that, training goes on without them.)
+-- @param out file: where the run's messages go
+-- @param split string: "train" | "val"
+-- @param ds lucid.Dataset
 function Trainer.warn_rejects(out, split, ds)
   local r = ds:rejects()
   if #r == 0 then return end
@@ -362,6 +355,13 @@ function Trainer.warn_rejects(out, split, ds)
   out:write(string.format("WARNING: %s: %s\n", split, ds:summary()))
 end
 
+--- Trainer.check_last_batch(imgsz, batch, n): raise when a training batch
+-- would hold a single image while the network's last feature map (stride
+-- 32) is 1x1, i.e. imgsz 32 with batch 1 or n % batch == 1 (the short last
+-- batch; the loader keeps it, as Ultralytics does): batch normalisation in
+-- training then sees 1 value per channel, which it (like PyTorch) refuses.
+-- The batches are not recomposed silently; the message suggests settings
+-- that work. fit calls it once the training images are counted.
 function Trainer.check_last_batch(imgsz, batch, n)
   local side = math.floor(imgsz / 32)
   if side ~= 1 or n < 1 then return end

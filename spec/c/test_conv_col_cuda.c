@@ -129,10 +129,9 @@ static const col_case CASES[] = {
     {"16>16 3x1 p1,0 12x12 N2", 2, 16, 12, 12, 16, 3, 1, 1, 1, 0, 1, 1, 0},
 };
 
-/* 1 when the route takes the case's backward-data (stride 1, padding at
- * most (kernel-1)*dilation: nn_conv_col.cuh) */
+/* 1 when the route takes the case's backward-data (conv_col_env.h) */
 static int dgrad_on(const col_case *cc) {
-    return cc->s == 1 && cc->ph <= (cc->kh - 1) * cc->d && cc->pw <= (cc->kw - 1) * cc->d;
+    return conv_col_dgrad_takes(cc->s, cc->s, cc->kh, cc->kw, cc->ph, cc->pw, cc->d, cc->d);
 }
 
 /* ineligible with the route on */

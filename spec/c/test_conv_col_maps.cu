@@ -335,7 +335,7 @@ static void run_case(const col_case &c) {
      * transposed weight (the route's own geometry), im2col by the kernel's items */
     lucid_conv_col_geom t;
     const int eld = lucid_conv_col_eligible(&g, LUCID_BF16, 1);
-    if (g.sh != 1 || g.sw != 1 || (kh - 1) * g.dh < g.ph || (kw - 1) * g.dw < g.pw) {
+    if (!conv_col_dgrad_takes(g.sh, g.sw, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw)) {
         ok(eld == 0, NAME("%s: backward-data refused (stride or padding)", pre), "accepted");
     } else {
         ok(eld == 1 && col_dgrad_geom(&g, LUCID_BF16, &t) && t.Cin == Cout && t.Cout == Cin &&
@@ -518,8 +518,7 @@ static void test_scratch(void) {
             const size_t wc = nn_align((size_t)(g.Cout * K) * 2);
             const size_t prod = nn_align((size_t)(g.N * g.Cout * P) * 4);
             const size_t part = g.N > 1 ? nn_align((size_t)(g.N * g.Cout * K) * 4) : 0;
-            const bool dgrad = g.sh == 1 && g.sw == 1 && (g.kh - 1) * g.dh >= g.ph &&
-                               (g.kw - 1) * g.dw >= g.pw;
+            const bool dgrad = conv_col_dgrad_takes(g.sh, g.sw, g.kh, g.kw, g.ph, g.pw, g.dh, g.dw);
             const size_t colt =
                 nn_align((size_t)(g.N * g.Cout * g.kh * g.kw * g.H * g.W) * 2) + wc;
             const size_t want[3][2] = {{col2 + wc, col2 + wc + prod},
