@@ -794,7 +794,7 @@ static bool gemm_route_likely(const lucid_cuda_nn_state *ns, int64_t Cin, int64_
  * spatial size only decides beyond that; a weight cast for a conv that
  * then takes another route is merely unused). */
 static bool col_route_likely(const lucid_cuda_nn_state *ns, int64_t K, int64_t Cout) {
-    if (ns->conv_mode != 0 || K % 8 || Cout % 8) return false;
+    if (ns->conv_mode != 0 || K % 8 || Cout < 1) return false; /* padded K: cast per call */
     return col_on(ns, PASS_FWD, NULL) == 1;
 }
 
@@ -882,7 +882,9 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
                     : lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1),
                 op, &ws));
         const void *wc = NULL;
-        LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
+        /* a padded K (not a multiple of 8) casts its padded weight per call */
+        if (!col || (g.Cin * g.kh * g.kw) % 8 == 0)
+            LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
         const float *wp = (const float *)lucid_tensor_data(w);
         if (col)
             return lucid_conv_col_forward(ctx, st->cublas, st->stream, x->dtype, &pl->cg,

@@ -63,8 +63,17 @@ int lucid_conv_col_switch(const char **value) {
     return e.passes;
 }
 
+int lucid_conv_col_pad_switch(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_CONV_COL_PAD", &off);
+}
+
 static int64_t col_K(const lucid_conv_col_geom *g) { return g->Cin * g->kh * g->kw; }
 static int64_t col_P(const lucid_conv_col_geom *g) { return g->Ho * g->Wo; }
+/* rows per image of the column matrix: K rounded up to a multiple of 8, so
+ * that every leading dimension of the GEMMs is a whole number of 16-byte
+ * vectors (the padding rows are +0 and the weight's padding columns +0) */
+static int64_t col_Kr(const lucid_conv_col_geom *g) { return (col_K(g) + 7) / 8 * 8; }
 
 /* The checks of lucid_conv_col_eligible that every pass shares: the route
  * can compute im2col(x) and the forward GEMM of g. */
@@ -81,8 +90,8 @@ static int col_geom_ok(const lucid_conv_col_geom *g, lucid_dtype dt) {
         g->Wo != (g->W + 2 * g->pw - (int64_t)g->dw * (g->kw - 1) - 1) / g->sw + 1 ||
         g->Ho < 1 || g->Wo < 1)
         return 0;
-    const int64_t K = col_K(g), P = col_P(g);
-    if (P % 8 || K % 8 || g->Cout % 8) return 0;
+    const int64_t K = col_Kr(g), P = col_P(g);
+    if (P % 8 || (col_K(g) % 8 && !lucid_conv_col_pad_switch())) return 0;
     if (K > lim || P > lim) return 0;
     if (g->N > LUCID_CONV_COL_MAX_ELEMS / K / P) return 0;
     /* the filter gradient's f32 per-image partials (N*Cout*K) too */
@@ -117,22 +126,23 @@ int lucid_conv_col_eligible(const lucid_conv_col_geom *g, lucid_dtype dt, int pa
     return pass != 1 || col_dgrad_geom(g, dt, &t);
 }
 
+/* the GEMMs' view: Cin -> Kr (the padded rows) */
 static lucid_conv_gemm_geom col_gemm_geom(const lucid_conv_col_geom *g) {
-    return lucid_conv_gemm_geom{g->N, col_K(g), g->Cout, col_P(g)};
+    return lucid_conv_gemm_geom{g->N, col_Kr(g), g->Cout, col_P(g)};
 }
 
 static size_t col_bytes(const lucid_conv_col_geom *g, size_t elem) {
-    return nn_align((size_t)(g->N * col_K(g) * col_P(g)) * elem);
+    return nn_align((size_t)(g->N * col_Kr(g) * col_P(g)) * elem);
 }
 
 size_t lucid_conv_col_scratch(const lucid_conv_col_geom *g, lucid_dtype dt, int pass, int bias) {
     lucid_conv_gemm_geom gg = col_gemm_geom(g);
     lucid_conv_col_geom t;
-    if (pass == 1) /* im2col(dy) + the flipped weight */
-        return col_dgrad_geom(g, dt, &t)
-                   ? col_bytes(&t, 2) + nn_align((size_t)(g->Cout * col_K(g)) * 2)
-                   : 0;
-    return col_bytes(g, 2) + lucid_conv_gemm_scratch(&gg, dt, pass == 0 ? 0 : 2, bias);
+    if (pass == 1) /* im2col(dy) + the flipped weight [Cin, Kr'] */
+        return col_dgrad_geom(g, dt, &t) ? col_bytes(&t, 2) + nn_align((size_t)(g->Cin * col_Kr(&t)) * 2)
+                                         : 0;
+    if (pass == 2) return col_bytes(g, 2) + lucid_conv_gemm_wgrad_scratch(&gg, col_K(g));
+    return col_bytes(g, 2) + lucid_conv_gemm_scratch(&gg, dt, 0, bias);
 }
 
 // ----------------------------------------------------------------------------
@@ -143,6 +153,7 @@ size_t lucid_conv_col_scratch(const lucid_conv_col_geom *g, lucid_dtype dt, int 
 struct ColArgs {
     int N, Cin, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw;
     int K, P;
+    int Kr; /* rows per image of the column matrix: K rounded up to 8 (rows K..Kr-1 are +0) */
 };
 
 static ColArgs col_args(const lucid_conv_col_geom *g) {
@@ -150,7 +161,7 @@ static ColArgs col_args(const lucid_conv_col_geom *g) {
     a.N = (int)g->N; a.Cin = (int)g->Cin; a.H = (int)g->H; a.W = (int)g->W;
     a.Ho = (int)g->Ho; a.Wo = (int)g->Wo; a.kh = g->kh; a.kw = g->kw;
     a.sh = g->sh; a.sw = g->sw; a.ph = g->ph; a.pw = g->pw; a.dh = g->dh; a.dw = g->dw;
-    a.K = (int)col_K(g); a.P = (int)col_P(g);
+    a.K = (int)col_K(g); a.P = (int)col_P(g); a.Kr = (int)col_Kr(g);
     return a;
 }
 
@@ -159,23 +170,28 @@ static ColArgs col_args(const lucid_conv_col_geom *g) {
 template <int S> COL_HD int col_sh(const ColArgs &a) { return S ? S : a.sh; }
 template <int S> COL_HD int col_sw(const ColArgs &a) { return S ? S : a.sw; }
 
-/* im2col of row `row` = n*K + k of the column matrix, columns p = p8*8 ..
- * p8*8 + 7: v[j] = the x element of col[n][k][p + j] (+0 in the padding).
+/* im2col of row `row` = n*Kr + k of the column matrix, columns p = p8*8 ..
+ * p8*8 + 7: v[j] = the x element of col[n][k][p + j] (+0 in the padding,
+ * and in the whole row for k >= K: the rows that round K up to Kr).
  * Returns the offset of v[0] in col.  32-bit offsets within an image and
  * a channel plane; the image/channel base is formed in 64 bits. */
 template <typename T, int S>
 COL_HD size_t col_im2col_row8(const T *__restrict__ x, const ColArgs &a, unsigned row,
                               unsigned p8, T v[8]) {
-    const unsigned n = row / (unsigned)a.K, k = row - n * (unsigned)a.K;
+    const unsigned n = row / (unsigned)a.Kr, k = row - n * (unsigned)a.Kr;
+    const unsigned p = p8 * 8u;
+    T z;
+    memset(&z, 0, sizeof z); /* +0 */
+    if (k >= (unsigned)a.K) {
+        for (int j = 0; j < 8; j++) v[j] = z;
+        return (size_t)row * a.P + p;
+    }
     const unsigned KK = (unsigned)(a.kh * a.kw), ci = k / KK, rq = k - ci * KK;
     const int r = (int)(rq / (unsigned)a.kw), q = (int)rq - r * a.kw;
-    const unsigned p = p8 * 8u;
     int ho = (int)(p / (unsigned)a.Wo), wo = (int)p - ho * a.Wo;
     const T *xp = x + ((size_t)n * a.Cin + ci) * ((size_t)a.H * a.W);
     const int oh = r * a.dh - a.ph, ow = q * a.dw - a.pw;
     const int sh = col_sh<S>(a), sw = col_sw<S>(a);
-    T z;
-    memset(&z, 0, sizeof z); /* +0 */
     for (int j = 0; j < 8; j++) {
         const int hi = ho * sh + oh, wi = wo * sw + ow;
         v[j] = hi >= 0 && hi < a.H && wi >= 0 && wi < a.W ? xp[hi * a.W + wi] : z;
@@ -204,7 +220,7 @@ static __global__ void __launch_bounds__(COL_BX *COL_BY)
 col_im2col(const T *__restrict__ x, T *__restrict__ col, ColArgs a) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const unsigned rows = (unsigned)a.N * a.K, P8 = (unsigned)a.P / 8;
+    const unsigned rows = (unsigned)a.N * a.Kr, P8 = (unsigned)a.P / 8;
     for (unsigned row = blockIdx.y * COL_BY + threadIdx.y; row < rows; row += gridDim.y * COL_BY)
         for (unsigned p8 = blockIdx.x * COL_BX + threadIdx.x; p8 < P8; p8 += gridDim.x * COL_BX) {
             union {
@@ -216,19 +232,39 @@ col_im2col(const T *__restrict__ x, T *__restrict__ col, ColArgs a) {
         }
 }
 
-/* wf[ci][co][r][q] = T(w[co][ci][kh-1-r][kw-1-q]) (one rounding), i over
- * the Cin*Cout*kh*kw elements of wf */
+/* wf[ci][(co*kh + r)*kw + q] = T(w[co][ci][kh-1-r][kw-1-q]) (one rounding),
+ * rows of Kr >= Cout*kh*kw elements (the rest +0); i over the Cin*Kr
+ * elements of wf */
 template <typename T>
 static __global__ void col_wflip(const float *__restrict__ w, T *__restrict__ wf, int Cin,
-                                 int Cout, int kh, int kw, int n) {
+                                 int Cout, int kh, int kw, int Kr, int n) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     const int KK = kh * kw;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int rq = (int)(i % KK), t = (int)(i / KK), co = t % Cout, ci = t / Cout;
-        const int r = rq / kw, q = rq - r * kw;
+        const int ci = (int)(i / Kr), k = (int)(i - (int64_t)ci * Kr);
+        if (k >= Cout * KK) {
+            lucid_elem<T>::store(wf, i, 0.0f);
+            continue;
+        }
+        const int co = k / KK, rq = k - co * KK, r = rq / kw, q = rq - r * kw;
         lucid_elem<T>::store(wf, i, w[((size_t)co * Cin + ci) * KK + (kh - 1 - r) * kw + (kw - 1 - q)]);
+    }
+}
+
+/* wp[co][k] = T(w[co][k]) for k < K, +0 for K <= k < Kr (one rounding, as
+ * the GEMM route's cast): the forward's weight with its rows padded; i over
+ * the Cout*Kr elements of wp */
+template <typename T>
+static __global__ void col_wpad(const float *__restrict__ w, T *__restrict__ wp, int K, int Kr,
+                                int n) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int co = (int)(i / Kr), k = (int)(i - (int64_t)co * Kr);
+        lucid_elem<T>::store(wp, i, k < K ? w[(size_t)co * K + k] : 0.0f);
     }
 }
 
@@ -265,7 +301,7 @@ static dim3 col_grid(unsigned x_items, unsigned y_items) {
 template <typename T>
 static cudaError_t col_im2col_launch(cudaStream_t stream, const ColArgs &a, const void *x,
                                      void *col) {
-    const dim3 grid = col_grid((unsigned)a.P / 8, (unsigned)a.N * a.K), block(COL_BX, COL_BY);
+    const dim3 grid = col_grid((unsigned)a.P / 8, (unsigned)a.N * a.Kr), block(COL_BX, COL_BY);
     const int s = col_stride(a);
     if (s == 1)
         return lucid_launch(col_im2col<T, 1>, grid, block, 0, stream, (const T *)x, (T *)col, a);
@@ -296,8 +332,20 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
     LUCID_TRY(col_check(ctx, "conv2d_forward", dt, g, 0));
     LUCID_TRY(col_fill(ctx, stream, dt, g, x, scratch));
     lucid_conv_gemm_geom gg = col_gemm_geom(g);
-    return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, &gg, scratch, w, wcast, b, y,
-                                      (char *)scratch + col_bytes(g, 2));
+    void *gs = (char *)scratch + col_bytes(g, 2);
+    const int64_t K = col_K(g), Kr = col_Kr(g);
+    if (Kr != K) { /* the weight's rows padded into the GEMM's weight region (no shadow) */
+        const int n = (int)(g->Cout * Kr);
+        const unsigned blocks = lucid_cuda_blocks(n, 256);
+        if (dt == LUCID_BF16)
+            CUDA_CHECK(ctx, lucid_launch(col_wpad<__nv_bfloat16>, dim3(blocks), dim3(256), 0,
+                                         stream, w, (__nv_bfloat16 *)gs, (int)K, (int)Kr, n));
+        else
+            CUDA_CHECK(ctx, lucid_launch(col_wpad<__half>, dim3(blocks), dim3(256), 0, stream, w,
+                                         (__half *)gs, (int)K, (int)Kr, n));
+        wcast = gs;
+    }
+    return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, &gg, scratch, w, wcast, b, y, gs);
 }
 
 lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
@@ -308,17 +356,17 @@ lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
     LUCID_TRY(col_check(ctx, "conv2d_backward_input", dt, g, 1));
     lucid_conv_col_geom t;
     col_dgrad_geom(g, dt, &t); /* eligible: stride 1, t valid */
-    const int64_t Kt = col_K(&t), Pt = col_P(&t), nwf = g->Cin * Kt;
+    const int64_t Kt = col_Kr(&t), Pt = col_P(&t), nwf = g->Cin * Kt;
     void *wf = (char *)scratch + col_bytes(&t, 2);
     const unsigned blocks = lucid_cuda_blocks(nwf, 256);
     if (dt == LUCID_BF16)
         CUDA_CHECK(ctx, lucid_launch(col_wflip<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
                                      w, (__nv_bfloat16 *)wf, (int)g->Cin, (int)g->Cout, g->kh,
-                                     g->kw, (int)nwf));
+                                     g->kw, (int)Kt, (int)nwf));
     else
         CUDA_CHECK(ctx, lucid_launch(col_wflip<__half>, dim3(blocks), dim3(256), 0, stream, w,
                                      (__half *)wf, (int)g->Cin, (int)g->Cout, g->kh, g->kw,
-                                     (int)nwf));
+                                     (int)Kt, (int)nwf));
     LUCID_TRY(col_fill(ctx, stream, dt, &t, dy, scratch));
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     const float one = 1.0f;
@@ -340,6 +388,6 @@ lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
     LUCID_TRY(col_check(ctx, "conv2d_backward_params", dt, g, 2));
     LUCID_TRY(col_fill(ctx, stream, dt, g, x, scratch));
     lucid_conv_gemm_geom gg = col_gemm_geom(g);
-    return lucid_conv_gemm_backward_filter(ctx, h, stream, dt, &gg, scratch, dy, dw, beta,
-                                           (char *)scratch + col_bytes(g, 2));
+    return lucid_conv_gemm_backward_filter_rows(ctx, h, stream, dt, &gg, col_K(g), scratch, dy,
+                                                dw, beta, (char *)scratch + col_bytes(g, 2));
 }

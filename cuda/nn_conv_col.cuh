@@ -83,6 +83,12 @@ typedef struct lucid_conv_col_geom {
  * tests.  0 otherwise (also for g NULL or another pass). */
 int lucid_conv_col_eligible(const lucid_conv_col_geom *g, lucid_dtype dt, int pass);
 
+/* LUCID_CONV_COL_PAD, read once per process (lucid_env_zero): 0 when it is
+ * "0" (then Cin*kh*kw must itself be a multiple of 8, the route before
+ * DECISIONS 32), else 1: K = Cin*kh*kw is rounded up to a multiple of 8
+ * inside the route (zero rows of the columns, zero columns of the weight). */
+int lucid_conv_col_pad_switch(void);
+
 /* The passes of the route, as a mask. */
 #define LUCID_CONV_COL_F 1 /* forward */
 #define LUCID_CONV_COL_D 2 /* backward-data */

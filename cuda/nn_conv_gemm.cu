@@ -57,6 +57,49 @@ int lucid_conv1x1_switch(const char **value) {
     return e.route;
 }
 
+namespace {
+struct wgrad_env {
+    int64_t chunk; /* L: least columns per chunk, 0 no split, -1 unknown value */
+    char value[64];
+};
+
+wgrad_env wgrad_env_read(void) {
+    wgrad_env e;
+    const char *v = getenv("LUCID_WGRAD_SPLIT");
+    snprintf(e.value, sizeof e.value, "%s", v ? v : "");
+    e.chunk = -1;
+    if (!v || !v[0]) {
+        e.chunk = 1600;
+    } else {
+        char *end = NULL;
+        long long n = strtoll(v, &end, 10);
+        if (end && !*end && n >= 0 && n <= INT_MAX && v[0] >= '0' && v[0] <= '9') e.chunk = n;
+    }
+    return e;
+}
+
+/* L and the raw value of LUCID_WGRAD_SPLIT, read once */
+int64_t wgrad_chunk(const char **value) {
+    static const wgrad_env e = wgrad_env_read();
+    if (value) *value = e.value;
+    return e.chunk;
+}
+} // namespace
+
+/* the per-image partials' bound (floats) */
+#define WGRAD_MAX_PARTS ((int64_t)1 << 26)
+
+int64_t lucid_conv_gemm_wgrad_splits(const lucid_conv_gemm_geom *g) {
+    const int64_t L = wgrad_chunk(NULL);
+    if (L <= 0 || !g) return 1;
+    int64_t S = 1;
+    const int64_t per = g->N * g->Cout * g->Cin;
+    while (S < 64 && g->HW % (16 * S) == 0 && g->HW / (2 * S) >= L &&
+           per <= WGRAD_MAX_PARTS / (2 * S))
+        S *= 2;
+    return S;
+}
+
 int lucid_wcast_once_switch(void) {
     static int off = -1;
     return !lucid_env_zero("LUCID_WCAST_ONCE", &off);
@@ -86,7 +129,13 @@ size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype dt, in
         return wcast_bytes(g, dt) +
                (bias ? nn_align((size_t)(g->N * g->Cout * g->HW) * sizeof(float)) : 0);
     if (pass == 1) return wcast_bytes(g, dt);
-    return g->N > 1 ? nn_align((size_t)(g->N * g->Cout * g->Cin) * sizeof(float)) : 0;
+    return lucid_conv_gemm_wgrad_scratch(g, g->Cin);
+}
+
+size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout) {
+    const int64_t parts = g->N * lucid_conv_gemm_wgrad_splits(g);
+    if (parts == 1 && Kout >= g->Cin) return 0;
+    return nn_align((size_t)(parts * g->Cout * g->Cin) * sizeof(float));
 }
 
 // ----------------------------------------------------------------------------
@@ -149,16 +198,19 @@ static __global__ void gemm_bias_round(const float *__restrict__ acc,
         lucid_elem<T>::store(y, i, acc[i] + b[(i / P) % C]);
 }
 
-/* dw[i] = beta*dw[i] + (((part[0][i] + part[1][i]) + part[2][i]) + ...):
- * images folded in order; beta == 0 never reads dw. */
-static __global__ void gemm_wgrad_fold(const float *__restrict__ part, float *dw, int64_t n,
-                                       int64_t N, float beta) {
+/* dw[o][k] = beta*dw[o][k] + (((part[0][o][k] + part[1][o][k]) + part[2][o][k])
+ * + ...) for k < Kout: the parts ([Cout, Kp] each, Kp >= Kout) folded in
+ * order; beta == 0 never reads dw (dw [Cout, Kout]). */
+static __global__ void gemm_wgrad_fold(const float *__restrict__ part, float *dw, int64_t Cout,
+                                       int64_t Kout, int64_t Kp, int64_t parts, float beta) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
+    const int64_t n = Cout * Kout, np = Cout * Kp;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float s = part[i];
-        for (int64_t k = 1; k < N; k++) s += part[k * n + i];
+        const int64_t o = i / Kout, src = i + o * (Kp - Kout);
+        float s = part[src];
+        for (int64_t k = 1; k < parts; k++) s += part[k * np + src];
         dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
     }
 }
@@ -340,22 +392,62 @@ lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                              const lucid_conv_gemm_geom *g, const void *x,
                                              const void *dy, float *dw, float beta,
                                              void *scratch) {
+    return lucid_conv_gemm_backward_filter_rows(ctx, h, stream, dt, g, g ? g->Cin : 0, x, dy,
+                                                dw, beta, scratch);
+}
+
+lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t h,
+                                                  cudaStream_t stream, lucid_dtype dt,
+                                                  const lucid_conv_gemm_geom *g, int64_t Kout,
+                                                  const void *x, const void *dy, float *dw,
+                                                  float beta, void *scratch) {
     LUCID_TRY(gemm_check(ctx, "conv2d_backward_params", dt, g));
+    if (Kout < 1 || Kout > g->Cin)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_backward_params (GEMM route): %lld filter columns kept of "
+                            "%lld (expected 1 .. %lld)",
+                            (long long)Kout, (long long)g->Cin, (long long)g->Cin);
+    const char *v = "";
+    if (wgrad_chunk(&v) < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_backward_params: LUCID_WGRAD_SPLIT=\"%s\" (expected 0, "
+                            "no split, or the least columns per chunk, a positive integer)",
+                            v);
     const int64_t P = g->HW, Ci = g->Cin, Co = g->Cout, N = g->N;
+    const int64_t S = lucid_conv_gemm_wgrad_splits(g), Pc = P / S, parts = N * S;
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     const float one = 1.0f, zero = 0.0f;
-    /* N == 1: straight into dw with beta; else per-image partials */
-    float *out = N == 1 ? dw : (float *)scratch;
-    CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
-                          h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)P, &one, x, adt,
-                          (int)P, (long long)(Ci * P), dy, adt, (int)P, (long long)(Co * P),
-                          N == 1 ? &beta : &zero, out, CUDA_R_32F, (int)Ci,
-                          (long long)(Co * Ci), (int)N, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT));
-    if (N > 1) {
-        int64_t nw = Co * Ci;
-        CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold, dim3(gm_blocks(nw)), dim3(GEMM_THREADS),
-                                     0, stream, (const float *)out, dw, nw, N, beta));
+    const size_t es = lucid_dtype_size(dt);
+    const int64_t pw = Co * Ci; /* floats per partial */
+    if (parts == 1 && Kout == Ci) { /* one GEMM straight into dw */
+        CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                              h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)P, &one, x,
+                              adt, (int)P, (long long)(Ci * P), dy, adt, (int)P,
+                              (long long)(Co * P), &beta, dw, CUDA_R_32F, (int)Ci,
+                              (long long)pw, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return LUCID_OK;
     }
+    float *part = (float *)scratch;
+    if (S >= N) { /* per image: its S chunks, Pc columns apart */
+        for (int64_t n = 0; n < N; n++)
+            CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                                  h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)Pc, &one,
+                                  (const char *)x + (size_t)(n * Ci * P) * es, adt, (int)P,
+                                  (long long)Pc, (const char *)dy + (size_t)(n * Co * P) * es,
+                                  adt, (int)P, (long long)Pc, &zero, part + n * S * pw,
+                                  CUDA_R_32F, (int)Ci, (long long)pw, (int)S,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else { /* per chunk: the N images */
+        for (int64_t s = 0; s < S; s++)
+            CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+                                  h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)Pc, &one,
+                                  (const char *)x + (size_t)(s * Pc) * es, adt, (int)P,
+                                  (long long)(Ci * P), (const char *)dy + (size_t)(s * Pc) * es,
+                                  adt, (int)P, (long long)(Co * P), &zero, part + s * pw,
+                                  CUDA_R_32F, (int)Ci, (long long)(S * pw), (int)N,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold, dim3(gm_blocks(Co * Kout)), dim3(GEMM_THREADS),
+                                 0, stream, (const float *)part, dw, Co, Kout, Ci, parts, beta));
     return LUCID_OK;
 }

@@ -156,17 +156,47 @@ extern "C" unsigned long lucid_cuda_wcast_launch_count(void);
 
 /* dw = beta*dw + sum_n dY[n] . X[n]^T (dw f32 [Cout,Cin]); beta == 0 never
  * reads dw.  NCHW interleaves the images along the reduction (n, hw), so the
- * sum over images is not one GEMM: N == 1 is one GEMM straight into dw (beta
- * applied by cuBLAS); N > 1 is one strided-batched GEMM writing the N
- * per-image products to f32 partials, then one kernel folding them in image
- * order, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...) — two launches for any
- * N (N accumulating GEMMs would be N).  scratch:
- * lucid_conv_gemm_scratch(g, dt, 2, 0) bytes (may be NULL for N 1). */
+ * sum over images is not one GEMM.  The reduction of each image is also cut
+ * into S chunks of P/S columns (lucid_conv_gemm_wgrad_splits): cuBLAS gives
+ * a filter gradient with few output tiles (Cin*Cout small) one tile per
+ * CTA over the whole reduction, e.g. 48 CTAs over 25600 columns for a
+ * 16->32 3x3 conv at 160x160, 156 us of the H200's replay (DECISIONS 32).
+ * N == 1 and S == 1 is one GEMM straight into dw (beta applied by cuBLAS);
+ * otherwise the N*S products (partial j = n*S + s: image n, columns
+ * [s*P/S, (s+1)*P/S)) go to f32 partials, from min(N, S) strided-batched
+ * GEMMs (batched over the larger of the two), then one kernel folds them
+ * in order j, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...).  scratch:
+ * lucid_conv_gemm_scratch(g, dt, 2, 0) bytes (may be NULL when it is 0). */
 lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                              cudaStream_t stream, lucid_dtype dt,
                                              const lucid_conv_gemm_geom *g, const void *x,
                                              const void *dy, float *dw, float beta,
                                              void *scratch);
+
+/* The filter gradient above for an X whose rows beyond the first Kout are
+ * padding (nn_conv_col.cu's columns, K rounded up to 8; g->Cin = the
+ * padded row count, Kout <= g->Cin): the products are [Cout, g->Cin], dw is
+ * [Cout, Kout] and only its columns are folded (always through the
+ * partials when Kout < g->Cin).  scratch: lucid_conv_gemm_wgrad_scratch(g,
+ * Kout) bytes.  ERR_ARG for Kout outside 1 .. g->Cin. */
+lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t h,
+                                                  cudaStream_t stream, lucid_dtype dt,
+                                                  const lucid_conv_gemm_geom *g, int64_t Kout,
+                                                  const void *x, const void *dy, float *dw,
+                                                  float beta, void *scratch);
+
+/* Bytes of the filter gradient's f32 partials: N*S*Cout*Cin*4 (256-byte
+ * aligned) when N*S > 1 or Kout < Cin, else 0. */
+size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout);
+
+/* S, the chunks each image's reduction is cut into (a power of two <= 64):
+ * doubled while P is a multiple of 16*S (chunks stay multiples of 8
+ * columns), the chunks keep at least L columns each and the partials
+ * N*S*Cout*Cin at most 2^26 floats.  L from LUCID_WGRAD_SPLIT (read once
+ * per process: unset or empty 1600; "0" no split; another positive
+ * integer; anything else: -1, and the filter gradient fails with ERR_ARG
+ * naming the value). */
+int64_t lucid_conv_gemm_wgrad_splits(const lucid_conv_gemm_geom *g);
 
 /* Per context, lucid_cuda_nn_set_conv1x1 (nn_common.cuh, nn_table.cu)
  * overrides the LUCID_CONV1X1 switch for tests and benchmarks, and

@@ -108,18 +108,32 @@ extern "C" cublasStatus_t cublasGemmStridedBatchedEx(
 lucid_status lucid_cublas_err(lucid_ctx *, cublasStatus_t, const char *, const char *, int) {
     return LUCID_ERR_DEVICE;
 }
-lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *, cublasHandle_t, cudaStream_t,
-                                             lucid_dtype, const lucid_conv_gemm_geom *,
-                                             const void *, const void *, float *, float,
-                                             void *) {
+lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *, cublasHandle_t, cudaStream_t,
+                                                  lucid_dtype, const lucid_conv_gemm_geom *,
+                                                  int64_t, const void *, const void *, float *,
+                                                  float, void *) {
     g_gemm_calls++;
     return LUCID_ERR_DEVICE;
+}
+/* the split rule of nn_conv_gemm.cu with LUCID_WGRAD_SPLIT unset (L = 1600) */
+static int64_t stub_wgrad_splits(const lucid_conv_gemm_geom *g) {
+    int64_t S = 1;
+    const int64_t per = g->N * g->Cout * g->Cin;
+    while (S < 64 && g->HW % (16 * S) == 0 && g->HW / (2 * S) >= 1600 &&
+           per <= ((int64_t)1 << 26) / (2 * S))
+        S *= 2;
+    return S;
+}
+size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout) {
+    const int64_t parts = g->N * stub_wgrad_splits(g);
+    if (parts == 1 && Kout >= g->Cin) return 0;
+    return nn_align((size_t)(parts * g->Cout * g->Cin) * 4);
 }
 size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype, int pass, int bias) {
     size_t wc = nn_align((size_t)(g->Cout * g->Cin) * 2);
     if (pass == 0) return wc + (bias ? nn_align((size_t)(g->N * g->Cout * g->HW) * 4) : 0);
     if (pass == 1) return wc;
-    return g->N > 1 ? nn_align((size_t)(g->N * g->Cout * g->Cin) * 4) : 0;
+    return lucid_conv_gemm_wgrad_scratch(g, g->Cin);
 }
 
 static int failures = 0;
