@@ -17,6 +17,12 @@
  *
  *   run: make bench (bench/run.sh builds every bench_*.c), or
  *        build/bench/bench_conv_col_cuda [shapes.txt]
+ *
+ * The route's im2col kernel follows LUCID_COL_IM2COL (nn_conv_col.cuh:
+ * unset: the tiled shared-memory kernel, "0": the per-thread one; the
+ * first line printed names it): run the bench once with each to compare
+ * them (the "col us" column; the GEMMs are the same), and
+ * LUCID_COL_IM2COL_TILE to try another tile cap.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -101,6 +107,12 @@ int main(int argc, char **argv) {
     lucid_cuda_nn_set_conv_small(ctx, 1);
     static const char *PASS[3] = {"fwd", "dgrad", "wgrad"};
     double tot[3][2] = {{0}};
+    {
+        const char *ik = getenv("LUCID_COL_IM2COL"), *tc = getenv("LUCID_COL_IM2COL_TILE");
+        printf("im2col kernel: %s (LUCID_COL_IM2COL=%s, LUCID_COL_IM2COL_TILE=%s)\n",
+               ik && strcmp(ik, "0") == 0 ? "per-thread" : "tiled", ik ? ik : "",
+               tc ? tc : "");
+    }
     printf("%-30s %5s %-5s %9s %9s %6s\n", "shape N Cin HxW Cout k s", "calls", "pass",
            "igemm us", "col us", "ratio");
     printf("(GPU time per call: calls recorded into a CUDA graph, replayed)\n");

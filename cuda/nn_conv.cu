@@ -749,6 +749,18 @@ static lucid_status shadow_buffer(lucid_ctx *ctx, lucid_cuda_state *st, lucid_co
     return LUCID_OK;
 }
 
+/* Elements of w's shadow buffer: the cast weight, and for a spatial kernel
+ * room for the im2col route's flipped weight after it (Cin rows of
+ * lucid_conv_col_wflip_kr elements), whichever call creates the buffer. */
+static int64_t shadow_elems(const lucid_tensor *w) {
+    const int64_t numel = lucid_tensor_numel(w);
+    if (w->ndim != 4 || w->shape[2] * w->shape[3] <= 1 || w->shape[2] > INT_MAX ||
+        w->shape[3] > INT_MAX)
+        return numel;
+    return numel + w->shape[1] * lucid_conv_col_wflip_kr(w->shape[0], (int)w->shape[2],
+                                                         (int)w->shape[3]);
+}
+
 /* The weight of a GEMM-routed forward / backward-data in the activation
  * dtype: *wc = ws's buffer when it is fresh; else, when it can be used, w
  * is cast into it here (one launch on the current stream, the per-call
@@ -765,7 +777,7 @@ static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     }
     int64_t n = lucid_tensor_numel(w);
     bool ok = false;
-    LUCID_TRY(shadow_buffer(ctx, st, ws, w, n, &ok));
+    LUCID_TRY(shadow_buffer(ctx, st, ws, w, shadow_elems(w), &ok));
     if (!ok) return LUCID_OK;
     void *dst = lucid_storage_data(ws->buf);
     lucid_conv_wshadow_invalidate(ws); /* until the cast is queued */
@@ -812,12 +824,15 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     std::vector<lucid_conv_gemm_cast_item> items;
     std::vector<int> which;
     try {
-        items.reserve((size_t)n);
+        items.reserve((size_t)n * 2); /* a weight and its flipped weight */
         which.reserve((size_t)n);
     } catch (...) {
         return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv weight group cast)");
     }
     const uint64_t epoch = st->wcast_epoch;
+    /* the im2col route's backward-data reads a flipped weight: cast with the
+     * rest when that pass is on (stride-2 convs never read it; small) */
+    const bool flips = col_on(ns, PASS_BWD_DATA, NULL) == 1;
     for (int i = 0; i < n; i++) {
         const lucid_tensor *wi = w[i];
         int64_t Cout = wi->shape[0], Cin = lucid_tensor_numel(wi) / (Cout > 0 ? Cout : 1);
@@ -825,17 +840,32 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         if (Cout < 1 || !(spatial ? col_route_likely(ns, Cin, Cout) : gemm_route_likely(ns, Cin, Cout)))
             continue;
         if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch)) continue;
+        const int64_t numel = lucid_tensor_numel(wi);
+        const bool flip = spatial && flips && wi->shape[2] <= INT_MAX && wi->shape[3] <= INT_MAX;
+        const int kh = flip ? (int)wi->shape[2] : 0, kw = flip ? (int)wi->shape[3] : 0;
+        const int64_t ci = flip ? wi->shape[1] : 0,
+                      kr = flip ? lucid_conv_col_wflip_kr(Cout, kh, kw) : 0;
         bool ok = false;
-        LUCID_TRY(shadow_buffer(ctx, st, ws[i], wi, lucid_tensor_numel(wi), &ok));
+        LUCID_TRY(shadow_buffer(ctx, st, ws[i], wi, shadow_elems(wi), &ok));
         if (!ok) continue; /* its conv casts per call */
         lucid_conv_wshadow_invalidate(ws[i]); /* until the launch is queued */
-        items.push_back(lucid_conv_gemm_cast_item{(const float *)lucid_tensor_data(wi),
-                                                  lucid_storage_data(ws[i]->buf),
-                                                  lucid_tensor_numel(wi)});
-        which.push_back(i);
+        lucid_conv_gemm_cast_item it = {(const float *)lucid_tensor_data(wi),
+                                        lucid_storage_data(ws[i]->buf), numel, {0, 0, 0, 0, 0}};
+        items.push_back(it);
+        if (flip && ci * kr <= INT_MAX && Cout <= INT_MAX) { /* numel: a multiple of 8 */
+            lucid_conv_gemm_cast_item f = {(const float *)lucid_tensor_data(wi),
+                                           (char *)lucid_storage_data(ws[i]->buf) + numel * 2,
+                                           ci * kr, {(int)ci, (int)Cout, kh, kw, (int)kr}};
+            items.push_back(f);
+        }
+        which.push_back(flip ? i : -1 - i);
     }
     LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), (int)items.size()));
-    for (int i : which) lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
+    for (int k : which) { /* k >= 0: with its flipped weight after the cast */
+        const int i = k >= 0 ? k : -1 - k;
+        lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
+        if (k >= 0) ws[i]->flip_off = lucid_tensor_numel(w[i]);
+    }
     return LUCID_OK;
 }
 
@@ -983,11 +1013,16 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                                 (const float *)lucid_tensor_data(w), wc,
                                                 lucid_tensor_data(dx), (float)beta, ws);
     }
-    if (route == ROUTE_COL) /* the flipped weight is cast per call; no shadow */
+    if (route == ROUTE_COL) { /* the flipped weight: from a fresh shadow, else cast per call */
+        const void *wf = NULL;
+        if (wsh && wcast_on(ns) && wsh->flip_off > 0 &&
+            lucid_conv_wshadow_fresh(wsh, w, dx->dtype, st->wcast_epoch))
+            wf = (const char *)lucid_storage_data(wsh->buf) + wsh->flip_off * 2;
         return lucid_conv_col_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->cg,
                                             lucid_tensor_data(dy),
-                                            (const float *)lucid_tensor_data(w),
+                                            (const float *)lucid_tensor_data(w), wf,
                                             lucid_tensor_data(dx), (float)beta, ws);
+    }
     if (route == ROUTE_IGEMM) {
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),

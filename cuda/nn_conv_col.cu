@@ -8,11 +8,17 @@
  * backward-data of a stride-1 conv is a forward of dy with the flipped,
  * transposed weight (col_wflip), one GEMM straight into dx.
  *
- * The per-thread work of the im2col kernel is a host-callable function
- * (col_im2col_row8) so that spec/c/test_conv_col_maps.cu runs the kernel's
- * own index map on the CPU.  The kernel is a 2-D grid (y: rows of the
- * column matrix) with 32-bit index math, in stride variants 1, 2 (the
- * divisions by the stride become shifts) and any.
+ * Two im2col kernels, chosen per process by LUCID_COL_IM2COL
+ * (lucid_conv_col_im2col_switch): the tiled one (default; col_im2col_tiled,
+ * a block stages the input rows of a tile of output positions of one
+ * channel in shared memory and writes its kh*kw column rows with 16-byte
+ * stores) and the per-thread one (col_im2col, 8 columns of one row per
+ * thread).  Their work is host-callable (col_tile_fill / col_tile_emit per
+ * block and thread, col_im2col_row8 per thread item) so that
+ * spec/c/test_conv_col_maps.cu runs the kernels' own index maps on the
+ * CPU.  Both use 32-bit index math within an image and a plane (64-bit
+ * bases) and come in stride variants 1, 2 (the divisions by the stride
+ * become shifts) and any.
  */
 #include "nn_common.cuh"
 #include "nn_conv_col.cuh"
@@ -24,6 +30,12 @@
 #include <string.h>
 
 #define COL_HD __host__ __device__ __forceinline__
+/* "#pragma unroll" for the device pass only (the host compiler warns about it) */
+#if defined(__CUDA_ARCH__)
+#define COL_UNROLL _Pragma("unroll")
+#else
+#define COL_UNROLL
+#endif
 
 // ----------------------------------------------------------------------------
 // the switch and the geometry
@@ -66,6 +78,11 @@ int lucid_conv_col_switch(const char **value) {
 int lucid_conv_col_pad_switch(void) {
     static int off = -1;
     return !lucid_env_zero("LUCID_CONV_COL_PAD", &off);
+}
+
+int lucid_conv_col_im2col_switch(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_COL_IM2COL", &off);
 }
 
 static int64_t col_K(const lucid_conv_col_geom *g) { return g->Cin * g->kh * g->kw; }
@@ -204,6 +221,268 @@ COL_HD size_t col_im2col_row8(const T *__restrict__ x, const ColArgs &a, unsigne
 }
 
 // ----------------------------------------------------------------------------
+// the tiled im2col (shared memory; host-callable per-block work)
+//
+// One block per (n, ci, tile of TP output positions p0 .. p0+TP-1 of the
+// plane; TP a multiple of 8, the last tile of a plane may be shorter).
+// Phase 1 (col_tile_fill) stages the input rows the tile reads, all kh
+// kernel rows, in shared memory with the zero padding written as +0
+// (coalesced loads: consecutive threads read consecutive columns of a row;
+// each input element is read from global memory once per block), plus two
+// small tables; phase 2 (col_tile_emit) writes the rows
+// k = ci*kh*kw + r*kw + q, r < kh, q < kw of the tile as 16-byte vectors of
+// 8 consecutive p (consecutive threads: consecutive vectors of one row, so
+// a warp writes contiguous runs), each read from shared memory with one or
+// two 16-byte loads and a funnel shift; the blocks of ci = Cin-1 also write
+// the rows K .. Kr-1 of the image (+0).
+//
+// Shared layout (in elements of T, 2 bytes): staged row i (input row
+// hi = ho0*sh - ph + i, i < the block's rows) at i*RP; within it, the
+// padded column u = wi + pw (u < Wn) at (u % sw)*PP + u / sw: a stride-sw
+// row split into sw phase planes of PP elements, so that the 8 inputs of
+// 8 consecutive wo of one kernel column q are contiguous (index
+// wo + q*dw/sw in plane (q*dw) % sw) whatever the stride.  PP and RP are
+// multiples of 8 (16-byte chunks), 8 elements of slack follow the rows
+// (the second chunk of a load at the end), then the int tables at byte
+// offset tab: tp[v] (v < TP/8) = the staged offset of vector v's first
+// position, (ho - ho0)*sh*RP + wo, with bit 31 set when its 8 positions
+// cross into the next output row (then read one by one); tk[rq] (rq <
+// kh*kw) = r*dh*RP + ((q*dw) % sw)*PP + (q*dw)/sw.
+//
+// On the device every thread of the block runs col_tile_fill, then
+// __syncthreads, then col_tile_emit (col_im2col_tiled); on the host
+// (spec/c/test_conv_col_maps.cu) one thread runs col_tile_fill for every
+// tid in order, then col_tile_emit for every tid, on a plain buffer.
+
+#define COL_FILL_BATCH 4 /* staged elements a thread loads before it stores them */
+
+/* The launch plan of a geometry (col_tile_plan). */
+struct ColTile {
+    int TP;    /* output positions per tile (a multiple of 8) */
+    int tiles; /* tiles per plane: ceil(P / TP) */
+    int R;     /* staged rows per block, at most (bound over the tiles) */
+    int Wn;    /* staged columns per row: (Wo-1)*sw + (kw-1)*dw + 1 */
+    int PP;    /* elements per phase plane of a staged row (a multiple of 8) */
+    int RP;    /* elements per staged row: sw * PP */
+    int tab;   /* byte offset of the tables tp, tk */
+    int smem;  /* dynamic shared bytes per block: tab + 4*(TP/8 + kh*kw) */
+    int nthr;  /* threads per block */
+};
+
+/* What a block covers. */
+struct ColTileBlock {
+    unsigned n, ci, p0, nv, ho0, rows; /* nv: 8-vectors of the tile; rows: staged rows */
+    int hbase;                         /* the input row of staged row 0: ho0*sh - ph */
+};
+
+template <int S>
+COL_HD ColTileBlock col_tile_block(const ColArgs &a, const ColTile &t, unsigned block) {
+    ColTileBlock b;
+    const unsigned plane = block / (unsigned)t.tiles, tile = block - plane * (unsigned)t.tiles;
+    b.n = plane / (unsigned)a.Cin;
+    b.ci = plane - b.n * (unsigned)a.Cin;
+    b.p0 = tile * (unsigned)t.TP;
+    const unsigned left = (unsigned)a.P - b.p0, np = left < (unsigned)t.TP ? left : (unsigned)t.TP;
+    b.nv = np / 8u;
+    b.ho0 = b.p0 / (unsigned)a.Wo;
+    const unsigned ho1 = (b.p0 + np - 1u) / (unsigned)a.Wo;
+    const int sh = col_sh<S>(a);
+    b.rows = (ho1 - b.ho0) * (unsigned)sh + (unsigned)((a.kh - 1) * a.dh) + 1u;
+    b.hbase = (int)b.ho0 * sh - a.ph;
+    return b;
+}
+
+/* host emulation: shared-memory accesses outside their region (the test
+ * checks that there are none; the device never counts) */
+[[maybe_unused]] static unsigned long g_col_tile_oob;
+
+/* shared-memory accessors: plain typed accesses on the device, memcpy on
+ * the host (the buffer is bytes there; bounds counted) */
+template <typename T>
+COL_HD void col_sm_st(unsigned char *sm, const ColTile &t, unsigned i, T v) {
+#ifdef __CUDA_ARCH__
+    ((T *)sm)[i] = v;
+#else
+    if ((size_t)i * 2 + 2 > (size_t)t.tab) g_col_tile_oob++;
+    else memcpy(sm + (size_t)i * 2, &v, 2);
+#endif
+}
+template <typename T>
+COL_HD T col_sm_ld(const unsigned char *sm, const ColTile &t, unsigned i) {
+#ifdef __CUDA_ARCH__
+    return ((const T *)sm)[i];
+#else
+    T v;
+    memset(&v, 0, sizeof v);
+    if ((size_t)i * 2 + 2 > (size_t)t.tab) g_col_tile_oob++;
+    else memcpy(&v, sm + (size_t)i * 2, 2);
+    return v;
+#endif
+}
+/* 16-byte chunk c (elements 8c .. 8c+7) */
+COL_HD uint4 col_sm_ld16(const unsigned char *sm, const ColTile &t, unsigned c) {
+#ifdef __CUDA_ARCH__
+    return ((const uint4 *)sm)[c];
+#else
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if ((size_t)c * 16 + 16 > (size_t)t.tab) g_col_tile_oob++;
+    else memcpy(&v, sm + (size_t)c * 16, 16);
+    return v;
+#endif
+}
+/* table entry i (tp[i] for i < TP/8, tk[i - TP/8] after) */
+COL_HD void col_sm_sti(unsigned char *sm, const ColTile &t, unsigned i, unsigned v) {
+#ifdef __CUDA_ARCH__
+    ((unsigned *)(sm + t.tab))[i] = v;
+#else
+    if ((size_t)t.tab + (size_t)i * 4 + 4 > (size_t)t.smem) g_col_tile_oob++;
+    else memcpy(sm + t.tab + (size_t)i * 4, &v, 4);
+#endif
+}
+COL_HD unsigned col_sm_ldi(const unsigned char *sm, const ColTile &t, unsigned i) {
+#ifdef __CUDA_ARCH__
+    return ((const unsigned *)(sm + t.tab))[i];
+#else
+    unsigned v = 0;
+    if ((size_t)t.tab + (size_t)i * 4 + 4 > (size_t)t.smem) g_col_tile_oob++;
+    else memcpy(&v, sm + t.tab + (size_t)i * 4, 4);
+    return v;
+#endif
+}
+
+/* (hi:lo) >> s, the low 32 bits (s 0 or 16) */
+COL_HD uint32_t col_fshr(uint32_t lo, uint32_t hi, unsigned s) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(lo, hi, s);
+#else
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> s);
+#endif
+}
+
+/* the 8 staged elements at i .. i+7 (any alignment) as one vector */
+COL_HD uint4 col_sm_row8(const unsigned char *sm, const ColTile &t, unsigned i) {
+    const unsigned c = i >> 3, s = i & 7u;
+    const uint4 A = col_sm_ld16(sm, t, c);
+    if (!s) return A;
+    const uint4 B = col_sm_ld16(sm, t, c + 1);
+    uint32_t w[8] = {A.x, A.y, A.z, A.w, B.x, B.y, B.z, B.w};
+    if (s & 4u) {
+COL_UNROLL
+        for (int j = 0; j < 6; j++) w[j] = w[j + 2];
+    }
+    if (s & 2u) {
+COL_UNROLL
+        for (int j = 0; j < 5; j++) w[j] = w[j + 1];
+    }
+    const unsigned sh = (s & 1u) * 16u;
+    return make_uint4(col_fshr(w[0], w[1], sh), col_fshr(w[1], w[2], sh),
+                      col_fshr(w[2], w[3], sh), col_fshr(w[3], w[4], sh));
+}
+
+/* Phase 1 of block `block`, thread tid of t.nthr: the tables and the
+ * staged rows (x: the whole input, as col_im2col_row8). */
+template <typename T, int S>
+COL_HD void col_tile_fill(const T *__restrict__ x, const ColArgs &a, const ColTile &t,
+                          unsigned block, unsigned tid, unsigned char *sm) {
+    const ColTileBlock b = col_tile_block<S>(a, t, block);
+    const int sh = col_sh<S>(a), sw = col_sw<S>(a);
+    const unsigned nthr = (unsigned)t.nthr, TV = (unsigned)t.TP / 8u, Wo = (unsigned)a.Wo;
+    for (unsigned v = tid; v < b.nv; v += nthr) {
+        const unsigned p = b.p0 + 8u * v, ho = p / Wo, wo = p - ho * Wo;
+        unsigned e = (ho - b.ho0) * (unsigned)sh * (unsigned)t.RP + wo;
+        if (wo + 8u > Wo) e |= 0x80000000u;
+        col_sm_sti(sm, t, v, e);
+    }
+    const unsigned KK = (unsigned)(a.kh * a.kw);
+    for (unsigned rq = tid; rq < KK; rq += nthr) {
+        const unsigned r = rq / (unsigned)a.kw, q = rq - r * (unsigned)a.kw;
+        const unsigned qd = q * (unsigned)a.dw;
+        col_sm_sti(sm, t, TV + rq,
+                   r * (unsigned)a.dh * (unsigned)t.RP + (qd % (unsigned)sw) * (unsigned)t.PP +
+                       qd / (unsigned)sw);
+    }
+    /* staged element (row, u), row < b.rows, u < Wn, in the order row*Wn + u:
+     * thread tid takes tid, tid + nthr, ... (COL_FILL_BATCH at a time: that
+     * many loads in flight) */
+    const T *xp = x + ((size_t)b.n * a.Cin + b.ci) * ((size_t)a.H * a.W);
+    const unsigned Wn = (unsigned)t.Wn, drow = nthr / Wn, du = nthr - drow * Wn;
+    unsigned row = tid / Wn, u = tid - row * Wn;
+    T z;
+    memset(&z, 0, sizeof z); /* +0 */
+    while (row < b.rows) {
+        T v[COL_FILL_BATCH];
+        unsigned at[COL_FILL_BATCH];
+COL_UNROLL
+        for (int j = 0; j < COL_FILL_BATCH; j++) {
+            const int hi = b.hbase + (int)row, wi = (int)u - a.pw;
+            const bool in = row < b.rows;
+            v[j] = in && (unsigned)hi < (unsigned)a.H && (unsigned)wi < (unsigned)a.W
+                       ? xp[hi * a.W + wi]
+                       : z;
+            at[j] = in ? row * (unsigned)t.RP + (u % (unsigned)sw) * (unsigned)t.PP +
+                             u / (unsigned)sw
+                       : 0xffffffffu;
+            u += du;
+            row += drow;
+            if (u >= Wn) {
+                u -= Wn;
+                row++;
+            }
+        }
+COL_UNROLL
+        for (int j = 0; j < COL_FILL_BATCH; j++)
+            if (at[j] != 0xffffffffu) col_sm_st<T>(sm, t, at[j], v[j]);
+    }
+}
+
+/* Phase 2 of block `block`, thread tid: the column vectors, each handed
+ * to st(offset in col, 16-byte vector) (offset a multiple of 8 elements). */
+template <typename T, int S, typename St>
+COL_HD void col_tile_emit(const ColArgs &a, const ColTile &t, unsigned block, unsigned tid,
+                          const unsigned char *sm, const St &st) {
+    const ColTileBlock b = col_tile_block<S>(a, t, block);
+    const int sh = col_sh<S>(a);
+    const unsigned KK = (unsigned)(a.kh * a.kw), TV = (unsigned)t.TP / 8u;
+    /* the last channel's blocks also write the rows K .. Kr-1 (+0) */
+    const unsigned KKe = KK + (b.ci + 1u == (unsigned)a.Cin ? (unsigned)(a.Kr - a.K) : 0u);
+    const size_t base = ((size_t)b.n * a.Kr + (size_t)b.ci * KK) * a.P + b.p0;
+    const unsigned nv = b.nv, nthr = (unsigned)t.nthr, drq = nthr / nv, dv = nthr - drq * nv;
+    unsigned rq = tid / nv, v = tid - rq * nv;
+    while (rq < KKe) {
+        union {
+            T h[8];
+            uint4 u;
+        } o;
+        if (rq >= KK) {
+            o.u = make_uint4(0, 0, 0, 0);
+        } else {
+            const unsigned e = col_sm_ldi(sm, t, v), kq = col_sm_ldi(sm, t, TV + rq);
+            if (!(e & 0x80000000u)) {
+                o.u = col_sm_row8(sm, t, e + kq);
+            } else { /* crosses an output row: one by one */
+                const unsigned Wo = (unsigned)a.Wo, p = b.p0 + 8u * v;
+                unsigned ho = p / Wo, wo = p - ho * Wo;
+COL_UNROLL
+                for (int j = 0; j < 8; j++) {
+                    o.h[j] = col_sm_ld<T>(sm, t, (ho - b.ho0) * (unsigned)sh * (unsigned)t.RP + wo + kq);
+                    if (++wo == Wo) {
+                        wo = 0;
+                        ++ho;
+                    }
+                }
+            }
+        }
+        st(base + (size_t)rq * a.P + 8u * v, o.u);
+        v += dv;
+        rq += drq;
+        if (v >= nv) {
+            v -= nv;
+            rq++;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // kernels
 
 /* Blocks of COL_BX x COL_BY threads: threadIdx.x runs along a row of the
@@ -232,24 +511,39 @@ col_im2col(const T *__restrict__ x, T *__restrict__ col, ColArgs a) {
         }
 }
 
-/* wf[ci][(co*kh + r)*kw + q] = T(w[co][ci][kh-1-r][kw-1-q]) (one rounding),
- * rows of Kr >= Cout*kh*kw elements (the rest +0); i over the Cin*Kr
- * elements of wf */
+/* The tiled im2col: one block of t.nthr threads per (n, ci, tile), grid
+ * N*Cin*t.tiles (1-D), t.smem bytes of dynamic shared memory (<= 48 KB). */
+#define COL_TNT 256
+
+/* the store of col_tile_emit on the device: one 16-byte vector */
+template <typename T> struct ColStore {
+    T *col;
+    COL_HD void operator()(size_t off, const uint4 &v) const { *(uint4 *)(col + off) = v; }
+};
+
+template <typename T, int S>
+static __global__ void __launch_bounds__(COL_TNT)
+col_im2col_tiled(const T *__restrict__ x, T *__restrict__ col, ColArgs a, ColTile t) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    extern __shared__ uint4 col_smem[];
+    unsigned char *sm = (unsigned char *)col_smem;
+    col_tile_fill<T, S>(x, a, t, blockIdx.x, threadIdx.x, sm);
+    __syncthreads();
+    col_tile_emit<T, S>(a, t, blockIdx.x, threadIdx.x, sm, ColStore<T>{col});
+}
+
+/* wf[i] = T(w[lucid_conv_col_wflip_src(i, ...)]) (one rounding), +0 where
+ * it is -1; i over the Cin*Kr elements of wf */
 template <typename T>
 static __global__ void col_wflip(const float *__restrict__ w, T *__restrict__ wf, int Cin,
                                  int Cout, int kh, int kw, int Kr, int n) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const int KK = kh * kw;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int ci = (int)(i / Kr), k = (int)(i - (int64_t)ci * Kr);
-        if (k >= Cout * KK) {
-            lucid_elem<T>::store(wf, i, 0.0f);
-            continue;
-        }
-        const int co = k / KK, rq = k - co * KK, r = rq / kw, q = rq - r * kw;
-        lucid_elem<T>::store(wf, i, w[((size_t)co * Cin + ci) * KK + (kh - 1 - r) * kw + (kw - 1 - q)]);
+        const int64_t src = lucid_conv_col_wflip_src(i, Cin, Cout, kh, kw, Kr);
+        lucid_elem<T>::store(wf, i, src < 0 ? 0.0f : w[src]);
     }
 }
 
@@ -279,9 +573,10 @@ static lucid_status col_check(lucid_ctx *ctx, const char *op, lucid_dtype dt,
     return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
                         "%s (im2col GEMM route): dtype %s, x %lldx%lldx%lldx%lld, Cout %lld, "
                         "y %lldx%lld, kernel %dx%d, stride %d,%d, pad %d,%d, dilation %d,%d "
-                        "not eligible (needs bf16/f16, Cin*kh*kw, Cout and Ho*Wo multiples of 8, "
+                        "not eligible (needs bf16/f16, Ho*Wo a multiple of 8, "
                         "N*Cin*kh*kw*Ho*Wo and N*Cout*Cin*kh*kw <= %lld; backward-data also "
-                        "stride 1, padding <= (kernel-1)*dilation, Cin and H*W multiples of 8)",
+                        "stride 1, padding <= (kernel-1)*dilation and H*W a multiple of 8; with "
+                        "LUCID_CONV_COL_PAD=0 also Cin*kh*kw and Cout*kh*kw multiples of 8)",
                         op, lucid_dtype_name(dt), (long long)g->N, (long long)g->Cin,
                         (long long)g->H, (long long)g->W, (long long)g->Cout,
                         (long long)g->Ho, (long long)g->Wo, g->kh, g->kw, g->sh, g->sw, g->ph,
@@ -298,11 +593,101 @@ static dim3 col_grid(unsigned x_items, unsigned y_items) {
     return dim3((x_items + COL_BX - 1) / COL_BX, gy < 65535u ? gy : 65535u);
 }
 
+/* The tiled kernel's plan (col_im2col_tiled): tiles of whole output rows
+ * (TP a multiple of lcm(Wo, 8)) unless lcm(Wo, 8) > tpmax (then any
+ * multiple of 8, a tile may start mid-row), the largest such TP <= tpmax
+ * and <= P rounded up, halved while the grid has fewer than
+ * COL_TILE_BLOCKS blocks and the halved tile keeps COL_TILE_TP_MIN
+ * positions and a whole output row (a block stages whole input rows),
+ * evened out (the fewest multiples of L that keep the number of tiles),
+ * then halved (down to 8) until the block's shared memory fits in
+ * COL_TILE_SMEM.  0 when even a tile of 8 does not fit (the staged rows
+ * are whole padded input rows: about W > 6000 for a 3x3 kernel at stride
+ * 1) or P % 8: the launcher then runs col_im2col. */
+#define COL_TILE_TP 2048     /* default tpmax (LUCID_COL_IM2COL_TILE) */
+#define COL_TILE_TP_MIN 128  /* no smaller tiles for the grid's sake */
+#define COL_TILE_BLOCKS 1024 /* about 8 blocks per SM of an H200 (132 SMs) */
+#define COL_TILE_SMEM 49152  /* the dynamic shared memory a launch gets without an attribute */
+
+static int64_t col_gcd(int64_t a, int64_t b) {
+    while (b) {
+        const int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+static int col_tile_plan(const ColArgs &a, int tpmax, ColTile *t) {
+    if (a.P % 8 || tpmax < 8) return 0;
+    tpmax -= tpmax % 8;
+    const int64_t Wo = a.Wo, P = a.P, sh = a.sh, sw = a.sw, KK = (int64_t)a.kh * a.kw;
+    const int64_t Wn = (Wo - 1) * sw + (int64_t)(a.kw - 1) * a.dw + 1;
+    const int64_t PP = ((Wn + sw - 1) / sw + 7) / 8 * 8, RP = sw * PP;
+    const int64_t planes = (int64_t)a.N * a.Cin;
+    int64_t L = Wo / col_gcd(Wo, 8) * 8; /* lcm(Wo, 8) */
+    if (L > tpmax) L = 8;
+    int64_t m = tpmax / L < (P + L - 1) / L ? tpmax / L : (P + L - 1) / L;
+    while (m > 1 && planes * ((P + m * L - 1) / (m * L)) < COL_TILE_BLOCKS &&
+           m / 2 * L >= COL_TILE_TP_MIN && m / 2 * L >= Wo)
+        m /= 2;
+    { /* the same number of tiles, as even as L allows */
+        const int64_t units = (P + L - 1) / L, tiles = (units + m - 1) / m;
+        m = (units + tiles - 1) / tiles;
+    }
+    for (;;) {
+        const int64_t TP = m * L;
+        /* output rows a tile spans: tiles start at row boundaries when Wo | TP */
+        int64_t nho = TP % Wo == 0 ? TP / Wo : (Wo - 1 + TP - 1) / Wo + 1;
+        if (nho > a.Ho) nho = a.Ho;
+        const int64_t R = (nho - 1) * sh + (int64_t)(a.kh - 1) * a.dh + 1;
+        const int64_t tab = ((R * RP + 8) * 2 + 15) / 16 * 16, smem = tab + 4 * (TP / 8 + KK);
+        if (smem <= COL_TILE_SMEM) {
+            t->TP = (int)TP;
+            t->tiles = (int)((P + TP - 1) / TP);
+            t->R = (int)R;
+            t->Wn = (int)Wn;
+            t->PP = (int)PP;
+            t->RP = (int)RP;
+            t->tab = (int)tab;
+            t->smem = (int)smem;
+            t->nthr = COL_TNT;
+            return 1;
+        }
+        if (m > 1) {
+            m /= 2;
+        } else if (L > 8) {
+            m = L / 16 > 1 ? L / 16 : 1;
+            L = 8;
+        } else {
+            return 0;
+        }
+    }
+}
+
+static int col_tile_tpmax(void) {
+    static int v = -1;
+    return lucid_env_int("LUCID_COL_IM2COL_TILE", 8, 1 << 16, COL_TILE_TP, &v);
+}
+
 template <typename T>
 static cudaError_t col_im2col_launch(cudaStream_t stream, const ColArgs &a, const void *x,
                                      void *col) {
-    const dim3 grid = col_grid((unsigned)a.P / 8, (unsigned)a.N * a.Kr), block(COL_BX, COL_BY);
     const int s = col_stride(a);
+    ColTile t;
+    if (lucid_conv_col_im2col_switch() && col_tile_plan(a, col_tile_tpmax(), &t)) {
+        const dim3 grid((unsigned)((int64_t)a.N * a.Cin * t.tiles)), block(t.nthr);
+        const size_t sm = (size_t)t.smem;
+        if (s == 1)
+            return lucid_launch(col_im2col_tiled<T, 1>, grid, block, sm, stream, (const T *)x,
+                                (T *)col, a, t);
+        if (s == 2)
+            return lucid_launch(col_im2col_tiled<T, 2>, grid, block, sm, stream, (const T *)x,
+                                (T *)col, a, t);
+        return lucid_launch(col_im2col_tiled<T, 0>, grid, block, sm, stream, (const T *)x,
+                            (T *)col, a, t);
+    }
+    const dim3 grid = col_grid((unsigned)a.P / 8, (unsigned)a.N * a.Kr), block(COL_BX, COL_BY);
     if (s == 1)
         return lucid_launch(col_im2col<T, 1>, grid, block, 0, stream, (const T *)x, (T *)col, a);
     if (s == 2)
@@ -351,22 +736,26 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
 lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                           cudaStream_t stream, lucid_dtype dt,
                                           const lucid_conv_col_geom *g, const void *dy,
-                                          const float *w, void *dx,
+                                          const float *w, const void *wflip, void *dx,
                                           float beta, void *scratch) {
     LUCID_TRY(col_check(ctx, "conv2d_backward_input", dt, g, 1));
     lucid_conv_col_geom t;
     col_dgrad_geom(g, dt, &t); /* eligible: stride 1, t valid */
     const int64_t Kt = col_Kr(&t), Pt = col_P(&t), nwf = g->Cin * Kt;
-    void *wf = (char *)scratch + col_bytes(&t, 2);
-    const unsigned blocks = lucid_cuda_blocks(nwf, 256);
-    if (dt == LUCID_BF16)
-        CUDA_CHECK(ctx, lucid_launch(col_wflip<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
-                                     w, (__nv_bfloat16 *)wf, (int)g->Cin, (int)g->Cout, g->kh,
-                                     g->kw, (int)Kt, (int)nwf));
-    else
-        CUDA_CHECK(ctx, lucid_launch(col_wflip<__half>, dim3(blocks), dim3(256), 0, stream, w,
-                                     (__half *)wf, (int)g->Cin, (int)g->Cout, g->kh, g->kw,
-                                     (int)Kt, (int)nwf));
+    const void *wf = wflip;
+    if (!wf) { /* the per-call cast into scratch */
+        void *d = (char *)scratch + col_bytes(&t, 2);
+        const unsigned blocks = lucid_cuda_blocks(nwf, 256);
+        if (dt == LUCID_BF16)
+            CUDA_CHECK(ctx, lucid_launch(col_wflip<__nv_bfloat16>, dim3(blocks), dim3(256), 0,
+                                         stream, w, (__nv_bfloat16 *)d, (int)g->Cin,
+                                         (int)g->Cout, g->kh, g->kw, (int)Kt, (int)nwf));
+        else
+            CUDA_CHECK(ctx, lucid_launch(col_wflip<__half>, dim3(blocks), dim3(256), 0, stream, w,
+                                         (__half *)d, (int)g->Cin, (int)g->Cout, g->kh, g->kw,
+                                         (int)Kt, (int)nwf));
+        wf = d;
+    }
     LUCID_TRY(col_fill(ctx, stream, dt, &t, dy, scratch));
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     const float one = 1.0f;

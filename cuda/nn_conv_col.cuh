@@ -72,22 +72,40 @@ typedef struct lucid_conv_col_geom {
 
 /* 1 when the route can run pass `pass` (0 forward, 1 backward-data, 2
  * backward-filter) of g in dt: bf16/f16; every size positive and Ho, Wo
- * consistent with the kernel, stride, padding and dilation; P = Ho*Wo, K
- * and Cout multiples of 8 (16-byte column vectors, aligned leading
- * dimensions: measured on the H200, cuBLAS picked a GEMV-like kernel that
- * took 967 us for the filter gradient of layer 0, K = 27);
- * N*K*P (the columns) and N*Cout*K (the filter gradient's f32 partials) at
- * most LUCID_CONV_COL_MAX_ELEMS, every operand under 2^31 elements;
- * for the backward-data also stride 1 with (kh-1)*dh >= ph, (kw-1)*dw >= pw
- * and the flipped forward's own K = Cout*kh*kw and H*W passing the same
- * tests.  0 otherwise (also for g NULL or another pass). */
+ * consistent with the kernel, stride, padding and dilation; P = Ho*Wo a
+ * multiple of 8 (16-byte column vectors); K = Cin*kh*kw any (rounded up to
+ * Kr, a multiple of 8, inside the route: aligned leading dimensions; with
+ * an unaligned K = 27, layer 0's filter gradient, cuBLAS picked a GEMV-like
+ * kernel that took 967 us on the H200), unless LUCID_CONV_COL_PAD=0, which
+ * requires K % 8 == 0; Cout any; N*Kr*P (the columns) and N*Cout*Kr (the
+ * filter gradient's f32 partials) at most LUCID_CONV_COL_MAX_ELEMS, every
+ * operand under 2^31 elements; for the backward-data also stride 1 with
+ * (kh-1)*dh >= ph, (kw-1)*dw >= pw and the flipped forward (K' =
+ * Cout*kh*kw, output H*W) passing the same tests.  0 otherwise (also for g
+ * NULL or another pass). */
 int lucid_conv_col_eligible(const lucid_conv_col_geom *g, lucid_dtype dt, int pass);
 
 /* LUCID_CONV_COL_PAD, read once per process (lucid_env_zero): 0 when it is
- * "0" (then Cin*kh*kw must itself be a multiple of 8, the route before
- * DECISIONS 32), else 1: K = Cin*kh*kw is rounded up to a multiple of 8
- * inside the route (zero rows of the columns, zero columns of the weight). */
+ * "0" (then Cin*kh*kw, and for the backward-data Cout*kh*kw, must itself
+ * be a multiple of 8, as before DECISIONS 32; Cout is free either way, so
+ * it is not the old routing exactly), else 1: K is rounded up to a
+ * multiple of 8 inside the route (zero rows of the columns, zero columns
+ * of the weight). */
 int lucid_conv_col_pad_switch(void);
+
+/* LUCID_COL_IM2COL, read once per process (lucid_env_zero): 0 when it is
+ * "0" (the per-thread im2col kernel col_im2col: 8 columns of one row per
+ * thread, 8 scalar loads from global memory), else 1 (unset, empty or any
+ * other value): the tiled kernel col_im2col_tiled (one block per image,
+ * channel and tile of output positions stages the input rows it reads in
+ * shared memory, then writes the kh*kw column rows with 16-byte stores;
+ * the same bits).  The tiled kernel falls back to col_im2col by itself
+ * when a tile of 8 positions needs more than 48 KB of shared memory
+ * (whole padded input rows are staged: W above ~6000 for a 3x3 kernel).
+ * LUCID_COL_IM2COL_TILE (read once; a whole number 8..65536, default
+ * 2048, rounded down to a multiple of 8) caps its tile, in output
+ * positions, for measurements. */
+int lucid_conv_col_im2col_switch(void);
 
 /* The passes of the route, as a mask. */
 #define LUCID_CONV_COL_F 1 /* forward */
@@ -104,16 +122,18 @@ int lucid_conv_col_switch(const char **value);
 
 /* Scratch bytes of a pass (0 forward, 1 backward-data, 2 backward-filter)
  * of an eligible g; bias: the forward has a bias (its f32 product).
- * Regions, each aligned to 256 bytes: forward col (N*K*P of dt) + the
- * GEMM's (the weight cast when no shadow is given, the f32 product with a
- * bias); backward-data the columns of dy (N*Cout*kh*kw*H*W of dt) + the
- * flipped weight (Cin*Cout*kh*kw of dt); backward-filter col + the
- * per-image f32 partials (N*Cout*K*4 for N > 1).  0 for a backward-data g
- * that is not eligible. */
+ * Regions, each aligned to 256 bytes: forward col (N*Kr*P of dt) + the
+ * GEMM's (the weight cast [Cout][Kr] when no shadow is given or K % 8 !=
+ * 0, the f32 product with a bias); backward-data the columns of dy
+ * (N*Kr'*H*W of dt, Kr' = Cout*kh*kw rounded up to 8) + the flipped
+ * weight (Cin*Kr' of dt); backward-filter col + the f32 partials
+ * (lucid_conv_gemm_wgrad_scratch with K kept of Kr: N*S*Cout*Kr*4 when
+ * N*S > 1 or K < Kr).  0 for a backward-data g that is not eligible. */
 size_t lucid_conv_col_scratch(const lucid_conv_col_geom *g, lucid_dtype dt, int pass, int bias);
 
 /* y = conv(x, w) [+ b].  x, y: dt; w, b: f32 (b nullable); wcast
- * (nullable): w already rounded to dt (Cout*K elements, a weight shadow).
+ * (nullable): w already rounded to dt (Cout*K elements, a weight shadow;
+ * ignored when K % 8 != 0: the padded weight is cast per call).
  * Launches: im2col, [weight cast,] one strided-batched GEMM [, bias add]. */
 lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
                                     lucid_dtype dt, const lucid_conv_col_geom *g,
@@ -121,21 +141,46 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
                                     const float *b, void *y, void *scratch);
 
 /* dx = beta*dx + conv_transpose(dy, w) (beta == 0 never reads dx), for a
- * g eligible for pass 1 (stride 1).  Launches: the flipped weight cast,
- * im2col(dy), one strided-batched GEMM. */
+ * g eligible for pass 1 (stride 1).  wflip (nullable): the flipped weight
+ * already in dt ([Cin][lucid_conv_col_wflip_kr(Cout, kh, kw)], a shadow
+ * the group cast wrote); NULL casts it into scratch.  Launches: [the
+ * flipped weight cast,] im2col(dy), one strided-batched GEMM. */
 lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                           cudaStream_t stream, lucid_dtype dt,
                                           const lucid_conv_col_geom *g, const void *dy,
-                                          const float *w, void *dx, float beta, void *scratch);
+                                          const float *w, const void *wflip, void *dx,
+                                          float beta, void *scratch);
 
 /* dw = beta*dw + sum_n dY[n] . col[n]^T (dw f32 [Cout,Cin,kh,kw]; beta == 0
- * never reads dw).  Launches: im2col, one strided-batched GEMM, [the image
- * fold for N > 1]. */
+ * never reads dw).  Launches: im2col, then lucid_conv_gemm_backward_filter_rows
+ * (nn_conv_gemm.cuh) on the columns with K kept of Kr: min(N, S)
+ * strided-batched GEMMs and the ordered fold (one GEMM straight into dw
+ * when N*S == 1 and K == Kr). */
 lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                             cudaStream_t stream, lucid_dtype dt,
                                             const lucid_conv_col_geom *g, const void *x,
                                             const void *dy, float *dw, float beta,
                                             void *scratch);
+
+/* The flipped, transposed weight of the backward-data (rows of Kr >=
+ * Cout*kh*kw elements, Kr a multiple of 8): element i of wf [Cin][Kr] is
+ * w[co][ci][kh-1-r][kw-1-q] for i = ci*Kr + (co*kh + r)*kw + q, and +0 in
+ * the padding (k >= Cout*kh*kw): the index into w, or -1 for +0.  One
+ * definition for the per-call cast (col_wflip) and the group cast of the
+ * weight shadows (nn_conv_gemm.cu), so both write the same bits. */
+static __host__ __device__ __forceinline__ int64_t lucid_conv_col_wflip_src(
+    int64_t i, int Cin, int Cout, int kh, int kw, int Kr) {
+    const int KK = kh * kw;
+    const int ci = (int)(i / Kr), k = (int)(i - (int64_t)ci * Kr);
+    if (k >= Cout * KK) return -1;
+    const int co = k / KK, rq = k - co * KK, r = rq / kw, q = rq - r * kw;
+    return ((int64_t)co * Cin + ci) * KK + (kh - 1 - r) * kw + (kw - 1 - q);
+}
+
+/* Kr of the backward-data's flipped weight: Cout*kh*kw rounded up to 8. */
+static inline int64_t lucid_conv_col_wflip_kr(int64_t Cout, int kh, int kw) {
+    return (Cout * kh * kw + 7) / 8 * 8;
+}
 
 /* im2col launches queued by the calling thread so far (one per forward,
  * backward-data and backward-filter call of the route), any context, eager

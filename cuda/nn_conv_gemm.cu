@@ -21,6 +21,7 @@
  * lucid_launch (launch.cuh) and wait for their predecessor first.
  */
 #include "nn_common.cuh"
+#include "nn_conv_col.cuh"
 #include "nn_conv_gemm.cuh"
 
 #include <limits.h>
@@ -160,13 +161,16 @@ struct gemm_cast_table {
     const float *src[LUCID_CONV_GEMM_CAST_GROUP];
     void *dst[LUCID_CONV_GEMM_CAST_GROUP];
     int64_t count[LUCID_CONV_GEMM_CAST_GROUP];
+    int flip[LUCID_CONV_GEMM_CAST_GROUP][5];
     unsigned first[LUCID_CONV_GEMM_CAST_GROUP + 1];
     int n;
 };
 static_assert(sizeof(gemm_cast_table) <= 4000, "group cast table exceeds 4 KB of parameters");
 
 /* d[i] = T(s[i]) for every item of the table: the element operation of
- * gemm_wcast (lucid_elem<T>::store, one rounding), so the bits are its. */
+ * gemm_wcast (lucid_elem<T>::store, one rounding), so the bits are its;
+ * a flip item (flip[4] > 0) reads s at lucid_conv_col_wflip_src, the
+ * index map of nn_conv_col.cu's per-call col_wflip (same bits). */
 template <typename T>
 static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table t) {
     lucid_pdl_wait();
@@ -183,6 +187,14 @@ static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table 
     const int64_t n = t.count[lo];
     const int64_t i0 = (int64_t)(b - t.first[lo]) * GROUP_ELEMS;
     const int64_t i1 = i0 + GROUP_ELEMS < n ? i0 + GROUP_ELEMS : n;
+    const int *f = t.flip[lo];
+    if (f[4] > 0) {
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+            const int64_t j = lucid_conv_col_wflip_src(i, f[0], f[1], f[2], f[3], f[4]);
+            lucid_elem<T>::store(d, i, j < 0 ? 0.0f : s[j]);
+        }
+        return;
+    }
     for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) lucid_elem<T>::store(d, i, s[i]);
 }
 
@@ -200,7 +212,9 @@ static __global__ void gemm_bias_round(const float *__restrict__ acc,
 
 /* dw[o][k] = beta*dw[o][k] + (((part[0][o][k] + part[1][o][k]) + part[2][o][k])
  * + ...) for k < Kout: the parts ([Cout, Kp] each, Kp >= Kout) folded in
- * order; beta == 0 never reads dw (dw [Cout, Kout]). */
+ * order; beta == 0 never reads dw (dw [Cout, Kout]).  One thread per
+ * element: for at most WGRAD_FOLD_SERIAL parts. */
+#define WGRAD_FOLD_SERIAL 8
 static __global__ void gemm_wgrad_fold(const float *__restrict__ part, float *dw, int64_t Cout,
                                        int64_t Kout, int64_t Kp, int64_t parts, float beta) {
     lucid_pdl_wait();
@@ -212,6 +226,27 @@ static __global__ void gemm_wgrad_fold(const float *__restrict__ part, float *dw
         float s = part[src];
         for (int64_t k = 1; k < parts; k++) s += part[k * np + src];
         dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
+    }
+}
+
+/* The same fold for more parts, one warp per element: lane l adds parts l,
+ * l + 32, ... in order, then a fixed shuffle-down tree over the lanes (a
+ * fixed order too, so deterministic; not the serial order's bits). */
+static __global__ void gemm_wgrad_fold_warp(const float *__restrict__ part, float *dw,
+                                            int64_t Cout, int64_t Kout, int64_t Kp,
+                                            int64_t parts, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    const int64_t n = Cout * Kout, np = Cout * Kp;
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < n; i += warps) {
+        const int64_t o = i / Kout, src = i + o * (Kp - Kout);
+        float s = 0.0f;
+        for (int64_t k = lane; k < parts; k += 32) s += part[k * np + src];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0) dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
     }
 }
 
@@ -288,6 +323,16 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
                                     "conv weight group cast: item %d has %lld elements "
                                     "(expected 0 .. 2^40)",
                                     i - 1, (long long)it.count);
+            if (it.flip[4] > 0 &&
+                (it.flip[0] < 1 || it.flip[1] < 1 || it.flip[2] < 1 || it.flip[3] < 1 ||
+                 (int64_t)it.flip[1] * it.flip[2] * it.flip[3] > it.flip[4] ||
+                 it.count != (int64_t)it.flip[0] * it.flip[4]))
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "conv weight group cast: flip item %d: Cin %d, Cout %d, "
+                                    "kernel %dx%d, rows of %d, %lld elements (expected rows >= "
+                                    "Cout*kh*kw and Cin*rows elements)",
+                                    i - 1, it.flip[0], it.flip[1], it.flip[2], it.flip[3],
+                                    it.flip[4], (long long)it.count);
             if (it.count == 0) continue;
             uint64_t nb = ((uint64_t)it.count + GROUP_ELEMS - 1) / GROUP_ELEMS;
             if (blocks + nb > 0x7fffffffu) { /* grid.x: start a new launch */
@@ -297,6 +342,7 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
             t.src[t.n] = it.src;
             t.dst[t.n] = it.dst;
             t.count[t.n] = it.count;
+            memcpy(t.flip[t.n], it.flip, sizeof it.flip);
             t.first[t.n] = (unsigned)blocks;
             blocks += nb;
             t.n++;
@@ -447,7 +493,13 @@ lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t
                                   CUDA_R_32F, (int)Ci, (long long)(S * pw), (int)N,
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold, dim3(gm_blocks(Co * Kout)), dim3(GEMM_THREADS),
-                                 0, stream, (const float *)part, dw, Co, Kout, Ci, parts, beta));
+    if (parts <= WGRAD_FOLD_SERIAL)
+        CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold, dim3(gm_blocks(Co * Kout)),
+                                     dim3(GEMM_THREADS), 0, stream, (const float *)part, dw, Co,
+                                     Kout, Ci, parts, beta));
+    else
+        CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_fold_warp, dim3(gm_blocks(Co * Kout * 32)),
+                                     dim3(GEMM_THREADS), 0, stream, (const float *)part, dw, Co,
+                                     Kout, Ci, parts, beta));
     return LUCID_OK;
 }

@@ -79,7 +79,7 @@ int lucid_conv_gemm_preferred(const lucid_conv_gemm_geom *g);
  *   forward          the weight in dt, plus (bias only) the f32 GEMM output
  *                    N*Cout*HW*4 that the bias is added to before rounding;
  *   backward-data    the weight in dt;
- *   backward-filter  the N per-image f32 partials (N*Cout*Cin*4; 0 for N 1).
+ *   backward-filter  the f32 partials, lucid_conv_gemm_wgrad_scratch(g, Cin).
  * Sub-regions are 256-byte aligned.  A function of the geometry only. */
 size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype dt, int pass,
                                int bias);
@@ -124,16 +124,21 @@ lucid_status lucid_conv_gemm_backward_data_wc(lucid_ctx *ctx, cublasHandle_t h,
 lucid_status lucid_conv_gemm_cast_weight(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
                                          const float *w, void *dst, int64_t n);
 
-/* One weight of a group cast: dst[i] = dt(src[i]) for i < count. */
+/* One weight of a group cast: dst[i] = dt(src[i]) for i < count; or, with
+ * flip[4] > 0, the im2col route's flipped weight of a [Cout=flip[1],
+ * Cin=flip[0], kh=flip[2], kw=flip[3]] weight with rows of Kr=flip[4]:
+ * dst[i] = dt(src[lucid_conv_col_wflip_src(i, ...)]) (+0 for -1), count =
+ * Cin*Kr (nn_conv_col.cuh). */
 typedef struct lucid_conv_gemm_cast_item {
     const float *src;
     void *dst;
     int64_t count;
+    int flip[5]; /* Cin, Cout, kh, kw, Kr; all 0: a plain cast */
 } lucid_conv_gemm_cast_item;
 
-/* Weights per launch of lucid_conv_gemm_cast_group (the table travels by
+/* Items per launch of lucid_conv_gemm_cast_group (the table travels by
  * value in the kernel parameters: under 4 KiB). */
-#define LUCID_CONV_GEMM_CAST_GROUP 96
+#define LUCID_CONV_GEMM_CAST_GROUP 64
 
 /* The casts of n items (count >= 0; the buffers must not overlap) in
  * ceil(n / LUCID_CONV_GEMM_CAST_GROUP) launches on stream (none for n 0),
@@ -165,7 +170,10 @@ extern "C" unsigned long lucid_cuda_wcast_launch_count(void);
  * otherwise the N*S products (partial j = n*S + s: image n, columns
  * [s*P/S, (s+1)*P/S)) go to f32 partials, from min(N, S) strided-batched
  * GEMMs (batched over the larger of the two), then one kernel folds them
- * in order j, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...).  scratch:
+ * in order j, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...) for up to 8
+ * partials, else one warp per element (lane l adds partials l, l+32, ...
+ * in order, then a fixed shuffle tree: layer 0's 256 partials took 21 us
+ * serially on the H200's critical path).  scratch:
  * lucid_conv_gemm_scratch(g, dt, 2, 0) bytes (may be NULL when it is 0). */
 lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                              cudaStream_t stream, lucid_dtype dt,

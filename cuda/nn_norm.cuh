@@ -214,6 +214,17 @@ static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
     return g;
 }
 
+/* Whether a one-part channel of g is one round of the walk with V-element
+ * vectors (at most BN_THREADS*BN_UNROLL vectors): the one-pass kernels then
+ * keep the vectors they loaded for the statistics / gradient sums in
+ * registers and write y / dx from them (LUCID_BN_HELD=0, read on each
+ * call: read x and dy again, as before; same bits either way). */
+static inline bool bn_held(const bn_geom &g, int64_t V) {
+    const char *e = getenv("LUCID_BN_HELD");
+    if (e && strcmp(e, "0") == 0) return false;
+    return g.parts == 1 && g.N * g.S / V <= (int64_t)BN_THREADS * BN_UNROLL;
+}
+
 static inline unsigned bn_grid_y(int64_t C) {
     return (unsigned)(C < 65535 ? C : 65535);
 }

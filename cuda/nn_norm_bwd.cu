@@ -135,11 +135,10 @@ static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t 
  * sum g*xhat (WITH_X), xhat = (x - mu)*is; g = dy, or SILU: dy * silu'(z),
  * z = fmaf(x, zs, zh).  dyp, xp: the part's first element in channel c. */
 template <typename T, int V, bool WITH_X, bool SILU>
-static __device__ __forceinline__ void bn_grad_part(const T *__restrict__ dyp,
-                                                    const T *__restrict__ xp,
-                                                    const bn_part &pt, int64_t CS, float mu,
-                                                    float is, float zs, float zh, float *sa,
-                                                    float *sb) {
+static __device__ __forceinline__ void bn_grad_part(
+    const T *__restrict__ dyp, const T *__restrict__ xp, const bn_part &pt, int64_t CS,
+    float mu, float is, float zs, float zh, float *sa, float *sb,
+    typename bn_vec<T, V>::R *keep_dy = nullptr, typename bn_vec<T, V>::R *keep_x = nullptr) {
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a = 0.0f, bsum = 0.0f;
@@ -157,6 +156,8 @@ static __device__ __forceinline__ void bn_grad_part(const T *__restrict__ dyp,
                 rg[u] = Vt::load(dyp + e);
                 if (WITH_X) rx[u] = Vt::load(xp + e);
             }
+            if (keep_dy) keep_dy[u] = rg[u];
+            if (keep_x) keep_x[u] = rx[u];
             bn_walk_next(wk, pt);
         }
 #pragma unroll
@@ -323,8 +324,10 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
  * coef[c]) to the block through shared memory, and after the barrier the
  * block writes dx over the channel with bn_dx<TRAIN>'s per-element
  * arithmetic (bn_silu_grad, bn_dx_train, then beta: fmaf(beta, dx, v), dx
- * read only when beta != 0), VA-element vectors (bn_dx's vector choice). */
-template <typename T, int VS, int VA, bool SILU>
+ * read only when beta != 0), VA-element vectors (bn_dx's vector choice).
+ * HELD (VS == VA, one round of the walk; bn_held): dx is computed from the
+ * dy and x vectors the sums loaded, still in registers (same bits). */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
             const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
@@ -341,8 +344,11 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         float a, bsum;
+        R hdy[BN_UNROLL], hx[BN_UNROLL];
+        typedef typename bn_vec<T, VS>::R RS;
         bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
-                                        g.CS, mu, is, zs, zh, &a, &bsum);
+                                        g.CS, mu, is, zs, zh, &a, &bsum,
+                                        HELD ? (RS *)hdy : nullptr, HELD ? (RS *)hx : nullptr);
         bn_block_sum2(a, bsum, sh);
         /* cf is rewritten only after the next channel's bn_block_sum2
          * barriers, which every thread reaches after reading it below */
@@ -354,6 +360,29 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         const float4 q = cf;
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
+        if (HELD) { /* one round: dy and x are in hdy[], hx[] */
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (wk.j < pa.total) {
+                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
+                    float gv[VA], xv[VA], dv[VA];
+                    Vt::unpack(hdy[u], gv);
+                    Vt::unpack(hx[u], xv);
+                    if (beta != 0.0f) Vt::unpack(Vt::load(dx + e), dv);
+#pragma unroll
+                    for (int k = 0; k < VA; k++) {
+                        float gk = gv[k];
+                        if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                        float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+                        if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+                        gv[k] = v;
+                    }
+                    Vt::store(dx + e, Vt::pack(gv));
+                }
+                bn_walk_next(wk, pa);
+            }
+            continue;
+        }
         while (wk.j < pa.total) {
             R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
             int64_t e[BN_UNROLL];
@@ -439,15 +468,18 @@ static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream,
                                const float *w, const float *b, const bn_geom &g,
                                const bn_grad_out &go, float beta) {
     const int VV = bn_width<T>::V;
-    if (vs && va)
-        lucid_launch(bn_grad_dx1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
-                     mean, invstd, w, b, g, go, beta);
+    if (vs && va && bn_held(g, VV))
+        lucid_launch(bn_grad_dx1<T, VV, VV, SILU, true>, grid, dim3(BN_THREADS), 0, stream, dy, x,
+                     dx, mean, invstd, w, b, g, go, beta);
+    else if (vs && va)
+        lucid_launch(bn_grad_dx1<T, VV, VV, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy,
+                     x, dx, mean, invstd, w, b, g, go, beta);
     else if (vs)
-        lucid_launch(bn_grad_dx1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
-                     mean, invstd, w, b, g, go, beta);
+        lucid_launch(bn_grad_dx1<T, VV, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy,
+                     x, dx, mean, invstd, w, b, g, go, beta);
     else
-        lucid_launch(bn_grad_dx1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, dy, x, dx,
-                     mean, invstd, w, b, g, go, beta);
+        lucid_launch(bn_grad_dx1<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy, x,
+                     dx, mean, invstd, w, b, g, go, beta);
 }
 
 static lucid_status bn_backward(

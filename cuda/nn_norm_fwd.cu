@@ -154,11 +154,13 @@ static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
 }
 
 /* One part of channel c: (count, mean, M2), thread 0 of the block holding
- * it.  K: the channel's shift (its first element). */
+ * it.  K: the channel's shift (its first element).  keep (nullable): the
+ * vectors this thread loaded in the walk's last round (all of them when
+ * the part is one round, pt.total <= BN_THREADS*BN_UNROLL). */
 template <typename T, int V>
-static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
-                                                      const bn_part &pt, int64_t CS,
-                                                      float K, bn_mv *sh) {
+static __device__ __forceinline__ bn_mv bn_stats_part(
+    const T *__restrict__ xp, const bn_part &pt, int64_t CS, float K, bn_mv *sh,
+    typename bn_vec<T, V>::R *keep = nullptr) {
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a1 = 0.0f, a2 = 0.0f;
@@ -172,6 +174,7 @@ static __device__ __forceinline__ bn_mv bn_stats_part(const T *__restrict__ xp,
             ok[u] = w.j < pt.total;
             r[u] = R();
             if (ok[u]) r[u] = Vt::load(xp + bn_walk_elem<V>(w, CS));
+            if (keep) keep[u] = r[u];
             bn_walk_next(w, pt);
         }
 #pragma unroll
@@ -311,8 +314,10 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
  * per-element arithmetic (bn_affine_of, bn_out; VA-element vectors, VA the
  * apply's vector choice), so y equals bn_apply's bitwise.  The walk is
  * part 0's (all N planes; plane offsets 64-bit, so huge tensors need no
- * other route). */
-template <typename T, int VS, int VA, bool SILU>
+ * other route).  HELD (VS == VA and the part one round of the walk): the
+ * apply uses the vectors the statistics loaded, still in registers,
+ * instead of reading x again (same values, same bits). */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
                 const float *w, const float *b) {
@@ -323,9 +328,12 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
     __shared__ bn_mv sh[32];
     __shared__ float2 kept; /* channel c's stored (mean, invstd) */
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
         float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
-        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh);
+        R held[BN_UNROLL];
+        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh,
+                                       HELD ? (typename bn_vec<T, VS>::R *)held : nullptr);
         /* kept is rewritten only after the next channel's bn_stats_part
          * barriers, which every thread reaches after reading it below */
         if (threadIdx.x == 0)
@@ -338,6 +346,21 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
         }
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
+        if (HELD) { /* one round: the vectors are in held[] */
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (wk.j < pa.total) {
+                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
+                    float v[VA];
+                    Vt::unpack(held[u], v);
+#pragma unroll
+                    for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
+                    Vt::store(y + e, Vt::pack(v));
+                }
+                bn_walk_next(wk, pa);
+            }
+            continue;
+        }
         while (wk.j < pa.total) {
             R rv[BN_UNROLL];
             int64_t e[BN_UNROLL];
@@ -403,15 +426,18 @@ static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t str
                                    const T *x, T *y, const bn_geom &g,
                                    const bn_stats_out &so, const float *w, const float *b) {
     const int VV = bn_width<T>::V;
-    if (vs && va)
-        lucid_launch(bn_stats_apply1<T, VV, VV, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
-                     g, so, w, b);
+    if (vs && va && bn_held(g, VV))
+        lucid_launch(bn_stats_apply1<T, VV, VV, SILU, true>, grid, dim3(BN_THREADS), 0, stream,
+                     x, y, g, so, w, b);
+    else if (vs && va)
+        lucid_launch(bn_stats_apply1<T, VV, VV, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     x, y, g, so, w, b);
     else if (vs)
-        lucid_launch(bn_stats_apply1<T, VV, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
-                     g, so, w, b);
+        lucid_launch(bn_stats_apply1<T, VV, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     x, y, g, so, w, b);
     else
-        lucid_launch(bn_stats_apply1<T, 1, 1, SILU>, grid, dim3(BN_THREADS), 0, stream, x, y,
-                     g, so, w, b);
+        lucid_launch(bn_stats_apply1<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     x, y, g, so, w, b);
 }
 
 /* The counters declared in nn_norm.cuh (both directions add to them). */

@@ -73,16 +73,21 @@ ktrace_fit() {
   lib=$(dirname "$(ls $cu/lib64/libcupti.so $cu/extras/CUPTI/lib64/libcupti.so $cu/lib/libcupti.so \
         2>/dev/null | head -1)")
   if ! gcc -std=c11 -O2 -shared -fPIC tools/ktrace.c -o build/ktrace.so -I$cu/include \
-       -I$cu/extras/CUPTI/include -L"$lib" -Wl,-rpath,"$lib" -lcupti > "$l/ktrace_build.log" 2>&1; then
+       -I$cu/extras/CUPTI/include -L"$lib" -Wl,-rpath,"$lib" -lcupti -L$cu/lib64/stubs -lcuda \
+       > "$l/ktrace_build.log" 2>&1; then
     echo "ktrace: build failed"; tail -3 "$l/ktrace_build.log"; return
   fi
   env $cfg CUDA_INJECTION64_PATH=$PWD/build/ktrace.so KTRACE_OUT=$l/ktrace.csv \
-    timeout 150 luajit bench/fit_once.lua record=true > "$l/ktrace_fit.log" 2>&1
+    KTRACE_GRAPH=$l/ktrace_graph.csv timeout 150 luajit bench/fit_once.lua record=true > "$l/ktrace_fit.log" 2>&1
   echo "ktrace fit ($cfg): rc $?, $(wc -l < "$l/ktrace.csv") records, $(tail -1 "$l/ktrace_fit.log" |
     python3 -c 'import json,sys
 try: d=json.loads(sys.stdin.read()); print("step %.3f ms" % d["steady_step_ms"])
 except Exception as e: print("no result", e)')"
-  python3 tools/ktrace_report.py "$l/ktrace.csv" --last 40 --top 30 | tee "$l/ktrace_report.txt"
+  python3 tools/ktrace_report.py "$l/ktrace.csv" --last 40 --top 30 > "$l/ktrace_report.txt"
+  head -3 "$l/ktrace_report.txt"
+  # the critical path through the graph's real edges, with measured durations
+  python3 tools/ktrace_path.py "$l/ktrace.csv" "$l/ktrace_graph.csv" replays=40 top=40 \
+    | tee "$l/ktrace_path.txt" | head -"${KTRACE_LINES:-70}"
   { head -1 "$l/ktrace.csv"; tail -60000 "$l/ktrace.csv"; } | gzip > "$l/ktrace_tail.csv.gz"
   rm -f "$l/ktrace.csv"
 }

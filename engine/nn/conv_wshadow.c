@@ -30,6 +30,7 @@ void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s) {
     s->numel = 0;
     s->src_version = 0;
     s->epoch = 0;
+    s->flip_off = 0;
 }
 
 void lucid_conv_wshadow_release(lucid_conv_wshadow *s) {

@@ -291,6 +291,8 @@ struct lucid_conv_wshadow {
     uint64_t src_version;     /* lucid_storage_version(src) at the cast */
     lucid_dtype dtype;        /* LUCID_BF16 or LUCID_F16 */
     uint64_t epoch;           /* device epoch at the cast */
+    int64_t flip_off;         /* > 0: the group cast also wrote the im2col route's flipped
+                               * weight (cuda/nn_conv_col.cuh) at this element offset; 0 none */
 };
 
 /* An empty shadow (no buffer, not valid). */

@@ -29,20 +29,41 @@
  *   - the per-context switch at 0 follows LUCID_CONV_COL (unset, "" or "1":
  *     every pass; "0": none; a set of the letters f, d, w: those passes;
  *     another value: ERR_ARG);
- *   - ineligible convs with the route on (Ho*Wo not a multiple of 8, Cout
- *     12, groups 2, Cin*kh*kw 27, f32, the 1x1 stride-1 GEMM route's
- *     shape): no launch on this route, results within 1e-2 (f32: 1e-5) of
- *     the CPU;
+ *   - the same with K = Cin*kh*kw or Cout not a multiple of 8 (the route
+ *     rounds K up to a multiple of 8 inside, DECISIONS 32: zero rows of
+ *     the columns, the forward's weight padded per call, the backward-data's
+ *     flipped weight padded, the filter gradient's padded columns dropped
+ *     by its fold): the pose head's 64>51 (Cout 51; the backward-data's K'
+ *     459) and 51>51 (K 459), layer 0's 3>16 stride 2 (K 27), 32>12 (Cout
+ *     12, K' 108); each pass on the route when LUCID_CONV_COL_PAD is not
+ *     "0" (with "0": only the passes whose K is a multiple of 8);
+ *   - filter gradients whose P = Ho*Wo is cut into S chunks per image
+ *     (nn_conv_gemm.cu's split, L 1600 unless LUCID_WGRAD_SPLIT says
+ *     otherwise): 16>32 3x3 at 64x64 with N 3 (S 2 < N: one GEMM per
+ *     chunk), at 160x160 with N 1 (S 16: one GEMM batched over the
+ *     chunks), 51>51 at 80x80 N 1 (K 459 and S 4), against the CPU like
+ *     every case (beta 0 and 1, repeatable bitwise);
+ *   - ineligible convs with the route on (Ho*Wo not a multiple of 8, also
+ *     with K 27; groups 2, f32, the 1x1 stride-1 GEMM route's shape): no
+ *     launch on this route, results within 1e-2 (f32: 1e-5) of the CPU;
+ *   - the per-context switch at 0 with LUCID_CONV_COL_PAD as the
+ *     environment holds it (read once per process): a K 459 case takes the
+ *     passes LUCID_CONV_COL gives unless LUCID_CONV_COL_PAD is "0";
  *   - capture: forward, backward-data (beta 0 and 1) and backward-params on
  *     this route recorded into a CUDA graph on a fresh context after an eager
  *     pass (4 launches on the route recorded for a stride-1 case, 2 for a
- *     stride-2 one), replayed: bitwise equal to the eager results.
+ *     stride-2 one), replayed: bitwise equal to the eager results; also for
+ *     a padded case (51>51, bias) and a split filter gradient (16>32 64x64
+ *     N 3).
  * Cases: the network's 3x3 convs at reduced size (64>64 s1 and 64>128 s2 at
  * 40x40 in place of 80x80, 32>64 s2 at 80x80 in place of 160x160), 5x5 pad
  * 2, 3x3 dilation 2, 3x3 stride 2 on odd planes (17x31 -> 9x16, 15x9 ->
- * 8x5), 1x1 stride 2, 2x2 stride 2 on an odd plane, a 3x1 kernel; batch 1,
- * 2 and 3; Cin*Cout > 512 for the 3x3 ones, so that the small-channel route
- * (nn_conv_small.cu) never takes them.
+ * 8x5), 1x1 stride 2, 2x2 stride 2 on an odd plane, a 3x1 kernel; the
+ * padded and split cases above; batch 1, 2 and 3.  The small-channel route
+ * (nn_conv_small.cu), which takes the forward and backward-data of 3x3
+ * convs with Cin*Cout <= 256 (3>16) before this one, is switched off for
+ * these cases (lucid_cuda_nn_set_conv_small 1); Cin*Cout > 512 for most of
+ * them anyway.
  */
 #include "test_cuda_util.h"
 #include "conv_col_env.h"
@@ -58,6 +79,7 @@
  * here: cuda/nn_conv_col.cuh and cuda/nn_common.cuh are C++ headers. */
 unsigned long lucid_cuda_conv_col_launch_count(void); /* cuda/nn_conv_col.cu */
 int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route); /* cuda/nn_table.cu */
+int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route); /* cuda/nn_table.cu */
 #if defined(__has_include)
 #if __has_include("../../build/.config-cuda1")
 #define CC_CUDA_BUILD 1
@@ -68,7 +90,9 @@ int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route); /* cuda/nn_table.cu *
 #else
 #pragma weak lucid_cuda_conv_col_launch_count
 #pragma weak lucid_cuda_nn_set_conv_col
-#define CC_LINKED() (lucid_cuda_conv_col_launch_count && lucid_cuda_nn_set_conv_col)
+#pragma weak lucid_cuda_nn_set_conv_small
+#define CC_LINKED()                                                           \
+    (lucid_cuda_conv_col_launch_count && lucid_cuda_nn_set_conv_col && lucid_cuda_nn_set_conv_small)
 #endif
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
@@ -127,19 +151,49 @@ static const col_case CASES[] = {
     {"64>32 1x1 s2 16x16 N2", 2, 64, 16, 16, 32, 1, 1, 2, 0, 0, 1, 1, 0},
     {"8>16 2x2 s2 odd 17x9 -> 8x4 N3", 3, 8, 17, 9, 16, 2, 2, 2, 0, 0, 1, 1, 0},
     {"16>16 3x1 p1,0 12x12 N2", 2, 16, 12, 12, 16, 3, 1, 1, 1, 0, 1, 1, 0},
+    /* K or Cout not a multiple of 8: K padded inside the route (DECISIONS 32) */
+    {"64>51 3x3 s1 20x20 N2 (pose head: Cout 51, backward-data K' 459)", 2, 64, 20, 20, 51, 3, 3,
+     1, 1, 1, 1, 1, 0},
+    {"51>51 3x3 s1 20x20 N2 (pose head: K 459)", 2, 51, 20, 20, 51, 3, 3, 1, 1, 1, 1, 1, 0},
+    {"3>16 3x3 s2 64x64 N2 (layer 0: K 27)", 2, 3, 64, 64, 16, 3, 3, 2, 1, 1, 1, 1, 0},
+    {"3>16 3x3 s2 32x32 N2 (K 27)", 2, 3, 32, 32, 16, 3, 3, 2, 1, 1, 1, 1, 0},
+    {"32>12 3x3 s1 16x16 N2 (Cout 12, backward-data K' 108)", 2, 32, 16, 16, 12, 3, 3, 1, 1, 1,
+     1, 1, 0},
+    /* filter gradients whose P splits (S 2 at 64x64, 16 at 160x160, 4 at 80x80 with L 1600) */
+    {"16>32 3x3 s1 64x64 N3 (filter gradient split, S < N)", 3, 16, 64, 64, 32, 3, 3, 1, 1, 1, 1,
+     1, 0},
+    {"16>32 3x3 s1 160x160 N1 (filter gradient split 16)", 1, 16, 160, 160, 32, 3, 3, 1, 1, 1, 1,
+     1, 0},
+    {"51>51 3x3 s1 80x80 N1 (K 459, filter gradient split 4)", 1, 51, 80, 80, 51, 3, 3, 1, 1, 1,
+     1, 1, 0},
 };
+#define CASE_PAD_51 11   /* 51>51 20x20 */
+#define CASE_SPLIT_N3 15 /* 16>32 64x64 N3 */
 
-/* 1 when the route takes the case's backward-data (conv_col_env.h) */
+/* 1 when a K (Cin*kh*kw, or the backward-data's Cout*kh*kw) may take the
+ * route in this process: a multiple of 8, or LUCID_CONV_COL_PAD other than
+ * "0" (nn_conv_col.cuh, read once per process) */
+static int k_on(int64_t K) {
+    const char *e = getenv("LUCID_CONV_COL_PAD");
+    return K % 8 == 0 || !(e && strcmp(e, "0") == 0);
+}
+
+/* 1 when the route takes the case's forward and filter gradient */
+static int fwd_on(const col_case *cc) { return k_on(cc->Cin * cc->kh * cc->kw); }
+
+/* 1 when the route takes the case's backward-data (conv_col_env.h; its
+ * K' = Cout*kh*kw as above) */
 static int dgrad_on(const col_case *cc) {
-    return conv_col_dgrad_takes(cc->s, cc->s, cc->kh, cc->kw, cc->ph, cc->pw, cc->d, cc->d);
+    return fwd_on(cc) &&
+           conv_col_dgrad_takes(cc->s, cc->s, cc->kh, cc->kw, cc->ph, cc->pw, cc->d, cc->d) &&
+           k_on(cc->Cout * cc->kh * cc->kw);
 }
 
 /* ineligible with the route on */
 static const col_case KEEP[] = {
     {"Ho*Wo 153 (3x3 s2 17x33 -> 9x17)", 2, 32, 17, 33, 32, 3, 3, 2, 1, 1, 1, 1, LUCID_BF16},
-    {"Cout 12", 2, 32, 16, 16, 12, 3, 3, 1, 1, 1, 1, 1, LUCID_F16},
+    {"Ho*Wo 25 with K 27 (3>16 3x3 5x5)", 2, 3, 5, 5, 16, 3, 3, 1, 1, 1, 1, 1, LUCID_F16},
     {"groups 2", 2, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 2, LUCID_BF16},
-    {"Cin*kh*kw 27 (3>16 s2)", 2, 3, 32, 32, 16, 3, 3, 2, 1, 1, 1, 1, LUCID_BF16},
     {"f32 32>32", 2, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 1, LUCID_F32},
     {"1x1 s1 (the 1x1 GEMM route)", 2, 32, 16, 16, 32, 1, 1, 1, 0, 0, 1, 1, LUCID_F16},
 };
@@ -311,8 +365,11 @@ static void test_case(const col_case *cc, lucid_dtype dt) {
     }
     if (!ref_make(pre, &r, &io, dt)) goto done;
 
-    const int dg = dgrad_on(cc);
-    const int ON[3] = {1, dg, 1}, OFF[3] = {0, 0, 0}, FD[3] = {1, dg, 0}, W[3] = {0, 0, 1};
+    const int dg = dgrad_on(cc), fw = fwd_on(cc);
+    const int ON[3] = {fw, dg, fw}, OFF[3] = {0, 0, 0}, FD[3] = {fw, dg, 0}, W[3] = {0, 0, fw};
+    /* the small-channel route would take the forward and backward-data of
+     * Cin*Cout <= 256 (3>16) before this one */
+    lucid_cuda_nn_set_conv_small(ctx, 1);
     lucid_cuda_nn_set_conv_col(ctx, 8);
     run_passes(pre, &io, &r, dt, ON, 1e-2, 1);
     lucid_cuda_nn_set_conv_col(ctx, 1);
@@ -326,17 +383,20 @@ static void test_case(const col_case *cc, lucid_dtype dt) {
     run_passes(sub, &io, &r, dt, W, 1e-2, 0);
 done:
     lucid_cuda_nn_set_conv_col(ctx, 0);
+    lucid_cuda_nn_set_conv_small(ctx, 0);
     ref_free(&r);
     io_free(&io);
 }
 
 /* The per-context switch at 0: LUCID_CONV_COL decides (read once per
- * process, here as the environment holds it). */
+ * process, here as the environment holds it; LUCID_CONV_COL_PAD too, for a
+ * case whose K or K' is not a multiple of 8). */
 static void test_env(const col_case *cc, lucid_dtype dt) {
     char pre[240];
-    const char *env = getenv("LUCID_CONV_COL");
-    snprintf(pre, sizeof pre, "conv_col switch 0 follows LUCID_CONV_COL=\"%s\": %s %s",
-             env ? env : "(unset)", cc->tag, lucid_dtype_name(dt));
+    const char *env = getenv("LUCID_CONV_COL"), *pad = getenv("LUCID_CONV_COL_PAD");
+    snprintf(pre, sizeof pre,
+             "conv_col switch 0 follows LUCID_CONV_COL=\"%s\" (LUCID_CONV_COL_PAD=\"%s\"): %s %s",
+             env ? env : "(unset)", pad ? pad : "(unset)", cc->tag, lucid_dtype_name(dt));
     const int sw = conv_col_env_mask(env); /* the pass mask, -1 for a bad value */
     col_io io;
     lucid_tensor *gx = NULL, *gw = NULL, *gy = NULL, *gdy = NULL, *gdx = NULL, *gdw = NULL;
@@ -360,11 +420,11 @@ static void test_env(const col_case *cc, lucid_dtype dt) {
     }
     long d;
     ROUTE_COUNT(d, lucid_nn_conv2d_forward(ctx, gx, gy, gw, NULL, &io.p));
-    CHECK_COUNT(NAME("%s: forward", pre), d, (sw & 1) != 0);
+    CHECK_COUNT(NAME("%s: forward", pre), d, (sw & 1) != 0 && fwd_on(cc));
     ROUTE_COUNT(d, lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx, gw, &io.p, 0.0));
     CHECK_COUNT(NAME("%s: backward_input", pre), d, (sw & 2) != 0 && dgrad_on(cc));
     ROUTE_COUNT(d, lucid_nn_conv2d_backward_params(ctx, gx, gdy, gdw, NULL, &io.p, 0.0));
-    CHECK_COUNT(NAME("%s: backward_params", pre), d, (sw & 4) != 0);
+    CHECK_COUNT(NAME("%s: backward_params", pre), d, (sw & 4) != 0 && fwd_on(cc));
 done:
     rel(gx); rel(gw); rel(gy); rel(gdy); rel(gdx); rel(gdw);
     io_free(&io);
@@ -451,8 +511,8 @@ static void test_capture(const col_case *cc, lucid_dtype dt, int bias) {
     }
     d = (long)(lucid_cuda_conv_col_launch_count() - c0);
     RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
-    CHECK(NAME("%s: captured %d im2col-route launches", pre, 2 + 2 * dgrad_on(cc)),
-          d == 2 + 2 * dgrad_on(cc), "%ld", d);
+    CHECK(NAME("%s: captured %d im2col-route launches", pre, 2 * fwd_on(cc) + 2 * dgrad_on(cc)),
+          d == 2 * fwd_on(cc) + 2 * dgrad_on(cc), "%ld", d);
     RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
     h[0] = host(ey); h[1] = host(edx0); h[2] = host(edx1); h[3] = host(edw);
     if (!h[0] || !h[1] || !h[2] || !h[3]) {
@@ -497,9 +557,12 @@ int main(void) {
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < NELEM(CASES); i++) test_case(&CASES[i], DTS[k]);
     test_env(&CASES[0], LUCID_BF16);
+    test_env(&CASES[CASE_PAD_51], LUCID_F16);
     for (size_t i = 0; i < NELEM(KEEP); i++) test_keep(&KEEP[i]);
     test_capture(&CASES[0], LUCID_BF16, 1); /* 64>64 s1 40x40 N2 */
     test_capture(&CASES[1], LUCID_BF16, 0); /* 64>128 s2 40x40 N2 */
     test_capture(&CASES[5], LUCID_F16, 0);  /* 16>64 s2 17x31 N3 */
+    test_capture(&CASES[CASE_PAD_51], LUCID_BF16, 1);  /* 51>51 20x20 N2: K padded */
+    test_capture(&CASES[CASE_SPLIT_N3], LUCID_F16, 0); /* 16>32 64x64 N3: split */
     return cuda_test_finish();
 }

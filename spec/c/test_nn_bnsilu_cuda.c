@@ -79,7 +79,11 @@
  *                             one-pass route, 2 otherwise, and the same on
  *                             both routes for multi-part shapes, dweight /
  *                             dbias only and eval; the one-pass side
- *                             against the CPU (tolerances above).  Shapes:
+ *                             against the CPU (tolerances above); and the
+ *                             one-pass route again with LUCID_BN_HELD=0
+ *                             (x and dy read again instead of the vectors
+ *                             held in registers): the same bits and
+ *                             launches.  Shapes:
  *                             4x5x20x20, 3x7x10x30 (S 300: bf16/f16
  *                             scalar, f32 vector), 2x3x40x40, 4x32x40x40,
  *                             3x4x5x7 (odd S, no affine), 8x5x1x1,
@@ -922,6 +926,29 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     }
     for (int k = 0; k < OP_N; k++)
         if (o1[k]) cmp_bits(NAME("%s: %s bitwise", pre, OP_NAMES[k]), o1[k], phost(o0[k]));
+    /* the one pass without its held vectors (LUCID_BN_HELD=0: x and dy read
+     * again for y and dx) gives the same bits and launches */
+    {
+        lucid_tensor *oh[OP_N];
+        unsigned long lh[L_N];
+        setenv("LUCID_BN_HELD", "0", 1);
+        set_onepass(2);
+        st = onepass_run(&in, oh, lh, &what);
+        set_onepass(1);
+        unsetenv("LUCID_BN_HELD");
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: one pass, LUCID_BN_HELD=0: %s", pre, what), "%s: %s",
+                      lucid_status_name(st), lucid_ctx_error(ctx));
+            goto done;
+        }
+        for (int k = 0; k < OP_N; k++)
+            if (o1[k])
+                cmp_bits(NAME("%s: %s bitwise (LUCID_BN_HELD=0)", pre, OP_NAMES[k]), o1[k],
+                         phost(oh[k]));
+        for (int k = 0; k < L_N; k++)
+            CHECK(NAME("%s: %s launches (LUCID_BN_HELD=0)", pre, L_NAMES[k]), lh[k] == l1[k],
+                  "%lu with the held vectors, %lu without", l1[k], lh[k]);
+    }
     /* launches: the switch changes only one-part training calls with dx */
     for (int k = 0; k < L_N; k++) {
         if (!affine && (k == L_BWD_DW || k == L_BWD_DB)) continue;

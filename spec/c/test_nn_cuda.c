@@ -46,11 +46,17 @@
  * (lucid_cuda_nn_set_conv1x1 1 / 2; only stride 1, pad 0, dilation 1 takes
  * cuBLAS, the other 1x1 cases check that the switch leaves them alone); the
  * 1x1 cases cover N 1 (the filter gradient's single GEMM) and N > 1 (its
- * partials fold), odd channel counts and plane sizes, bias or not.
+ * partials fold), odd channel counts and plane sizes, bias or not, and
+ * planes of P = H*W >= 3200 whose filter gradient the cuBLAS route cuts into S
+ * chunks per image (nn_conv_gemm.cu, L 1600 unless LUCID_WGRAD_SPLIT says
+ * otherwise): P 3200 with N 1 and N 3 (S 2), P 4096 with N 3 (S 2 < N: a
+ * GEMM per chunk), P 25600 with N 1 (S 16: one GEMM batched over the
+ * chunks), each beta 0 and 1 against the CPU and repeatable bitwise.
  * Capture: forward, backward-data (beta 0 and 1) and backward-params (beta 0
- * and 1) of 1x1 convs on both 1x1 routes, captured after one eager pass into
- * a CUDA graph (no allocation while capturing), replayed: bitwise equal to
- * the eager results.
+ * and 1) of 1x1 convs on both 1x1 routes (N 1, N 3, and N 1 at 64x64 whose
+ * filter gradient splits), captured after one eager pass into a CUDA graph
+ * (no allocation while capturing), replayed: bitwise equal to the eager
+ * results.
  * BatchNorm cases (cuda/nn_norm.cuh's partition: planes of S >= 8192
  * elements cut into chunks of <= 8192, smaller planes grouped floor(8192/S)
  * to a part; vector path when S % 8 == 0, f32 S % 4 == 0): one part per
@@ -147,6 +153,12 @@ static const conv_case CONV_CASES[] = {
     {"1x1 128>32 N5 bias", 5, 128, 10, 12, 32, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 51>17 N1 7x9", 1, 51, 7, 9, 17, 1, 1, 1, 0, 1, 1, 0},
     {"1x1 32>64 80x80", 2, 32, 80, 80, 64, 1, 1, 1, 0, 1, 1, 0},
+    /* P >= 3200: the cuBLAS filter gradient splits each image's columns
+     * (nn_conv_gemm.cu; S with L 1600) */
+    {"1x1 N1 24>16 40x80 (P 3200, wgrad split 2)", 1, 24, 40, 80, 16, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 N3 24>16 40x80 bias (P 3200, wgrad split 2)", 3, 24, 40, 80, 16, 1, 1, 1, 0, 1, 1, 1},
+    {"1x1 N3 16>24 64x64 (wgrad split 2 < N)", 3, 16, 64, 64, 24, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 N1 16>32 160x160 bias (wgrad split 16)", 1, 16, 160, 160, 32, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 s2 (not GEMM)", 2, 8, 9, 9, 16, 1, 1, 2, 0, 1, 1, 0},
     {"1x1 p1 bias (not GEMM)", 2, 8, 6, 7, 12, 1, 1, 1, 1, 1, 1, 1},
 };
@@ -356,6 +368,7 @@ done:
 static const conv_case CAPTURE_CASES[] = {
     {"1x1 N3 32>24 bias", 3, 32, 12, 10, 24, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 N1 24>40", 1, 24, 16, 16, 40, 1, 1, 1, 0, 1, 1, 0},
+    {"1x1 N1 16>32 64x64 bias (wgrad split 2)", 1, 16, 64, 64, 32, 1, 1, 1, 0, 1, 1, 1},
 };
 
 /* ============================================================ BatchNorm2d */
