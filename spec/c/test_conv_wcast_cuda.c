@@ -20,8 +20,8 @@
  *     switch re-casts (1 launch), bitwise the per-call route; a larger
  *     weight than the shadow's buffer casts per call and leaves the shadow
  *     (still fresh for w1 afterwards: 0 launches);
- *   - group cast of 100 1x1 modules (and 3x3 / strided ones, skipped): 2
- *     launches (96 weights a launch), then every forward and backward-data
+ *   - group cast of 130 1x1 modules (and 3x3 / strided ones): 2
+ *     launches (128 items a launch), then every forward and backward-data
  *     casts nothing and equals the per-call route bitwise; 0 launches when
  *     the 1x1 switch says implicit GEMM (lucid_cuda_nn_set_conv1x1 1);
  *   - capture: a shadow cast eagerly before a capture is re-cast inside it
@@ -270,7 +270,7 @@ done:
     rel(w3); rel(ya); rel(yb); rel(y3a); rel(y3b); rel(dxa); rel(dxb);
 }
 
-#define NGROUP 100
+#define NGROUP 130
 #define NOTHER 4
 
 /* 100 eligible 1x1 convs (and 3x3 / strided ones) cast in one call. */
