@@ -241,6 +241,31 @@ static __device__ __forceinline__ float bn_dx_train(float g, float xq, float mu,
     return k * (g - mdy - xh * mdyx);
 }
 
+/* One vector of the one-pass training dx (bn_grad_dx1): from dy, x and
+ * (beta != 0) the old dx, with bn_dx<TRAIN>'s per-element arithmetic:
+ * g = dy (SILU: dy * silu'(z), z = fmaf(x, zs, zh)), v = bn_dx_train(g,
+ * ...), then fmaf(beta, dx, v). */
+template <typename T, int V, bool SILU>
+static __device__ __forceinline__ typename bn_vec<T, V>::R bn_dx1_vec(
+    const typename bn_vec<T, V>::R &rg, const typename bn_vec<T, V>::R &rx,
+    const typename bn_vec<T, V>::R &rd, float zs, float zh, float mu, float is, float4 q,
+    float beta) {
+    typedef bn_vec<T, V> Vt;
+    float gv[V], xv[V], dv[V];
+    Vt::unpack(rg, gv);
+    Vt::unpack(rx, xv);
+    if (beta != 0.0f) Vt::unpack(rd, dv);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float gk = gv[k];
+        if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+        float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
+        if (beta != 0.0f) v = fmaf(beta, dv[k], v);
+        gv[k] = v;
+    }
+    return Vt::pack(gv);
+}
+
 /* dx = beta*dx + k*(g - mdy - xhat*mdyx)   (TRAIN)
  * dx = beta*dx + w*invstd*g                (eval)
  * g = dy, or SILU: dy * silu'(z), z recomputed from x (b: the forward's
@@ -360,64 +385,43 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         const float4 q = cf;
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
-        if (HELD) { /* one round: dy and x are in hdy[], hx[] */
+        if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 if (wk.j < pa.total) {
                     const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
-                    float gv[VA], xv[VA], dv[VA];
-                    Vt::unpack(hdy[u], gv);
-                    Vt::unpack(hx[u], xv);
-                    if (beta != 0.0f) Vt::unpack(Vt::load(dx + e), dv);
+                    const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
+                    Vt::store(dx + e, bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is,
+                                                              q, beta));
+                }
+                bn_walk_next(wk, pa);
+            }
+        } else {
+            while (wk.j < pa.total) {
+                R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+                int64_t e[BN_UNROLL];
+                bool ok[BN_UNROLL];
 #pragma unroll
-                    for (int k = 0; k < VA; k++) {
-                        float gk = gv[k];
-                        if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-                        float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
-                        if (beta != 0.0f) v = fmaf(beta, dv[k], v);
-                        gv[k] = v;
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    ok[u] = wk.j < pa.total;
+                    rg[u] = R();
+                    rx[u] = R();
+                    rd[u] = R();
+                    e[u] = 0;
+                    if (ok[u]) {
+                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                        rg[u] = Vt::load(dy + e[u]);
+                        rx[u] = Vt::load(x + e[u]);
+                        if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
                     }
-                    Vt::store(dx + e, Vt::pack(gv));
+                    bn_walk_next(wk, pa);
                 }
-                bn_walk_next(wk, pa);
-            }
-            continue;
-        }
-        while (wk.j < pa.total) {
-            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-            int64_t e[BN_UNROLL];
-            bool ok[BN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                ok[u] = wk.j < pa.total;
-                rg[u] = R();
-                rx[u] = R();
-                rd[u] = R();
-                e[u] = 0;
-                if (ok[u]) {
-                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                    rg[u] = Vt::load(dy + e[u]);
-                    rx[u] = Vt::load(x + e[u]);
-                    if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    if (!ok[u]) break;
+                    Vt::store(dx + e[u], bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is,
+                                                                 q, beta));
                 }
-                bn_walk_next(wk, pa);
-            }
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (!ok[u]) break;
-                float gv[VA], xv[VA], dv[VA];
-                Vt::unpack(rg[u], gv);
-                Vt::unpack(rx[u], xv);
-                if (beta != 0.0f) Vt::unpack(rd[u], dv);
-#pragma unroll
-                for (int k = 0; k < VA; k++) {
-                    float gk = gv[k];
-                    if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-                    float v = bn_dx_train(gk, xv[k], mu, is, q.x, q.y, q.z);
-                    if (beta != 0.0f) v = fmaf(beta, dv[k], v);
-                    gv[k] = v;
-                }
-                Vt::store(dx + e[u], Vt::pack(gv));
             }
         }
     }

@@ -58,6 +58,17 @@ static __device__ __forceinline__ float bn_out(float x, float sc, float sh) {
     return SILU ? z * nn_sigmoid(z) : z;
 }
 
+/* One vector of y from x: bn_out per element (the apply's arithmetic). */
+template <typename T, int V, bool SILU>
+static __device__ __forceinline__ typename bn_vec<T, V>::R bn_out_vec(
+    const typename bn_vec<T, V>::R &rx, float sc, float sh) {
+    float v[V];
+    bn_vec<T, V>::unpack(rx, v);
+#pragma unroll
+    for (int k = 0; k < V; k++) v[k] = bn_out<SILU>(v[k], sc, sh);
+    return bn_vec<T, V>::pack(v);
+}
+
 // ----------------------------------------------------------------------------
 // forward statistics
 
@@ -294,11 +305,7 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             if (at[u] >= f.nv) break;
-            float v[V];
-            Vt::unpack(r[u], v);
-#pragma unroll
-            for (int k = 0; k < V; k++) v[k] = bn_out<SILU>(v[k], sc[u], sh[u]);
-            Vt::store(y + (size_t)at[u] * V, Vt::pack(v));
+            Vt::store(y + (size_t)at[u] * V, bn_out_vec<T, V, SILU>(r[u], sc[u], sh[u]));
         }
     }
 }
@@ -346,44 +353,35 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
         }
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
-        if (HELD) { /* one round: the vectors are in held[] */
+        if constexpr (HELD) { /* one round: the vectors are in held[] */
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
-                if (wk.j < pa.total) {
-                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
-                    float v[VA];
-                    Vt::unpack(held[u], v);
-#pragma unroll
-                    for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
-                    Vt::store(y + e, Vt::pack(v));
-                }
+                if (wk.j < pa.total)
+                    Vt::store(y + base + bn_walk_elem<VA>(wk, g.CS),
+                              bn_out_vec<T, VA, SILU>(held[u], sc, shf));
                 bn_walk_next(wk, pa);
             }
-            continue;
-        }
-        while (wk.j < pa.total) {
-            R rv[BN_UNROLL];
-            int64_t e[BN_UNROLL];
-            bool ok[BN_UNROLL];
+        } else {
+            while (wk.j < pa.total) {
+                R rv[BN_UNROLL];
+                int64_t e[BN_UNROLL];
+                bool ok[BN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                ok[u] = wk.j < pa.total;
-                rv[u] = R();
-                e[u] = 0;
-                if (ok[u]) {
-                    e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                    rv[u] = Vt::load(x + e[u]);
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    ok[u] = wk.j < pa.total;
+                    rv[u] = R();
+                    e[u] = 0;
+                    if (ok[u]) {
+                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                        rv[u] = Vt::load(x + e[u]);
+                    }
+                    bn_walk_next(wk, pa);
                 }
-                bn_walk_next(wk, pa);
-            }
 #pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (!ok[u]) break;
-                float v[VA];
-                Vt::unpack(rv[u], v);
-#pragma unroll
-                for (int k = 0; k < VA; k++) v[k] = bn_out<SILU>(v[k], sc, shf);
-                Vt::store(y + e[u], Vt::pack(v));
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    if (!ok[u]) break;
+                    Vt::store(y + e[u], bn_out_vec<T, VA, SILU>(rv[u], sc, shf));
+                }
             }
         }
     }
