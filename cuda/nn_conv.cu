@@ -14,21 +14,26 @@
  * nn_conv_small.cu for the forward and backward-data passes (ROUTE_SMALL;
  * LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small restores the implicit
  * GEMM); their filter gradient stays on the implicit GEMM unless the next
- * route takes it.  bf16/f16 convs with a spatial kernel whose K =
- * Cin*kh*kw, Cout and Ho*Wo are multiples of 8 take im2col + cuBLAS GEMMs
- * (nn_conv_col.cu, ROUTE_COL) for the forward, the backward-filter and the
- * stride-1 backward-data (LUCID_CONV_COL, default every pass;
- * lucid_cuda_nn_set_conv_col per context); the rest stays on the implicit
- * GEMM.
+ * route takes it.  bf16/f16 convs with a spatial kernel whose Ho*Wo is a
+ * multiple of 8 take im2col + cuBLAS GEMMs (nn_conv_col.cu, ROUTE_COL; K =
+ * Cin*kh*kw padded to 8 inside the route) for the forward, the
+ * backward-filter and the stride-1 backward-data (LUCID_CONV_COL, default
+ * every pass; lucid_cuda_nn_set_conv_col per context); the rest stays on
+ * the implicit GEMM.
  *
  * Weight shadows (nn.h lucid_conv_wshadow; the *_shadow slots and
- * conv2d_cast_shadows): the cuBLAS 1x1 route's forward and backward-data
- * multiply by the weight rounded to the activation dtype; given a shadow
+ * conv2d_cast_shadows): the cuBLAS routes' forward and backward-data (1x1
+ * GEMM; im2col forward with K % 8 == 0) multiply by the weight rounded to
+ * the activation dtype; given a shadow
  * that is fresh (same weight storage, version, dtype and device epoch
  * st->wcast_epoch, which graph.cu moves at capture begin / end and graph
  * launch) they read it and cast nothing, else they cast into it (one launch,
  * as the per-call route) and mark it.  lucid_cuda_conv2d_cast_shadows casts
- * a list of weights (those the 1x1 switch sends to cuBLAS) in one launch.
+ * a list of weights (those the 1x1 switch or the im2col switch sends to
+ * cuBLAS) in one launch, and for a spatial weight with the im2col
+ * backward-data on also its flipped, transposed copy after it in the same
+ * buffer (flip_off, flip_shape), which that pass reads instead of its
+ * per-call col_wflip when the shadow is fresh and the shape matches.
  * A shadow's buffer is allocated on first use outside stream capture and
  * never replaced (a recorded graph may read it); without one, or with
  * LUCID_WCAST_ONCE=0 / lucid_cuda_nn_set_wcast(ctx, 1), the GEMM casts
@@ -852,19 +857,26 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         lucid_conv_gemm_cast_item it = {(const float *)lucid_tensor_data(wi),
                                         lucid_storage_data(ws[i]->buf), numel, {0, 0, 0, 0, 0}};
         items.push_back(it);
-        if (flip && ci * kr <= INT_MAX && Cout <= INT_MAX) { /* numel: a multiple of 8 */
+        /* numel: a multiple of 8 (col_route_likely: K % 8 == 0), so the flipped
+         * weight starts 16-byte aligned */
+        const bool flipped = flip && ci * kr <= INT_MAX && Cout <= INT_MAX;
+        if (flipped) {
             lucid_conv_gemm_cast_item f = {(const float *)lucid_tensor_data(wi),
                                            (char *)lucid_storage_data(ws[i]->buf) + numel * 2,
                                            ci * kr, {(int)ci, (int)Cout, kh, kw, (int)kr}};
             items.push_back(f);
         }
-        which.push_back(flip ? i : -1 - i);
+        /* flip_off only for a flipped weight actually queued */
+        which.push_back(flipped ? i : -1 - i);
     }
     LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), (int)items.size()));
     for (int k : which) { /* k >= 0: with its flipped weight after the cast */
         const int i = k >= 0 ? k : -1 - k;
         lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
-        if (k >= 0) ws[i]->flip_off = lucid_tensor_numel(w[i]);
+        if (k >= 0) {
+            ws[i]->flip_off = lucid_tensor_numel(w[i]);
+            for (int d = 0; d < 4; d++) ws[i]->flip_shape[d] = w[i]->shape[d];
+        }
     }
     return LUCID_OK;
 }
@@ -1015,7 +1027,14 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
     }
     if (route == ROUTE_COL) { /* the flipped weight: from a fresh shadow, else cast per call */
         const void *wf = NULL;
-        if (wsh && wcast_on(ns) && wsh->flip_off > 0 &&
+        /* the flipped layout depends on w's shape, which freshness does not
+         * compare: a same-numel view of the same data (e.g. [16,8,3,3] cast,
+         * [8,16,3,3] used) would read the other shape's flip, and past the
+         * buffer when Cin*Kr' grows ([8,8,3,3] cast: 8*72 = 576 written;
+         * [1,64,3,3] used: 64*16 = 1024 read, 448 beyond the buffer) */
+        if (wsh && wcast_on(ns) && wsh->flip_off > 0 && w->ndim == 4 &&
+            wsh->flip_shape[0] == w->shape[0] && wsh->flip_shape[1] == w->shape[1] &&
+            wsh->flip_shape[2] == w->shape[2] && wsh->flip_shape[3] == w->shape[3] &&
             lucid_conv_wshadow_fresh(wsh, w, dx->dtype, st->wcast_epoch))
             wf = (const char *)lucid_storage_data(wsh->buf) + wsh->flip_off * 2;
         return lucid_conv_col_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->cg,

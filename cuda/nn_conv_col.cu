@@ -6,7 +6,8 @@
  * forward and backward-filter GEMMs are the 1x1 route's (nn_conv_gemm.cu)
  * applied to the column matrix (Cin -> K = Cin*kh*kw, x -> col); the
  * backward-data of a stride-1 conv is a forward of dy with the flipped,
- * transposed weight (col_wflip), one GEMM straight into dx.
+ * transposed weight (the weight shadow's copy, or col_wflip per call), one
+ * GEMM straight into dx.
  *
  * Two im2col kernels, chosen per process by LUCID_COL_IM2COL
  * (lucid_conv_col_im2col_switch): the tiled one (default; col_im2col_tiled,

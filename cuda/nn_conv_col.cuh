@@ -30,14 +30,18 @@
  *                      implicit GEMM's stride phases, so strided convs keep
  *                      those for this pass.
  *     backward-filter  dW = sum_n dY[n] . col[n]^T (col recomputed from x;
- *                      lucid_conv_gemm_backward_filter with Cin -> K).
+ *                      lucid_conv_gemm_backward_filter_rows with Cin -> Kr
+ *                      and Kout = K: K rounded up to Kr, a multiple of 8,
+ *                      with zero rows in col and zero columns in W).
  *
  * Numerics: as nn_conv_gemm.cuh (cuBLAS CUBLAS_COMPUTE_32F, f32
  * accumulation, the weight rounded once to the activation dtype: a shadow
- * or a per-call cast for the forward, a per-call flipped cast for the
- * backward-data).  forward: y = dt(sum over K [+ b]); backward-data: dx =
- * dt(sum over Cout*kh*kw + beta*dx), one rounding each; backward-filter:
- * dw (f32) = beta*dw + ((p0 + p1) + ...) over the images in order.  The
+ * or a per-call (padded) cast for the forward, the shadow's flipped copy
+ * or a per-call flipped cast for the backward-data).  forward: y =
+ * dt(sum over K [+ b]); backward-data: dx = dt(sum over Cout*kh*kw +
+ * beta*dx), one rounding each; backward-filter: dw (f32) = beta*dw + the
+ * N*S partials (images x chunks of H*W, nn_conv_gemm.cuh) folded in a
+ * fixed order (in order up to 8, else a fixed warp tree).  The
  * im2col copy is exact.  Deterministic run to run (fixed GEMMs, fixed sum
  * orders, no atomics); the sums differ in order from the implicit GEMM's,
  * so the bits differ from that route's.
@@ -65,8 +69,9 @@ typedef struct lucid_conv_col_geom {
     int kh, kw, sh, sw, ph, pw, dh, dw;
 } lucid_conv_col_geom;
 
-/* Largest column buffer the route takes, in elements (N*K*P), and largest
- * set of filter-gradient partials (N*Cout*K): 2^26, i.e. 128 MiB of bf16
+/* Largest column buffer the route takes, in elements (N*Kr*P), and largest
+ * set of per-image filter-gradient partials (N*Cout*Kr; the split into
+ * chunks keeps N*S*Cout*Kr under it too): 2^26, i.e. 128 MiB of bf16
  * columns and 256 MiB of f32 partials. */
 #define LUCID_CONV_COL_MAX_ELEMS ((int64_t)1 << 26)
 

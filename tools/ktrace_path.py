@@ -8,7 +8,9 @@ graph node ids), takes each kernel node's median duration over the last
 longest path through the real dependency edges (non-kernel nodes weigh 0).
 Prints the path's length against the replay span, its kernels grouped by
 name, and its largest entries.  A diagnostic (tools/gpu-run.sh ab with
-AB_KTRACE=1); durations measured under the replay's own contention.
+AB_KTRACE=1); durations measured under the replay's own contention, and
+every edge taken as a full dependency (with programmatic-launch edges,
+LUCID_PDL=graph, the path is overstated).
 
 usage: ktrace_path.py TRACE.csv[.gz] GRAPH.csv [replays=40] [top=40]
 """
@@ -118,7 +120,8 @@ def main():
     groups = collections.defaultdict(lambda: [0, 0.0])
     for n in ks:
         k = short(n)
-        k = "cuBLAS " + k.split("_")[3] if k.startswith("nvjet") else k
+        parts = k.split("_")
+        k = "cuBLAS " + parts[3] if k.startswith("nvjet") and len(parts) > 3 else k
         groups[k][0] += 1
         groups[k][1] += med[n]
     print(f"  {'kernel':60} {'n':>4} {'ms':>7} {'us each':>8}")

@@ -31,6 +31,7 @@ void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s) {
     s->src_version = 0;
     s->epoch = 0;
     s->flip_off = 0;
+    memset(s->flip_shape, 0, sizeof s->flip_shape);
 }
 
 void lucid_conv_wshadow_release(lucid_conv_wshadow *s) {

@@ -253,8 +253,9 @@ lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
                                              double beta);
 
 /* ------------------------------------------------ Conv2d weight shadows
- * The cuBLAS route of bf16/f16 1x1 convolutions (cuda/nn_conv_gemm.cu)
- * multiplies by the f32 master weight rounded once to the activation dtype
+ * The cuBLAS routes of bf16/f16 convolutions (1x1: cuda/nn_conv_gemm.cu;
+ * im2col: cuda/nn_conv_col.cu) multiply by the f32 master weight rounded
+ * once to the activation dtype
  * (round to nearest even: __float2bfloat16_rn / __float2half_rn).  Without
  * a shadow that rounding is one kernel launch before EVERY forward and
  * backward-data GEMM, into scratch.  A shadow is a persistent device copy of
@@ -283,7 +284,9 @@ lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
  * only init, pass and release a shadow.  Not thread-safe: one shadow is
  * used by the thread that drives its module. */
 struct lucid_conv_wshadow {
-    lucid_storage *buf;       /* device bytes (2 per weight element), or NULL */
+    lucid_storage *buf;       /* device bytes (2 per weight element, then room for the
+                               * im2col backward-data's flipped weight of a spatial
+                               * kernel), or NULL */
     int valid;                /* buf holds the cast described below */
     lucid_storage *src;       /* retained: the weight's storage at the cast */
     const void *src_data;     /* lucid_tensor_data(w) at the cast */
@@ -293,6 +296,9 @@ struct lucid_conv_wshadow {
     uint64_t epoch;           /* device epoch at the cast */
     int64_t flip_off;         /* > 0: the group cast also wrote the im2col route's flipped
                                * weight (cuda/nn_conv_col.cuh) at this element offset; 0 none */
+    int64_t flip_shape[4];    /* w's [Cout, Cin, kh, kw] at that flipped cast: the flipped
+                               * layout depends on the shape, which freshness does not
+                               * compare (a same-numel view of the same data is "fresh") */
 };
 
 /* An empty shadow (no buffer, not valid). */
@@ -315,8 +321,8 @@ void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s);
 
 /* lucid_nn_conv2d_forward / _backward_input with a weight shadow ws
  * (nullable: exactly the calls above).  Same arguments, checks, results
- * and errors; the CUDA table's cuBLAS 1x1 route reads and updates ws (see
- * above), every other route and device ignores it. */
+ * and errors; the CUDA table's cuBLAS routes (1x1, im2col) read and update
+ * ws (see above), every other route and device ignores it. */
 lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
                                             lucid_tensor *y, const lucid_tensor *w,
                                             const lucid_tensor *b,
@@ -328,8 +334,9 @@ lucid_status lucid_nn_conv2d_backward_input_shadow(
     double beta, lucid_conv_wshadow *ws);
 /* Cast n f32 weights w[i] (contiguous, one device) into their shadows
  * ws[i] for activation dtype dt, in ONE kernel launch (chunked beyond the
- * kernel-parameter table's size) for every shadow that the cuBLAS 1x1
- * route would use and that is not fresh; marks them fresh.  A shadow whose
+ * kernel-parameter table's size) for every shadow that a cuBLAS route (1x1
+ * or im2col, with the flipped weight for the im2col backward-data) would
+ * use and that is not fresh; marks them fresh.  A shadow whose
  * buffer does not exist yet is allocated here, except during a stream
  * capture (it is skipped: its conv then casts per call).  dt f32 and
  * weights on the CPU: nothing to do (LUCID_OK).  ERR_ARG for NULL

@@ -20,6 +20,10 @@
  *     switch re-casts (1 launch), bitwise the per-call route; a larger
  *     weight than the shadow's buffer casts per call and leaves the shadow
  *     (still fresh for w1 afterwards: 0 launches);
+ *   - the im2col route's flipped weight (group cast of a [32,16,3,3]
+ *     weight) used through same-numel views of another shape ([16,32,3,3],
+ *     [2,256,3,3]): dx bitwise the per-call route (the flip's shape is
+ *     checked, not just the shadow's freshness);
  *   - group cast of 130 1x1 modules (and 3x3 / strided ones): 2
  *     launches (128 items a launch), then every forward and backward-data
  *     casts nothing and equals the per-call route bitwise; 0 launches when
@@ -51,6 +55,7 @@
 #endif
 WEAK int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
 WEAK int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
+WEAK int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
 WEAK unsigned long lucid_cuda_wcast_launch_count(void);
 
 static void rel(lucid_tensor *t) {
@@ -270,10 +275,72 @@ done:
     rel(w3); rel(ya); rel(yb); rel(y3a); rel(y3b); rel(dxa); rel(dxb);
 }
 
+/* The im2col route's flipped weight (written by the group cast after the
+ * forward weight in the shadow's buffer) belongs to the shape it was cast
+ * for: a view of the same data with the same numel but another shape is
+ * "fresh" by the shadow's rule (storage, data pointer, numel, version), so
+ * the backward-data must check the flip's shape and cast per call for the
+ * view.  [32,16,3,3] cast, used as [16,32,3,3] (same flip size, other
+ * layout) and as [2,256,3,3] (Cin*Kr' = 256*24 = 6144 read at offset 4608
+ * of a 9216-element buffer: past its end without the check): dx bitwise
+ * the shadow-less route's. */
+static void test_flip_view(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast flipped weight of a view %s", lucid_dtype_name(dt));
+    static const int64_t VIEWS[2][4] = {{16, 32, 3, 3}, {2, 256, 3, 3}};
+    const int64_t N = 2, H = 8, W = 8;
+    int64_t ws[4] = {32, 16, 3, 3};
+    lucid_conv2d_params p = {1, 1, 1, 1, 1, 1, 1};
+    lucid_conv_wshadow s;
+    lucid_conv_wshadow_init(&s);
+    lucid_conv_wshadow *sp = &s;
+    lucid_tensor *hw = hrand(LUCID_F32, 4, ws, -0.5, 0.5), *gw = dev(hw), *h = NULL;
+    if (!hw || !gw) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 1); /* im2col route */
+    for (int v = 0; v < 2; v++) {
+        const int64_t Co = VIEWS[v][0], Ci = VIEWS[v][1];
+        int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W};
+        lucid_tensor *wv = NULL, *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+        lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *dxa = dpoison(dt, 4, xs),
+                     *dxb = dpoison(dt, 4, xs);
+        const lucid_tensor *wc = gw;
+        if (lucid_tensor_view(ctx, gw, 4, VIEWS[v], &wv) != LUCID_OK || !gx || !gdy || !dxa ||
+            !dxb) {
+            TEST_FAIL(NAME("%s: view %d setup", pre, v), "%s", lucid_ctx_error(ctx));
+        } else {
+            RUN(NAME("%s: group cast of [32,16,3,3]", pre),
+                lucid_nn_conv2d_cast_shadows(ctx, &wc, &sp, 1, dt));
+            RUN(NAME("%s: backward-data of the view [%lld,%lld,3,3] with the shadow", pre,
+                     (long long)Co, (long long)Ci),
+                lucid_nn_conv2d_backward_input_shadow(ctx, gx, gdy, dxa, wv, &p, 0.0, &s));
+            RUN(NAME("%s: reference backward-data", pre),
+                lucid_nn_conv2d_backward_input(ctx, gx, gdy, dxb, wv, &p, 0.0));
+            h = host(dxb);
+            cmp_bits(NAME("%s: view [%lld,%lld,3,3]: dx = per-call", pre, (long long)Co,
+                          (long long)Ci),
+                     dxa, h);
+            rel(h);
+            h = NULL;
+        }
+        rel(wv); rel(hx); rel(hdy); rel(gx); rel(gdy); rel(dxa); rel(dxb);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    lucid_conv_wshadow_release(&s);
+    rel(h);
+    rel(hw); rel(gw);
+}
+
 #define NGROUP 130
 #define NOTHER 4
 
-/* 100 eligible 1x1 convs (and 3x3 / strided ones) cast in one call. */
+/* NGROUP (130) eligible 1x1 convs (and 3x3 / strided ones) cast in one call. */
 static void test_group(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "wcast group %s", lucid_dtype_name(dt));
@@ -340,7 +407,7 @@ static void test_group(lucid_dtype dt) {
                 break;
             }
         }
-        check_casts(NAME("%s: the 100 forwards and backward-data cast nothing", pre),
+        check_casts(NAME("%s: the 130 forwards and backward-data cast nothing", pre),
                     casts() - c0, 0);
         CHECK(NAME("%s: every y, dx, dw = per-call (bitwise)", pre), same, "differs");
         /* implicit-GEMM 1x1 route: nothing to cast (weights changed first) */
@@ -556,6 +623,7 @@ int main(void) {
     for (int d = 0; d < 2; d++) {
         for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) test_module(&CASES[c], DTS[d]);
         test_replace(DTS[d]);
+        test_flip_view(DTS[d]);
         test_group(DTS[d]);
         test_capture(DTS[d]);
         test_first_use_in_capture(DTS[d]);
