@@ -178,29 +178,8 @@ size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype, int p
     return lucid_conv_gemm_wgrad_scratch(g, g->Cin);
 }
 
-static int failures = 0;
-static void ok(bool good, const char *name, const char *why) {
-    if (good) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s\n", name, why);
-        failures++;
-    }
-}
-
-static char why[512];
-#define WHY(...) (snprintf(why, sizeof why, __VA_ARGS__), why)
-static char nm[512];
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-
-static unsigned long long rng = 0x7f4a7c159e3779b9ull;
-static double urand(double lo, double hi) {
-    unsigned long long z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * ((double)(z >> 11) * (1.0 / 9007199254740992.0));
-}
+#define TAP_HOST_SEED 0x7f4a7c159e3779b9ull
+#include "tap_host.h"
 
 static float rb(double v) { return __bfloat162float(__float2bfloat16_rn((float)v)); }
 template <typename T> static unsigned short bits16(T v) {

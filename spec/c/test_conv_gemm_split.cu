@@ -208,29 +208,8 @@ static void fold_emulated(const float *part, float *dw, int64_t Cout, int64_t Ko
 
 /* ------------------------------------------------------------ helpers */
 
-static int failures = 0;
-static void ok(bool good, const char *name, const char *why) {
-    if (good) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s\n", name, why);
-        failures++;
-    }
-}
-
-static char why[512];
-#define WHY(...) (snprintf(why, sizeof why, __VA_ARGS__), why)
-static char nm[640];
-#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-
-static unsigned long long rng = 0x2545f4914f6cdd1dull;
-static double urand(double lo, double hi) {
-    unsigned long long z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * ((double)(z >> 11) * (1.0 / 9007199254740992.0));
-}
+#define TAP_HOST_SEED 0x2545f4914f6cdd1dull
+#include "tap_host.h"
 
 template <typename T> static T from_float(float v);
 template <> __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }

@@ -41,24 +41,8 @@ lucid_status lucid_cuda_err(lucid_ctx *, cudaError_t, const char *, const char *
     return LUCID_ERR_DEVICE;
 }
 
-static int failures = 0;
-static void ok(bool good, const char *name, const char *why) {
-    if (good) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s\n", name, why);
-        failures++;
-    }
-}
-
-static unsigned long long rng = 0x9e3779b97f4a7c15ull;
-static double urand(double lo, double hi) {
-    unsigned long long z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * ((double)(z >> 11) * (1.0 / 9007199254740992.0));
-}
+#define TAP_HOST_SEED 0x9e3779b97f4a7c15ull
+#include "tap_host.h"
 
 template <typename T> static unsigned short bits16(T v) {
     unsigned short u;
