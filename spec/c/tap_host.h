@@ -26,7 +26,7 @@ static void ok(bool good, const char *name, const char *why) {
     }
 }
 
-static char why[512];
+static char why[1536]; /* room for a quoted g_msg (host_standins.h) */
 #define WHY(...) (snprintf(why, sizeof why, __VA_ARGS__), why)
 static char nm[640];
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)

@@ -78,25 +78,9 @@
  * Not linked into this host-only program: cuda/backend.cu, engine/core and
  * cuBLAS.  lucid_seterr keeps the message; the error hooks return
  * ERR_DEVICE. */
-static char g_msg[384];
-extern "C" lucid_status lucid_seterr(lucid_ctx *, lucid_status s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_msg, sizeof g_msg, fmt, ap);
-    va_end(ap);
-    return s;
-}
-extern "C" const char *lucid_dtype_name(lucid_dtype dt) {
-    return dt == LUCID_F32 ? "f32" : dt == LUCID_BF16 ? "bf16" : dt == LUCID_F16 ? "f16" : "?";
-}
+#include "host_standins.h" /* lucid_seterr (message in g_msg), lucid_dtype_name, error hooks */
 extern "C" size_t lucid_dtype_size(lucid_dtype dt) {
     return dt == LUCID_BF16 || dt == LUCID_F16 ? 2 : dt == LUCID_F64 ? 8 : 4;
-}
-lucid_status lucid_cuda_err(lucid_ctx *, cudaError_t, const char *, const char *, int) {
-    return LUCID_ERR_DEVICE;
-}
-lucid_status lucid_cublas_err(lucid_ctx *, cublasStatus_t, const char *, const char *, int) {
-    return LUCID_ERR_DEVICE;
 }
 
 /* lucid_launch's first call: every launch stops here (thrown, caught by
