@@ -873,10 +873,7 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     for (int k : which) { /* k >= 0: with its flipped weight after the cast */
         const int i = k >= 0 ? k : -1 - k;
         lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
-        if (k >= 0) {
-            ws[i]->flip_off = lucid_tensor_numel(w[i]);
-            for (int d = 0; d < 4; d++) ws[i]->flip_shape[d] = w[i]->shape[d];
-        }
+        if (k >= 0) lucid_conv_wshadow_mark_flip(ws[i], w[i], lucid_tensor_numel(w[i]));
     }
     return LUCID_OK;
 }
@@ -1026,17 +1023,14 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                                 lucid_tensor_data(dx), (float)beta, ws);
     }
     if (route == ROUTE_COL) { /* the flipped weight: from a fresh shadow, else cast per call */
-        const void *wf = NULL;
-        /* the flipped layout depends on w's shape, which freshness does not
-         * compare: a same-numel view of the same data (e.g. [16,8,3,3] cast,
-         * [8,16,3,3] used) would read the other shape's flip, and past the
-         * buffer when Cin*Kr' grows ([8,8,3,3] cast: 8*72 = 576 written;
-         * [1,64,3,3] used: 64*16 = 1024 read, 448 beyond the buffer) */
-        if (wsh && wcast_on(ns) && wsh->flip_off > 0 && w->ndim == 4 &&
-            wsh->flip_shape[0] == w->shape[0] && wsh->flip_shape[1] == w->shape[1] &&
-            wsh->flip_shape[2] == w->shape[2] && wsh->flip_shape[3] == w->shape[3] &&
-            lucid_conv_wshadow_fresh(wsh, w, dx->dtype, st->wcast_epoch))
-            wf = (const char *)lucid_storage_data(wsh->buf) + wsh->flip_off * 2;
+        /* the shape matters too (lucid_conv_wshadow_flip_off): a same-numel
+         * view of the same data ([16,8,3,3] cast, [8,16,3,3] used) would read
+         * the other shape's layout, and past the buffer when Cin*Kr' grows
+         * ([8,8,3,3] cast: 576 written; [1,64,3,3] used: 1024 read) */
+        const int64_t off = wsh && wcast_on(ns)
+                                ? lucid_conv_wshadow_flip_off(wsh, w, dx->dtype, st->wcast_epoch)
+                                : 0;
+        const void *wf = off > 0 ? (const char *)lucid_storage_data(wsh->buf) + off * 2 : NULL;
         return lucid_conv_col_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->cg,
                                             lucid_tensor_data(dy),
                                             (const float *)lucid_tensor_data(w), wf,

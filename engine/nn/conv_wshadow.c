@@ -63,3 +63,17 @@ void lucid_conv_wshadow_mark(lucid_conv_wshadow *s, const lucid_tensor *w,
     s->epoch = epoch;
     s->valid = 1;
 }
+
+void lucid_conv_wshadow_mark_flip(lucid_conv_wshadow *s, const lucid_tensor *w, int64_t off) {
+    if (!s || !w || w->ndim != 4 || off <= 0) return;
+    s->flip_off = off;
+    for (int d = 0; d < 4; d++) s->flip_shape[d] = w->shape[d];
+}
+
+int64_t lucid_conv_wshadow_flip_off(const lucid_conv_wshadow *s, const lucid_tensor *w,
+                                    lucid_dtype dt, uint64_t epoch) {
+    if (!s || !w || s->flip_off <= 0 || w->ndim != 4) return 0;
+    for (int d = 0; d < 4; d++)
+        if (s->flip_shape[d] != w->shape[d]) return 0;
+    return lucid_conv_wshadow_fresh(s, w, dt, epoch) ? s->flip_off : 0;
+}

@@ -318,6 +318,16 @@ void lucid_conv_wshadow_mark(lucid_conv_wshadow *s, const lucid_tensor *w,
                              lucid_dtype dt, uint64_t epoch);
 /* Forget what s holds (s->buf is kept). */
 void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s);
+/* Record, after lucid_conv_wshadow_mark in the same cast, that the cast also
+ * wrote w's flipped, transposed copy (the im2col route's backward-data,
+ * cuda/nn_conv_col.cuh) at element `off` > 0 of s->buf, for w's shape. */
+void lucid_conv_wshadow_mark_flip(lucid_conv_wshadow *s, const lucid_tensor *w, int64_t off);
+/* The element offset of w's flipped copy in s->buf when s is fresh for w
+ * (lucid_conv_wshadow_fresh) and its last cast wrote that copy for w's own
+ * shape (the flipped layout depends on the shape, which freshness does not
+ * compare: a same-numel view of the same data is "fresh"); else 0. */
+int64_t lucid_conv_wshadow_flip_off(const lucid_conv_wshadow *s, const lucid_tensor *w,
+                                    lucid_dtype dt, uint64_t epoch);
 
 /* lucid_nn_conv2d_forward / _backward_input with a weight shadow ws
  * (nullable: exactly the calls above).  Same arguments, checks, results

@@ -7,6 +7,9 @@
  *     view at another offset of the same storage, another dtype or another
  *     epoch make it stale; invalidate forgets; a shadow without a buffer is
  *     never fresh;
+ *   - the flipped copy's record (mark_flip / flip_off): its offset only for
+ *     a fresh shadow and the shape it was made for (a same-data view of
+ *     another shape is fresh but gets 0), forgotten by invalidate;
  *   - mark retains the weight's storage (its address cannot be reused while
  *     the shadow names it) and release drops it and the buffer;
  *   - the entry points: lucid_nn_conv_cast_weights and
@@ -226,10 +229,53 @@ done:
     lucid_param_set_release(set2);
 }
 
+/* The flipped copy's record (lucid_conv_wshadow_mark_flip / _flip_off):
+ * its offset only while the shadow is fresh for the same weight view AND
+ * that view has the shape the copy was made for. */
+static void test_flip(lucid_ctx *ctx) {
+    int64_t a[4] = {16, 8, 3, 3}, b[4] = {8, 16, 3, 3};
+    lucid_tensor *w = NULL, *v = NULL;
+    lucid_conv_wshadow s;
+    lucid_conv_wshadow_init(&s);
+    if (lucid_tensor_zeros(ctx, CPU, LUCID_F32, 4, a, &w) ||
+        lucid_tensor_view(ctx, w, 4, b, &v) || lucid_storage_create(ctx, CPU, 64, 0, &s.buf)) {
+        TEST_FAIL("wshadow flip: setup", "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_conv_wshadow_mark(&s, w, LUCID_BF16, 5);
+    CHECK("wshadow flip: none recorded: 0", lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5));
+    lucid_conv_wshadow_mark_flip(&s, w, 1152);
+    CHECK("wshadow flip: fresh, same shape: the offset",
+          lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5) == 1152, "offset %lld",
+          (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5));
+    CHECK("wshadow flip: the view [8,16,3,3] of the same data is fresh",
+          lucid_conv_wshadow_fresh(&s, v, LUCID_BF16, 5), "stale");
+    CHECK("wshadow flip: ... but not its flipped copy (another shape): 0",
+          lucid_conv_wshadow_flip_off(&s, v, LUCID_BF16, 5) == 0, "offset %lld",
+          (long long)lucid_conv_wshadow_flip_off(&s, v, LUCID_BF16, 5));
+    CHECK("wshadow flip: another epoch: 0", lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 6) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 6));
+    CHECK("wshadow flip: another dtype: 0", lucid_conv_wshadow_flip_off(&s, w, LUCID_F16, 5) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_F16, 5));
+    lucid_conv_wshadow_mark(&s, w, LUCID_BF16, 5); /* a re-mark alone keeps the record */
+    CHECK("wshadow flip: kept by a re-mark", lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5) == 1152,
+          "offset %lld", (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5));
+    lucid_conv_wshadow_invalidate(&s); /* what a plain per-call cast does first */
+    lucid_conv_wshadow_mark(&s, w, LUCID_BF16, 5);
+    CHECK("wshadow flip: invalidate forgets it", lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5));
+done:
+    lucid_conv_wshadow_release(&s);
+    lucid_tensor_release(v);
+    lucid_tensor_release(w);
+}
+
 int main(void) {
     lucid_ctx *ctx = test_cpu_ctx();
     if (!ctx) return 1;
     test_freshness(ctx);
+    test_flip(ctx);
     test_entry_points(ctx);
     lucid_ctx_release(ctx);
     return test_exit();
