@@ -101,6 +101,20 @@ int64_t lucid_conv_gemm_wgrad_splits(const lucid_conv_gemm_geom *g) {
     return S;
 }
 
+/* LUCID_WGRAD_PTRS (read once; unset or anything but "0": on): whether a
+ * split filter gradient with N > 1 and S > 1 takes ONE pointer-array batched
+ * GEMM (cublasGemmBatchedEx over all N*S products) instead of min(N, S)
+ * strided-batched launches. */
+int lucid_conv_gemm_wgrad_ptrs_switch(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_WGRAD_PTRS", &off);
+}
+
+/* Whether the split filter gradient of g takes the pointer-array GEMM. */
+static bool wgrad_uses_ptrs(const lucid_conv_gemm_geom *g, int64_t S) {
+    return g->N > 1 && S > 1 && lucid_conv_gemm_wgrad_ptrs_switch();
+}
+
 int lucid_wcast_once_switch(void) {
     static int off = -1;
     return !lucid_env_zero("LUCID_WCAST_ONCE", &off);
@@ -134,9 +148,11 @@ size_t lucid_conv_gemm_scratch(const lucid_conv_gemm_geom *g, lucid_dtype dt, in
 }
 
 size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout) {
-    const int64_t parts = g->N * lucid_conv_gemm_wgrad_splits(g);
+    const int64_t S = lucid_conv_gemm_wgrad_splits(g), parts = g->N * S;
     if (parts == 1 && Kout >= g->Cin) return 0;
-    return nn_align((size_t)(parts * g->Cout * g->Cin) * sizeof(float));
+    size_t b = nn_align((size_t)(parts * g->Cout * g->Cin) * sizeof(float));
+    if (wgrad_uses_ptrs(g, S)) b += nn_align((size_t)(3 * parts) * sizeof(void *));
+    return b;
 }
 
 // ----------------------------------------------------------------------------
@@ -248,6 +264,26 @@ static __global__ void gemm_wgrad_fold_warp(const float *__restrict__ part, floa
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
         if (lane == 0) dw[i] = beta != 0.0f ? fmaf(beta, dw[i], s) : s;
+    }
+}
+
+/* The operand pointers of the pointer-array filter-gradient GEMM, product j
+ * = n*S + s (image n, columns [s*Pc, (s+1)*Pc)): a[j] = x + (n*Ci*P + s*Pc)
+ * elements, b[j] = dy + (n*Co*P + s*Pc) elements, c[j] = part + j*pw floats
+ * (es: bytes per activation element).  Written on the stream before each
+ * GEMM, so replays and eager calls never read stale addresses. */
+static __global__ void gemm_wgrad_ptrs(const char *x, const char *dy, float *part,
+                                       const void **a, const void **b, void **c, int64_t S,
+                                       int64_t parts, int64_t Ci, int64_t Co, int64_t P,
+                                       int64_t Pc, int64_t pw, int64_t es) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < parts;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = j / S, s = j % S;
+        a[j] = x + (size_t)(n * Ci * P + s * Pc) * es;
+        b[j] = dy + (size_t)(n * Co * P + s * Pc) * es;
+        c[j] = part + j * pw;
     }
 }
 
@@ -475,7 +511,18 @@ lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t
         return LUCID_OK;
     }
     float *part = (float *)scratch;
-    if (S >= N) { /* per image: its S chunks, Pc columns apart */
+    if (wgrad_uses_ptrs(g, S)) { /* all N*S products in one pointer-array GEMM */
+        void **ptr = (void **)((char *)scratch + nn_align((size_t)(parts * pw) * sizeof(float)));
+        const void **pa = (const void **)ptr, **pb = (const void **)(ptr + parts);
+        void **pc = ptr + 2 * parts;
+        CUDA_CHECK(ctx, lucid_launch(gemm_wgrad_ptrs, dim3(gm_blocks(parts)), dim3(GEMM_THREADS),
+                                     0, stream, (const char *)x, (const char *)dy, part, pa, pb,
+                                     pc, S, parts, Ci, Co, P, Pc, pw, (int64_t)es));
+        CUBLAS_CHECK(ctx, cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co,
+                                              (int)Pc, &one, pa, adt, (int)P, pb, adt, (int)P,
+                                              &zero, pc, CUDA_R_32F, (int)Ci, (int)parts,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (S >= N) { /* per image: its S chunks, Pc columns apart */
         for (int64_t n = 0; n < N; n++)
             CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
                                   h, CUBLAS_OP_T, CUBLAS_OP_N, (int)Ci, (int)Co, (int)Pc, &one,

@@ -170,8 +170,12 @@ extern "C" unsigned long lucid_cuda_wcast_launch_count(void);
  * 16->32 3x3 conv at 160x160, 156 us of the H200's replay (DECISIONS 32).
  * N == 1 and S == 1 is one GEMM straight into dw (beta applied by cuBLAS);
  * otherwise the N*S products (partial j = n*S + s: image n, columns
- * [s*P/S, (s+1)*P/S)) go to f32 partials, from min(N, S) strided-batched
- * GEMMs (batched over the larger of the two), then one kernel folds them
+ * [s*P/S, (s+1)*P/S)) go to f32 partials, from one pointer-array batched
+ * GEMM (cublasGemmBatchedEx; a small kernel writes the 3*N*S operand
+ * pointers into the scratch first) when N > 1 and S > 1, else from one
+ * strided-batched GEMM; LUCID_WGRAD_PTRS=0 takes min(N, S) strided-batched
+ * GEMMs (batched over the larger of the two) instead, e.g. layer 0's four
+ * 9 us launches at the end of the H200's critical path; then one kernel folds them
  * in order j, dw[i] = beta*dw[i] + (((p0 + p1) + p2) + ...) for up to 8
  * partials, else one warp per element (lane l adds partials l, l+32, ...
  * in order, then a fixed shuffle tree: layer 0's 256 partials took 21 us
@@ -196,7 +200,9 @@ lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t
                                                   float beta, void *scratch);
 
 /* Bytes of the filter gradient's f32 partials: N*S*Cout*Cin*4 (256-byte
- * aligned) when N*S > 1 or Kout < Cin, else 0. */
+ * aligned) when N*S > 1 or Kout < Cin, else 0; plus 3*N*S pointers
+ * (aligned) when the pointer-array GEMM runs (N > 1, S > 1,
+ * lucid_conv_gemm_wgrad_ptrs_switch). */
 size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout);
 
 /* S, the chunks each image's reduction is cut into (a power of two <= 64):
@@ -207,6 +213,10 @@ size_t lucid_conv_gemm_wgrad_scratch(const lucid_conv_gemm_geom *g, int64_t Kout
  * integer; anything else: -1, and the filter gradient fails with ERR_ARG
  * naming the value). */
 int64_t lucid_conv_gemm_wgrad_splits(const lucid_conv_gemm_geom *g);
+
+/* The LUCID_WGRAD_PTRS switch (read once per process; "0" off, anything
+ * else or unset on): see lucid_conv_gemm_backward_filter. */
+int lucid_conv_gemm_wgrad_ptrs_switch(void);
 
 /* Per context, lucid_cuda_nn_set_conv1x1 (nn_common.cuh, nn_table.cu)
  * overrides the LUCID_CONV1X1 switch for tests and benchmarks, and

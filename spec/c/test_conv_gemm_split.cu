@@ -176,6 +176,19 @@ extern "C" cublasStatus_t cublasGemmStridedBatchedEx(
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Linked, never reached: the pointer-array GEMM runs after the pointer
+ * kernel's launch, which stops the call (lucid_pdl_for_stream throws). */
+static int g_batched_calls = 0;
+extern "C" cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t,
+                                              cublasOperation_t, int, int, int, const void *,
+                                              const void *const[], cudaDataType, int,
+                                              const void *const[], cudaDataType, int,
+                                              const void *, void *const[], cudaDataType, int, int,
+                                              cublasComputeType_t, cublasGemmAlgo_t) {
+    g_batched_calls++;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
 /* gemm_wgrad_fold's per-thread body (nn_conv_gemm.cu) for every i of its
  * grid-stride loop: dw[o][k] = beta*dw[o][k] + ((part[0] + part[1]) + ...)
  * at [o][k] of each [Cout, Kp] partial, k < Kout. */
@@ -278,6 +291,12 @@ static void test_rule_values(const char *pre) {
 
 /* ------------------------------------------------------------ scratch */
 
+/* Whether this process's LUCID_WGRAD_PTRS turns the pointer-array GEMM on */
+static bool ptrs_on(void) {
+    const char *e = getenv("LUCID_WGRAD_PTRS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 static void test_scratch(void) {
     static const int64_t G[][4] = {{1, 16, 24, 64},    {3, 8, 16, 40},   {1, 32, 16, 4096},
                                    {3, 16, 8, 4096},   {2, 8, 8, 25600}, {1, 144, 32, 25600},
@@ -288,8 +307,11 @@ static void test_scratch(void) {
         const int64_t S = conv_wgrad_splits(g.N, g.Cout, g.Cin, g.HW, L);
         const size_t parts = nn_align((size_t)(g.N * S * g.Cout * g.Cin) * 4);
         const int64_t kouts[3] = {g.Cin, g.Cin - 5, 1};
+        /* the pointer-array GEMM's 3*N*S operand pointers (LUCID_WGRAD_PTRS) */
+        const size_t ptrs =
+            ptrs_on() && g.N > 1 && S > 1 ? nn_align((size_t)(3 * g.N * S) * sizeof(void *)) : 0;
         for (int k = 0; k < 3; k++) {
-            const size_t want = g.N * S > 1 || kouts[k] < g.Cin ? parts : 0;
+            const size_t want = g.N * S > 1 || kouts[k] < g.Cin ? parts + ptrs : 0;
             const size_t got = lucid_conv_gemm_wgrad_scratch(&g, kouts[k]);
             ok(got == want && got % 256 == 0,
                NAME("wgrad scratch: N%lld %lld>%lld P %lld (S %lld) Kout %lld", (long long)g.N,
@@ -558,7 +580,41 @@ static void child_env(const char *value) {
     }
 }
 
+/* In a child with LUCID_WGRAD_PTRS unset (on): the scratch sizes hold the
+ * 3*N*S pointers, and a split filter gradient with N > 1 and S > 1 queues
+ * the pointer kernel before any GEMM (the launch stops the call here: no
+ * strided-batched GEMM, no pointer-array GEMM reached); N 1 keeps the
+ * strided-batched GEMM.  The GEMMs' arithmetic is cuBLAS's; the GPU tests
+ * (test_conv_col_cuda, test_nn_cuda) check the route's results. */
+static void child_ptrs(void) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        unsetenv("LUCID_WGRAD_PTRS");
+        unsetenv("LUCID_WGRAD_SPLIT");
+        test_scratch();
+        lucid_conv_gemm_geom g = geom(4, 32, 16, 25600); /* N4, S 16 */
+        int gemms = 0, launches = 0;
+        g_batched_calls = 0;
+        lucid_status st = call_rows(LUCID_BF16, &g, 27, NULL, NULL, NULL, 0.0f, NULL, &gemms,
+                                    &launches);
+        ok(st == LUCID_OK && gemms == 0 && launches == 1 && g_batched_calls == 0,
+           "LUCID_WGRAD_PTRS on: N4 S16 queues the pointer kernel first",
+           WHY("status %d, %d strided GEMMs, %d launches, %d batched", (int)st, gemms, launches,
+               g_batched_calls));
+        fflush(stdout);
+        _exit(failures > 100 ? 100 : failures);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failures++;
+}
+
 int main() {
+    child_ptrs();
+    /* the plans below emulate the strided-batched GEMMs: every process from
+     * here on takes them (LUCID_WGRAD_PTRS=0, read once per process) */
+    setenv("LUCID_WGRAD_PTRS", "0", 1);
     /* the children first: nothing in this process has read LUCID_WGRAD_SPLIT yet */
     static const char *VALUES[] = {"", "0", "800", "abc", "-3", "+5", "12x", " 7", "2147483648"};
     child_env(NULL);
