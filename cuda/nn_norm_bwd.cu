@@ -91,12 +91,18 @@ typedef struct bn_grad_out {
 
 /* Channel c's dx coefficients (k, mean(g), mean(g*xhat), 0) from its sums
  * (sum g, sum g*xhat) in f64. */
+static __device__ __forceinline__ float4 bn_grad_coef_of(double sdy, double sdyx,
+                                                         const bn_geom &g, float wc, float is) {
+    double M = (double)g.N * (double)g.S;
+    double k = (double)wc * (double)is;
+    return make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
+}
+
+/* The same from the [C] tensors (w NULL: 1). */
 static __device__ __forceinline__ float4 bn_grad_coef(double sdy, double sdyx,
                                                       const bn_geom &g, int64_t c,
                                                       const float *w, const float *invstd) {
-    double M = (double)g.N * (double)g.S;
-    double k = (w ? (double)w[c] : 1.0) * (double)invstd[c];
-    return make_float4((float)k, (float)(sdy / M), (float)(sdyx / M), 0.0f);
+    return bn_grad_coef_of(sdy, sdyx, g, w ? w[c] : 1.0f, invstd[c]);
 }
 
 /* Channel c's results from its sums (sum g, sum g*xhat) in f64 (one
@@ -366,6 +372,7 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
     const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
         float mu = mean[c], is = invstd[c];
+        const float wcoef = out.w ? out.w[c] : 1.0f; /* the coefficient's weight, loaded early */
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         float a, bsum;
@@ -377,12 +384,13 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         bn_block_sum2(a, bsum, sh);
         /* cf is rewritten only after the next channel's bn_block_sum2
          * barriers, which every thread reaches after reading it below */
-        if (threadIdx.x == 0) {
-            bn_grad_finish((double)a, (double)bsum, g, c, out);
-            cf = bn_grad_coef((double)a, (double)bsum, g, c, out.w, out.invstd);
-        }
+        /* thread 0 hands the coefficients over first and accumulates
+         * dweight / dbias (global read-modify-writes) after the barrier,
+         * while the block writes dx: the same values, written later */
+        if (threadIdx.x == 0) cf = bn_grad_coef_of((double)a, (double)bsum, g, wcoef, out.invstd[c]);
         __syncthreads();
         const float4 q = cf;
+        if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
         if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */

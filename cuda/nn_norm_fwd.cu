@@ -104,18 +104,22 @@ typedef struct bn_stats_out {
     double momentum, eps;
 } bn_stats_out;
 
-/* Channel c's results from its (count n, mean, M2) in f64 (one thread):
- * save_mean / save_invstd, the running stats and, for c == 0 only,
- * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
- * invstd) it stored in save_mean[c] / save_invstd[c]. */
-static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
-                                         const bn_stats_out &out) {
+/* Channel c's stored (mean, invstd) in f32 from its (count n, mean, M2)
+ * in f64: mean and 1/sqrt(M2/n + eps) (the biased variance normalises). */
+static __device__ __forceinline__ float2 bn_stats_kept(double n, double mean, double m2,
+                                                       double eps) {
     if (m2 < 0.0) m2 = 0.0;
-    double var = m2 / n; /* biased: normalisation */
-    float2 kept;
-    kept.x = (float)mean;
+    const double var = m2 / n; /* biased: normalisation */
+    return make_float2((float)mean, (float)(1.0 / sqrt(var + eps)));
+}
+
+/* What channel c's finish stores besides nothing else needing it first:
+ * save_mean / save_invstd (kept, from bn_stats_kept), the running stats
+ * and, for c == 0 only, num_batches_tracked += 1 (once per forward). */
+static __device__ void bn_stats_store(double n, double mean, double m2, int64_t c, float2 kept,
+                                      const bn_stats_out &out) {
+    if (m2 < 0.0) m2 = 0.0;
     out.save_mean[c] = kept.x;
-    kept.y = (float)(1.0 / sqrt(var + out.eps));
     out.save_invstd[c] = kept.y;
     if (out.running_mean)
         out.running_mean[c] = (float)((1.0 - out.momentum) * (double)out.running_mean[c] +
@@ -128,6 +132,16 @@ static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64
         else if (out.nbt_dt == LUCID_I32) ((int32_t *)out.nbt)[0] += 1;
         else lucid_store_f64(out.nbt, out.nbt_dt, 0, lucid_load_f64(out.nbt, out.nbt_dt, 0) + 1.0);
     }
+}
+
+/* Channel c's results from its (count n, mean, M2) in f64 (one thread):
+ * save_mean / save_invstd, the running stats and, for c == 0 only,
+ * num_batches_tracked += 1 (once per forward).  Returns the f32 (mean,
+ * invstd) it stored in save_mean[c] / save_invstd[c]. */
+static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64_t c,
+                                         const bn_stats_out &out) {
+    const float2 kept = bn_stats_kept(n, mean, m2, out.eps);
+    bn_stats_store(n, mean, m2, c, kept, out);
     return kept;
 }
 
@@ -338,19 +352,22 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
     static_assert(!HELD || VS == VA, "held vectors need one vector width");
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
         float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        /* loaded before the walk, off the chain the barrier waits for */
+        const float wc = w ? w[c] : 1.0f, bc = b ? b[c] : 0.0f;
         R held[BN_UNROLL];
         bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh,
                                        HELD ? (typename bn_vec<T, VS>::R *)held : nullptr);
         /* kept is rewritten only after the next channel's bn_stats_part
-         * barriers, which every thread reaches after reading it below */
-        if (threadIdx.x == 0)
-            kept = bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
+         * barriers, which every thread reaches after reading it below.
+         * Thread 0 computes it, and stores the statistics and the running
+         * stats (global read-modify-writes) only after the barrier, while
+         * the block writes y: the same values, written later */
+        if (threadIdx.x == 0) kept = bn_stats_kept((double)r.n, (double)r.mean, (double)r.m2, out.eps);
         __syncthreads();
+        const float2 kc = kept;
+        if (threadIdx.x == 0) bn_stats_store((double)r.n, (double)r.mean, (double)r.m2, c, kc, out);
         float sc, shf;
-        {
-            float wc = w ? w[c] : 1.0f, is = kept.y, bc = b ? b[c] : 0.0f;
-            bn_affine_of(kept.x, is, wc, bc, &sc, &shf);
-        }
+        bn_affine_of(kc.x, kc.y, wc, bc, &sc, &shf);
         const int64_t base = pa.base + c * g.S;
         bn_walk wk = bn_walk_first(pa);
         if constexpr (HELD) { /* one round: the vectors are in held[] */
