@@ -17,9 +17,15 @@
  *   channel_copy_multi: up to CM_PIECES (16) beta-0 same-dtype copies
  *             (or zero fills) per launch, one block range per piece (see
  *             chan_copy_multi below); bits moved as unsigned integers of
- *             the element size, so identical to channel_copy's. Under
- *             LUCID_CHAN_COPY=memcpy: one cudaMemcpy2DAsync /
- *             cudaMemset2DAsync per piece.
+ *             the element size, so identical to channel_copy's. A launch
+ *             that holds a sum piece (lucid_chan_piece addends) takes
+ *             chan_sum_multi: per element v = src0, then v = round_T(v +
+ *             src_j) in f32 (__fadd_rn), the bits of add_fwd /
+ *             map_contig_kernel chained; its copy and zero pieces move
+ *             bits as chan_copy_multi's. Under LUCID_CHAN_COPY=memcpy:
+ *             one cudaMemcpy2DAsync / cudaMemset2DAsync per piece (a sum
+ *             piece: its copy, then one beta-1 channel_copy per addend,
+ *             fma(1, dst, addend): the same rounding).
  *   upsample: y[i,j] = x[i/s, j/s]; dx[h,w] = sum of the s x s block of dy
  *             (a gather: one thread per dx element, or per half vector of
  *             dx, fixed order: acc = 0, += dy[a][b] row-major, then
@@ -507,6 +513,10 @@ static lucid_status chan_copy_multi_each(lucid_ctx *ctx, const lucid_cuda_state 
         if (p->src) {
             LUCID_TRY(lucid_cuda_channel_copy(ctx, p->dst, p->dst_c0, p->src, p->src_c0,
                                               p->nch, 0.0));
+            /* a sum: dst = fma(1, dst, addend), one rounding per addition */
+            for (int k = 1; k < lucid_chan_piece_nsrc(p); k++)
+                LUCID_TRY(lucid_cuda_channel_copy(ctx, p->dst, p->dst_c0, p->add[k - 1],
+                                                  p->add_c0[k - 1], p->nch, 1.0));
             continue;
         }
         int64_t N = p->dst->shape[0], Cd = p->dst->shape[1], S = nn_inner(p->dst, 2);
@@ -520,16 +530,48 @@ static lucid_status chan_copy_multi_each(lucid_ctx *ctx, const lucid_cuda_state 
     return LUCID_OK;
 }
 
-/* Fill t.p[0..m) from pc (block shares: each piece's grid as cc_grid would
- * size it for a launch of its own; when they sum past pw_cap, each is
- * scaled down in proportion, at least one block). Returns the blocks. */
+/* Block shares of m pieces of one launch: piece i has items[i] work items
+ * of per[i] each per row, N rows; each gets the grid cc_grid would size
+ * for a launch of its own (gx along a row, gy over rows); when they sum
+ * past pw_cap, each is scaled down in proportion, at least one block.
+ * Writes gx, gy and first (the piece's first block); returns the blocks. */
+static unsigned cm_shares(const lucid_cuda_state *st, int m, int64_t N,
+                          const int64_t *items, const int *per, int64_t *gx,
+                          int64_t *gy, unsigned *first) {
+    const int64_t cap = pw_cap(st);
+    int64_t want = 0;
+    for (int i = 0; i < m; i++) {
+        gy[i] = N < 65535 ? N : 65535;
+        gx[i] = pw_grid(st, items[i], per[i]);
+        if (gx[i] > cap / gy[i]) gx[i] = cap / gy[i];
+        if (gx[i] < 1) gx[i] = 1;
+        want += gx[i] * gy[i];
+    }
+    int64_t f = 0;
+    for (int i = 0; i < m; i++) {
+        if (want > cap) {
+            int64_t share = (int64_t)((double)(gx[i] * gy[i]) * (double)cap / (double)want);
+            if (share < 1) share = 1;
+            if (gy[i] > share) gy[i] = share;
+            if (gx[i] > share / gy[i]) gx[i] = share / gy[i];
+            if (gx[i] < 1) gx[i] = 1;
+        }
+        first[i] = (unsigned)f;
+        f += gx[i] * gy[i];
+    }
+    return (unsigned)f;
+}
+
+/* Fill t.p[0..m) from pc (block shares: cm_shares). Returns the blocks. */
 static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
                         const lucid_chan_piece *pc, bool *small) {
     const lucid_tensor *ref = pc[0].dst;
     const int64_t N = ref->shape[0], S = nn_inner(ref, 2);
     const size_t es = lucid_dtype_size(ref->dtype);
-    const int64_t V = 16 / (int64_t)es, cap = pw_cap(st);
-    int64_t gx[CM_PIECES], gy[CM_PIECES], want = 0;
+    const int64_t V = 16 / (int64_t)es;
+    int64_t gx[CM_PIECES], gy[CM_PIECES], items[CM_PIECES];
+    int per[CM_PIECES];
+    unsigned first[CM_PIECES];
     memset(t, 0, sizeof *t);
     t->N = N;
     t->n = m;
@@ -553,29 +595,216 @@ static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
         q->len = len;
         q->dstride = Cd * S;
         q->vec = vec;
-        const int per = vec ? PW_UNROLL : 1;
-        const int64_t items = vec ? len / V : len;
-        gy[i] = N < 65535 ? N : 65535;
-        gx[i] = pw_grid(st, items, per);
-        if (gx[i] > cap / gy[i]) gx[i] = cap / gy[i];
-        if (gx[i] < 1) gx[i] = 1;
-        want += gx[i] * gy[i];
+        per[i] = vec ? PW_UNROLL : 1;
+        items[i] = vec ? len / V : len;
     }
-    int64_t first = 0;
+    const unsigned blocks = cm_shares(st, m, N, items, per, gx, gy, first);
     for (int i = 0; i < m; i++) {
-        if (want > cap) {
-            int64_t share = (int64_t)((double)(gx[i] * gy[i]) * (double)cap / (double)want);
-            if (share < 1) share = 1;
-            if (gy[i] > share) gy[i] = share;
-            if (gx[i] > share / gy[i]) gx[i] = share / gy[i];
-            if (gx[i] < 1) gx[i] = 1;
-        }
-        t->p[i].first = (unsigned)first;
+        t->p[i].first = first[i];
         t->p[i].gx = (unsigned)gx[i];
         t->p[i].gy = (unsigned)gy[i];
-        first += gx[i] * gy[i];
     }
-    return (unsigned)first;
+    return blocks;
+}
+
+// ----------------------------------------------------------------------------
+// channel_copy_multi with sum pieces
+
+/* One piece of a launch that holds a sum piece: ns sources (0: zero bits,
+ * 1: a copy of src[0], 2..LUCID_CHAN_SUM_MAX: their rounded sum), rows n <
+ * N of len elements at dst + n*dstride, source j at src[j] + n*sstride[j]
+ * (strides in elements); blocks [first, first + gx*gy) as cm_piece. vec:
+ * dst and every source row start 16-byte aligned. */
+struct cs_piece {
+    void *dst;
+    const void *src[LUCID_CHAN_SUM_MAX];
+    int64_t len, dstride;
+    int64_t sstride[LUCID_CHAN_SUM_MAX];
+    unsigned first, gx, gy;
+    int vec, ns;
+};
+
+/* The kernel parameter (by value, __grid_constant__): 1808 bytes, inside
+ * the 4 KiB limit. */
+struct cs_table {
+    cs_piece p[CM_PIECES];
+    int64_t N;
+    int n;
+};
+
+/* v rounded to T and back to f32 (exact): one rounding per addition. */
+template <typename T> __device__ __forceinline__ float cs_round(float v);
+template <> __device__ __forceinline__ float cs_round<float>(float v) { return v; }
+template <> __device__ __forceinline__ float cs_round<__nv_bfloat16>(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <> __device__ __forceinline__ float cs_round<__half>(float v) {
+    return __half2float(__float2half_rn(v));
+}
+
+/* The unsigned integer of T's size (bit copies). */
+template <int B> struct cs_word;
+template <> struct cs_word<2> { typedef uint16_t type; };
+template <> struct cs_word<4> { typedef uint32_t type; };
+
+/* A launch of pieces of which at least one is a sum; block b belongs to
+ * the last piece whose first <= b (as chan_copy_multi). Sum pieces: per
+ * element v = src0, then v = round_T(v + src_j) for j = 1..ns-1 in f32
+ * (__fadd_rn: never contracted), stored as T: the bits of the chain
+ * src0:add(src1):add(src2)... of add_fwd / map_contig_kernel. vec:
+ * V-element vectors along the row (PW_UNROLL per thread per step, every
+ * load of a step before its stores), then the len % V tail one element per
+ * thread. Copy and zero pieces move bits as unsigned integers, exactly as
+ * chan_copy_multi. No division per element. */
+template <typename T, typename IndexT>
+static __global__ void chan_sum_multi(const __grid_constant__ cs_table t) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef typename cs_word<sizeof(T)>::type E;
+    constexpr int V = 16 / sizeof(T);
+    typedef pw_pack<T, V> vt;
+    typedef pw_pack<E, V> vw;
+    int pi = 0;
+    while (pi + 1 < t.n && blockIdx.x >= t.p[pi + 1].first) pi++;
+    const cs_piece &P = t.p[pi];
+    const unsigned b = blockIdx.x - P.first;
+    const unsigned by = b / P.gx, bx = b - by * P.gx;
+    const IndexT tx = (IndexT)bx * blockDim.x + threadIdx.x;
+    const IndexT ntx = (IndexT)P.gx * blockDim.x;
+    const IndexT N = (IndexT)t.N, len = (IndexT)P.len, dstride = (IndexT)P.dstride;
+    const IndexT nv = P.vec ? len / V : 0;
+    const int ns = P.ns;
+    for (IndexT n = by; n < N; n += P.gy) {
+        if (ns >= 2) {
+            T *dr = (T *)P.dst + n * dstride;
+            const T *sr[LUCID_CHAN_SUM_MAX];
+#pragma unroll
+            for (int j = 0; j < LUCID_CHAN_SUM_MAX; j++)
+                sr[j] = j < ns ? (const T *)P.src[j] + n * (IndexT)P.sstride[j] : nullptr;
+            for (IndexT v0 = tx; v0 < nv; v0 += ntx * PW_UNROLL) {
+                float acc[PW_UNROLL][V];
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) {
+                        vt x = ((const vt *)sr[0])[v];
+#pragma unroll
+                        for (int k = 0; k < V; k++) acc[u][k] = lucid_elem<T>::load(x.e, k);
+                    }
+                }
+#pragma unroll
+                for (int j = 1; j < LUCID_CHAN_SUM_MAX; j++) {
+                    if (j >= ns) break;
+                    vt xs[PW_UNROLL];
+#pragma unroll
+                    for (int u = 0; u < PW_UNROLL; u++) {
+                        IndexT v = v0 + (IndexT)u * ntx;
+                        if (v < nv) xs[u] = ((const vt *)sr[j])[v];
+                    }
+#pragma unroll
+                    for (int u = 0; u < PW_UNROLL; u++) {
+                        IndexT v = v0 + (IndexT)u * ntx;
+                        if (v < nv) {
+#pragma unroll
+                            for (int k = 0; k < V; k++)
+                                acc[u][k] = cs_round<T>(
+                                    __fadd_rn(acc[u][k], lucid_elem<T>::load(xs[u].e, k)));
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) {
+                        vt o;
+#pragma unroll
+                        for (int k = 0; k < V; k++) lucid_elem<T>::store(o.e, k, acc[u][k]);
+                        ((vt *)dr)[v] = o;
+                    }
+                }
+            }
+            for (IndexT k = nv * V + tx; k < len; k += ntx) {
+                float a = lucid_elem<T>::load(sr[0], k);
+#pragma unroll
+                for (int j = 1; j < LUCID_CHAN_SUM_MAX; j++) {
+                    if (j >= ns) break;
+                    a = cs_round<T>(__fadd_rn(a, lucid_elem<T>::load(sr[j], k)));
+                }
+                lucid_elem<T>::store(dr, k, a);
+            }
+        } else if (ns == 1) {
+            E *dr = (E *)P.dst + n * dstride;
+            const E *sr = (const E *)P.src[0] + n * (IndexT)P.sstride[0];
+            for (IndexT v0 = tx; v0 < nv; v0 += ntx * PW_UNROLL) {
+                vw xs[PW_UNROLL];
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) xs[u] = ((const vw *)sr)[v];
+                }
+#pragma unroll
+                for (int u = 0; u < PW_UNROLL; u++) {
+                    IndexT v = v0 + (IndexT)u * ntx;
+                    if (v < nv) ((vw *)dr)[v] = xs[u];
+                }
+            }
+            for (IndexT k = nv * V + tx; k < len; k += ntx) dr[k] = sr[k];
+        } else {
+            E *dr = (E *)P.dst + n * dstride;
+            vw z;
+#pragma unroll
+            for (int k = 0; k < V; k++) z.e[k] = 0;
+            for (IndexT v = tx; v < nv; v += ntx) ((vw *)dr)[v] = z;
+            for (IndexT k = nv * V + tx; k < len; k += ntx) dr[k] = 0;
+        }
+    }
+}
+
+/* Fill t.p[0..m) from pc (block shares: cm_shares; a sum piece's work
+ * items are those of a copy of its length). Returns the blocks. */
+static unsigned cs_plan(const lucid_cuda_state *st, cs_table *t, int m,
+                        const lucid_chan_piece *pc, bool *small) {
+    const lucid_tensor *ref = pc[0].dst;
+    const int64_t N = ref->shape[0], S = nn_inner(ref, 2);
+    const size_t es = lucid_dtype_size(ref->dtype);
+    const int64_t V = 16 / (int64_t)es;
+    int64_t gx[CM_PIECES], gy[CM_PIECES], items[CM_PIECES];
+    int per[CM_PIECES];
+    unsigned first[CM_PIECES];
+    memset(t, 0, sizeof *t);
+    t->N = N;
+    t->n = m;
+    for (int i = 0; i < m; i++) {
+        const lucid_chan_piece *p = &pc[i];
+        cs_piece *q = &t->p[i];
+        const int64_t Cd = p->dst->shape[1], len = p->nch * S;
+        char *dd = (char *)lucid_tensor_data(p->dst) + (size_t)(p->dst_c0 * S) * es;
+        bool vec = pw_aligned(dd, 16) && ((size_t)(Cd * S) * es) % 16 == 0;
+        q->ns = lucid_chan_piece_nsrc(p);
+        for (int j = 0; j < q->ns; j++) {
+            const lucid_tensor *s = j ? p->add[j - 1] : p->src;
+            const int64_t c0 = j ? p->add_c0[j - 1] : p->src_c0, Cs = s->shape[1];
+            const char *sd = (const char *)lucid_tensor_data(s) + (size_t)(c0 * S) * es;
+            vec = vec && pw_aligned(sd, 16) && ((size_t)(Cs * S) * es) % 16 == 0;
+            q->src[j] = sd;
+            q->sstride[j] = Cs * S;
+            if (lucid_tensor_numel(s) >= ((int64_t)1 << 31)) *small = false;
+        }
+        if (lucid_tensor_numel(p->dst) >= ((int64_t)1 << 31)) *small = false;
+        q->dst = dd;
+        q->len = len;
+        q->dstride = Cd * S;
+        q->vec = vec;
+        per[i] = vec ? PW_UNROLL : 1;
+        items[i] = vec ? len / V : len;
+    }
+    const unsigned blocks = cm_shares(st, m, N, items, per, gx, gy, first);
+    for (int i = 0; i < m; i++) {
+        t->p[i].first = first[i];
+        t->p[i].gx = (unsigned)gx[i];
+        t->p[i].gy = (unsigned)gy[i];
+    }
+    return blocks;
 }
 
 extern "C" lucid_status lucid_cuda_channel_copy_multi(lucid_ctx *ctx, int n,
@@ -586,8 +815,31 @@ extern "C" lucid_status lucid_cuda_channel_copy_multi(lucid_ctx *ctx, int n,
     if (!chan_copy_kernel_env()) return chan_copy_multi_each(ctx, st, n, pc);
     for (int c0 = 0; c0 < n; c0 += CM_PIECES) {
         const int m = n - c0 < CM_PIECES ? n - c0 : CM_PIECES;
+        bool sums = false, small = true;
+        for (int i = 0; i < m; i++) sums = sums || lucid_chan_piece_nsrc(&pc[c0 + i]) > 1;
+        if (sums) {
+            cs_table t;
+            const unsigned blocks = cs_plan(st, &t, m, pc + c0, &small);
+#define CS_LAUNCH(T)                                                          \
+    do {                                                                      \
+        if (small)                                                            \
+            lucid_launch(chan_sum_multi<T, uint32_t>, blocks, PW_THREADS, 0,  \
+                         st->stream, t);                                      \
+        else                                                                  \
+            lucid_launch(chan_sum_multi<T, int64_t>, blocks, PW_THREADS, 0,   \
+                         st->stream, t);                                      \
+    } while (0)
+            switch (dt) {
+            case LUCID_F32: CS_LAUNCH(float); break;
+            case LUCID_BF16: CS_LAUNCH(__nv_bfloat16); break;
+            default: CS_LAUNCH(__half); break;
+            }
+#undef CS_LAUNCH
+            CUDA_CHECK_LAUNCH(ctx, "chan_sum_multi");
+            chan_copy_ops++;
+            continue;
+        }
         cm_table t;
-        bool small = true;
         const unsigned blocks = cm_plan(st, &t, m, pc + c0, &small);
         if (lucid_dtype_size(dt) == 2) {
             if (small)

@@ -42,6 +42,17 @@
  *     nothing) into their weight shadows in one launch, so their next
  *     forward and backward-data cast nothing (engine/nn/nn.h
  *     lucid_nn_conv_cast_weights); a module of another kind is an error
+ *   Fused sums (engine/nn/nn.h lucid_chan_piece, lucid_nn_add_n):
+ *     chan_sum({{dst, dst_c0, nch [, src, src_c0 [, add, add_c0]...]}, ...}):
+ *       one lucid_nn_channel_copy_multi (0-based channel offsets; no
+ *       source: zero fill; 1: copy; 2..4: rounded left-to-right sum)
+ *     add_n({x1, ..., xn} [, out]) -> y: ((x1 + x2) + ...) rounded after
+ *       each addition, n 1..4, in one call (out or a new tensor)
+ *     empty_like(like [, channels]) -> a new uninitialised tensor shaped
+ *       like `like` (dim 1 = channels when given), same context
+ *     m:ensure_buffer("output" | "grad_input", i, like [, channels]) ->
+ *       the module's persistent buffer i (1-based), shaped like `like`
+ *       (dim 1 = channels when given), for a fused sum to write
  *   Module methods: m:forward(x | {x1, ...}) -> y | {y1, ...};
  *     m:backward(x | {x1, ...}, gy | {gy1, ...}) -> gx | {gx1, ...} (nil
  *     when need_grad_input is off); m:parameters(), m:buffers() -> {Param};
@@ -743,6 +754,169 @@ static int l_conv_cast_weights(lua_State *L) {
     return 0;
 }
 
+/* An integer entry k of the piece table at index t (pieces[i] of argument
+ * 1 of chan_sum); raises naming the piece and the entry. */
+static int64_t piece_int(lua_State *L, int t, int k, int i, const char *what) {
+    lua_rawgeti(L, t, k);
+    int isnum = lua_type(L, -1) == LUA_TNUMBER;
+    lua_Number v = isnum ? lua_tonumber(L, -1) : 0;
+    lua_pop(L, 1);
+    if (!isnum || v != (lua_Number)(int64_t)v)
+        lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces[%d][%d] (%s): expected an integer",
+                                                 i + 1, k, what));
+    return (int64_t)v;
+}
+
+/* A tensor entry k of the piece table at index t; raises like piece_int. */
+static lucid_tensor *piece_tensor(lua_State *L, int t, int k, int i, const char *what) {
+    lua_rawgeti(L, t, k);
+    lucid_tensor *x = lucid_lua_to_tensor(L, -1);
+    if (!x)
+        lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces[%d][%d] (%s): expected lucid.Tensor, got %s",
+                                                 i + 1, k, what, luaL_typename(L, -1)));
+    lua_pop(L, 1); /* the piece table holds a reference */
+    return x;
+}
+
+/* chan_sum(pieces): lucid_nn_channel_copy_multi (engine/nn/nn.h) over
+ * pieces[i] = {dst, dst_c0, nch [, src, src_c0 [, add, add_c0]...]}
+ * (channel offsets 0-based, 1..LUCID_CHAN_PIECES_MAX pieces): no source
+ * zeroes dst's channels [dst_c0, dst_c0+nch), one copies src's, 2..4 write
+ * their rounded left-to-right sum (the bits of src:add(add1):add(add2)...).
+ * One launch on the GPU per 16 pieces. Returns nothing; engine errors
+ * (overlap, shapes, dtypes) raise. */
+static int l_chan_sum(lua_State *L) {
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1);
+    if (n < 1 || n > LUCID_CHAN_PIECES_MAX)
+        return lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces: expected 1..%d pieces, got %d",
+                                                        LUCID_CHAN_PIECES_MAX, n));
+    lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
+    memset(pc, 0, sizeof pc);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        int t = lua_gettop(L);
+        int len = lua_istable(L, t) ? (int)lua_objlen(L, t) : -1;
+        if (len < 3 || (len - 3) % 2 != 0 || (len - 3) / 2 > LUCID_CHAN_SUM_MAX)
+            return lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces[%d]: expected {dst, dst_c0, nch "
+                                                               "[, src, src_c0 [, add, add_c0]...]} "
+                                                               "with at most %d sources",
+                                                            i + 1, LUCID_CHAN_SUM_MAX));
+        lucid_chan_piece *p = &pc[i];
+        p->dst = piece_tensor(L, t, 1, i, "dst");
+        p->dst_c0 = piece_int(L, t, 2, i, "dst_c0");
+        p->nch = piece_int(L, t, 3, i, "nch");
+        for (int k = 0; k < (len - 3) / 2; k++) {
+            lucid_tensor *x = piece_tensor(L, t, 4 + 2 * k, i, k ? "add" : "src");
+            int64_t c0 = piece_int(L, t, 5 + 2 * k, i, k ? "add_c0" : "src_c0");
+            if (k == 0) {
+                p->src = x;
+                p->src_c0 = c0;
+            } else {
+                p->add[k - 1] = x;
+                p->add_c0[k - 1] = c0;
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lucid_ctx *ctx = lucid_tensor_ctx(pc[0].dst);
+    lucid_status st = lucid_nn_channel_copy_multi(ctx, n, pc);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
+/* add_n({x1, ..., xn} [, out]) -> y: ((x1 + x2) + x3) + ..., one rounding
+ * per addition (the bits of x1:add(x2):add(x3)...), in one call
+ * (engine/nn/nn.h lucid_nn_add_n: n in 1..4, one shape of rank >= 2, one
+ * float dtype, one device). y: out (written, returned) or a new tensor. */
+static int l_add_n(lua_State *L) {
+    lucid_lua_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1);
+    if (n < 1 || n > LUCID_CHAN_SUM_MAX)
+        return lucid_lua_argerror(L, 1, lua_pushfstring(L, "x: expected 1..%d tensors, got %d",
+                                                        LUCID_CHAN_SUM_MAX, n));
+    const lucid_tensor *x[LUCID_CHAN_SUM_MAX];
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        x[i] = lucid_lua_to_tensor(L, -1);
+        if (!x[i])
+            return lucid_lua_argerror(L, 1, lua_pushfstring(L, "x[%d]: expected lucid.Tensor, got %s",
+                                                            i + 1, luaL_typename(L, -1)));
+        lua_pop(L, 1);
+    }
+    lucid_ctx *ctx = lucid_tensor_ctx(x[0]);
+    if (!lua_isnoneornil(L, 2)) {
+        lucid_tensor *y = lucid_lua_check_tensor(L, 2, "out");
+        lucid_status st = lucid_nn_add_n(ctx, n, x, y);
+        if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+        lua_settop(L, 2);
+        return 1;
+    }
+    lucid_tensor *y = NULL;
+    lucid_status st = lucid_tensor_empty(ctx, lucid_tensor_device(x[0]), x[0]->dtype, x[0]->ndim,
+                                         x[0]->shape, &y);
+    if (st == LUCID_OK) st = lucid_nn_add_n(ctx, n, x, y);
+    if (st != LUCID_OK) {
+        lucid_tensor_release(y);
+        return lucid_lua_raise(L, ctx, st);
+    }
+    lucid_lua_push_tensor(L, y);
+    return 1;
+}
+
+/* empty_like(like [, channels]) -> tensor: a new uninitialised contiguous
+ * tensor of like's context, device, dtype and shape (dim 1 = channels when
+ * given): the result buffer of a fused sum (lucid.nn.containers.sum). */
+static int l_empty_like(lua_State *L) {
+    lucid_tensor *like = lucid_lua_check_tensor(L, 1, "like");
+    int64_t shape[LUCID_MAX_DIMS];
+    memcpy(shape, like->shape, sizeof(int64_t) * (size_t)like->ndim);
+    if (!lua_isnoneornil(L, 2)) {
+        lua_Integer c = lucid_lua_checkinteger(L, 2);
+        if (like->ndim < 2 || c < 0)
+            return lucid_lua_argerror(L, 2, lua_pushfstring(L, "channels: expected an integer >= 0 for "
+                                                               "a like of rank >= 2"));
+        shape[1] = (int64_t)c;
+    }
+    lucid_ctx *ctx = lucid_tensor_ctx(like);
+    lucid_tensor *t = NULL;
+    lucid_status st = lucid_tensor_empty(ctx, lucid_tensor_device(like), like->dtype, like->ndim,
+                                         shape, &t);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    lucid_lua_push_tensor(L, t);
+    return 1;
+}
+
+/* m:ensure_buffer(kind, i, like [, channels]) -> tensor: the module's
+ * persistent outputs[i] (kind "output") or grad_inputs[i] ("grad_input"),
+ * i 1-based, made to have like's device, dtype and shape (dim 1 replaced by
+ * channels when given) as the module's own passes do
+ * (lucid_module_ensure_buffer: kept when it already matches, else
+ * reallocated, uninitialised). The buffer of a Concat / Split helper that a
+ * block's fused sum writes itself. */
+static int l_module_ensure_buffer(lua_State *L) {
+    module_box *b = check_module(L, 1);
+    static const char *const kinds[] = {"output", "grad_input", NULL};
+    int grad = lucid_lua_checkoption(L, 2, NULL, kinds);
+    int i = (int)lucid_lua_checkinteger(L, 3);
+    lucid_tensor *like = lucid_lua_check_tensor(L, 4, "like");
+    int64_t shape[LUCID_MAX_DIMS];
+    memcpy(shape, like->shape, sizeof(int64_t) * (size_t)like->ndim);
+    if (!lua_isnoneornil(L, 5)) {
+        lua_Integer c = lucid_lua_checkinteger(L, 5);
+        if (like->ndim < 2 || c < 0)
+            return lucid_lua_argerror(L, 5, lua_pushfstring(L, "channels: expected an integer >= 0 for "
+                                                               "a like of rank >= 2"));
+        shape[1] = (int64_t)c;
+    }
+    lucid_tensor *t = NULL;
+    lucid_status st = lucid_module_ensure_buffer(b->ctx, b->m, grad, i - 1, lucid_tensor_device(like),
+                                                 like->dtype, like->ndim, shape, &t);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    push_borrowed(L, t);
+    return 1;
+}
+
 static int push_params_of(lua_State *L, lucid_module *m, lucid_param_kind kind) {
     lua_newtable(L);
     int j = 0;
@@ -808,6 +982,7 @@ static const luaL_Reg module_methods[] = {
     {"train", l_module_train},         {"eval", l_module_eval},
     {"need_grad_input", l_module_need_grad_input},
     {"kind", l_module_kind},           {"describe", l_module_describe},
+    {"ensure_buffer", l_module_ensure_buffer},
     {NULL, NULL},
 };
 
@@ -850,6 +1025,7 @@ static const luaL_Reg nn_funcs[] = {
     {"batchnorm2d_silu_forward", l_bn_silu_forward},
     {"batchnorm2d_silu_backward", l_bn_silu_backward},
     {"conv_cast_weights", l_conv_cast_weights},
+    {"chan_sum", l_chan_sum},    {"add_n", l_add_n},     {"empty_like", l_empty_like},
     {NULL, NULL},
 };
 

@@ -8,7 +8,10 @@
  *     (dtypes may differ: converted through f64; same dtype and beta 0 is a
  *     plain memcpy per batch item).
  *   channel_copy_multi: beta-0 channel_copy per piece (a piece without src
- *     memsets its channel range of each batch item to zero bits).
+ *     memsets its channel range of each batch item to zero bits; a piece
+ *     with addends is the rounded left-to-right sum of its sources: f32
+ *     additions rounded to bf16 / f16 after each one, f32 and f64 in their
+ *     own precision, the bits of a:add(b) chained).
  *   add_forward: y = a + b, same shape and dtype (y may alias a or b).
  * f32 (and same-dtype copies) take typed loops threaded over blocks of
  * elements; other dtype mixes go through f64 per element.
@@ -90,10 +93,100 @@ lucid_status cpu_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
     return LUCID_OK;
 }
 
+/* One sum piece: rows of len elements, blocks of CB_ELEMS. */
+typedef struct cs_job {
+    int64_t len, nb; /* nb blocks per batch item */
+    int ns;          /* sources, 2..LUCID_CHAN_SUM_MAX */
+    lucid_dtype dt;
+    char *d;
+    int64_t dstride;
+    const char *s[LUCID_CHAN_SUM_MAX];
+    int64_t sstride[LUCID_CHAN_SUM_MAX];
+} cs_job;
+
+/* v rounded to bf16 / f16 and back (exact in f32) */
+static inline float cs_bf16(float v) { return lucid_bf16_to_f32(lucid_f32_to_bf16(v)); }
+static inline float cs_f16(float v) { return lucid_f16_to_f32(lucid_f32_to_f16(v)); }
+
+/* The sum of J->ns sources per element, in the order of the sources: f32
+ * (f64) additions, each rounded to the dtype (bf16 / f16: through
+ * lucid_f32_to_bf16 / _f16, as a:add(b) stores). */
+static void cs_range(void *arg, int64_t u0, int64_t u1) {
+    const cs_job *J = arg;
+    const int ns = J->ns;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t r = u / J->nb, k = u % J->nb;
+        int64_t i0 = k * CB_ELEMS, m = J->len - i0 < CB_ELEMS ? J->len - i0 : CB_ELEMS;
+        if (m <= 0) continue;
+        const size_t es = lucid_dtype_size(J->dt);
+        char *d = J->d + (size_t)(r * J->dstride + i0) * es;
+        const char *s[LUCID_CHAN_SUM_MAX];
+        for (int j = 0; j < ns; j++) s[j] = J->s[j] + (size_t)(r * J->sstride[j] + i0) * es;
+        switch (J->dt) {
+        case LUCID_F32: {
+            float *y = (float *)d;
+            for (int64_t i = 0; i < m; i++) {
+                float v = ((const float *)s[0])[i];
+                for (int j = 1; j < ns; j++) v = v + ((const float *)s[j])[i];
+                y[i] = v;
+            }
+            break;
+        }
+        case LUCID_F64: {
+            double *y = (double *)d;
+            for (int64_t i = 0; i < m; i++) {
+                double v = ((const double *)s[0])[i];
+                for (int j = 1; j < ns; j++) v = v + ((const double *)s[j])[i];
+                y[i] = v;
+            }
+            break;
+        }
+        case LUCID_BF16: {
+            uint16_t *y = (uint16_t *)d;
+            for (int64_t i = 0; i < m; i++) {
+                float v = lucid_bf16_to_f32(((const uint16_t *)s[0])[i]);
+                for (int j = 1; j < ns; j++)
+                    v = cs_bf16(v + lucid_bf16_to_f32(((const uint16_t *)s[j])[i]));
+                y[i] = lucid_f32_to_bf16(v);
+            }
+            break;
+        }
+        default: { /* F16 */
+            uint16_t *y = (uint16_t *)d;
+            for (int64_t i = 0; i < m; i++) {
+                float v = lucid_f16_to_f32(((const uint16_t *)s[0])[i]);
+                for (int j = 1; j < ns; j++)
+                    v = cs_f16(v + lucid_f16_to_f32(((const uint16_t *)s[j])[i]));
+                y[i] = lucid_f32_to_f16(v);
+            }
+            break;
+        }
+        }
+    }
+}
+
 lucid_status cpu_channel_copy_multi(lucid_ctx *ctx, int n,
                                     const lucid_chan_piece *pc) {
     for (int i = 0; i < n; i++) {
         const lucid_chan_piece *p = &pc[i];
+        const int ns = lucid_chan_piece_nsrc(p);
+        if (ns > 1) {
+            int64_t N = p->dst->shape[0], S = 1;
+            for (int d = 2; d < p->dst->ndim; d++) S *= p->dst->shape[d];
+            cs_job J = {.len = p->nch * S, .ns = ns, .dt = p->dst->dtype,
+                        .dstride = p->dst->shape[1] * S};
+            J.nb = (J.len + CB_ELEMS - 1) / CB_ELEMS;
+            size_t es = lucid_dtype_size(p->dst->dtype);
+            J.d = (char *)lucid_tensor_data(p->dst) + (size_t)(p->dst_c0 * S) * es;
+            for (int j = 0; j < ns; j++) {
+                const lucid_tensor *t = j ? p->add[j - 1] : p->src;
+                int64_t c0 = j ? p->add_c0[j - 1] : p->src_c0;
+                J.s[j] = (const char *)lucid_tensor_data(t) + (size_t)(c0 * S) * es;
+                J.sstride[j] = t->shape[1] * S;
+            }
+            nn_parallel(ctx, N * J.nb, 4, cs_range, &J);
+            continue;
+        }
         if (p->src) {
             LUCID_TRY(cpu_channel_copy(ctx, p->dst, p->dst_c0, p->src, p->src_c0,
                                        p->nch, 0.0));

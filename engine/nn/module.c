@@ -186,6 +186,29 @@ lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i) {
     return (i >= 0 && i < m->ninputs) ? m->grad_inputs[i] : NULL;
 }
 
+lucid_status lucid_module_ensure_buffer(lucid_ctx *ctx, lucid_module *m, int grad,
+                                        int i, lucid_device dev, lucid_dtype dt,
+                                        int ndim, const int64_t *shape,
+                                        lucid_tensor **out) {
+    if (out) *out = NULL;
+    int n = grad ? m->ninputs : m->noutputs;
+    if (i < 0 || i >= n)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': %s %d out of range (0..%d)",
+                            m->vt->kind, m->name, grad ? "grad_input" : "output", i,
+                            n - 1);
+    if (ndim < 0 || ndim > LUCID_MAX_DIMS)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': rank %d (0..%d)", m->vt->kind,
+                            m->name, ndim, LUCID_MAX_DIMS);
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': size %lld of dim %d",
+                                m->vt->kind, m->name, (long long)shape[d], d);
+    lucid_tensor **slot = grad ? &m->grad_inputs[i] : &m->outputs[i];
+    LUCID_TRY(ensure(ctx, slot, dev, dt, ndim, shape));
+    if (out) *out = *slot;
+    return LUCID_OK;
+}
+
 const char *lucid_module_kind(const lucid_module *m) { return m->vt->kind; }
 
 // ----------------------------------------------------------------------------
@@ -789,7 +812,8 @@ static lucid_status cat_fwd(lucid_ctx *ctx, lucid_module *m, int nin,
     lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     int64_t off = 0;
     for (int i = 0; i < nin; i++) {
-        pc[i] = (lucid_chan_piece){m->outputs[0], off, in[i], 0, in[i]->shape[1]};
+        pc[i] = (lucid_chan_piece){.dst = m->outputs[0], .dst_c0 = off, .src = in[i],
+                                   .nch = in[i]->shape[1]};
         off += in[i]->shape[1];
     }
     return lucid_nn_channel_copy_multi(ctx, nin, pc);
@@ -806,7 +830,8 @@ static lucid_status cat_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
     int64_t off = 0;
     for (int i = 0; i < nin; i++) {
         LUCID_TRY(ensure_like(ctx, &m->grad_inputs[i], in[i]));
-        pc[i] = (lucid_chan_piece){m->grad_inputs[i], 0, go[0], off, in[i]->shape[1]};
+        pc[i] = (lucid_chan_piece){.dst = m->grad_inputs[i], .src = go[0], .src_c0 = off,
+                                   .nch = in[i]->shape[1]};
         off += in[i]->shape[1];
     }
     return lucid_nn_channel_copy_multi(ctx, nin, pc);
@@ -867,7 +892,8 @@ static lucid_status split_fwd(lucid_ctx *ctx, lucid_module *m, int nin,
         ys[1] = sizes[i];
         LUCID_TRY(ensure(ctx, &m->outputs[i], lucid_tensor_device(x), x->dtype,
                          x->ndim, ys));
-        pc[i] = (lucid_chan_piece){m->outputs[i], 0, x, off, sizes[i]};
+        pc[i] = (lucid_chan_piece){.dst = m->outputs[i], .src = x, .src_c0 = off,
+                                   .nch = sizes[i]};
         off += sizes[i];
     }
     return lucid_nn_channel_copy_multi(ctx, m->noutputs, pc);
@@ -885,7 +911,7 @@ static lucid_status split_bwd(lucid_ctx *ctx, lucid_module *m, int nin,
     lucid_chan_piece pc[LUCID_CHAN_PIECES_MAX];
     int64_t off = 0;
     for (int i = 0; i < m->noutputs; i++) { /* unused output (go NULL): zeros */
-        pc[i] = (lucid_chan_piece){dx, off, go[i], 0, sizes[i]};
+        pc[i] = (lucid_chan_piece){.dst = dx, .dst_c0 = off, .src = go[i], .nch = sizes[i]};
         off += sizes[i];
     }
     return lucid_nn_channel_copy_multi(ctx, m->noutputs, pc);

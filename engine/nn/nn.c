@@ -772,14 +772,19 @@ static int cc_overlap(const lucid_tensor *a, int64_t a0, const lucid_tensor *b,
     return pa < eb && pb < ea;
 }
 
-/* The reference route: one lucid_nn_channel_copy per copy piece, a
- * lucid_fill(0) of the narrowed dst per zero piece. */
+/* The reference route: one lucid_nn_channel_copy per copy piece (then one
+ * beta-1 lucid_nn_channel_copy per addend of a sum piece: dst = 1*dst +
+ * addend, one rounding per addition as a:add(b)), a lucid_fill(0) of the
+ * narrowed dst per zero piece. */
 static lucid_status cc_multi_each(lucid_ctx *ctx, int n, const lucid_chan_piece *pc) {
     for (int i = 0; i < n; i++) {
         const lucid_chan_piece *p = &pc[i];
         if (p->src) {
             LUCID_TRY(lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, p->src,
                                             p->src_c0, p->nch, 0.0));
+            for (int k = 1; k < lucid_chan_piece_nsrc(p); k++)
+                LUCID_TRY(lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, p->add[k - 1],
+                                                p->add_c0[k - 1], p->nch, 1.0));
         } else if (p->nch > 0) {
             lucid_tensor *v = NULL;
             LUCID_TRY(lucid_tensor_narrow(ctx, p->dst, 1, p->dst_c0, p->nch, &v));
@@ -827,8 +832,32 @@ lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
     const lucid_tensor *ref = pieces[0].dst;
     for (int i = 0; i < n; i++) {
         const lucid_chan_piece *p = &pieces[i];
+        const int ns = lucid_chan_piece_nsrc(p);
         LUCID_TRY(cc_multi_chk(ctx, op, i, "dst", p->dst, i ? ref : NULL, 1));
-        if (p->src) LUCID_TRY(cc_multi_chk(ctx, op, i, "src", p->src, ref, 0));
+        if (!p->src && p->add[0])
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: piece %d has addends but no src (a sum needs a src)",
+                                op, i);
+        for (int k = 1; k < LUCID_CHAN_SUM_MAX - 1; k++)
+            if (p->add[k] && !p->add[k - 1])
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: piece %d: addend %d follows a NULL addend "
+                                    "(the list ends at the first NULL)",
+                                    op, i, k);
+        if (p->src) LUCID_TRY(cc_multi_chk(ctx, op, i, "src", p->src, ref, ns > 1));
+        for (int k = 1; k < ns; k++) {
+            char role[24];
+            snprintf(role, sizeof role, "addend %d", k - 1);
+            LUCID_TRY(cc_multi_chk(ctx, op, i, role, p->add[k - 1], ref, 1));
+            const lucid_tensor *a = p->add[k - 1];
+            int64_t a0 = p->add_c0[k - 1];
+            if (p->nch < 0 || a0 < 0 || a0 + p->nch > a->shape[1])
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: piece %d: channels [%lld, %lld) of addend %d "
+                                    "(%lld) out of range",
+                                    op, i, (long long)a0, (long long)(a0 + p->nch), k - 1,
+                                    (long long)a->shape[1]);
+        }
         int64_t Cs = p->src ? p->src->shape[1] : 0, s0 = p->src ? p->src_c0 : 0;
         if (p->nch < 0 || p->dst_c0 < 0 || s0 < 0 || p->dst_c0 + p->nch > p->dst->shape[1] ||
             (p->src && s0 + p->nch > Cs)) {
@@ -857,6 +886,10 @@ lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
             else if (b->src &&
                      cc_overlap(a->dst, a->dst_c0, b->src, b->src_c0, a->nch, b->nch))
                 what = "src";
+            for (int k = 1; !what && k < lucid_chan_piece_nsrc(b); k++)
+                if (cc_overlap(a->dst, a->dst_c0, b->add[k - 1], b->add_c0[k - 1], a->nch,
+                               b->nch))
+                    what = "addend";
             if (what)
                 return lucid_seterr(ctx, LUCID_ERR_ARG,
                                     "%s: piece %d's dst may overlap piece %d's %s "
@@ -874,7 +907,7 @@ lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
     for (int i = 0; i < n; i++) {
         const lucid_chan_piece *p = &pieces[i];
         if (p->nch == 0) continue;
-        if (p->src && p->src->dtype != p->dst->dtype) /* a conversion */
+        if (p->src && p->src->dtype != p->dst->dtype) /* a conversion (never a sum) */
             LUCID_TRY(lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, p->src,
                                             p->src_c0, p->nch, 0.0));
         else
@@ -884,6 +917,28 @@ lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
     LUCID_TRY(kt_->channel_copy_multi(ctx, m, live));
     for (int i = 0; i < m; i++) bump(live[i].dst);
     return LUCID_OK;
+}
+
+lucid_status lucid_nn_add_n(lucid_ctx *ctx, int n, const lucid_tensor *const *x,
+                            lucid_tensor *y) {
+    const char *op = "add_n";
+    if (n < 1 || n > LUCID_CHAN_SUM_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: %d inputs (1..%d)", op, n,
+                            LUCID_CHAN_SUM_MAX);
+    if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: x is NULL (n = %d)", op, n);
+    LUCID_TRY(chk(ctx, op, "y", y, -1, NULL));
+    LUCID_TRY(chk_act(ctx, op, "y", y, NULL));
+    if (y->ndim < 2)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: need rank >= 2, y has %d", op,
+                            y->ndim);
+    for (int i = 0; i < n; i++) {
+        char arg[24];
+        snprintf(arg, sizeof arg, "x[%d]", i);
+        LUCID_TRY(chk_same(ctx, op, arg, x[i], y));
+    }
+    lucid_chan_piece p = {.dst = y, .src = x[0], .nch = y->shape[1]};
+    for (int i = 1; i < n; i++) p.add[i - 1] = x[i];
+    return lucid_nn_channel_copy_multi(ctx, 1, &p);
 }
 
 lucid_status lucid_nn_add_forward(lucid_ctx *ctx, const lucid_tensor *a,

@@ -44,16 +44,38 @@ extern "C" {
 
 /* ============================================================ attributes */
 
+/* Sources one piece of lucid_nn_channel_copy_multi may sum (src and up to
+ * LUCID_CHAN_SUM_MAX - 1 addends). */
+#define LUCID_CHAN_SUM_MAX 4
+
 /* One piece of lucid_nn_channel_copy_multi (below):
  *   dst[:, dst_c0 : dst_c0+nch] = src[:, src_c0 : src_c0+nch]
- * or, with src NULL, = 0 (all-zero bits). */
+ * or, with src NULL, = 0 (all-zero bits); with addends (add[0] non-NULL,
+ * the list ends at the first NULL) the rounded left-to-right sum
+ *   dst[...] = ((src[...] + add[0][...]) + add[1][...]) + add[2][...]
+ * of the channels [add_c0[k], add_c0[k] + nch) of each addend: every
+ * addition in f32 (f64 for f64 tensors) of the operands as read, rounded to
+ * dst's dtype before the next one (the bits of the chain
+ * src:add(add[0]):add(add[1])... of whole tensors). Positional
+ * initializers {dst, dst_c0, src, src_c0, nch} leave the addends NULL. */
 typedef struct lucid_chan_piece {
     lucid_tensor *dst;
     int64_t dst_c0;
     const lucid_tensor *src; /* NULL: zero fill (src_c0 ignored) */
     int64_t src_c0;
     int64_t nch;
+    const lucid_tensor *add[LUCID_CHAN_SUM_MAX - 1]; /* NULL-terminated */
+    int64_t add_c0[LUCID_CHAN_SUM_MAX - 1];
 } lucid_chan_piece;
+
+/* Number of sources of a piece: 0 (zero fill), 1 (copy) or 2..
+ * LUCID_CHAN_SUM_MAX (a sum). */
+static inline int lucid_chan_piece_nsrc(const lucid_chan_piece *p) {
+    if (!p->src) return 0;
+    int k = 1;
+    while (k < LUCID_CHAN_SUM_MAX && p->add[k - 1]) k++;
+    return k;
+}
 
 /* Pieces one lucid_nn_channel_copy_multi call takes (Concat and Split have
  * at most 64 inputs / outputs). */
@@ -184,9 +206,10 @@ typedef struct lucid_nn_kernels {
         double beta_input, double beta_params);
     /* ---- multi-piece channel copy (nullable: the entry point then runs
      * the pieces one by one).  Receives 1..LUCID_CHAN_PIECES_MAX checked,
-     * non-empty pieces (nch > 0, numel > 0) of one dtype (src NULL or of
-     * dst's dtype) and one shape outside dim 1, no piece's dst overlapping
-     * another piece's dst or any piece's src. */
+     * non-empty pieces (nch > 0, numel > 0) of one dtype (src and addends
+     * NULL or of dst's dtype) and one shape outside dim 1, no piece's dst
+     * overlapping another piece's dst or any piece's src or addend.  A
+     * piece with addends is a rounded sum (lucid_chan_piece). */
     lucid_status (*channel_copy_multi)(lucid_ctx *ctx, int n,
                                        const lucid_chan_piece *pieces);
     /* ---- Conv2d with a weight shadow (nullable: the entry points then
@@ -479,13 +502,19 @@ lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
                                    int64_t dst_c0, const lucid_tensor *src,
                                    int64_t src_c0, int64_t nch, double beta);
 
-/* Several beta-0 channel copies (and zero fills) in one call — on the GPU
- * one kernel launch per 16 pieces instead of one per piece (Concat and
- * Split forward and backward).  For each of the n pieces p (in any order;
- * they must not interfere):
+/* Several beta-0 channel copies (and zero fills, and rounded sums) in one
+ * call — on the GPU one kernel launch per 16 pieces instead of one per
+ * piece (Concat and Split forward and backward, and the blocks' fused
+ * gradient sums).  For each of the n pieces p (in any order; they must not
+ * interfere):
  *   p.dst[:, p.dst_c0 : p.dst_c0+p.nch] = p.src[:, p.src_c0 : p.src_c0+p.nch]
- * or = 0 (all-zero bits) when p.src is NULL.  Bits are moved verbatim (NaN
- * payloads included); p.dst outside the named channels is not touched.
+ * or = 0 (all-zero bits) when p.src is NULL, or the rounded left-to-right
+ * sum of p.src and its addends p.add[k] (lucid_chan_piece: the bits of
+ * a:add(b) chained, one rounding to dst's dtype per addition).  Copies move
+ * bits verbatim (NaN payloads included); p.dst outside the named channels
+ * is not touched.  Sum sources are read as tensors of dst's dtype: a piece
+ * with addends whose src or an addend has another dtype is an error
+ * (ERR_ARG), and addends need a src (ERR_ARG).
  * Every dst and src: contiguous, rank >= 2, float dtype, all of one shape
  * outside dim 1 ([N, *, *S]), all on one device; every dst of piece 0's
  * dst dtype.  A src of another dtype is converted as by
@@ -497,12 +526,13 @@ lucid_status lucid_nn_channel_copy(lucid_ctx *ctx, lucid_tensor *dst,
  * dim 1 that differs from piece 0's dst, a dst dtype that differs from
  * piece 0's dst, a tensor on another device, a channel range out of bounds or nch < 0,
  * a piece whose dst region may overlap another piece's dst or any piece's
- * src (same storage: checked per channel range on one tensor, else by
- * extent); ERR_UNSUPPORTED for a non-float dtype (or f64 on the GPU).
+ * src or addend (same storage: checked per channel range on one tensor,
+ * else by extent); ERR_UNSUPPORTED for a non-float dtype (or f64 on the GPU).
  * Route: LUCID_CHAN_COPY_MULTI=0 in the environment (read once per process)
  * or lucid_nn_chan_copy_multi_override(0) runs the pieces one by one as
- * lucid_nn_channel_copy(beta 0) calls and lucid_fill(0) of narrowed views:
- * the reference route, same bits. */
+ * lucid_nn_channel_copy(beta 0) calls (then one beta-1 call per addend:
+ * dst = 1*dst + addend, the same one rounding per addition) and
+ * lucid_fill(0) of narrowed views: the reference route, same bits. */
 lucid_status lucid_nn_channel_copy_multi(lucid_ctx *ctx, int n,
                                          const lucid_chan_piece *pieces);
 
@@ -520,6 +550,18 @@ int lucid_nn_chan_copy_multi_on(void);
  * y = a + b (same shape and dtype; y may alias a or b). */
 lucid_status lucid_nn_add_forward(lucid_ctx *ctx, const lucid_tensor *a,
                                   const lucid_tensor *b, lucid_tensor *y);
+
+/* n-ary add: y = ((x[0] + x[1]) + x[2]) + ... + x[n-1], each addition in
+ * f32 (f64 for f64) rounded to the dtype before the next: the bits of
+ * x[0]:add(x[1]):add(x[2])..., in one call (one launch on the GPU: a
+ * one-piece lucid_nn_channel_copy_multi over all channels).  n in
+ * 1..LUCID_CHAN_SUM_MAX (1: a copy).  Every x[i] and y: one shape (rank
+ * >= 2), one float dtype, one device, contiguous; y must not overlap any
+ * x[i].  Errors: ERR_ARG (n out of range, a NULL, shape / dtype / device
+ * mismatch, overlap, a non-contiguous tensor), ERR_UNSUPPORTED (a
+ * non-float dtype, f64 on the GPU). */
+lucid_status lucid_nn_add_n(lucid_ctx *ctx, int n, const lucid_tensor *const *x,
+                            lucid_tensor *y);
 
 /* ------------------------------------------------ softmax over last dim
  * y = exp(x - max) / sum(exp(x - max)) along the last dim (any rank >= 1).
@@ -829,6 +871,21 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
                                                     lucid_tensor **dx);
 lucid_tensor *lucid_module_output(const lucid_module *m, int i);
 lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i);
+/* The persistent buffer m->outputs[i] (grad 0) or m->grad_inputs[i]
+ * (grad 1), made to have device dev, dtype dt and shape (ndim, shape)
+ * exactly as the module's own passes do: kept when it already has them,
+ * else released and replaced by a new uninitialised tensor; *out is the
+ * buffer (borrowed).  For callers that compute a module's buffer with
+ * another primitive (the Lua blocks' fused sums write their Concat and
+ * Split helpers' buffers with lucid_nn_channel_copy_multi): the buffer
+ * stays the module's, one per module, pinned and restored by a recording
+ * like every module buffer (docs/STEP.md).  Errors: ERR_ARG for i out of
+ * range, ndim outside 0..LUCID_MAX_DIMS or a negative size; allocation
+ * errors. */
+lucid_status lucid_module_ensure_buffer(lucid_ctx *ctx, lucid_module *m, int grad,
+                                        int i, lucid_device dev, lucid_dtype dt,
+                                        int ndim, const int64_t *shape,
+                                        lucid_tensor **out);
 const char *lucid_module_kind(const lucid_module *m);
 /* train (1) / eval (0); bumps m->version when it changes and updates the
  * module's mode watchers. The only writers of m->training and

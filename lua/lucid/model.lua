@@ -351,8 +351,33 @@ function Model:forward(x)
   return prev
 end
 
+-- Fused sums (containers.fusing()): the gradient of a layer's output is
+-- kept as the list of its terms in arrival order (the head's branch
+-- gradients of that level first, then one per consumer) and summed where
+-- the layer's backward takes it, in one launch for three or more
+-- (containers.sum: the chain acc(acc(acc(box, cls), kpt), gin) had, same
+-- bits); unfused, each term is added as it arrives (containers.accumulate).
 local function backward_pass(self, x, gy)
   local grads = {}
+  local fused = containers.fusing()
+  local function add(j, g)
+    if not fused then
+      grads[j] = acc(grads[j], g)
+    elseif g ~= nil then
+      local l = grads[j]
+      if l == nil then
+        l = {}
+        grads[j] = l
+      end
+      l[#l + 1] = g
+    end
+  end
+  local function get(j)
+    local g = grads[j]
+    grads[j] = nil
+    if fused and g ~= nil then g = containers.sum(g) end
+    return g
+  end
   local n = #self.layers
   local last = self.layers[n]
   -- The head's backward is queued first (backward_start); the gradient of
@@ -372,30 +397,40 @@ local function backward_pass(self, x, gy)
     end
     start = n - 1
   else
-    grads[last.i] = gy
+    add(last.i, gy)
   end
+  -- the level's branch terms go in unsummed when they come first (always,
+  -- as take(j) runs before any other gradient of j arrives), else as
+  -- their sum (acc(grads[j], level) summed the level first)
+  local by_terms = fused and head and head.backward_level_terms ~= nil
+    and head.backward_level == Detect.backward_level
   local function take(j)
     local ks = pending and pending[j]
     if not ks then return end
     pending[j] = nil
-    for _, k in ipairs(ks) do grads[j] = acc(grads[j], head:backward_level(k)) end
+    for _, k in ipairs(ks) do
+      if by_terms and grads[j] == nil then
+        for _, t in ipairs(head:backward_level_terms(k)) do add(j, t) end
+      else
+        add(j, head:backward_level(k))
+      end
+    end
   end
   for idx = start, 1, -1 do
     local L = self.layers[idx]
     take(L.i)
-    local g = grads[L.i]
-    grads[L.i] = nil
+    local g = get(L.i)
     if g ~= nil then
       local gin = L.module:backward(L.input, g)
       if type(L.f) == "number" then
         local j = (L.f == -1) and L.i - 1 or L.f
         take(j)
-        grads[j] = acc(grads[j], gin)
+        add(j, gin)
       else
         for k, j in ipairs(L.f) do
           j = (j == -1) and L.i - 1 or j
           take(j)
-          grads[j] = acc(grads[j], gin[k])
+          add(j, gin[k])
         end
       end
     end
@@ -404,7 +439,7 @@ local function backward_pass(self, x, gy)
     take(-1) -- a head fed by the model input itself
     head:backward_finish()
   end
-  self.grad_input = grads[-1]
+  self.grad_input = get(-1)
   return self.grad_input
 end
 

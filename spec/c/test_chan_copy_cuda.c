@@ -27,10 +27,30 @@
  *   - modules: Concat(3) and Split([1, 5, 6]) (one gradient missing: zeros)
  *     forward and backward through both routes and on the CPU: bitwise
  *     equal, 4 channel-copy launches on the multi route against 11 on the
- *     per-piece route (3 + 3 + 3 + 2: the zero piece is a lucid_fill there).
+ *     per-piece route (3 + 3 + 3 + 2: the zero piece is a lucid_fill there);
+ *   - sum pieces (addends: 2..4 sources) next to copy, zero and empty
+ *     pieces, on values spread over 2^-12..2^12 with -0 and +inf: the
+ *     multi route (chan_sum_multi) = the CPU table = the per-piece route (a
+ *     copy, then one beta-1 channel_copy per addend) = LUCID_CHAN_COPY=
+ *     memcpy = the whole-tensor chains they replace (lucid_binary ADD, i.e.
+ *     map_contig_kernel, and lucid_nn_add_forward, i.e. add_fwd, over
+ *     contiguous slice copies), bitwise, for f32 / bf16 / f16 over the
+ *     vector path (aligned rows), the scalar path (odd planes, odd channel
+ *     offsets), 20 pieces (two launches), N past grid.y and grids past the
+ *     cap; launches: ceil(pieces / 16) on the multi route, one per source
+ *     of a copy or sum piece on the per-piece route; captured and replayed;
+ *   - lucid_nn_add_n, n = 1..4: one launch, bitwise the chain of
+ *     lucid_binary ADD.
  */
 #include "test_cuda_util.h"
 #include "nn/nn.h"
+
+/* A copy (src) or zero-fill (src NULL) piece, no addends. */
+static inline lucid_chan_piece CP(lucid_tensor *dst, int64_t dst_c0, const lucid_tensor *src,
+                                  int64_t src_c0, int64_t nch) {
+    return (lucid_chan_piece){.dst = dst, .dst_c0 = dst_c0, .src = src, .src_c0 = src_c0,
+                              .nch = nch};
+}
 
 /* cuda/nn_pointwise.cu test hook (nn_common.cuh); NULL in a CPU-only build */
 #if defined(__GNUC__)
@@ -116,8 +136,7 @@ typedef struct cset {
 static void cset_pieces(const ccase *c, cset *t) {
     for (int i = 0; i < c->np; i++) {
         const cpiece *q = &c->p[i];
-        t->p[i] = (lucid_chan_piece){t->d[q->d], q->d0, q->s < 0 ? NULL : t->s[q->s], q->s0,
-                                     q->nch};
+        t->p[i] = CP(t->d[q->d], q->d0, q->s < 0 ? NULL : t->s[q->s], q->s0, q->nch);
     }
 }
 
@@ -260,7 +279,7 @@ static void test_wide(void) {
         goto done;
     }
     RUN(NAME("%s: poison", pre), lucid_fill(ctx, gd, NAN));
-    lucid_chan_piece pc[3] = {{gd, 7, gs, 0, 1}, {gd, 6, NULL, 0, 1}, {gd, 0, gs, 0, 1}};
+    lucid_chan_piece pc[3] = {CP(gd, 7, gs, 0, 1), CP(gd, 6, NULL, 0, 1), CP(gd, 0, gs, 0, 1)};
     unsigned long o0 = ops();
     RUN(NAME("%s", pre), lucid_nn_channel_copy_multi(ctx, 3, pc));
     CHECK(NAME("%s: one launch", pre), ops() - o0 == 1, "got %lu", ops() - o0);
@@ -298,13 +317,13 @@ static void test_errors(void) {
         TEST_FAIL("channel_copy_multi cuda errors: setup", "%s", lucid_ctx_error(ctx));
         goto done;
     }
-    lucid_chan_piece p1[2] = {{gd, 0, gs, 0, 2}, {gd, 2, hs, 0, 2}};
+    lucid_chan_piece p1[2] = {CP(gd, 0, gs, 0, 2), CP(gd, 2, hs, 0, 2)};
     lucid_status st = lucid_nn_channel_copy_multi(ctx, 2, p1);
     CHECK("channel_copy_multi cuda error: a src on the host", st == LUCID_ERR_ARG &&
           strstr(lucid_ctx_error(ctx), "piece 1 src is on another device"),
           "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
     if (lucid_tensor_empty(ctx, GPU, LUCID_F64, 4, sh, &g64) == LUCID_OK) {
-        lucid_chan_piece p2[1] = {{g64, 0, NULL, 0, 2}};
+        lucid_chan_piece p2[1] = {CP(g64, 0, NULL, 0, 2)};
         st = lucid_nn_channel_copy_multi(ctx, 1, p2);
         CHECK("channel_copy_multi cuda error: f64 is CPU-only", st == LUCID_ERR_UNSUPPORTED &&
               strstr(lucid_ctx_error(ctx), "channel_copy_multi"),
@@ -401,10 +420,283 @@ done:
     rel1(hgy); rel1(hxs); rel1(ggy); rel1(gxs);
 }
 
+/* ------------------------------------------------------------ sums */
+
+/* host tensor of values u * 2^e (u in [-1, 1), e in [-12, 12]) rounded to
+ * dt; element 0 is -0, element 1 +inf */
+static lucid_tensor *hvals(lucid_dtype dt, int ndim, const int64_t *shape) {
+    lucid_tensor *f = NULL, *o = NULL;
+    if (lucid_tensor_empty(ctx, CPU, LUCID_F32, ndim, shape, &f) != LUCID_OK) return NULL;
+    float *p = lucid_tensor_data(f);
+    int64_t n = lucid_tensor_numel(f);
+    for (int64_t i = 0; i < n; i++) {
+        bits_state ^= bits_state << 13;
+        bits_state ^= bits_state >> 7;
+        bits_state ^= bits_state << 17;
+        double u = (double)(bits_state >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+        p[i] = (float)ldexp(u, (int)((bits_state >> 3) % 25) - 12);
+    }
+    if (n > 0) p[0] = -0.0f;
+    if (n > 1) p[1] = INFINITY;
+    if (dt == LUCID_F32) return f;
+    if (lucid_tensor_to(ctx, f, CPU, dt, &o) != LUCID_OK) o = NULL;
+    lucid_tensor_release(f);
+    return o;
+}
+
+/* A piece over tensor indices: dst d, ns sources s[k] at channel s0[k]
+ * (0: zero fill, 1: copy, 2..4: sum). */
+typedef struct spiece {
+    int d;
+    int64_t d0;
+    int ns;
+    int s[LUCID_CHAN_SUM_MAX];
+    int64_t s0[LUCID_CHAN_SUM_MAX];
+    int64_t nch;
+} spiece;
+
+typedef struct scase {
+    const char *tag;
+    int64_t N, H, W;
+    int nd, ns;
+    int64_t dc[MAXT], sc[MAXT];
+    int np;
+    spiece p[MAXP];
+} scase;
+
+static const scase SCASES[] = {
+    {"sums, odd plane 7x9", 2, 7, 9, 1, 4, {16}, {5, 7, 3, 4}, 6,
+     {{0, 0, 2, {0, 1}, {1, 4}, 3},
+      {0, 3, 3, {2, 1, 0}, {0, 1, 2}, 3},
+      {0, 6, 4, {3, 2, 1, 0}, {1, 1, 0, 3}, 2},
+      {0, 8, 1, {1}, {0}, 4},
+      {0, 12, 0, {0}, {0}, 3},
+      {0, 15, 2, {0, 1}, {0, 0}, 0}}},
+    {"sums, aligned 16x16", 4, 16, 16, 1, 3, {24}, {8, 16, 8}, 3,
+     {{0, 0, 3, {0, 1, 2}, {0, 8, 0}, 8}, {0, 8, 2, {1, 0}, {0, 0}, 8}, {0, 16, 1, {2}, {0}, 8}}},
+    {"sums, mixed alignment 1x4 (odd channel offsets)", 3, 1, 4, 1, 2, {11}, {6, 5}, 3,
+     {{0, 0, 2, {0, 1}, {1, 0}, 5}, {0, 5, 0, {0}, {0}, 1}, {0, 6, 3, {1, 0, 1}, {0, 1, 0}, 5}}},
+    {"sums, N 70000 past grid.y, plane 1x2", 70000, 1, 2, 1, 2, {3}, {1, 2}, 3,
+     {{0, 0, 2, {1, 1}, {0, 1}, 1}, {0, 1, 3, {1, 0, 1}, {0, 0, 1}, 1}, {0, 2, 1, {0}, {0}, 1}}},
+    {"sums, grids past the cap, 256x256", 8, 256, 256, 1, 2, {33}, {16, 16}, 3,
+     {{0, 0, 2, {0, 1}, {0, 0}, 16}, {0, 16, 4, {1, 0, 1, 0}, {0, 0, 0, 0}, 16},
+      {0, 32, 0, {0}, {0}, 1}}},
+};
+
+/* 20 one-channel sum pieces into two dsts (two launches) */
+static scase scase20(void) {
+    scase c = {"sums, 20 pieces 5x5", 2, 5, 5, 2, 3, {10, 10}, {7, 5, 3}, 20, {{0}}};
+    for (int i = 0; i < 20; i++)
+        c.p[i] = (spiece){i % 2, i / 2, i % 3 ? 3 : 2, {0, 1, 2}, {i % 7, i % 5, i % 3}, 1};
+    return c;
+}
+
+static void sset_pieces(const scase *c, cset *t) {
+    for (int i = 0; i < c->np; i++) {
+        const spiece *q = &c->p[i];
+        lucid_chan_piece *p = &t->p[i];
+        *p = CP(t->d[q->d], q->d0, q->ns ? t->s[q->s[0]] : NULL, q->s0[0], q->nch);
+        for (int k = 1; k < q->ns; k++) {
+            p->add[k - 1] = t->s[q->s[k]];
+            p->add_c0[k - 1] = q->s0[k];
+        }
+    }
+}
+
+/* launches: multi ceil(live / 16); per-piece one per source of a live
+ * piece (zero pieces: lucid_fill, not counted); memcpy one per source, one
+ * per zero piece */
+static unsigned long sum_ops(const scase *c, int route) {
+    unsigned long live = 0, srcs = 0, zeros = 0;
+    for (int i = 0; i < c->np; i++) {
+        if (c->p[i].nch == 0) continue;
+        live++;
+        srcs += (unsigned long)c->p[i].ns;
+        zeros += c->p[i].ns == 0;
+    }
+    return route == 0 ? (live + 15) / 16 : route == 1 ? srcs : srcs + zeros;
+}
+
+/* channels [c0, c0+nch) of a GPU tensor, contiguous (NULL on failure) */
+static lucid_tensor *gslice(const lucid_tensor *t, int64_t c0, int64_t nch) {
+    lucid_tensor *v = NULL, *o = NULL;
+    int64_t sh[LUCID_MAX_DIMS];
+    memcpy(sh, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    sh[1] = nch;
+    if (lucid_tensor_narrow(ctx, t, 1, c0, nch, &v) == LUCID_OK &&
+        lucid_tensor_empty(ctx, GPU, t->dtype, t->ndim, sh, &o) == LUCID_OK &&
+        lucid_copy(ctx, o, v) != LUCID_OK) {
+        lucid_tensor_release(o);
+        o = NULL;
+    }
+    rel1(v);
+    return o;
+}
+
+/* The unfused composition on the GPU: each sum piece as whole-tensor
+ * additions of contiguous slice copies (add_fwd 0: lucid_binary ADD in
+ * place, map_contig_kernel; 1: lucid_nn_add_forward, add_fwd), copied in
+ * with a beta-0 channel_copy; copy and zero pieces through the per-piece
+ * route. */
+static lucid_status gpu_unfused(const scase *c, cset *t, int add_fwd) {
+    for (int i = 0; i < c->np; i++) {
+        const spiece *q = &c->p[i];
+        lucid_chan_piece *p = &t->p[i];
+        if (q->nch == 0) continue;
+        if (q->ns < 2) {
+            lucid_nn_chan_copy_multi_override(0);
+            lucid_status st = lucid_nn_channel_copy_multi(ctx, 1, p);
+            lucid_nn_chan_copy_multi_override(1);
+            if (st) return st;
+            continue;
+        }
+        lucid_tensor *r = gslice(p->src, p->src_c0, q->nch);
+        lucid_status st = r ? LUCID_OK : LUCID_ERR_STATE;
+        for (int k = 1; k < q->ns && !st; k++) {
+            lucid_tensor *a = gslice(p->add[k - 1], p->add_c0[k - 1], q->nch);
+            st = !a ? LUCID_ERR_STATE
+                 : add_fwd ? lucid_nn_add_forward(ctx, r, a, r)
+                           : lucid_binary(ctx, LUCID_OP_ADD, r, r, a);
+            rel1(a);
+        }
+        if (!st) st = lucid_nn_channel_copy(ctx, p->dst, p->dst_c0, r, 0, q->nch, 0.0);
+        rel1(r);
+        if (st) return st;
+    }
+    return LUCID_OK;
+}
+
+static void test_sum_case(const scase *c, lucid_dtype dt) {
+    char pre[200];
+    snprintf(pre, sizeof pre, "channel_copy_multi %s %s", dname(dt), c->tag);
+    enum { R = 6 }; /* 0 multi, 1 per-piece, 2 memcpy, 3 ADD chain, 4 add_fwd chain, 5 capture */
+    cset h, g[R];
+    memset(&h, 0, sizeof h);
+    for (int r = 0; r < R; r++) g[r] = h;
+    lucid_graph *gr = NULL;
+    int ok = 1;
+    for (int i = 0; i < c->nd && ok; i++) {
+        int64_t sh[4] = {c->N, c->dc[i], c->H, c->W};
+        h.d[i] = hvals(dt, 4, sh);
+        ok = h.d[i] != NULL;
+        for (int r = 0; r < R && ok; r++) ok = (g[r].d[i] = dev(h.d[i])) != NULL;
+    }
+    for (int i = 0; i < c->ns && ok; i++) {
+        int64_t sh[4] = {c->N, c->sc[i], c->H, c->W};
+        h.s[i] = hvals(dt, 4, sh);
+        g[0].s[i] = dev(h.s[i]);
+        ok = h.s[i] && g[0].s[i];
+        for (int r = 1; r < R && ok; r++) {
+            lucid_tensor_retain(g[0].s[i]);
+            g[r].s[i] = g[0].s[i];
+        }
+    }
+    if (!ok) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    sset_pieces(c, &h);
+    for (int r = 0; r < R; r++) sset_pieces(c, &g[r]);
+    RUN(NAME("%s: cpu", pre), lucid_nn_channel_copy_multi(ctx, c->np, h.p));
+    unsigned long o[4];
+    o[0] = ops();
+    lucid_nn_chan_copy_multi_override(1);
+    RUN(NAME("%s: multi route", pre), lucid_nn_channel_copy_multi(ctx, c->np, g[0].p));
+    o[1] = ops();
+    lucid_nn_chan_copy_multi_override(0);
+    lucid_status s1 = lucid_nn_channel_copy_multi(ctx, c->np, g[1].p);
+    lucid_nn_chan_copy_multi_override(1);
+    RUN(NAME("%s: per-piece route", pre), s1);
+    o[2] = ops();
+    setenv("LUCID_CHAN_COPY", "memcpy", 1);
+    lucid_status s2 = lucid_nn_channel_copy_multi(ctx, c->np, g[2].p);
+    unsetenv("LUCID_CHAN_COPY");
+    RUN(NAME("%s: LUCID_CHAN_COPY=memcpy", pre), s2);
+    o[3] = ops();
+    RUN(NAME("%s: unfused ADD chain", pre), gpu_unfused(c, &g[3], 0));
+    RUN(NAME("%s: unfused add_forward chain", pre), gpu_unfused(c, &g[4], 1));
+    ccase cc = {.nd = c->nd}; /* cmp_set reads nd only */
+    cmp_set(NAME("%s: multi = cpu, bitwise", pre), &cc, &g[0], &h);
+    static const char *const WHAT[] = {"per-piece route", "LUCID_CHAN_COPY=memcpy",
+                                       "chained lucid_binary ADD (map_contig_kernel)",
+                                       "chained lucid_nn_add_forward (add_fwd)"};
+    for (int r = 1; r < 5; r++)
+        cmp_set(NAME("%s: %s = cpu, bitwise", pre, WHAT[r - 1]), &cc, &g[r], &h);
+    unsigned long w0 = sum_ops(c, 0), w1 = sum_ops(c, 1), w2 = sum_ops(c, 2);
+    CHECK(NAME("%s: launches: multi %lu, per-piece %lu, memcpy %lu", pre, w0, w1, w2),
+          o[1] - o[0] == w0 && o[2] - o[1] == w1 && o[3] - o[2] == w2, "got %lu, %lu, %lu",
+          o[1] - o[0], o[2] - o[1], o[3] - o[2]);
+    if (!lucid_ctx_graphs_available(ctx)) {
+        TEST_SKIP(NAME("%s: capture", pre), "graphs not available on this context");
+        goto done;
+    }
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_status st = lucid_nn_channel_copy_multi(ctx, c->np, g[5].p);
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: call while capturing", pre), "%s: %s", lucid_status_name(st),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
+    cmp_set(NAME("%s: replay = cpu, bitwise", pre), &cc, &g[5], &h);
+done:
+    if (gr) lucid_graph_destroy(gr);
+    cset_rel(&h);
+    for (int r = 0; r < R; r++) cset_rel(&g[r]);
+}
+
+/* lucid_nn_add_n on the GPU: n = 1..4, one launch each, the bits of the
+ * chain of lucid_binary ADD (and of the CPU) */
+static void test_add_n(lucid_dtype dt) {
+    int64_t sh[4] = {3, 5, 7, 9};
+    lucid_tensor *hx[4], *gx[4], *gy = NULL, *gr = NULL, *hy = NULL;
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        hx[i] = hvals(dt, 4, sh);
+        gx[i] = dev(hx[i]);
+        ok = ok && hx[i] && gx[i];
+    }
+    ok = ok && lucid_tensor_empty(ctx, GPU, dt, 4, sh, &gy) == LUCID_OK &&
+         lucid_tensor_empty(ctx, GPU, dt, 4, sh, &gr) == LUCID_OK &&
+         lucid_tensor_empty(ctx, CPU, dt, 4, sh, &hy) == LUCID_OK;
+    if (!ok) {
+        TEST_FAIL(NAME("add_n cuda %s: setup", dname(dt)), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    for (int n = 1; n <= 4; n++) {
+        unsigned long o0 = ops();
+        RUN(NAME("add_n cuda %s n=%d", dname(dt), n),
+            lucid_nn_add_n(ctx, n, (const lucid_tensor *const *)gx, gy));
+        CHECK(NAME("add_n cuda %s n=%d: one launch", dname(dt), n), ops() - o0 == 1, "got %lu",
+              ops() - o0);
+        lucid_status st = lucid_copy(ctx, gr, gx[0]);
+        for (int i = 1; i < n && !st; i++) st = lucid_binary(ctx, LUCID_OP_ADD, gr, gr, gx[i]);
+        RUN(NAME("add_n cuda %s n=%d: chain", dname(dt), n), st);
+        lucid_tensor *hr = host(gr);
+        if (hr) cmp_bits(NAME("add_n cuda %s n=%d = x0:add(x1)..., bitwise", dname(dt), n), gy, hr);
+        rel1(hr);
+        RUN(NAME("add_n cpu %s n=%d", dname(dt), n),
+            lucid_nn_add_n(ctx, n, (const lucid_tensor *const *)hx, hy));
+        cmp_bits(NAME("add_n cuda %s n=%d = cpu, bitwise", dname(dt), n), gy, hy);
+    }
+done:
+    for (int i = 0; i < 4; i++) {
+        rel1(hx[i]);
+        rel1(gx[i]);
+    }
+    rel1(gy); rel1(gr); rel1(hy);
+}
+
 /* ============================================================ main */
 
 static const char *GROUPS[] = {"cuda channel_copy_multi", "cuda channel_copy_multi 64-bit",
-                               "cuda channel_copy_multi errors", "cuda Concat / Split modules"};
+                               "cuda channel_copy_multi errors", "cuda Concat / Split modules",
+                               "cuda channel_copy_multi sum pieces", "cuda add_n"};
 
 int main(void) {
     if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
@@ -424,6 +716,11 @@ int main(void) {
         for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) test_case(&CASES[c], DTS[d]);
         test_case(&c20, DTS[d]);
         test_modules(DTS[d]);
+        for (size_t c = 0; c < sizeof SCASES / sizeof SCASES[0]; c++)
+            test_sum_case(&SCASES[c], DTS[d]);
+        scase s20 = scase20();
+        test_sum_case(&s20, DTS[d]);
+        test_add_n(DTS[d]);
     }
     test_errors();
     test_wide();

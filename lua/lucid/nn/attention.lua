@@ -81,7 +81,8 @@ function Attention:forward(x)
 end
 
 --- Reverse of forward; v receives the gradients of the attention product
--- and of the positional conv pe.
+-- and of the positional conv pe. Fused (containers.fusing()): that sum is
+-- written by the split-gradient launch itself (one launch less, same bits).
 function Attention:backward(x, gy)
   local st = self._st
   local shp = st.shape
@@ -93,8 +94,20 @@ function Attention:backward(x, gy)
   local gva = self._av:backward({ st.v, st.a }, go)
   local gs = self._softmax:backward(st.s, gva[2])
   local gqk = self._qk:backward({ st.q, st.k }, gs)
-  local gv = acc(gva[1], gv_pe:view({ B * nh, self.head_dim, N }))
-  local gqkv3 = self._split:backward(st.qkv3, { gqk[1], gqk[2], gv })
+  local gqkv3
+  if containers.fusing() then
+    -- the Split helper's own gradient buffer: {gq, gk, gva[1] + gv_pe}
+    local kd, hd = self.key_dim, self.head_dim
+    gqkv3 = self._split._c:ensure_buffer("grad_input", 1, st.qkv3)
+    containers.chan_sum({
+      { gqkv3, 0, kd, gqk[1], 0 }, { gqkv3, kd, kd, gqk[2], 0 },
+      { gqkv3, 2 * kd, hd, gva[1], 0, gv_pe:view({ B * nh, hd, N }), 0 },
+    })
+    self._split.grad_input = gqkv3
+  else
+    local gv = acc(gva[1], gv_pe:view({ B * nh, self.head_dim, N }))
+    gqkv3 = self._split:backward(st.qkv3, { gqk[1], gqk[2], gv })
+  end
   self.grad_input = self.qkv:backward(x, gqkv3:view(self.qkv.output:shape()))
   return self.grad_input
 end
@@ -144,6 +157,31 @@ function PSABlock:backward(x, gy)
   return self.grad_input
 end
 
+--- forward with the second residual sum left to the caller
+-- (containers.forward_terms): {x1, f} (output = x1 + f, self.output nil)
+-- with the shortcut, else {f}.
+function PSABlock:forward_terms(x)
+  if not self.add_ then return { self:forward(x) } end
+  local a = self.attn:forward(x)
+  local x1 = self._sum1:forward({ x, a })
+  local f = self.ffn:forward(x1)
+  self._x1 = x1
+  self.output = nil
+  return { x1, f }
+end
+
+--- backward with the last residual sum left to the caller: {g1, ga}
+-- (grad_input = g1 + ga, self.grad_input nil) with the shortcut, else {ga}.
+function PSABlock:backward_terms(x, gy)
+  if not self.add_ then return { self:backward(x, gy) } end
+  local gf = self.ffn:backward(self._x1, gy)
+  local g1 = acc(gy, gf)
+  local ga = self.attn:backward(x, g1)
+  self.grad_input = nil
+  return { g1, ga }
+end
+PSABlock._terms = { PSABlock.forward, PSABlock.backward }
+
 -------------------------------------------------------------------- C2PSA
 local C2PSA = util.class("C2PSA", Module)
 A.C2PSA = C2PSA
@@ -178,24 +216,52 @@ C2PSA._args = sig("nn.C2PSA", {
   return A.check_heads(c, math.floor(c / 64), 0.5, blame)
 end)
 
---- y = cv2(cat(a, m(b))), (a, b) = split(cv1(x)).
+--- y = cv2(cat(a, m(b))), (a, b) = split(cv1(x)). Fused
+-- (containers.fusing()): m's output is left as terms (the last PSABlock's
+-- residual) and the concatenation writes their sum (one launch instead of
+-- the Add and the Concat, same bits).
 function C2PSA:forward(x)
   local y = self.cv1:forward(x)
   local parts = self._split:forward(y)
-  local b = self.m:forward(parts[2])
-  self._cat_in = { parts[1], b }
   self._parts = parts
-  self._cat_out = self._cat:forward(self._cat_in)
+  local fused = containers.fusing()
+  self._fused = fused
+  if fused then
+    local c = self.c
+    local b = containers.forward_terms(self.m, parts[2])
+    local cat = self._cat._c:ensure_buffer("output", 1, y, 2 * c)
+    containers.chan_sum({ { cat, 0, c, parts[1], 0 }, containers.piece(cat, c, c, b) })
+    self._cat.output = cat
+    self._cat_in = { parts[1], b[1] } -- b[1]: b's shape (see C3:forward)
+    self._cat_out = cat
+  else
+    local b = self.m:forward(parts[2])
+    self._cat_in = { parts[1], b }
+    self._cat_out = self._cat:forward(self._cat_in)
+  end
   self.output = self.cv2:forward(self._cat_out)
   return self.output
 end
 
---- Reverse of forward.
+--- Reverse of forward. Fused (after a fused forward): only the second
+-- piece of the concatenation gradient is copied out, and m's gradient is
+-- left as terms summed inside the split-gradient launch (same bits).
 function C2PSA:backward(x, gy)
   local gcat = self.cv2:backward(self._cat_out, gy)
-  local gs = self._cat:backward(self._cat_in, gcat)
-  local gb = self.m:backward(self._parts[2], gs[2])
-  local gsplit = self._split:backward(self.cv1.output, { gs[1], gb })
+  local gsplit
+  if self._fused then
+    local c = self.c
+    local g2 = self._cat._c:ensure_buffer("grad_input", 2, gcat, c)
+    containers.chan_sum({ { g2, 0, c, gcat, c } })
+    local gb = containers.backward_terms(self.m, self._parts[2], g2)
+    gsplit = self._split._c:ensure_buffer("grad_input", 1, self.cv1.output)
+    containers.chan_sum({ { gsplit, 0, c, gcat, 0 }, containers.piece(gsplit, c, c, gb) })
+    self._split.grad_input = gsplit
+  else
+    local gs = self._cat:backward(self._cat_in, gcat)
+    local gb = self.m:backward(self._parts[2], gs[2])
+    gsplit = self._split:backward(self.cv1.output, { gs[1], gb })
+  end
   self.grad_input = self.cv1:backward(x, gsplit)
   return self.grad_input
 end

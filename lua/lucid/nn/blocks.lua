@@ -145,6 +145,29 @@ function Bottleneck:backward(x, gy)
   return self.grad_input
 end
 
+--- forward with the residual sum left to the caller (containers.
+-- forward_terms): {x, h} (output = x + h, self.output nil) with the
+-- residual, else {forward(x)}. A block that writes the sum inside a copy it
+-- issues anyway (C2f's concatenation) saves the Add launch.
+function Bottleneck:forward_terms(x)
+  if not self.add_ then return { self:forward(x) } end
+  local h = self.cv2:forward(self.cv1:forward(x))
+  self.output = nil
+  return { x, h }
+end
+
+--- backward with the residual sum left to the caller: {g, gy} (grad_input
+-- = g + gy, self.grad_input nil) with the residual, else {g}.
+function Bottleneck:backward_terms(x, gy)
+  local g = self.cv2:backward(self.cv1.output, gy)
+  g = self.cv1:backward(x, g)
+  self.grad_input = nil
+  if self.add_ then return { g, gy } end
+  self.grad_input = g
+  return { g }
+end
+Bottleneck._terms = { Bottleneck.forward, Bottleneck.backward }
+
 ---------------------------------------------------------------------- C2f
 local C2f = util.class("C2f", Module)
 B.C2f = C2f
@@ -181,24 +204,50 @@ C2f._args = sig("nn.C2f", {
 end)
 
 --- y = cv2(cat(y0, y1, m1(y1), m2(m1(y1)), ...)), (y0, y1) = chunk(cv1(x)).
+-- Fused (containers.fusing(), the default): the last inner block's output
+-- is not materialised when it is a sum (a Bottleneck's residual): the
+-- concatenation writes that sum itself, and takes (y0, y1) straight from
+-- cv1's output; one launch instead of the Add and the Concat (same bits).
 function C2f:forward(x)
   local y = self.cv1:forward(x)
   local parts = self._split:forward(y)
   local outs = { parts[1], parts[2] }
   local t = parts[2]
-  for i = 1, self.n do
+  local fused = containers.fusing()
+  self._fused = fused
+  for i = 1, fused and self.n - 1 or self.n do
     t = self.m:get(i):forward(t)
     outs[#outs + 1] = t
   end
   self._outs = outs
-  self._cat_out = self._cat:forward(outs)
+  if fused then
+    local c, n = self.c, self.n
+    local last = containers.forward_terms(self.m:get(n), t)
+    -- the Concat helper's own output buffer, written by one launch
+    local cat = self._cat._c:ensure_buffer("output", 1, y, (2 + n) * c)
+    local pieces = { { cat, 0, 2 * c, y, 0 } }
+    for i = 3, n + 1 do pieces[#pieces + 1] = { cat, (i - 1) * c, c, outs[i], 0 } end
+    pieces[#pieces + 1] = containers.piece(cat, (n + 1) * c, c, last)
+    containers.chan_sum(pieces)
+    self._cat.output = cat
+    self._cat_out = cat
+  else
+    self._cat_out = self._cat:forward(outs)
+  end
   self.output = self.cv2:forward(self._cat_out)
   return self.output
 end
 
 --- Reverse of forward; the chunk y1 and every inner output receive the sum
--- of their concatenation gradient and their consumer's gradient.
+-- of their concatenation gradient and their consumer's gradient. Fused
+-- (after a fused forward): only the last piece of the concatenation
+-- gradient is copied out (the inner block's gradient input); each inner
+-- block's gradient is left as terms (containers.backward_terms) and summed
+-- with its slice of the concatenation gradient in one launch, the first
+-- one inside the launch that writes the split gradient: 2 + (n - 1)
+-- launches instead of 2 + 2n (same bits).
 function C2f:backward(x, gy)
+  if self._fused then return self:_backward_fused(x, gy) end
   local outs = self._outs
   local gcat = self.cv2:backward(self._cat_out, gy)
   local gs = self._cat:backward(outs, gcat)
@@ -208,6 +257,29 @@ function C2f:backward(x, gy)
     g = acc(gs[i + 1], gin)
   end
   local gsplit = self._split:backward(self.cv1.output, { gs[1], g })
+  self.grad_input = self.cv1:backward(x, gsplit)
+  return self.grad_input
+end
+
+-- The fused backward (see backward): gs[k] = channels [(k-1)c, kc) of
+-- gcat; acc(gs[i+1], gin_i) = gin_i + gs[i+1], i.e. the inner block's terms
+-- followed by its slice.
+function C2f:_backward_fused(x, gy)
+  local outs, c, n = self._outs, self.c, self.n
+  local gcat = self.cv2:backward(self._cat_out, gy)
+  -- gs[n+2] into the Concat helper's own gradient buffer
+  local g = self._cat._c:ensure_buffer("grad_input", n + 2, gcat, c)
+  containers.chan_sum({ { g, 0, c, gcat, (n + 1) * c } })
+  local terms
+  for i = n, 1, -1 do
+    terms = containers.backward_terms(self.m:get(i), outs[i + 1], g)
+    terms[#terms + 1] = containers.slice(gcat, i * c, c)
+    if i > 1 then g = containers.sum(terms) end
+  end
+  -- {gs[1], g} into the Split helper's own gradient buffer
+  local gsplit = self._split._c:ensure_buffer("grad_input", 1, self.cv1.output)
+  containers.chan_sum({ { gsplit, 0, c, gcat, 0 }, containers.piece(gsplit, c, c, terms) })
+  self._split.grad_input = gsplit
   self.grad_input = self.cv1:backward(x, gsplit)
   return self.grad_input
 end
@@ -248,12 +320,28 @@ C3._args = sig("nn.C3", {
   return B.check_groups_of(g, "the hidden channels c_", c_)
 end)
 
---- y = cv3(cat(m(cv1(x)), cv2(x))).
+--- y = cv3(cat(m(cv1(x)), cv2(x))). Fused (containers.fusing()): m's
+-- output is left as terms (the last Bottleneck's residual) and the
+-- concatenation writes their sum: one launch instead of the Add and the
+-- Concat (same bits).
 function C3:forward(x)
-  local a = self.m:forward(self.cv1:forward(x))
-  local b = self.cv2:forward(x)
-  self._cat_in = { a, b }
-  self._cat_out = self._cat:forward(self._cat_in)
+  if containers.fusing() then
+    local a = containers.forward_terms(self.m, self.cv1:forward(x))
+    local b = self.cv2:forward(x)
+    local c_ = self.c_
+    local cat = self._cat._c:ensure_buffer("output", 1, b, 2 * c_)
+    containers.chan_sum({ containers.piece(cat, 0, c_, a), { cat, c_, c_, b, 0 } })
+    self._cat.output = cat
+    -- the Concat backward reads only the shapes of its inputs: a's first
+    -- term stands for a (same shape)
+    self._cat_in = { a[1], b }
+    self._cat_out = cat
+  else
+    local a = self.m:forward(self.cv1:forward(x))
+    local b = self.cv2:forward(x)
+    self._cat_in = { a, b }
+    self._cat_out = self._cat:forward(self._cat_in)
+  end
   self.output = self.cv3:forward(self._cat_out)
   return self.output
 end
@@ -267,6 +355,23 @@ function C3:backward(x, gy)
   self.grad_input = acc(g1, g2)
   return self.grad_input
 end
+
+--- forward as terms (containers.forward_terms): {forward(x)}, the output
+-- being cv3's.
+function C3:forward_terms(x) return { self:forward(x) } end
+
+--- backward with the final sum left to the caller (containers.
+-- backward_terms): {g1, g2}, grad_input = g1 + g2 (self.grad_input nil);
+-- a C3k2 sums them inside its split-gradient launch.
+function C3:backward_terms(x, gy)
+  local gcat = self.cv3:backward(self._cat_out, gy)
+  local gs = self._cat:backward(self._cat_in, gcat)
+  local g1 = self.cv1:backward(x, self.m:backward(self.cv1.output, gs[1]))
+  local g2 = self.cv2:backward(x, gs[2])
+  self.grad_input = nil
+  return { g1, g2 }
+end
+C3._terms = { C3.forward, C3.backward }
 
 ---------------------------------------------------------------------- C3k
 local C3k = util.class("C3k", C3)

@@ -53,6 +53,176 @@ function M.accumulate(a, b)
   return a:add(b, opts)
 end
 
+------------------------------------------------------------ fused sums
+-- The blocks (C2f / C3k2, C3 / C3k, C2PSA, Attention, the heads' level sums,
+-- Model:backward) can produce a sum of gradients (or the residual output of
+-- their last inner block) inside a channel copy they issue anyway, or sum
+-- three or four terms in one launch, instead of one add launch per pair
+-- (lucid_nn_channel_copy_multi's sum pieces, lucid_nn_add_n). The values
+-- are those of the unfused composition bit for bit: every sum is the same
+-- left-to-right chain of a:add(b), rounded to the dtype after each addition
+-- (engine/nn/nn.h lucid_chan_piece); where the composition summed a + (b +
+-- c) the fused chain is (b + c) + a (IEEE addition is commutative: same
+-- bits; only a NaN's payload could differ, on the CPU, where the compiler
+-- already orders the operands of an addition as it likes).
+
+--- Switch of the fused sums: false makes every block run its unfused
+-- composition (Add modules, containers.accumulate, Concat / Split). Default
+-- on, off when LUCID_FUSE_SUMS=0 in the environment. Read by the blocks at
+-- each forward (a backward follows the route of its forward) and by
+-- Model:backward, Detect:backward_level and Attention:backward at each
+-- call. A recorded step does not watch it: change it before recording (or
+-- call model:bump_version() after changing it).
+M.fuse_sums = os.getenv("LUCID_FUSE_SUMS") ~= "0"
+
+local C -- lucid.nn (the binding) with chan_sum / add_n / empty_like, or false
+local function binding()
+  if C == nil then
+    local ok, lucid = pcall(require, "lucid")
+    local nn = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
+    C = nn and rawget(nn, "chan_sum") and rawget(nn, "add_n") and rawget(nn, "empty_like") and nn or false
+  end
+  return C
+end
+
+--- Whether the blocks fuse their sums now: M.fuse_sums on and the binding
+-- present.
+-- @return boolean
+function M.fusing()
+  return M.fuse_sums and binding() ~= false
+end
+
+-- A term of a sum: a tensor (all its channels) or a channel slice
+-- {t, c0, nch} (M.slice: channels [c0, c0 + nch) of the contiguous tensor
+-- t, 0-based c0), which no other code reads.
+local SLICE = {}
+
+--- Channels [c0, c0 + nch) (0-based c0) of the contiguous tensor t as a
+-- term of M.sum / M.piece.
+function M.slice(t, c0, nch) return setmetatable({ t, c0, nch }, SLICE) end
+
+local function is_slice(x) return getmetatable(x) == SLICE end
+
+--- Sources per chan_sum piece at most (the engine's LUCID_CHAN_SUM_MAX).
+M.SUM_MAX = 4
+
+--- The lucid.nn.chan_sum piece {dst, dst_c0, nch, src, c0, ...} that
+-- writes the left-to-right sum of `terms` (tensors of nch channels, or
+-- M.slice terms) into channels [dst_c0, dst_c0 + nch) of dst. More than
+-- M.SUM_MAX terms: the first ones are summed first (M.sum, the same chain).
+-- @param dst Tensor
+-- @param dst_c0 integer (0-based)
+-- @param nch integer
+-- @param terms list of terms (1 or more)
+-- @return table
+function M.piece(dst, dst_c0, nch, terms)
+  if #terms > M.SUM_MAX then
+    local head = {}
+    for i = 1, #terms - M.SUM_MAX + 1 do head[i] = terms[i] end
+    local rest = { M.sum(head) }
+    for i = #terms - M.SUM_MAX + 2, #terms do rest[#rest + 1] = terms[i] end
+    terms = rest
+  end
+  local p = { dst, dst_c0, nch }
+  for _, t in ipairs(terms) do
+    if is_slice(t) then
+      p[#p + 1], p[#p + 2] = t[1], t[2]
+    else
+      p[#p + 1], p[#p + 2] = t, 0
+    end
+  end
+  return p
+end
+
+-- The buffer of a sum of terms: the shape of the first whole tensor among
+-- them, else the first slice's tensor with nch channels. Inside a scope a
+-- persistent buffer (one per call position, shape and dtype, as
+-- M.accumulate), else a new tensor.
+local function sum_buffer(terms)
+  local like, nch
+  for _, t in ipairs(terms) do
+    if not is_slice(t) then like, nch = t, nil break end
+  end
+  if not like then like, nch = terms[1][1], terms[1][3] end
+  local sc = scope
+  if sc == nil then return C.empty_like(like, nch) end
+  local pos = sc.pos + 1
+  sc.pos = pos
+  local row = sc.slots[pos]
+  if row == nil then
+    row = {}
+    sc.slots[pos] = row
+  end
+  local shape = like:shape()
+  if nch then shape[2] = nch end
+  local key = table.concat(shape, "x") .. like:dtype()
+  local opts = row[key] -- {out = the buffer}, as M.accumulate keeps it
+  if opts == nil then
+    opts = { out = C.empty_like(like, nch) }
+    row[key] = opts
+  end
+  return opts.out
+end
+
+--- The left-to-right sum ((t1 + t2) + t3) + ... of terms (tensors, or
+-- M.slice terms), each addition rounded as a:add(b): t1 itself for one
+-- whole tensor (no launch; nil for none, and a single non-tensor term, such
+-- as a head's gradient table, is returned as it is), t1:add(t2) through
+-- M.accumulate for two whole tensors (the unfused kernel), else one
+-- launch (lucid.nn.add_n for up to M.SUM_MAX whole tensors, else
+-- lucid.nn.chan_sum) into a buffer that follows M.accumulate's rule
+-- (persistent inside a scope). Needs the binding (M.fusing()) for slices
+-- and more than two terms.
+-- @param terms list
+-- @return Tensor|nil
+function M.sum(terms)
+  local n = #terms
+  if n == 0 then return nil end
+  if n == 1 and not is_slice(terms[1]) then return terms[1] end
+  if n == 2 and not is_slice(terms[1]) and not is_slice(terms[2]) then
+    return M.accumulate(terms[1], terms[2])
+  end
+  binding()
+  local buf = sum_buffer(terms)
+  local whole = n <= M.SUM_MAX
+  for i = 1, n do whole = whole and not is_slice(terms[i]) end
+  if whole then
+    C.add_n(terms, buf)
+  else
+    local nch = is_slice(terms[1]) and terms[1][3] or terms[1]:shape()[2]
+    C.chan_sum({ M.piece(buf, 0, nch, terms) })
+  end
+  return buf
+end
+
+--- lucid.nn.chan_sum(pieces) (the binding's one-launch channel copy with
+-- sum pieces; M.piece builds a summing piece).
+function M.chan_sum(pieces) return binding().chan_sum(pieces) end
+
+-- Whether module m computes its output (gradient) as terms: its class
+-- declares _terms (forward_terms / backward_terms paired with its forward
+-- and backward) and m's forward and backward are those (no instance
+-- override, no subclass that replaced one of them).
+local function has_terms(m)
+  local t = m._terms
+  return t ~= nil and m.forward == t[1] and m.backward == t[2]
+end
+
+--- m's output as terms: m:forward_terms(x) when m computes it so (a
+-- list whose left-to-right sum is the output, not materialised: m.output
+-- is nil then), else {m:forward(x)}.
+function M.forward_terms(m, x)
+  if has_terms(m) then return m:forward_terms(x) end
+  return { m:forward(x) }
+end
+
+--- m's input gradient as terms: m:backward_terms(x, gy) (m.grad_input is
+-- nil then), else {m:backward(x, gy)}.
+function M.backward_terms(m, x, gy)
+  if has_terms(m) then return m:backward_terms(x, gy) end
+  return { m:backward(x, gy) }
+end
+
 ----------------------------------------------------------------- Sequential
 local Sequential = util.class("Sequential", Module)
 M.Sequential = Sequential
@@ -118,6 +288,39 @@ function Sequential:backward(x, gy)
   self.grad_input = gy
   return gy
 end
+
+--- forward, the last child's output left as terms (M.forward_terms): a
+-- list whose left-to-right sum is the output (self.output: nil, or the one
+-- term).
+function Sequential:forward_terms(x)
+  local n = #self._modules
+  if n == 0 then return { self:forward(x) } end
+  local inputs = {}
+  for i = 1, n - 1 do
+    inputs[i] = x
+    x = self._modules[i].module:forward(x)
+  end
+  inputs[n] = x
+  local terms = M.forward_terms(self._modules[n].module, x)
+  self._inputs = inputs
+  self.output = #terms == 1 and terms[1] or nil
+  return terms
+end
+
+--- backward, the first child's input gradient left as terms
+-- (M.backward_terms; self.grad_input: nil, or the one term).
+function Sequential:backward_terms(x, gy)
+  local n = #self._modules
+  if n == 0 then return { self:backward(x, gy) } end
+  local inputs = self._inputs
+  for i = n, 2, -1 do
+    gy = self._modules[i].module:backward(inputs[i], gy)
+  end
+  local terms = M.backward_terms(self._modules[1].module, inputs[1], gy)
+  self.grad_input = #terms == 1 and terms[1] or nil
+  return terms
+end
+Sequential._terms = { Sequential.forward, Sequential.backward }
 
 ----------------------------------------------------------------- ModuleList
 local ModuleList = util.class("ModuleList", Module)

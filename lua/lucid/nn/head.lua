@@ -225,8 +225,11 @@ end
 --- Level i's input gradient after backward_start: the current stream first
 -- waits for that level of every branch, then the branch gradients are
 -- summed in branch order (boxes, scores, kpts). nil when no branch had a
--- gradient.
+-- gradient. Fused (containers.fusing()): the three are summed in one
+-- launch (containers.sum: the same chain ((boxes + scores) + kpts), same
+-- bits).
 function Detect:backward_level(i)
+  if containers.fusing() then return containers.sum(self:backward_level_terms(i)) end
   local q = self._bq
   local g
   for j = 1, q.n do
@@ -237,6 +240,24 @@ function Detect:backward_level(i)
     end
   end
   return g
+end
+
+--- Level i's branch gradients after backward_start, unsummed: the current
+-- stream first waits for that level of every branch; the list in branch
+-- order (boxes, scores, kpts; branches without a gradient left out), whose
+-- left-to-right sum is backward_level(i). Model:backward sums them with the
+-- level's other gradient terms in one launch.
+function Detect:backward_level_terms(i)
+  local q = self._bq
+  local terms = {}
+  for j = 1, q.n do
+    local row = q.rows[j]
+    if row then
+      if q.ctx then q.ctx:branch_wait(j, i) end
+      if row[i] ~= nil then terms[#terms + 1] = row[i] end
+    end
+  end
+  return terms
 end
 
 --- End of a backward pass begun by backward_start: joins the branch
