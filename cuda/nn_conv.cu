@@ -34,6 +34,13 @@
  * backward-data on also its flipped, transposed copy after it in the same
  * buffer (flip_off, flip_shape), which that pass reads instead of its
  * per-call col_wflip when the shadow is fresh and the shape matches.
+ * Likewise the stride-phase backward-data of the implicit GEMM
+ * (nn_conv_igemm.cuh, igemm_dgrad_ph: strided convs with Cin % 8 == 0)
+ * reads a transposed copy (lucid_conv_igemm_wt_src) at phase_off: its
+ * first call through a shadow marks the shadow (want_phase) and casts per
+ * call into the scratch; from then on the group cast writes the copy with
+ * the weight (one launch in all), and the pass casts nothing while the
+ * shadow is fresh.  Same bits either way.
  * A shadow's buffer is allocated on first use outside stream capture and
  * never replaced (a recorded graph may read it); without one, or with
  * LUCID_WCAST_ONCE=0 / lucid_cuda_nn_set_wcast(ctx, 1), the GEMM casts
@@ -754,16 +761,44 @@ static lucid_status shadow_buffer(lucid_ctx *ctx, lucid_cuda_state *st, lucid_co
     return LUCID_OK;
 }
 
+/* Element offset of the stride-phase backward-data's transposed weight in
+ * w's shadow buffer (nn_conv_igemm.cuh lucid_conv_igemm_wt_src; 16-byte
+ * aligned), after the cast and the flipped weight: for a spatial kernel
+ * whose Cin is a multiple of 8 (what that kernel takes); else 0 (none). */
+static int64_t shadow_phase_off(const lucid_tensor *w) {
+    if (w->ndim != 4 || w->shape[2] * w->shape[3] <= 1 || w->shape[2] > INT_MAX ||
+        w->shape[3] > INT_MAX || w->shape[1] % 8 != 0)
+        return 0;
+    const int64_t end = lucid_tensor_numel(w) +
+                        w->shape[1] * lucid_conv_col_wflip_kr(w->shape[0], (int)w->shape[2],
+                                                              (int)w->shape[3]);
+    return (end + 7) / 8 * 8;
+}
+
 /* Elements of w's shadow buffer: the cast weight, and for a spatial kernel
  * room for the im2col route's flipped weight after it (Cin rows of
- * lucid_conv_col_wflip_kr elements), whichever call creates the buffer. */
+ * lucid_conv_col_wflip_kr elements) and, when Cin % 8 == 0, for the
+ * stride-phase backward-data's transposed weight (numel elements at
+ * shadow_phase_off), whichever call creates the buffer. */
 static int64_t shadow_elems(const lucid_tensor *w) {
     const int64_t numel = lucid_tensor_numel(w);
     if (w->ndim != 4 || w->shape[2] * w->shape[3] <= 1 || w->shape[2] > INT_MAX ||
         w->shape[3] > INT_MAX)
         return numel;
+    const int64_t ph = shadow_phase_off(w);
+    if (ph > 0) return ph + numel;
     return numel + w->shape[1] * lucid_conv_col_wflip_kr(w->shape[0], (int)w->shape[2],
                                                          (int)w->shape[3]);
+}
+
+/* 1 when the group cast writes w's transposed weight for the stride-phase
+ * backward-data into ws: its conv's backward-data asked for it
+ * (lucid_conv_wshadow_want_phase), the kernel's switch is on, the buffer
+ * has room for it (shadow_phase_off) and the sizes fit its int fields. */
+static bool phase_copy_wanted(const lucid_conv_wshadow *ws, const lucid_tensor *w) {
+    return ws->phase_want && lucid_conv_igemm_dgrad_phase() && shadow_phase_off(w) > 0 &&
+           w->shape[0] <= INT_MAX && w->shape[1] <= INT_MAX &&
+           w->shape[2] * w->shape[3] <= INT_MAX;
 }
 
 /* The weight of a GEMM-routed forward / backward-data in the activation
@@ -828,9 +863,11 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     if (!wcast_on(ns) || n <= 0 || (dt != LUCID_BF16 && dt != LUCID_F16)) return LUCID_OK;
     std::vector<lucid_conv_gemm_cast_item> items;
     std::vector<int> which;
+    std::vector<int64_t> phase_at; /* per entry of which: the transposed copy's offset, or 0 */
     try {
-        items.reserve((size_t)n * 2); /* a weight and its flipped weight */
+        items.reserve((size_t)n * 3); /* a weight, its flipped and its transposed weight */
         which.reserve((size_t)n);
+        phase_at.reserve((size_t)n);
     } catch (...) {
         return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv weight group cast)");
     }
@@ -842,9 +879,15 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         const lucid_tensor *wi = w[i];
         int64_t Cout = wi->shape[0], Cin = lucid_tensor_numel(wi) / (Cout > 0 ? Cout : 1);
         bool spatial = wi->ndim == 4 && wi->shape[2] * wi->shape[3] > 1;
-        if (Cout < 1 || !(spatial ? col_route_likely(ns, Cin, Cout) : gemm_route_likely(ns, Cin, Cout)))
+        /* a strided conv's transposed weight (its backward-data asked for it)
+         * comes with the plain cast, whether or not a cuBLAS route reads that */
+        const bool phase = spatial && phase_copy_wanted(ws[i], wi);
+        if (Cout < 1 ||
+            !(phase || (spatial ? col_route_likely(ns, Cin, Cout) : gemm_route_likely(ns, Cin, Cout))))
             continue;
-        if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch)) continue;
+        if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch) &&
+            (!phase || lucid_conv_wshadow_phase_off(ws[i], wi, dt, epoch) > 0))
+            continue;
         const int64_t numel = lucid_tensor_numel(wi);
         const bool flip = spatial && flips && wi->shape[2] <= INT_MAX && wi->shape[3] <= INT_MAX;
         const int kh = flip ? (int)wi->shape[2] : 0, kw = flip ? (int)wi->shape[3] : 0;
@@ -866,14 +909,29 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
                                            ci * kr, {(int)ci, (int)Cout, kh, kw, (int)kr}};
             items.push_back(f);
         }
-        /* flip_off only for a flipped weight actually queued */
+        /* the transposed weight, when wanted and the buffer (made by
+         * whichever call came first, for this shape or another) holds it */
+        const int64_t poff = phase ? shadow_phase_off(wi) : 0;
+        const bool phased =
+            poff > 0 && lucid_storage_nbytes(ws[i]->buf) >= (size_t)(poff + numel) * 2;
+        if (phased) {
+            lucid_conv_gemm_cast_item p = {(const float *)lucid_tensor_data(wi),
+                                           (char *)lucid_storage_data(ws[i]->buf) + poff * 2,
+                                           numel, {0, 0, 0, 0, 0},
+                                           {(int)wi->shape[1], (int)Cout,
+                                            (int)(wi->shape[2] * wi->shape[3])}};
+            items.push_back(p);
+        }
+        /* flip_off / phase_off only for the copies actually queued */
         which.push_back(flipped ? i : -1 - i);
+        phase_at.push_back(phased ? poff : 0);
     }
     LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), (int)items.size()));
-    for (int k : which) { /* k >= 0: with its flipped weight after the cast */
-        const int i = k >= 0 ? k : -1 - k;
+    for (size_t c = 0; c < which.size(); c++) { /* k >= 0: with its flipped weight */
+        const int k = which[c], i = k >= 0 ? k : -1 - k;
         lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
         if (k >= 0) lucid_conv_wshadow_mark_flip(ws[i], w[i], lucid_tensor_numel(w[i]));
+        if (phase_at[c] > 0) lucid_conv_wshadow_mark_phase(ws[i], w[i], phase_at[c]);
     }
     return LUCID_OK;
 }
@@ -1037,9 +1095,19 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                             lucid_tensor_data(dx), (float)beta, ws);
     }
     if (route == ROUTE_IGEMM) {
-        CUDA_CHECK(ctx, lucid_conv_igemm_backward_data(
+        /* the stride-phase kernel reads the transposed weight: from a fresh
+         * shadow holding it for w's shape, else cast per call into the
+         * scratch (same bits); asking the shadow for it makes the group
+         * cast write it from then on */
+        const void *wt = NULL;
+        if (wsh && wcast_on(ns) && lucid_conv_igemm_dgrad_wt_elems(&pl->ig) > 0) {
+            lucid_conv_wshadow_want_phase(wsh);
+            const int64_t off = lucid_conv_wshadow_phase_off(wsh, w, dx->dtype, st->wcast_epoch);
+            if (off > 0) wt = (const char *)lucid_storage_data(wsh->buf) + off * 2;
+        }
+        CUDA_CHECK(ctx, lucid_conv_igemm_backward_data_wt(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
-                            lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));
+                            wt, lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));
         return LUCID_OK;
     }
     if (route == ROUTE_SMALL) {

@@ -23,6 +23,7 @@
 #include "nn_common.cuh"
 #include "nn_conv_col.cuh"
 #include "nn_conv_gemm.cuh"
+#include "nn_conv_igemm.cuh" /* lucid_conv_igemm_wt_src */
 
 #include <limits.h>
 #include <stdio.h>
@@ -178,6 +179,7 @@ struct gemm_cast_table {
     void *dst[LUCID_CONV_GEMM_CAST_GROUP];
     int64_t count[LUCID_CONV_GEMM_CAST_GROUP];
     int flip[LUCID_CONV_GEMM_CAST_GROUP][5];
+    int wt[LUCID_CONV_GEMM_CAST_GROUP][3];
     unsigned first[LUCID_CONV_GEMM_CAST_GROUP + 1];
     int n;
 };
@@ -187,7 +189,9 @@ static_assert(sizeof(gemm_cast_table) <= 8192,
 /* d[i] = T(s[i]) for every item of the table: the element operation of
  * gemm_wcast (lucid_elem<T>::store, one rounding), so the bits are its;
  * a flip item (flip[4] > 0) reads s at lucid_conv_col_wflip_src, the
- * index map of nn_conv_col.cu's per-call col_wflip (same bits). */
+ * index map of nn_conv_col.cu's per-call col_wflip (same bits); a wt item
+ * (wt[0] > 0) at lucid_conv_igemm_wt_src, the map of nn_conv_igemm.cu's
+ * per-call igemm_wt_cast (same rounding: same bits). */
 template <typename T>
 static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table t) {
     lucid_pdl_wait();
@@ -204,7 +208,12 @@ static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table 
     const int64_t n = t.count[lo];
     const int64_t i0 = (int64_t)(b - t.first[lo]) * GROUP_ELEMS;
     const int64_t i1 = i0 + GROUP_ELEMS < n ? i0 + GROUP_ELEMS : n;
-    const int *f = t.flip[lo];
+    const int *f = t.flip[lo], *tw = t.wt[lo];
+    if (tw[0] > 0) {
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+            lucid_elem<T>::store(d, i, s[lucid_conv_igemm_wt_src(i, tw[0], tw[1], tw[2])]);
+        return;
+    }
     if (f[4] > 0) {
         for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
             const int64_t j = lucid_conv_col_wflip_src(i, f[0], f[1], f[2], f[3], f[4]);
@@ -370,6 +379,15 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
                                     "Cout*kh*kw and Cin*rows elements)",
                                     i - 1, it.flip[0], it.flip[1], it.flip[2], it.flip[3],
                                     it.flip[4], (long long)it.count);
+            if (it.wt[0] != 0 &&
+                (it.wt[0] < 1 || it.wt[1] < 1 || it.wt[2] < 1 || it.flip[4] > 0 ||
+                 it.count != (int64_t)it.wt[0] * it.wt[1] * it.wt[2]))
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "conv weight group cast: transposed-weight item %d: Cin %d, "
+                                    "Cout %d, %d taps, %lld elements%s (expected Cin*Cout*taps "
+                                    "elements, no flip)",
+                                    i - 1, it.wt[0], it.wt[1], it.wt[2], (long long)it.count,
+                                    it.flip[4] > 0 ? ", flip set" : "");
             if (it.count == 0) continue;
             uint64_t nb = ((uint64_t)it.count + GROUP_ELEMS - 1) / GROUP_ELEMS;
             if (blocks + nb > 0x7fffffffu) { /* grid.x: start a new launch */
@@ -380,6 +398,7 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
             t.dst[t.n] = it.dst;
             t.count[t.n] = it.count;
             memcpy(t.flip[t.n], it.flip, sizeof it.flip);
+            memcpy(t.wt[t.n], it.wt, sizeof it.wt);
             t.first[t.n] = (unsigned)blocks;
             blocks += nb;
             t.n++;

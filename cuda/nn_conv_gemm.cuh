@@ -128,18 +128,23 @@ lucid_status lucid_conv_gemm_cast_weight(lucid_ctx *ctx, cudaStream_t stream, lu
  * flip[4] > 0, the im2col route's flipped weight of a [Cout=flip[1],
  * Cin=flip[0], kh=flip[2], kw=flip[3]] weight with rows of Kr=flip[4]:
  * dst[i] = dt(src[lucid_conv_col_wflip_src(i, ...)]) (+0 for -1), count =
- * Cin*Kr (nn_conv_col.cuh). */
+ * Cin*Kr (nn_conv_col.cuh); or, with wt[0] > 0, the stride-phase
+ * backward-data's transposed weight of a [Cout=wt[1], Cin=wt[0], kh*kw =
+ * wt[2]] weight: dst[i] = dt(src[lucid_conv_igemm_wt_src(i, Cin, Cout,
+ * KK)]), count = Cout*Cin*KK (nn_conv_igemm.cuh). */
 typedef struct lucid_conv_gemm_cast_item {
     const float *src;
     void *dst;
     int64_t count;
     int flip[5]; /* Cin, Cout, kh, kw, Kr; all 0: a plain cast */
+    int wt[3];   /* Cin, Cout, kh*kw; all 0: not the transposed weight */
 } lucid_conv_gemm_cast_item;
 
 /* Items per launch of lucid_conv_gemm_cast_group (the table travels by
  * value in the kernel parameters: about 6 KiB, within the 32,764 bytes
- * CUDA 12.1+ allows on Volta and newer).  YOLO11n-pose has 116 items (42
- * 1x1 weights, 37 spatial weights with their flipped copies): one launch. */
+ * CUDA 12.1+ allows on Volta and newer).  YOLO11n-pose has 122 items (42
+ * 1x1 weights, 37 spatial weights with their flipped copies, the 6
+ * stride-2 ones' transposed weights): one launch. */
 #define LUCID_CONV_GEMM_CAST_GROUP 128
 
 /* The casts of n items (count >= 0; the buffers must not overlap) in

@@ -46,9 +46,25 @@
  * are split along K (split-K), the f32 partials folded by a second kernel.
  * The tile code (parameters, loaders, epilogue) is in
  * nn_conv_igemm_tile.cuh; this file holds the kernels and the planning.
+ *
+ * Strided backward-data (sh or sw > 1, dilation 1) runs one GEMM per
+ * stride phase (Phase, nn_conv_igemm_tile.cuh): K = Cout*nR*nQ instead of
+ * Cout*kh*kw.  With Cin % 8 == 0 it runs on igemm_dgrad_ph (tile and
+ * rationale: nn_conv_igemm_ph.cuh): A from the weight pre-cast and
+ * transposed tap-major (wt, lucid_conv_igemm_wt_src: 16-byte loads of 8
+ * input channels instead of one strided f32 load per element), k loops of
+ * small grids split between 2 or 4 groups of warps of a block (added in
+ * group order), 16 x 128 tiles for Cin <= 16.  wt comes from the weight
+ * shadow (the group cast writes it once per weight change, cuda/nn_conv.cu)
+ * or from a per-call cast into the scratch (igemm_wt_cast; same bits).
+ * LUCID_DGRAD_PHASE=0 runs igemm_nchw's phase form instead (bit for bit the
+ * former kernel).  Expected on the H200 for YOLO11n-pose's six stride-2
+ * 3x3 backward-data passes (0.294 ms on the recorded step's critical path
+ * before): not yet measured.
  */
 #include "nn_conv_igemm.cuh"
 #include "nn_conv_igemm_tile.cuh"
+#include "nn_conv_igemm_ph.cuh"
 #include "launch.cuh"
 #include "internal.h" /* lucid_env_int */
 
@@ -117,6 +133,15 @@ template <>
 __device__ __forceinline__ void ig_ld_b(ig_fbc_bf16 &f, const __nv_bfloat16 *p, unsigned ldm) {
     unsigned *r = reinterpret_cast<unsigned *>(f.x);
     asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
+}
+/* col-major A (igemm_dgrad_ph: A(m, k) at k*ldm + m) */
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::col_major> ig_fac_bf16;
+template <>
+__device__ __forceinline__ void ig_ld_a(ig_fac_bf16 &f, const __nv_bfloat16 *p, unsigned ldm) {
+    unsigned *r = reinterpret_cast<unsigned *>(f.x);
+    asm volatile("wmma.load.a.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(ldm));
 }
@@ -240,6 +265,139 @@ __global__ void igemm_reduce_out(const float *__restrict__ part, T *out, int n, 
         else if (beta != 0.0f) v = fmaf(beta, to_f<T>(out[i]), v);
         out[i] = to_t<T>(v);
     }
+}
+
+// ---------------------------------------------------------------------------
+// stride-phase backward-data: igemm_dgrad_ph (tile: nn_conv_igemm_ph.cuh)
+
+/* The barrier of k-slice g's 128 threads (bar.sync g+1: named barriers 1..4,
+ * PTX ISA "bar.sync"); the whole block when there is one slice. */
+template <int KS_>
+static __device__ __forceinline__ void ph_bar(int g) {
+    if (KS_ == 1) __syncthreads();
+    else asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "n"(NT) : "memory");
+}
+
+/* Minimum resident blocks per SM asked of the register allocator for
+ * igemm_dgrad_ph with 1, 2 and 4 k-slices (nvcc 13.0, sm_90, no spills):
+ * 5 blocks of 128 threads (96 registers; left free the 64-row tile takes
+ * 128, 4 blocks), 2 of 256 and 1 of 512 (127 registers; 3 and 2 blocks
+ * would need 85 and 64, which spill 36-300 bytes).  Build-time knobs for A/B
+ * runs (bench/conv_lab EXTRA_NVCCFLAGS=-DLUCID_PH_MINB1=4 ...). */
+#ifndef LUCID_PH_MINB1
+#define LUCID_PH_MINB1 5
+#endif
+#ifndef LUCID_PH_MINB2
+#define LUCID_PH_MINB2 2
+#endif
+#ifndef LUCID_PH_MINB4
+#define LUCID_PH_MINB4 1
+#endif
+#define PH_MINB(ks) ((ks) == 1 ? LUCID_PH_MINB1 : (ks) == 2 ? LUCID_PH_MINB2 : LUCID_PH_MINB4)
+
+/* dx of stride phase blockIdx.z for input channels m0 .. m0+TM-1 and phase
+ * pixels n0 .. n0+TN-1 (nn_conv_igemm_ph.cuh: the GEMM, the tile, the
+ * order of the sums), KS_ k-slices of NT threads.  P: plan_backward_data's
+ * (lc 5, ct = ceil(Cout/BK)); wt: the transposed weight
+ * (lucid_conv_igemm_wt_src), 16-byte aligned. */
+template <typename T, int BM_, int KS_>
+__global__ void __launch_bounds__(NT * KS_, PH_MINB(KS_))
+    igemm_dgrad_ph(IgP P, const T *__restrict__ wt) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef PhCfg<BM_> C;
+    __shared__ __align__(128) unsigned char smem[PhSmem<BM_, KS_>::bytes];
+    const int t = threadIdx.x, g = t / NT, tg = t - g * NT;
+    const int n0 = blockIdx.x * C::TN, m0 = blockIdx.y * C::TM;
+    const Phase f = phase_of(P, blockIdx.z);
+    if (n0 >= f.Nc) return; /* grid.x is sized for the largest phase */
+    int kb, ke;
+    ph_slice(f.K / BK, KS_, g, kb, ke);
+    T *sA = (T *)(smem + g * C::GSMEM);
+    T *sB = sA + BK * C::LA;
+    const int warp = tg >> 5;
+    const int wr = (warp / C::WN) * (C::FM * 16), wc = (warp % C::WN) * (C::FN * 16);
+
+    wm::fragment<wm::accumulator, 16, 16, 16, float> acc[C::FM][C::FN];
+#pragma unroll
+    for (int i = 0; i < C::FM; i++)
+#pragma unroll
+        for (int j = 0; j < C::FN; j++) wm::fill_fragment(acc[i][j], 0.0f);
+
+    PhStage<T, BM_> st;
+    if (kb < ke) {
+        st.init(P, f, n0, kb, tg);
+        st.load(P, f, wt, m0, tg);
+    }
+    for (int kt = kb; kt < ke; kt++) {
+        st.store(sA, sB, tg);
+        ph_bar<KS_>(g);
+        if (kt + 1 < ke) st.load(P, f, wt, m0, tg);
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::col_major> fa[C::FM];
+            wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> fb[C::FN];
+#pragma unroll
+            for (int i = 0; i < C::FM; i++) ig_ld_a(fa[i], sA + kk * C::LA + wr + i * 16, C::LA);
+#pragma unroll
+            for (int j = 0; j < C::FN; j++) ig_ld_b(fb[j], sB + kk * C::LB + wc + j * 16, C::LB);
+#pragma unroll
+            for (int i = 0; i < C::FM; i++)
+#pragma unroll
+                for (int j = 0; j < C::FN; j++) wm::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        ph_bar<KS_>(g);
+    }
+    /* the groups' sums, added in group order into group 0's fragments
+     * (the same fragment type: element e of a lane is the same (row, col)
+     * in every group); the output tile aliases the A and B tiles, so every
+     * group must be past its k loop first */
+    float *sC = (float *)smem;
+    if (KS_ > 1) {
+        __syncthreads();
+        for (int s = 1; s < KS_; s++) {
+            if (g == s)
+#pragma unroll
+                for (int i = 0; i < C::FM; i++)
+#pragma unroll
+                    for (int j = 0; j < C::FN; j++)
+                        wm::store_matrix_sync(sC + (wr + i * 16) * C::LC + wc + j * 16, acc[i][j],
+                                              C::LC, wm::mem_row_major);
+            __syncthreads();
+            if (g == 0)
+#pragma unroll
+                for (int i = 0; i < C::FM; i++)
+#pragma unroll
+                    for (int j = 0; j < C::FN; j++) {
+                        wm::fragment<wm::accumulator, 16, 16, 16, float> o;
+                        wm::load_matrix_sync(o, sC + (wr + i * 16) * C::LC + wc + j * 16, C::LC,
+                                             wm::mem_row_major);
+#pragma unroll
+                        for (int e = 0; e < o.num_elements; e++) acc[i][j].x[e] += o.x[e];
+                    }
+            __syncthreads();
+        }
+    }
+    if (g == 0)
+#pragma unroll
+        for (int i = 0; i < C::FM; i++)
+#pragma unroll
+            for (int j = 0; j < C::FN; j++)
+                wm::store_matrix_sync(sC + (wr + i * 16) * C::LC + wc + j * 16, acc[i][j], C::LC,
+                                      wm::mem_row_major);
+    __syncthreads();
+    ph_epilogue<T, BM_>(P, f, m0, n0, t, NT * KS_, sC);
+}
+
+/* wt[i] = T(w[lucid_conv_igemm_wt_src(i, Cin, Cout, KK)]) for i < n (one
+ * rounding, to nearest even: the bits of the weight shadows' group cast) */
+template <typename T>
+__global__ void igemm_wt_cast(const float *__restrict__ w, T *__restrict__ wt, int n, int Cin,
+                              int Cout, int KK) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        wt[i] = to_t<T>(w[lucid_conv_igemm_wt_src(i, Cin, Cout, KK)]);
 }
 
 // ---------------------------------------------------------------------------
@@ -400,7 +558,8 @@ size_t lucid_conv_igemm_wgrad_scratch(const lucid_igemm_geom *g) {
 struct IgLaunch {
     IgP P;
     dim3 grid;
-    int mode, ks, splits;
+    int mode, ks, splits; /* IG_DGRAD_PH2: ks = k-slices per block (1, 2, 4) */
+    int bm;               /* IG_DGRAD_PH2: tile rows (PhCfg: 16 or 64) */
 };
 
 /* Grid and split-K of a forward / backward-data plan (L.P's M, Nc, K set);
@@ -431,6 +590,67 @@ static void tap_major_k(IgLaunch &L, int C) {
     L.P.lc = lc;
     L.P.ct = (int)tiles(C, 1 << lc);
     L.P.K = (int)tiles(9, BK >> lc) * L.P.ct * BK;
+}
+
+/* The stride-phase kernel's switch (nn_conv_igemm.cuh): LUCID_DGRAD_PHASE
+ * read once, or the test hook's value. */
+static int g_ph_override = -1;
+
+extern "C" void lucid_conv_igemm_set_dgrad_phase(int v) { g_ph_override = v < 0 ? -1 : v != 0; }
+
+extern "C" int lucid_conv_igemm_dgrad_phase(void) {
+    if (g_ph_override >= 0) return g_ph_override;
+    static int off = -1;
+    return !lucid_env_zero("LUCID_DGRAD_PHASE", &off);
+}
+
+/* igemm_wt_cast launches queued by this thread (nn_conv_igemm.cuh) */
+static thread_local unsigned long g_wt_casts;
+
+extern "C" unsigned long lucid_conv_igemm_wt_cast_count(void) { return g_wt_casts; }
+
+/* Whether the backward-data of a strided, undilated g runs igemm_dgrad_ph:
+ * the switch on, Cin a multiple of 8 (whole 16-byte vectors of wt rows) and
+ * a grid.y within CUDA's 65535. */
+static bool ph_takes(const lucid_igemm_geom *g) {
+    return (g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1 && g->Cin % 8 == 0 &&
+           tiles(g->Cin, 16) <= 65535 && lucid_conv_igemm_dgrad_phase();
+}
+
+/* Warp groups (k-slices x blocks) that a stride-phase grid may reach by
+ * splitting its k loops: LUCID_DGRAD_PHASE_GROUPS, read once (default 1600,
+ * about 12 groups of 4 warps per SM of the H200), for A/B runs.  The
+ * slices, hence the summation order and the bits of dx, follow it. */
+static int ph_groups(void) {
+    static int v = -1;
+    return lucid_env_int("LUCID_DGRAD_PHASE_GROUPS", 1, 1 << 20, 1600, &v);
+}
+
+/* Plan of igemm_dgrad_ph (Hp, Wp: the largest phase's grid).  Tiles of 64
+ * input channels x 64 phase pixels, or 16 x 128 when Cin <= 16.  The
+ * k-slices KS: doubled (up to 4) while the grid's blocks times 2*KS stay
+ * within ph_groups() and the largest phase keeps at least 4 k tiles per
+ * slice: a grid too small to fill the GPU then runs each phase's k loop as
+ * 2 or 4 shorter chains instead of one (YOLO11n-pose at batch 4, 640:
+ * 128 -> 256 at 40x40 has 200 blocks and 32 k tiles in its largest phase:
+ * 4 slices of 8; 16 -> 32 at 320x320 has 3200 blocks: 1 slice).  A
+ * function of the geometry (and the knob) only. */
+static void ph_plan(IgLaunch &L, const lucid_igemm_geom *g, int Hp, int Wp) {
+    L.mode = IG_DGRAD_PH2;
+    L.bm = g->Cin <= 16 ? 16 : 64;
+    const int bn = L.bm == 16 ? PhCfg<16>::TN : PhCfg<64>::TN;
+    L.P.lc = 5; /* one tap per k tile */
+    L.P.ct = (int)tiles(g->Cout, BK);
+    L.grid = dim3(tiles(g->N * Hp * Wp, bn), tiles(g->Cin, L.bm), (unsigned)(g->sh * g->sw));
+    const long blocks = (long)L.grid.x * L.grid.y * L.grid.z;
+    const long taps = (long)((g->kh + g->sh - 1) / g->sh) * ((g->kw + g->sw - 1) / g->sw);
+    const long ntmax = taps * L.P.ct; /* k tiles of the largest phase */
+    int ks = 1;
+    while (ks < 4 && blocks * ks * 2 <= ph_groups() && ntmax >= 8L * ks) ks *= 2;
+    L.ks = ks;
+    L.splits = 1;
+    L.P.kchunk = 0;
+    L.P.direct = 1;
 }
 
 static IgLaunch plan_forward(const lucid_igemm_geom *g, const void *x, const float *w,
@@ -465,9 +685,14 @@ static IgLaunch plan_backward_data(const lucid_igemm_geom *g, const void *dy, co
     L.P.Nc = g->N * g->H * g->W;
     L.P.K = g->Cout * g->kh * g->kw;
     L.splits = 1;
+    L.bm = 0;
     if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1) {
         /* one z slice per stride phase; grid.x for the largest phase */
         int Hp = (g->H + g->sh - 1) / g->sh, Wp = (g->W + g->sw - 1) / g->sw;
+        if (ph_takes(g)) {
+            ph_plan(L, g, Hp, Wp);
+            return L;
+        }
         L.grid = dim3(tiles(g->N * Hp * Wp, BN), tiles(L.P.M, BM), (unsigned)(g->sh * g->sw));
         L.mode = IG_DGRAD_PH;
         L.ks = is3x3(g) ? 3 : 0;
@@ -553,11 +778,54 @@ static cudaError_t launch_fd(lucid_dtype dt, IgLaunch L, void *out, const float 
     return cudaGetLastError();
 }
 
+/* Bytes of the per-call transposed weight in the scratch of igemm_dgrad_ph
+ * (2-byte dtypes), a multiple of 256. */
+static size_t wt_bytes(const lucid_igemm_geom *g) {
+    size_t n = (size_t)g->Cout * g->Cin * g->kh * g->kw * 2;
+    return (n + 255) / 256 * 256;
+}
+
 size_t lucid_conv_igemm_scratch(const lucid_igemm_geom *g, int pass) {
     if (pass == 2) return lucid_conv_igemm_wgrad_scratch(g);
     IgLaunch L = pass == 0 ? plan_forward(g, NULL, NULL, NULL, NULL)
                            : plan_backward_data(g, NULL, NULL, NULL, 0.0f);
+    if (L.mode == IG_DGRAD_PH2) return wt_bytes(g);
     return L.P.direct ? 0 : (size_t)L.splits * L.P.part_n * sizeof(float);
+}
+
+int64_t lucid_conv_igemm_dgrad_wt_elems(const lucid_igemm_geom *g) {
+    IgLaunch L = plan_backward_data(g, NULL, NULL, NULL, 0.0f);
+    return L.mode == IG_DGRAD_PH2 ? (int64_t)g->Cout * g->Cin * g->kh * g->kw : 0;
+}
+
+template <typename T, int BM_>
+static void launch_ph_bm(const IgLaunch &L, const T *wt, cudaStream_t s) {
+    switch (L.ks) {
+    case 4: lucid_launch(igemm_dgrad_ph<T, BM_, 4>, L.grid, NT * 4, 0, s, L.P, wt); break;
+    case 2: lucid_launch(igemm_dgrad_ph<T, BM_, 2>, L.grid, NT * 2, 0, s, L.P, wt); break;
+    default: lucid_launch(igemm_dgrad_ph<T, BM_, 1>, L.grid, NT, 0, s, L.P, wt); break;
+    }
+}
+
+/* igemm_dgrad_ph of plan L; wt NULL or unaligned: cast into scratch first */
+template <typename T>
+static cudaError_t launch_ph(const IgLaunch &L, const float *w, const void *wt, void *scratch,
+                             cudaStream_t s) {
+    if (!wt || !al16(wt)) {
+        if (!scratch || !al16(scratch) || !w) return cudaErrorInvalidValue;
+        const int n = L.P.Cout * L.P.Cin * L.P.kh * L.P.kw;
+        unsigned blocks = tiles(n, 256);
+        if (blocks > 1024) blocks = 1024;
+        lucid_launch(igemm_wt_cast<T>, blocks, 256, 0, s, w, (T *)scratch, n, L.P.Cin, L.P.Cout,
+                     L.P.kh * L.P.kw);
+        g_wt_casts++;
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        wt = scratch;
+    }
+    if (L.bm == 16) launch_ph_bm<T, 16>(L, (const T *)wt, s);
+    else launch_ph_bm<T, 64>(L, (const T *)wt, s);
+    return cudaGetLastError();
 }
 
 cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float *w,
@@ -569,8 +837,18 @@ cudaError_t lucid_conv_igemm_forward(lucid_dtype dt, const void *x, const float 
 cudaError_t lucid_conv_igemm_backward_data(lucid_dtype dt, const void *dy, const float *w,
                                            void *dx, float beta, void *scratch,
                                            const lucid_igemm_geom *g, cudaStream_t stream) {
-    return launch_fd(dt, plan_backward_data(g, dy, w, dx, beta), dx, NULL, beta, scratch,
-                     stream);
+    return lucid_conv_igemm_backward_data_wt(dt, dy, w, NULL, dx, beta, scratch, g, stream);
+}
+
+cudaError_t lucid_conv_igemm_backward_data_wt(lucid_dtype dt, const void *dy, const float *w,
+                                              const void *wt, void *dx, float beta,
+                                              void *scratch, const lucid_igemm_geom *g,
+                                              cudaStream_t stream) {
+    IgLaunch L = plan_backward_data(g, dy, w, dx, beta);
+    if (L.mode != IG_DGRAD_PH2) return launch_fd(dt, L, dx, NULL, beta, scratch, stream);
+    if (dt == LUCID_BF16) return launch_ph<__nv_bfloat16>(L, w, wt, scratch, stream);
+    if (dt == LUCID_F16) return launch_ph<__half>(L, w, wt, scratch, stream);
+    return cudaErrorInvalidValue;
 }
 
 cudaError_t lucid_conv_igemm_backward_filter(lucid_dtype dt, const void *x, const void *dy,

@@ -16,7 +16,9 @@
 #include <stdint.h>
 #include <type_traits>
 
-enum { IG_FWD = 0, IG_DGRAD = 1, IG_WGRAD = 2, IG_DGRAD_PH = 3 };
+/* GEMM modes; IG_DGRAD_PH2: the stride phases on igemm_dgrad_ph
+ * (nn_conv_igemm_ph.cuh), a plan's mode only (igemm_nchw has no such MODE) */
+enum { IG_FWD = 0, IG_DGRAD = 1, IG_WGRAD = 2, IG_DGRAD_PH = 3, IG_DGRAD_PH2 = 4 };
 
 #define BM 64
 #define BN 64

@@ -24,7 +24,13 @@
  *            exactly as cuda/nn_conv.cu calls them (beta 0, no bias); unless
  *            LUCID_CONV1X1=igemm, as in the engine, the 1x1
  *            stride-1 unpadded convs take cuda/nn_conv_gemm.cu (cuBLAS, on a
- *            handle set up as cuda/backend.cu sets the engine's)
+ *            handle set up as cuda/backend.cu sets the engine's).  The
+ *            stride-phase backward-data kernel (strided convs with Cin % 8
+ *            == 0, unless LUCID_DGRAD_PHASE=0) gets its transposed weight
+ *            made once beforehand, as the engine's weight shadows give it
+ *            (lucid_conv_igemm_backward_data_wt): the time is the kernel's;
+ *            LAB_DGRAD_WT=0 passes none, so each call also launches the
+ *            per-call transposition (the engine's shadow-less route)
  *
  * Checks (before any timing): for each shape, every route runs once on a
  * small geometry (batch 1, spatial size cut to <= 24, same channels, kernel,
@@ -89,8 +95,8 @@ typedef __nv_bfloat16 bf16;
 // engine symbols.  cuda/nn_conv_igemm.cu needs nothing from the engine;
 // cuda/nn_conv_dw.cu needs three error helpers (nm -u of its object):
 // lucid_seterr and lucid_dtype_name (engine/core) and lucid_cuda_err
-// (cuda/backend.cu); cuda/nn_conv_gemm.cu also lucid_cublas_err and
-// lucid_pdl_for_stream (cuda/backend.cu).  They are defined here instead of linking
+// (cuda/backend.cu); cuda/nn_conv_gemm.cu also lucid_cublas_err,
+// lucid_pdl_for_stream (cuda/backend.cu) and lucid_dtype_size (engine/core).  They are defined here instead of linking
 // build/libengine.a, which would pull in the whole engine and its host
 // libraries (OpenBLAS, libpng, libjpeg, libyaml, cJSON) and need `make` on the
 // GPU machine first.  The depthwise functions get ctx = NULL, which
@@ -119,6 +125,16 @@ extern "C" const char *lucid_dtype_name(lucid_dtype dt) {
     case LUCID_I32: return "i32";
     case LUCID_I64: return "i64";
     default: return "?";
+    }
+}
+
+extern "C" size_t lucid_dtype_size(lucid_dtype dt) {
+    switch (dt) {
+    case LUCID_F32: case LUCID_I32: return 4;
+    case LUCID_F64: case LUCID_I64: return 8;
+    case LUCID_BF16: case LUCID_F16: return 2;
+    case LUCID_U8: return 1;
+    default: return 0;
     }
 }
 
@@ -876,6 +892,7 @@ struct Bufs {
     float *dwf;         /* filter gradient, f32 */
     float *part;        /* split partials (own), backward-filter scratch (lucid) */
     size_t part_n;
+    bf16 *wt;           /* lucid: the stride-phase backward-data's transposed weight, or NULL */
     bf16 *tx, *ty;      /* transpose targets */
 };
 
@@ -931,6 +948,7 @@ static void bufs_make(Bufs &b, const Geo &g, uint64_t seed) {
     b.dwf = dalloc<float>(g.nw());
     b.part = NULL;
     b.part_n = 0;
+    b.wt = NULL;
     b.tx = G.nhwc ? dalloc<bf16>(g.nx()) : NULL;
     b.ty = G.nhwc ? dalloc<bf16>(g.ny()) : NULL;
 }
@@ -950,6 +968,7 @@ static void bufs_free(Bufs &b) {
     CK(cudaFree(b.dwb));
     CK(cudaFree(b.dwf));
     if (b.part) CK(cudaFree(b.part));
+    if (b.wt) CK(cudaFree(b.wt));
     CK(cudaFree(b.tx));
     CK(cudaFree(b.ty));
 }
@@ -1322,6 +1341,20 @@ static bool lucid_plan(LucidPlan &lp, Bufs &b, char *why, size_t nwhy) {
             size_t n = lucid_conv_igemm_scratch(&lp.ig, ps);
             if (n > lp.scratch) lp.scratch = n;
         }
+        /* the stride-phase backward-data's transposed weight, made once as
+         * the engine's group cast makes it (LAB_DGRAD_WT=0: none) */
+        const int64_t nwt = lucid_conv_igemm_dgrad_wt_elems(&lp.ig);
+        const char *ev = getenv("LAB_DGRAD_WT");
+        if (b.wt) CK(cudaFree(b.wt));
+        b.wt = NULL;
+        if (nwt > 0 && !(ev && strcmp(ev, "0") == 0)) {
+            std::vector<float> t((size_t)nwt);
+            for (int64_t i = 0; i < nwt; i++)
+                t[(size_t)i] = b.hw[(size_t)lucid_conv_igemm_wt_src(i, g.Cin, g.Cout, g.k * g.k)];
+            std::vector<bf16> tb;
+            to_bf16(t, tb);
+            b.wt = dupload(tb);
+        }
     } else {
         lp.dg = lucid_conv_dw_geom{g.N, g.Cin, g.H, g.W, g.Ho, g.Wo, g.k, g.k, g.s, g.s, g.p, g.p, 1, 1};
         lp.scratch = lucid_conv_dw_wgrad_scratch_bytes(&lp.dg);
@@ -1359,8 +1392,8 @@ static bool lucid_run(const LucidPlan &lp, const Bufs &b, int pass, int set, cha
             e = lucid_conv_igemm_forward(LUCID_BF16, b.x_nchw[set], b.w_f32, NULL, b.y, scratch, &lp.ig,
                                          G.stream);
         else if (pass == 1)
-            e = lucid_conv_igemm_backward_data(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.dx, 0.f, scratch,
-                                               &lp.ig, G.stream);
+            e = lucid_conv_igemm_backward_data_wt(LUCID_BF16, b.dy_nchw[set], b.w_f32, b.wt, b.dx, 0.f,
+                                                  scratch, &lp.ig, G.stream);
         else
             e = lucid_conv_igemm_backward_filter(LUCID_BF16, b.x_nchw[set], b.dy_nchw[set], b.dwf, 0.f,
                                                  scratch, &lp.ig, G.stream);

@@ -32,6 +32,9 @@ void lucid_conv_wshadow_invalidate(lucid_conv_wshadow *s) {
     s->epoch = 0;
     s->flip_off = 0;
     memset(s->flip_shape, 0, sizeof s->flip_shape);
+    s->phase_off = 0;
+    memset(s->phase_shape, 0, sizeof s->phase_shape);
+    /* phase_want is kept: it describes the conv, not the cast */
 }
 
 void lucid_conv_wshadow_release(lucid_conv_wshadow *s) {
@@ -76,4 +79,22 @@ int64_t lucid_conv_wshadow_flip_off(const lucid_conv_wshadow *s, const lucid_ten
     for (int d = 0; d < 4; d++)
         if (s->flip_shape[d] != w->shape[d]) return 0;
     return lucid_conv_wshadow_fresh(s, w, dt, epoch) ? s->flip_off : 0;
+}
+
+void lucid_conv_wshadow_mark_phase(lucid_conv_wshadow *s, const lucid_tensor *w, int64_t off) {
+    if (!s || !w || w->ndim != 4 || off <= 0) return;
+    s->phase_off = off;
+    for (int d = 0; d < 4; d++) s->phase_shape[d] = w->shape[d];
+}
+
+int64_t lucid_conv_wshadow_phase_off(const lucid_conv_wshadow *s, const lucid_tensor *w,
+                                     lucid_dtype dt, uint64_t epoch) {
+    if (!s || !w || s->phase_off <= 0 || w->ndim != 4) return 0;
+    for (int d = 0; d < 4; d++)
+        if (s->phase_shape[d] != w->shape[d]) return 0;
+    return lucid_conv_wshadow_fresh(s, w, dt, epoch) ? s->phase_off : 0;
+}
+
+void lucid_conv_wshadow_want_phase(lucid_conv_wshadow *s) {
+    if (s) s->phase_want = 1;
 }

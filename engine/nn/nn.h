@@ -322,6 +322,14 @@ struct lucid_conv_wshadow {
     int64_t flip_shape[4];    /* w's [Cout, Cin, kh, kw] at that flipped cast: the flipped
                                * layout depends on the shape, which freshness does not
                                * compare (a same-numel view of the same data is "fresh") */
+    int64_t phase_off;        /* > 0: the group cast also wrote the stride-phase
+                               * backward-data's transposed weight (cuda/nn_conv_igemm.cuh
+                               * lucid_conv_igemm_wt_src) at this element offset; 0 none */
+    int64_t phase_shape[4];   /* w's shape at that cast (the layout depends on it) */
+    int phase_want;           /* a backward-data on the stride-phase kernel read (or cast
+                               * per call) that copy through this shadow: the group cast
+                               * writes it from then on.  Kept by invalidate (a property
+                               * of the conv, not of the cast) */
 };
 
 /* An empty shadow (no buffer, not valid). */
@@ -351,6 +359,17 @@ void lucid_conv_wshadow_mark_flip(lucid_conv_wshadow *s, const lucid_tensor *w, 
  * compare: a same-numel view of the same data is "fresh"); else 0. */
 int64_t lucid_conv_wshadow_flip_off(const lucid_conv_wshadow *s, const lucid_tensor *w,
                                     lucid_dtype dt, uint64_t epoch);
+/* The same pair for the stride-phase backward-data's transposed weight
+ * (cuda/nn_conv_igemm.cuh): mark_phase records, after lucid_conv_wshadow_mark
+ * in the same cast, that the cast wrote it at element `off` > 0 for w's
+ * shape; phase_off gives that offset when s is fresh for (w, dt, epoch) and
+ * the copy was written for w's own shape, else 0.  want_phase records that
+ * the conv's backward-data reads that copy (sticky: the group cast then
+ * writes it with every cast of s; invalidate keeps it, init clears it). */
+void lucid_conv_wshadow_mark_phase(lucid_conv_wshadow *s, const lucid_tensor *w, int64_t off);
+int64_t lucid_conv_wshadow_phase_off(const lucid_conv_wshadow *s, const lucid_tensor *w,
+                                     lucid_dtype dt, uint64_t epoch);
+void lucid_conv_wshadow_want_phase(lucid_conv_wshadow *s);
 
 /* lucid_nn_conv2d_forward / _backward_input with a weight shadow ws
  * (nullable: exactly the calls above).  Same arguments, checks, results

@@ -37,7 +37,19 @@
  *   - first use inside a capture (no shadow buffer yet, the allocation is
  *     refused): the capture succeeds, the convs cast per call (2 launches),
  *     the group cast skips the shadow, the shadow stays empty, the replay
- *     equals the eager route.
+ *     equals the eager route;
+ *   - the stride-phase backward-data's transposed weight (a stride-2 3x3
+ *     module, 64>48 and 16>32; nn_conv_igemm.cuh): its first backward-data
+ *     through the shadow transposes per call (1 launch counted by
+ *     lucid_conv_igemm_wt_cast_count) and asks for the copy; the group cast
+ *     then re-casts the fresh shadow once (1 launch) and once after each
+ *     weight write, and the backward-data transposes nothing; a group cast
+ *     of a shadow that holds the copy queues nothing; y, dx, dw bitwise the
+ *     per-call route each time; with the kernel's switch off the shadow's
+ *     copy is neither written nor read and dx is bitwise the per-call
+ *     switch-off route; captured (group cast, forward, backward) after the
+ *     eager passes: the backward-data transposes nothing inside the capture
+ *     and the replay equals the per-call route.
  * Without a CUDA device every group prints a skip line and the program exits
  * 0.
  */
@@ -57,6 +69,8 @@ WEAK int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
 WEAK int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
 WEAK int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
 WEAK unsigned long lucid_cuda_wcast_launch_count(void);
+WEAK void lucid_conv_igemm_set_dgrad_phase(int v);
+WEAK unsigned long lucid_conv_igemm_wt_cast_count(void);
 
 static void rel(lucid_tensor *t) {
     if (t) lucid_tensor_release(t);
@@ -282,8 +296,9 @@ done:
  * the backward-data must check the flip's shape and cast per call for the
  * view.  [32,16,3,3] cast, used as [16,32,3,3] (same flip size, other
  * layout) and as [2,256,3,3] (Cin*Kr' = 256*24 = 6144 read at offset 4608
- * of a 9216-element buffer: past its end without the check): dx bitwise
- * the shadow-less route's. */
+ * of a 13824-element buffer, the cast, flipped and transposed weights: the
+ * transposed one's bytes without the check): dx bitwise the shadow-less
+ * route's. */
 static void test_flip_view(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "wcast flipped weight of a view %s", lucid_dtype_name(dt));
@@ -610,6 +625,182 @@ done:
     rel(ey); rel(ry); rel(edx); rel(rdx);
 }
 
+/* The stride-phase backward-data's transposed weight in the shadow of a
+ * stride-2 3x3 module (Ci > Co, H x W input). */
+static unsigned long wtc(void) { return lucid_conv_igemm_wt_cast_count(); }
+
+static void test_phase(lucid_dtype dt, int64_t Ci, int64_t Co, int64_t H, int64_t W) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast phase %lld>%lld %s", (long long)Ci, (long long)Co,
+             lucid_dtype_name(dt));
+    const int64_t N = 2, Ho = (H - 1) / 2 + 1, Wo = (W - 1) / 2 + 1;
+    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, Ho, Wo};
+    lucid_param_set *set = NULL;
+    lucid_module *m = NULL;
+    lucid_graph *gr = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *off[3] = {0}, *on[3] = {0}, *rdx = NULL;
+    unsigned long nc[2], t0, c0;
+    if (!hx || !hdy || !gx || !gdy || make_conv(&set, &m, "p", Ci, Co, 3, 2, 0) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    /* the per-call route (no shadows): one transposition per backward-data */
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    t0 = wtc();
+    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, off, nc));
+    CHECK(NAME("%s: per-call route transposes once", pre), wtc() - t0 == 1, "%lu", wtc() - t0);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    t0 = wtc();
+    RUN(NAME("%s: shadow route", pre), fwd_bwd(m, gx, gdy, on, nc));
+    CHECK(NAME("%s: first backward-data transposes per call", pre), wtc() - t0 == 1, "%lu",
+          wtc() - t0);
+    cmp3(pre, "first shadow pass = per-call", m, off);
+    rel3(on);
+    c0 = casts();
+    RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    check_casts(NAME("%s: group cast re-casts the fresh shadow for the copy", pre), casts() - c0, 1);
+    t0 = wtc();
+    RUN(NAME("%s: shadow route with the copy", pre), fwd_bwd(m, gx, gdy, on, nc));
+    CHECK(NAME("%s: backward-data reads the shadow's copy", pre), wtc() - t0 == 0, "%lu",
+          wtc() - t0);
+    check_casts(NAME("%s: forward and backward-data cast nothing", pre), nc[0] + nc[1], 0);
+    cmp3(pre, "copy = per-call", m, off);
+    rel3(on);
+    c0 = casts();
+    RUN(NAME("%s: group cast again", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    check_casts(NAME("%s: group cast of a shadow holding the copy queues nothing", pre),
+                casts() - c0, 0);
+    /* a weight write: the group cast writes the copy with the weight */
+    RUN(NAME("%s: in-place weight write", pre),
+        lucid_binary_scalar(ctx, LUCID_OP_MUL, m->params[0]->data, m->params[0]->data, -0.75, 0));
+    c0 = casts();
+    RUN(NAME("%s: group cast after the write", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    check_casts(NAME("%s: group cast after the write launches once", pre), casts() - c0, 1);
+    t0 = wtc();
+    RUN(NAME("%s: shadow route after the write", pre), fwd_bwd(m, gx, gdy, on, nc));
+    CHECK(NAME("%s: after the write: no transposition", pre), wtc() - t0 == 0, "%lu", wtc() - t0);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    rel3(off);
+    RUN(NAME("%s: per-call route after the write", pre), fwd_bwd(m, gx, gdy, off, nc));
+    cmp3(pre, "new weight: per-call = shadow", m, on);
+    rel3(on);
+    rel3(off);
+    /* the kernel's switch off: the shadow's copy is neither written nor read */
+    lucid_conv_igemm_set_dgrad_phase(0);
+    RUN(NAME("%s: switch off, per-call route", pre), fwd_bwd(m, gx, gdy, off, nc));
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    RUN(NAME("%s: switch off, weight write", pre),
+        lucid_binary_scalar(ctx, LUCID_OP_MUL, m->params[0]->data, m->params[0]->data, 1.0, 0));
+    RUN(NAME("%s: switch off, group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    t0 = wtc();
+    RUN(NAME("%s: switch off, shadow route", pre), fwd_bwd(m, gx, gdy, on, nc));
+    CHECK(NAME("%s: switch off: no transposition", pre), wtc() - t0 == 0, "%lu", wtc() - t0);
+    cmp3(pre, "switch off: shadow = per-call", m, off);
+    lucid_conv_igemm_set_dgrad_phase(-1);
+    rel3(on);
+    rel3(off);
+    /* captured after the eager passes: group cast, forward, backward */
+    if (!cuda_test_graphs(pre)) goto done;
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, on, nc));
+    rel3(on);
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    {
+        lucid_tensor *y = NULL, *dx = NULL;
+        t0 = wtc();
+        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
+        if (!s) s = lucid_param_set_zero_grad(ctx, set);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        CHECK(NAME("%s: captured backward-data transposes nothing", pre), wtc() - t0 == 0, "%lu",
+              wtc() - t0);
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
+    rdx = host(m->grad_inputs[0]);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    RUN(NAME("%s: per-call route after the replay", pre), fwd_bwd(m, gx, gdy, off, nc));
+    cmp_bits(NAME("%s: replay dx = per-call", pre), m->grad_inputs[0], rdx);
+done:
+    if (lucid_conv_igemm_set_dgrad_phase) lucid_conv_igemm_set_dgrad_phase(-1);
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    if (gr) lucid_graph_destroy(gr);
+    rel3(off);
+    rel3(on);
+    rel(rdx); rel(hx); rel(hdy); rel(gx); rel(gdy);
+    lucid_module_release(m);
+    lucid_param_set_release(set);
+}
+
+/* The transposed weight belongs to the shape it was cast for, as the
+ * flipped one: [32,16,3,3] (its stride-2 backward-data asked for it, the
+ * group cast wrote it), then a stride-2 backward-data of the view
+ * [16,32,3,3] through the same shadow transposes per call (1 launch) and
+ * equals the shadow-less route bitwise; the weight itself reads the copy
+ * (0 launches). */
+static void test_phase_view(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast phase copy of a view %s", lucid_dtype_name(dt));
+    static const int64_t SH[2][4] = {{32, 16, 3, 3}, {16, 32, 3, 3}};
+    const int64_t N = 2, H = 12, W = 10;
+    lucid_conv2d_params p = {2, 2, 1, 1, 1, 1, 1};
+    lucid_conv_wshadow s;
+    lucid_conv_wshadow_init(&s);
+    lucid_conv_wshadow *sp = &s;
+    lucid_tensor *hw = hrand(LUCID_F32, 4, SH[0], -0.5, 0.5), *gw = dev(hw), *h = NULL;
+    const lucid_tensor *wc = gw;
+    if (!hw || !gw) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    for (int v = 0; v < 3; v++) { /* the weight (asks), the weight (reads), the view */
+        const int64_t *sh = SH[v == 2];
+        const int64_t Co = sh[0], Ci = sh[1];
+        int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H / 2, W / 2};
+        lucid_tensor *wv = NULL, *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+        lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *dxa = dpoison(dt, 4, xs),
+                     *dxb = dpoison(dt, 4, xs);
+        if (lucid_tensor_view(ctx, gw, 4, sh, &wv) != LUCID_OK || !gx || !gdy || !dxa || !dxb) {
+            TEST_FAIL(NAME("%s: %d setup", pre, v), "%s", lucid_ctx_error(ctx));
+        } else {
+            if (v > 0)
+                RUN(NAME("%s: group cast of [32,16,3,3] (%d)", pre, v),
+                    lucid_nn_conv2d_cast_shadows(ctx, &wc, &sp, 1, dt));
+            unsigned long t0 = wtc();
+            RUN(NAME("%s: backward-data of [%lld,%lld,3,3] with the shadow (%d)", pre,
+                     (long long)Co, (long long)Ci, v),
+                lucid_nn_conv2d_backward_input_shadow(ctx, gx, gdy, dxa, wv, &p, 0.0, &s));
+            unsigned long want = v == 1 ? 0 : 1;
+            CHECK(NAME("%s: [%lld,%lld,3,3] (%d): %lu transpositions", pre, (long long)Co,
+                       (long long)Ci, v, want),
+                  wtc() - t0 == want, "%lu", wtc() - t0);
+            RUN(NAME("%s: reference backward-data (%d)", pre, v),
+                lucid_nn_conv2d_backward_input(ctx, gx, gdy, dxb, wv, &p, 0.0));
+            h = host(dxb);
+            cmp_bits(NAME("%s: [%lld,%lld,3,3] (%d): dx = per-call", pre, (long long)Co,
+                          (long long)Ci, v),
+                     dxa, h);
+            rel(h);
+            h = NULL;
+        }
+        rel(wv); rel(hx); rel(hdy); rel(gx); rel(gdy); rel(dxa); rel(dxb);
+    }
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    lucid_conv_wshadow_release(&s);
+    rel(hw); rel(gw);
+}
+
 static const char *GROUPS[] = {"cuda conv weight shadows"};
 
 int main(void) {
@@ -627,6 +818,11 @@ int main(void) {
         test_group(DTS[d]);
         test_capture(DTS[d]);
         test_first_use_in_capture(DTS[d]);
+        if (lucid_conv_igemm_set_dgrad_phase && lucid_conv_igemm_wt_cast_count) {
+            test_phase(DTS[d], 64, 48, 18, 16);
+            test_phase(DTS[d], 16, 32, 22, 20);
+            test_phase_view(DTS[d]);
+        }
     }
     return cuda_test_finish();
 }

@@ -10,6 +10,10 @@
  *   - the flipped copy's record (mark_flip / flip_off): its offset only for
  *     a fresh shadow and the shape it was made for (a same-data view of
  *     another shape is fresh but gets 0), forgotten by invalidate;
+ *   - the stride-phase backward-data's transposed copy (mark_phase /
+ *     phase_off, want_phase): the same rule as the flipped copy's, both
+ *     records side by side; want_phase is set by want_phase only, kept by
+ *     invalidate and by marks, cleared by init;
  *   - mark retains the weight's storage (its address cannot be reused while
  *     the shadow names it) and release drops it and the buffer;
  *   - the entry points: lucid_nn_conv_cast_weights and
@@ -271,11 +275,68 @@ done:
     lucid_tensor_release(w);
 }
 
+/* The stride-phase backward-data's transposed copy (lucid_conv_wshadow_
+ * mark_phase / _phase_off / _want_phase): its offset under the flipped
+ * copy's rule, independent of the flipped record; want_phase sticky. */
+static void test_phase(lucid_ctx *ctx) {
+    int64_t a[4] = {16, 8, 3, 3}, b[4] = {8, 16, 3, 3};
+    lucid_tensor *w = NULL, *v = NULL;
+    lucid_conv_wshadow s;
+    lucid_conv_wshadow_init(&s);
+    if (lucid_tensor_zeros(ctx, CPU, LUCID_F32, 4, a, &w) ||
+        lucid_tensor_view(ctx, w, 4, b, &v) || lucid_storage_create(ctx, CPU, 64, 0, &s.buf)) {
+        TEST_FAIL("wshadow phase: setup", "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    CHECK("wshadow phase: init: not wanted", s.phase_want == 0, "want %d", s.phase_want);
+    lucid_conv_wshadow_mark(&s, w, LUCID_BF16, 5);
+    CHECK("wshadow phase: none recorded: 0", lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5));
+    lucid_conv_wshadow_mark_flip(&s, w, 1152);
+    CHECK("wshadow phase: the flipped record is not the phase record",
+          lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5) == 0, "offset %lld",
+          (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5));
+    lucid_conv_wshadow_mark_phase(&s, w, 2304);
+    CHECK("wshadow phase: fresh, same shape: the offset",
+          lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5) == 2304, "offset %lld",
+          (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5));
+    CHECK("wshadow phase: ... and the flipped one's still",
+          lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5) == 1152, "offset %lld",
+          (long long)lucid_conv_wshadow_flip_off(&s, w, LUCID_BF16, 5));
+    CHECK("wshadow phase: a view of another shape: 0",
+          lucid_conv_wshadow_phase_off(&s, v, LUCID_BF16, 5) == 0, "offset %lld",
+          (long long)lucid_conv_wshadow_phase_off(&s, v, LUCID_BF16, 5));
+    CHECK("wshadow phase: another epoch: 0", lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 6) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 6));
+    CHECK("wshadow phase: another dtype: 0", lucid_conv_wshadow_phase_off(&s, w, LUCID_F16, 5) == 0,
+          "offset %lld", (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_F16, 5));
+    lucid_conv_wshadow_want_phase(&s);
+    CHECK("wshadow phase: want_phase sets it", s.phase_want == 1, "want %d", s.phase_want);
+    lucid_conv_wshadow_invalidate(&s);
+    lucid_conv_wshadow_mark(&s, w, LUCID_BF16, 5);
+    CHECK("wshadow phase: invalidate forgets the copy",
+          lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5) == 0, "offset %lld",
+          (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5));
+    CHECK("wshadow phase: ... but keeps want_phase", s.phase_want == 1, "want %d", s.phase_want);
+    lucid_conv_wshadow_mark_phase(&s, w, 0); /* no offset: nothing recorded */
+    CHECK("wshadow phase: offset 0 records nothing",
+          lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5) == 0, "offset %lld",
+          (long long)lucid_conv_wshadow_phase_off(&s, w, LUCID_BF16, 5));
+    lucid_conv_wshadow_release(&s);
+    lucid_conv_wshadow_init(&s);
+    CHECK("wshadow phase: init clears want_phase", s.phase_want == 0, "want %d", s.phase_want);
+done:
+    lucid_conv_wshadow_release(&s);
+    lucid_tensor_release(v);
+    lucid_tensor_release(w);
+}
+
 int main(void) {
     lucid_ctx *ctx = test_cpu_ctx();
     if (!ctx) return 1;
     test_freshness(ctx);
     test_flip(ctx);
+    test_phase(ctx);
     test_entry_points(ctx);
     lucid_ctx_release(ctx);
     return test_exit();

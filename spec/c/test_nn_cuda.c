@@ -54,9 +54,20 @@
  * chunks), each beta 0 and 1 against the CPU and repeatable bitwise.
  * Capture: forward, backward-data (beta 0 and 1) and backward-params (beta 0
  * and 1) of 1x1 convs on both 1x1 routes (N 1, N 3, and N 1 at 64x64 whose
- * filter gradient splits), captured after one eager pass into a CUDA graph
- * (no allocation while capturing), replayed: bitwise equal to the eager
- * results.
+ * filter gradient splits), and of two stride-2 3x3 convs (the stride-phase
+ * backward-data kernel, 1 and 4 k-slices), captured after one eager pass
+ * into a CUDA graph (no allocation while capturing), replayed: bitwise
+ * equal to the eager results.
+ * Stride-phase backward-data (nn_conv_igemm.cuh, igemm_dgrad_ph; bf16/f16):
+ * the six stride-2 3x3 convs of YOLO11n-pose with their channel counts
+ * (16>32, 64>64, 128>128, 128>256, 64>64, 128>128) on smaller planes, the
+ * full-size 16>32 320x320 and 128>256 40x40 at batch 4, a 16>128 (16-row
+ * tiles, 4 k-slices) and a stride-2 1x1: beta 0 (poisoned) and beta 1
+ * against the CPU (the conv tolerance above), beta 0 run twice bitwise, the
+ * kernel's per-call weight transposition counted (one launch a call: the
+ * route was taken), then the same with the switch off
+ * (lucid_conv_igemm_set_dgrad_phase 0: igemm_nchw's phase form, no
+ * transposition) against the CPU too.
  * BatchNorm cases (cuda/nn_norm.cuh's partition: planes of S >= 8192
  * elements cut into chunks of <= 8192, smaller planes grouped floor(8192/S)
  * to a part; vector path when S % 8 == 0, f32 S % 4 == 0): one part per
@@ -100,6 +111,16 @@ int lucid_cuda_nn_set_conv_mode(lucid_ctx *ctx, int mode);
 __attribute__((weak))
 #endif
 int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
+
+/* cuda/nn_conv_igemm.cu test hooks (nn_conv_igemm.cuh) */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+void lucid_conv_igemm_set_dgrad_phase(int v);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_conv_igemm_wt_cast_count(void);
 
 static void rel(lucid_tensor *t) {
     if (t) lucid_tensor_release(t);
@@ -369,7 +390,79 @@ static const conv_case CAPTURE_CASES[] = {
     {"1x1 N3 32>24 bias", 3, 32, 12, 10, 24, 1, 1, 1, 0, 1, 1, 1},
     {"1x1 N1 24>40", 1, 24, 16, 16, 40, 1, 1, 1, 0, 1, 1, 0},
     {"1x1 N1 16>32 64x64 bias (wgrad split 2)", 1, 16, 64, 64, 32, 1, 1, 1, 0, 1, 1, 1},
+    /* the stride-phase backward-data kernel: 1 and 4 k-slices */
+    {"3x3 s2 16>32 34x30", 2, 16, 34, 30, 32, 3, 3, 2, 1, 1, 1, 0},
+    {"3x3 s2 128>256 20x20", 1, 128, 20, 20, 256, 3, 3, 2, 1, 1, 1, 0},
 };
+
+/* ---- the stride-phase backward-data kernel (nn_conv_igemm.cuh) */
+
+static const conv_case PHASE_CASES[] = {
+    /* YOLO11n-pose's stride-2 3x3 convs (model.1, 3, 5, 7, 17, 20), channel
+     * counts kept, planes smaller (odd sizes too) */
+    {"s2 16>32 (model.1) 50x46", 2, 16, 50, 46, 32, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 64>64 (model.3) 33x40", 2, 64, 33, 40, 64, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 128>128 (model.5) 24x24", 2, 128, 24, 24, 128, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 128>256 (model.7) 20x18", 2, 128, 20, 18, 256, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 64>64 (model.17) 24x21", 3, 64, 24, 21, 64, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 128>128 (model.20) 12x12", 4, 128, 12, 12, 128, 3, 3, 2, 1, 1, 1, 0},
+    /* full size, batch 4, 640 */
+    {"s2 16>32 (model.1) N4 320x320", 4, 16, 320, 320, 32, 3, 3, 2, 1, 1, 1, 0},
+    {"s2 128>256 (model.7) N4 40x40", 4, 128, 40, 40, 256, 3, 3, 2, 1, 1, 1, 0},
+    /* 16-row tiles with 4 k-slices; a 1x1 stride 2 (phases without taps) */
+    {"s2 16>128 9x13", 1, 16, 9, 13, 128, 3, 3, 2, 1, 1, 1, 0},
+    {"1x1 s2 32>24 11x9", 2, 32, 11, 9, 24, 1, 1, 2, 0, 1, 1, 0},
+};
+
+/* Backward-data of cc on the auto route with the stride-phase kernel's
+ * switch at `on` (1: the kernel; 0: igemm_nchw's phase form): beta 0
+ * (poisoned) and beta 1 against the CPU, beta 0 twice bitwise; the
+ * kernel's per-call weight transposition launches counted (no shadow here:
+ * one per call when on, none when off). */
+static void test_dgrad_phase(const conv_case *cc, lucid_dtype dt, int on) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "conv2d dgrad phase kernel %s %s [switch %s]", cc->tag, dname(dt),
+             on ? "on" : "off");
+    lucid_conv2d_params p = {cc->s, cc->s, cc->p, cc->p, cc->d, cc->d, cc->g};
+    int64_t Ho = lucid_nn_conv_out_size(cc->H, cc->kh, cc->s, cc->p, cc->d);
+    int64_t Wo = lucid_nn_conv_out_size(cc->W, cc->kw, cc->s, cc->p, cc->d);
+    int64_t xs[4] = {cc->N, cc->Cin, cc->H, cc->W};
+    int64_t ws[4] = {cc->Cout, cc->Cin, cc->kh, cc->kw};
+    int64_t ys[4] = {cc->N, cc->Cout, Ho, Wo};
+    double fan = 1.0 / sqrt((double)(ws[1] * cc->kh * cc->kw));
+    lucid_tensor *hx = hzeros(dt, 4, xs), *hw = hrand(LUCID_F32, 4, ws, -fan, fan);
+    lucid_tensor *hdy = hrand(dt, 4, ys, -1, 1), *hdx1 = hrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gx = dev(hx), *gw = dev(hw), *gdy = dev(hdy);
+    lucid_tensor *rdx0 = hpoison(dt, 4, xs), *gdx0 = dpoison(dt, 4, xs);
+    lucid_tensor *gdx1 = dev(hdx1), *rdx1 = NULL, *s0 = NULL;
+    if (!hx || !hw || !hdy || !hdx1 || !gx || !gw || !gdy || !rdx0 || !gdx0 || !gdx1) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_tensor_clone(ctx, hdx1, &rdx1);
+    lucid_conv_igemm_set_dgrad_phase(on);
+    RUN(NAME("%s: cpu beta 0", pre), lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx0, hw, &p, 0.0));
+    {
+        unsigned long c0 = lucid_conv_igemm_wt_cast_count();
+        RUN(NAME("%s: beta 0", pre), lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
+        unsigned long nc = lucid_conv_igemm_wt_cast_count() - c0;
+        CHECK(NAME("%s: %s", pre, on ? "the kernel ran (one weight transposition)"
+                                      : "no weight transposition"),
+              nc == (on ? 1ul : 0ul), "%lu transposition launches", nc);
+    }
+    cmp_rel(NAME("%s: beta 0", pre), gdx0, rdx0, conv_tol(dt));
+    s0 = snap(gdx0);
+    lucid_fill(ctx, gdx0, NAN);
+    RUN(NAME("%s: beta 0 again", pre), lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
+    cmp_bits(NAME("%s: beta 0 deterministic", pre), gdx0, s0);
+    RUN(NAME("%s: cpu beta 1", pre), lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx1, hw, &p, 1.0));
+    RUN(NAME("%s: beta 1", pre), lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx1, gw, &p, 1.0));
+    cmp_rel(NAME("%s: beta 1", pre), gdx1, rdx1, conv_tol(dt));
+done:
+    lucid_conv_igemm_set_dgrad_phase(-1);
+    rel(hx); rel(hw); rel(hdy); rel(hdx1); rel(gx); rel(gw); rel(gdy);
+    rel(rdx0); rel(gdx0); rel(gdx1); rel(rdx1); rel(s0);
+}
 
 /* ============================================================ BatchNorm2d */
 
@@ -1343,6 +1436,11 @@ int main(void) {
             for (size_t c = 0; c < sizeof CAPTURE_CASES / sizeof CAPTURE_CASES[0]; c++) {
                 test_conv_capture(&CAPTURE_CASES[c], dt, 1);
                 test_conv_capture(&CAPTURE_CASES[c], dt, 2);
+            }
+        if (dt != LUCID_F32 && lucid_conv_igemm_set_dgrad_phase && lucid_conv_igemm_wt_cast_count)
+            for (size_t c = 0; c < sizeof PHASE_CASES / sizeof PHASE_CASES[0]; c++) {
+                test_dgrad_phase(&PHASE_CASES[c], dt, 1);
+                test_dgrad_phase(&PHASE_CASES[c], dt, 0);
             }
         /* ---- batchnorm: single part, multi-part planes, tiny, odd */
         test_bn(4, 16, 32, 32, 1, dt);
