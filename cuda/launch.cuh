@@ -36,7 +36,8 @@
  *     lucid_pdl_launch_dependents();
  * as its first two statements (before any declaration, early return or
  * branch, so every thread runs them), whether or not it is launched in the
- * train step, and every launch goes through lucid_launch(). The lint
+ * train step, and every launch goes through lucid_launch() (or
+ * lucid_launch_coop(), the same plus the cooperative attribute). The lint
  * spec/c/test_pdl_rule.sh (checker spec/c/pdl_rule.lua, counted by make test)
  * enforces both over the .cu and .cuh files of cuda/ and names file:line of
  * a violation. Notes:
@@ -96,25 +97,62 @@ static __device__ __forceinline__ void lucid_pdl_launch_dependents(void) {
 int lucid_pdl_for_stream(cudaStream_t stream);
 
 /* Queue kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute
- * when lucid_pdl_for_stream(stream). Arguments are converted to the kernel's parameter
- * types as by <<<>>>. Returns the launch's cudaError_t (check it with
- * CUDA_CHECK or CUDA_CHECK_LAUNCH's cudaGetLastError, which it also sets). */
+ * when lucid_pdl_for_stream(stream), and with the cooperative attribute when
+ * cooperative is nonzero (lucid_launch_coop). Arguments are converted to the
+ * kernel's parameter types as by <<<>>>. Returns the launch's cudaError_t
+ * (check it with CUDA_CHECK or CUDA_CHECK_LAUNCH's cudaGetLastError, which it
+ * also sets). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                       size_t smem, cudaStream_t stream, Args &&...args) {
+static inline cudaError_t lucid_launch_attrs(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                             size_t smem, cudaStream_t stream, int cooperative,
+                                             Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
     if (lucid_pdl_for_stream(stream)) {
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cooperative) {
+        attr[n].id = cudaLaunchAttributeCooperative;
+        attr[n].val.cooperative = 1;
+        n++;
+    }
+    if (n > 0) {
         cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cfg.numAttrs = n;
     }
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+/* lucid_launch_attrs without the cooperative attribute: the launch of every
+ * kernel of cuda/. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                       size_t smem, cudaStream_t stream, Args &&...args) {
+    return lucid_launch_attrs(kernel, grid, block, smem, stream, 0,
+                              std::forward<Args>(args)...);
+}
+
+/* lucid_launch with the cooperative attribute too (cudaLaunchAttributeCooperative:
+ * the semantics of cudaLaunchCooperativeKernel; valid for launches and for
+ * graph kernel nodes, so a captured launch keeps it): every block of the
+ * grid is resident at once, so blocks may wait on one another (a spin on a
+ * global counter).  The device must have cudaDevAttrCooperativeLaunch, and
+ * the grid at most cudaOccupancyMaxActiveBlocksPerMultiprocessor(kernel,
+ * block, smem) times cudaDevAttrMultiProcessorCount blocks (else
+ * cudaErrorCooperativeLaunchTooLarge): the caller checks both (CUDA Runtime
+ * API, cudaLaunchCooperativeKernel). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t lucid_launch_coop(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                            size_t smem, cudaStream_t stream, Args &&...args) {
+    return lucid_launch_attrs(kernel, grid, block, smem, stream, 1,
+                              std::forward<Args>(args)...);
 }
 
 #endif

@@ -203,7 +203,8 @@ void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
 /* BatchNorm kernels (forward and backward, plain and fused with SiLU;
  * nn_norm_{fwd,bwd}.cu) queued by the calling thread so far, any context, eager or
- * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS). */
+ * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS,
+ * LUCID_BN_COOP). */
 unsigned long lucid_cuda_bn_launch_count(void);
 /* Stream operations (kernels, cudaMemcpy2DAsync, cudaMemset2DAsync) queued
  * by the calling thread's channel_copy and channel_copy_multi calls so far

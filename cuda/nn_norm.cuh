@@ -94,14 +94,86 @@
  * in the same order, so the results equal the two-launch route's bitwise.
  * Only the training forward and the training backward with dx take it
  * (dweight/dbias alone is one launch already, eval has no reduction before
- * the element-wise pass); multi-part channels never do.  LUCID_BN_ONEPASS=0 in the
+ * the element-wise pass); multi-part channels take the cooperative kernels
+ * below instead.  LUCID_BN_ONEPASS=0 in the
  * environment (read on each call, bn_onepass; unset or anything else: on)
  * keeps the two-launch route for A/B runs.  The choice depends on the
  * shape and that switch only; the host bookkeeping (arena, counters) is
  * the same either way, so eager calls and captured graphs take the same
  * route.  Test hooks (nn_norm_fwd.cu): lucid_cuda_bn_launch_count() counts
  * the kernels this thread's BatchNorm calls queued (nn_common.cuh),
- * lucid_cuda_bn_wide_count() those of them that took BN_ROUTE_WIDE.
+ * lucid_cuda_bn_wide_count() those of them that took BN_ROUTE_WIDE,
+ * lucid_cuda_bn_coop_count() the cooperative ones (below).
+ *
+ * Cooperative (parts > 1).  The training forward and the training backward
+ * with dx of multi-part channels are one launch each too, when the grid is
+ * co-resident: bn_stats_apply_coop (nn_norm_fwd.cu) and bn_grad_dx_coop /
+ * bn_grad_dx_coop_lean (nn_norm_bwd.cu) run on the partial kernel's grid
+ * (block (part, c), the same partition, walk and tree), queued with
+ * lucid_launch_coop (launch.cuh: the cooperative attribute, valid for
+ * launches and for graph kernel nodes, so a captured launch stays
+ * cooperative: every block of the grid is resident at once).  Each block
+ * computes and stores its partial exactly as bn_stats_partial /
+ * bn_grad_partial, then waits at its channel's barrier (bn_coop_wait:
+ * __threadfence, atomicAdd on the channel's counter of the nn state, spin
+ * with volatile loads until all `parts` blocks arrived, then a second
+ * atomicAdd whose last block, every block having left the spin, sets the
+ * counter back to 0: zero between launches, as the last-block-folds route
+ * and the next replay need); co-residency is what makes the spin safe.
+ * Then EVERY block of the channel runs the same fold function
+ * (bn_stats_fold_sums / bn_grad_fold_sums: fixed order, threadIdx-only
+ * roles), so all get the same f64 sums; part 0 alone writes the channel's
+ * outputs (save_mean, save_invstd, running stats, num_batches_tracked;
+ * dweight / dbias with beta), and every block writes y / dx over its own
+ * part with the element-wise kernels' per-element arithmetic (bn_y_part,
+ * bn_dx_part, shared with the one-pass kernels) from the f32 (mean,
+ * invstd) / dx coefficients the finish would store (bn_stats_kept,
+ * bn_grad_coef): the results equal the two-launch route's bitwise.  When
+ * each part is one round of the walk (bf16/f16 vectors always: a part
+ * holds at most 1024 of them; f32 vectors never, a multi-part channel's
+ * part holds more than 4096 elements) y / dx are written from the vectors
+ * the partial loaded, still in registers (bn_coop_held; LUCID_BN_HELD=0:
+ * read again, as on the other paths).  The route is taken when
+ * LUCID_BN_COOP is not "0" (read on each call, bn_coop_env), the device is
+ * sm_90 or newer with cudaDevAttrCooperativeLaunch (bn_coop_device, asked
+ * once per device), the counters exist (as for the last-block-folds route:
+ * C <= LUCID_CUDA_NN_COUNTERS and not first requested inside a capture;
+ * without them the fallback above) and the grid is co-resident:
+ * parts*min(C, 65535) blocks at most cudaOccupancyMaxActiveBlocksPerMultiprocessor
+ * times the SM count (bn_coop_fits; the occupancy asked once per kernel
+ * instantiation; a larger cooperative grid is refused by the driver with
+ * cudaErrorCooperativeLaunchTooLarge, it never deadlocks: should the
+ * driver refuse one that bn_coop_fits passed, fewer SMs being available
+ * than the device has (MPS, green contexts), the kernel is marked unfit
+ * and the call goes on with the next one or the two-launch route,
+ * bn_coop_refused); else the two-launch route, per call.  The
+ * instantiations are tried in order: the held one, then the one reading
+ * x / dy again; the backward's vector-dx ones each also as a lean copy
+ * compiled for BN_COOP_LEAN blocks per SM (at most 64 registers, some
+ * spills) when the uncapped one is not co-resident.
+ * Registers (nvcc 13.0, sm_90; 65536 per SM): forward bf16/f16 held 64
+ * (4 blocks per SM), f32 48-58; backward held 80 (plain) / 100 (SiLU), the
+ * lean copies 64 with 12 / 108 bytes of spills per thread.  So on 132 SMs
+ * (H200), N=4: 64x80x80 (4 parts, 256 blocks) and 32x160x160 (16 parts,
+ * 512 blocks; backward: the lean copy) take one launch per direction;
+ * 16x320x320 (52 parts, 832 blocks: 7 blocks per SM would need at most 32
+ * registers) keeps the two launches.  Measured: not yet measured.
+ * Concurrency: the CUDA documentation states the grid-size limit and that
+ * every block of a cooperative grid can eventually observe the others'
+ * execution (cudaLaunchCooperativeKernel; CCCL cuda::experimental::
+ * cooperative_launch: "restricted to a number of blocks that can
+ * simultaneously execute on the device"); it says nothing explicit about
+ * kernels of other streams (the parameter-gradient and branch lanes) that
+ * occupy SMs when the cooperative grid starts.  The limit is checked
+ * against the whole device, so such a grid may have to wait for the other
+ * streams' resident blocks to drain before it is scheduled (a delay, not
+ * a deadlock, as far as the documented guarantee goes).  With PDL (eager
+ * launches) the grid may be scheduled while its predecessor runs; every
+ * block waits in lucid_pdl_wait before it touches memory, and the next
+ * grid is scheduled only after all of this grid's blocks ran
+ * lucid_pdl_launch_dependents, i.e. once all are resident, so it cannot
+ * keep any of them from becoming resident.  Each stream (lane) has its own
+ * counters (lane.cu), so two cooperative grids never share one.
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
  * launches with the SiLU inside (forward: nn_norm_fwd.cu, backward:
@@ -112,7 +184,7 @@
  * (in every thread, before any early return) and is queued with
  * lucid_launch() (launch.cuh: programmatic dependent launch: a kernel may
  * be scheduled before its predecessor ends, and waits for it before
- * touching memory).
+ * touching memory), the cooperative kernels with lucid_launch_coop().
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
  */
@@ -126,10 +198,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+
 #define BN_THREADS 256 /* every BN kernel except bn_stats_eval */
 #define BN_PART 8192   /* elements per part (at most) of the reductions */
 #define BN_UNROLL 4    /* vectors a thread loads before it uses them */
 #define BN_WAVE 4      /* element-wise grids: at most this many blocks per SM */
+#define BN_COOP_LEAN 4 /* blocks per SM the lean cooperative backward asks for */
 
 // ----------------------------------------------------------------------------
 // vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
@@ -223,6 +298,21 @@ static inline bool bn_held(const bn_geom &g, int64_t V) {
     const char *e = getenv("LUCID_BN_HELD");
     if (e && strcmp(e, "0") == 0) return false;
     return g.parts == 1 && g.N * g.S / V <= (int64_t)BN_THREADS * BN_UNROLL;
+}
+
+/* Whether the parts of a multi-part channel of g are each one round of the
+ * walk with V-element vectors (part 0, the largest, at most
+ * BN_THREADS*BN_UNROLL vectors): the cooperative kernels then write y / dx
+ * from the vectors their partial loaded, still in registers
+ * (LUCID_BN_HELD=0, read on each call: read x and dy again; same bits
+ * either way).  bf16/f16 vectors always are (a part holds at most BN_PART
+ * elements: 1024 vectors of 8); f32 vectors never are (a part of a
+ * multi-part channel holds more than 4096 elements), nor scalars. */
+static inline bool bn_coop_held(const bn_geom &g, int64_t V) {
+    const char *e = getenv("LUCID_BN_HELD");
+    if (e && strcmp(e, "0") == 0) return false;
+    int64_t npl = g.N < g.pp ? g.N : g.pp, len = g.S < g.chunk ? g.S : g.chunk;
+    return npl * (len / V) <= (int64_t)BN_THREADS * BN_UNROLL;
 }
 
 static inline unsigned bn_grid_y(int64_t C) {
@@ -430,6 +520,34 @@ static __device__ __forceinline__ bool bn_arrive(unsigned int *count, int64_t pa
     return *last != 0;
 }
 
+/* The channel barrier of the cooperative kernels (all blocks of the grid
+ * resident at once, so a block may wait for the others): every thread of
+ * the block calls it after thread 0 stored the block's partial for channel
+ * c.  Thread 0 makes the partial visible device-wide (__threadfence),
+ * arrives (atomicAdd on channel c's counter, zero at the kernel's start),
+ * spins until all `parts` blocks of the channel arrived (volatile loads: the
+ * other blocks' atomics), fences again so the block's loads of the partials
+ * come after their stores, and departs (a second atomicAdd); the block that
+ * departs last (sees 2*parts-1: every block of the channel has left the
+ * spin) sets the counter back to 0, so the next launch or graph replay, and
+ * the "last block folds" kernels sharing the counters, start from zero.  A
+ * spinning block only reads the counter while it is below parts, and it
+ * stays at parts or more until the last departure, so no block can miss
+ * its release.  The barrier after it gives every thread the partials. */
+static __device__ __forceinline__ void bn_coop_wait(unsigned int *count, int64_t parts) {
+    if (threadIdx.x == 0) {
+        const unsigned int n = (unsigned int)parts;
+        const volatile unsigned int *seen = count;
+        __threadfence();
+        atomicAdd(count, 1u);
+        while (*seen < n) {
+        }
+        __threadfence();
+        if (atomicAdd(count, 1u) == 2u * n - 1u) *count = 0u;
+    }
+    __syncthreads();
+}
+
 // ----------------------------------------------------------------------------
 // host switches and test counters
 
@@ -438,6 +556,73 @@ static __device__ __forceinline__ bool bn_arrive(unsigned int *count, int64_t pa
 static bool bn_onepass(void) {
     const char *e = getenv("LUCID_BN_ONEPASS");
     return !(e && strcmp(e, "0") == 0);
+}
+
+/* LUCID_BN_COOP, read on each call: "0" = the two-launch route for
+ * channels of several parts; unset or anything else = the cooperative
+ * kernels where the device has cooperative launch and is sm_90 or newer
+ * (bn_coop_device) and the grid is co-resident (bn_coop_fits). */
+static bool bn_coop_env(void) {
+    const char *e = getenv("LUCID_BN_COOP");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Host: whether device (a CUDA ordinal) takes the cooperative kernels:
+ * compute capability 9.0 or newer and cudaDevAttrCooperativeLaunch.  Asked
+ * once per ordinal (below 64; others are asked on each call); an error of
+ * the query counts as no (and is cleared). */
+static bool bn_coop_device(int device) {
+    static std::atomic<int> known[64]; /* 0 unknown, 1 yes, 2 no */
+    if (device >= 0 && device < 64) {
+        int k = known[device].load(std::memory_order_relaxed);
+        if (k != 0) return k == 1;
+    }
+    int major = 0, coop = 0;
+    bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                   cudaSuccess &&
+               cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device) ==
+                   cudaSuccess &&
+               major >= 9 && coop != 0;
+    if (!yes) (void)cudaGetLastError();
+    if (device >= 0 && device < 64) known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+    return yes;
+}
+
+/* Host: whether a cooperative grid of `blocks` blocks of kernel (BN_THREADS
+ * threads, no dynamic shared memory) is co-resident on a device of sm_count
+ * multiprocessors: blocks <= cudaOccupancyMaxActiveBlocksPerMultiprocessor
+ * * sm_count, the limit of a cooperative launch (CUDA Runtime API,
+ * cudaLaunchCooperativeKernel).  *per_sm caches the kernel's occupancy (one
+ * cache per kernel instantiation, the caller's static; -1: not asked yet;
+ * the devices of a process are assumed of one generation, as for PDL).
+ * Returns the query's error (cleared from cudaGetLastError; *fits false). */
+static cudaError_t bn_coop_fits(const void *kernel, std::atomic<int> *per_sm, int64_t blocks,
+                                int sm_count, bool *fits) {
+    *fits = false;
+    int n = per_sm->load(std::memory_order_relaxed);
+    if (n < 0) {
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BN_THREADS, 0);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return e;
+        }
+        per_sm->store(n, std::memory_order_relaxed);
+    }
+    *fits = sm_count > 0 && blocks <= (int64_t)n * sm_count;
+    return cudaSuccess;
+}
+
+/* Host: whether a cooperative launch returned e ==
+ * cudaErrorCooperativeLaunchTooLarge: the device runs fewer blocks at once
+ * than bn_coop_fits counted (e.g. an MPS or green-context share of its
+ * SMs).  Then the error is cleared, the kernel's cache set to 0 (never
+ * tried again in this process) and the caller takes the two-launch route
+ * (outside a capture: the eager warm-up meets it first). */
+static bool bn_coop_refused(cudaError_t e, std::atomic<int> *per_sm) {
+    if (e != cudaErrorCooperativeLaunchTooLarge) return false;
+    (void)cudaGetLastError();
+    per_sm->store(0, std::memory_order_relaxed);
+    return true;
 }
 
 /* Kernels queued by this thread's BatchNorm forward / backward calls so far
@@ -451,5 +636,14 @@ extern thread_local unsigned long lucid_cuda_bn_launches;
  * route); nothing here reads it.  Defined in nn_norm_fwd.cu. */
 extern thread_local unsigned long lucid_cuda_bn_wide_launches;
 extern "C" unsigned long lucid_cuda_bn_wide_count(void);
+
+/* Of those, the cooperative launches (bn_stats_apply_coop,
+ * bn_grad_dx_coop): the test hook lucid_cuda_bn_coop_count (a test learns
+ * whether a call took the one-launch route of multi-part channels, which
+ * depends on the device's occupancy); nothing here reads it.  Defined in
+ * nn_norm_fwd.cu. */
+extern thread_local unsigned long lucid_cuda_bn_coop_launches;
+extern "C" unsigned long lucid_cuda_bn_coop_count(void);
+extern "C" int lucid_cuda_bn_coop_sm_count(void);
 
 #endif /* LUCID_CUDA_NN_NORM_CUH */

@@ -25,11 +25,21 @@
  * per-element arithmetic from the f32 coefficients bn_grad_finish would
  * have stored (shared memory instead of the arena).
  *
+ * Cooperative (parts > 1, training with dx, LUCID_BN_COOP; see
+ * nn_norm.cuh): bn_grad_dx_coop (or its lean copy, bn_grad_dx_coop_lean)
+ * runs bn_grad_partial's grid with every block resident; each block stores
+ * its partial, waits for the channel's other parts (bn_coop_wait), folds
+ * all of them (bn_grad_fold_sums, as the last block would), part 0
+ * finishes dweight / dbias, and each block writes dx over its own part
+ * (bn_dx_part, bn_dx's arithmetic) from the coefficients bn_grad_finish
+ * would have stored.
+ *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training backward 2 (grad
  * partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
- * LUCID_BN_ONEPASS=0); 1 without dx), eval backward 1 (dx) or 2 with
- * dweight/dbias, the per-channel sum 1.
+ * LUCID_BN_ONEPASS=0); 1 with parts > 1 when the cooperative grid is
+ * co-resident (2 with LUCID_BN_COOP=0); 1 without dx), eval backward 1
+ * (dx) or 2 with dweight/dbias, the per-channel sum 1.
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_backward):
  * bn_grad_partial and bn_dx recompute z from x, the saved statistics,
@@ -121,20 +131,30 @@ static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g,
 /* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
  * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
  * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
- * block calls it, thread 0 finishes.  The last block of bn_grad_partial
- * (whichever it is) and the fallback bn_grad_final give the same bits. */
-static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
-                                    const bn_grad_out &out) {
+ * block calls it, thread 0 gets (sum g, sum g*xhat) (bn_grad_fold_sums;
+ * bn_grad_fold: and finishes).  The last block of bn_grad_partial
+ * (whichever it is), the fallback bn_grad_final and every block of
+ * bn_grad_dx_coop give the same bits. */
+static __device__ void bn_grad_fold_sums(const float2 *pp, int64_t parts, double *sdy,
+                                         double *sdyx) {
     __shared__ double sh[2][32];
     double v[2] = {0.0, 0.0};
-    for (int64_t i = threadIdx.x; i < g.parts; i += BN_THREADS) {
+    for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
         float2 q = __ldcg(pp + i);
         v[0] += (double)q.x;
         v[1] += (double)q.y;
     }
-    bn_block_sum64<2>(v, g.parts, sh);
+    bn_block_sum64<2>(v, parts, sh);
     if (threadIdx.x != 0) return;
-    bn_grad_finish(v[0], v[1], g, c, out);
+    *sdy = v[0];
+    *sdyx = v[1];
+}
+
+static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
+                                    const bn_grad_out &out) {
+    double sdy = 0.0, sdyx = 0.0;
+    bn_grad_fold_sums(pp, g.parts, &sdy, &sdyx);
+    if (threadIdx.x == 0) bn_grad_finish(sdy, sdyx, g, c, out);
 }
 
 /* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
@@ -345,6 +365,63 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
     }
 }
 
+/* dx over one part of channel c with bn_dx<TRAIN>'s per-element
+ * arithmetic (bn_dx1_vec with the channel's zs, zh, mu, is and
+ * coefficients q; the old dx read only when beta != 0), walked like a part
+ * (pa with VA-element vectors; base: the part's first element in channel c,
+ * 64-bit plane offsets).  HELD (the part one round of the walk): from
+ * hdy[u], hx[u], the vectors the gradient sums loaded at the same walk
+ * positions; else dy and x are read again, BN_UNROLL vectors loaded before
+ * any is stored. */
+template <typename T, int VA, bool SILU, bool HELD>
+static __device__ __forceinline__ void bn_dx_part(
+    const T *__restrict__ dy, const T *__restrict__ x, T *dx, const bn_part &pa, int64_t base,
+    int64_t CS, float zs, float zh, float mu, float is, float4 q, float beta,
+    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx) {
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    bn_walk wk = bn_walk_first(pa);
+    if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (wk.j < pa.total) {
+                const int64_t e = base + bn_walk_elem<VA>(wk, CS);
+                const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
+                Vt::store(dx + e,
+                          bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is, q, beta));
+            }
+            bn_walk_next(wk, pa);
+        }
+    } else {
+        while (wk.j < pa.total) {
+            R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rg[u] = R();
+                rx[u] = R();
+                rd[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, CS);
+                    rg[u] = Vt::load(dy + e[u]);
+                    rx[u] = Vt::load(x + e[u]);
+                    if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                Vt::store(dx + e[u],
+                          bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q, beta));
+            }
+        }
+    }
+}
+
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
  * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
  * block c (grid.y, channels strided) computes channel c's (sum g, sum
@@ -391,48 +468,105 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         __syncthreads();
         const float4 q = cf;
         if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
-        const int64_t base = pa.base + c * g.S;
-        bn_walk wk = bn_walk_first(pa);
-        if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (wk.j < pa.total) {
-                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
-                    const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
-                    Vt::store(dx + e, bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is,
-                                                              q, beta));
-                }
-                bn_walk_next(wk, pa);
-            }
-        } else {
-            while (wk.j < pa.total) {
-                R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-                int64_t e[BN_UNROLL];
-                bool ok[BN_UNROLL];
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    ok[u] = wk.j < pa.total;
-                    rg[u] = R();
-                    rx[u] = R();
-                    rd[u] = R();
-                    e[u] = 0;
-                    if (ok[u]) {
-                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                        rg[u] = Vt::load(dy + e[u]);
-                        rx[u] = Vt::load(x + e[u]);
-                        if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
-                    }
-                    bn_walk_next(wk, pa);
-                }
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    if (!ok[u]) break;
-                    Vt::store(dx + e[u], bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is,
-                                                                 q, beta));
-                }
-            }
-        }
+        bn_dx_part<T, VA, SILU, HELD>(dy, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is, q,
+                                      beta, hdy, hx);
     }
+}
+
+/* Training backward with dx of channels of SEVERAL parts (g.parts > 1),
+ * the gradient sums and dx in one cooperative launch (lucid_launch_coop;
+ * LUCID_BN_COOP, see the header): the grid of bn_grad_partial (block
+ * (part, c), channels strided by grid.y), every block resident at once.
+ * Block (part, c) computes its part's (sum g, sum g*xhat) exactly as
+ * bn_grad_partial<T, VS, true, SILU> (bn_grad_part, bn_block_sum2) and
+ * stores it in partial[c*parts + part]; bn_coop_wait holds it until every
+ * part of channel c has stored its partial; then EVERY block of the channel
+ * runs the fold (bn_grad_fold_sums, the same fixed order: the same f64 sums
+ * in every block).  Part 0's thread 0 finishes the channel (bn_grad_finish:
+ * dweight / dbias with beta_params, out.coef unused); every block takes the
+ * f32 dx coefficients from bn_grad_coef (those bn_grad_finish would store
+ * in coef[c]) and writes dx over its own part with bn_dx<TRAIN>'s
+ * per-element arithmetic (bn_dx_part: bn_silu_grad, bn_dx_train, then
+ * fmaf(beta, dx, v); VA-element vectors, bn_dx's vector choice), so every
+ * output equals the two-launch route's bitwise.  HELD (VS == VA, each part
+ * one round of the walk, bn_coop_held): dx from the dy and x vectors the
+ * partial loaded, still in registers; else dy and x are read again.
+ * count: the nn state's per-channel counters, zero at the start and again
+ * at the end (bn_coop_wait).  The body of the kernels bn_grad_dx_coop and
+ * bn_grad_dx_coop_lean (one block's work, every thread). */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __device__ __forceinline__ void bn_grad_dx_coop_body(
+    const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+    const float *invstd, const float *w, const float *b, const bn_geom &g, float2 *partial,
+    unsigned int *count, const bn_grad_out &out, float beta) {
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ float2 sh[32];
+    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
+    const int64_t part = blockIdx.x;
+    const bn_part ps = bn_part_of<VS>(g, part), pa = bn_part_of<VA>(g, part);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float mu = mean[c], is = invstd[c];
+        const float wcoef = out.w ? out.w[c] : 1.0f; /* the coefficient's weight, loaded early */
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        float a, bsum;
+        R hdy[BN_UNROLL], hx[BN_UNROLL];
+        typedef typename bn_vec<T, VS>::R RS;
+        bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
+                                        g.CS, mu, is, zs, zh, &a, &bsum,
+                                        HELD ? (RS *)hdy : nullptr, HELD ? (RS *)hx : nullptr);
+        bn_block_sum2(a, bsum, sh);
+        float2 *pp = partial + c * g.parts;
+        /* thread 0: the one bn_coop_wait fences for */
+        if (threadIdx.x == 0) pp[part] = make_float2(a, bsum);
+        bn_coop_wait(count + c, g.parts);
+        double sdy = 0.0, sdyx = 0.0;
+        bn_grad_fold_sums(pp, g.parts, &sdy, &sdyx);
+        /* cf is rewritten only after the next channel's bn_block_sum2
+         * barriers, which every thread reaches after reading it below */
+        /* thread 0 hands the coefficients over first; part 0's thread 0
+         * accumulates dweight / dbias after the barrier (same values) */
+        if (threadIdx.x == 0) {
+            cf = bn_grad_coef_of(sdy, sdyx, g, wcoef, out.invstd[c]);
+        }
+        __syncthreads();
+        const float4 q = cf;
+        if (threadIdx.x == 0 && part == 0) bn_grad_finish(sdy, sdyx, g, c, out);
+        bn_dx_part<T, VA, SILU, HELD>(dy, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is, q,
+                                      beta, hdy, hx);
+    }
+}
+
+/* The cooperative training backward (bn_grad_dx_coop_body) as compiled
+ * without a register cap. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx_coop(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+                const float *invstd, const float *w, const float *b, bn_geom g,
+                float2 *partial, unsigned int *count, bn_grad_out out, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    bn_grad_dx_coop_body<T, VS, VA, SILU, HELD>(dy, x, dx, mean, invstd, w, b, g, partial, count,
+                                                out, beta);
+}
+
+/* The same with BN_COOP_LEAN blocks per SM asked of the compiler (at most
+ * 64 registers, at the price of some spills to local memory), so that a
+ * grid of up to BN_COOP_LEAN blocks per SM is co-resident (N=4: the 512
+ * blocks of 32x160x160, 16 parts of 32 channels, on 132 SMs); the same
+ * arithmetic. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS, BN_COOP_LEAN)
+bn_grad_dx_coop_lean(const T *__restrict__ dy, const T *__restrict__ x, T *dx,
+                     const float *mean, const float *invstd, const float *w, const float *b,
+                     bn_geom g, float2 *partial, unsigned int *count, bn_grad_out out,
+                     float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    bn_grad_dx_coop_body<T, VS, VA, SILU, HELD>(dy, x, dx, mean, invstd, w, b, g, partial, count,
+                                                out, beta);
 }
 
 template <typename T, bool TRAIN, bool SILU>
@@ -492,6 +626,86 @@ static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream,
     else
         lucid_launch(bn_grad_dx1<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream, dy, x,
                      dx, mean, invstd, w, b, g, go, beta);
+}
+
+/* One variant of the cooperative training backward with dx (parts > 1):
+ * queued with lucid_launch_coop when its grid is co-resident on the device
+ * (bn_coop_fits, the occupancy cached in this instantiation's static),
+ * *launched telling whether it was (the launch's own error is left for
+ * CUDA_CHECK_LAUNCH, except a refusal for size: bn_coop_refused).  Returns
+ * the occupancy query's error. */
+template <typename T, int VS, int VA, bool SILU, bool HELD, bool LEAN>
+static cudaError_t bn_try_grad_dx_coop(dim3 grid, int sm_count, cudaStream_t stream,
+                                       const T *dy, const T *x, T *dx, const float *mean,
+                                       const float *invstd, const float *w, const float *b,
+                                       const bn_geom &g, float2 *partial, unsigned int *count,
+                                       const bn_grad_out &go, float beta, bool *launched) {
+    static std::atomic<int> per_sm(-1);
+    auto k = LEAN ? bn_grad_dx_coop_lean<T, VS, VA, SILU, HELD>
+                  : bn_grad_dx_coop<T, VS, VA, SILU, HELD>;
+    bool fits = false;
+    *launched = false;
+    cudaError_t e =
+        bn_coop_fits((const void *)k, &per_sm, (int64_t)grid.x * grid.y, sm_count, &fits);
+    if (e != cudaSuccess || !fits) return e;
+    e = lucid_launch_coop(k, grid, dim3(BN_THREADS), 0, stream, dy, x, dx, mean, invstd, w, b, g,
+                          partial, count, go, beta);
+    *launched = !bn_coop_refused(e, &per_sm);
+    return cudaSuccess;
+}
+
+/* One vector choice of the cooperative training backward (vector dx):
+ * the variant without a register cap when it is co-resident, else the
+ * BN_COOP_LEAN one (more blocks per SM) when it is. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static cudaError_t bn_try_grad_dx_coop2(dim3 grid, int sm_count, cudaStream_t stream,
+                                        const T *dy, const T *x, T *dx, const float *mean,
+                                        const float *invstd, const float *w, const float *b,
+                                        const bn_geom &g, float2 *partial, unsigned int *count,
+                                        const bn_grad_out &go, float beta, bool *launched) {
+    cudaError_t e = bn_try_grad_dx_coop<T, VS, VA, SILU, HELD, false>(
+        grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
+        launched);
+    if (e != cudaSuccess || *launched) return e;
+    return bn_try_grad_dx_coop<T, VS, VA, SILU, HELD, true>(
+        grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
+        launched);
+}
+
+/* The cooperative training backward's launch (parts > 1, dx asked), vs /
+ * va as for bn_launch_grad_dx1, held: the vectors may stay in registers
+ * (bn_coop_held).  The held variants when they are asked for and one is
+ * co-resident, else those that read dy and x again (bn_try_grad_dx_coop2:
+ * uncapped, then lean); *launched false: none fits (the caller takes the
+ * two-launch route). */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_grad_dx_coop(bool vs, bool va, bool held, dim3 grid, int sm_count,
+                                          cudaStream_t stream, const T *dy, const T *x, T *dx,
+                                          const float *mean, const float *invstd,
+                                          const float *w, const float *b, const bn_geom &g,
+                                          float2 *partial, unsigned int *count,
+                                          const bn_grad_out &go, float beta, bool *launched) {
+    const int VV = bn_width<T>::V;
+    *launched = false;
+    if (vs && va && held) {
+        cudaError_t e = bn_try_grad_dx_coop2<T, VV, VV, SILU, true>(
+            grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
+            launched);
+        if (e != cudaSuccess || *launched) return e;
+    }
+    if (vs && va)
+        return bn_try_grad_dx_coop2<T, VV, VV, SILU, false>(grid, sm_count, stream, dy, x, dx,
+                                                            mean, invstd, w, b, g, partial,
+                                                            count, go, beta, launched);
+    /* scalar dx (a misaligned or odd-sized tensor, not the training
+     * step's shapes): no lean copies */
+    if (vs)
+        return bn_try_grad_dx_coop<T, VV, 1, SILU, false, false>(
+            grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
+            launched);
+    return bn_try_grad_dx_coop<T, 1, 1, SILU, false, false>(grid, sm_count, stream, dy, x, dx,
+                                                            mean, invstd, w, b, g, partial,
+                                                            count, go, beta, launched);
 }
 
 static lucid_status bn_backward(
@@ -565,6 +779,39 @@ static lucid_status bn_backward(
             CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
+        }
+        if (dx && training && g.parts > 1 && count && bn_coop_env() &&
+            bn_coop_device(st->device)) {
+            /* several parts per channel: the sums and dx in one cooperative
+             * launch when the grid is co-resident; the coefficients stay in
+             * shared memory */
+            void *dxd = lucid_tensor_data(dx);
+            bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
+            bool held = vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
+            float bi = (float)beta_input;
+            bn_grad_out gc = go;
+            gc.coef = NULL;
+            bool launched = false;
+            cudaError_t e = cudaSuccess;
+            if (silu)
+                NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_coop<T, true>(
+                                           vec, va, held, grid, st->sm_count, st->stream,
+                                           (const T *)dyd, (const T *)xd, (T *)dxd, sm, si, w, b,
+                                           g, part, count, gc, bi, &launched)));
+            else
+                NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_coop<T, false>(
+                                           vec, va, held, grid, st->sm_count, st->stream,
+                                           (const T *)dyd, (const T *)xd, (T *)dxd, sm, si, nof,
+                                           nof, g, part, count, gc, bi, &launched)));
+            if (e != cudaSuccess)
+                return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
+                                      " (bn_grad_dx_coop)", __FILE__, __LINE__);
+            if (launched) {
+                CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx_coop");
+                lucid_cuda_bn_launches += 1;
+                lucid_cuda_bn_coop_launches += 1;
+                return LUCID_OK;
+            }
         }
         if (silu) /* g needs x whatever is asked */
             NN_DISPATCH(x->dtype, (bn_launch_grad<T, true, true>(

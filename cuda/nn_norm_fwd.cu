@@ -27,10 +27,18 @@
  * like a part: plane offsets 64-bit, so no separate route for huge
  * tensors).
  *
+ * Cooperative (parts > 1, LUCID_BN_COOP; see nn_norm.cuh):
+ * bn_stats_apply_coop runs bn_stats_partial's grid with every block
+ * resident; each block stores its partial, waits for the channel's other
+ * parts (bn_coop_wait), folds all of them (bn_stats_fold_sums, as the last
+ * block would), part 0 finishes the channel, and each block writes y over
+ * its own part (bn_y_part, bn_apply's arithmetic).
+ *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final when parts > 1): training forward 2 (stats partial[+fold],
- * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), eval
- * forward 2 (stats_eval, apply).
+ * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), 1 with
+ * parts > 1 when the cooperative grid is co-resident (2 with
+ * LUCID_BN_COOP=0), eval forward 2 (stats_eval, apply).
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_forward): the
  * statistics kernel above unchanged, then bn_apply<..., true> stores a =
@@ -40,8 +48,10 @@
  * does the same in 1 launch.
  *
  * Test hooks (defined here, counted by both directions):
- * lucid_cuda_bn_launch_count() (nn_common.cuh) and
- * lucid_cuda_bn_wide_count() (nn_norm.cuh).
+ * lucid_cuda_bn_launch_count() (nn_common.cuh),
+ * lucid_cuda_bn_wide_count() and lucid_cuda_bn_coop_count() (nn_norm.cuh);
+ * lucid_cuda_bn_coop_sm_count() (whether the device takes the cooperative
+ * kernels, and its SM count).
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
  */
@@ -147,7 +157,8 @@ static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64
 
 /* Channel c's statistics from its `parts` (> 1) partials pp[0..parts) =
  * (n_i, mean_i, M2_i): called by every thread of a BN_THREADS block
- * (block-uniform), thread 0 finishes (bn_stats_finish).
+ * (block-uniform), thread 0 gets the channel's (n, mean, M2) in f64
+ * (bn_stats_fold_sums; bn_stats_fold: and finishes, bn_stats_finish).
  * f64 sums shifted by K = mean_0 (part 0 is the largest part):
  *   n = sum n_i, s = sum n_i*(mean_i - K), q = sum M2_i + n_i*(mean_i - K)^2,
  *   mean = K + s/n, M2 = q - s^2/n  (Chan's merge of all parts at once).
@@ -156,11 +167,12 @@ static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64
  * parts * 2^-53 on M2 (1e-11 for 1e5 parts), far below the f32 partials'.
  * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
  * bn_block_sum64 of the three sums at once.  Nothing depends on blockIdx,
- * so the last-arriving block of bn_stats_partial (whichever it is) and the
- * fallback bn_stats_final give the same bits.  The partials are read with
- * ld.global.cg (L2): other blocks of this grid wrote them. */
-static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
-                                     const bn_stats_out &out) {
+ * so the last-arriving block of bn_stats_partial (whichever it is), the
+ * fallback bn_stats_final and every block of bn_stats_apply_coop give the
+ * same bits.  The partials are read with ld.global.cg (L2): other blocks of
+ * this grid wrote them. */
+static __device__ void bn_stats_fold_sums(const float3 *pp, int64_t parts, double *n_out,
+                                          double *mean_out, double *m2_out) {
     __shared__ double sh[3][32];
     double K = (double)__ldcg((const float *)pp + 1);
     double v[3] = {0.0, 0.0, 0.0}; /* n, s, q */
@@ -175,7 +187,16 @@ static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
     bn_block_sum64<3>(v, parts, sh);
     if (threadIdx.x != 0) return;
     double n = v[0], s = v[1], q = v[2];
-    bn_stats_finish(n, K + s / n, q - s * (s / n), c, out);
+    *n_out = n;
+    *mean_out = K + s / n;
+    *m2_out = q - s * (s / n);
+}
+
+static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
+                                     const bn_stats_out &out) {
+    double n = 0.0, mean = 0.0, m2 = 0.0;
+    bn_stats_fold_sums(pp, parts, &n, &mean, &m2);
+    if (threadIdx.x == 0) bn_stats_finish(n, mean, m2, c, out);
 }
 
 /* One part of channel c: (count, mean, M2), thread 0 of the block holding
@@ -324,6 +345,53 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
     }
 }
 
+/* y over one part of channel c with bn_apply's per-element arithmetic
+ * (bn_out_vec with the channel's sc, shf), walked like a part (pa with
+ * VA-element vectors; base: the part's first element in channel c, 64-bit
+ * plane offsets).  HELD (the part one round of the walk): from held[u], the
+ * vectors the statistics loaded at the same walk positions; else x is read
+ * again, BN_UNROLL vectors loaded before any is stored. */
+template <typename T, int VA, bool SILU, bool HELD>
+static __device__ __forceinline__ void bn_y_part(const T *__restrict__ x, T *__restrict__ y,
+                                                 const bn_part &pa, int64_t base, int64_t CS,
+                                                 float sc, float shf,
+                                                 const typename bn_vec<T, VA>::R *held) {
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    bn_walk wk = bn_walk_first(pa);
+    if constexpr (HELD) { /* one round: the vectors are in held[] */
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (wk.j < pa.total)
+                Vt::store(y + base + bn_walk_elem<VA>(wk, CS),
+                          bn_out_vec<T, VA, SILU>(held[u], sc, shf));
+            bn_walk_next(wk, pa);
+        }
+    } else {
+        while (wk.j < pa.total) {
+            R rv[BN_UNROLL];
+            int64_t e[BN_UNROLL];
+            bool ok[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                ok[u] = wk.j < pa.total;
+                rv[u] = R();
+                e[u] = 0;
+                if (ok[u]) {
+                    e[u] = base + bn_walk_elem<VA>(wk, CS);
+                    rv[u] = Vt::load(x + e[u]);
+                }
+                bn_walk_next(wk, pa);
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (!ok[u]) break;
+                Vt::store(y + e[u], bn_out_vec<T, VA, SILU>(rv[u], sc, shf));
+            }
+        }
+    }
+}
+
 /* Training forward of channels of ONE part (g.parts == 1), statistics and
  * apply in one launch (LUCID_BN_ONEPASS, see the header): block c (grid.y,
  * channels strided) computes channel c's statistics exactly as
@@ -368,39 +436,70 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
         if (threadIdx.x == 0) bn_stats_store((double)r.n, (double)r.mean, (double)r.m2, c, kc, out);
         float sc, shf;
         bn_affine_of(kc.x, kc.y, wc, bc, &sc, &shf);
-        const int64_t base = pa.base + c * g.S;
-        bn_walk wk = bn_walk_first(pa);
-        if constexpr (HELD) { /* one round: the vectors are in held[] */
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (wk.j < pa.total)
-                    Vt::store(y + base + bn_walk_elem<VA>(wk, g.CS),
-                              bn_out_vec<T, VA, SILU>(held[u], sc, shf));
-                bn_walk_next(wk, pa);
-            }
-        } else {
-            while (wk.j < pa.total) {
-                R rv[BN_UNROLL];
-                int64_t e[BN_UNROLL];
-                bool ok[BN_UNROLL];
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    ok[u] = wk.j < pa.total;
-                    rv[u] = R();
-                    e[u] = 0;
-                    if (ok[u]) {
-                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                        rv[u] = Vt::load(x + e[u]);
-                    }
-                    bn_walk_next(wk, pa);
-                }
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    if (!ok[u]) break;
-                    Vt::store(y + e[u], bn_out_vec<T, VA, SILU>(rv[u], sc, shf));
-                }
-            }
+        bn_y_part<T, VA, SILU, HELD>(x, y, pa, pa.base + c * g.S, g.CS, sc, shf, held);
+    }
+}
+
+/* Training forward of channels of SEVERAL parts (g.parts > 1), statistics
+ * and apply in one cooperative launch (lucid_launch_coop; LUCID_BN_COOP, see
+ * the header): the grid of bn_stats_partial (block (part, c), channels
+ * strided by grid.y), every block resident at once.  Block (part, c)
+ * computes its part's partial exactly as bn_stats_partial (bn_stats_part
+ * with VS-element vectors, the same tree) and stores it in
+ * partial[c*parts + part]; bn_coop_wait holds it until every part of
+ * channel c has stored its partial; then EVERY block of the channel runs
+ * the fold (bn_stats_fold_sums, the same fixed order: the same f64 (n,
+ * mean, M2) in every block).  Part 0's thread 0 finishes the channel
+ * (bn_stats_finish: save_mean, save_invstd, running stats,
+ * num_batches_tracked); the other blocks take the same f32 (mean, invstd)
+ * from bn_stats_kept.  Then each block writes y over its own part with
+ * bn_apply's per-element arithmetic (bn_affine_of, bn_out; VA-element
+ * vectors, the apply's vector choice), so every output equals the
+ * two-launch route's bitwise.  HELD (VS == VA, each part one round of the
+ * walk, bn_coop_held): y is written from the vectors the partial loaded,
+ * still in registers; else x is read again (mostly from L2).  count: the
+ * nn state's per-channel counters, zero at the start and again at the end
+ * (bn_coop_wait). */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_apply_coop(const T *__restrict__ x, T *__restrict__ y, bn_geom g, float3 *partial,
+                    unsigned int *count, bn_stats_out out, const float *w, const float *b) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ bn_mv sh[32];
+    __shared__ float2 kept; /* channel c's (mean, invstd) */
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
+    const int64_t part = blockIdx.x;
+    const bn_part ps = bn_part_of<VS>(g, part), pa = bn_part_of<VA>(g, part);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        /* loaded before the walk, off the chain the barrier waits for */
+        const float wc = w ? w[c] : 1.0f, bc = b ? b[c] : 0.0f;
+        R held[BN_UNROLL];
+        bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh,
+                                       HELD ? (typename bn_vec<T, VS>::R *)held : nullptr);
+        float3 *pp = partial + c * g.parts;
+        /* thread 0: the one bn_coop_wait fences for */
+        if (threadIdx.x == 0) pp[part] = make_float3(r.n, r.mean, r.m2);
+        bn_coop_wait(count + c, g.parts);
+        double n = 0.0, mean = 0.0, m2 = 0.0;
+        bn_stats_fold_sums(pp, g.parts, &n, &mean, &m2);
+        /* kept is rewritten only after the next channel's bn_stats_part
+         * barriers, which every thread reaches after reading it below.
+         * Part 0's thread 0 stores the statistics and the running stats
+         * (bn_stats_store: the bits of bn_stats_finish) after the barrier,
+         * while the block writes y */
+        if (threadIdx.x == 0) kept = bn_stats_kept(n, mean, m2, out.eps);
+        __syncthreads();
+        const float2 kc = kept;
+        if (threadIdx.x == 0 && part == 0) bn_stats_store(n, mean, m2, c, kc, out);
+        float sc, shf;
+        {
+            bn_affine_of(kc.x, kc.y, wc, bc, &sc, &shf);
         }
+        bn_y_part<T, VA, SILU, HELD>(x, y, pa, pa.base + c * g.S, g.CS, sc, shf, held);
     }
 }
 
@@ -455,13 +554,89 @@ static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t str
                      x, y, g, so, w, b);
 }
 
+/* One variant of the cooperative training forward (parts > 1): queued with
+ * lucid_launch_coop when its grid is co-resident on the device (bn_coop_fits,
+ * the occupancy cached in this instantiation's static), *launched telling
+ * whether it was (the launch's own error is left for CUDA_CHECK_LAUNCH,
+ * except a refusal for size: bn_coop_refused).  Returns the occupancy
+ * query's error. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static cudaError_t bn_try_stats_apply_coop(dim3 grid, int sm_count, cudaStream_t stream,
+                                           const T *x, T *y, const bn_geom &g,
+                                           float3 *partial, unsigned int *count,
+                                           const bn_stats_out &so, const float *w,
+                                           const float *b, bool *launched) {
+    static std::atomic<int> per_sm(-1);
+    auto k = bn_stats_apply_coop<T, VS, VA, SILU, HELD>;
+    bool fits = false;
+    *launched = false;
+    cudaError_t e =
+        bn_coop_fits((const void *)k, &per_sm, (int64_t)grid.x * grid.y, sm_count, &fits);
+    if (e != cudaSuccess || !fits) return e;
+    e = lucid_launch_coop(k, grid, dim3(BN_THREADS), 0, stream, x, y, g, partial, count, so, w,
+                          b);
+    *launched = !bn_coop_refused(e, &per_sm);
+    return cudaSuccess;
+}
+
+/* The cooperative training forward's launch (parts > 1), vs / va as for
+ * bn_launch_stats_apply1, held: the vectors may stay in registers
+ * (bn_coop_held).  The held variant when it is asked for and co-resident,
+ * else the variant that reads x again when it is; *launched false: neither
+ * fits (the caller takes the two-launch route). */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_stats_apply_coop(bool vs, bool va, bool held, dim3 grid,
+                                              int sm_count, cudaStream_t stream, const T *x,
+                                              T *y, const bn_geom &g, float3 *partial,
+                                              unsigned int *count, const bn_stats_out &so,
+                                              const float *w, const float *b, bool *launched) {
+    const int VV = bn_width<T>::V;
+    *launched = false;
+    if (vs && va && held) {
+        cudaError_t e = bn_try_stats_apply_coop<T, VV, VV, SILU, true>(
+            grid, sm_count, stream, x, y, g, partial, count, so, w, b, launched);
+        if (e != cudaSuccess || *launched) return e;
+    }
+    if (vs && va)
+        return bn_try_stats_apply_coop<T, VV, VV, SILU, false>(grid, sm_count, stream, x, y, g,
+                                                               partial, count, so, w, b,
+                                                               launched);
+    if (vs)
+        return bn_try_stats_apply_coop<T, VV, 1, SILU, false>(grid, sm_count, stream, x, y, g,
+                                                              partial, count, so, w, b,
+                                                              launched);
+    return bn_try_stats_apply_coop<T, 1, 1, SILU, false>(grid, sm_count, stream, x, y, g,
+                                                         partial, count, so, w, b, launched);
+}
+
 /* The counters declared in nn_norm.cuh (both directions add to them). */
 thread_local unsigned long lucid_cuda_bn_launches;
 thread_local unsigned long lucid_cuda_bn_wide_launches;
+thread_local unsigned long lucid_cuda_bn_coop_launches;
 
 extern "C" unsigned long lucid_cuda_bn_launch_count(void) { return lucid_cuda_bn_launches; }
 
 extern "C" unsigned long lucid_cuda_bn_wide_count(void) { return lucid_cuda_bn_wide_launches; }
+
+extern "C" unsigned long lucid_cuda_bn_coop_count(void) { return lucid_cuda_bn_coop_launches; }
+
+/* Test hook: the multiprocessors of the current CUDA device when it takes
+ * the cooperative kernels (bn_coop_device: sm_90+ with cooperative
+ * launch), else 0; LUCID_BN_COOP is not read.  Errors count as 0 (and are
+ * cleared). */
+extern "C" int lucid_cuda_bn_coop_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (!bn_coop_device(dev)) return 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
 
 static lucid_status bn_forward(
     lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
@@ -527,6 +702,33 @@ static lucid_status bn_forward(
             CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
+        }
+        if (g.parts > 1 && count && bn_coop_env() && bn_coop_device(st->device)) {
+            /* several parts per channel: statistics and apply in one
+             * cooperative launch when the grid is co-resident */
+            bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
+            bool held = vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
+            bool launched = false;
+            cudaError_t e = cudaSuccess;
+            if (silu)
+                NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_coop<T, true>(
+                                           vec, va, held, grid, st->sm_count, st->stream,
+                                           (const T *)xd, (T *)yd, g, (float3 *)ws, count, so,
+                                           w, b, &launched)));
+            else
+                NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_coop<T, false>(
+                                           vec, va, held, grid, st->sm_count, st->stream,
+                                           (const T *)xd, (T *)yd, g, (float3 *)ws, count, so,
+                                           w, b, &launched)));
+            if (e != cudaSuccess)
+                return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
+                                      " (bn_stats_apply_coop)", __FILE__, __LINE__);
+            if (launched) {
+                CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply_coop");
+                lucid_cuda_bn_launches += 1;
+                lucid_cuda_bn_coop_launches += 1;
+                return LUCID_OK;
+            }
         }
         NN_DISPATCH(x->dtype, bn_launch_stats<T>(vec, grid, st->stream, (const T *)xd, g,
                                                  (float3 *)ws, count, so));

@@ -69,7 +69,8 @@
  *   one pass = two launches   every output of two training forwards, the
  *                             training backward (all outputs, dx only,
  *                             dweight only, dbias only, beta_input 0.5 /
- *                             beta_params 0.25 onto random values) and an
+ *                             beta_params 0.25 and both betas 1 onto
+ *                             random values) and an
  *                             eval forward + backward, on the one-pass
  *                             route and with LUCID_BN_ONEPASS=0 (setenv in
  *                             this process): bitwise equal; the kernels
@@ -100,6 +101,27 @@
  *                             call bitwise, with as many kernels recorded
  *                             as queued eagerly (4x24x20x20, 3x7x10x30,
  *                             and 4x24x96x96 with 8 parts)
+ *   (these cases set LUCID_BN_COOP=0: their multi-part shapes keep two
+ *   launches on both sides)
+ * Cooperative (LUCID_BN_COOP, cuda/nn_norm.cuh), multi-part shapes, plain
+ * and fused, f32/bf16/f16:
+ *   coop = two launches       the calls above (beta 0, 0.5/0.25 and 1)
+ *                             on the default route three times, with
+ *                             LUCID_BN_COOP=0 and with LUCID_BN_HELD=0:
+ *                             bitwise equal; 1 kernel per training call
+ *                             with dx that took the cooperative route
+ *                             (lucid_cuda_bn_coop_count), 2 otherwise and
+ *                             on LUCID_BN_COOP=0; on a 132-SM sm_90+
+ *                             device the co-resident shapes take it
+ *                             (4x64x80x80, 4x32x160x160, 3x5x90x100,
+ *                             3x5x91x99 scalar, 2x3x80x80 unaligned,
+ *                             5x2x160x330, 300x1x64x72; 4x16x320x320,
+ *                             832 blocks, is only reported)
+ *   coop capture              the default route and LUCID_BN_COOP=0
+ *                             captured in one graph, replayed twice: equal
+ *                             to the first and the second eager call
+ *                             bitwise, as many kernels recorded as queued
+ *                             eagerly (4x64x80x80, 4x32x160x160, 3x5x91x99)
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -703,7 +725,8 @@ done:
  * training forwards (y, save_mean, save_invstd, running stats after two
  * updates, num_batches_tracked), the training backward with every output
  * (beta 0), dx only, dweight only, dbias only, every output with beta_input
- * 0.5 / beta_params 0.25 onto random values, and an eval forward and
+ * 0.5 / beta_params 0.25 and with both betas 1 onto random values, and an
+ * eval forward and
  * backward (not affected by the switch).  The kernels queued per call are
  * counted (lucid_cuda_bn_launch_count, nn_norm_fwd.cu's test hook): one-part
  * shapes take 1 per training direction with dx on the one-pass route and 2
@@ -711,15 +734,37 @@ done:
  * only and eval the same on both.  The one-pass side is also checked
  * against the CPU (tolerances of test_case).  Activations at element
  * offset 1 of their storage (x/dy: every kernel scalar; y/dx only: the
- * statistics vectorised, the element-wise part scalar). */
+ * statistics vectorised, the element-wise part scalar).  These cases and
+ * their capture set LUCID_BN_COOP=0 (multi-part shapes keep the two-launch
+ * route on both sides); the cooperative route of multi-part shapes has
+ * its own cases below (test_coop). */
 
 #if defined(__GNUC__)
 __attribute__((weak))
 #endif
 unsigned long lucid_cuda_bn_launch_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_cuda_bn_coop_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_bn_coop_sm_count(void);
 
 static unsigned long bn_launches(void) {
     return lucid_cuda_bn_launch_count ? lucid_cuda_bn_launch_count() : 0;
+}
+
+/* cooperative launches so far (nn_norm_fwd.cu's test hook) */
+static unsigned long bn_coops(void) {
+    return lucid_cuda_bn_coop_count ? lucid_cuda_bn_coop_count() : 0;
+}
+
+/* 0: LUCID_BN_COOP=0; 1: unset (the default) */
+static void set_coop(int mode) {
+    if (mode == 0) setenv("LUCID_BN_COOP", "0", 1);
+    else unsetenv("LUCID_BN_COOP");
 }
 
 /* 0: LUCID_BN_ONEPASS=0; 1: unset (the default); 2: "1" */
@@ -752,20 +797,31 @@ static lucid_status bn_bwd(int silu, const lucid_tensor *x, const lucid_tensor *
 /* outputs of one route */
 enum {
     OP_Y, OP_SM, OP_SI, OP_RM, OP_RV, OP_NB, OP_DX, OP_DW, OP_DB, OP_ODX, OP_ODW, OP_ODB,
-    OP_BDX, OP_BDW, OP_BDB, OP_EY, OP_EDX, OP_EDW, OP_EDB, OP_N
+    OP_BDX, OP_BDW, OP_BDB, OP_B1DX, OP_B1DW, OP_B1DB, OP_EY, OP_EDX, OP_EDW, OP_EDB, OP_N
 };
 static const char *const OP_NAMES[OP_N] = {
     "train y", "save_mean", "save_invstd", "running_mean (2 updates)",
     "running_var (2 updates)", "num_batches_tracked", "train dx", "train dweight",
     "train dbias", "train dx only", "train dweight only", "train dbias only",
-    "train dx (beta 0.5)", "train dweight (beta 0.25)", "train dbias (beta 0.25)", "eval y",
+    "train dx (beta 0.5)", "train dweight (beta 0.25)", "train dbias (beta 0.25)",
+    "train dx (beta 1)", "train dweight (beta 1)", "train dbias (beta 1)", "eval y",
     "eval dx", "eval dweight", "eval dbias"};
 
 /* kernels queued per call */
-enum { L_FWD, L_BWD, L_BWD_DX, L_BWD_DW, L_BWD_DB, L_BWD_BETA, L_EVAL_F, L_EVAL_B, L_N };
+enum {
+    L_FWD, L_BWD, L_BWD_DX, L_BWD_DW, L_BWD_DB, L_BWD_BETA, L_BWD_BETA1, L_EVAL_F, L_EVAL_B,
+    L_N
+};
 static const char *const L_NAMES[L_N] = {
     "train forward", "train backward", "train backward dx only", "train backward dweight only",
-    "train backward dbias only", "train backward with beta", "eval forward", "eval backward"};
+    "train backward dbias only", "train backward with beta", "train backward with beta 1",
+    "eval forward", "eval backward"};
+
+/* the training calls with dx (the kernels LUCID_BN_ONEPASS and LUCID_BN_COOP
+ * fuse) */
+static int l_fusable(int k) {
+    return k == L_FWD || k == L_BWD || k == L_BWD_DX || k == L_BWD_BETA || k == L_BWD_BETA1;
+}
 
 typedef struct bn_in {
     lucid_dtype dt;
@@ -783,17 +839,19 @@ static lucid_tensor *pdview_of(const lucid_tensor *h, int64_t off) {
 }
 
 /* The calls of the header on the current route: o[OP_*] (NULL where not
- * asked: no affine parameters), nl[L_*].  LUCID_OK or the failing call's
- * status (*what names it). */
+ * asked: no affine parameters), nl[L_*] the kernels queued per call, nc[L_*]
+ * (nullable) the cooperative ones among them.  LUCID_OK or the failing
+ * call's status (*what names it). */
 static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long *nl,
-                                const char **what) {
+                                unsigned long *nc, const char **what) {
     const lucid_dtype dt = in->dt, F = LUCID_F32;
     const int64_t *xs = in->xs, *cs = in->cs, oo = in->out_off;
     const int silu = in->silu, af = in->affine;
     lucid_status s = LUCID_OK;
-    unsigned long n0;
+    unsigned long n0, c0;
     memset(o, 0, sizeof(lucid_tensor *) * OP_N);
     memset(nl, 0, sizeof(unsigned long) * L_N);
+    if (nc) memset(nc, 0, sizeof(unsigned long) * L_N);
     *what = "setup";
     lucid_tensor *gw = af ? pdev(in->hw) : NULL, *gb = af ? pdev(in->hb) : NULL;
     lucid_tensor *gx1 = pdview_of(in->hx1, in->in_off), *gx2 = pdview_of(in->hx2, in->in_off);
@@ -808,6 +866,7 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
     o[OP_DX] = pdview(dt, 4, xs, oo);
     o[OP_ODX] = pdview(dt, 4, xs, oo);
     o[OP_BDX] = pdview_of(in->hbdx, oo);
+    o[OP_B1DX] = pdview_of(in->hbdx, oo);
     o[OP_EY] = pdview(dt, 4, xs, oo);
     o[OP_EDX] = pdview(dt, 4, xs, oo);
     if (af) {
@@ -817,21 +876,26 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
         o[OP_ODB] = pdpoison(F, 1, cs);
         o[OP_BDW] = pdev(in->hbdw);
         o[OP_BDB] = pdev(in->hbdb);
+        o[OP_B1DW] = pdev(in->hbdw);
+        o[OP_B1DB] = pdev(in->hbdb);
         o[OP_EDW] = pdpoison(F, 1, cs);
         o[OP_EDB] = pdpoison(F, 1, cs);
     }
     int ok = gx1 && gx2 && gdy && esm && esi && (!af || (gw && gb));
     for (int k = 0; k < OP_N; k++)
         if (!o[k] && (af || (k != OP_DW && k != OP_DB && k != OP_ODW && k != OP_ODB &&
-                             k != OP_BDW && k != OP_BDB && k != OP_EDW && k != OP_EDB)))
+                             k != OP_BDW && k != OP_BDB && k != OP_B1DW && k != OP_B1DB &&
+                             k != OP_EDW && k != OP_EDB)))
             ok = 0;
     if (!ok) return LUCID_ERR_OOM;
 #define STEP(name, slot, expr)                                                \
     do {                                                                      \
         *what = name;                                                         \
         n0 = bn_launches();                                                   \
+        c0 = bn_coops();                                                      \
         if ((s = (expr)) != LUCID_OK) return s;                               \
         if ((slot) >= 0) nl[(slot)] = bn_launches() - n0;                     \
+        if ((slot) >= 0 && nc) nc[(slot)] = bn_coops() - c0;                  \
     } while (0)
     STEP("train forward 1", -1,
          bn_fwd(silu, gx1, o[OP_Y], gw, gb, o[OP_RM], o[OP_RV], o[OP_NB], o[OP_SM], o[OP_SI],
@@ -856,6 +920,9 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
     STEP("train backward with beta", L_BWD_BETA,
          bn_bwd(silu, gx2, gdy, o[OP_BDX], gw, gb, o[OP_SM], o[OP_SI], o[OP_BDW], o[OP_BDB], 1,
                 0.5, 0.25));
+    STEP("train backward with beta 1", L_BWD_BETA1,
+         bn_bwd(silu, gx2, gdy, o[OP_B1DX], gw, gb, o[OP_SM], o[OP_SI], o[OP_B1DW], o[OP_B1DB],
+                1, 1.0, 1.0));
     STEP("eval forward", L_EVAL_F,
          bn_fwd(silu, gx2, o[OP_EY], gw, gb, o[OP_RM], o[OP_RV], NULL, esm, esi, 0));
     STEP("eval backward", L_EVAL_B,
@@ -909,15 +976,16 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     }
     CHECK(NAME("%s: launch-count hook linked", pre), lucid_cuda_bn_launch_count != NULL,
           "lucid_cuda_bn_launch_count missing (cuda/nn_norm_fwd.cu)");
+    set_coop(0); /* multi-part shapes: the two-launch route on both sides */
     set_onepass(2);
-    st = onepass_run(&in, o1, l1, &what);
+    st = onepass_run(&in, o1, l1, NULL, &what);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: one pass: %s", pre, what), "%s: %s", lucid_status_name(st),
                   lucid_ctx_error(ctx));
         goto done;
     }
     set_onepass(0);
-    st = onepass_run(&in, o0, l0, &what);
+    st = onepass_run(&in, o0, l0, NULL, &what);
     set_onepass(1);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: two launches: %s", pre, what), "%s: %s", lucid_status_name(st),
@@ -933,7 +1001,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
         unsigned long lh[L_N];
         setenv("LUCID_BN_HELD", "0", 1);
         set_onepass(2);
-        st = onepass_run(&in, oh, lh, &what);
+        st = onepass_run(&in, oh, lh, NULL, &what);
         set_onepass(1);
         unsetenv("LUCID_BN_HELD");
         if (st != LUCID_OK) {
@@ -952,7 +1020,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     /* launches: the switch changes only one-part training calls with dx */
     for (int k = 0; k < L_N; k++) {
         if (!affine && (k == L_BWD_DW || k == L_BWD_DB)) continue;
-        int fused = one && (k == L_FWD || k == L_BWD || k == L_BWD_DX || k == L_BWD_BETA);
+        int fused = one && l_fusable(k);
         unsigned long want0 = k == L_BWD_DW || k == L_BWD_DB ? 1
                               : k == L_EVAL_B                ? (affine ? 2 : 1)
                                                              : 2;
@@ -996,6 +1064,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
     }
 done:
     set_onepass(1);
+    set_coop(1);
     pool_free();
 }
 
@@ -1039,6 +1108,7 @@ static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C,
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
         goto done;
     }
+    set_coop(0); /* multi-part shapes: the two-launch route on both sides */
     for (int k = 0; k < 2; k++) {
         set_onepass(k == 0 ? 1 : 0);
         unsigned long n0 = bn_launches();
@@ -1095,6 +1165,282 @@ static void test_onepass_capture(lucid_dtype dt, int silu, int64_t N, int64_t C,
     }
 done:
     set_onepass(1);
+    set_coop(1);
+    if (g) lucid_graph_destroy(g);
+    pool_free();
+}
+
+/* ========== one cooperative launch = two launches (LUCID_BN_COOP)
+ * cuda/nn_norm_*.cu run the training forward and the training backward with
+ * dx of channels of SEVERAL parts as one cooperative launch each when the
+ * grid is co-resident on the device; LUCID_BN_COOP=0 keeps the two-launch
+ * route.  Each case runs the calls of onepass_run (the one-pass cases'
+ * header) on the default route three times, once with LUCID_BN_COOP=0 and
+ * once with LUCID_BN_HELD=0 (x and dy read again after the channel
+ * barrier), plain BatchNorm2d or the fused BatchNorm2d + SiLU:
+ *   bitwise        every output of the default route equals the two-launch
+ *                  route's; the second and third runs equal the first (the
+ *                  arrival counters are back at zero after every launch, and
+ *                  the "last block folds" calls between them, dweight only
+ *                  and dbias only, share them); LUCID_BN_HELD=0 too
+ *   launches       a training call with dx that took the cooperative route
+ *                  (nn_norm_fwd.cu's test hook lucid_cuda_bn_coop_count)
+ *                  queued 1 kernel, 2 otherwise; LUCID_BN_COOP=0 never takes
+ *                  it (2); dweight / dbias only and eval the same on both
+ *                  routes; the three default runs take the same route
+ *   route taken    want (1 forward, 2 backward): the directions expected to
+ *                  be co-resident on an sm_90+ device of 132 SMs (H100 SXM,
+ *                  H200; lucid_cuda_bn_coop_sm_count) take the cooperative
+ *                  route there (register counts of nvcc 13.0: see
+ *                  cuda/nn_norm.cuh); on other devices the route taken is
+ *                  only reported
+ * Shapes: N=4 of YOLO11n-pose at 640: 4x64x80x80 (4 parts a channel, 256
+ * blocks), 4x32x160x160 (16 parts, 512 blocks), 4x16x320x320 (52 parts,
+ * 832 blocks: not co-resident on 132 SMs, the two-launch route there);
+ * 3x5x90x100 (S 9000: 2 chunks a plane, vector path), 3x5x91x99 (S 9009:
+ * scalar path), 2x3x80x80 with y/dx and with every activation at element
+ * offset 1, 5x2x160x330 (35 parts: the fold across warps), 300x1x64x72
+ * (300 parts: more than the fold's 256 threads). */
+
+/* the multiprocessors of a device that takes the cooperative kernels, else
+ * 0 (nn_norm_fwd.cu's test hook) */
+static int coop_sms(void) {
+    return lucid_cuda_bn_coop_sm_count ? lucid_cuda_bn_coop_sm_count() : 0;
+}
+
+static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H, int64_t W,
+                      int64_t in_off, int64_t out_off, int want) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "bn coop = two launches%s %lldx%lldx%lldx%lld%s %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             in_off || out_off ? (in_off ? " x/dy/y/dx at offset 1" : " y/dx at offset 1") : "",
+             lucid_dtype_name(dt));
+    bn_in in;
+    memset(&in, 0, sizeof in);
+    in.dt = dt;
+    in.silu = silu;
+    in.affine = 1;
+    in.xs[0] = N, in.xs[1] = C, in.xs[2] = H, in.xs[3] = W;
+    in.cs[0] = C;
+    in.in_off = in_off;
+    in.out_off = out_off;
+    int64_t one1[1] = {1};
+    in.hx1 = phrand(dt, 4, in.xs, -2, 3);
+    in.hx2 = phrand(dt, 4, in.xs, -1.5, 2.5);
+    in.hdy = phrand(dt, 4, in.xs, -1, 1);
+    in.hw = phrand(LUCID_F32, 1, in.cs, 0.5, 1.5);
+    in.hb = phrand(LUCID_F32, 1, in.cs, -0.5, 0.5);
+    in.hrm = phrand(LUCID_F32, 1, in.cs, -0.2, 0.2);
+    in.hrv = phrand(LUCID_F32, 1, in.cs, 0.5, 2.0);
+    in.hnb = phzeros(LUCID_I64, 1, one1);
+    in.hbdx = phrand(dt, 4, in.xs, -1, 1);
+    in.hbdw = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    in.hbdb = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    /* [0..2]: the default route three times, [3]: LUCID_BN_COOP=0,
+     * [4]: LUCID_BN_HELD=0 */
+    lucid_tensor *o[5][OP_N];
+    unsigned long l[5][L_N], c[5][L_N];
+    static const char *const RUNS[5] = {"default", "default (run 2)", "default (run 3)",
+                                        "LUCID_BN_COOP=0", "LUCID_BN_HELD=0"};
+    const char *what = "";
+    if (!in.hx1 || !in.hx2 || !in.hdy || !in.hw || !in.hb || !in.hrm || !in.hrv || !in.hnb ||
+        !in.hbdx || !in.hbdw || !in.hbdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    CHECK(NAME("%s: coop-count hook linked", pre), lucid_cuda_bn_coop_count != NULL,
+          "lucid_cuda_bn_coop_count missing (cuda/nn_norm_fwd.cu)");
+    for (int r = 0; r < 5; r++) {
+        set_coop(r == 3 ? 0 : 1);
+        if (r == 4) setenv("LUCID_BN_HELD", "0", 1);
+        lucid_status st = onepass_run(&in, o[r], l[r], c[r], &what);
+        unsetenv("LUCID_BN_HELD");
+        set_coop(1);
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: %s: %s", pre, RUNS[r], what), "%s: %s", lucid_status_name(st),
+                      lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    /* every run against the first default one */
+    for (int k = 0; k < OP_N; k++) {
+        lucid_tensor *ref = phost(o[0][k]);
+        if (!ref) {
+            TEST_FAIL(NAME("%s: copy of %s", pre, OP_NAMES[k]), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        for (int r = 1; r < 5; r++)
+            cmp_bits(NAME("%s: %s %s = default (bitwise)", pre, RUNS[r], OP_NAMES[k]), o[r][k],
+                     ref);
+    }
+    /* launches per call, and the route taken */
+    for (int k = 0; k < L_N; k++) {
+        unsigned long want0 = k == L_BWD_DW || k == L_BWD_DB ? 1 : 2;
+        int took = c[0][k] == 1;
+        unsigned long want1 = l_fusable(k) && took ? 1 : want0;
+        CHECK(NAME("%s: %s launches: %lu (default, %s) / %lu (LUCID_BN_COOP=0)", pre,
+                   L_NAMES[k], want1, took ? "cooperative" : "two-launch route", want0),
+              l[0][k] == want1 && l[3][k] == want0 && c[3][k] == 0 &&
+                  (l_fusable(k) ? c[0][k] <= 1 : c[0][k] == 0),
+              "default %lu (%lu cooperative), LUCID_BN_COOP=0 %lu (%lu cooperative)", l[0][k],
+              c[0][k], l[3][k], c[3][k]);
+        CHECK(NAME("%s: %s: every default run and LUCID_BN_HELD=0 take one route", pre,
+                   L_NAMES[k]),
+              l[1][k] == l[0][k] && l[2][k] == l[0][k] && l[4][k] == l[0][k] &&
+                  c[1][k] == c[0][k] && c[2][k] == c[0][k] && c[4][k] == c[0][k],
+              "launches %lu %lu %lu %lu, cooperative %lu %lu %lu %lu", l[0][k], l[1][k], l[2][k],
+              l[4][k], c[0][k], c[1][k], c[2][k], c[4][k]);
+    }
+    {
+        int fwd = c[0][L_FWD] == 1, bwd = c[0][L_BWD] == 1;
+        CHECK(NAME("%s: one route per direction (backward calls with dx agree)", pre),
+              c[0][L_BWD_DX] == c[0][L_BWD] && c[0][L_BWD_BETA] == c[0][L_BWD] &&
+                  c[0][L_BWD_BETA1] == c[0][L_BWD],
+              "cooperative: backward %lu, dx only %lu, beta %lu, beta 1 %lu", c[0][L_BWD],
+              c[0][L_BWD_DX], c[0][L_BWD_BETA], c[0][L_BWD_BETA1]);
+        int sms = coop_sms();
+        if (sms == 132) {
+            CHECK(NAME("%s: cooperative route taken where co-resident on 132 SMs "
+                       "(forward %s, backward %s)",
+                       pre, want & 1 ? "yes" : "not asserted", want & 2 ? "yes" : "not asserted"),
+                  (!(want & 1) || fwd) && (!(want & 2) || bwd), "forward %s, backward %s",
+                  fwd ? "cooperative" : "two launches", bwd ? "cooperative" : "two launches");
+        } else {
+            TEST_SKIP(NAME("%s: route expectations (132-SM sm_90+ device)", pre),
+                      "%d SMs with cooperative launch; forward %s, backward %s", sms,
+                      fwd ? "cooperative" : "two launches", bwd ? "cooperative" : "two launches");
+        }
+    }
+done:
+    set_coop(1);
+    unsetenv("LUCID_BN_HELD");
+    pool_free();
+}
+
+/* the tensors of test_coop_capture's forward + backward */
+enum { T_Y, T_SM, T_SI, T_RM, T_RV, T_NB, T_DX, T_DW, T_DB, T_N };
+static const char *const T_NAMES[T_N] = {"y", "save_mean", "save_invstd", "running_mean",
+                                         "running_var", "num_batches_tracked", "dx", "dweight",
+                                         "dbias"};
+
+/* A training forward then backward (every output, beta 0) into t[T_*]. */
+static lucid_status coop_fwd_bwd(int silu, const lucid_tensor *x, const lucid_tensor *dy,
+                                 const lucid_tensor *w, const lucid_tensor *b,
+                                 lucid_tensor **t) {
+    lucid_status s = bn_fwd(silu, x, t[T_Y], w, b, t[T_RM], t[T_RV], t[T_NB], t[T_SM],
+                            t[T_SI], 1);
+    if (s != LUCID_OK) return s;
+    return bn_bwd(silu, x, dy, t[T_DX], w, b, t[T_SM], t[T_SI], t[T_DW], t[T_DB], 1, 0.0, 0.0);
+}
+
+/* Graph capture of the cooperative route: an eager forward + backward
+ * (every output, beta 0) on the default route (also the warm-up), its
+ * outputs kept, and a second eager call; then one capture holding the same
+ * calls on the default route and on LUCID_BN_COOP=0 (the switch flipped
+ * while recording: it is read per call), replayed twice.  The first replay
+ * of each equals the first eager call bitwise (y, statistics, running
+ * stats, num_batches_tracked, dx, dweight, dbias), the second the second
+ * eager call (running stats of two updates, num_batches_tracked 2: the
+ * counters are back at zero after a replay); the capture recorded as many
+ * kernels as the eager call queued, and 4 on LUCID_BN_COOP=0; want as for
+ * test_coop (on a 132-SM sm_90+ device, the directions that take the
+ * cooperative route). */
+static void test_coop_capture(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
+                              int64_t W, int want) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn coop capture%s %lldx%lldx%lldx%lld %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    const lucid_dtype F = LUCID_F32;
+    lucid_graph *g = NULL;
+    lucid_tensor *hw = phrand(F, 1, cs, 0.5, 1.5), *hb = phrand(F, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = phrand(F, 1, cs, -0.2, 0.2), *hrv = phrand(F, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
+    lucid_tensor *hx = phrand(dt, 4, xs, -2, 3), *hdy = phrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = pdev(hw), *gb = pdev(hb), *gx = pdev(hx), *gdy = pdev(hdy);
+    /* [0]: eager (default route), [1]: recorded default, [2]: recorded
+     * LUCID_BN_COOP=0; snap: [0] after its first call */
+    lucid_tensor *t[3][T_N], *snap[T_N];
+    unsigned long nl[3] = {0, 0, 0}, nc[3] = {0, 0, 0};
+    int okk = gw && gb && gx && gdy;
+    for (int k = 0; k < 3; k++) {
+        t[k][T_RM] = pdev(hrm), t[k][T_RV] = pdev(hrv), t[k][T_NB] = pdev(hnb);
+        t[k][T_SM] = pdpoison(F, 1, cs), t[k][T_SI] = pdpoison(F, 1, cs);
+        t[k][T_Y] = pdpoison(dt, 4, xs), t[k][T_DX] = pdpoison(dt, 4, xs);
+        t[k][T_DW] = pdpoison(F, 1, cs), t[k][T_DB] = pdpoison(F, 1, cs);
+        for (int j = 0; j < T_N; j++) okk = okk && t[k][j];
+    }
+    if (!okk) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    set_coop(1);
+    {
+        unsigned long n0 = bn_launches(), c0 = bn_coops();
+        RUN(NAME("%s: eager forward + backward", pre), coop_fwd_bwd(silu, gx, gdy, gw, gb, t[0]));
+        nl[0] = bn_launches() - n0;
+        nc[0] = bn_coops() - c0;
+    }
+    for (int j = 0; j < T_N; j++) {
+        snap[j] = phost(t[0][j]);
+        if (!snap[j]) {
+            TEST_FAIL(NAME("%s: snapshot %s", pre, T_NAMES[j]), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    RUN(NAME("%s: eager forward + backward 2", pre), coop_fwd_bwd(silu, gx, gdy, gw, gb, t[0]));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    for (int k = 1; k < 3; k++) {
+        set_coop(k == 1 ? 1 : 0);
+        unsigned long n0 = bn_launches(), c0 = bn_coops();
+        lucid_status st = coop_fwd_bwd(silu, gx, gdy, gw, gb, t[k]);
+        nl[k] = bn_launches() - n0;
+        nc[k] = bn_coops() - c0;
+        set_coop(1);
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing (%s)", pre,
+                           k == 1 ? "default" : "LUCID_BN_COOP=0"),
+                      "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    /* each cooperative launch stands for two kernels */
+    CHECK(NAME("%s: kernels recorded = queued eagerly (%lu, %lu cooperative), 4 with "
+               "LUCID_BN_COOP=0",
+               pre, nl[0], nc[0]),
+          nl[1] == nl[0] && nc[1] == nc[0] && nl[0] == 4 - nc[0] && nl[2] == 4 && nc[2] == 0,
+          "eager %lu (%lu cooperative), recorded %lu (%lu) / %lu (%lu)", nl[0], nc[0], nl[1],
+          nc[1], nl[2], nc[2]);
+    if (coop_sms() == 132) {
+        unsigned long w = (unsigned long)((want & 1) + ((want >> 1) & 1));
+        CHECK(NAME("%s: %lu cooperative kernels recorded (132 SMs)", pre, w), nc[1] == w,
+              "%lu", nc[1]);
+    }
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    for (int k = 1; k < 3; k++)
+        for (int j = 0; j < T_N; j++)
+            cmp_bits(NAME("%s: replay %s %s = eager call 1", pre,
+                          k == 1 ? "default" : "LUCID_BN_COOP=0", T_NAMES[j]),
+                     t[k][j], snap[j]);
+    RUN(NAME("%s: replay 2", pre), lucid_graph_launch(ctx, g));
+    for (int k = 1; k < 3; k++)
+        for (int j = 0; j < T_N; j++)
+            cmp_bits(NAME("%s: replay 2 %s %s = eager call 2", pre,
+                          k == 1 ? "default" : "LUCID_BN_COOP=0", T_NAMES[j]),
+                     t[k][j], phost(t[0][j]));
+    {
+        lucid_tensor *nb = phost(t[1][T_NB]);
+        CHECK(NAME("%s: replay 2 num_batches_tracked == 2", pre),
+              nb && test_hget(nb, 0) == 2.0, "num_batches_tracked %g",
+              nb ? test_hget(nb, 0) : -1.0);
+    }
+done:
+    set_coop(1);
     if (g) lucid_graph_destroy(g);
     pool_free();
 }
@@ -1186,7 +1532,9 @@ static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu captu
                                "cuda bn+silu capture before the fold counters",
                                "cuda bn+silu modules",
                                "cuda bn one pass = two launches (LUCID_BN_ONEPASS)",
-                               "cuda bn one pass capture"};
+                               "cuda bn one pass capture",
+                               "cuda bn coop = two launches (LUCID_BN_COOP)",
+                               "cuda bn coop capture"};
 
 int main(void) {
     if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
@@ -1251,6 +1599,22 @@ int main(void) {
             test_onepass_capture(dt, silu, 4, 24, 20, 20);
             test_onepass_capture(dt, silu, 3, 7, 10, 30);
             test_onepass_capture(dt, silu, 4, 24, 96, 96);
+        }
+        /* one cooperative launch vs two launches (LUCID_BN_COOP): multi-part
+         * shapes; want: 1 forward, 2 backward co-resident on 132 SMs */
+        for (int silu = 0; silu < 2; silu++) {
+            test_coop(dt, silu, 4, 64, 80, 80, 0, 0, 3);   /* 4 parts, 256 blocks */
+            test_coop(dt, silu, 4, 32, 160, 160, 0, 0, 3); /* 16 parts, 512 blocks */
+            test_coop(dt, silu, 4, 16, 320, 320, 0, 0, 0); /* 52 parts, 832 blocks */
+            test_coop(dt, silu, 3, 5, 90, 100, 0, 0, 3);   /* S 9000: vector path */
+            test_coop(dt, silu, 3, 5, 91, 99, 0, 0, 3);    /* S 9009: scalar path */
+            test_coop(dt, silu, 2, 3, 80, 80, 0, 1, 3);    /* y/dx unaligned */
+            test_coop(dt, silu, 2, 3, 80, 80, 1, 1, 3);    /* all unaligned */
+            test_coop(dt, silu, 5, 2, 160, 330, 0, 0, 3);  /* 35 parts */
+            test_coop(dt, silu, 300, 1, 64, 72, 0, 0, 3);  /* 300 parts */
+            test_coop_capture(dt, silu, 4, 64, 80, 80, 3);
+            test_coop_capture(dt, silu, 4, 32, 160, 160, 3);
+            test_coop_capture(dt, silu, 3, 5, 91, 99, 3);
         }
     }
     return cuda_test_finish();
