@@ -249,6 +249,14 @@ lucid_status lucid_cuda_conv2d_backward_input_shadow(lucid_ctx *, const lucid_te
                                                      lucid_conv_wshadow *);
 lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *, const lucid_tensor *const *,
                                             lucid_conv_wshadow *const *, int, lucid_dtype);
+lucid_status lucid_cuda_conv2d_dcols_reserve(lucid_ctx *, const lucid_tensor *,
+                                             const lucid_tensor *, const lucid_conv2d_params *,
+                                             lucid_conv_dcols *);
+lucid_status lucid_cuda_conv2d_backward_input_dcols(lucid_ctx *, const lucid_tensor *,
+                                                    const lucid_tensor *, lucid_tensor *,
+                                                    const lucid_tensor *,
+                                                    const lucid_conv2d_params *, double,
+                                                    lucid_conv_wshadow *, lucid_conv_dcols *);
 /* nn_norm_{fwd,bwd}.cu */
 lucid_status lucid_cuda_batchnorm2d_silu_forward(
     lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,
@@ -266,6 +274,10 @@ lucid_status lucid_cuda_batchnorm2d_backward(
     lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
     const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
     lucid_tensor *, lucid_tensor *, int, double, double);
+lucid_status lucid_cuda_batchnorm2d_backward_dcols(
+    lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
+    const lucid_tensor *, const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
+    lucid_tensor *, lucid_tensor *, int, double, double, int, lucid_conv_dcols *);
 /* nn_pointwise.cu */
 lucid_status lucid_cuda_silu_forward(lucid_ctx *, const lucid_tensor *,
                                      lucid_tensor *);

@@ -91,6 +91,7 @@
 #include "nn_conv_dw.cuh"
 #include "nn_conv_small.cuh"
 #include "nn_conv_col.cuh"
+#include "nn_dcols.cuh"
 
 #include <limits.h>
 #include <new>
@@ -470,12 +471,17 @@ static int col_on(const lucid_cuda_nn_state *ns, int pass, const char **v) {
  * here (the arena grows here, named `op`, and never during capture; the
  * GEMM forward with a bias reserves its f32 output on top, in the
  * forward).  *ws: the arena (cuDNN, the split-K partials of the
- * implicit-GEMM passes, the GEMM route's weight cast and partials). */
-static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
-                               lucid_cuda_conv_plan *pl, int pass, const char *op,
-                               int *route, void **ws) {
+ * implicit-GEMM passes, the GEMM route's weight cast and partials).
+ * conv_route_of decides without reserving: *need, the pass's scratch bytes,
+ * and *reserve, whether conv_route reserves them (the routes that need
+ * none reserve nothing, except ROUTE_COL and ROUTE_CUDNN, which always
+ * take the arena's base). */
+static lucid_status conv_route_of(lucid_ctx *ctx, lucid_cuda_state *st,
+                                  lucid_cuda_nn_state *ns, lucid_cuda_conv_plan *pl, int pass,
+                                  const char *op, int *route, size_t *need, bool *reserve) {
     *route = ROUTE_DIRECT;
-    *ws = NULL;
+    *need = 0;
+    *reserve = false;
     if (ns->conv_mode == 1) return LUCID_OK;
     if (ns->conv_mode == 0 && pass != PASS_BWD_FILTER && ns->conv_small != 1) {
         lucid_conv_small_geom sg = small_geom_of(pl->g);
@@ -507,8 +513,8 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
         }
         if (gemm) {
             *route = ROUTE_GEMM;
-            size_t need = lucid_conv_gemm_scratch(&pl->gg, pl->dt, pass, 0);
-            if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+            *need = lucid_conv_gemm_scratch(&pl->gg, pl->dt, pass, 0);
+            *reserve = *need != 0;
             return LUCID_OK;
         }
     }
@@ -521,31 +527,45 @@ static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_
                                 "letters f, d, w)", op, v);
         if (on) {
             *route = ROUTE_COL;
-            size_t need = lucid_conv_col_scratch(&pl->cg, pl->dt, pass, 0);
-            LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+            *need = lucid_conv_col_scratch(&pl->cg, pl->dt, pass, 0);
+            *reserve = true;
             return LUCID_OK;
         }
     }
     if (ns->conv_mode == 0 && pl->igemm) {
         *route = ROUTE_IGEMM;
-        size_t need = lucid_conv_igemm_scratch(&pl->ig, pass);
-        if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+        *need = lucid_conv_igemm_scratch(&pl->ig, pass);
+        *reserve = *need != 0;
         return LUCID_OK;
     }
     if (ns->conv_mode == 0 && pl->depthwise) {
         *route = ROUTE_DW;
-        size_t need = pass == PASS_BWD_FILTER ? lucid_conv_dw_wgrad_scratch_bytes(&pl->dwg) : 0;
-        if (need) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
+        *need = pass == PASS_BWD_FILTER ? lucid_conv_dw_wgrad_scratch_bytes(&pl->dwg) : 0;
+        *reserve = *need != 0;
         return LUCID_OK;
     }
 #if defined(LUCID_HAVE_CUDNN)
     LUCID_TRY(plan_pass(ctx, st, ns, pl, pass));
     if (!pl->have[pass]) return LUCID_OK;
-    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pl->need[pass], op, ws));
+    *need = pl->need[pass];
+    *reserve = true;
     *route = ROUTE_CUDNN;
 #else
     (void)ctx; (void)st; (void)pass; (void)op;
 #endif
+    return LUCID_OK;
+}
+
+/* conv_route_of's route, with the pass's scratch reserved (*ws: the arena;
+ * NULL when the route needs none). */
+static lucid_status conv_route(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_nn_state *ns,
+                               lucid_cuda_conv_plan *pl, int pass, const char *op,
+                               int *route, void **ws) {
+    size_t need = 0;
+    bool reserve = false;
+    *ws = NULL;
+    LUCID_TRY(conv_route_of(ctx, st, ns, pl, pass, op, route, &need, &reserve));
+    if (reserve) LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, need, op, ws));
     return LUCID_OK;
 }
 
@@ -1055,11 +1075,96 @@ extern "C" lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *ctx, const l
     return conv_forward(ctx, x, y, w, b, p, ws);
 }
 
-/* The backward-data; wsh (nullable) is the weight shadow of the GEMM route. */
+// ----------------------------------------------------------------------------
+// backward-data columns written by the BatchNorm backward (nn.h lucid_conv_dcols)
+
+/* LUCID_BN_EMIT_COLS, read on each call: "0" = no reservation (the
+ * BatchNorm backward writes no columns, the backward-data runs its im2col);
+ * unset or anything else = on. */
+static bool dcols_switch(void) {
+    const char *e = getenv("LUCID_BN_EMIT_COLS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* The nn.h slot conv2d_dcols_reserve (dc zeroed; x, w, p checked): when
+ * the switch is on, the conv qualifies (lucid_conv_col_dcols_geom, groups
+ * 1), its dy is small enough for a one-kernel BatchNorm backward (N*H*W <=
+ * LUCID_DCOLS_MAX_NS, nn_dcols.cuh) and its backward-data takes the im2col
+ * route, the stream's arena is grown (outside capture) to hold the scratch
+ * of the backward-data and of the backward-filter (which may run on this
+ * stream in between, without a parameter lane) followed by the columns,
+ * and dc is armed with their place.  Planning the two passes here is what
+ * their calls do first (a cuDNN filter pass is planned now instead of a
+ * moment later). */
+extern "C" lucid_status lucid_cuda_conv2d_dcols_reserve(lucid_ctx *ctx, const lucid_tensor *x,
+                                                        const lucid_tensor *w,
+                                                        const lucid_conv2d_params *p,
+                                                        lucid_conv_dcols *dc) {
+    const char *op = "conv2d_dcols_reserve";
+    if (!dcols_switch() || (x->dtype != LUCID_BF16 && x->dtype != LUCID_F16)) return LUCID_OK;
+    lucid_cuda_state *st;
+    lucid_cuda_nn_state *ns;
+    LUCID_TRY(conv_common(ctx, op, x, w, &st, &ns));
+    lucid_cuda_conv_plan *pl;
+    LUCID_TRY(plan_get(ctx, ns, x, w->shape, p, &pl));
+    if (pl->g.G != 1 || !lucid_conv_col_dcols_geom(&pl->cg, pl->dt) ||
+        pl->g.N * pl->g.Ho * pl->g.Wo > LUCID_DCOLS_MAX_NS)
+        return LUCID_OK; /* (a BatchNorm of more than one part per channel writes none) */
+    int rd = ROUTE_DIRECT, rf = ROUTE_DIRECT;
+    size_t nd = 0, nf = 0;
+    bool b = false;
+    LUCID_TRY(conv_route_of(ctx, st, ns, pl, PASS_BWD_DATA, "conv2d_backward_input", &rd, &nd,
+                            &b));
+    if (rd != ROUTE_COL) return LUCID_OK;
+    LUCID_TRY(conv_route_of(ctx, st, ns, pl, PASS_BWD_FILTER, "conv2d_backward_params", &rf,
+                            &nf, &b));
+    const size_t off = nn_align(nd > nf ? nd : nf);
+    const size_t bytes = nn_align(lucid_conv_col_dcols_bytes(&pl->cg));
+    void *base = NULL;
+    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, off + bytes, op, &base));
+    dc->armed = 1;
+    dc->filled = 0;
+    dc->data = (char *)base + off;
+    dc->dy = NULL;
+    dc->dtype = pl->dt;
+    dc->N = pl->g.N;
+    dc->C = pl->g.Cout;
+    dc->H = pl->g.Ho;
+    dc->W = pl->g.Wo;
+    dc->base = base;
+    dc->off = off;
+    dc->bytes = bytes;
+    dc->stream = (const void *)st->stream;
+    return LUCID_OK;
+}
+
+/* The columns of dc, for the backward-data of plan pl on the im2col route
+ * with dy (ws: the arena the pass just reserved, need_d bytes of it): dc
+ * filled from dy's data for this geometry and dtype, on this stream, still
+ * at its place in the same arena, after the pass's own scratch; else NULL
+ * (the pass runs its im2col). */
+static const void *dcols_ready(const lucid_conv_dcols *dc, const lucid_cuda_conv_plan *pl,
+                               const lucid_tensor *dy, const lucid_cuda_state *st,
+                               const lucid_cuda_nn_state *ns, const void *ws, size_t need_d) {
+    if (!dc || !dc->armed || !dc->filled || !dc->data) return NULL;
+    if (!lucid_conv_col_dcols_geom(&pl->cg, pl->dt) || pl->g.G != 1) return NULL;
+    if (dc->dy != lucid_tensor_data(dy) || dc->dtype != pl->dt || dc->N != pl->g.N ||
+        dc->C != pl->g.Cout || dc->H != pl->g.Ho || dc->W != pl->g.Wo)
+        return NULL;
+    if (dc->stream != (const void *)st->stream || dc->base != ws || ws != ns->arena ||
+        dc->off < need_d || dc->bytes < lucid_conv_col_dcols_bytes(&pl->cg) ||
+        dc->off + dc->bytes > ns->arena_bytes || dc->data != (const char *)ws + dc->off)
+        return NULL;
+    return dc->data;
+}
+
+/* The backward-data; wsh (nullable) is the weight shadow of the GEMM route,
+ * dc (nullable) the columns the BatchNorm backward wrote (dcols_ready). */
 static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                         const lucid_tensor *dy, lucid_tensor *dx,
                                         const lucid_tensor *w, const lucid_conv2d_params *p,
-                                        double beta, lucid_conv_wshadow *wsh) {
+                                        double beta, lucid_conv_wshadow *wsh,
+                                        const lucid_conv_dcols *dc) {
     const char *op = "conv2d_backward_input";
     lucid_cuda_state *st;
     lucid_cuda_nn_state *ns;
@@ -1089,6 +1194,13 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                 ? lucid_conv_wshadow_flip_off(wsh, w, dx->dtype, st->wcast_epoch)
                                 : 0;
         const void *wf = off > 0 ? (const char *)lucid_storage_data(wsh->buf) + off * 2 : NULL;
+        const void *cols =
+            dcols_ready(dc, pl, dy, st, ns, ws, lucid_conv_col_scratch(&pl->cg, pl->dt, 1, 0));
+        if (cols)
+            return lucid_conv_col_backward_data_cols(ctx, st->cublas, st->stream, dx->dtype,
+                                                     &pl->cg, cols,
+                                                     (const float *)lucid_tensor_data(w), wf,
+                                                     lucid_tensor_data(dx), (float)beta, ws);
         return lucid_conv_col_backward_data(ctx, st->cublas, st->stream, dx->dtype, &pl->cg,
                                             lucid_tensor_data(dy),
                                             (const float *)lucid_tensor_data(w), wf,
@@ -1156,13 +1268,20 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input(lucid_ctx *ctx,
                                                          const lucid_tensor *w,
                                                          const lucid_conv2d_params *p,
                                                          double beta) {
-    return conv_backward_input(ctx, x, dy, dx, w, p, beta, NULL);
+    return conv_backward_input(ctx, x, dy, dx, w, p, beta, NULL, NULL);
 }
 
 extern "C" lucid_status lucid_cuda_conv2d_backward_input_shadow(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy, lucid_tensor *dx,
     const lucid_tensor *w, const lucid_conv2d_params *p, double beta, lucid_conv_wshadow *ws) {
-    return conv_backward_input(ctx, x, dy, dx, w, p, beta, ws);
+    return conv_backward_input(ctx, x, dy, dx, w, p, beta, ws, NULL);
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_input_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy, lucid_tensor *dx,
+    const lucid_tensor *w, const lucid_conv2d_params *p, double beta, lucid_conv_wshadow *ws,
+    lucid_conv_dcols *dc) {
+    return conv_backward_input(ctx, x, dy, dx, w, p, beta, ws, dc);
 }
 
 extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,

@@ -734,11 +734,22 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
     return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, &gg, scratch, w, wcast, b, y, gs);
 }
 
-lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
-                                          cudaStream_t stream, lucid_dtype dt,
-                                          const lucid_conv_col_geom *g, const void *dy,
-                                          const float *w, const void *wflip, void *dx,
-                                          float beta, void *scratch) {
+int lucid_conv_col_dcols_geom(const lucid_conv_col_geom *g, lucid_dtype dt) {
+    return g && lucid_conv_col_eligible(g, dt, 1) && g->kh == 3 && g->kw == 3 && g->sh == 1 &&
+           g->sw == 1 && g->ph == 1 && g->pw == 1 && g->dh == 1 && g->dw == 1 &&
+           (g->Cout * 9) % 8 == 0;
+}
+
+size_t lucid_conv_col_dcols_bytes(const lucid_conv_col_geom *g) {
+    return (size_t)(g->N * g->Cout * 9 * g->H * g->W) * 2;
+}
+
+/* The backward-data; cols (nullable): the columns of dy already written
+ * (lucid_conv_col_backward_data_cols), else im2col(dy) into scratch. */
+static lucid_status col_backward_data(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                      lucid_dtype dt, const lucid_conv_col_geom *g,
+                                      const void *dy, const void *cols, const float *w,
+                                      const void *wflip, void *dx, float beta, void *scratch) {
     LUCID_TRY(col_check(ctx, "conv2d_backward_input", dt, g, 1));
     lucid_conv_col_geom t;
     col_dgrad_geom(g, dt, &t); /* eligible: stride 1, t valid */
@@ -757,17 +768,49 @@ lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                          (int)Kt, (int)nwf));
         wf = d;
     }
-    LUCID_TRY(col_fill(ctx, stream, dt, &t, dy, scratch));
+    if (!cols) {
+        LUCID_TRY(col_fill(ctx, stream, dt, &t, dy, scratch));
+        cols = scratch;
+    }
     const cudaDataType_t adt = lucid_cuda_datatype(dt);
     const float one = 1.0f;
     /* per image, dX'[P x Cin] = col'[P x K'] . Wf'[K' x Cin] (column-major views as in
      * nn_conv_gemm.cu; beta applied by cuBLAS: dx = dt(acc + beta*dx)) */
     CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
                           h, CUBLAS_OP_N, CUBLAS_OP_N, (int)Pt, (int)g->Cin, (int)Kt, &one,
-                          scratch, adt, (int)Pt, (long long)(Kt * Pt), wf, adt, (int)Kt, 0LL,
+                          cols, adt, (int)Pt, (long long)(Kt * Pt), wf, adt, (int)Kt, 0LL,
                           &beta, dx, adt, (int)Pt, (long long)(g->Cin * Pt), (int)g->N,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return LUCID_OK;
+}
+
+lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
+                                          cudaStream_t stream, lucid_dtype dt,
+                                          const lucid_conv_col_geom *g, const void *dy,
+                                          const float *w, const void *wflip, void *dx,
+                                          float beta, void *scratch) {
+    return col_backward_data(ctx, h, stream, dt, g, dy, NULL, w, wflip, dx, beta, scratch);
+}
+
+lucid_status lucid_conv_col_backward_data_cols(lucid_ctx *ctx, cublasHandle_t h,
+                                               cudaStream_t stream, lucid_dtype dt,
+                                               const lucid_conv_col_geom *g, const void *cols,
+                                               const float *w, const void *wflip, void *dx,
+                                               float beta, void *scratch) {
+    if (!cols)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_backward_input (im2col GEMM route): columns NULL");
+    if (!lucid_conv_col_dcols_geom(g, dt)) {
+        LUCID_TRY(col_check(ctx, "conv2d_backward_input", dt, g, 1));
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "conv2d_backward_input (im2col GEMM route): columns from the "
+                            "BatchNorm need a 3x3 kernel, stride 1, padding 1, dilation 1 and "
+                            "Cout*9 a multiple of 8 (Cout %lld, kernel %dx%d, stride %d,%d, "
+                            "pad %d,%d, dilation %d,%d)",
+                            (long long)g->Cout, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                            g->dh, g->dw);
+    }
+    return col_backward_data(ctx, h, stream, dt, g, NULL, cols, w, wflip, dx, beta, scratch);
 }
 
 lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,

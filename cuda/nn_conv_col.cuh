@@ -156,6 +156,29 @@ lucid_status lucid_conv_col_backward_data(lucid_ctx *ctx, cublasHandle_t h,
                                           const float *w, const void *wflip, void *dx,
                                           float beta, void *scratch);
 
+/* 1 when the backward-data of g in dt can take its columns from the
+ * BatchNorm backward before it (nn.h lucid_conv_dcols): eligible for pass
+ * 1, a 3x3 kernel, stride 1, padding 1, dilation 1 and Cout*9 a multiple
+ * of 8, so the columns of dy are exactly the row-major [Cout*9 x H*W]
+ * matrix per image that the BatchNorm writes (no padded rows; H*W a
+ * multiple of 8 by eligibility).  0 otherwise (also for g NULL). */
+int lucid_conv_col_dcols_geom(const lucid_conv_col_geom *g, lucid_dtype dt);
+
+/* Bytes of those columns: N*Cout*9*H*W elements of 2 bytes. */
+size_t lucid_conv_col_dcols_bytes(const lucid_conv_col_geom *g);
+
+/* lucid_conv_col_backward_data with the columns of dy already written
+ * (cols: lucid_conv_col_dcols_bytes of them, 16-byte aligned, outside the
+ * first lucid_conv_col_scratch(g, dt, 1, 0) bytes of scratch, which the
+ * flipped weight's per-call cast may still use): no im2col; the GEMM reads
+ * cols.  ERR_UNSUPPORTED unless lucid_conv_col_dcols_geom(g, dt); ERR_ARG
+ * for cols NULL. */
+lucid_status lucid_conv_col_backward_data_cols(lucid_ctx *ctx, cublasHandle_t h,
+                                               cudaStream_t stream, lucid_dtype dt,
+                                               const lucid_conv_col_geom *g, const void *cols,
+                                               const float *w, const void *wflip, void *dx,
+                                               float beta, void *scratch);
+
 /* dw = beta*dw + sum_n dY[n] . col[n]^T (dw f32 [Cout,Cin,kh,kw]; beta == 0
  * never reads dw).  Launches: im2col, then lucid_conv_gemm_backward_filter_rows
  * (nn_conv_gemm.cuh) on the columns with K kept of Kr: min(N, S)

@@ -41,6 +41,14 @@
  * co-resident (2 with LUCID_BN_COOP=0); 1 without dx), eval backward 1
  * (dx) or 2 with dweight/dbias, the per-channel sum 1.
  *
+ * Conv columns (the slot lucid_cuda_batchnorm2d_backward_dcols, nn.h
+ * lucid_conv_dcols): when the dx of a one-pass call is the grad_output of a
+ * 3x3 stride-1 conv on the im2col route, bn_grad_dx1_cols (bn_grad_dx1 with
+ * EMIT) also stages each channel's dx planes in shared memory and writes
+ * their im2col columns (nn_dcols.cuh) into the conv's scratch, so the
+ * conv's backward-data skips its im2col; dx, dweight and dbias keep their
+ * bits; one launch, as without.
+ *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_backward):
  * bn_grad_partial and bn_dx recompute z from x, the saved statistics,
  * weight and bias, and use g = dy * s * (1 + z*(1-s)) where the plain
@@ -54,6 +62,9 @@
  * Source: PyTorch nn.BatchNorm2d docs; nn.SiLU docs.
  */
 #include "nn_norm.cuh"
+#include "nn_dcols.cuh"
+
+static_assert(BN_PART == LUCID_DCOLS_MAX_NS, "the conv reserves columns for one-part channels");
 
 // ----------------------------------------------------------------------------
 // backward, and the per-channel sum
@@ -422,6 +433,15 @@ static __device__ __forceinline__ void bn_dx_part(
     }
 }
 
+/* Stage dx vector v of the part walk's position w (one-part channels: part
+ * 0 holds every plane, so plane q is image q) at stage[q*S + off*V]. */
+template <typename T, int V>
+static __device__ __forceinline__ void bn_stage_put(T *stage, const bn_walk &w,
+                                                    const bn_geom &g,
+                                                    const typename bn_vec<T, V>::R &v) {
+    bn_vec<T, V>::store(stage + (size_t)w.q * (size_t)g.S + (size_t)w.off * V, v);
+}
+
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
  * gradient sums and dx in one launch (LUCID_BN_ONEPASS, see the header):
  * block c (grid.y, channels strided) computes channel c's (sum g, sum
@@ -434,14 +454,18 @@ static __device__ __forceinline__ void bn_dx_part(
  * arithmetic (bn_silu_grad, bn_dx_train, then beta: fmaf(beta, dx, v), dx
  * read only when beta != 0), VA-element vectors (bn_dx's vector choice).
  * HELD (VS == VA, one round of the walk; bn_held): dx is computed from the
- * dy and x vectors the sums loaded, still in registers (same bits). */
-template <typename T, int VS, int VA, bool SILU, bool HELD>
-static __global__ void __launch_bounds__(BN_THREADS)
-bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
-            const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
-            float beta) {
-    lucid_pdl_wait();
-    lucid_pdl_launch_dependents();
+ * dy and x vectors the sums loaded, still in registers (same bits).
+ * EMIT (16-byte vectors, VS == VA): each dx vector is also staged in
+ * shared memory (stage: N*S elements, bn_stage_put) and, after a barrier,
+ * the block writes the channel's conv columns from it (bn_emit_cols, dc);
+ * dx, dweight and dbias are those of EMIT false, bit for bit. */
+template <typename T, int VS, int VA, bool SILU, bool HELD, bool EMIT>
+static __device__ __forceinline__ void bn_grad_dx1_run(
+    const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+    const float *invstd, const float *w, const float *b, const bn_geom &g,
+    const bn_grad_out &out, float beta, T *stage, const bn_dcols &dc) {
+    static_assert(!EMIT || (VS == VA && VA * sizeof(T) == 16),
+                  "the columns are written from 16-byte dx vectors");
     typedef bn_vec<T, VA> Vt;
     typedef typename Vt::R R;
     __shared__ float2 sh[32];
@@ -468,9 +492,87 @@ bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const floa
         __syncthreads();
         const float4 q = cf;
         if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
-        bn_dx_part<T, VA, SILU, HELD>(dy, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is, q,
-                                      beta, hdy, hx);
+        const int64_t base = pa.base + c * g.S;
+        bn_walk wk = bn_walk_first(pa);
+        if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                if (wk.j < pa.total) {
+                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
+                    const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
+                    const R v = bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is, q, beta);
+                    Vt::store(dx + e, v);
+                    if constexpr (EMIT) bn_stage_put<T, VA>(stage, wk, g, v);
+                }
+                bn_walk_next(wk, pa);
+            }
+        } else {
+            while (wk.j < pa.total) {
+                R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+                int64_t e[BN_UNROLL];
+                bool ok[BN_UNROLL];
+                [[maybe_unused]] bn_walk wu[BN_UNROLL]; /* EMIT: where each vector goes */
+#pragma unroll
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    ok[u] = wk.j < pa.total;
+                    rg[u] = R();
+                    rx[u] = R();
+                    rd[u] = R();
+                    e[u] = 0;
+                    if constexpr (EMIT) wu[u] = wk;
+                    if (ok[u]) {
+                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
+                        rg[u] = Vt::load(dy + e[u]);
+                        rx[u] = Vt::load(x + e[u]);
+                        if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+                    }
+                    bn_walk_next(wk, pa);
+                }
+#pragma unroll
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    if (!ok[u]) break;
+                    const R v = bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q,
+                                                        beta);
+                    Vt::store(dx + e[u], v);
+                    if constexpr (EMIT) bn_stage_put<T, VA>(stage, wu[u], g, v);
+                }
+            }
+        }
+        if constexpr (EMIT) {
+            __syncthreads(); /* the channel's dx planes are staged */
+            bn_emit_cols<T>(stage, dc, g.N, g.C, g.S, c, threadIdx.x, BN_THREADS);
+            __syncthreads(); /* the next channel's dx overwrites the stage */
+        }
     }
+}
+
+/* The kernel of bn_grad_dx1_run (see there). */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx1(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+            const float *invstd, const float *w, const float *b, bn_geom g, bn_grad_out out,
+            float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    bn_grad_dx1_run<T, VS, VA, SILU, HELD, false>(dy, x, dx, mean, invstd, w, b, g, out, beta,
+                                                  nullptr, bn_dcols());
+}
+
+/* bn_grad_dx1 that also writes the conv's backward-data columns of the dx
+ * it computes (bn_emit_cols; nn.h lucid_conv_dcols): V-element vectors
+ * (bn_width) for the sums and dx, N*S*sizeof(T) bytes of dynamic shared
+ * memory (the channel's dx planes). */
+template <typename T, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx1_cols(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+                 const float *invstd, const float *w, const float *b, bn_geom g,
+                 bn_grad_out out, float beta, bn_dcols dc) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    extern __shared__ uint4 bn_cols_stage[];
+    const int V = bn_width<T>::V;
+    bn_grad_dx1_run<T, V, V, SILU, HELD, true>(dy, x, dx, mean, invstd, w, b, g, out, beta,
+                                               reinterpret_cast<T *>(bn_cols_stage), dc);
 }
 
 /* Training backward with dx of channels of SEVERAL parts (g.parts > 1),
@@ -881,6 +983,119 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_silu_backward(
     double beta_input, double beta_params) {
     return bn_backward(ctx, x, dy, dx, weight, bias, save_mean, save_invstd,
                        dweight, dbias, training, beta_input, beta_params, true);
+}
+
+// ----------------------------------------------------------------------------
+// the one-pass backward that also writes a conv's backward-data columns
+
+/* The columns' kernel (bn_grad_dx1_cols), held vectors or not (bn_held). */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_grad_dx1_cols(dim3 grid, size_t smem, cudaStream_t stream,
+                                           const T *dy, const T *x, T *dx, const float *mean,
+                                           const float *invstd, const float *w, const float *b,
+                                           const bn_geom &g, const bn_grad_out &go, float beta,
+                                           const bn_dcols &dc) {
+    if (bn_held(g, bn_width<T>::V))
+        return lucid_launch(bn_grad_dx1_cols<T, SILU, true>, grid, dim3(BN_THREADS), smem,
+                            stream, dy, x, dx, mean, invstd, w, b, g, go, beta, dc);
+    return lucid_launch(bn_grad_dx1_cols<T, SILU, false>, grid, dim3(BN_THREADS), smem, stream,
+                        dy, x, dx, mean, invstd, w, b, g, go, beta, dc);
+}
+
+/* The nn.h slot batchnorm2d_backward_dcols (an armed dc, dx given): the
+ * one-pass training backward that also writes dc's columns (bn_grad_dx1_cols)
+ * when the call takes the one-pass route with 16-byte vectors (training,
+ * bf16/f16 of dc's dtype, x of dc's shape [N, C, H, W], one part per
+ * channel, LUCID_BN_ONEPASS on, x, dy, dx and the columns 16-byte aligned,
+ * S = H*W a multiple of 8) and the columns lie in this stream's scratch as
+ * reserved (same stream, arena base, room): then dc->filled = 1 and dc->dy
+ * = dx's data.  Otherwise exactly bn_backward (dc->filled = 0).  One
+ * launch either way for the shapes that fuse; dx, dweight and dbias have
+ * the bits of bn_backward. */
+extern "C" lucid_status lucid_cuda_batchnorm2d_backward_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy, lucid_tensor *dx,
+    const lucid_tensor *weight, const lucid_tensor *bias, const lucid_tensor *save_mean,
+    const lucid_tensor *save_invstd, lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params, int silu, lucid_conv_dcols *dc) {
+    const char *op = silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward";
+    dc->filled = 0;
+    const lucid_tensor *bs = silu ? bias : NULL;
+    const int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    const lucid_dtype dt = x->dtype;
+    bool fits = dc->armed && dx && training && (dt == LUCID_BF16 || dt == LUCID_F16) &&
+                dt == dc->dtype && N == dc->N && C == dc->C && x->shape[2] == dc->H &&
+                x->shape[3] == dc->W && N * C * S > 0 && S % 8 == 0 && bn_onepass() &&
+                bn_aligned16(dc->data) && dc->data &&
+                (size_t)(N * S) * lucid_dtype_size(dt) <= (size_t)48 * 1024;
+    bn_geom g = bn_geom_of(N, C, S);
+    fits = fits && g.parts == 1;
+    const void *xd = lucid_tensor_data(x), *dyd = lucid_tensor_data(dy);
+    void *dxd = dx ? lucid_tensor_data(dx) : NULL;
+    fits = fits && bn_use_vec(dt, S, xd, dyd, NULL) &&
+           bn_route(dt, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
+    if (!fits)
+        return bn_backward(ctx, x, dy, dx, weight, bs, save_mean, save_invstd, dweight, dbias,
+                           training, beta_input, beta_params, silu != 0);
+    LUCID_TRY(nn_check_act(ctx, op, dt));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bs));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return ctx->last_status;
+    /* the columns must still be in this stream's scratch (no lane switch,
+     * no growth since the reservation): else they would land in memory
+     * another stream may use, or be read from a stale region */
+    if (dc->stream != (const void *)st->stream || dc->base != ns->arena ||
+        (const char *)dc->data != (const char *)dc->base + dc->off ||
+        dc->off + dc->bytes > ns->arena_bytes)
+        return bn_backward(ctx, x, dy, dx, weight, bs, save_mean, save_invstd, dweight, dbias,
+                           training, beta_input, beta_params, silu != 0);
+    const float *sm = (const float *)lucid_tensor_data(save_mean);
+    const float *si = (const float *)lucid_tensor_data(save_invstd);
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = bs ? (const float *)lucid_tensor_data(bs) : NULL;
+    const float *nof = NULL;
+    bn_grad_out go;
+    go.w = w;
+    go.invstd = si;
+    go.dweight = dweight ? (float *)lucid_tensor_data(dweight) : NULL;
+    go.dbias = dbias ? (float *)lucid_tensor_data(dbias) : NULL;
+    go.beta = beta_params;
+    go.coef = NULL;
+    bn_dcols d;
+    d.col = dc->data;
+    d.H = (int)dc->H;
+    d.W = (int)dc->W;
+    const dim3 grid(1, bn_grid_y(C));
+    const size_t smem = (size_t)(N * S) * lucid_dtype_size(dt);
+    const float bi = (float)beta_input;
+    cudaError_t e;
+    if (dt == LUCID_BF16) {
+        typedef __nv_bfloat16 T;
+        e = silu ? bn_launch_grad_dx1_cols<T, true>(grid, smem, st->stream, (const T *)dyd,
+                                                    (const T *)xd, (T *)dxd, sm, si, w, b, g,
+                                                    go, bi, d)
+                 : bn_launch_grad_dx1_cols<T, false>(grid, smem, st->stream, (const T *)dyd,
+                                                     (const T *)xd, (T *)dxd, sm, si, nof, nof,
+                                                     g, go, bi, d);
+    } else {
+        typedef __half T;
+        e = silu ? bn_launch_grad_dx1_cols<T, true>(grid, smem, st->stream, (const T *)dyd,
+                                                    (const T *)xd, (T *)dxd, sm, si, w, b, g,
+                                                    go, bi, d)
+                 : bn_launch_grad_dx1_cols<T, false>(grid, smem, st->stream, (const T *)dyd,
+                                                     (const T *)xd, (T *)dxd, sm, si, nof, nof,
+                                                     g, go, bi, d);
+    }
+    CUDA_CHECK(ctx, e);
+    lucid_cuda_bn_launches += 1;
+    dc->filled = 1;
+    dc->dy = dxd;
+    return LUCID_OK;
 }
 
 // ----------------------------------------------------------------------------

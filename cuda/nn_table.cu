@@ -311,6 +311,9 @@ static const lucid_nn_kernels cuda_nn_table = {
     lucid_cuda_conv2d_forward_shadow,
     lucid_cuda_conv2d_backward_input_shadow,
     lucid_cuda_conv2d_cast_shadows,
+    lucid_cuda_conv2d_dcols_reserve,
+    lucid_cuda_batchnorm2d_backward_dcols,
+    lucid_cuda_conv2d_backward_input_dcols,
 };
 
 extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {

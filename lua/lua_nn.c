@@ -36,6 +36,13 @@
  *     batchnorm2d_silu_backward(bn, act, x, gy) -> gx (bn's persistent grad
  *       input; nil when bn's need_grad_input is off); accumulates into bn's
  *       trainable weight/bias gradients
+ *   Conv block backward-data columns (engine/nn/nn.h lucid_conv_dcols):
+ *     conv2d_dcols_reserve(conv, x) -> boolean: reserve conv's columns for
+ *       its next backward (x: its forward input); false: none (CPU,
+ *       geometry, route, LUCID_BN_EMIT_COLS=0)
+ *     batchnorm2d_backward_dcols(bn, act | nil, x, gy, conv) -> gx | nil:
+ *       bn's backward (act: the fused pair with that SiLU), also writing
+ *       conv's reserved columns; conv's next backward then reads them
  *   conv_cast_weights({m1, ...}, dtype): the weights of the Conv2d modules
  *     that can take the cuBLAS 1x1 route (1x1, stride 1, padding 0,
  *     dilation 1, groups 1) rounded to dtype ("bf16" | "f16"; "f32" does
@@ -720,6 +727,37 @@ static int l_bn_silu_backward(lua_State *L) {
     return 1;
 }
 
+/* conv2d_dcols_reserve(conv, x) -> boolean: step 1 of the BatchNorm
+ * backward writing the conv's backward-data columns (engine/nn/nn.h
+ * lucid_module_conv2d_dcols_reserve); x is the conv's forward input. */
+static int l_conv2d_dcols_reserve(lua_State *L) {
+    module_box *conv = check_module(L, 1);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 2, "input");
+    int armed = 0;
+    lucid_status st = lucid_module_conv2d_dcols_reserve(conv->ctx, conv->m, x, &armed);
+    if (st != LUCID_OK) return lucid_lua_raise(L, conv->ctx, st);
+    lua_pushboolean(L, armed);
+    return 1;
+}
+
+/* batchnorm2d_backward_dcols(bn, act | nil, x, gy, conv) -> gx | nil: the
+ * backward of bn (act nil: BatchNorm2d alone; act a SiLU: the fused pair)
+ * writing conv's reserved columns (lucid_module_batchnorm2d_backward_dcols). */
+static int l_bn_backward_dcols(lua_State *L) {
+    module_box *bn = check_module(L, 1);
+    module_box *act = lua_isnoneornil(L, 2) ? NULL : check_module(L, 2);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 3, "input");
+    lucid_tensor *gy = lucid_lua_check_tensor(L, 4, "grad_output");
+    module_box *conv = check_module(L, 5);
+    lucid_tensor *gx = NULL;
+    lucid_status st = lucid_module_batchnorm2d_backward_dcols(bn->ctx, bn->m, act ? act->m : NULL,
+                                                              x, gy, conv->m, &gx);
+    if (st != LUCID_OK) return lucid_lua_raise(L, bn->ctx, st);
+    if (!gx) lua_pushnil(L);
+    else push_borrowed(L, gx);
+    return 1;
+}
+
 /* conv_cast_weights({m1, ...}, dtype): the weights of the Conv2d modules
  * that can take the cuBLAS 1x1 route, rounded to the activation dtype into
  * their shadows in one launch (engine/nn/nn.h lucid_nn_conv_cast_weights).
@@ -1026,6 +1064,8 @@ static const luaL_Reg nn_funcs[] = {
     {"batchnorm2d_silu_backward", l_bn_silu_backward},
     {"conv_cast_weights", l_conv_cast_weights},
     {"chan_sum", l_chan_sum},    {"add_n", l_add_n},     {"empty_like", l_empty_like},
+    {"conv2d_dcols_reserve", l_conv2d_dcols_reserve},
+    {"batchnorm2d_backward_dcols", l_bn_backward_dcols},
     {NULL, NULL},
 };
 

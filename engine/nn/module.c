@@ -292,17 +292,25 @@ static lucid_status want_channels(lucid_ctx *ctx, const lucid_module *m,
 
 /* ws: the weight rounded to the activation dtype for the cuBLAS 1x1 route
  * (nn.h lucid_conv_wshadow): the forward casts it (or finds it cast by
- * lucid_nn_conv_cast_weights), the backward-data reuses it. */
+ * lucid_nn_conv_cast_weights), the backward-data reuses it.  dc: the
+ * columns of the next backward-data, reserved by
+ * lucid_module_conv2d_dcols_reserve and written by
+ * lucid_module_batchnorm2d_backward_dcols (nn.h lucid_conv_dcols); the
+ * next backward takes them, any forward or backward forgets them. */
 typedef struct conv_priv {
     int c1, c2, k, s, p, d, g, bias;
     lucid_conv2d_params cp;
     lucid_conv_wshadow ws;
+    lucid_conv_dcols dc;
 } conv_priv;
+
+static const lucid_module_vtable conv_vt;
 
 static lucid_status conv_forward(lucid_ctx *ctx, lucid_module *m, int nin,
                                  const lucid_tensor *const *in) {
     conv_priv *c = m->priv;
     const lucid_tensor *x = in[0];
+    memset(&c->dc, 0, sizeof c->dc); /* reserved for the backward of another forward */
     LUCID_TRY(want_channels(ctx, m, x, c->c1));
     int64_t ys[4] = {x->shape[0], c->c2,
                      lucid_nn_conv_out_size(x->shape[2], c->k, c->s, c->p, c->d),
@@ -324,6 +332,8 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
                                   const lucid_tensor *const *go) {
     conv_priv *c = m->priv;
     const lucid_tensor *x = in[0], *dy = go[0];
+    lucid_conv_dcols dc = c->dc; /* this backward's, whatever happens */
+    memset(&c->dc, 0, sizeof c->dc);
     if (!dy)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "Conv2d '%s': grad_output is NULL",
                             m->name);
@@ -343,9 +353,33 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
     }
     if (m->need_grad_input) {
         LUCID_TRY(ensure_like(ctx, &m->grad_inputs[0], x));
-        LUCID_TRY(lucid_nn_conv2d_backward_input_shadow(ctx, x, dy, m->grad_inputs[0],
-                                                        w->data, &c->cp, 0.0, &c->ws));
+        LUCID_TRY(lucid_nn_conv2d_backward_input_dcols(ctx, x, dy, m->grad_inputs[0],
+                                                       w->data, &c->cp, 0.0, &c->ws, &dc));
     }
+    return LUCID_OK;
+}
+
+lucid_status lucid_module_conv2d_dcols_reserve(lucid_ctx *ctx, lucid_module *conv,
+                                               const lucid_tensor *x, int *armed) {
+    const char *op = "Conv2d dcols reserve";
+    if (armed) *armed = 0;
+    if (!conv || !conv->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (conv->vt != &conv_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a Conv2d module, got %s", op,
+                            conv->vt->kind);
+    if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': input is NULL", op, conv->name);
+    if (!lucid_param_set_is_materialized(conv->set))
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "%s '%s': the parameter set is not materialized "
+                            "yet (call lucid_param_set_materialize)",
+                            op, conv->name);
+    conv_priv *c = conv->priv;
+    memset(&c->dc, 0, sizeof c->dc);
+    if (!conv->need_grad_input) return LUCID_OK; /* no backward-data to feed */
+    LUCID_TRY(want_channels(ctx, conv, x, c->c1));
+    LUCID_TRY(lucid_nn_conv2d_dcols_reserve(ctx, x, conv->params[0]->data, &c->cp, &c->dc));
+    if (armed) *armed = c->dc.armed;
     return LUCID_OK;
 }
 
@@ -486,10 +520,9 @@ static lucid_status bn_forward(lucid_ctx *ctx, lucid_module *m, int nin,
         m->saved[1], m->training, b->momentum, b->eps);
 }
 
-static lucid_status bn_backward(lucid_ctx *ctx, lucid_module *m, int nin,
-                                const lucid_tensor *const *in, int nout,
-                                const lucid_tensor *const *go) {
-    const lucid_tensor *x = in[0], *dy = go[0];
+/* The backward of BatchNorm2d module m (dc nullable: nn.h lucid_conv_dcols). */
+static lucid_status bn_backward_dc(lucid_ctx *ctx, lucid_module *m, const lucid_tensor *x,
+                                   const lucid_tensor *dy, lucid_conv_dcols *dc) {
     if (!dy)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
                             "BatchNorm2d '%s': grad_output is NULL", m->name);
@@ -502,9 +535,19 @@ static lucid_status bn_backward(lucid_ctx *ctx, lucid_module *m, int nin,
     lucid_tensor *dw = w->trainable ? w->grad : NULL;
     lucid_tensor *db = b->trainable ? b->grad : NULL;
     if (!dx && !dw && !db) return LUCID_OK;
+    if (dc)
+        return lucid_nn_batchnorm2d_backward_dcols(ctx, x, dy, dx, w->data, NULL, m->saved[0],
+                                                   m->saved[1], dw, db, m->training, 0.0, 1.0,
+                                                   0, dc);
     return lucid_nn_batchnorm2d_backward(ctx, x, dy, dx, w->data, m->saved[0],
                                          m->saved[1], dw, db, m->training, 0.0,
                                          1.0);
+}
+
+static lucid_status bn_backward(lucid_ctx *ctx, lucid_module *m, int nin,
+                                const lucid_tensor *const *in, int nout,
+                                const lucid_tensor *const *go) {
+    return bn_backward_dc(ctx, m, in[0], go[0], NULL);
 }
 
 static int bn_describe(const lucid_module *m, char *buf, size_t n) {
@@ -635,12 +678,10 @@ lucid_status lucid_module_batchnorm2d_silu_forward(lucid_ctx *ctx,
     return LUCID_OK;
 }
 
-lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
-                                                    lucid_module *bn,
-                                                    lucid_module *act,
-                                                    const lucid_tensor *x,
-                                                    const lucid_tensor *dy,
-                                                    lucid_tensor **dx) {
+/* The fused pair's backward (dc nullable: nn.h lucid_conv_dcols). */
+static lucid_status bn_silu_backward_dc(lucid_ctx *ctx, lucid_module *bn, lucid_module *act,
+                                        const lucid_tensor *x, const lucid_tensor *dy,
+                                        lucid_conv_dcols *dc, lucid_tensor **dx) {
     const char *op = "BatchNorm2d+SiLU backward";
     if (dx) *dx = NULL;
     LUCID_TRY(fused_pair(ctx, op, bn, act, x));
@@ -659,10 +700,50 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
     lucid_tensor *dw = w->trainable ? w->grad : NULL;
     lucid_tensor *db = b->trainable ? b->grad : NULL;
     if (gx || dw || db)
-        LUCID_TRY(lucid_nn_batchnorm2d_silu_backward(
+        LUCID_TRY(lucid_nn_batchnorm2d_backward_dcols(
             ctx, x, dy, gx, w->data, b->data, bn->saved[0], bn->saved[1], dw, db,
-            bn->training, 0.0, 1.0));
+            bn->training, 0.0, 1.0, 1, dc));
     if (dx) *dx = gx;
+    return LUCID_OK;
+}
+
+lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
+                                                    lucid_module *bn,
+                                                    lucid_module *act,
+                                                    const lucid_tensor *x,
+                                                    const lucid_tensor *dy,
+                                                    lucid_tensor **dx) {
+    return bn_silu_backward_dc(ctx, bn, act, x, dy, NULL, dx);
+}
+
+lucid_status lucid_module_batchnorm2d_backward_dcols(lucid_ctx *ctx, lucid_module *bn,
+                                                     lucid_module *act,
+                                                     const lucid_tensor *x,
+                                                     const lucid_tensor *dy,
+                                                     lucid_module *conv,
+                                                     lucid_tensor **dx) {
+    const char *op = "BatchNorm2d backward (conv columns)";
+    if (dx) *dx = NULL;
+    if (!conv || !conv->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed conv module", op);
+    if (conv->vt != &conv_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a Conv2d module, got %s", op,
+                            conv->vt->kind);
+    conv_priv *c = conv->priv;
+    lucid_conv_dcols *dc = c->dc.armed ? &c->dc : NULL;
+    if (act) return bn_silu_backward_dc(ctx, bn, act, x, dy, dc, dx);
+    if (!bn || !bn->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (bn->vt != &bn_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
+                            bn->vt->kind);
+    const lucid_tensor *in[1] = {x};
+    LUCID_TRY(check_ready(ctx, bn, 1, in));
+    if (!bn->outputs[0])
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s '%s': backward before forward", op,
+                            bn->name);
+    LUCID_TRY(bn_backward_dc(ctx, bn, x, dy, dc));
+    if (dx) *dx = bn->need_grad_input ? bn->grad_inputs[0] : NULL;
     return LUCID_OK;
 }
 

@@ -230,11 +230,14 @@ lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *
     return conv_fwd(ctx, x, y, w, b, p, ws);
 }
 
-/* The backward-data with an optional weight shadow (nn.h). */
+/* The backward-data with an optional weight shadow and optional columns
+ * written by the BatchNorm backward (nn.h lucid_conv_dcols; used only when
+ * filled and the table has the slot). */
 static lucid_status conv_bwd_in(lucid_ctx *ctx, const lucid_tensor *x,
                                 const lucid_tensor *dy, lucid_tensor *dx,
                                 const lucid_tensor *w, const lucid_conv2d_params *p,
-                                double beta, lucid_conv_wshadow *ws) {
+                                double beta, lucid_conv_wshadow *ws,
+                                lucid_conv_dcols *dc) {
     const char *op = "conv2d_backward_input";
     int64_t ys[4];
     LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
@@ -246,7 +249,9 @@ static lucid_status conv_bwd_in(lucid_ctx *ctx, const lucid_tensor *x,
     LUCID_TRY(chk_shape(ctx, op, "grad_input", dx, 4, x->shape));
     KT(ctx, x);
     if (lucid_tensor_numel(dx) == 0) return LUCID_OK;
-    if (ws && kt_->conv2d_backward_input_shadow)
+    if (dc && dc->armed && dc->filled && kt_->conv2d_backward_input_dcols)
+        LUCID_TRY(kt_->conv2d_backward_input_dcols(ctx, x, dy, dx, w, p, beta, ws, dc));
+    else if (ws && kt_->conv2d_backward_input_shadow)
         LUCID_TRY(kt_->conv2d_backward_input_shadow(ctx, x, dy, dx, w, p, beta, ws));
     else
         LUCID_TRY(kt_->conv2d_backward_input(ctx, x, dy, dx, w, p, beta));
@@ -261,14 +266,39 @@ lucid_status lucid_nn_conv2d_backward_input(lucid_ctx *ctx,
                                             const lucid_tensor *w,
                                             const lucid_conv2d_params *p,
                                             double beta) {
-    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, NULL);
+    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, NULL, NULL);
 }
 
 lucid_status lucid_nn_conv2d_backward_input_shadow(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
     lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
     double beta, lucid_conv_wshadow *ws) {
-    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, ws);
+    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, ws, NULL);
+}
+
+lucid_status lucid_nn_conv2d_backward_input_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+    double beta, lucid_conv_wshadow *ws, lucid_conv_dcols *dc) {
+    return conv_bwd_in(ctx, x, dy, dx, w, p, beta, ws, dc);
+}
+
+lucid_status lucid_nn_conv2d_dcols_reserve(lucid_ctx *ctx, const lucid_tensor *x,
+                                           const lucid_tensor *w,
+                                           const lucid_conv2d_params *p,
+                                           lucid_conv_dcols *dc) {
+    const char *op = "conv2d_dcols_reserve";
+    if (!dc) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: dcols is NULL", op);
+    memset(dc, 0, sizeof *dc);
+    int64_t ys[4];
+    LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
+    KT(ctx, x);
+    if (!kt_->conv2d_dcols_reserve || !kt_->batchnorm2d_backward_dcols ||
+        !kt_->conv2d_backward_input_dcols || lucid_tensor_numel(x) == 0 ||
+        ys[1] * ys[2] * ys[3] == 0)
+        return LUCID_OK;
+    LUCID_TRY(kt_->conv2d_dcols_reserve(ctx, x, w, p, dc));
+    return LUCID_OK;
 }
 
 lucid_status lucid_nn_conv2d_cast_shadows(lucid_ctx *ctx, const lucid_tensor *const *w,
@@ -468,14 +498,19 @@ static lucid_status bn_backward_entry(
     const lucid_tensor *bias, const lucid_tensor *save_mean,
     const lucid_tensor *save_invstd, lucid_tensor *dweight,
     lucid_tensor *dbias, int training, double beta_input,
-    double beta_params) {
+    double beta_params, lucid_conv_dcols *dc) {
+    if (dc) dc->filled = 0;
     LUCID_TRY(chk_bn_backward(ctx, op, x, dy, dx, weight, save_mean,
                               save_invstd, dweight, dbias));
     if (bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
     KT(ctx, x);
     if (silu && !kt_->batchnorm2d_silu_backward) return no_fused(ctx, op, kt_);
     if (lucid_tensor_numel(x) == 0) return LUCID_OK;
-    if (silu)
+    if (dc && dc->armed && dx && kt_->batchnorm2d_backward_dcols)
+        LUCID_TRY(kt_->batchnorm2d_backward_dcols(ctx, x, dy, dx, weight, bias, save_mean,
+                                                  save_invstd, dweight, dbias, training,
+                                                  beta_input, beta_params, silu, dc));
+    else if (silu)
         LUCID_TRY(kt_->batchnorm2d_silu_backward(ctx, x, dy, dx, weight, bias,
                                                  save_mean, save_invstd,
                                                  dweight, dbias, training,
@@ -510,7 +545,19 @@ lucid_status lucid_nn_batchnorm2d_backward(
     double beta_input, double beta_params) {
     return bn_backward_entry(ctx, "batchnorm2d_backward", 0, x, dy, dx, weight,
                              NULL, save_mean, save_invstd, dweight, dbias,
-                             training, beta_input, beta_params);
+                             training, beta_input, beta_params, NULL);
+}
+
+lucid_status lucid_nn_batchnorm2d_backward_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params, int silu, lucid_conv_dcols *dc) {
+    return bn_backward_entry(ctx, silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward",
+                             silu ? 1 : 0, x, dy, dx, weight, silu ? bias : NULL, save_mean,
+                             save_invstd, dweight, dbias, training, beta_input, beta_params,
+                             dc);
 }
 
 // ----------------------------------------------------------------------------
@@ -536,7 +583,7 @@ lucid_status lucid_nn_batchnorm2d_silu_backward(
     double beta_input, double beta_params) {
     return bn_backward_entry(ctx, "batchnorm2d_silu_backward", 1, x, dy, dx,
                              weight, bias, save_mean, save_invstd, dweight,
-                             dbias, training, beta_input, beta_params);
+                             dbias, training, beta_input, beta_params, NULL);
 }
 
 // ----------------------------------------------------------------------------

@@ -112,6 +112,9 @@ int64_t lucid_nn_conv_out_size(int64_t in, int k, int stride, int pad,
  */
 /* A Conv2d weight shadow (defined with its functions below). */
 typedef struct lucid_conv_wshadow lucid_conv_wshadow;
+/* The im2col columns of a conv's backward-data written by the BatchNorm
+ * backward before it (defined with its functions below). */
+typedef struct lucid_conv_dcols lucid_conv_dcols;
 
 typedef struct lucid_nn_kernels {
     const char *name; /* "cpu", "cuda" */
@@ -228,6 +231,27 @@ typedef struct lucid_nn_kernels {
                                         const lucid_tensor *const *w,
                                         lucid_conv_wshadow *const *ws,
                                         int n, lucid_dtype dt);
+    /* ---- the backward-data's columns written by the BatchNorm backward
+     * (nullable, all three or none: the entry points then take the plain
+     * calls; the CPU table has none).  See lucid_conv_dcols below.  The
+     * reservation receives dc zeroed; the BatchNorm slot receives an armed
+     * dc and a non-NULL dx (silu: the fused BatchNorm2d+SiLU, bias
+     * nullable) and sets dc->filled only when it wrote the columns; the
+     * conv slot receives a filled dc. */
+    lucid_status (*conv2d_dcols_reserve)(lucid_ctx *ctx, const lucid_tensor *x,
+                                         const lucid_tensor *w,
+                                         const lucid_conv2d_params *p,
+                                         lucid_conv_dcols *dc);
+    lucid_status (*batchnorm2d_backward_dcols)(
+        lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+        lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+        const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+        lucid_tensor *dweight, lucid_tensor *dbias, int training,
+        double beta_input, double beta_params, int silu, lucid_conv_dcols *dc);
+    lucid_status (*conv2d_backward_input_dcols)(
+        lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+        lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+        double beta, lucid_conv_wshadow *ws, lucid_conv_dcols *dc);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -397,6 +421,75 @@ lucid_status lucid_nn_conv2d_backward_input_shadow(
 lucid_status lucid_nn_conv2d_cast_shadows(lucid_ctx *ctx, const lucid_tensor *const *w,
                                           lucid_conv_wshadow *const *ws, int n,
                                           lucid_dtype dt);
+
+/* ------------------------------- backward-data columns from the BatchNorm
+ * The im2col route's backward-data of a bf16/f16 conv (cuda/nn_conv_col.cuh)
+ * is im2col(dy) into the pass's scratch, then one GEMM.  In the Conv block
+ * (conv -> bn -> act, lua/lucid/nn/blocks.lua) dy is the input gradient of
+ * the BatchNorm2d, and when that backward is one kernel (one part per
+ * channel: N*H*W <= 8192, the one-pass route of cuda/nn_norm.cuh) the
+ * kernel can also write the columns of the dx it produces, straight into
+ * the conv's scratch, and the conv skips its im2col: one launch less on the
+ * backward's critical path, the same bits (the columns are copies of dx).
+ * Geometry: a 3x3 conv, stride 1, padding 1, dilation 1, groups 1, Cout*9
+ * and H*W multiples of 8 (no padded rows, 16-byte column vectors), on the
+ * im2col route for its backward-data; the columns of image n are the
+ * row-major [Cout*9 x H*W] matrix, row co*9 + r*3 + q, column p = i*W + j,
+ * value dy[n][co][i+r-1][j+q-1] (+0 outside the plane).
+ * The three calls, back to back on the context's stream (the columns live
+ * in the stream's nn scratch, which another op may reuse or grow):
+ *   1. lucid_nn_conv2d_dcols_reserve(x, w, p, &dc): x the conv's forward
+ *      input (dx's shape), w its weight.  Arms dc (dc.armed = 1) and
+ *      reserves the scratch of the conv's backward-data and backward-filter
+ *      with the columns after both, when the geometry qualifies, N*H*W <=
+ *      8192 (the BatchNorm backward of dy is then one kernel), the
+ *      backward-data takes the im2col route and LUCID_BN_EMIT_COLS is not
+ *      "0" (read on each call); else dc.armed = 0 (LUCID_OK: the plain
+ *      calls follow).  Nothing is queued.
+ *   2. lucid_nn_batchnorm2d_backward_dcols(..., silu, &dc): the BatchNorm2d
+ *      backward (silu: the fused BatchNorm2d+SiLU), exactly as
+ *      lucid_nn_batchnorm2d[_silu]_backward, whose dx (the conv's dy) also
+ *      goes to the columns when dc is armed and the kernel can write them
+ *      (training, dx given, one part per channel, the one-pass route on,
+ *      16-byte aligned vectors, dx's shape [N, Cout, H, W] and dtype those
+ *      of the reservation): dc.filled = 1, dc.dy = dx's data; else
+ *      dc.filled = 0.
+ *   3. lucid_nn_conv2d_backward_input_dcols(..., &dc): the backward-data
+ *      (as lucid_nn_conv2d_backward_input_shadow); with dc filled from this
+ *      dy for this geometry, on the im2col route, and the scratch neither
+ *      moved nor shrunk since step 1, the GEMM reads the columns and no
+ *      im2col runs; otherwise the plain pass (the same bits).
+ * Between 2 and 3 only the conv's parameter gradient may run on the stream
+ * (lucid_nn_conv2d_backward_params: its scratch lies before the columns).
+ * Errors: those of the plain calls; dc NULL is ERR_ARG for step 1 and
+ * means "no columns" for steps 2 and 3.  Source: Caffe's im2col /
+ * DeconvolutionLayer (the backward-data as a forward of dy). */
+struct lucid_conv_dcols {
+    int armed;          /* step 1 reserved the columns */
+    int filled;         /* step 2 wrote them from dy below */
+    void *data;         /* the columns: N * Cout*9 * H*W elements of dtype (device) */
+    const void *dy;     /* data of the dx tensor step 2 wrote them from */
+    lucid_dtype dtype;  /* bf16 or f16 */
+    int64_t N, C, H, W; /* dy's shape (C = Cout; H, W: the conv's input and output) */
+    const void *base;   /* the stream's scratch at step 1; data = base + off */
+    size_t off, bytes;  /* the columns' byte offset in it and size */
+    const void *stream; /* the stream of step 1 (a cudaStream_t) */
+};
+
+lucid_status lucid_nn_conv2d_dcols_reserve(lucid_ctx *ctx, const lucid_tensor *x,
+                                           const lucid_tensor *w,
+                                           const lucid_conv2d_params *p,
+                                           lucid_conv_dcols *dc);
+lucid_status lucid_nn_batchnorm2d_backward_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training,
+    double beta_input, double beta_params, int silu, lucid_conv_dcols *dc);
+lucid_status lucid_nn_conv2d_backward_input_dcols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
+    lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
+    double beta, lucid_conv_wshadow *ws, lucid_conv_dcols *dc);
 
 /* ----------------------------------------------------------- BatchNorm2d
  * x, y [N, C, H, W]; weight, bias, running_mean, running_var, save_mean,
@@ -888,6 +981,31 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
                                                     const lucid_tensor *x,
                                                     const lucid_tensor *dy,
                                                     lucid_tensor **dx);
+/* The Conv block's backward with the BatchNorm writing the conv's
+ * backward-data columns (lucid_conv_dcols above), on modules:
+ *   lucid_module_conv2d_dcols_reserve(conv, x, &armed): step 1 for the
+ *     next backward of Conv2d module conv (x: the input of its last
+ *     forward); the module keeps the reservation; *armed (nullable) = 1
+ *     when it was made, 0 otherwise (conv->need_grad_input 0, geometry,
+ *     route, device, LUCID_BN_EMIT_COLS=0: the plain calls follow).
+ *   lucid_module_batchnorm2d_backward_dcols(bn, act, x, dy, conv, &dx):
+ *     step 2: the backward of BatchNorm2d module bn (act NULL: as its
+ *     module backward, lucid_module_backward; act a SiLU: the fused pair,
+ *     lucid_module_batchnorm2d_silu_backward), with conv's reservation
+ *     when it has one; *dx: bn's grad input (NULL when need_grad_input 0).
+ *   The conv module's next backward (lucid_module_backward) is step 3: it
+ *     uses the columns when step 2 wrote them from the dy it receives.
+ *   A forward or backward of conv drops the reservation.
+ * ERR_ARG for modules of another kind; otherwise the errors of the plain
+ * calls. */
+lucid_status lucid_module_conv2d_dcols_reserve(lucid_ctx *ctx, lucid_module *conv,
+                                               const lucid_tensor *x, int *armed);
+lucid_status lucid_module_batchnorm2d_backward_dcols(lucid_ctx *ctx, lucid_module *bn,
+                                                     lucid_module *act,
+                                                     const lucid_tensor *x,
+                                                     const lucid_tensor *dy,
+                                                     lucid_module *conv,
+                                                     lucid_tensor **dx);
 lucid_tensor *lucid_module_output(const lucid_module *m, int i);
 lucid_tensor *lucid_module_grad_input(const lucid_module *m, int i);
 /* The persistent buffer m->outputs[i] (grad 0) or m->grad_inputs[i]

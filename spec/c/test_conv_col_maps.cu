@@ -96,6 +96,7 @@
  * LUCID_WGRAD_SPLIT, the GEMM plan) is checked by test_conv_gemm_split.cu.
  */
 #include "nn_conv_col.cu"
+#include "nn_dcols.cuh"
 
 #include "conv_col_env.h"
 #include "conv_wgrad_split.h"
@@ -1155,6 +1156,170 @@ static void test_tiled(void) {
     }
 }
 
+/* ------------------------------------------- columns from the BatchNorm */
+
+/* The BatchNorm backward's columns (cuda/nn_dcols.cuh, nn.h
+ * lucid_conv_dcols) emulated on the host: for every channel c of a dx
+ * [N, C, H, W] (the grad_output of a 3x3 stride-1 padding-1 conv Cin > C),
+ * the channel's planes staged as the kernel stages them, then
+ * bn_emit_cols for every thread of a 256-thread block in turn into a
+ * buffer of NaN followed by 8 canary elements.  Checked: the geometry is
+ * one lucid_conv_col_dcols_geom accepts; every element of the N*C*9*H*W
+ * columns written, each channel's pass changing only that channel's rows,
+ * nothing past the end; the columns bitwise equal to the route's own im2col of dx for
+ * the backward-data (col_im2col_row8 on col_dgrad_geom's geometry, itself
+ * checked against the definition by im2col_check), bf16 and f16.  Shapes:
+ * 40x40 and 20x20 (W not a multiple of 8: vectors cross rows) at N 4 with
+ * 8 and 32 channels; 6x4, 2x12, 1x8 planes; N 1 with 64x128 (S 8192: more
+ * vectors per row than threads); N 3 with 5x8.  Plus the host contract:
+ * lucid_conv_col_dcols_geom accepts the YOLO11n-pose shapes that fuse
+ * (32>32 40x40, 64>64 20x20, 64>32, 32>64, 128>64, 256>64) and refuses
+ * Cout*9 not a multiple of 8 (Cout 12, 51), stride 2, padding 0 or 2,
+ * dilation 2, a 5x5 or 3x1 kernel, H*W not a multiple of 8, f32, NULL;
+ * lucid_conv_col_dcols_bytes = N*Cout*9*H*W*2; and
+ * lucid_conv_col_backward_data_cols refuses a geometry outside them
+ * (ERR_UNSUPPORTED) or NULL columns (ERR_ARG) before any launch or GEMM
+ * call, and for an accepted one calls the GEMM without an im2col launch. */
+template <typename T>
+static void dcols_check(const char *tname, int64_t N, int64_t C, int64_t H, int64_t W) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn columns %lldx%lldx%lldx%lld %s", (long long)N, (long long)C,
+             (long long)H, (long long)W, tname);
+    const lucid_conv_col_geom g = sq(N, 8, H, W, C, 3, 1, 1, 1); /* conv 8 > C */
+    lucid_conv_col_geom t;
+    if (!lucid_conv_col_dcols_geom(&g, LUCID_BF16) || !col_dgrad_geom(&g, LUCID_BF16, &t)) {
+        ok(false, NAME("%s: geometry accepted", pre), "refused");
+        return;
+    }
+    const int64_t S = H * W, total = N * C * 9 * S;
+    std::vector<float> dxf((size_t)(N * C * S));
+    for (auto &v : dxf) v = rb(urand(-1, 1));
+    std::vector<T> dx(dxf.size());
+    for (size_t i = 0; i < dxf.size(); i++) dx[i] = from_float<T>(dxf[i]);
+    /* the route's im2col of dx (the backward-data's columns), checked */
+    const ColArgs a = col_args(&t);
+    std::vector<T> ref;
+    im2col_check<T>(pre, tname, t, a, dxf, ref);
+    /* the BatchNorm's: per channel, the staged planes, then every thread */
+    std::vector<T> col((size_t)total + 8, from_float<T>(NAN)), stage((size_t)(N * S));
+    bn_dcols dc;
+    dc.col = col.data();
+    dc.H = (int)H;
+    dc.W = (int)W;
+    int64_t stray = 0, outside = 0, missing = 0;
+    std::vector<T> before;
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t n = 0; n < N; n++)
+            memcpy(&stage[(size_t)(n * S)], &dx[(size_t)((n * C + c) * S)], (size_t)S * sizeof(T));
+        before = col;
+        for (unsigned tid = 0; tid < 256; tid++)
+            bn_emit_cols<T>(stage.data(), dc, N, C, S, c, tid, 256);
+        /* only channel c's rows may change in its pass */
+        for (int64_t e = 0; e < total + 8; e++) {
+            if (bits16(col[(size_t)e]) == bits16(before[(size_t)e])) continue;
+            if (e >= total) outside++;
+            else if ((e / S) % (C * 9) / 9 != c) stray++;
+        }
+    }
+    const unsigned short nan16 = bits16(from_float<T>(NAN));
+    for (int64_t e = 0; e < total; e++) missing += bits16(col[(size_t)e]) == nan16;
+    ok(missing == 0 && stray == 0 && outside == 0,
+       NAME("%s: every column element written, by its channel's pass only, nothing outside", pre),
+       WHY("%lld elements not written, %lld written by another channel's pass, %lld past the "
+           "end",
+           (long long)missing, (long long)stray, (long long)outside));
+    int64_t nbad = 0, first = -1;
+    for (int64_t e = 0; e < total; e++)
+        if (bits16(col[(size_t)e]) != bits16(ref[(size_t)e])) {
+            if (first < 0) first = e;
+            nbad++;
+        }
+    ok(nbad == 0, NAME("%s: columns = the route's im2col of dx (bitwise)", pre),
+       WHY("%lld of %lld elements differ (first at %lld)", (long long)nbad, (long long)total,
+           (long long)first));
+}
+
+static void test_dcols(void) {
+    dcols_check<__nv_bfloat16>("bf16", 4, 32, 40, 40);
+    dcols_check<__nv_bfloat16>("bf16", 4, 8, 20, 20);
+    dcols_check<__nv_bfloat16>("bf16", 2, 8, 6, 4);
+    dcols_check<__nv_bfloat16>("bf16", 2, 16, 2, 12);
+    dcols_check<__nv_bfloat16>("bf16", 4, 8, 1, 8);
+    dcols_check<__nv_bfloat16>("bf16", 1, 8, 64, 128);
+    dcols_check<__nv_bfloat16>("bf16", 3, 8, 5, 8);
+    dcols_check<__half>("f16", 4, 32, 40, 40);
+    dcols_check<__half>("f16", 4, 8, 20, 20);
+    dcols_check<__half>("f16", 2, 16, 2, 12);
+    /* the geometry the fusion takes */
+    static const struct {
+        int64_t Cin, Cout, H;
+    } fuse[] = {{32, 32, 40}, {64, 64, 20}, {64, 32, 40}, {32, 64, 40}, {128, 64, 40},
+                {256, 64, 20}, {128, 128, 20}};
+    for (size_t i = 0; i < sizeof fuse / sizeof fuse[0]; i++) {
+        const lucid_conv_col_geom g = sq(4, fuse[i].Cin, fuse[i].H, fuse[i].H, fuse[i].Cout, 3, 1, 1, 1);
+        ok(lucid_conv_col_dcols_geom(&g, LUCID_BF16) && lucid_conv_col_dcols_geom(&g, LUCID_F16) &&
+               lucid_conv_col_dcols_bytes(&g) ==
+                   (size_t)(4 * fuse[i].Cout * 9 * fuse[i].H * fuse[i].H) * 2,
+           NAME("bn columns: conv %lld>%lld 3x3 s1 p1 at 4x%lldx%lld accepted, %lld bytes",
+                (long long)fuse[i].Cin, (long long)fuse[i].Cout, (long long)fuse[i].H,
+                (long long)fuse[i].H, (long long)(4 * fuse[i].Cout * 9 * fuse[i].H * fuse[i].H * 2)),
+           "refused or another size");
+    }
+    static const struct {
+        const char *what;
+        lucid_conv_col_geom g;
+        lucid_dtype dt;
+    } no[] = {
+        {"Cout 12 (Cout*9 = 108)", sq(4, 32, 40, 40, 12, 3, 1, 1, 1), LUCID_BF16},
+        {"Cout 51 (Cout*9 = 459)", sq(4, 64, 40, 40, 51, 3, 1, 1, 1), LUCID_BF16},
+        {"stride 2", sq(4, 32, 40, 40, 32, 3, 2, 1, 1), LUCID_BF16},
+        {"padding 0", sq(4, 32, 40, 40, 32, 3, 1, 0, 1), LUCID_BF16},
+        {"padding 2, dilation 2", sq(4, 32, 40, 40, 32, 3, 1, 2, 2), LUCID_BF16},
+        {"5x5 padding 2", sq(4, 32, 40, 40, 32, 5, 1, 2, 1), LUCID_BF16},
+        {"H*W 420", sq(4, 32, 20, 21, 32, 3, 1, 1, 1), LUCID_BF16},
+        {"f32", sq(4, 32, 40, 40, 32, 3, 1, 1, 1), LUCID_F32},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        ok(!lucid_conv_col_dcols_geom(&no[i].g, no[i].dt),
+           NAME("bn columns: %s refused", no[i].what), "accepted");
+    {
+        lucid_conv_col_geom k31 = sq(4, 32, 40, 40, 32, 3, 1, 1, 1);
+        k31.kw = 1;
+        k31.pw = 0;
+        ok(!lucid_conv_col_dcols_geom(&k31, LUCID_BF16) && !lucid_conv_col_dcols_geom(NULL, LUCID_BF16),
+           "bn columns: a 3x1 kernel and NULL refused", "accepted");
+    }
+    /* the entry point */
+    const lucid_conv_col_geom good = sq(4, 32, 40, 40, 32, 3, 1, 1, 1);
+    const lucid_conv_col_geom bad = sq(4, 32, 40, 40, 12, 3, 1, 1, 1);
+    const unsigned long l0 = lucid_cuda_conv_col_launch_count();
+    int c0 = g_gemm_calls;
+    alignas(16) static unsigned char buf[64];
+    lucid_status st;
+    g_msg[0] = 0;
+    st = lucid_conv_col_backward_data_cols(NULL, NULL, NULL, LUCID_BF16, &bad, buf, NULL, buf,
+                                           NULL, 0.0f, NULL);
+    ok(st == LUCID_ERR_UNSUPPORTED && strstr(g_msg, "columns from the BatchNorm"),
+       "bn columns: backward_data_cols refuses Cout 12 (ERR_UNSUPPORTED, message)",
+       WHY("status %d, message \"%s\"", (int)st, g_msg));
+    st = lucid_conv_col_backward_data_cols(NULL, NULL, NULL, LUCID_BF16, &good, NULL, NULL, buf,
+                                           NULL, 0.0f, NULL);
+    ok(st == LUCID_ERR_ARG, "bn columns: backward_data_cols with columns NULL is ERR_ARG",
+       WHY("status %d", (int)st));
+    ok(lucid_cuda_conv_col_launch_count() == l0 && g_gemm_calls == c0,
+       "bn columns: the refusals launch nothing and call no GEMM",
+       WHY("%lu launches, %d GEMM calls", lucid_cuda_conv_col_launch_count() - l0,
+           g_gemm_calls - c0));
+    /* accepted, with the flipped weight given (no cast): the GEMM (the stub
+     * fails it), no im2col */
+    st = lucid_conv_col_backward_data_cols(NULL, NULL, NULL, LUCID_BF16, &good, buf, NULL, buf,
+                                           NULL, 0.0f, NULL);
+    ok(st == LUCID_ERR_DEVICE && g_gemm_calls == c0 + 1 && lucid_cuda_conv_col_launch_count() == l0,
+       "bn columns: backward_data_cols goes straight to the GEMM (no im2col launch)",
+       WHY("status %d, %d GEMM calls, %lu launches", (int)st, g_gemm_calls - c0,
+           lucid_cuda_conv_col_launch_count() - l0));
+}
+
 int main() {
     /* the children first: nothing in this process has read LUCID_CONV_COL_PAD yet */
     child_pad("0");
@@ -1165,5 +1330,6 @@ int main() {
     test_entry_refusals();
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) run_case(CASES[i]);
     test_tiled();
+    test_dcols();
     return failures != 0;
 }

@@ -94,6 +94,9 @@
  *                             y/dx and with every activation at element
  *                             offset 1; several parts: 2x3x80x80,
  *                             5x3x96x96, 3x4x91x91 unaligned
+ *   conv columns              the one-pass backward writing the next
+ *                             conv's im2col columns (LUCID_BN_EMIT_COLS):
+ *                             see "the conv's backward-data columns" below
  *   one pass capture          both routes captured in one graph (the
  *                             switch flipped between the calls while
  *                             recording) after an eager warm-up of each:
@@ -1526,6 +1529,416 @@ done:
     pool_free();
 }
 
+/* ================== the conv's backward-data columns (LUCID_BN_EMIT_COLS)
+ * engine/nn/nn.h lucid_conv_dcols: the one-pass BatchNorm backward also
+ * writes the im2col columns of the dx it produces into the scratch of the
+ * following 3x3 stride-1 conv's backward-data, which then skips its im2col.
+ * Blocks conv -> bn [-> silu] of modules on the GPU (the im2col route on
+ * for every pass, lucid_cuda_nn_set_conv_col 8; the small-channel route
+ * off), each backward run three ways on the same modules and inputs (the
+ * same batch, so the same statistics):
+ *   columns    lucid_module_conv2d_dcols_reserve, then
+ *              lucid_module_batchnorm2d_backward_dcols, then the conv's
+ *              module backward;
+ *   switch off the same calls with LUCID_BN_EMIT_COLS=0 (setenv in this
+ *              process around the reservation);
+ *   plain      the module calls without columns (lucid_module_backward1 of
+ *              bn, or lucid_module_batchnorm2d_silu_backward).
+ * Checked: the conv's grad_input, its weight gradient and bn's dweight /
+ * dbias bitwise equal on the three; the reservation armed (columns) or
+ * not (switch off, and every geometry the fusion does not take); the
+ * im2col launches of the backward (lucid_cuda_conv_col_launch_count: the
+ * columns route one less than the others exactly when it fuses).  Fused:
+ * 3x3 s1 p1 at N 4 on 40x40 and 20x20 maps, 32 / 64 / 128 channels (and
+ * 64>32, 32>64), fused SiLU and plain BatchNorm2d, bf16 and f16, also
+ * with the parameter-gradient lane on (lucid_ctx_set_grad_lane: the
+ * filter gradient on its own stream and scratch) and off (the filter
+ * gradient on the same stream, whose scratch the columns lie after).
+ * Not fused, same bits: 80x80 (N*H*W > 8192: several BN parts, nothing
+ * reserved), Cout 12 (Cout*9 not a multiple of 8), stride 2, a 5x5
+ * kernel, 20x21 (H*W not a multiple of 8: not on the route), the
+ * backward-data off the route (set_conv_col 6).  Entry points (lucid_nn_*_dcols): columns
+ * filled and used (no im2col); the conv given another tensor with the
+ * same values as dy, or the arena grown between the BatchNorm and the
+ * conv (a reservation for a larger conv): the im2col runs, same bits; a
+ * BatchNorm of another shape, in eval mode, or with LUCID_BN_ONEPASS=0:
+ * not filled.  Capture: the columns route recorded after an eager step
+ * and replayed equals the eager step bitwise, with the same launches. */
+
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_cuda_conv_col_launch_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
+
+static unsigned long col_launches(void) {
+    return lucid_cuda_conv_col_launch_count ? lucid_cuda_conv_col_launch_count() : 0;
+}
+
+/* the im2col route for every pass (8) or another mask, the small route off */
+static void dc_routes(int col) {
+    if (lucid_cuda_nn_set_conv_col) lucid_cuda_nn_set_conv_col(ctx, col);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, col ? 1 : 0);
+}
+
+typedef struct cblock {
+    lucid_param_set *set;
+    lucid_module *conv, *bn, *act;
+} cblock;
+
+static lucid_status cblock_make(cblock *b, int cin, int cout, int k, int s) {
+    memset(b, 0, sizeof *b);
+    int64_t cs[1] = {cout};
+    lucid_tensor *hw = phrand(LUCID_F32, 1, cs, 0.5, 1.5), *hb = phrand(LUCID_F32, 1, cs, -0.5, 0.5);
+    if (!hw || !hb) return LUCID_ERR_OOM;
+    lucid_status st = lucid_param_set_create(ctx, &b->set);
+    if (!st)
+        st = lucid_module_conv2d_create(ctx, b->set, "m.conv", cin, cout, k, s, -1, 1, 1, 0,
+                                        &b->conv);
+    if (!st) st = lucid_module_batchnorm2d_create(ctx, b->set, "m.bn", cout, EPS, MOM, &b->bn);
+    if (!st) st = lucid_module_silu_create(ctx, &b->act);
+    if (!st) st = lucid_param_set_materialize(ctx, b->set, GPU, LUCID_F32);
+    if (!st) st = lucid_copy(ctx, b->bn->params[0]->data, hw);
+    if (!st) st = lucid_copy(ctx, b->bn->params[1]->data, hb);
+    return st;
+}
+
+static void cblock_free(cblock *b) {
+    lucid_module_release(b->conv);
+    lucid_module_release(b->bn);
+    lucid_module_release(b->act);
+    lucid_param_set_release(b->set);
+    memset(b, 0, sizeof *b);
+}
+
+enum { DC_COLS, DC_OFF, DC_PLAIN, DC_N };
+static const char *const DC_NAMES[DC_N] = {"columns", "LUCID_BN_EMIT_COLS=0", "plain calls"};
+
+typedef struct dc_out {
+    lucid_tensor *gx, *cdw, *bdw, *bdb; /* host copies */
+    int armed;
+    unsigned long cols; /* im2col launches of the backward */
+} dc_out;
+
+/* return the status of a failing call */
+#define DC_TRY(expr)                                                          \
+    do {                                                                      \
+        lucid_status s_ = (expr);                                             \
+        if (s_ != LUCID_OK) return s_;                                        \
+    } while (0)
+
+/* One forward + backward of block b (silu: the fused pair) the way `mode`
+ * says; *what names the failing call. */
+static lucid_status dc_step(cblock *b, int silu, int mode, const lucid_tensor *x,
+                            const lucid_tensor *gy, dc_out *o, const char **what) {
+    lucid_tensor *y = NULL, *a = NULL, *g = NULL, *gx = NULL;
+    memset(o, 0, sizeof *o);
+    *what = "zero_grad";
+    DC_TRY(lucid_param_set_zero_grad(ctx, b->set));
+    *what = "forward";
+    DC_TRY(lucid_module_forward1(ctx, b->conv, x, &y));
+    if (silu) DC_TRY(lucid_module_batchnorm2d_silu_forward(ctx, b->bn, b->act, y, &a));
+    else DC_TRY(lucid_module_forward1(ctx, b->bn, y, &a));
+    const unsigned long c0 = col_launches();
+    if (mode == DC_PLAIN) {
+        *what = "bn backward (plain)";
+        if (silu) DC_TRY(lucid_module_batchnorm2d_silu_backward(ctx, b->bn, b->act, y, gy, &g));
+        else DC_TRY(lucid_module_backward1(ctx, b->bn, y, gy, &g));
+    } else {
+        *what = "reserve";
+        if (mode == DC_OFF) setenv("LUCID_BN_EMIT_COLS", "0", 1);
+        lucid_status s = lucid_module_conv2d_dcols_reserve(ctx, b->conv, x, &o->armed);
+        unsetenv("LUCID_BN_EMIT_COLS");
+        DC_TRY(s);
+        *what = "bn backward (columns)";
+        DC_TRY(lucid_module_batchnorm2d_backward_dcols(ctx, b->bn, silu ? b->act : NULL, y, gy,
+                                                          b->conv, &g));
+    }
+    *what = "conv backward";
+    DC_TRY(lucid_module_backward1(ctx, b->conv, x, g, &gx));
+    o->cols = col_launches() - c0;
+    *what = "copy back";
+    o->gx = phost(gx);
+    o->cdw = phost(b->conv->params[0]->grad);
+    o->bdw = phost(b->bn->params[0]->grad);
+    o->bdb = phost(b->bn->params[1]->grad);
+    return o->gx && o->cdw && o->bdw && o->bdb ? LUCID_OK : LUCID_ERR_OOM;
+}
+
+/* Block cin>cout kxk stride s on N x cin x H x W (col: set_conv_col's
+ * route); armed_want: the reservation is made; fused_want: the BatchNorm
+ * writes the columns and the conv skips its im2col; lane: the parameter
+ * gradient lane on. */
+static void test_dcols(lucid_dtype dt, int silu, int64_t N, int cin, int cout, int k, int s,
+                       int64_t H, int64_t W, int col, int armed_want, int fused_want, int lane) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "bn %scolumns %lldx%dx%lldx%lld conv %d>%d %dx%d s%d%s%s %s",
+             silu ? "+silu " : "", (long long)N, cin, (long long)H, (long long)W, cin, cout, k,
+             k, s, col != 8 ? " (backward-data off the route)" : "", lane ? " lane" : "",
+             lucid_dtype_name(dt));
+    cblock b;
+    dc_out o[DC_N];
+    memset(&b, 0, sizeof b);
+    dc_routes(col);
+    lucid_ctx_set_grad_lane(ctx, lane);
+    const int p = k / 2;
+    const int64_t Ho = (H + 2 * p - k) / s + 1, Wo = (W + 2 * p - k) / s + 1;
+    int64_t xs[4] = {N, cin, H, W}, ys[4] = {N, cout, Ho, Wo};
+    lucid_tensor *gx = pdev(phrand(dt, 4, xs, -1, 1)), *ggy = pdev(phrand(dt, 4, ys, -1, 1));
+    lucid_status st = gx && ggy ? cblock_make(&b, cin, cout, k, s) : LUCID_ERR_OOM;
+    if (st) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+        goto done;
+    }
+    for (int m = 0; m < DC_N; m++) {
+        const char *what = "";
+        st = dc_step(&b, silu, m, gx, ggy, &o[m], &what);
+        if (st) {
+            TEST_FAIL(NAME("%s: %s: %s", pre, DC_NAMES[m], what), "%s: %s",
+                      lucid_status_name(st), lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    CHECK(NAME("%s: reservation %s", pre, armed_want ? "made" : "declined"),
+          o[DC_COLS].armed == armed_want && o[DC_OFF].armed == 0,
+          "armed %d (LUCID_BN_EMIT_COLS=0: %d)", o[DC_COLS].armed, o[DC_OFF].armed);
+    CHECK(NAME("%s: im2col launches %s", pre, fused_want ? "one fewer" : "unchanged"),
+          o[DC_OFF].cols == o[DC_PLAIN].cols &&
+              o[DC_COLS].cols + (fused_want ? 1 : 0) == o[DC_PLAIN].cols,
+          "columns %lu, switch off %lu, plain %lu", o[DC_COLS].cols, o[DC_OFF].cols,
+          o[DC_PLAIN].cols);
+    for (int m = 1; m < DC_N; m++) {
+        cmp_bits(NAME("%s: conv grad_input = %s (bitwise)", pre, DC_NAMES[m]), pdev(o[0].gx),
+                 o[m].gx);
+        cmp_bits(NAME("%s: conv dweight = %s (bitwise)", pre, DC_NAMES[m]), pdev(o[0].cdw),
+                 o[m].cdw);
+        cmp_bits(NAME("%s: bn dweight = %s (bitwise)", pre, DC_NAMES[m]), pdev(o[0].bdw),
+                 o[m].bdw);
+        cmp_bits(NAME("%s: bn dbias = %s (bitwise)", pre, DC_NAMES[m]), pdev(o[0].bdb),
+                 o[m].bdb);
+    }
+done:
+    lucid_ctx_synchronize(ctx);
+    lucid_ctx_set_grad_lane(ctx, 0);
+    dc_routes(0);
+    cblock_free(&b);
+    pool_free();
+}
+
+/* The entry points: x [N,C,H,W] through conv C>C 3x3 s1 p1, then the
+ * BatchNorm (+SiLU) forward; the backward of the pair and the conv's
+ * backward-data with the columns in the situations of the header, each
+ * against the plain calls bitwise. */
+static void test_dcols_entry(lucid_dtype dt, int silu) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "bn %scolumns entry points %s", silu ? "+silu " : "",
+             lucid_dtype_name(dt));
+    const lucid_dtype F = LUCID_F32;
+    const int64_t N = 4, C = 32, H = 40, W = 40;
+    int64_t xs[4] = {N, C, H, W}, ws[4] = {C, C, 3, 3}, cs[1] = {C};
+    /* the larger conv: 512>512 on 1x64x128 (N*H*W 8192: still reserved), about
+     * 200 MB of scratch with its columns */
+    int64_t xs2[4] = {N, C, 20, 20}, wsb[4] = {512, 512, 3, 3}, xsb[4] = {1, 512, 64, 128};
+    const lucid_conv2d_params cp = {1, 1, 1, 1, 1, 1, 1};
+    lucid_conv_dcols dc, dcb;
+    dc_routes(8);
+    lucid_tensor *x = pdev(phrand(dt, 4, xs, -1, 1)), *w = pdev(phrand(F, 4, ws, -0.2, 0.2));
+    lucid_tensor *bw = pdev(phrand(F, 1, cs, 0.5, 1.5)), *bb = pdev(phrand(F, 1, cs, -0.5, 0.5));
+    lucid_tensor *gy = pdev(phrand(dt, 4, xs, -1, 1)), *gy2 = pdev(phrand(dt, 4, xs2, -1, 1));
+    lucid_tensor *y = pdpoison(dt, 4, xs), *a = pdpoison(dt, 4, xs), *sm = pdpoison(F, 1, cs),
+                 *si = pdpoison(F, 1, cs);
+    lucid_tensor *y2 = pdev(phrand(dt, 4, xs2, -1, 1)), *a2 = pdpoison(dt, 4, xs2),
+                 *sm2 = pdpoison(F, 1, cs), *si2 = pdpoison(F, 1, cs);
+    lucid_tensor *g = pdpoison(dt, 4, xs), *g2 = pdpoison(dt, 4, xs), *gref = pdpoison(dt, 4, xs);
+    lucid_tensor *gs = pdpoison(dt, 4, xs2), *gsref = pdpoison(dt, 4, xs2);
+    lucid_tensor *dx = pdpoison(dt, 4, xs), *dxref = pdpoison(dt, 4, xs);
+    lucid_tensor *dw = pdpoison(F, 1, cs), *db = pdpoison(F, 1, cs), *dwr = pdpoison(F, 1, cs),
+                 *dbr = pdpoison(F, 1, cs);
+    lucid_tensor *xb = pdev(phzeros(dt, 4, xsb)), *wb = pdev(phzeros(F, 4, wsb));
+    lucid_tensor *hdxref = NULL, *hgref = NULL, *hdwr = NULL, *hdbr = NULL;
+    unsigned long c0;
+    if (!x || !w || !bw || !bb || !gy || !gy2 || !y || !a || !sm || !si || !y2 || !a2 || !sm2 ||
+        !si2 || !g || !g2 || !gref || !gs || !gsref || !dx || !dxref || !dw || !db || !dwr ||
+        !dbr || !xb || !wb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+#define BNF(xx, yy, m, s, tr)                                                                 \
+    (silu ? lucid_nn_batchnorm2d_silu_forward(ctx, xx, yy, bw, bb, NULL, NULL, NULL, m, s, tr, \
+                                              MOM, EPS)                                        \
+          : lucid_nn_batchnorm2d_forward(ctx, xx, yy, bw, bb, NULL, NULL, NULL, m, s, tr, MOM, \
+                                         EPS))
+    RUN(NAME("%s: conv forward", pre), lucid_nn_conv2d_forward(ctx, x, y, w, NULL, &cp));
+    RUN(NAME("%s: bn forward", pre), BNF(y, a, sm, si, 1));
+    RUN(NAME("%s: bn forward (20x20)", pre), BNF(y2, a2, sm2, si2, 1));
+    /* the plain calls */
+    RUN(NAME("%s: plain bn backward", pre),
+        bn_bwd(silu, y, gy, gref, bw, bb, sm, si, dwr, dbr, 1, 0.0, 0.0));
+    RUN(NAME("%s: plain conv backward", pre),
+        lucid_nn_conv2d_backward_input(ctx, x, gref, dxref, w, &cp, 0.0));
+    hgref = phost(gref), hdxref = phost(dxref), hdwr = phost(dwr), hdbr = phost(dbr);
+    RUN(NAME("%s: plain bn backward (20x20)", pre),
+        bn_bwd(silu, y2, gy2, gsref, bw, bb, sm2, si2, NULL, NULL, 1, 0.0, 0.0));
+    if (!hgref || !hdxref || !hdwr || !hdbr) {
+        TEST_FAIL(NAME("%s: copy back", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    /* 1. columns written and used: no im2col */
+    RUN(NAME("%s: reserve", pre), lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    CHECK(NAME("%s: reservation made", pre), dc.armed == 1 && dc.filled == 0 && dc.data,
+          "armed %d filled %d data %p", dc.armed, dc.filled, dc.data);
+    RUN(NAME("%s: bn backward with columns", pre),
+        lucid_nn_batchnorm2d_backward_dcols(ctx, y, gy, g, bw, bb, sm, si, dw, db, 1, 0.0, 0.0,
+                                            silu, &dc));
+    CHECK(NAME("%s: columns written", pre), dc.filled == 1 && dc.dy == lucid_tensor_data(g),
+          "filled %d", dc.filled);
+    c0 = col_launches();
+    RUN(NAME("%s: conv backward with columns", pre),
+        lucid_nn_conv2d_backward_input_dcols(ctx, x, g, dx, w, &cp, 0.0, NULL, &dc));
+    CHECK(NAME("%s: no im2col", pre), col_launches() == c0, "%lu im2col launches",
+          col_launches() - c0);
+    cmp_bits(NAME("%s: bn dx = plain (bitwise)", pre), g, hgref);
+    cmp_bits(NAME("%s: bn dweight = plain (bitwise)", pre), dw, hdwr);
+    cmp_bits(NAME("%s: bn dbias = plain (bitwise)", pre), db, hdbr);
+    cmp_bits(NAME("%s: conv dx = plain (bitwise)", pre), dx, hdxref);
+    /* 2. the conv given a copy of dy: not the tensor the columns came from */
+    RUN(NAME("%s: reserve (copy)", pre), lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    RUN(NAME("%s: bn backward with columns (copy)", pre),
+        lucid_nn_batchnorm2d_backward_dcols(ctx, y, gy, g, bw, bb, sm, si, NULL, NULL, 1, 0.0,
+                                            0.0, silu, &dc));
+    RUN(NAME("%s: copy of dy", pre), lucid_copy(ctx, g2, g));
+    RUN(NAME("%s: poison dx (copy)", pre), lucid_fill(ctx, dx, NAN));
+    c0 = col_launches();
+    RUN(NAME("%s: conv backward on the copy", pre),
+        lucid_nn_conv2d_backward_input_dcols(ctx, x, g2, dx, w, &cp, 0.0, NULL, &dc));
+    CHECK(NAME("%s: another dy tensor: im2col runs", pre), col_launches() == c0 + 1,
+          "%lu im2col launches", col_launches() - c0);
+    cmp_bits(NAME("%s: conv dx on the copy = plain (bitwise)", pre), dx, hdxref);
+    /* 3. the arena grown between the BatchNorm and the conv */
+    RUN(NAME("%s: reserve (growth)", pre), lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    RUN(NAME("%s: bn backward with columns (growth)", pre),
+        lucid_nn_batchnorm2d_backward_dcols(ctx, y, gy, g, bw, bb, sm, si, NULL, NULL, 1, 0.0,
+                                            0.0, silu, &dc));
+    RUN(NAME("%s: reserve for a larger conv", pre),
+        lucid_nn_conv2d_dcols_reserve(ctx, xb, wb, &cp, &dcb));
+    CHECK(NAME("%s: the larger reservation moved the arena", pre),
+          dcb.armed && dcb.base != dc.base, "armed %d, base %p (was %p)", dcb.armed, dcb.base,
+          dc.base);
+    RUN(NAME("%s: poison dx (growth)", pre), lucid_fill(ctx, dx, NAN));
+    c0 = col_launches();
+    RUN(NAME("%s: conv backward after the growth", pre),
+        lucid_nn_conv2d_backward_input_dcols(ctx, x, g, dx, w, &cp, 0.0, NULL, &dc));
+    CHECK(NAME("%s: arena moved: im2col runs", pre), col_launches() == c0 + 1,
+          "%lu im2col launches", col_launches() - c0);
+    cmp_bits(NAME("%s: conv dx after the growth = plain (bitwise)", pre), dx, hdxref);
+    /* 4. a BatchNorm of another shape than the reservation's: not written */
+    RUN(NAME("%s: reserve (shape)", pre), lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    RUN(NAME("%s: bn backward of another shape", pre),
+        lucid_nn_batchnorm2d_backward_dcols(ctx, y2, gy2, gs, bw, bb, sm2, si2, NULL, NULL, 1,
+                                            0.0, 0.0, silu, &dc));
+    CHECK(NAME("%s: another shape: not written", pre), dc.armed && !dc.filled, "filled %d",
+          dc.filled);
+    cmp_bits(NAME("%s: bn dx of another shape = plain (bitwise)", pre), gs, phost(gsref));
+    /* 5. eval mode, and the two-launch route: not written, same dx */
+    RUN(NAME("%s: reserve (eval)", pre), lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    RUN(NAME("%s: bn backward in eval mode", pre),
+        lucid_nn_batchnorm2d_backward_dcols(ctx, y, gy, g, bw, bb, sm, si, NULL, NULL, 0, 0.0,
+                                            0.0, silu, &dc));
+    CHECK(NAME("%s: eval: not written", pre), !dc.filled, "filled %d", dc.filled);
+    RUN(NAME("%s: reserve (two launches)", pre),
+        lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, &dc));
+    setenv("LUCID_BN_ONEPASS", "0", 1);
+    {
+        lucid_status s2 = lucid_nn_batchnorm2d_backward_dcols(ctx, y, gy, g, bw, bb, sm, si,
+                                                              NULL, NULL, 1, 0.0, 0.0, silu, &dc);
+        unsetenv("LUCID_BN_ONEPASS");
+        RUN(NAME("%s: bn backward, LUCID_BN_ONEPASS=0", pre), s2);
+    }
+    CHECK(NAME("%s: LUCID_BN_ONEPASS=0: not written", pre), !dc.filled, "filled %d", dc.filled);
+    cmp_bits(NAME("%s: bn dx (LUCID_BN_ONEPASS=0) = plain (bitwise)", pre), g, hgref);
+    /* 6. NULL */
+    CHECK(NAME("%s: reserve with dcols NULL is ERR_ARG", pre),
+          lucid_nn_conv2d_dcols_reserve(ctx, x, w, &cp, NULL) == LUCID_ERR_ARG, "%s",
+          lucid_ctx_error(ctx));
+#undef BNF
+done:
+    unsetenv("LUCID_BN_ONEPASS");
+    dc_routes(0);
+    pool_free();
+}
+
+/* Capture: an eager step on the columns route, then the same step recorded
+ * and replayed: every output bitwise equal, the same im2col launches. */
+static void test_dcols_capture(lucid_dtype dt, int silu, int64_t N, int c, int64_t H,
+                               int64_t W) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn %scolumns capture %lldx%dx%lldx%lld %s", silu ? "+silu " : "",
+             (long long)N, c, (long long)H, (long long)W, lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    cblock b;
+    dc_out e, r;
+    lucid_graph *gr = NULL;
+    memset(&b, 0, sizeof b);
+    dc_routes(8);
+    int64_t xs[4] = {N, c, H, W};
+    lucid_tensor *x = pdev(phrand(dt, 4, xs, -1, 1)), *gy = pdev(phrand(dt, 4, xs, -1, 1));
+    lucid_status st = x && gy ? cblock_make(&b, c, c, 3, 1) : LUCID_ERR_OOM;
+    const char *what = "";
+    if (st) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+        goto done;
+    }
+    st = dc_step(&b, silu, DC_COLS, x, gy, &e, &what);
+    if (st) {
+        TEST_FAIL(NAME("%s: eager: %s", pre, what), "%s: %s", lucid_status_name(st),
+                  lucid_ctx_error(ctx));
+        goto done;
+    }
+    {
+        lucid_tensor *y = NULL, *a = NULL, *g = NULL, *gx = NULL;
+        int armed = 0;
+        RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+        lucid_status s = lucid_param_set_zero_grad(ctx, b.set);
+        if (!s) s = lucid_module_forward1(ctx, b.conv, x, &y);
+        if (!s && silu) s = lucid_module_batchnorm2d_silu_forward(ctx, b.bn, b.act, y, &a);
+        if (!s && !silu) s = lucid_module_forward1(ctx, b.bn, y, &a);
+        const unsigned long c1 = col_launches();
+        if (!s) s = lucid_module_conv2d_dcols_reserve(ctx, b.conv, x, &armed);
+        if (!s)
+            s = lucid_module_batchnorm2d_backward_dcols(ctx, b.bn, silu ? b.act : NULL, y, gy,
+                                                        b.conv, &g);
+        if (!s) s = lucid_module_backward1(ctx, b.conv, x, g, &gx);
+        r.cols = col_launches() - c1;
+        if (s) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &gr));
+        CHECK(NAME("%s: recorded with the columns, eager's im2col launches", pre),
+              armed == 1 && r.cols == e.cols, "armed %d, %lu launches recorded, %lu eager", armed,
+              r.cols, e.cols);
+        RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, gr));
+        cmp_bits(NAME("%s: replay conv grad_input = eager", pre), gx, e.gx);
+        cmp_bits(NAME("%s: replay conv dweight = eager", pre), b.conv->params[0]->grad, e.cdw);
+        cmp_bits(NAME("%s: replay bn dweight = eager", pre), b.bn->params[0]->grad, e.bdw);
+        cmp_bits(NAME("%s: replay bn dbias = eager", pre), b.bn->params[1]->grad, e.bdb);
+    }
+done:
+    if (gr) lucid_graph_destroy(gr);
+    dc_routes(0);
+    cblock_free(&b);
+    pool_free();
+}
+
 /* ============================================================ main */
 
 static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu capture",
@@ -1534,7 +1947,8 @@ static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu captu
                                "cuda bn one pass = two launches (LUCID_BN_ONEPASS)",
                                "cuda bn one pass capture",
                                "cuda bn coop = two launches (LUCID_BN_COOP)",
-                               "cuda bn coop capture"};
+                               "cuda bn coop capture",
+                               "cuda bn backward writes the conv's columns (LUCID_BN_EMIT_COLS)"};
 
 int main(void) {
     if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
@@ -1615,6 +2029,31 @@ int main(void) {
             test_coop_capture(dt, silu, 4, 64, 80, 80, 3);
             test_coop_capture(dt, silu, 4, 32, 160, 160, 3);
             test_coop_capture(dt, silu, 3, 5, 91, 99, 3);
+        }
+    }
+    /* the conv's backward-data columns written by the BatchNorm backward */
+    for (int d = 1; d < 3; d++) {
+        lucid_dtype dt = DTS[d];
+        for (int silu = 0; silu < 2; silu++) {
+            static const int CH[3] = {32, 64, 128};
+            for (int i = 0; i < 3; i++) {
+                test_dcols(dt, silu, 4, CH[i], CH[i], 3, 1, 40, 40, 8, 1, 1, 0);
+                test_dcols(dt, silu, 4, CH[i], CH[i], 3, 1, 20, 20, 8, 1, 1, 0);
+            }
+            test_dcols(dt, silu, 4, 64, 32, 3, 1, 40, 40, 8, 1, 1, 0);
+            test_dcols(dt, silu, 4, 32, 64, 3, 1, 20, 20, 8, 1, 1, 0);
+            test_dcols(dt, silu, 4, 64, 64, 3, 1, 40, 40, 8, 1, 1, 1); /* lane on */
+            test_dcols(dt, silu, 4, 128, 128, 3, 1, 20, 20, 8, 1, 1, 1);
+            /* not fused: same bits, no launch saved */
+            test_dcols(dt, silu, 4, 32, 32, 3, 1, 80, 80, 8, 0, 0, 0); /* several BN parts */
+            test_dcols(dt, silu, 4, 32, 12, 3, 1, 40, 40, 8, 0, 0, 0); /* Cout*9 % 8 */
+            test_dcols(dt, silu, 4, 32, 32, 3, 2, 40, 40, 8, 0, 0, 0); /* stride 2 */
+            test_dcols(dt, silu, 4, 32, 32, 5, 1, 20, 20, 8, 0, 0, 0); /* 5x5 */
+            test_dcols(dt, silu, 4, 32, 32, 3, 1, 20, 21, 8, 0, 0, 0); /* H*W % 8 */
+            test_dcols(dt, silu, 4, 32, 32, 3, 1, 40, 40, 6, 0, 0, 0); /* route: f, w */
+            test_dcols_entry(dt, silu);
+            test_dcols_capture(dt, silu, 4, 64, 20, 20);
+            test_dcols_capture(dt, silu, 4, 32, 40, 40);
         }
     }
     return cuda_test_finish();

@@ -79,15 +79,27 @@ function Conv:forward(x)
 end
 
 --- Gradient through act, bn, conv; accumulates into their parameters.
+-- On the GPU bn's backward may also write the im2col columns of conv's
+-- backward-data (P.conv_dcols_reserve: reserved right before it, read by
+-- conv:backward right after; the same bits either way).
 function Conv:backward(x, gy)
   local g
+  local conv = self.conv
   if self._fused then
-    g = P.bn_silu_backward(self.bn, self.act, self._a, gy)
+    if P.conv_dcols_reserve(conv, nil, x) then
+      g = P.bn_silu_backward_dcols(self.bn, self.act, self._a, gy, conv)
+    else
+      g = P.bn_silu_backward(self.bn, self.act, self._a, gy)
+    end
   else
     g = self.act:backward(self._b, gy)
-    g = self.bn:backward(self._a, g)
+    if P.conv_dcols_reserve(conv, self.bn, x) then
+      g = P.bn_backward_dcols(self.bn, self._a, g, conv)
+    else
+      g = self.bn:backward(self._a, g)
+    end
   end
-  self.grad_input = self.conv:backward(x, g)
+  self.grad_input = conv:backward(x, g)
   return self.grad_input
 end
 

@@ -193,6 +193,76 @@ function P.bn_silu_backward(bn, act, x, gy)
   return gx
 end
 
+------------------------------ conv backward-data columns from the BatchNorm
+-- In the Conv block (conv -> bn -> act) bn's backward produces the conv's
+-- grad_output. On the GPU, when the conv's backward-data takes the im2col
+-- route with a 3x3 kernel, stride 1, padding 1 (Cout*9 and H*W multiples
+-- of 8) and bn's backward is one kernel (N*H*W <= 8192), that kernel also
+-- writes the im2col columns of the gradient it produces, straight into the
+-- conv's scratch, and the conv's backward-data skips its im2col: one kernel
+-- less on the backward's critical path, the same bits (engine/nn/nn.h
+-- lucid_conv_dcols). The engine decides per call (anything else, the CPU,
+-- or LUCID_BN_EMIT_COLS=0 in the environment: the plain calls); the
+-- sequence is P.conv_dcols_reserve, then P.bn_backward_dcols or
+-- P.bn_silu_backward_dcols, then conv:backward, with nothing in between.
+
+local dcols_reserve, dcols_bn -- the binding's functions (false: absent), on first use
+
+local function dcols_binding()
+  local ok, lucid = pcall(require, "lucid")
+  local C = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
+  dcols_reserve = C and rawget(C, "conv2d_dcols_reserve") or false
+  dcols_bn = C and rawget(C, "batchnorm2d_backward_dcols") or false
+end
+
+--- Whether the modules allow the columns: conv exactly a materialised
+-- Conv2d with the Leaf backward (no override) of the one shape the engine
+-- takes (3x3, stride 1, padding 1, dilation 1, groups 1, c2 a multiple of
+-- 8: a shortcut, the engine checks again), and bn (nil for the fused pair,
+-- whose route Conv:forward chose) exactly a materialised BatchNorm2d with
+-- the Leaf backward.
+-- @return boolean
+function P.conv_dcols_allowed(conv, bn)
+  if getmetatable(conv) ~= Conv2d or not conv._c or conv.backward ~= LEAF_BWD then return false end
+  if conv.k ~= 3 or conv.s ~= 1 or conv.p ~= 1 or conv.d ~= 1 or conv.g ~= 1 or conv.c2 % 8 ~= 0 then
+    return false
+  end
+  if bn ~= nil and (getmetatable(bn) ~= BatchNorm2d or not bn._c or bn.backward ~= LEAF_BWD) then
+    return false
+  end
+  return true
+end
+
+--- Reserve conv's next backward-data columns for the BatchNorm backward
+-- that produces its grad_output (x: conv's forward input), when
+-- P.conv_dcols_allowed(conv, bn). Returns true when the engine reserved
+-- them: the caller then runs P.bn_backward_dcols / P.bn_silu_backward_dcols
+-- with conv, and then conv:backward, nothing else in between; false: the
+-- plain calls.
+-- @return boolean
+function P.conv_dcols_reserve(conv, bn, x)
+  if dcols_reserve == nil then dcols_binding() end
+  if not (dcols_reserve and dcols_bn) or not P.conv_dcols_allowed(conv, bn) then return false end
+  return dcols_reserve(conv._c, x)
+end
+
+--- bn:backward(x, gy) writing conv's reserved columns (after
+-- P.conv_dcols_reserve(conv, bn, ...) returned true): the same gradient and
+-- parameter-gradient accumulation; bn.grad_input is set.
+function P.bn_backward_dcols(bn, x, gy, conv)
+  local gx = dcols_bn(bn._c, nil, x, gy, conv._c)
+  bn.grad_input = gx
+  return gx
+end
+
+--- P.bn_silu_backward(bn, act, x, gy) writing conv's reserved columns
+-- (after P.conv_dcols_reserve(conv, nil, ...) returned true).
+function P.bn_silu_backward_dcols(bn, act, x, gy, conv)
+  local gx = dcols_bn(bn._c, act._c, x, gy, conv._c)
+  bn.grad_input, act.grad_input = gx, nil
+  return gx
+end
+
 --------------------------------------------------------------- Identity
 local Identity = util.class("Identity", Module)
 P.Identity = Identity
