@@ -9,6 +9,10 @@
  *        Target: < 0.5 ms on the H200 for 10 instances per image.
  *   CPU: the reference, wall clock, median of 5 (for reference).
  * Random outputs (uniform), random boxes with keypoints inside them.
+ * Each GPU configuration is timed with the new loss kernels (k_topk2,
+ * k_items + k_loss2, k_backward2) and with the old ones (LUCID_LOSS_TOPK=0
+ * LUCID_LOSS_TERMS=0, cuda/loss.cu), alternating in one process; the two
+ * give the same bits (spec/c/test_loss_cuda.c).
  *
  *   run: make bench (or build like bench/run.sh and run build/bench/bench_loss)
  */
@@ -179,20 +183,30 @@ int main(void) {
         if (!k) die("no CUDA loss kernels");
         for (int di = 0; di < 2; di++) {
             setup(&R, (lucid_device){LUCID_CUDA, 0}, dts[di], B, n, n);
-            float ms[REPS];
-            for (int w = 0; w < WARMUP; w++)
-                if (step(&R)) die("gpu step");
-            if (k->time_calls(ctx, step, &R, REPS, ms)) die("timing");
-            qsort(ms, REPS, sizeof *ms, cmp_f);
-            double nfg = 0;
-            lucid_pose_loss_read_assignment(ctx, R.plan, NULL, NULL, &nfg, NULL);
-            printf("  cuda %-4s  %2d inst/img: %9.4f ms median (min %.4f, "
-                   "p90 %.4f) of %d; n_fg %g%s\n",
-                   dts[di] == LUCID_F32 ? "f32" : "bf16", n, ms[REPS / 2],
-                   ms[0], ms[REPS * 9 / 10], REPS, nfg,
-                   n == 10 ? (ms[REPS / 2] < 0.5 ? "  [target < 0.5 ms: met]"
+            for (int old = 0; old < 2; old++) {
+                /* the kernel switches of cuda/loss.cu, read at every call */
+                setenv("LUCID_LOSS_TOPK", old ? "0" : "1", 1);
+                setenv("LUCID_LOSS_TERMS", old ? "0" : "1", 1);
+                float ms[REPS];
+                for (int w = 0; w < WARMUP; w++)
+                    if (step(&R)) die("gpu step");
+                if (k->time_calls(ctx, step, &R, REPS, ms)) die("timing");
+                qsort(ms, REPS, sizeof *ms, cmp_f);
+                double nfg = 0;
+                lucid_pose_loss_read_assignment(ctx, R.plan, NULL, NULL, &nfg,
+                                                NULL);
+                printf("  cuda %-4s  %2d inst/img %s kernels: %9.4f ms median "
+                       "(min %.4f, p90 %.4f) of %d; n_fg %g%s\n",
+                       dts[di] == LUCID_F32 ? "f32" : "bf16", n,
+                       old ? "old" : "new", ms[REPS / 2], ms[0],
+                       ms[REPS * 9 / 10], REPS, nfg,
+                       n == 10 && !old
+                           ? (ms[REPS / 2] < 0.5 ? "  [target < 0.5 ms: met]"
                                                  : "  [target < 0.5 ms: MISSED]")
                            : "");
+            }
+            unsetenv("LUCID_LOSS_TOPK");
+            unsetenv("LUCID_LOSS_TERMS");
             teardown(&R);
         }
     }

@@ -12,10 +12,13 @@
  *     total) stay in plan->scal on the device, where the backward reads
  *     them. Capturable into a CUDA graph (checked by spec/c/test_loss_cuda.c).
  *   - Bitwise reproducible: the only atomics are integer ones (claim counts,
- *     the first claiming gt, and the max of non-negative floats as their
- *     bits); every sum is a fixed-order tree (xor-shuffle inside a warp,
- *     warps in index order, one partial per block, one block folds the
- *     partials in index order), in double as the reference accumulates.
+ *     the first claiming gt, the max of non-negative floats as their bits,
+ *     the foreground list's slots, k_topk2's blocks-done counters); every
+ *     sum is a fixed-order tree (xor-shuffle inside a warp, warps in index
+ *     order, one partial per block, one block folds the partials in index
+ *     order), in double as the reference accumulates. The order of the
+ *     foreground slots is the hardware's, but every value kept in a slot
+ *     depends on its anchor only.
  *   - Agreement with the CPU reference (f32 compute type): each work item
  *     runs the reference's float arithmetic in the reference's order.
  *     Products that feed a sum use __fmul_rn/__fadd_rn so nvcc does not
@@ -76,9 +79,40 @@
  * Every value is computed by the same expression on the same inputs as
  * with one thread per anchor / 256 threads per gt, and every sum keeps its
  * order: the outputs are bitwise those of that layout.
+ *
+ * Spread kernels (the default; same bits as topk / loss / backward above,
+ * which stay for A/B runs: LUCID_LOSS_TOPK=0 and LUCID_LOSS_TERMS=0, read
+ * at every call, select them; spec/c/test_loss_cuda.c checks all four
+ * settings bit for bit):
+ *   topk2     up to 8 blocks of 256 per (image, gt) instead of one: only
+ *             the gt's candidate cells are evaluated (one rectangle per
+ *             level, found by binary search on the inside test's own float
+ *             expressions), sliced over the warps; per-lane top-k lists in
+ *             registers (no local memory), warp maxima with redux.sync on
+ *             64-bit (metric, ~index) keys, a merge per block and one over
+ *             the blocks plus the first k anchors outside the rectangles
+ *             (metric +0.0): exactly k_topk's top-k (cuda/loss_topk.cuh
+ *             says why; spec/c/test_loss_topk_emu.cu checks it on the
+ *             host). Serves topk <= 16 (TK_KR); k_topk the rest.
+ *   resolve   (both settings) also lists the foreground anchors in slots
+ *             (FgBufs: one atomicAdd per warp) with their keypoint
+ *             constants.
+ *   items     one thread per foreground term (4 DFL sides, K keypoints,
+ *             the CIoU of every foreground anchor) over a grid sized by
+ *             the capacity (<= 4 blocks per SM, grid-stride beyond): the
+ *             terms of a crowded block of anchors no longer queue in that
+ *             block; each term into its slot (FgBufs.itm).
+ *   loss2     one thread per anchor, k_loss's blocks of 256 anchors: the
+ *             owner's part of k_loss, the slot's terms added in k_loss's
+ *             order and precision, the same block partials.
+ *   backward2 one grid of two kinds of blocks: the foreground items (a DFL
+ *             side with its CIoU gradient, a keypoint) grid-stride over
+ *             the first blocks, then one thread per anchor (class
+ *             gradients, a background anchor's zeros).
  */
 #define LUCID_POSE_LOSS_INTERNAL
 #include "common.cuh"
+#include "loss_topk.cuh"
 #include "train/loss_backend.h"
 
 #include <limits.h>
@@ -95,6 +129,10 @@
 #define LPL_PREP_THREADS 128 /* k_prep_gt: 4 gt rows (warps) per block */
 #define LPL_TOPK_THREADS 1024
 #define LPL_FIN_THREADS 256
+#define LPL_TK_THREADS 256 /* k_topk2: threads per block */
+#define LPL_TK_BPG 8       /* k_topk2: blocks per gt */
+#define LPL_TK_WARPS (LPL_TK_BPG * LPL_TK_THREADS / 32) /* warps per gt */
+#define LPL_ITEM_WAVES 4   /* k_items / k_backward2: at most 4 blocks per SM */
 
 /* Block partials of the loss kernel (slot stride 8 doubles). */
 enum { Q_BOX = 0, Q_DFL, Q_POSE, Q_KOBJ, Q_CLS, Q_TSS, Q_NFG, Q_N };
@@ -122,6 +160,22 @@ struct Bufs {
     float *tscore, *alpha, *pos_al, *pos_ov;
     int32_t *cnt, *first; /* backend area: claims per anchor */
     double *part;         /* backend area: loss block partials */
+};
+
+/* Backend area of the spread kernels (k_topk2, k_items, k_loss2,
+ * k_backward2). cap = min(B G topk, B A) bounds the foreground count: a
+ * foreground anchor is a positive of some gt, and a gt has <= topk. */
+struct FgBufs {
+    int32_t *n;           /* [1] foreground anchors of the last assignment */
+    int32_t *list;        /* [cap] slot -> anchor b A + a (k_resolve order) */
+    int32_t *slot;        /* [B A] anchor -> slot (foreground anchors only) */
+    float *area, *factor; /* [cap] keypoint constants (kpt_consts) of a slot */
+    float *itm;           /* [cap (5 + 2K)] forward terms of a slot: DFL
+                           * sides 0..3, OKS terms 0..K-1, kobj BCEs
+                           * 0..K-1, CIoU */
+    tk_key_t *tk;         /* [B G LPL_TK_BPG TK_KR] k_topk2 block lists */
+    int32_t *tk_ctr;      /* [B G] k_topk2 blocks done per gt (0 between
+                           * launches: the last block resets it) */
 };
 
 /* A strided [B, C, A] output (or gradient) of the network. */
@@ -390,11 +444,12 @@ __device__ __forceinline__ void block_sums(double *v, double (*sh)[32]) {
 /* One warp per gt row: every lane evaluates the row's box and mask (the
  * same loads, the same float expressions), lane 0 writes the per-row values
  * and the lanes write the keypoints k = lane, lane + 32, ... */
-__global__ void k_prep_gt(Geom g, Bufs bf, Targets t) {
+__global__ void k_prep_gt(Geom g, Bufs bf, FgBufs fb, Targets t) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
+    if (r == 0 && lane == 0) *fb.n = 0; /* k_resolve appends the new list */
     if (r >= (int64_t)g.B * g.G) return;
     const int64_t b = r / g.G, gi = r % g.G;
     const int K = g.K;
@@ -569,37 +624,170 @@ __global__ void __launch_bounds__(LPL_TOPK_THREADS)
     }
 }
 
-__global__ void k_resolve(Geom g, Bufs bf, View cls) {
+/* Warp maximum of a 64-bit key (two 32-bit redux steps: the high words,
+ * then the low words of the lanes holding the highest high word). */
+__device__ __forceinline__ tk_key_t warp_max_key(tk_key_t x) {
+    const unsigned hi = __reduce_max_sync(0xffffffffu, (unsigned)(x >> 32));
+    const unsigned lo = __reduce_max_sync(
+        0xffffffffu, (unsigned)(x >> 32) == hi ? (unsigned)x : 0u);
+    return ((tk_key_t)hi << 32) | lo;
+}
+
+/* Merge of nl <= 32 descending key lists lst[l k .. l k + k - 1] (0-padded;
+ * shared memory), lane l owning list l: k rounds of a warp maximum over the
+ * lists' heads, the winner's list advancing (keys are unique, so one lane
+ * wins). Returns in lane r < k the r-th key of the merged order (0: none);
+ * called by a whole warp. */
+__device__ __forceinline__ tk_key_t tk_merge(const tk_key_t *lst, int nl,
+                                             int k) {
+    const int lane = threadIdx.x & 31;
+    int h = 0;
+    tk_key_t cur = lane < nl ? lst[lane * k] : 0, mine = 0;
+    for (int r = 0; r < k; r++) {
+        const tk_key_t m = warp_max_key(cur);
+        if (m == 0) break;
+        if (lane == r) mine = m;
+        if (cur == m) cur = ++h < k ? lst[lane * k + h] : 0;
+    }
+    return mine;
+}
+
+/* The candidate rectangles of gt cand box cd (global memory) on every
+ * level: lane 4 l + q runs the binary search of bound q of level l
+ * (tk_bound), then every lane gathers all of them. Called by a whole
+ * warp. */
+__device__ __forceinline__ void tk_rects(const Geom &g, const float *cd,
+                                         TkRects &R) {
+    const int lane = threadIdx.x & 31, l = lane >> 2, q = lane & 3;
+    int v = 0;
+    if (l < g.nlev) {
+        const int w = g.w[l], h = (g.off[l + 1] - g.off[l]) / w;
+        v = tk_bound(q, cd, w, h, g.s[l]);
+    }
+    R.nlev = g.nlev;
+#pragma unroll
+    for (int l2 = 0; l2 < TK_MAX_LEVELS; l2++) {
+        R.off[l2] = g.off[l2];
+        R.w[l2] = g.w[l2];
+        R.j0[l2] = __shfl_sync(0xffffffffu, v, 4 * l2 + 0);
+        R.i0[l2] = __shfl_sync(0xffffffffu, v, 4 * l2 + 1);
+        R.j1[l2] = __shfl_sync(0xffffffffu, v, 4 * l2 + 2);
+        R.i1[l2] = __shfl_sync(0xffffffffu, v, 4 * l2 + 3);
+        R.n[l2] = l2 < g.nlev ? tk_rect_cells(R.i0[l2], R.i1[l2], R.j0[l2],
+                                              R.j1[l2])
+                              : 0;
+    }
+    R.off[TK_MAX_LEVELS] = g.off[TK_MAX_LEVELS];
+}
+
+/* The top-k of the assigner spread over up to LPL_TK_BPG blocks per
+ * (image, gt) (topk <= TK_KR; the result and the claims are k_topk's, see
+ * loss_topk.cuh for why):
+ *   1. every warp finds the gt's candidate rectangles (tk_rects); the gt's
+ *      N candidate cells, in index order, are cut into slices of sw =
+ *      tk_slice(N, LPL_TK_WARPS) cells, one per warp of the gt's blocks
+ *      (blocks past the last slice return at once), lanes strided over the
+ *      slice; each cell's metric is pair()'s (the call k_topk makes) and
+ *      goes into the lane's register list (tk_insert);
+ *   2. each warp: k rounds of a warp maximum over its lanes' heads -> its
+ *      top-k (shared memory); warp 0 merges the block's 8 lists
+ *      (tk_merge). With one busy block that is the gt's list of the
+ *      candidates; with nb > 1 each busy block stores its list (fb.tk) and
+ *      the last one to finish (fence, counter fb.tk_ctr, which it resets)
+ *      merges the nb lists. The last merge also takes the first k anchors
+ *      outside the rectangles (metric +0.0, tk_outside): the gt's top-k;
+ *   3. as k_topk: positives = top-k AND candidate; they claim their anchors
+ *      (atomicAdd count, atomicMin first gt) and pos gets the top-k in
+ *      order, -1 for a non-candidate.
+ * (value desc, index asc) is a total order on NaN-free metrics, so every
+ * list is the exact top-k of its part and the merges give the exact top-k
+ * of the whole, whatever the slices: pos and the claims are k_topk's. */
+__global__ void __launch_bounds__(LPL_TK_THREADS, 3)
+    k_topk2(Geom g, Bufs bf, FgBufs fb, View cls) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)g.B * g.A) return;
-    const int b = (int)(i / g.A), a = (int)(i % g.A);
-    const int c = bf.cnt[i];
-    int t = -1;
-    float ov, al;
-    if (c == 1) {
-        t = bf.first[i];
-    } else if (c > 1) {
-        /* select_highest_overlaps: argmax overlap over all gts */
-        float best = 0.0f;
-        t = 0;
-        for (int gi = 0; gi < g.G; gi++) {
-            pair(g, bf, cls, b, gi, a, &ov, &al);
-            if (gi == 0 || ov > best) best = ov, t = gi;
-        }
-    }
-    bf.tgt[i] = t;
-    if (t < 0) {
-        bf.tscore[i] = 0.0f;
+    constexpr int WPB = LPL_TK_THREADS / 32; /* warps per block */
+    __shared__ tk_key_t s_l[(LPL_TK_BPG + 1) * TK_KR];
+    const int bg = blockIdx.x / LPL_TK_BPG, c = blockIdx.x % LPL_TK_BPG;
+    const int b = bg / g.G, gi = bg % g.G;
+    const int k = g.topk;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int32_t *pos = bf.pos + (int64_t)bg * k;
+    if (!bf.gt_mask[bg]) {
+        if (c == 0)
+            for (int j = threadIdx.x; j < k; j += blockDim.x) pos[j] = -1;
         return;
     }
-    pair(g, bf, cls, b, t, a, &ov, &al);
-    const int64_t r = (int64_t)b * g.G + t;
-    /* non-negative floats order as their bits */
-    atomicMax((unsigned int *)&bf.pos_al[r], __float_as_uint(al));
-    atomicMax((unsigned int *)&bf.pos_ov[r], __float_as_uint(ov));
-    bf.tscore[i] = al; /* the loss kernel normalises it */
+    /* 1. this warp's slice of the candidate cells */
+    TkRects R;
+    tk_rects(g, bf.gt_cand + (int64_t)bg * 4, R);
+    int N = 0;
+#pragma unroll
+    for (int l = 0; l < TK_MAX_LEVELS; l++) N += R.n[l];
+    const int sw = tk_slice(N, LPL_TK_WARPS);
+    const int nb = (N + WPB * sw - 1) / (WPB * sw); /* busy blocks */
+    if (c > 0 && c >= nb) return; /* block 0 also serves N = 0 */
+    const int e0 = (c * WPB + wid) * sw;
+    const int e1 = e0 + sw < N ? e0 + sw : N;
+    tk_key_t L[TK_KR];
+#pragma unroll
+    for (int q = 0; q < TK_KR; q++) L[q] = 0;
+    for (int e = e0 + lane; e < e1; e += 32) {
+        const int a = tk_cell_anchor(R, e);
+        float ov, al;
+        pair(g, bf, cls, b, gi, a, &ov, &al);
+        tk_insert(L, tk_key(al, a));
+    }
+    /* 2. the warp's top-k, the block's, the gt's */
+    tk_key_t mine = 0;
+    for (int r = 0; r < k; r++) {
+        const tk_key_t m = warp_max_key(L[0]);
+        if (m == 0) break;
+        if (lane == r) mine = m;
+        if (L[0] == m) tk_pop(L);
+    }
+    if (lane < k) s_l[wid * k + lane] = mine;
+    __syncthreads();
+    if (wid != 0) return;
+    mine = tk_merge(s_l, WPB, k);
+    int nl = 1; /* block lists in the last merge */
+    if (nb > 1) {
+        tk_key_t *gl = fb.tk + (int64_t)bg * LPL_TK_BPG * TK_KR;
+        if (lane < k) gl[c * k + lane] = mine;
+        __threadfence();
+        __syncwarp(); /* also: tk_merge's reads of s_l are done */
+        int last = 0;
+        if (lane == 0) {
+            __threadfence();
+            last = atomicAdd(&fb.tk_ctr[bg], 1) == nb - 1;
+        }
+        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        __threadfence();
+        for (int e = lane; e < nb * k; e += 32) s_l[e] = __ldcg(gl + e);
+        if (lane == 0) fb.tk_ctr[bg] = 0; /* for the next launch */
+        nl = nb;
+    } else {
+        __syncwarp(); /* tk_merge's reads of s_l are done */
+        if (lane < k) s_l[lane] = mine;
+    }
+    if (lane < k) {
+        const int a = tk_outside(R, lane);
+        s_l[nl * k + lane] = a >= 0 ? tk_key(0.0f, a) : 0;
+    }
+    __syncwarp();
+    mine = tk_merge(s_l, nl + 1, k);
+    /* 3. positives = top-k AND candidate; claim the anchors */
+    if (lane < k) {
+        const int a = mine ? tk_anchor(mine) : -1;
+        int p = -1;
+        if (a >= 0 && a < g.A && is_candidate(g, bf, b, gi, a)) {
+            p = a;
+            const int64_t i = (int64_t)b * g.A + a;
+            atomicAdd(&bf.cnt[i], 1);
+            atomicMin(&bf.first[i], gi);
+        }
+        pos[lane] = p;
+    }
 }
 
 /* Keypoint box area and visibility factor of gt row r at stride s. */
@@ -611,6 +799,65 @@ __device__ __forceinline__ void kpt_consts(const Geom &g, const float *gb,
     for (int k = 0; k < g.K; k++) nvis += gk[k * 3 + 2] != 0;
     const float rcp = 1.0f / FA((float)nvis, 1e-9f);
     factor = FM(rcp, (float)g.K);
+}
+
+/* One thread per anchor (blocks of whole warps): the assigned gt, the raw
+ * target score, the gt's max align / overlap; then the foreground anchors
+ * take slots of the foreground list (fb: one atomicAdd per warp, lanes in
+ * index order; the order of the warps is the hardware's, which changes
+ * nothing downstream: every slot's values depend on its anchor only) with
+ * their keypoint constants (kpt_consts, as k_loss computes them). */
+__global__ void k_resolve(Geom g, Bufs bf, FgBufs fb, View cls) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int in = i < (int64_t)g.B * g.A;
+    const int b = in ? (int)(i / g.A) : 0, a = in ? (int)(i % g.A) : 0;
+    int t = -1;
+    if (in) {
+        const int c = bf.cnt[i];
+        float ov, al;
+        if (c == 1) {
+            t = bf.first[i];
+        } else if (c > 1) {
+            /* select_highest_overlaps: argmax overlap over all gts */
+            float best = 0.0f;
+            t = 0;
+            for (int gi = 0; gi < g.G; gi++) {
+                pair(g, bf, cls, b, gi, a, &ov, &al);
+                if (gi == 0 || ov > best) best = ov, t = gi;
+            }
+        }
+        bf.tgt[i] = t;
+        if (t < 0) {
+            bf.tscore[i] = 0.0f;
+        } else {
+            pair(g, bf, cls, b, t, a, &ov, &al);
+            const int64_t r = (int64_t)b * g.G + t;
+            /* non-negative floats order as their bits */
+            atomicMax((unsigned int *)&bf.pos_al[r], __float_as_uint(al));
+            atomicMax((unsigned int *)&bf.pos_ov[r], __float_as_uint(ov));
+            bf.tscore[i] = al; /* the loss kernel normalises it */
+        }
+    }
+    /* the foreground list */
+    const int fg = t >= 0;
+    const unsigned m = __ballot_sync(0xffffffffu, fg);
+    if (!m) return;
+    const int lane = threadIdx.x & 31;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(fb.n, __popc(m));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (!fg) return;
+    const int slot = base + __popc(m & ((1u << lane) - 1u));
+    fb.list[slot] = (int32_t)i;
+    fb.slot[i] = slot;
+    float ax, ay, s, area, factor;
+    anchor(g, a, ax, ay, s);
+    const int64_t r = (int64_t)b * g.G + t;
+    kpt_consts(g, bf.gt_box + r * 4, bf.gt_kpt + r * g.K * 3, s, area, factor);
+    fb.area[slot] = area;
+    fb.factor[slot] = factor;
 }
 
 /* Foreground compaction of a block's LPL_THREADS anchors (threads
@@ -686,6 +933,95 @@ __device__ __forceinline__ float dfl_side_term(const Geom &g, const View &box,
         if (q == tr) ztr = z[q];
     }
     return FA(FM(FS(lse, ztl), wl), FM(FS(lse, ztr), wr));
+}
+
+/* One keypoint's forward terms at anchor a (the body of the reference's
+ * keypoint loop): x = the OKS term factor (1 - exp(-d / den)) m, y = the
+ * kobj BCE; gk = the gt row's keypoints, ar / fc = kpt_consts. */
+__device__ __forceinline__ void kpt_term(const Bufs &bf, const View &kpt,
+                                         int b, int a, int k, const float *gk,
+                                         float ar, float fc, float ax,
+                                         float ay, float s, float &x,
+                                         float &y) {
+    const float rx = ld(kpt, b, k * 3 + 0, a);
+    const float ry = ld(kpt, b, k * 3 + 1, a);
+    const float rv = ld(kpt, b, k * 3 + 2, a);
+    const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
+    const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
+    const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
+    const float dx = FS(px, gk[k * 3] / s);
+    const float dy = FS(py, gk[k * 3 + 1] / s);
+    const float d = FA(FM(dx, dx), FM(dy, dy));
+    const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
+    const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
+    const float ex = m_exp(-(d / den));
+    x = FM(fc, FM(FS(1.0f, ex), m));
+    y = m_bce(rv, m);
+}
+
+/* The gradient of one keypoint (x, y, visibility channels) of anchor a. */
+__device__ __forceinline__ void kpt_grad(const Bufs &bf, const View &kpt,
+                                         const OView &gkpt, int b, int a,
+                                         int k, const float *gk, float ar,
+                                         float fc, float ax, float ay, float s,
+                                         double c_pose, double c_kobj) {
+    const float rx = ld(kpt, b, k * 3 + 0, a);
+    const float ry = ld(kpt, b, k * 3 + 1, a);
+    const float rv = ld(kpt, b, k * 3 + 2, a);
+    const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
+    const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
+    const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
+    const float dx = FS(px, gk[k * 3] / s);
+    const float dy = FS(py, gk[k * 3 + 1] / s);
+    const float d = FA(FM(dx, dx), FM(dy, dy));
+    const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
+    const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
+    const float ex = m_exp(-(d / den));
+    const float gd = m != 0 ? (float)c_pose * fc * ex / den : 0.0f;
+    stg(gkpt, b, k * 3 + 0, a, gd * 4 * dx);
+    stg(gkpt, b, k * 3 + 1, a, gd * 4 * dy);
+    stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(rv) - m));
+}
+
+/* The gradient of DFL side sd (its R bins) of foreground anchor fi = b A + a
+ * with the CIoU gradient of that side (recomputed, alpha detached); gb =
+ * the assigned gt's box, norm its normalised target score. */
+template <int RF>
+__device__ __forceinline__ void dfl_side_grad(const Bufs &bf, const View &box,
+                                              const OView &gbox, int b, int a,
+                                              int sd, int R, int64_t fi,
+                                              const float *gb, float ax,
+                                              float ay, float s, float norm,
+                                              double c_box, double c_dfl) {
+    constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
+    float tb[4];
+    target_box(gb, s, tb);
+    /* the forward's decode of the same pred_box (lpl_decode_f32) */
+    const float *pbp = bf.pbox + fi * 4;
+    const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+    float g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float gscl = (float)(-c_box) * norm;
+    ciou(pb, tb, &bf.alpha[fi], 1, gscl, g1);
+    const float gE[4] = {-g1[0], -g1[1], g1[2], g1[3]};
+    const float cd = (float)c_dfl * norm / 4;
+    const float tmax = (float)((double)(R - 1) - 0.01);
+    float z[NZ], pr[NZ];
+    load_side<RF>(box, b, sd, a, R, z);
+    softmax_side<RF>(z, R, pr);
+    float tg = ltrb_side(tb, ax, ay, sd);
+    if (!(tg > 0)) tg = 0.0f;
+    if (tg > tmax) tg = tmax;
+    const int tl = (int)tg, tr = tl + 1;
+    const float wl = (float)tr - tg, wr = 1 - wl;
+    const float E = expect_side<RF>(pr, R);
+#pragma unroll
+    for (int q = 0; q < (RF > 0 ? RF : NZ); q++) {
+        if (RF == 0 && q >= R) break;
+        float gv = gE[sd] * pr[q] * ((float)q - E);
+        gv += cd * (wl * (pr[q] - (q == tl ? 1.0f : 0.0f)) +
+                    wr * (pr[q] - (q == tr ? 1.0f : 0.0f)));
+        stg(gbox, b, sd * R + q, a, gv);
+    }
 }
 
 /* k_loss / k_backward: a block owns LPL_THREADS anchors (thread t < 256 owns
@@ -1024,6 +1360,221 @@ __global__ void __launch_bounds__(LPL_LB_THREADS, 1)
     }
 }
 
+/* ------------------------------------------------------------ spread
+ * The foreground terms without the anchor blocks: k_resolve lists the
+ * foreground anchors (fb), and every term of every foreground anchor is
+ * one work item of a grid over the whole device, so that a crowded block
+ * of anchors no longer serialises its anchors' terms. Each item is the
+ * same expression on the same inputs as in k_loss / k_backward; k_loss2
+ * adds an anchor's terms in the same order and precision and keeps the
+ * block partials' tree, so the outputs are bitwise those of k_loss /
+ * k_backward (LUCID_LOSS_TERMS=0 selects those). */
+
+/* Work item it of nf foreground slots with K keypoints, grouped by kind as
+ * in k_loss (a warp runs one code path): [0, 4 nf) DFL sides (j = side),
+ * [4 nf, (4 + K) nf) keypoints (j = 4 + k), then the boxes (j = 4 + K).
+ * Sets the slot f and j. */
+__device__ __forceinline__ void item_of(int64_t it, int nf, int K, int &f,
+                                        int &j) {
+    const int64_t n_side = 4 * (int64_t)nf, n_kpt = (int64_t)K * nf;
+    if (it < n_side) {
+        f = (int)(it >> 2), j = (int)(it & 3);
+    } else if (it < n_side + n_kpt) {
+        const int q = (int)(it - n_side);
+        f = q / K, j = 4 + (q - f * K);
+    } else {
+        f = (int)(it - n_side - n_kpt), j = 4 + K;
+    }
+}
+
+/* Forward terms of the foreground slots (grid-stride over the items):
+ * fb.itm[f (5 + 2K) + .] = DFL side 0..3, OKS term 0..K-1, kobj BCE
+ * 0..K-1, CIoU (which stores the anchor's alpha unless frozen). */
+template <int RF>
+__global__ void __launch_bounds__(LPL_THREADS)
+    k_items(Geom g, Bufs bf, FgBufs fb, View box, View kpt, int frozen) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    const int nf = *fb.n, K = g.K;
+    const int64_t total = (int64_t)(5 + K) * nf;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+         it < total; it += step) {
+        int f, j;
+        item_of(it, nf, K, f, j);
+        const int64_t fi = fb.list[f];
+        const int b = (int)(fi / g.A), a = (int)(fi % g.A);
+        const int64_t r = (int64_t)b * g.G + bf.tgt[fi];
+        float ax, ay, s;
+        anchor(g, a, ax, ay, s);
+        float tb[4];
+        target_box(bf.gt_box + r * 4, s, tb);
+        float *o = fb.itm + (int64_t)f * (5 + 2 * K);
+        if (j < 4) {
+            o[j] = dfl_side_term<RF>(g, box, b, a, j, ltrb_side(tb, ax, ay, j));
+        } else if (j < 4 + K) {
+            float x, y;
+            kpt_term(bf, kpt, b, a, j - 4, bf.gt_kpt + r * K * 3, fb.area[f],
+                     fb.factor[f], ax, ay, s, x, y);
+            o[j] = x;
+            o[K + j] = y;
+        } else {
+            const float *pbp = bf.pbox + fi * 4;
+            const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
+            o[4 + 2 * K] = ciou(pb, tb, &bf.alpha[fi], frozen, 0.0f, NULL);
+        }
+    }
+}
+
+/* One thread per anchor, LPL_THREADS per block (the anchors of k_loss's
+ * block): the owner's part of k_loss (normalised target score, class BCE)
+ * and the foreground terms from fb.itm, added in k_loss's order (sides
+ * 0..3 in float, keypoints 0..K-1 in double); block partials by the same
+ * tree (k_loss's threads >= LPL_THREADS held zeros: its warps 8..15 gave
+ * +0.0 where this block's final warp sum reads 0.0). */
+__global__ void __launch_bounds__(LPL_THREADS)
+    k_loss2(Geom g, Bufs bf, FgBufs fb, View cls, int frozen) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    __shared__ double sh[Q_N][32];
+    const int64_t i = (int64_t)blockIdx.x * LPL_THREADS + threadIdx.x;
+    const int K = g.K;
+    double acc[Q_N];
+#pragma unroll
+    for (int q = 0; q < Q_N; q++) acc[q] = 0.0;
+    if (i < (int64_t)g.B * g.A) {
+        const int b = (int)(i / g.A), a = (int)(i % g.A);
+        const int t = bf.tgt[i];
+        const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
+        float norm = bf.tscore[i];
+        if (!frozen && t >= 0) {
+            norm = FM(norm, bf.pos_ov[r]) / FA(bf.pos_al[r], 1e-9f);
+            bf.tscore[i] = norm;
+        }
+        /* class BCE over every anchor and class */
+        const int lab = t >= 0 ? bf.gt_label[r] : -1;
+        for (int c = 0; c < g.nc; c++) {
+            const float z = ld(cls, b, c, a);
+            const float y = c == lab ? norm : 0.0f;
+            acc[Q_CLS] += (double)m_bce(z, y);
+        }
+        if (t >= 0) {
+            acc[Q_NFG] = 1.0;
+            acc[Q_TSS] = (double)norm;
+            const float *o = fb.itm + (int64_t)fb.slot[i] * (5 + 2 * K);
+            float dfl = 0.0f;
+            for (int sd = 0; sd < 4; sd++) dfl = FA(dfl, o[sd]);
+            double ps = 0.0, os = 0.0;
+            for (int k = 0; k < K; k++) {
+                ps += (double)o[4 + k];
+                os += (double)o[4 + K + k];
+            }
+            acc[Q_BOX] = (double)FM(FS(1.0f, o[4 + 2 * K]), norm);
+            acc[Q_DFL] = (double)FM(dfl / 4, norm);
+            acc[Q_POSE] = ps;
+            acc[Q_KOBJ] = os;
+        }
+    }
+    block_sums(acc, sh);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int q = 0; q < Q_N; q++)
+            bf.part[(int64_t)blockIdx.x * Q_STRIDE + q] = acc[q];
+    }
+}
+
+/* Zero channels [0, nch) of anchor (b, a) of a gradient (+0.0: the bits
+ * stg(..., 0.0f) writes in every float dtype). */
+__device__ __forceinline__ void zero_chans(const OView &v, int b, int a,
+                                           int nch) {
+    const int64_t o = (int64_t)b * v.sb + (int64_t)a * v.sa;
+    switch (v.dt) {
+    case LUCID_F32:
+        for (int c = 0; c < nch; c++) ((float *)v.p)[o + c * v.sc] = 0.0f;
+        break;
+    case LUCID_BF16:
+    case LUCID_F16:
+        for (int c = 0; c < nch; c++) ((uint16_t *)v.p)[o + c * v.sc] = 0;
+        break;
+    case LUCID_F64:
+        for (int c = 0; c < nch; c++) ((double *)v.p)[o + c * v.sc] = 0.0;
+        break;
+    default: break;
+    }
+}
+
+/* Backward, two kinds of blocks in one grid: blocks [0, nib) walk the
+ * foreground items (grid-stride; a DFL side with its CIoU gradient, a
+ * keypoint: dfl_side_grad / kpt_grad, k_backward's expressions), blocks
+ * from nib on own LPL_THREADS anchors each (class gradients of every
+ * anchor; a background anchor's box and keypoint gradients are zeros).
+ * Every element written once, nothing summed across threads: the bits of
+ * k_backward. */
+template <int RF>
+__global__ void __launch_bounds__(LPL_THREADS)
+    k_backward2(Geom g, Bufs bf, FgBufs fb, View box, View cls, View kpt,
+                const void *gscale, int gscale_dt, OView gbox, OView gcls,
+                OView gkpt, int nib) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    const int K = g.K;
+    /* coefficients, as lucid_pose_loss_backward (double) */
+    const double g0 = gscale ? lucid_load_f64(gscale, gscale_dt, 0) : 1.0;
+    const double tss = bf.scal[LPL_S_TSS], nfg = bf.scal[LPL_S_NFG];
+    const double gB = __dmul_rn(g0, (double)g.B);
+    const double nk = __dmul_rn(nfg, (double)g.K);
+    const double c_box = nfg > 0 ? __dmul_rn(gB, g.gain_box) / tss : 0;
+    const double c_dfl = nfg > 0 ? __dmul_rn(gB, g.gain_dfl) / tss : 0;
+    const double c_cls = __dmul_rn(gB, g.gain_cls) / tss;
+    const double c_pose = nfg > 0 ? __dmul_rn(gB, g.gain_pose) / nk : 0;
+    const double c_kobj = nfg > 0 ? __dmul_rn(gB, g.gain_kobj) / nk : 0;
+    const int R = RF > 0 ? RF : g.R;
+    if ((int)blockIdx.x < nib) {
+        const int nf = *fb.n;
+        const int64_t n_side = gbox.p ? 4 * (int64_t)nf : 0;
+        const int64_t n_kpt = gkpt.p ? (int64_t)K * nf : 0;
+        const int64_t step = (int64_t)nib * blockDim.x;
+        for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+             it < n_side + n_kpt; it += step) {
+            int f, j; /* without gbox the keypoints come first */
+            item_of(it + (gbox.p ? 0 : 4 * (int64_t)nf), nf, K, f, j);
+            const int64_t fi = fb.list[f];
+            const int b = (int)(fi / g.A), a = (int)(fi % g.A);
+            const int64_t r = (int64_t)b * g.G + bf.tgt[fi];
+            float ax, ay, s;
+            anchor(g, a, ax, ay, s);
+            if (j < 4)
+                dfl_side_grad<RF>(bf, box, gbox, b, a, j, R, fi,
+                                  bf.gt_box + r * 4, ax, ay, s, bf.tscore[fi],
+                                  c_box, c_dfl);
+            else
+                kpt_grad(bf, kpt, gkpt, b, a, j - 4, bf.gt_kpt + r * K * 3,
+                         fb.area[f], fb.factor[f], ax, ay, s, c_pose, c_kobj);
+        }
+        return;
+    }
+    const int64_t i =
+        (int64_t)(blockIdx.x - nib) * LPL_THREADS + threadIdx.x;
+    if (i >= (int64_t)g.B * g.A) return;
+    const int b = (int)(i / g.A), a = (int)(i % g.A);
+    const int t = bf.tgt[i];
+    if (gcls.p) {
+        const int64_t r = (int64_t)b * g.G + (t >= 0 ? t : 0);
+        const float norm = bf.tscore[i];
+        const float cc = (float)c_cls;
+        const int lab = t >= 0 ? bf.gt_label[r] : -1;
+        for (int c = 0; c < g.nc; c++) {
+            const float z = ld(cls, b, c, a);
+            const float y = c == lab ? norm : 0.0f;
+            stg(gcls, b, c, a, cc * (m_sigmoid(z) - y));
+        }
+    }
+    if (t < 0) {
+        if (gbox.p) zero_chans(gbox, b, a, 4 * R);
+        if (gkpt.p) zero_chans(gkpt, b, a, 3 * K);
+    }
+}
+
 /* ------------------------------------------------------------ host side */
 
 static inline size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -1033,10 +1584,48 @@ static int loss_blocks(const lucid_pose_loss_plan *p) {
     return (int)((n + LPL_THREADS - 1) / LPL_THREADS);
 }
 
+/* Foreground capacity: min(B G topk, B A) (see FgBufs). */
+static size_t fg_cap(const lucid_pose_loss_plan *p) {
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
+    const size_t c = (size_t)p->cfg.batch * (size_t)p->cfg.max_gt *
+                     (size_t)p->cfg.topk;
+    return c < n ? c : n;
+}
+
+/* Bytes of the FgBufs arrays (after the cnt, first, part arrays). */
+static size_t fg_bytes(const lucid_pose_loss_plan *p, FgBufs *fb,
+                       char *base) {
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A, cap = fg_cap(p);
+    const size_t nG = (size_t)p->cfg.batch * (size_t)p->cfg.max_gt;
+    const size_t its = 5 + 2 * (size_t)p->cfg.nkpt;
+    const size_t sz[8] = {sizeof(int32_t),
+                          cap * sizeof(int32_t),
+                          n * sizeof(int32_t),
+                          cap * sizeof(float),
+                          cap * sizeof(float),
+                          cap * its * sizeof(float),
+                          nG * LPL_TK_BPG * TK_KR * sizeof(tk_key_t),
+                          nG * sizeof(int32_t)};
+    size_t off = 0, at[8];
+    for (int j = 0; j < 8; j++) at[j] = off, off += al64(sz[j]);
+    if (fb) {
+        fb->n = (int32_t *)(base + at[0]);
+        fb->list = (int32_t *)(base + at[1]);
+        fb->slot = (int32_t *)(base + at[2]);
+        fb->area = (float *)(base + at[3]);
+        fb->factor = (float *)(base + at[4]);
+        fb->itm = (float *)(base + at[5]);
+        fb->tk = (tk_key_t *)(base + at[6]);
+        fb->tk_ctr = (int32_t *)(base + at[7]);
+    }
+    return off;
+}
+
 static size_t cuda_extra_bytes(const lucid_pose_loss_plan *p) {
     const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
     return 2 * al64(n * sizeof(int32_t)) +
-           al64((size_t)loss_blocks(p) * Q_STRIDE * sizeof(double));
+           al64((size_t)loss_blocks(p) * Q_STRIDE * sizeof(double)) +
+           fg_bytes(p, NULL, NULL);
 }
 
 static Bufs make_bufs(const lucid_pose_loss_plan *p) {
@@ -1062,6 +1651,43 @@ static Bufs make_bufs(const lucid_pose_loss_plan *p) {
     bf.first = (int32_t *)(base + al64(n * sizeof(int32_t)));
     bf.part = (double *)(base + 2 * al64(n * sizeof(int32_t)));
     return bf;
+}
+
+static FgBufs make_fgbufs(const lucid_pose_loss_plan *p) {
+    const size_t n = (size_t)p->cfg.batch * (size_t)p->A;
+    char *base = (char *)lucid_storage_data(p->ws) +
+                 (lucid_storage_nbytes(p->ws) - cuda_extra_bytes(p)) +
+                 2 * al64(n * sizeof(int32_t)) +
+                 al64((size_t)loss_blocks(p) * Q_STRIDE * sizeof(double));
+    FgBufs fb;
+    fg_bytes(p, &fb, base);
+    return fb;
+}
+
+/* The kernel switches, read at every call (for A/B runs in one process):
+ * LUCID_LOSS_TOPK=0 queues k_topk instead of k_topk2, LUCID_LOSS_TERMS=0
+ * k_loss / k_backward instead of k_items + k_loss2 / k_backward2. Both
+ * pairs give the same bits; anything but "0" (or unset) means the new
+ * kernels. k_topk2 serves topk <= TK_KR, k_topk the rest. */
+static int loss_switch(const char *name) {
+    const char *v = getenv(name);
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* Blocks of the foreground item walks: one item per thread up to the
+ * capacity's items, at most LPL_ITEM_WAVES blocks per SM.
+ * LUCID_LOSS_ITEM_BLOCKS=n (n >= 1) forces n (tests: the grid-stride
+ * loops with many items per thread). */
+static unsigned item_blocks(const lucid_pose_loss_plan *p,
+                            const lucid_cuda_state *st, int per_fg) {
+    const char *env = getenv("LUCID_LOSS_ITEM_BLOCKS");
+    if (env && atoi(env) >= 1) return (unsigned)atoi(env);
+    const int64_t items = (int64_t)fg_cap(p) * per_fg;
+    int64_t nb = (items + LPL_THREADS - 1) / LPL_THREADS;
+    const int64_t most =
+        (int64_t)(st->sm_count > 0 ? st->sm_count : 132) * LPL_ITEM_WAVES;
+    if (nb > most) nb = most;
+    return (unsigned)(nb > 0 ? nb : 1);
 }
 
 static Geom make_geom(const lucid_pose_loss_plan *p) {
@@ -1129,6 +1755,11 @@ static lucid_status cuda_plan_init(lucid_ctx *ctx, lucid_pose_loss_plan *p,
                             "%d / %d",
                             p->cfg.reg_max, p->cfg.topk, LPL_MAX_REG,
                             LPL_MAX_TOPK);
+    if ((int64_t)p->cfg.batch * p->A > INT32_MAX)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "pose loss on cuda: %d images x %d anchors above "
+                            "2^31 - 1",
+                            p->cfg.batch, p->A);
     void *base = lucid_storage_data(p->ws);
     CUDA_CHECK(ctx, cudaMemsetAsync(base, 0, lucid_storage_nbytes(p->ws),
                                     st->stream));
@@ -1163,9 +1794,12 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
     LUCID_TRY(check_dtypes(ctx, "pred_kpt", pred_kpt));
     const Geom g = make_geom(p);
     const Bufs bf = make_bufs(p);
+    const FgBufs fb = make_fgbufs(p);
     const View vb = make_view(pred_box), vc = make_view(pred_cls),
                vk = make_view(pred_kpt);
     const unsigned blocksA = (unsigned)loss_blocks(p);
+    const int new_topk = loss_switch("LUCID_LOSS_TOPK") && g.topk <= TK_KR;
+    const int new_terms = loss_switch("LUCID_LOSS_TERMS");
     if (!frozen) {
         Targets t;
         t.cls = make_tview(targets->cls);
@@ -1175,7 +1809,7 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
         const int64_t nG = (int64_t)g.B * g.G;
         const int64_t rows = LPL_PREP_THREADS / 32;
         lucid_launch(k_prep_gt, (unsigned)((nG + rows - 1) / rows),
-                     LPL_PREP_THREADS, 0, st->stream, g, bf, t);
+                     LPL_PREP_THREADS, 0, st->stream, g, bf, fb, t);
         CUDA_CHECK_LAUNCH(ctx, "pose loss prep_gt");
     }
     const int64_t nA = (int64_t)g.B * g.A;
@@ -1184,12 +1818,26 @@ static lucid_status cuda_forward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
               LPL_THREADS, g, bf, vb);
     CUDA_CHECK_LAUNCH(ctx, "pose loss decode");
     if (!frozen) {
-        lucid_launch(k_topk, (unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0, st->stream, g, bf, vc);
+        if (new_topk)
+            lucid_launch(k_topk2, (unsigned)(g.B * g.G * LPL_TK_BPG),
+                         LPL_TK_THREADS, 0, st->stream, g, bf, fb, vc);
+        else
+            lucid_launch(k_topk, (unsigned)(g.B * g.G), LPL_TOPK_THREADS, 0,
+                         st->stream, g, bf, vc);
         CUDA_CHECK_LAUNCH(ctx, "pose loss topk");
-        lucid_launch(k_resolve, blocksA, LPL_THREADS, 0, st->stream, g, bf, vc);
+        lucid_launch(k_resolve, blocksA, LPL_THREADS, 0, st->stream, g, bf, fb,
+                     vc);
         CUDA_CHECK_LAUNCH(ctx, "pose loss resolve");
     }
-    LAUNCH_RF(k_loss, blocksA, LPL_LB_THREADS, g, bf, vb, vc, vk, frozen);
+    if (new_terms) {
+        LAUNCH_RF(k_items, item_blocks(p, st, 5 + g.K), LPL_THREADS, g, bf, fb,
+                  vb, vk, frozen);
+        CUDA_CHECK_LAUNCH(ctx, "pose loss items");
+        lucid_launch(k_loss2, blocksA, LPL_THREADS, 0, st->stream, g, bf, fb,
+                     vc, frozen);
+    } else {
+        LAUNCH_RF(k_loss, blocksA, LPL_LB_THREADS, g, bf, vb, vc, vk, frozen);
+    }
     CUDA_CHECK_LAUNCH(ctx, "pose loss terms");
     Scalars out;
     memset(&out, 0, sizeof out);
@@ -1234,8 +1882,15 @@ static lucid_status cuda_backward(lucid_ctx *ctx, lucid_pose_loss_plan *p,
                 ok = make_oview(grad_kpt);
     const void *gs = grad_scale ? lucid_tensor_data(grad_scale) : NULL;
     const int gs_dt = grad_scale ? (int)grad_scale->dtype : 0;
-    LAUNCH_RF(k_backward, (unsigned)loss_blocks(p), LPL_LB_THREADS, g, bf, vb,
-              vc, vk, gs, gs_dt, ob, oc, ok);
+    if (loss_switch("LUCID_LOSS_TERMS")) {
+        const FgBufs fb = make_fgbufs(p);
+        const unsigned nib = item_blocks(p, st, 4 + g.K);
+        LAUNCH_RF(k_backward2, nib + (unsigned)loss_blocks(p), LPL_THREADS, g,
+                  bf, fb, vb, vc, vk, gs, gs_dt, ob, oc, ok, (int)nib);
+    } else {
+        LAUNCH_RF(k_backward, (unsigned)loss_blocks(p), LPL_LB_THREADS, g, bf,
+                  vb, vc, vk, gs, gs_dt, ob, oc, ok);
+    }
     CUDA_CHECK_LAUNCH(ctx, "pose loss backward");
     return LUCID_OK;
 }

@@ -17,6 +17,21 @@
  * captured into a CUDA graph on the context's stream,
  * replayed, same bits as the eager run). Frozen forward: same values.
  *
+ * Kernel switches (cuda/loss.cu: LUCID_LOSS_TOPK, LUCID_LOSS_TERMS): every
+ * case also runs the GPU side under all four settings (the spread top-k
+ * k_topk2 or the block top-k k_topk; the spread terms k_items + k_loss2 /
+ * k_backward2 or k_loss / k_backward), gradients filled with NaN before
+ * each run, and checks bitwise equality with the old pair: total, items,
+ * the three gradients, the reference layout of the work storage (pos,
+ * tgt, tscore, alpha, pos_al, pos_ov, scal, ...), and a frozen forward +
+ * backward (case "switch"). Cases for the new paths: 64 gts per image,
+ * all-zero align metrics (ties broken by index, candidates at the image's
+ * first anchors and a gt covering every anchor), gts with fewer candidate
+ * anchors than topk (tiny, on corners, partly outside), topk 1, 13, 16
+ * and 20 (above k_topk2's 16: k_topk serves it), 100 gts per image, and
+ * the new kernels once more with a single block of foreground items
+ * (LUCID_LOSS_ITEM_BLOCKS=1: many items per thread).
+ *
  * Without a CUDA device: "skip ...: no CUDA device", exit 0.
  */
 #define LUCID_POSE_LOSS_INTERNAL
@@ -45,6 +60,7 @@ typedef struct side {
 
 typedef struct prob {
     int B, G, nc, K, A, img;
+    int topk; /* 0: the config's default */
     lucid_dtype dt, gdt; /* outputs, gradients */
     /* host masters (f32 outputs before the cast to dt; targets) */
     lucid_tensor *pb, *pc, *pk, *tc, *tb, *tk, *tv;
@@ -111,6 +127,7 @@ static int side_init(prob *P, side *s, lucid_device dev) {
     s->dev = dev;
     lucid_pose_loss_config cfg = lucid_pose_loss_config_default();
     cfg.batch = P->B, cfg.nc = P->nc, cfg.max_gt = P->G;
+    if (P->topk) cfg.topk = P->topk;
     lucid_pose_loss_config_levels(&cfg, P->img, P->img);
     if (lucid_pose_loss_plan_create(ctx, dev, &cfg, &s->plan)) return -1;
     if (lucid_pose_loss_plan_anchors(s->plan) != P->A) return -1;
@@ -438,6 +455,110 @@ static void gpu_props(const char *name, prob *P) {
     free(a0), free(a1);
 }
 
+/* ------------------------------------------------------------ switches */
+
+/* The reference layout of the GPU plan's work storage (everything but the
+ * CUDA backend's area: anc, sigmas, scal, gt_*, pbox, pos, tgt, tscore,
+ * alpha, pos_al, pos_ov), as host bytes. */
+static void *ws_bytes(const lucid_pose_loss_plan *p, size_t *nb) {
+    const lucid_pose_loss_kernels *k = lucid_pose_loss_cuda_kernels();
+    int64_t n = (int64_t)(lucid_storage_nbytes(p->ws) - k->extra_bytes(p));
+    lucid_tensor *t = NULL;
+    if (lucid_tensor_from_storage(ctx, p->ws, LUCID_U8, 1, &n, NULL, 0, &t))
+        return NULL;
+    void *v = host_bytes(t, nb);
+    lucid_tensor_release(t);
+    return v;
+}
+
+#define SNAP_N 11
+typedef struct snap {
+    void *b[SNAP_N];
+    size_t n[SNAP_N];
+    lucid_status st;
+} snap;
+
+static void snap_free(snap *S) {
+    for (int j = 0; j < SNAP_N; j++) free(S->b[j]);
+    memset(S, 0, sizeof *S);
+}
+
+/* One GPU run under the switches (topk, terms): gradients and outputs
+ * NaN first; then forward + backward, the outputs, gradients and work
+ * storage; then a frozen forward + backward's outputs and gradients. */
+static void snap_run(prob *P, int topk, int terms, snap *S) {
+    side *s = &P->gpu;
+    lucid_tensor *outs[5] = {s->total, s->items, s->gb, s->gc, s->gk};
+    memset(S, 0, sizeof *S);
+    setenv("LUCID_LOSS_TOPK", topk ? "1" : "0", 1);
+    setenv("LUCID_LOSS_TERMS", terms ? "1" : "0", 1);
+    for (int j = 0; j < 5; j++) lucid_fill(ctx, outs[j], NAN);
+    S->st = fwd_bwd(s);
+    for (int j = 0; j < 5; j++) S->b[j] = host_bytes(outs[j], &S->n[j]);
+    S->b[5] = ws_bytes(s->plan, &S->n[5]);
+    lucid_pose_loss_plan_set_frozen(s->plan, 1);
+    for (int j = 0; j < 5; j++) lucid_fill(ctx, outs[j], NAN);
+    if (S->st == LUCID_OK) S->st = fwd_bwd(s);
+    for (int j = 0; j < 5; j++) S->b[6 + j] = host_bytes(outs[j], &S->n[6 + j]);
+    lucid_pose_loss_plan_set_frozen(s->plan, 0);
+}
+
+/* New kernels vs old (the two mixed settings, and the new ones with one
+ * item block): the same bits; the caller's settings restored after. */
+static void switch_ab(const char *name, prob *P) {
+    static const char *what[SNAP_N] = {
+        "total", "items", "grad box", "grad cls", "grad kpt", "work storage",
+        "frozen total", "frozen items", "frozen grad box", "frozen grad cls",
+        "frozen grad kpt"};
+    char *env0[3] = {NULL, NULL, NULL};
+    const char *envn[3] = {"LUCID_LOSS_TOPK", "LUCID_LOSS_TERMS",
+                           "LUCID_LOSS_ITEM_BLOCKS"};
+    for (int e = 0; e < 3; e++)
+        if (getenv(envn[e])) env0[e] = strdup(getenv(envn[e]));
+    unsetenv(envn[2]);
+    snap ref, S;
+    snap_run(P, 0, 0, &ref);
+    char nm[256];
+    for (int m = 1; m < 5; m++) {
+        const int tk = m & 1 || m == 4, te = m >> 1 || m == 4;
+        /* m 4: the new kernels with one block of foreground items (the
+         * grid-stride loops, many items per thread) */
+        if (m == 4) setenv("LUCID_LOSS_ITEM_BLOCKS", "1", 1);
+        snap_run(P, tk, te, &S);
+        unsetenv("LUCID_LOSS_ITEM_BLOCKS");
+        int bad = -1;
+        for (int j = 0; j < SNAP_N && bad < 0; j++)
+            if (!S.b[j] || !ref.b[j] || S.n[j] != ref.n[j] ||
+                memcmp(S.b[j], ref.b[j], S.n[j]))
+                bad = j;
+        snprintf(nm, sizeof nm,
+                 "%s: switch topk=%s terms=%s%s bitwise the old kernels'",
+                 name, tk ? "new" : "old", te ? "new" : "old",
+                 m == 4 ? " (1 item block)" : "");
+        CHECK(nm, S.st == LUCID_OK && ref.st == LUCID_OK && bad < 0,
+              "%s / %s; %s differs", lucid_status_name(S.st),
+              lucid_status_name(ref.st), bad >= 0 ? what[bad] : "nothing");
+        snap_free(&S);
+    }
+    /* every gradient element written (NaN-filled before the run) */
+    int nan_left = 0;
+    for (int j = 2; j < 5; j++) {
+        const lucid_tensor *t = j == 2 ? P->gpu.gb : j == 3 ? P->gpu.gc : P->gpu.gk;
+        double *v = host_f64(t);
+        for (int64_t i = 0; v && i < lucid_tensor_numel(t); i++)
+            nan_left += isnan(v[i]) != 0;
+        free(v);
+    }
+    snprintf(nm, sizeof nm, "%s: new kernels write every gradient element", name);
+    CHECK(nm, nan_left == 0, "%d elements still NaN", nan_left);
+    snap_free(&ref);
+    for (int e = 0; e < 3; e++) {
+        if (env0[e]) setenv(envn[e], env0[e], 1);
+        else unsetenv(envn[e]);
+        free(env0[e]);
+    }
+}
+
 /* ------------------------------------------------------------ cases */
 
 /* 64x64 image: levels 8x8, 4x4, 2x2 = 84 anchors; anchor a = i*8 + j of
@@ -450,6 +571,7 @@ static void run_case(const char *name, prob *P, int props) {
     }
     compare(name, P);
     if (props) gpu_props(name, P);
+    switch_ab(name, P);
 }
 
 static void case_single(void) {
@@ -636,10 +758,88 @@ static void case_strided(void) {
         lucid_tensor_release(P.gpu.pk);
         P.gpu.pk = v;
         compare("strided outputs", &P);
+        switch_ab("strided outputs", &P);
     }
     if (t) lucid_tensor_release(t);
     if (h) lucid_tensor_release(h);
     if (hk) lucid_tensor_release(hk);
+    prob_free(&P);
+}
+
+/* A gt row in pixels of an img x img image (xyxy), keypoints at its
+ * centre, visible. */
+static void gt_px(prob *P, int b, int g, double x1, double y1, double x2,
+                  double y2) {
+    const double S = P->img;
+    gt_row(P, b, g, 1, (x1 + x2) / 2 / S, (y1 + y2) / 2 / S, (x2 - x1) / S,
+           (y2 - y1) / S, (x1 + x2) / 2 / S, (y1 + y2) / 2 / S, 2);
+}
+
+/* Every align metric +0.0 (class logits -200: the sigmoid underflows to
+ * 0), so each gt's top-k is its lowest anchor indices: a gt on the
+ * image's top-left corner has candidates among them, the others do not;
+ * image 1 has a gt covering every anchor (the largest slices of k_topk2,
+ * no anchor outside). bf16 outputs. */
+static void case_zero_metric(void) {
+    prob P;
+    if (prob_init(&P, 2, 6, 640, LUCID_BF16, LUCID_F32)) {
+        TEST_FAIL("zero metrics", "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    lucid_rand_uniform(ctx, P.pb, 31, 0, -3.0, 3.0);
+    lucid_fill(ctx, P.pc, -200.0);
+    lucid_rand_uniform(ctx, P.pk, 31, 2u << 20, -1.0, 1.0);
+    gt_px(&P, 0, 0, 0, 0, 40, 30);      /* anchors 0.. are candidates */
+    gt_px(&P, 0, 1, 2, 1, 14, 11);      /* tiny, on the corner */
+    gt_px(&P, 0, 2, 300, 200, 420, 390);
+    gt_px(&P, 0, 3, 600, 610, 650, 660); /* partly outside */
+    gt_px(&P, 1, 0, 0, 0, 640, 640);    /* every anchor */
+    gt_px(&P, 1, 2, 100, 0, 500, 24);   /* along the top row */
+    run_case("zero metrics", &P, 1);
+    prob_free(&P);
+}
+
+/* Fewer candidate anchors than topk: 1-2 px boxes (widened to stride 16),
+ * boxes on the four corners and half outside the image, a box between
+ * cell centres; random outputs, f16 with f16 gradients. */
+static void case_few_candidates(void) {
+    prob P;
+    if (prob_init(&P, 2, 10, 640, LUCID_F16, LUCID_F16)) {
+        TEST_FAIL("few candidates", "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    lucid_rand_uniform(ctx, P.pb, 32, 0, -3.0, 3.0);
+    lucid_rand_uniform(ctx, P.pc, 32, 1u << 28, -4.0, 2.0);
+    lucid_rand_uniform(ctx, P.pk, 32, 2u << 28, -1.0, 1.0);
+    gt_px(&P, 0, 0, 100, 100, 101, 101);
+    gt_px(&P, 0, 1, 0.5, 0.5, 2.5, 1.5);
+    gt_px(&P, 0, 2, 637, 0, 640, 3);
+    gt_px(&P, 0, 3, 0, 636, 4, 640);
+    gt_px(&P, 0, 4, 630, 630, 650, 650);
+    gt_px(&P, 0, 5, -20, 300, 6, 330);
+    gt_px(&P, 0, 6, 8, 8, 16, 16);       /* sides on cell centres */
+    gt_px(&P, 0, 7, 12.0001, 20, 12.0002, 21);
+    gt_px(&P, 1, 3, 320, 320, 321, 322);
+    gt_px(&P, 1, 9, 200, 100, 202, 260); /* thin and tall */
+    run_case("few candidates", &P, 0);
+    prob_free(&P);
+}
+
+/* topk other than 10: 1, 13, 16 (k_topk2's largest), 20 (k_topk). */
+static void case_topk(int k, uint64_t seed) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "topk %d", k);
+    prob P;
+    if (prob_init(&P, 2, 12, 640, LUCID_F32, LUCID_F32)) {
+        TEST_FAIL(nm, "setup: %s", lucid_ctx_error(ctx));
+        prob_free(&P);
+        return;
+    }
+    P.topk = k;
+    random_problem(&P, seed, -1);
+    run_case(nm, &P, 0);
     prob_free(&P);
 }
 
@@ -745,6 +945,16 @@ int main(void) {
                 LUCID_F32, 0);
     case_random("random 640 bf16 grads bf16", 4, 16, 640, -1, 7, LUCID_BF16,
                 LUCID_BF16, 1);
+    case_random("random 640 f32 64/img", 2, 64, 640, 64, 8, LUCID_F32,
+                LUCID_F32, 1);
+    case_random("random 640 f16 100/img", 4, 100, 640, 100, 9, LUCID_F16,
+                LUCID_F32, 0);
+    case_zero_metric();
+    case_few_candidates();
+    case_topk(1, 41);
+    case_topk(13, 42);
+    case_topk(16, 43);
+    case_topk(20, 44);
     case_real_batch();
     lucid_ctx_release(ctx);
     return test_exit();
