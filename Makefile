@@ -137,6 +137,12 @@ run: deps all
 bench: all
 	@bench/run.sh
 
+# one benchmark program, built as bench/run.sh builds it (e.g.
+# make build/bench/bench_conv_small_cuda)
+build/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -std=c11 -D_GNU_SOURCE -Iengine $(RT_CFLAGS) $(if $(filter 1,$(CUDA)),-I$(CUDA_HOME)/include,) -o $@ $< $(LIB) $(ALL_LIBS)
+
 FIT ?=
 bench-fit: all
 	luajit bench/fit_pairs.lua $(FIT)

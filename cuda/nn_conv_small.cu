@@ -12,7 +12,13 @@
  *                  staged as w[c][o][8 - t] (mode S1)
  *   backward s2    in = dy, out = dx: mode BWD2 below.
  *
- * Block.  A block owns an output tile of TW columns x TH rows of one image
+ * Two generations: the v1 kernels described here (sc_conv, sc_bwd2: CUDA
+ * cores, every eligible pass) and the v2 tensor-core kernel (sc2_conv,
+ * described at its section below: forward and stride-1 backward-data with
+ * Ci, Co <= 16).  The entry points take v2 where it applies unless
+ * LUCID_CONV_SMALL_V=1 / lucid_conv_small_set_version(1) (nn_conv_small.cuh).
+ *
+ * v1.  Block.  A block owns an output tile of TW columns x TH rows of one image
  * and COT = CG*COB output channels (grid: tiles_w * tiles_h * N * ncos
  * blocks, ncos = ceil(Co / COT)).  Its threads are CG x RW warps: warp
  * (cg, rw) computes channels [cg*COB, cg*COB + COB) of the tile's rows
@@ -58,10 +64,12 @@
 #include "nn_common.cuh"
 #include "nn_conv_small.cuh"
 
+#include <atomic>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #define SC_THREADS 256           /* largest block */
 #define SC_ROWS 4                /* output rows per thread (S1, S2, BWD2) */
@@ -539,12 +547,612 @@ sc_bwd2(sc_args a) {
     sc_bwd2_store<T, COB>(a, tl, tid, acc);
 }
 
+// ============================================================================
+// v2: the tensor-core kernels (the default; LUCID_CONV_SMALL_V=1 or
+// lucid_conv_small_set_version(1) keeps the v1 kernels above for every pass)
+//
+// Which passes: the forward with stride 1 or 2 and the stride-1
+// backward-data, whenever the pass's reduced channels Ci and its output
+// channels Co are both <= 16 (sc2_plan_make); the rest (the stride-2
+// backward-data, wider channel counts) stays on v1.
+//
+// The product.  A pass is a GEMM per output row segment: D[o][p] = sum_k
+// A[o][k] * B[k][p], o the output channel (M = 16 rows, those >= Co zero),
+// p one of 8 output pixels of a row (N = 8), k a (kernel tap, input
+// channel) pair.  One warp owns 32 consecutive output columns ("strip") of
+// SC2_TR = 2 output rows and all Co channels: 4 n-tiles x 2 rows of
+// m16n8 f32 accumulators (32 registers).  mma.sync.m16n8k16 (Ci in 9..16:
+// one step = one tap, 16 channels) or m16n8k8 (Ci in 5..8: one tap, 8
+// channels; Ci <= 4: two taps of one kernel row, 4 channels, the fourth
+// tap of a row a padding tap with weight 0 reading the third tap's input).
+// Steps per kernel row G = 3 (Ci > 4) or 2; NSTEP = 3*G.
+//
+// Grid: tiles_w x ceil(Ho/2) x N blocks of TW threads (one warp per 32
+// columns), TW the output row cut into as few equal tiles of whole warps,
+// at most 256 columns, as keep the dynamic shared memory under 48 KiB
+// (the network: 160 columns, 5 warps; 320 and 1280 blocks).
+//
+// Shared memory.  The block's input rows, with the halo, as "pair planes":
+// word [cp][row][col] holds channels 2cp (low half) and 2cp+1 (high half)
+// of one input pixel, so that a B-fragment register (two consecutive k of
+// one pixel) is one 32-bit load.  Ci is padded to 2*CP2 channels with
+// zeros (CP2 = 2, 4, 8).  Stride 1: staged columns [c0-8, c0+TW+8) of the
+// input, word index = column - (c0-8).  Stride 2: staged columns
+// [2c0-8, 2c0+2TW+8), split into the even columns (words [0, TWE)) and the
+// odd ones (words [TWE, 2TWE)), TWE = TW+8, so that the 8 pixels of an
+// n-tile read consecutive words.  Plane cp starts at cp*PSW + 2*(cp & 3)
+// words (PSW a multiple of 32): with the n-tile's pixel order below the 4
+// lane quads of a B load hit disjoint banks (one wavefront per load when
+// Ci > 4; 1.5 on average when Ci <= 4), and a warp's 8-byte staging
+// stores (cp fastest across lanes) take two wavefronts each, the least for
+// 256 bytes.  The weights follow, already
+// in A-fragment order: word [(s*4 + reg)*33 + lane] (rounded to the
+// activation dtype from the f32 master weight, once per block).
+//
+// Pixel order.  n-tile nt (0..3) column n (0..7) of a strip is pixel
+// 8*(n>>1) + 2*nt + (n&1) of the strip, so lane (g, t) of the C fragment
+// (rows g, g+8; columns 2t, 2t+1 of each n-tile) holds pixels 8t..8t+7 of
+// channels g and g+8: one 16-byte store (or load, for beta) each.
+//
+// Per block: stage (inputs and packed weights; SC2_U items per thread
+// loaded before any is stored, so one memory latency per block), barrier,
+// each lane loads its A fragments (all steps: <= 36 registers), then per
+// staged input row and step group the B fragments once, used by each of the
+// TR output rows that reads that input row (stride 1: 4 staged rows for 2
+// output rows), then the store.
+//
+// Order (deterministic, independent of the tiling and the alignment): per
+// output the f32 accumulator starts at the bias (forward) or 0, then one
+// mma per step in the order of the kernel row r ascending and, within r,
+// the step (tap q ascending; Ci <= 4: taps 0,1 then 2) ascending; each mma
+// adds its 16 (or 8) exact products of dt values to the accumulator in the
+// tensor core's own fixed way (not an fmaf chain: bits can differ from
+// v1 and between GPU generations, never between runs).  The store adds
+// fmaf(beta, old, acc) when beta != 0 and rounds once.
+// ============================================================================
+
+#define SC2_TR 2            /* output rows per tile */
+#define SC2_TWMAX 256       /* widest tile: 8 warps of 32 columns */
+#define SC2_THREADS 256     /* largest block */
+#define SC2_WROW 33         /* words per packed weight row: 32 lanes + 1 */
+/* staging items of each kind per thread in flight (more for 16 channels) */
+#define SC2_U(CP2) ((CP2) == 8 ? 6 : 4)
+#define SC2_SMEM_MAX (48 * 1024)
+
+/* Compile-time shape of the k dimension for CP2 channel pairs. */
+template <int CP2> struct sc2_k {
+    static constexpr bool K16 = CP2 == 8;       /* m16n8k16, else m16n8k8 */
+    static constexpr int KR = K16 ? 2 : 1;      /* B registers per n-tile and step */
+    static constexpr int AR = K16 ? 4 : 2;      /* A registers per step */
+    static constexpr int G = CP2 == 2 ? 2 : 3;  /* steps per kernel row */
+    static constexpr int NSTEP = 3 * G;
+    static constexpr int TT = CP2 == 2 ? 12 : 9; /* weight-build taps per pair (12: 4 per row) */
+};
+
+namespace {
+
+struct sc2_args {
+    const void *in;
+    void *out;
+    const float *w;
+    const float *bias; /* forward only; NULL: none */
+    float beta;        /* backward only; 0: out not read */
+    int Ci, Hi, Wi;    /* reduced channels, input plane */
+    int Co, Ho, Wo;    /* output channels, output plane */
+    int wmode;         /* SC_W_FWD or SC_W_BWD_FLIP */
+    int tw;            /* output columns per tile: 32 per warp */
+    int tiles_w, tiles_h;
+    int rsw;           /* words per staged row */
+    int twe;           /* stride 2: words of the even-column half of a row */
+    int psw;           /* words per pair plane (a multiple of 32) */
+    int nch;           /* 8-column chunks per staged row */
+    int vec_in;        /* 16-byte staging loads allowed */
+    int vec_out;       /* 16-byte stores (and beta loads) allowed */
+};
+
+struct sc2_plan {
+    int S, cp2;
+    unsigned blocks, threads;
+    size_t smem;
+    sc2_args a;
+};
+
+int sc2_cp2_of(int Ci) { return Ci <= 4 ? 2 : Ci <= 8 ? 4 : 8; }
+
+/* Derived layout of a plan whose S, cp2 and a.tw are set; the dynamic
+ * shared memory in bytes. */
+size_t sc2_layout(sc2_plan *p) {
+    sc2_args &a = p->a;
+    const int S = p->S, ri = (SC2_TR - 1) * S + 3, G = p->cp2 == 2 ? 2 : 3;
+    if (S == 1) {
+        a.twe = 0;
+        a.rsw = a.tw + 16;
+        a.nch = a.rsw / 8;
+    } else {
+        a.twe = a.tw + 8;
+        a.rsw = 2 * a.twe;
+        a.nch = (2 * a.tw + 16) / 8;
+    }
+    /* + 8: plane cp's skew (2*(cp & 3) <= 6 words) never reaches plane cp+1 */
+    a.psw = (int)(sc_cdiv((int64_t)ri * a.rsw + 8, 32) * 32);
+    size_t words = (size_t)p->cp2 * a.psw + 8 + (size_t)3 * G * 4 * SC2_WROW;
+    return words * sizeof(uint32_t);
+}
+
+/* The v2 launch plan of pass (0 forward, 1 backward-data) of an eligible g;
+ * 0 when v2 does not take the pass.  tw_force > 0 (a multiple of 32, at
+ * most SC2_TWMAX): that tile width (tests). */
+int sc2_plan_make(const lucid_conv_small_geom *g, int pass, sc2_plan *p, int tw_force) {
+    memset(p, 0, sizeof *p);
+    sc2_args &a = p->a;
+    const int s = g->sh;
+    if (pass == 0) {
+        a.Ci = (int)g->Cin; a.Hi = (int)g->H; a.Wi = (int)g->W;
+        a.Co = (int)g->Cout; a.Ho = (int)g->Ho; a.Wo = (int)g->Wo;
+        a.wmode = SC_W_FWD;
+    } else {
+        if (s != 1) return 0;
+        a.Ci = (int)g->Cout; a.Hi = (int)g->Ho; a.Wi = (int)g->Wo;
+        a.Co = (int)g->Cin; a.Ho = (int)g->H; a.Wo = (int)g->W;
+        a.wmode = SC_W_BWD_FLIP;
+    }
+    if (a.Ci > 16 || a.Co > 16) return 0;
+    p->S = s;
+    p->cp2 = sc2_cp2_of(a.Ci);
+    /* tile width: the plane in as few equal tiles of whole warps as fit the
+     * shared-memory limit */
+    size_t smem = 0;
+    for (int twmax = SC2_TWMAX; twmax >= 32; twmax -= 32) {
+        int64_t ntw = sc_cdiv(a.Wo, twmax);
+        a.tw = tw_force > 0 ? tw_force : (int)(32 * sc_cdiv(sc_cdiv(a.Wo, ntw), 32));
+        smem = sc2_layout(p);
+        if (smem < SC2_SMEM_MAX || tw_force > 0) break;
+    }
+    if (smem >= SC2_SMEM_MAX) return 0;
+    a.tiles_w = (int)sc_cdiv(a.Wo, a.tw);
+    a.tiles_h = (int)sc_cdiv(a.Ho, SC2_TR);
+    p->blocks = (unsigned)((int64_t)a.tiles_w * a.tiles_h * g->N);
+    p->threads = (unsigned)a.tw;
+    p->smem = smem;
+    return 1;
+}
+
+} // namespace
+
+/* A v2 block's place: image n, first output row i0 and column c0, and the
+ * input row / column of staged row 0 / column 0. */
+struct sc2_tile {
+    int n, i0, c0, row0, col0;
+};
+
+SC_HD sc2_tile sc2_tile_of(const sc2_args &a, int S, int blk) {
+    sc2_tile t;
+    int tx = blk % a.tiles_w;
+    blk /= a.tiles_w;
+    int ty = blk % a.tiles_h;
+    t.n = blk / a.tiles_h;
+    t.c0 = tx * a.tw;
+    t.i0 = ty * SC2_TR;
+    t.row0 = t.i0 * S - 1;
+    t.col0 = t.c0 * S - 8;
+    return t;
+}
+
+/* The 16 bits of v. */
+template <typename T> SC_HD unsigned sc_bits(T v);
+template <> SC_HD unsigned sc_bits<__nv_bfloat16>(__nv_bfloat16 v) {
+    __nv_bfloat16_raw r = v;
+    return r.x;
+}
+template <> SC_HD unsigned sc_bits<__half>(__half v) {
+    __half_raw r = v;
+    return r.x;
+}
+
+/* 16 bytes of global memory, read-only for the kernel's lifetime. */
+SC_HD uint4 sc2_ld16(const unsigned short *p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+#else
+    return *reinterpret_cast<const uint4 *>(p);
+#endif
+}
+
+/* Pair plane cp's first word. */
+SC_HD int sc2_plane(const sc2_args &a, int cp) { return cp * a.psw + 2 * (cp & 3); }
+
+/* Load staging item `it` (cp fastest, then the 8-column chunk k, then the
+ * staged row rr): channels 2cp and 2cp+1 (zeros past Ci), input row
+ * row0 + rr (zeros outside the plane), columns col0 + 8k .. +7 (zeros
+ * outside the plane), as raw 16-bit elements, element 0 in the low half of
+ * .x. */
+template <int CP2>
+SC_HD void sc2_in_load(const sc2_args &a, const sc2_tile &tl, int it, uint4 (&v)[2]) {
+    const unsigned short *in = (const unsigned short *)a.in;
+    const int cp = it % CP2, rest = it / CP2;
+    const int k = rest % a.nch, rr = rest / a.nch;
+    const int hi = tl.row0 + rr, col = tl.col0 + 8 * k;
+SC_UNROLL
+    for (int e = 0; e < 2; e++) {
+        const int c = 2 * cp + e;
+        v[e] = make_uint4(0u, 0u, 0u, 0u);
+        if (c >= a.Ci || hi < 0 || hi >= a.Hi) continue;
+        const unsigned short *src = in + ((int64_t)(tl.n * a.Ci + c) * a.Hi + hi) * a.Wi;
+        if (a.vec_in && col >= 0 && col + 8 <= a.Wi) {
+            v[e] = sc2_ld16(src + col);
+        } else {
+            unsigned h[8];
+SC_UNROLL
+            for (int j = 0; j < 8; j++) h[j] = col + j >= 0 && col + j < a.Wi ? src[col + j] : 0u;
+            v[e] = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16,
+                              h[6] | h[7] << 16);
+        }
+    }
+}
+
+/* Store item `it` (loaded by sc2_in_load) into its pair plane: word j of
+ * the chunk = (channel 2cp, channel 2cp+1) of column 8k + j. */
+template <int S, int CP2>
+SC_HD void sc2_in_store(const sc2_args &a, uint32_t *sm, int it, const uint4 (&v)[2]) {
+    const int cp = it % CP2, rest = it / CP2;
+    const int k = rest % a.nch, rr = rest / a.nch;
+    const unsigned lo[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+    const unsigned hi[4] = {v[1].x, v[1].y, v[1].z, v[1].w};
+    unsigned wd[8];
+SC_UNROLL
+    for (int m = 0; m < 4; m++) {
+        wd[2 * m] = (lo[m] & 0xffffu) | (hi[m] << 16);
+        wd[2 * m + 1] = (lo[m] >> 16) | (hi[m] & 0xffff0000u);
+    }
+    uint32_t *row = sm + sc2_plane(a, cp) + rr * a.rsw; /* 8-byte aligned */
+    if (S == 1) {
+        uint2 *d = reinterpret_cast<uint2 *>(row + 8 * k);
+        d[0] = make_uint2(wd[0], wd[1]);
+        d[1] = make_uint2(wd[2], wd[3]);
+        d[2] = make_uint2(wd[4], wd[5]);
+        d[3] = make_uint2(wd[6], wd[7]);
+    } else {
+        uint2 *de = reinterpret_cast<uint2 *>(row + 4 * k);
+        uint2 *dd = reinterpret_cast<uint2 *>(row + a.twe + 4 * k);
+        de[0] = make_uint2(wd[0], wd[2]);
+        de[1] = make_uint2(wd[4], wd[6]);
+        dd[0] = make_uint2(wd[1], wd[3]);
+        dd[1] = make_uint2(wd[5], wd[7]);
+    }
+}
+
+/* Weight-build position `it` (tap fastest, then the pair cp, then the
+ * output row o of the 16-row A tile): its kernel row r, tap column q (q 3:
+ * the padding tap of CP2 2) and its packed word index. */
+template <int CP2>
+SC_HD void sc2_wpos(int it, int &o, int &cp, int &r, int &q, int &word) {
+    typedef sc2_k<CP2> K;
+    const int tt = it % K::TT, rest = it / K::TT;
+    cp = rest % CP2;
+    o = rest / CP2;
+    r = CP2 == 2 ? tt >> 2 : tt / 3;
+    q = CP2 == 2 ? tt & 3 : tt % 3;
+    const int s = CP2 == 2 ? r * 2 + (q >> 1) : r * 3 + q;
+    const int kp = CP2 == 2 ? ((q & 1) << 1) | cp : cp; /* pair within the step */
+    const int reg = (o >> 3) + 2 * (kp >> 2), lane = (o & 7) * 4 + (kp & 3);
+    word = (s * 4 + reg) * SC2_WROW + lane;
+}
+
+/* The two f32 weights of position `it` (channels 2cp, 2cp+1 of output
+ * channel o at tap (r, q) of the pass; 0 past Ci / Co and for the padding
+ * tap). */
+template <int CP2>
+SC_HD void sc2_w_load(const sc2_args &a, int it, float (&f)[2]) {
+    int o, cp, r, q, word;
+    sc2_wpos<CP2>(it, o, cp, r, q, word);
+    f[0] = f[1] = 0.0f;
+    if (q > 2 || o >= a.Co) return;
+    const int t = r * 3 + q;
+SC_UNROLL
+    for (int e = 0; e < 2; e++) {
+        const int c = 2 * cp + e;
+        if (c >= a.Ci) continue;
+        f[e] = a.wmode == SC_W_FWD ? a.w[(o * a.Ci + c) * 9 + t]
+                                   : a.w[(c * a.Co + o) * 9 + (8 - t)];
+    }
+}
+
+template <typename T, int CP2>
+SC_HD void sc2_w_store(uint32_t *swt, int it, const float (&f)[2]) {
+    int o, cp, r, q, word;
+    sc2_wpos<CP2>(it, o, cp, r, q, word);
+    swt[word] = sc_bits<T>(sc_t<T>(f[0])) | sc_bits<T>(sc_t<T>(f[1])) << 16;
+}
+
+/* Stage the block's input pair planes and its packed weights.  Thread tid
+ * of nthr takes items tid, tid + nthr, ...; SC2_U of each kind are loaded
+ * before any is stored. */
+template <typename T, int S, int CP2>
+SC_HD void sc2_stage(const sc2_args &a, uint32_t *sm, const sc2_tile &tl, int tid, int nthr) {
+    typedef sc2_k<CP2> K;
+    constexpr int RI = (SC2_TR - 1) * S + 3;
+    uint32_t *swt = sm + CP2 * a.psw + 8;
+    /* A rows 8..15 only when Co > 8 (else sc2_lane_init zeroes them) */
+    const int nin = CP2 * RI * a.nch, nw = (a.Co > 8 ? 16 : 8) * CP2 * K::TT;
+    const int nall = nin > nw ? nin : nw;
+    constexpr int U = SC2_U(CP2);
+    for (int b0 = tid; b0 < nall; b0 += U * nthr) {
+        uint4 v[U][2];
+        float f[U][2];
+SC_UNROLL
+        for (int u = 0; u < U; u++) {
+            const int it = b0 + u * nthr;
+            if (it < nin) sc2_in_load<CP2>(a, tl, it, v[u]);
+            if (it < nw) sc2_w_load<CP2>(a, it, f[u]);
+        }
+SC_UNROLL
+        for (int u = 0; u < U; u++) {
+            const int it = b0 + u * nthr;
+            if (it < nin) sc2_in_store<S, CP2>(a, sm, it, v[u]);
+            if (it < nw) sc2_w_store<T, CP2>(swt, it, f[u]);
+        }
+    }
+}
+
+/* One lane's registers: its A fragments of every step, its accumulators
+ * (output row i of the tile, n-tile nt, C registers 0..3), and its B-load
+ * word offsets per step group and B register (row 0, n-tile 0). */
+template <int S, int CP2> struct sc2_lane {
+    uint32_t A[sc2_k<CP2>::NSTEP][sc2_k<CP2>::AR];
+    float acc[SC2_TR][4][4];
+    int off[sc2_k<CP2>::G][sc2_k<CP2>::KR];
+};
+
+/* After the staging barrier: lanes lane0 .. lane0+L-1 of warp `warp` (the
+ * kernel: L = 1, its own lane; the host emulation: L = 32, lane0 = 0). */
+template <int S, int CP2, int L>
+SC_HD void sc2_lane_init(const sc2_args &a, const uint32_t *sm, int warp, int lane0,
+                         sc2_lane<S, CP2> *ln) {
+    typedef sc2_k<CP2> K;
+    const uint32_t *swt = sm + CP2 * a.psw + 8;
+    for (int l = 0; l < L; l++) {
+        const int lane = lane0 + l, g = lane >> 2, tq = lane & 3;
+        sc2_lane<S, CP2> &x = ln[l];
+SC_UNROLL
+        for (int s = 0; s < K::NSTEP; s++)
+SC_UNROLL
+            for (int r = 0; r < K::AR; r++)
+                x.A[s][r] = (r & 1) && a.Co <= 8 ? 0u : swt[(s * 4 + r) * SC2_WROW + lane];
+        const float b0 = a.bias && g < a.Co ? a.bias[g] : 0.0f;
+        const float b1 = a.bias && g + 8 < a.Co ? a.bias[g + 8] : 0.0f;
+SC_UNROLL
+        for (int i = 0; i < SC2_TR; i++)
+SC_UNROLL
+            for (int nt = 0; nt < 4; nt++) {
+                x.acc[i][nt][0] = x.acc[i][nt][1] = b0;
+                x.acc[i][nt][2] = x.acc[i][nt][3] = b1;
+            }
+        /* the lane's B column is pixel p0 (+ 2*nt) of the tile */
+        const int p0 = 32 * warp + 8 * (g >> 1) + (g & 1);
+SC_UNROLL
+        for (int grp = 0; grp < K::G; grp++)
+SC_UNROLL
+            for (int k = 0; k < K::KR; k++) {
+                int cp, q;
+                if (CP2 == 2) {
+                    cp = tq & 1;
+                    q = 2 * grp + (tq >> 1);
+                    if (q > 2) q = 2; /* padding tap (weight 0): the third tap's input */
+                } else {
+                    cp = tq + 4 * k;
+                    q = grp;
+                }
+                const int col = S == 1 ? p0 + q + 7
+                                       : q == 1 ? p0 + 4 : a.twe + p0 + 3 + (q >> 1);
+                x.off[grp][k] = sc2_plane(a, cp) + col;
+            }
+    }
+}
+
+/* acc[i][nt] += A[s] * B[nt] over the warp's lanes (device: mma.sync on
+ * this lane's fragments; host: the PTX fragment layout of m16n8k16 /
+ * m16n8k8 emulated for lanes 0..L-1, L = 32, each product added with fmaf
+ * in k order). */
+template <typename T, int S, int CP2, int L>
+SC_HD void sc2_mma(sc2_lane<S, CP2> *ln, int i, int nt, int s,
+                   const uint32_t (&b)[L][4][sc2_k<CP2>::KR]) {
+    typedef sc2_k<CP2> K;
+#if defined(__CUDA_ARCH__)
+    float *d = ln[0].acc[i][nt];
+    const uint32_t *A = ln[0].A[s];
+    if constexpr (K::K16) {
+        if constexpr (std::is_same<T, __half>::value)
+            asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(b[0][nt][0]),
+                  "r"(b[0][nt][1]));
+        else
+            asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(b[0][nt][0]),
+                  "r"(b[0][nt][1]));
+    } else {
+        if constexpr (std::is_same<T, __half>::value)
+            asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                "{%4,%5}, {%6}, {%0,%1,%2,%3};"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(A[0]), "r"(A[1]), "r"(b[0][nt][0]));
+        else
+            asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                "{%4,%5}, {%6}, {%0,%1,%2,%3};"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                : "r"(A[0]), "r"(A[1]), "r"(b[0][nt][0]));
+    }
+#else
+    constexpr int KK = K::K16 ? 16 : 8;
+    float Am[16][16], Bm[16][8], Cm[16][8];
+    auto el = [](uint32_t w, int h) { return sc_f<T>(sc_from_bits<T>((unsigned short)(h ? w >> 16 : w & 0xffffu))); };
+    for (int l = 0; l < L; l++) {
+        const int g = l >> 2, tq = l & 3;
+        for (int r = 0; r < K::AR; r++) { /* R0 (g, 2t), R1 (g+8, 2t), R2 (g, 2t+8), R3 (g+8, 2t+8) */
+            const int row = g + 8 * (r & 1), col = 2 * tq + 8 * (r >> 1);
+            Am[row][col] = el(ln[l].A[s][r], 0);
+            Am[row][col + 1] = el(ln[l].A[s][r], 1);
+        }
+        for (int k = 0; k < K::KR; k++) { /* B0 (2t, g), B1 (2t+8, g) */
+            Bm[2 * tq + 8 * k][g] = el(b[l][nt][k], 0);
+            Bm[2 * tq + 8 * k + 1][g] = el(b[l][nt][k], 1);
+        }
+        for (int c = 0; c < 4; c++) Cm[g + 8 * (c >> 1)][2 * tq + (c & 1)] = ln[l].acc[i][nt][c];
+    }
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++)
+            for (int k = 0; k < KK; k++) Cm[m][n] = fmaf(Am[m][k], Bm[k][n], Cm[m][n]);
+    for (int l = 0; l < L; l++) {
+        const int g = l >> 2, tq = l & 3;
+        for (int c = 0; c < 4; c++) ln[l].acc[i][nt][c] = Cm[g + 8 * (c >> 1)][2 * tq + (c & 1)];
+    }
+#endif
+}
+
+/* The block's product: for each staged row ri and step group, each lane's
+ * B fragments of its 4 n-tiles once, then one mma per n-tile for each
+ * output row i of the tile that reads row ri (kernel row r = ri - i*S). */
+template <typename T, int S, int CP2, int L>
+SC_HD void sc2_compute(const sc2_args &a, const uint32_t *sm, sc2_lane<S, CP2> *ln) {
+    typedef sc2_k<CP2> K;
+    constexpr int RI = (SC2_TR - 1) * S + 3;
+SC_UNROLL
+    for (int ri = 0; ri < RI; ri++)
+SC_UNROLL
+        for (int grp = 0; grp < K::G; grp++) {
+            uint32_t b[L][4][K::KR];
+            for (int l = 0; l < L; l++)
+SC_UNROLL
+                for (int nt = 0; nt < 4; nt++)
+SC_UNROLL
+                    for (int k = 0; k < K::KR; k++)
+                        b[l][nt][k] = sm[ln[l].off[grp][k] + ri * a.rsw + 2 * nt];
+SC_UNROLL
+            for (int i = 0; i < SC2_TR; i++) {
+                const int r = ri - i * S;
+                if (r < 0 || r > 2) continue;
+SC_UNROLL
+                for (int nt = 0; nt < 4; nt++) sc2_mma<T, S, CP2, L>(ln, i, nt, r * K::G + grp, b);
+            }
+        }
+}
+
+/* Lane (g, t): channels g and g+8, pixels 8t .. 8t+7 of its warp's strip,
+ * for each output row of the tile; 16-byte stores where the row allows. */
+template <typename T, int S, int CP2, int L>
+SC_HD void sc2_store(const sc2_args &a, const sc2_tile &tl, int warp, int lane0,
+                     const sc2_lane<S, CP2> *ln) {
+    T *out = (T *)a.out;
+    typedef typename sc_pair<T>::type P;
+    for (int l = 0; l < L; l++) {
+        const int lane = lane0 + l, g = lane >> 2, tq = lane & 3;
+        const int col = tl.c0 + 32 * warp + 8 * tq;
+        if (col >= a.Wo) continue;
+SC_UNROLL
+        for (int i = 0; i < SC2_TR; i++) {
+            const int row = tl.i0 + i;
+            if (row >= a.Ho) continue;
+SC_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int o = g + 8 * h;
+                if (o >= a.Co) continue;
+                float v[8];
+SC_UNROLL
+                for (int nt = 0; nt < 4; nt++) {
+                    v[2 * nt] = ln[l].acc[i][nt][2 * h];
+                    v[2 * nt + 1] = ln[l].acc[i][nt][2 * h + 1];
+                }
+                T *po = out + ((int64_t)(tl.n * a.Co + o) * a.Ho + row) * a.Wo + col;
+                if (a.vec_out && col + 8 <= a.Wo) {
+                    if (a.beta != 0.0f) {
+                        uint4 old = *reinterpret_cast<const uint4 *>(po);
+                        const unsigned ow[4] = {old.x, old.y, old.z, old.w};
+SC_UNROLL
+                        for (int e = 0; e < 8; e++)
+                            v[e] = fmaf(a.beta,
+                                        sc_f<T>(sc_from_bits<T>((unsigned short)(e & 1 ? ow[e >> 1] >> 16
+                                                                                   : ow[e >> 1] & 0xffffu))),
+                                        v[e]);
+                    }
+                    P pr[4];
+SC_UNROLL
+                    for (int m = 0; m < 4; m++) pr[m] = sc_pair<T>::make(v[2 * m], v[2 * m + 1]);
+                    uint4 st;
+                    memcpy(&st, pr, sizeof st);
+                    *reinterpret_cast<uint4 *>(po) = st;
+                } else {
+SC_UNROLL
+                    for (int e = 0; e < 8; e++) {
+                        if (col + e >= a.Wo) break;
+                        float r = v[e];
+                        if (a.beta != 0.0f) r = fmaf(a.beta, sc_f<T>(po[e]), r);
+                        po[e] = sc_t<T>(r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Forward (S = 1 or 2) and stride-1 backward-data (flipped weights) with
+ * Ci, Co <= 16. */
+template <typename T, int S, int CP2>
+static __global__ void __launch_bounds__(SC2_THREADS, 2)
+sc2_conv(sc2_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    extern __shared__ uint4 sc2_smem4[];
+    uint32_t *sm = reinterpret_cast<uint32_t *>(sc2_smem4);
+    const int tid = threadIdx.x;
+    const sc2_tile tl = sc2_tile_of(a, S, blockIdx.x);
+    sc2_stage<T, S, CP2>(a, sm, tl, tid, blockDim.x);
+    __syncthreads();
+    sc2_lane<S, CP2> ln[1];
+    sc2_lane_init<S, CP2, 1>(a, sm, tid >> 5, tid & 31, ln); /* branch-free: predicated loads */
+    sc2_compute<T, S, CP2, 1>(a, sm, ln); /* mma.sync.aligned: the warp is converged here */
+    sc2_store<T, S, CP2, 1>(a, tl, tid >> 5, tid & 31, ln);
+}
+
 // ----------------------------------------------------------------------------
 // host entry points
 
-thread_local unsigned long sc_launches;
+thread_local unsigned long sc_launches, sc2_launches;
 
 extern "C" unsigned long lucid_conv_small_launch_count(void) { return sc_launches; }
+
+extern "C" unsigned long lucid_conv_small_tc_launch_count(void) { return sc2_launches; }
+
+/* LUCID_CONV_SMALL_V, read once. */
+struct sc_venv {
+    int version; /* 1, 2, or -1 for an unknown value */
+    char value[64];
+};
+
+static sc_venv sc_venv_read(void) {
+    sc_venv e;
+    const char *v = getenv("LUCID_CONV_SMALL_V");
+    snprintf(e.value, sizeof e.value, "%s", v ? v : "");
+    if (!v || !v[0] || strcmp(v, "2") == 0) e.version = 2;
+    else if (strcmp(v, "1") == 0) e.version = 1;
+    else e.version = -1;
+    return e;
+}
+
+static std::atomic<int> sc_version_forced(0); /* lucid_conv_small_set_version */
+
+extern "C" int lucid_conv_small_version(const char **value) {
+    static const sc_venv e = sc_venv_read(); /* once, thread-safe */
+    if (value) *value = e.value;
+    const int f = sc_version_forced.load(std::memory_order_relaxed);
+    return f ? f : e.version;
+}
+
+extern "C" int lucid_conv_small_set_version(int v) {
+    return sc_version_forced.exchange(v == 1 || v == 2 ? v : 0, std::memory_order_relaxed);
+}
 
 extern "C" int lucid_conv_small_switch(const char **value) {
     static const sc_env e = sc_env_read(); /* once, thread-safe */
@@ -608,6 +1216,51 @@ static cudaError_t sc_launch(const sc_plan &p, cudaStream_t stream) {
                       : lucid_launch(sc_bwd2<T, 4>, grid, block, p.smem, stream, a);
 }
 
+template <typename T>
+static cudaError_t sc2_launch(const sc2_plan &p, cudaStream_t stream) {
+    const sc2_args &a = p.a;
+    dim3 grid(p.blocks), block(p.threads);
+    if (p.S == 1)
+        return p.cp2 == 2 ? lucid_launch(sc2_conv<T, 1, 2>, grid, block, p.smem, stream, a)
+               : p.cp2 == 4 ? lucid_launch(sc2_conv<T, 1, 4>, grid, block, p.smem, stream, a)
+                            : lucid_launch(sc2_conv<T, 1, 8>, grid, block, p.smem, stream, a);
+    return p.cp2 == 2 ? lucid_launch(sc2_conv<T, 2, 2>, grid, block, p.smem, stream, a)
+           : p.cp2 == 4 ? lucid_launch(sc2_conv<T, 2, 4>, grid, block, p.smem, stream, a)
+                        : lucid_launch(sc2_conv<T, 2, 8>, grid, block, p.smem, stream, a);
+}
+
+static lucid_status sc2_run(lucid_ctx *ctx, const char *op, cudaStream_t stream,
+                            lucid_dtype dt, sc2_plan &p) {
+    cudaError_t e = dt == LUCID_BF16 ? sc2_launch<__nv_bfloat16>(p, stream)
+                                     : sc2_launch<__half>(p, stream);
+    if (e != cudaSuccess) return lucid_cuda_err(ctx, e, op, __FILE__, __LINE__);
+    sc_launches += 1;
+    sc2_launches += 1;
+    return LUCID_OK;
+}
+
+/* The kernel generation of pass (0 forward, 1 backward-data): *ver = 2 when
+ * the switch says 2 and v2 takes the pass (*p2 planned), else 1.  ERR_ARG
+ * for an unknown LUCID_CONV_SMALL_V. */
+static lucid_status sc_pick(lucid_ctx *ctx, const char *op, const lucid_conv_small_geom *g,
+                            int pass, sc2_plan *p2, int *ver) {
+    const char *v = "";
+    const int sw = lucid_conv_small_version(&v);
+    if (sw < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: LUCID_CONV_SMALL_V=\"%s\" (expected 1 or 2)",
+                            op, v);
+    *ver = sw == 2 && sc2_plan_make(g, pass, p2, 0) ? 2 : 1;
+    return LUCID_OK;
+}
+
+extern "C" int lucid_conv_small_kernel(const lucid_conv_small_geom *g, lucid_dtype dt,
+                                       int pass) {
+    if (!lucid_conv_small_eligible(g, dt) || (pass != 0 && pass != 1)) return 0;
+    sc2_plan p2;
+    if (lucid_conv_small_version(NULL) != 2) return 1;
+    return sc2_plan_make(g, pass, &p2, 0) ? 2 : 1;
+}
+
 static lucid_status sc_run(lucid_ctx *ctx, const char *op, cudaStream_t stream,
                            lucid_dtype dt, sc_plan &p) {
     cudaError_t e = dt == LUCID_BF16 ? sc_launch<__nv_bfloat16>(p, stream)
@@ -623,6 +1276,19 @@ extern "C" lucid_status lucid_conv_small_forward(lucid_ctx *ctx, void *stream, l
                                                  const float *b, void *y) {
     const char *op = "conv_small forward";
     LUCID_TRY(sc_check(ctx, op, dt, g));
+    sc2_plan p2;
+    int ver = 1;
+    LUCID_TRY(sc_pick(ctx, op, g, 0, &p2, &ver));
+    if (ver == 2) {
+        p2.a.in = x;
+        p2.a.out = y;
+        p2.a.w = w;
+        p2.a.bias = b;
+        p2.a.beta = 0.0f;
+        p2.a.vec_in = g->W % 8 == 0 && (uintptr_t)x % 16 == 0;
+        p2.a.vec_out = g->Wo % 8 == 0 && (uintptr_t)y % 16 == 0;
+        return sc2_run(ctx, op, (cudaStream_t)stream, dt, p2);
+    }
     sc_plan p;
     sc_plan_make(g, 0, &p);
     p.a.in = x;
@@ -642,6 +1308,19 @@ extern "C" lucid_status lucid_conv_small_backward_data(lucid_ctx *ctx, void *str
                                                        void *dx, double beta) {
     const char *op = "conv_small backward_data";
     LUCID_TRY(sc_check(ctx, op, dt, g));
+    sc2_plan p2;
+    int ver = 1;
+    LUCID_TRY(sc_pick(ctx, op, g, 1, &p2, &ver));
+    if (ver == 2) {
+        p2.a.in = dy;
+        p2.a.out = dx;
+        p2.a.w = w;
+        p2.a.bias = NULL;
+        p2.a.beta = (float)beta;
+        p2.a.vec_in = g->Wo % 8 == 0 && (uintptr_t)dy % 16 == 0;
+        p2.a.vec_out = g->W % 8 == 0 && (uintptr_t)dx % 16 == 0;
+        return sc2_run(ctx, op, (cudaStream_t)stream, dt, p2);
+    }
     sc_plan p;
     sc_plan_make(g, 1, &p);
     p.a.in = dy;

@@ -15,6 +15,19 @@
  * channels in registers from a shared-memory tile, so each input byte is
  * read from global memory about once.
  *
+ * Two generations of kernels (LUCID_CONV_SMALL_V, below):
+ *   v2 (default): tensor cores (mma.sync m16n8k16 / m16n8k8, f32
+ *     accumulation), for the forward (stride 1 or 2) and the stride-1
+ *     backward-data whenever the pass's reduced channels (forward Cin,
+ *     backward Cout) and output channels (forward Cout, backward Cin) are
+ *     both <= 16: layer 0 (3->16 s2) and the 160x160 bottleneck's 16->8 /
+ *     8->16 both ways.  A block = 2 output rows x 32..256 columns, one warp
+ *     per 32 columns holding all output channels; inputs staged once as
+ *     channel-pair words, weights packed once per block in fragment order.
+ *   v1: CUDA-core fmaf kernels for every eligible pass (the rest: the
+ *     stride-2 backward-data, channel counts over 16).
+ *   The layout of both: nn_conv_small.cu.
+ *
  * Definitions (the direct convolution, cross-correlation as in PyTorch's
  * torch.nn.Conv2d documentation and Caffe's convolution layer; 3x3 kernel,
  * padding 1, stride s in {1, 2}, zero padding):
@@ -33,24 +46,40 @@
  *
  * Numerics: each weight is rounded to `dt` first (round-to-nearest-even,
  * as the implicit GEMM and the cuBLAS 1x1 route do when staging), so every
- * product is of two `dt` values and exact in f32; products are accumulated
- * with fmaf in f32 in a fixed order — forward: bias first, then channel c
- * ascending, then r, then q ascending; backward-data: channel o ascending,
- * then the 3x3 taps in a fixed order (stride 1: r and q descending; stride
- * 2: r, q ascending) — and the result is rounded once to `dt` (with beta:
- * rnd(fmaf(beta, dx, acc)); beta == 0 never reads dx, so NaN there cannot
- * leak).  The order does not depend on the tiling, the GPU or the run:
- * results are bitwise identical run to run.  They are not bitwise those of
- * the implicit GEMM (another summation order); both are within the
- * bf16/f16 tolerances of the CPU reference (spec/c/test_conv_small_cuda.c).
+ * product is of two `dt` values and exact in f32; the result is rounded
+ * once to `dt` (with beta: rnd(fmaf(beta, dx, acc)); beta == 0 never reads
+ * dx, so NaN there cannot leak).  Accumulation, in f32, in a fixed order:
+ *   v1: one fmaf per product — forward: bias first, then channel c
+ *     ascending, then r, then q ascending; backward-data: channel o
+ *     ascending, then the 3x3 taps in a fixed order (stride 1: r and q
+ *     descending; stride 2: r, q ascending).  The same bits on any GPU.
+ *   v2: bias (forward) or 0 first, then one mma per k-step in a fixed
+ *     order — kernel row r ascending (backward: of the kernel rotated by
+ *     180 degrees), then within r the taps q ascending (Ci <= 4: taps 0,1
+ *     together, then tap 2) — each step adding its 16 (Ci 9..16: one tap,
+ *     16 channels) or 8 (Ci 5..8: one tap; Ci <= 4: two taps x 4 channels)
+ *     products to the accumulator as the tensor core does (its own fixed
+ *     internal order, not an fmaf chain).  The same bits on every run of a
+ *     GPU generation; another generation may differ.
+ * Neither order depends on the tiling, the alignment or the run: results
+ * are bitwise identical run to run, eager or captured.  v1, v2 and the
+ * implicit GEMM differ in the last bits (other summation orders); all are
+ * within the bf16/f16 tolerances of the CPU reference
+ * (spec/c/test_conv_small_cuda.c).  v2 pads the reduced channels Ci with
+ * zeros to 4, 8 or 16 (zero weights times staged zeros), and when Ci <= 4
+ * adds per kernel row a zero-weight tap that reads the row's third tap
+ * again: outputs from finite inputs are unaffected; an output whose
+ * third-column input is infinite is non-finite either way (NaN here where
+ * the plain sum may give +-Inf).
  *
  * Capturable: a call only queues one kernel on `stream` (a cudaStream_t
  * passed as void *): no allocation, no synchronisation, no attribute
  * change (dynamic shared memory stays under 48 KiB), no scratch.
  *
  * Errors: lucid_status with the message in ctx: ERR_ARG for a geometry
- * lucid_conv_small_eligible() refuses, ERR_UNSUPPORTED for a dtype other
- * than bf16/f16, ERR_DEVICE for a failed launch.  Nothing is printed.
+ * lucid_conv_small_eligible() refuses or an unknown LUCID_CONV_SMALL_V,
+ * ERR_UNSUPPORTED for a dtype other than bf16/f16, ERR_DEVICE for a failed
+ * launch.  Nothing is printed.
  * Usable from C (declarations only; no CUDA headers).
  */
 #ifndef LUCID_CUDA_NN_CONV_SMALL_CUH
@@ -135,6 +164,29 @@ lucid_status lucid_conv_small_backward_data(lucid_ctx *ctx, void *stream, lucid_
  * context, eager or while capturing): a test hook that tells which route a
  * conv took. */
 unsigned long lucid_conv_small_launch_count(void);
+
+/* Of those, the v2 (tensor-core) kernels. */
+unsigned long lucid_conv_small_tc_launch_count(void);
+
+/* The kernel generation the entry points use where v2 takes the pass: the
+ * one lucid_conv_small_set_version forced, else the process switch
+ * LUCID_CONV_SMALL_V, read once (the first call): unset, "" or "2": 2;
+ * "1": 1 (v1 for every pass: the A/B switch); any other value: -1, and
+ * the entry points return ERR_ARG naming it.  *value (when value is not
+ * NULL) is always set to the environment's text. */
+int lucid_conv_small_version(const char **value);
+
+/* Force the generation for the whole process: 1 or 2; 0 (or anything
+ * else) follows LUCID_CONV_SMALL_V again.  Returns the previous forced
+ * value (0: none).  For benchmarks and tests that compare v1 and v2 in one
+ * process; thread-safe, but calls already queued keep their kernel. */
+int lucid_conv_small_set_version(int v);
+
+/* The kernel generation that pass (0 forward, 1 backward-data) of (g, dt)
+ * runs on now: 2 (v2), 1 (v1), or 0 when the route does not take it
+ * (lucid_conv_small_eligible refuses, or pass is neither 0 nor 1).
+ * Host-only; follows lucid_conv_small_version (-1 there reads as 1 here). */
+int lucid_conv_small_kernel(const lucid_conv_small_geom *g, lucid_dtype dt, int pass);
 
 #ifdef __cplusplus
 }

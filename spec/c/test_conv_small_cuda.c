@@ -12,9 +12,14 @@
  *   dilation 2, stride 3 and mixed strides, padding 0 / 2 / mixed, an
  *   inconsistent Ho or Wo, N or C 0, more than 2^31 elements, NULL;
  *   LUCID_CONV_SMALL as read (lucid_conv_small_switch agrees with the
- *   environment); the direct entry points return ERR_ARG (ineligible
- *   geometry) and ERR_UNSUPPORTED (f32) with a message, before any device
- *   work.
+ *   environment); the kernel generation: LUCID_CONV_SMALL_V as read
+ *   (lucid_conv_small_version), lucid_conv_small_set_version forcing 1 and
+ *   2 and returning the previous value, lucid_conv_small_kernel naming v2
+ *   for the forward (stride 1, 2) and stride-1 backward-data with Ci, Co
+ *   <= 16 (the network's layer 0 and 160x160 bottleneck) and v1 otherwise
+ *   or when forced, 0 for pass 2, f32 or an ineligible geometry; the direct
+ *   entry points return ERR_ARG (ineligible geometry) and ERR_UNSUPPORTED
+ *   (f32) with a message, before any device work.
  * Device checks (skipped without a device), each in bf16 and f16:
  *   - every case below through the nn entry points with the route forced
  *     on (lucid_cuda_nn_set_conv_small 2): forward (with and without bias),
@@ -28,6 +33,11 @@
  *     (S the sum of |terms| including |b| and |beta*dx|, t their number;
  *     u = 2^-8 bf16, 2^-11 f16: the one rounding; a = 2^-25 for f16, half
  *     its subnormal spacing); each pass run twice: bitwise identical;
+ *     the kernel generation lucid_conv_small_kernel names ran
+ *     (lucid_conv_small_tc_launch_count); where that is v2, the pass again
+ *     with v1 forced (lucid_conv_small_set_version 1): within the same
+ *     float64 bound, and v2 within twice the bound of v1 element by element
+ *     (new vs old; beta 0 and 1);
  *   - the same calls with the route off (set_conv_small 1): no launch on
  *     this route (the implicit GEMM) and within 1e-2 of the CPU;
  *   - ineligible shapes (32->32, 17->31, pad 0, 5x5, dilation 2, groups 2,
@@ -38,9 +48,13 @@
  *   - capture: forward and backward-data (beta 0 and 1) recorded into a
  *     CUDA graph after an eager pass, replayed: bitwise equal to eager.
  * Cases: stride 1 and 2; even, odd and tiny planes (7x9, 33x32, 31x33,
- * 160x160, 2x3, 1x1, 5x300, 70x1); Cin 1/3/4/5/8/16/512, Cout
- * 1/4/6/8/12/16/20/32/512 (several channel groups, several channel
- * super-groups, staged channel chunks); batch 1, 2, 3 and 4.
+ * 160x160, 640x640, 2x3, 1x1, 5x300, 70x1, 9x300, 6x600); Cin
+ * 1/3/4/5/8/12/16/512, Cout 1/4/6/7/8/10/12/16/20/32/512 (several channel
+ * groups, several channel super-groups, staged channel chunks; v2: 1..8
+ * warps per block, two or more tiles per row, padded channel pairs);
+ * batch 1, 2, 3 and 4; the five passes of the network at full size (layer
+ * 0 3>16 s2 640x640 batch 4 forward, the 160x160 bottleneck's 16>8 and
+ * 8>16 batch 4 forward and backward-data).
  */
 #include "test_cuda_util.h"
 
@@ -66,10 +80,16 @@
 #pragma weak lucid_conv_small_forward
 #pragma weak lucid_conv_small_backward_data
 #pragma weak lucid_conv_small_launch_count
+#pragma weak lucid_conv_small_tc_launch_count
+#pragma weak lucid_conv_small_version
+#pragma weak lucid_conv_small_set_version
+#pragma weak lucid_conv_small_kernel
 #define SC_LINKED()                                                           \
     (lucid_conv_small_eligible && lucid_conv_small_switch &&                 \
      lucid_conv_small_forward && lucid_conv_small_backward_data &&           \
-     lucid_conv_small_launch_count)
+     lucid_conv_small_launch_count && lucid_conv_small_tc_launch_count &&    \
+     lucid_conv_small_version && lucid_conv_small_set_version &&             \
+     lucid_conv_small_kernel)
 #endif
 /* cuda/nn_table.cu hooks */
 #if defined(__GNUC__)
@@ -183,6 +203,73 @@ static void test_host(void) {
               strcmp(v, env ? env : "") == 0,
           "switch %d value \"%s\", environment \"%s\"", sw, v ? v : "(null)", env ? env : "");
 
+    /* the kernel generation: LUCID_CONV_SMALL_V, then the process override */
+    const char *venv = getenv("LUCID_CONV_SMALL_V");
+    int vwant = !venv || !venv[0] || strcmp(venv, "2") == 0 ? 2 : strcmp(venv, "1") == 0 ? 1 : -1;
+    v = NULL;
+    int ver = lucid_conv_small_version(&v);
+    CHECK("conv_small version follows LUCID_CONV_SMALL_V", ver == vwant && v &&
+              strcmp(v, venv ? venv : "") == 0,
+          "version %d value \"%s\", environment \"%s\"", ver, v ? v : "(null)",
+          venv ? venv : "");
+    {
+        int p0 = lucid_conv_small_set_version(1);
+        int v1 = lucid_conv_small_version(NULL);
+        int p1 = lucid_conv_small_set_version(2);
+        int v2 = lucid_conv_small_version(NULL);
+        int p2 = lucid_conv_small_set_version(7); /* not 1 or 2: back to the environment */
+        int v3 = lucid_conv_small_version(NULL);
+        int p3 = lucid_conv_small_set_version(p0);
+        CHECK("conv_small set_version forces 1 and 2, returns the previous, 0 follows the "
+              "environment",
+              p0 == 0 && v1 == 1 && p1 == 1 && v2 == 2 && p2 == 2 && v3 == vwant && p3 == 0,
+              "previous %d %d %d %d, versions %d %d %d", p0, p1, p2, p3, v1, v2, v3);
+    }
+    /* which passes v2 takes: forward s1/s2 and backward s1 with Ci, Co <= 16 */
+    static const struct {
+        const char *tag;
+        int64_t N, Cin, H, W, Cout;
+        int s, fwd, bwd; /* kernel generation with v2 on */
+    } kern[] = {
+        {"layer 0 3>16 s2 640", 4, 3, 640, 640, 16, 2, 2, 1},
+        {"C3k2 16>8 160", 4, 16, 160, 160, 8, 1, 2, 2},
+        {"C3k2 8>16 160", 4, 8, 160, 160, 16, 1, 2, 2},
+        {"layer 1 16>32 s2 320 (Cout 32)", 4, 16, 320, 320, 32, 2, 1, 1},
+        {"32>16 80 (Cin 32)", 4, 32, 80, 80, 16, 1, 1, 1},
+        {"16>16 s1 odd 7x9", 2, 16, 7, 9, 16, 1, 2, 2},
+        {"1>1 1x1", 1, 1, 1, 1, 1, 1, 2, 2},
+        {"5>7 s2 9x33", 2, 5, 9, 33, 7, 2, 2, 1},
+    };
+    int prev = lucid_conv_small_set_version(2);
+    for (size_t i = 0; i < NELEM(kern); i++) {
+        lucid_conv_small_geom kg =
+            geom(kern[i].N, kern[i].Cin, kern[i].H, kern[i].W, kern[i].Cout, 3, kern[i].s, 1, 1, 1);
+        int f = lucid_conv_small_kernel(&kg, LUCID_BF16, 0), b = lucid_conv_small_kernel(&kg, LUCID_F16, 1);
+        CHECK(NAME("conv_small kernel with v2 on: %s", kern[i].tag),
+              f == kern[i].fwd && b == kern[i].bwd, "forward %d backward %d (want %d %d)", f, b,
+              kern[i].fwd, kern[i].bwd);
+    }
+    lucid_conv_small_set_version(1);
+    {
+        lucid_conv_small_geom kg = geom(4, 16, 160, 160, 8, 3, 1, 1, 1, 1);
+        CHECK("conv_small kernel with v1 forced: 1 for both passes",
+              lucid_conv_small_kernel(&kg, LUCID_BF16, 0) == 1 &&
+                  lucid_conv_small_kernel(&kg, LUCID_BF16, 1) == 1,
+              "forward %d backward %d", lucid_conv_small_kernel(&kg, LUCID_BF16, 0),
+              lucid_conv_small_kernel(&kg, LUCID_BF16, 1));
+    }
+    lucid_conv_small_set_version(prev);
+    {
+        lucid_conv_small_geom kg = geom(4, 16, 160, 160, 8, 3, 1, 1, 1, 1);
+        lucid_conv_small_geom kb = geom(4, 32, 16, 16, 32, 3, 1, 1, 1, 1);
+        CHECK("conv_small kernel: 0 for pass 2, f32, an ineligible geometry",
+              lucid_conv_small_kernel(&kg, LUCID_BF16, 2) == 0 &&
+                  lucid_conv_small_kernel(&kg, LUCID_F32, 0) == 0 &&
+                  lucid_conv_small_kernel(&kb, LUCID_BF16, 0) == 0,
+              "%d %d %d", lucid_conv_small_kernel(&kg, LUCID_BF16, 2),
+              lucid_conv_small_kernel(&kg, LUCID_F32, 0), lucid_conv_small_kernel(&kb, LUCID_BF16, 0));
+    }
+
     lucid_ctx *c = test_cpu_ctx();
     if (!c) return;
     lucid_conv_small_geom bad = geom(1, 32, 8, 8, 32, 3, 1, 1, 1, 1);
@@ -213,7 +300,7 @@ typedef struct sc_case {
 } sc_case;
 
 static const sc_case NET[] = {
-    {"layer 0 3>16 s2 640x640", 1, 3, 640, 640, 16, 2, 0},
+    {"layer 0 3>16 s2 640x640 N4", 4, 3, 640, 640, 16, 2, 0},
     {"layer 1 16>32 s2 320x320", 1, 16, 320, 320, 32, 2, 0},
     {"C3k2 16>8 160x160 N4", 4, 16, 160, 160, 8, 1, 0},
     {"C3k2 8>16 160x160 N4 bias", 4, 8, 160, 160, 16, 1, 1},
@@ -236,6 +323,20 @@ static const sc_case ODD[] = {
     {"5>6 s2 2x3 N2 bias", 2, 5, 2, 3, 6, 2, 1},
     {"4>8 5x300", 1, 4, 5, 300, 8, 1, 0},
     {"4>4 s2 70x1 N2", 2, 4, 70, 1, 4, 2, 0},
+    /* v2 tilings (the network's shapes scaled down, 1..8 warps per block,
+     * two tiles per row, padded channel pairs, stride 2 with 8 / 16
+     * channels, the shared-memory-limited tile, one channel) */
+    {"3>16 s2 48x80 N2 bias", 2, 3, 48, 80, 16, 2, 1},
+    {"16>8 20x96 N2", 2, 16, 20, 96, 8, 1, 0},
+    {"8>16 17x200", 1, 8, 17, 200, 16, 1, 0},
+    {"16>8 9x300 bias", 1, 16, 9, 300, 8, 1, 1},
+    {"12>10 11x45 bias", 1, 12, 11, 45, 10, 1, 1},
+    {"5>7 s2 9x33 N2", 2, 5, 9, 33, 7, 2, 0},
+    {"16>16 s2 13x70 bias", 1, 16, 13, 70, 16, 2, 1},
+    {"1>1 6x8", 1, 1, 6, 8, 1, 1, 0},
+    {"16>16 s2 6x600", 1, 16, 6, 600, 16, 2, 0},
+    {"16>8 16x160 N2 bias", 2, 16, 16, 160, 8, 1, 1},
+    {"8>16 16x160 N2", 2, 8, 16, 160, 16, 1, 0},
 };
 
 static int64_t out_size(int64_t n, int s) { return (n - 1) / s + 1; }
@@ -351,6 +452,45 @@ static void cmp_bound(const char *name, const lucid_tensor *g, const double *ref
         (delta) = s_ == LUCID_OK ? (long)(lucid_conv_small_launch_count() - c0_) : -1; \
     } while (0)
 
+/* v1 launches of the small route during `expr` (the caller forced v1) and
+ * the v2 (tensor-core) launches during `expr`. */
+#define TC_COUNT(delta, expr)                                                 \
+    do {                                                                      \
+        unsigned long c0_ = lucid_conv_small_tc_launch_count();               \
+        lucid_status s_ = (expr);                                             \
+        (delta) = s_ == LUCID_OK ? (long)(lucid_conv_small_tc_launch_count() - c0_) : -1; \
+    } while (0)
+
+/* New vs old: the device result g (v1) against the host copy h (v2),
+ * element by element within twice the bound of the header (both are within
+ * it of ref). */
+static void cmp_close(const char *name, const lucid_tensor *g, const lucid_tensor *h,
+                      const double *ref, const double *mag, int64_t t, lucid_dtype dt) {
+    lucid_tensor *o = host(g);
+    if (!o) {
+        TEST_FAIL(name, "copy back failed: %s", lucid_ctx_error(ctx));
+        return;
+    }
+    const double u = dt == LUCID_BF16 ? ldexp(1.0, -8) : ldexp(1.0, -11);
+    const double a = dt == LUCID_F16 ? ldexp(1.0, -25) : 0.0;
+    int64_t n = lucid_tensor_numel(o), nbad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double x = test_hget(o, i), y = test_hget(h, i);
+        double e = (double)(t + 1) * ldexp(1.0, -24) * mag[i];
+        if (!(fabs(x - y) <= 2 * (u * fabs(ref[i]) + (1 + u) * e + a))) {
+            if (first < 0) first = i;
+            nbad++;
+        }
+    }
+    if (nbad)
+        TEST_FAIL(name, "%lld of %lld elements differ more (first %lld: v1 %.8g v2 %.8g ref %.8g)",
+                  (long long)nbad, (long long)n, (long long)first, test_hget(o, first),
+                  test_hget(h, first), ref[first]);
+    else
+        TEST_OK(name);
+    lucid_tensor_release(o);
+}
+
 /* ------------------------------------------------------------ one case */
 
 /* The misaligned direct run: every device pointer one element past an
@@ -433,13 +573,18 @@ static void test_case(const sc_case *cc, lucid_dtype dt, int misaligned) {
     lucid_tensor *ry = hpoison(dt, 4, ys), *rdx0 = hpoison(dt, 4, xs);
     lucid_tensor *gx = dev(hx), *gw = dev(hw), *gb = hb ? dev(hb) : NULL, *gdy = dev(hdy);
     lucid_tensor *gy = dpoison(dt, 4, ys), *gdx0 = dpoison(dt, 4, xs), *gdx1 = dev(hdx1);
-    lucid_tensor *gdx1b = dev(hdx1);
+    lucid_tensor *gdx1b = dev(hdx1), *gdx1c = dev(hdx1);
     float *xf = NULL, *wf = NULL, *dyf = NULL, *oldf = NULL;
     double *ref = NULL, *mag = NULL;
     int64_t nx = cc->N * cc->Cin * cc->H * cc->W, ny = cc->N * cc->Cout * Ho * Wo;
-    long d;
+    long d, dt2;
+    /* the kernel generation each pass runs on (v2 where it applies, unless
+     * LUCID_CONV_SMALL_V=1) */
+    lucid_conv_small_geom sg = geom(cc->N, cc->Cin, cc->H, cc->W, cc->Cout, 3, cc->s, 1, 1, 1);
+    const int kf = lucid_conv_small_kernel(&sg, dt, 0), kb = lucid_conv_small_kernel(&sg, dt, 1);
+    int vprev = 0;
     if (!hx || !hw || !hdy || !hdx1 || !ry || !rdx0 || !gx || !gw || !gdy || !gy || !gdx0 ||
-        !gdx1 || !gdx1b || (cc->bias && (!hb || !gb))) {
+        !gdx1 || !gdx1b || !gdx1c || (cc->bias && (!hb || !gb))) {
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
         goto done;
     }
@@ -462,9 +607,13 @@ static void test_case(const sc_case *cc, lucid_dtype dt, int misaligned) {
 
     /* forward */
     RUN(NAME("%s: forward cpu", pre), lucid_nn_conv2d_forward(ctx, hx, ry, hw, hb, &p));
-    ROUTE_COUNT(d, lucid_nn_conv2d_forward(ctx, gx, gy, gw, gb, &p));
-    CHECK(NAME("%s: forward on the small route", pre), d == 1, "%ld launches (%s)", d,
-          lucid_ctx_error(ctx));
+    {
+        unsigned long t0 = lucid_conv_small_tc_launch_count();
+        ROUTE_COUNT(d, lucid_nn_conv2d_forward(ctx, gx, gy, gw, gb, &p));
+        dt2 = (long)(lucid_conv_small_tc_launch_count() - t0);
+    }
+    CHECK(NAME("%s: forward on the small route (v%d)", pre, kf), d == 1 && dt2 == (kf == 2),
+          "%ld launches, %ld of them v2 (%s)", d, dt2, lucid_ctx_error(ctx));
     cmp_rel(NAME("%s: forward vs cpu", pre), gy, ry, 1e-2);
     ref_fwd(cc, xf, wf, hb ? (const float *)lucid_tensor_data(hb) : NULL, ref, mag);
     cmp_bound(NAME("%s: forward vs float64", pre), gy, ref, mag, cc->Cin * 9 + (cc->bias != 0),
@@ -473,12 +622,29 @@ static void test_case(const sc_case *cc, lucid_dtype dt, int misaligned) {
     lucid_fill(ctx, gy, NAN);
     RUN(NAME("%s: forward again", pre), lucid_nn_conv2d_forward(ctx, gx, gy, gw, gb, &p));
     if (s0) cmp_bits(NAME("%s: forward deterministic", pre), gy, s0);
+    if (kf == 2 && s0) { /* new vs old */
+        vprev = lucid_conv_small_set_version(1);
+        lucid_fill(ctx, gy, NAN);
+        TC_COUNT(dt2, lucid_nn_conv2d_forward(ctx, gx, gy, gw, gb, &p));
+        lucid_conv_small_set_version(vprev);
+        CHECK(NAME("%s: forward v1 (forced) ran", pre), dt2 == 0, "%ld v2 launches (%s)", dt2,
+              lucid_ctx_error(ctx));
+        cmp_bound(NAME("%s: forward v1 vs float64", pre), gy, ref, mag,
+                  cc->Cin * 9 + (cc->bias != 0), dt);
+        cmp_close(NAME("%s: forward v2 vs v1", pre), gy, s0, ref, mag,
+                  cc->Cin * 9 + (cc->bias != 0), dt);
+    }
 
     /* backward-data beta 0 (poisoned), beta 1 */
     RUN(NAME("%s: backward_input cpu", pre),
         lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx0, hw, &p, 0.0));
-    ROUTE_COUNT(d, lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
-    CHECK(NAME("%s: backward_input on the small route", pre), d == 1, "%ld launches (%s)", d,
+    {
+        unsigned long t0 = lucid_conv_small_tc_launch_count();
+        ROUTE_COUNT(d, lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
+        dt2 = (long)(lucid_conv_small_tc_launch_count() - t0);
+    }
+    CHECK(NAME("%s: backward_input on the small route (v%d)", pre, kb),
+          d == 1 && dt2 == (kb == 2), "%ld launches, %ld of them v2 (%s)", d, dt2,
           lucid_ctx_error(ctx));
     cmp_rel(NAME("%s: backward_input beta 0 vs cpu", pre), gdx0, rdx0, 1e-2);
     ref_bwd(cc, dyf, wf, ref, mag);
@@ -489,6 +655,18 @@ static void test_case(const sc_case *cc, lucid_dtype dt, int misaligned) {
     RUN(NAME("%s: backward_input again", pre),
         lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
     if (s1) cmp_bits(NAME("%s: backward_input deterministic", pre), gdx0, s1);
+    if (kb == 2 && s1) { /* new vs old */
+        vprev = lucid_conv_small_set_version(1);
+        lucid_fill(ctx, gdx0, NAN);
+        TC_COUNT(dt2, lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx0, gw, &p, 0.0));
+        lucid_conv_small_set_version(vprev);
+        CHECK(NAME("%s: backward_input v1 (forced) ran", pre), dt2 == 0, "%ld v2 launches (%s)",
+              dt2, lucid_ctx_error(ctx));
+        cmp_bound(NAME("%s: backward_input beta 0 v1 vs float64", pre), gdx0, ref, mag,
+                  cc->Cout * 9, dt);
+        cmp_close(NAME("%s: backward_input beta 0 v2 vs v1", pre), gdx0, s1, ref, mag,
+                  cc->Cout * 9, dt);
+    }
     RUN(NAME("%s: backward_input cpu beta 1", pre),
         lucid_nn_conv2d_backward_input(ctx, hx, hdy, rdx1, hw, &p, 1.0));
     RUN(NAME("%s: backward_input beta 1", pre),
@@ -501,6 +679,17 @@ static void test_case(const sc_case *cc, lucid_dtype dt, int misaligned) {
     cmp_bound(NAME("%s: backward_input beta 1 vs float64", pre), gdx1, ref, mag,
               cc->Cout * 9 + 1, dt);
     s2 = host(gdx1);
+    if (kb == 2 && s2) { /* new vs old, beta 1 */
+        vprev = lucid_conv_small_set_version(1);
+        lucid_status st = lucid_nn_conv2d_backward_input(ctx, gx, gdy, gdx1c, gw, &p, 1.0);
+        lucid_conv_small_set_version(vprev);
+        CHECK(NAME("%s: backward_input beta 1 v1", pre), st == LUCID_OK, "%s: %s",
+              lucid_status_name(st), lucid_ctx_error(ctx));
+        cmp_bound(NAME("%s: backward_input beta 1 v1 vs float64", pre), gdx1c, ref, mag,
+                  cc->Cout * 9 + 1, dt);
+        cmp_close(NAME("%s: backward_input beta 1 v2 vs v1", pre), gdx1c, s2, ref, mag,
+                  cc->Cout * 9 + 1, dt);
+    }
 
     if (misaligned && s0 && s1 && s2)
         test_misaligned(pre, cc, dt, hx, hw, hb, hdy, hdx1, s0, s1, s2);
@@ -525,7 +714,7 @@ done:
     free(xf); free(wf); free(dyf); free(oldf); free(ref); free(mag);
     rel(hx); rel(hw); rel(hb); rel(hdy); rel(hdx1); rel(hwr); rel(hwf); rel(rdx1);
     rel(s0); rel(s1); rel(s2); rel(ry); rel(rdx0); rel(gx); rel(gw); rel(gb); rel(gdy);
-    rel(gy); rel(gdx0); rel(gdx1); rel(gdx1b);
+    rel(gy); rel(gdx0); rel(gdx1); rel(gdx1b); rel(gdx1c);
 }
 
 /* ------------------------------------------------------------ other routes */

@@ -1,28 +1,45 @@
 /*
  * test_conv_small_emu.cu — host emulation of the small-channel 3x3 conv
- * kernels (cuda/nn_conv_small.cu): the launch plan of the entry points
- * (sc_plan_make) and the kernels' own per-thread phases (staging, the
- * per-chunk accumulation, the store), run on the CPU one block at a time,
- * each phase for every thread of the block in turn (what the kernels'
- * __syncthreads guarantee).  Needs nvcc, not a GPU (runs in make test).
+ * kernels (cuda/nn_conv_small.cu): the launch plans of the entry points
+ * (sc_plan_make for v1, sc2_plan_make for the tensor-core v2) and the
+ * kernels' own per-thread phases (staging, the per-chunk accumulation, the
+ * store; v2: the staging per thread, then per warp the 32 lanes' fragment
+ * loads, the mma and the stores), run on the CPU one block at a time, each
+ * phase for every thread of the block in turn (what the kernels'
+ * __syncthreads guarantee).  v2's mma.sync is emulated from the PTX
+ * fragment layouts of m16n8k16 / m16n8k8 (A row-major 16xK, B KxN, C/D
+ * 16x8; lane = 4*groupID + threadID_in_group), each product added with fmaf
+ * in k order.  Needs nvcc, not a GPU (runs in make test).
  *
  * Per case (stride 1 and 2; odd, even, tiny and wide planes; channel
  * counts giving 1..4 channel groups, several super-groups and staged
- * channel chunks), bf16 and f16, forward (bias or not) and backward-data
- * with beta 0 (destination NaN) and beta 1:
+ * channel chunks; v2: 1..8 warps per block, several tiles per row, padded
+ * channel pairs, the shared-memory-limited stride-2 tile), bf16 and f16,
+ * forward (bias or not) and backward-data with beta 0 (destination NaN)
+ * and beta 1, for v1 and, where it takes the pass, v2:
  *   - every element within the float64 bound of the conv with the weights
  *     rounded to the dtype (spec/c/test_conv_small_cuda.c states it:
  *     |emu - ref| <= u*|ref| + (1 + u)*(t + 1)*2^-24*S + a);
+ *   - v2 within twice that bound of v1 (new vs old);
+ *   - v2 takes exactly the passes it is meant to (forward with stride 1
+ *     or 2, stride-1 backward-data; reduced and output channels <= 16);
  *   - nothing written outside the tensor (guard elements on both sides);
  *   - shared memory: filled with NaN before every staging phase, so a read
  *     of anything the block did not stage shows up as NaN;
  *   - the same bits with every pointer one element off (scalar staging and
- *     stores) and with another tiling (1 row warp, 1 channel per chunk):
- *     the summation order does not depend on either;
+ *     stores) and with another tiling (v1: 1 row warp, 1 channel per chunk;
+ *     v2: another tile width): the summation order does not depend on
+ *     either;
  *   - plan limits: <= 256 threads in whole warps, dynamic shared memory
- *     < 48 KiB, the grid = tiles x images x channel super-groups.
- * The kernels use IEEE fmaf and round-to-nearest-even conversions on both
- * host and device, so the GPU must produce these bits too.
+ *     < 48 KiB, the grid = tiles x images (x channel super-groups), v2's
+ *     layout (row and plane strides, chunks per row).
+ * Plus the five full-size passes of the network (layer 0 forward 3>16 s2
+ * 640x640, the 160x160 bottleneck's 16>8 and 8>16 forward and
+ * backward-data, batch 4, bf16; v1 once, v2 as planned and retiled).
+ * v1 uses IEEE fmaf and round-to-nearest-even conversions on both host and
+ * device, so the GPU must produce these bits too; v2's bits on the GPU are
+ * the tensor core's (checked against the float64 bound and run to run in
+ * spec/c/test_conv_small_cuda.c), the index maps are what is checked here.
  */
 #include "nn_conv_small.cu"
 
@@ -107,6 +124,42 @@ static void run_plan(const sc_plan &p, int N) {
     }
 }
 
+/* v2 (the tensor-core kernels): one planned pass on the host.  Per block,
+ * shared memory filled with NaN, every thread's staging, then per warp its
+ * 32 lanes' fragment loads, the mma emulated from the PTX fragment layout
+ * (fmaf in k order: the index maps are what is checked here; the GPU's
+ * tensor core sums in its own order) and the stores. */
+template <typename T, int S, int CP2>
+static void emulate2(const sc2_plan &p) {
+    const sc2_args &a = p.a;
+    const int nthr = (int)p.threads;
+    std::vector<uint32_t> smem(p.smem / 4 + 4);
+    std::vector<sc2_lane<S, CP2>> ln(32);
+    for (unsigned blk = 0; blk < p.blocks; blk++) {
+        sc2_tile tl = sc2_tile_of(a, S, (int)blk);
+        std::fill(smem.begin(), smem.end(), 0x7fc07fc0u); /* NaN in both halves, bf16 and f16 */
+        for (int t = 0; t < nthr; t++) sc2_stage<T, S, CP2>(a, smem.data(), tl, t, nthr);
+        for (int wp = 0; wp < nthr / 32; wp++) {
+            sc2_lane_init<S, CP2, 32>(a, smem.data(), wp, 0, ln.data());
+            sc2_compute<T, S, CP2, 32>(a, smem.data(), ln.data());
+            sc2_store<T, S, CP2, 32>(a, tl, wp, 0, ln.data());
+        }
+    }
+}
+
+template <typename T>
+static void run_plan2(const sc2_plan &p) {
+    if (p.S == 1) {
+        if (p.cp2 == 2) emulate2<T, 1, 2>(p);
+        else if (p.cp2 == 4) emulate2<T, 1, 4>(p);
+        else emulate2<T, 1, 8>(p);
+    } else {
+        if (p.cp2 == 2) emulate2<T, 2, 2>(p);
+        else if (p.cp2 == 4) emulate2<T, 2, 4>(p);
+        else emulate2<T, 2, 8>(p);
+    }
+}
+
 struct Case {
     int N, Cin, H, W, Cout, s, bias;
 };
@@ -119,12 +172,33 @@ static const Case CASES[] = {
     {3, 4, 1, 1, 4, 1, 0},      {2, 5, 2, 3, 6, 2, 1},      {1, 4, 5, 300, 8, 1, 0},
     {2, 4, 70, 1, 4, 2, 0},     {1, 16, 40, 40, 8, 1, 0},   {1, 8, 40, 40, 16, 1, 1},
     {1, 16, 66, 70, 32, 2, 0},  {2, 7, 13, 17, 9, 1, 1},    {1, 9, 19, 23, 5, 2, 1},
+    /* v2 tilings: the network's small shapes scaled down (layer 0 3>16 s2,
+     * the C3k2 bottleneck 16>8 / 8>16), 1..8 warps per block, two tiles per
+     * row, padded channel pairs, stride 2 with 8 and 16 channels (a smaller
+     * tile to fit the shared memory), a single channel */
+    {2, 3, 48, 80, 16, 2, 1},   {2, 16, 20, 96, 8, 1, 0},   {1, 8, 17, 200, 16, 1, 0},
+    {1, 16, 9, 300, 8, 1, 1},   {1, 12, 11, 45, 10, 1, 1},  {2, 5, 9, 33, 7, 2, 0},
+    {1, 16, 13, 70, 16, 2, 1},  {1, 1, 6, 8, 1, 1, 0},     {1, 16, 6, 600, 16, 2, 0},
+    {2, 16, 16, 160, 8, 1, 1},  {2, 8, 16, 160, 16, 1, 0},  {1, 3, 32, 640, 16, 2, 0},
+};
+
+/* The full-size shapes of the five passes the brief names (YOLO11n-pose at
+ * batch 4, 640: layer 0 forward; the 160x160 bottleneck's two convs,
+ * forward and backward-data), bf16; passes: bit 0 forward, 1 backward-data
+ * beta 0, 2 beta 1. */
+static const struct {
+    Case c;
+    int passes;
+} FULL[] = {
+    {{4, 3, 640, 640, 16, 2, 0}, 1},
+    {{4, 16, 160, 160, 8, 1, 0}, 7},
+    {{4, 8, 160, 160, 16, 1, 1}, 7},
 };
 
 /* One case, one dtype, one pass (0 forward, 1 backward-data beta 0, 2
  * backward-data beta 1). */
 template <typename T>
-static void run_case(const Case &c, const char *dname, int pass) {
+static void run_case(const Case &c, const char *dname, int pass, bool full = false) {
     const int Ho = (c.H - 1) / c.s + 1, Wo = (c.W - 1) / c.s + 1;
     const size_t nx = (size_t)c.N * c.Cin * c.H * c.W, ny = (size_t)c.N * c.Cout * Ho * Wo;
     const size_t nw = (size_t)c.Cout * c.Cin * 9;
@@ -202,94 +276,156 @@ static void run_case(const Case &c, const char *dname, int pass) {
                                1, 1, 1};
     ok(lucid_conv_small_eligible(&g, LUCID_BF16) == 1, name, "not eligible");
     const T guard = sc_t<T>(12345.0f);
-    std::vector<unsigned short> first;
-    /* variant 0: the plan as the entry point makes it; 1: every pointer one
-     * element off; 2: another tiling */
-    for (int var = 0; var < 3; var++) {
-        sc_plan p;
-        sc_plan_make(&g, pass == 0 ? 0 : 1, &p);
-        const int off = var == 1 ? 1 : 0;
-        std::vector<T> in2(in.size());
-        for (size_t i = 0; i < nin; i++) in2[G + off + i] = in[G + i];
-        std::vector<T> out(nout + 2 * G + 1, guard);
-        for (size_t i = 0; i < nout; i++)
-            out[G + off + i] = pass == 2 ? old[i] : sc_t<T>(NAN);
-        p.a.in = in2.data() + G + off;
-        p.a.out = out.data() + G + off;
-        p.a.w = w.data();
-        p.a.bias = bias ? b.data() : NULL;
-        p.a.beta = pass == 2 ? 1.0f : 0.0f;
-        int Win = pass == 0 ? c.W : Wo, Wout = pass == 0 ? Wo : c.W;
-        p.a.vec_in = Win % 8 == 0 && (uintptr_t)p.a.in % 16 == 0;
-        p.a.vec_out = pass != 0 && Wout % 2 == 0 && (uintptr_t)p.a.out % 4 == 0;
-        if (var == 2) {
-            /* one row warp, one channel per chunk: more blocks, more chunks */
-            size_t per_c = p.smem / (size_t)p.a.cic;
-            p.a.rw = 1;
-            p.a.th = SC_ROWS;
-            p.a.tiles_h = (p.a.Ho + SC_ROWS - 1) / SC_ROWS;
-            p.a.rows_in = p.mode == SC_S1 ? SC_ROWS + 2 : p.mode == SC_S2 ? 2 * SC_ROWS + 1
-                                                                          : SC_ROWS / 2 + 1;
-            per_c = ((size_t)p.a.rows_in * p.a.sw + 9 * (size_t)(p.a.cg * p.cob)) * 4;
-            p.a.cic = 1;
-            p.smem = per_c;
-            p.threads = 32u * (unsigned)p.a.cg;
-            p.blocks = (unsigned)((int64_t)p.a.tiles_w * p.a.tiles_h * c.N * p.a.ncos);
-        }
-        if (var == 0) {
-            int tw = p.mode == SC_BWD2 ? 64 : 32;
-            int64_t want = (int64_t)((p.a.Wo + tw - 1) / tw) * ((p.a.Ho + p.a.th - 1) / p.a.th) *
-                           c.N * p.a.ncos;
-            bool good = p.threads >= 32 && p.threads <= SC_THREADS && p.threads % 32 == 0 &&
-                        p.smem > 0 && p.smem < 48 * 1024 && (int64_t)p.blocks == want &&
-                        p.a.cg * p.cob >= 4 && (p.a.cg * p.cob) % 4 == 0 &&
-                        (int64_t)p.a.ncos * p.a.cg * p.cob >= p.a.Co && p.a.cic >= 1 &&
-                        p.a.cic <= p.a.Ci;
-            char why[200];
-            snprintf(why, sizeof why, "threads %u smem %zu blocks %u (want %lld) cg %d cob %d "
-                     "ncos %d cic %d", p.threads, p.smem, p.blocks, (long long)want, p.a.cg,
-                     p.cob, p.a.ncos, p.a.cic);
-            char nm[300];
-            snprintf(nm, sizeof nm, "%s: plan limits", name);
-            ok(good, nm, why);
-        }
-        run_plan<T>(p, c.N);
-        char nm[300], why[300];
-        /* guards */
-        bool gok = true;
-        for (int i = 0; i < G + off; i++) gok = gok && bits16(out[(size_t)i]) == bits16(guard);
-        for (size_t i = G + off + nout; i < out.size(); i++)
-            gok = gok && bits16(out[i]) == bits16(guard);
-        snprintf(nm, sizeof nm, "%s%s: no write outside the tensor", name,
-                 var == 1 ? " [misaligned]" : var == 2 ? " [tiling]" : "");
-        ok(gok, nm, "a guard element changed");
-        if (var == 0) {
-            const double u = sizeof(T) == 2 && std::strcmp(dname, "bf16") == 0 ? std::ldexp(1.0, -8)
-                                                                                : std::ldexp(1.0, -11);
-            const double aa = std::strcmp(dname, "f16") == 0 ? std::ldexp(1.0, -25) : 0.0;
-            long bad = 0, firstbad = -1;
-            for (size_t i = 0; i < nout; i++) {
-                double gv = sc_f<T>(out[G + i]);
-                double e = (double)(terms + 1) * std::ldexp(1.0, -24) * mag[i];
-                if (!(std::isfinite(gv) && std::fabs(gv - ref[i]) <= u * std::fabs(ref[i]) + (1 + u) * e + aa)) {
-                    if (firstbad < 0) firstbad = (long)i;
-                    bad++;
-                }
+    const double u = std::strcmp(dname, "bf16") == 0 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const double aa = std::strcmp(dname, "f16") == 0 ? std::ldexp(1.0, -25) : 0.0;
+    const int spass = pass == 0 ? 0 : 1;
+    /* v2 takes the forward (stride 1 or 2) and the stride-1 backward-data
+     * when the pass's reduced and output channels are both <= 16 */
+    const int ci = pass == 0 ? c.Cin : c.Cout, co = pass == 0 ? c.Cout : c.Cin;
+    const bool v2_expect = (pass == 0 || c.s == 1) && ci <= 16 && co <= 16;
+    {
+        sc2_plan p2;
+        const int took = sc2_plan_make(&g, spass, &p2, 0);
+        ok(took == (v2_expect ? 1 : 0), NAME("%s: v2 takes the pass iff Ci, Co <= 16 (stride 1 "
+                                             "or forward)", name),
+           WHY("plan %d, expected %d", took, v2_expect ? 1 : 0));
+    }
+    std::vector<float> v1out; /* v1's result (variant 0), for v2 vs v1 */
+    for (int ver = 1; ver <= 2; ver++) {
+        if (ver == 2 && !v2_expect) break;
+        std::vector<unsigned short> first;
+        const char *vn = ver == 1 ? "v1" : "v2";
+        int tw_alt = 32; /* v2 "other tiling": another tile width */
+        /* variant 0: the plan as the entry point makes it; 1: every pointer
+         * one element off; 2: another tiling */
+        for (int var = 0; var < 3; var++) {
+            /* full sizes: v1 once (for v2 vs v1), v2 as planned and retiled */
+            if (full && (ver == 1 ? var > 0 : var == 1)) continue;
+            sc_plan p;
+            sc2_plan q;
+            if (ver == 1) sc_plan_make(&g, spass, &p);
+            else sc2_plan_make(&g, spass, &q, var == 2 ? tw_alt : 0);
+            if (ver == 2 && var == 0) tw_alt = q.a.tw > 32 ? 32 : 64;
+            const int off = var == 1 ? 1 : 0;
+            std::vector<T> in2(in.size());
+            for (size_t i = 0; i < nin; i++) in2[G + off + i] = in[G + i];
+            std::vector<T> out(nout + 2 * G + 1, guard);
+            for (size_t i = 0; i < nout; i++)
+                out[G + off + i] = pass == 2 ? old[i] : sc_t<T>(NAN);
+            const void *pin = in2.data() + G + off;
+            void *pout = out.data() + G + off;
+            const int Win = pass == 0 ? c.W : Wo, Wout = pass == 0 ? Wo : c.W;
+            if (ver == 1) {
+                p.a.in = pin;
+                p.a.out = pout;
+                p.a.w = w.data();
+                p.a.bias = bias ? b.data() : NULL;
+                p.a.beta = pass == 2 ? 1.0f : 0.0f;
+                p.a.vec_in = Win % 8 == 0 && (uintptr_t)p.a.in % 16 == 0;
+                p.a.vec_out = pass != 0 && Wout % 2 == 0 && (uintptr_t)p.a.out % 4 == 0;
+            } else {
+                q.a.in = pin;
+                q.a.out = pout;
+                q.a.w = w.data();
+                q.a.bias = bias ? b.data() : NULL;
+                q.a.beta = pass == 2 ? 1.0f : 0.0f;
+                q.a.vec_in = Win % 8 == 0 && (uintptr_t)q.a.in % 16 == 0;
+                q.a.vec_out = Wout % 8 == 0 && (uintptr_t)q.a.out % 16 == 0;
             }
-            snprintf(why, sizeof why, "%ld of %zu outside the bound (first %ld: emu %.8g ref %.8g)",
-                     bad, nout, firstbad, firstbad >= 0 ? (double)sc_f<T>(out[G + (size_t)firstbad]) : 0.0,
-                     firstbad >= 0 ? ref[(size_t)firstbad] : 0.0);
-            snprintf(nm, sizeof nm, "%s: vs float64", name);
-            ok(bad == 0, nm, why);
-            first.resize(nout);
-            for (size_t i = 0; i < nout; i++) first[i] = bits16(out[G + i]);
-        } else {
-            size_t diff = 0;
-            for (size_t i = 0; i < nout; i++) diff += bits16(out[G + off + i]) != first[i];
-            snprintf(nm, sizeof nm, "%s: %s = default (bitwise)", name,
-                     var == 1 ? "misaligned pointers" : "other tiling");
-            snprintf(why, sizeof why, "%zu of %zu elements differ", diff, nout);
-            ok(diff == 0, nm, why);
+            if (ver == 1 && var == 2) {
+                /* one row warp, one channel per chunk: more blocks, more chunks */
+                size_t per_c = p.smem / (size_t)p.a.cic;
+                p.a.rw = 1;
+                p.a.th = SC_ROWS;
+                p.a.tiles_h = (p.a.Ho + SC_ROWS - 1) / SC_ROWS;
+                p.a.rows_in = p.mode == SC_S1 ? SC_ROWS + 2 : p.mode == SC_S2 ? 2 * SC_ROWS + 1
+                                                                              : SC_ROWS / 2 + 1;
+                per_c = ((size_t)p.a.rows_in * p.a.sw + 9 * (size_t)(p.a.cg * p.cob)) * 4;
+                p.a.cic = 1;
+                p.smem = per_c;
+                p.threads = 32u * (unsigned)p.a.cg;
+                p.blocks = (unsigned)((int64_t)p.a.tiles_w * p.a.tiles_h * c.N * p.a.ncos);
+            }
+            if (ver == 1 && var == 0) {
+                int tw = p.mode == SC_BWD2 ? 64 : 32;
+                int64_t want = (int64_t)((p.a.Wo + tw - 1) / tw) * ((p.a.Ho + p.a.th - 1) / p.a.th) *
+                               c.N * p.a.ncos;
+                bool good = p.threads >= 32 && p.threads <= SC_THREADS && p.threads % 32 == 0 &&
+                            p.smem > 0 && p.smem < 48 * 1024 && (int64_t)p.blocks == want &&
+                            p.a.cg * p.cob >= 4 && (p.a.cg * p.cob) % 4 == 0 &&
+                            (int64_t)p.a.ncos * p.a.cg * p.cob >= p.a.Co && p.a.cic >= 1 &&
+                            p.a.cic <= p.a.Ci;
+                ok(good, NAME("%s: plan limits", name),
+                   WHY("threads %u smem %zu blocks %u (want %lld) cg %d cob %d ncos %d cic %d",
+                       p.threads, p.smem, p.blocks, (long long)want, p.a.cg, p.cob, p.a.ncos,
+                       p.a.cic));
+            }
+            if (ver == 2 && var == 0) {
+                const int S = c.s, ri = S + 3;
+                const int64_t want = (int64_t)((q.a.Wo + q.a.tw - 1) / q.a.tw) *
+                                     ((q.a.Ho + SC2_TR - 1) / SC2_TR) * c.N;
+                const int cp2 = q.a.Ci <= 4 ? 2 : q.a.Ci <= 8 ? 4 : 8;
+                const int64_t need = S == 1 ? (int64_t)q.a.tw + 16 : 2 * ((int64_t)q.a.tw + 8);
+                bool good = q.threads == (unsigned)q.a.tw && q.a.tw % 32 == 0 && q.a.tw >= 32 &&
+                            q.a.tw <= SC2_TWMAX && q.smem > 0 && q.smem < 48 * 1024 &&
+                            (int64_t)q.blocks == want && q.S == S && q.cp2 == cp2 &&
+                            2 * q.cp2 >= q.a.Ci && q.a.rsw == need && q.a.nch * 8 == q.a.rsw &&
+                            q.a.psw % 32 == 0 && q.a.psw >= ri * q.a.rsw + 8 &&
+                            /* the tiles do not waste a whole warp per row */
+                            (int64_t)q.a.tiles_w * q.a.tw - q.a.Wo < 32 * q.a.tiles_w;
+                ok(good, NAME("%s: v2 plan limits", name),
+                   WHY("threads %u tw %d smem %zu blocks %u (want %lld) S %d cp2 %d rsw %d psw %d "
+                       "nch %d tiles_w %d", q.threads, q.a.tw, q.smem, q.blocks, (long long)want,
+                       q.S, q.cp2, q.a.rsw, q.a.psw, q.a.nch, q.a.tiles_w));
+            }
+            if (ver == 1) run_plan<T>(p, c.N);
+            else run_plan2<T>(q);
+            const char *vtag = var == 1 ? " [misaligned]" : var == 2 ? " [tiling]" : "";
+            /* guards */
+            bool gok = true;
+            for (int i = 0; i < G + off; i++) gok = gok && bits16(out[(size_t)i]) == bits16(guard);
+            for (size_t i = G + off + nout; i < out.size(); i++)
+                gok = gok && bits16(out[i]) == bits16(guard);
+            ok(gok, NAME("%s %s%s: no write outside the tensor", name, vn, vtag),
+               "a guard element changed");
+            if (var == 0) {
+                long bad = 0, firstbad = -1, vbad = 0, vfirst = -1;
+                for (size_t i = 0; i < nout; i++) {
+                    double gv = sc_f<T>(out[G + i]);
+                    double e = (double)(terms + 1) * std::ldexp(1.0, -24) * mag[i];
+                    double bound = u * std::fabs(ref[i]) + (1 + u) * e + aa;
+                    if (!(std::isfinite(gv) && std::fabs(gv - ref[i]) <= bound)) {
+                        if (firstbad < 0) firstbad = (long)i;
+                        bad++;
+                    }
+                    /* v2 vs v1: both within the bound of the reference */
+                    if (ver == 2 && !(std::fabs(gv - (double)v1out[i]) <= 2 * bound)) {
+                        if (vfirst < 0) vfirst = (long)i;
+                        vbad++;
+                    }
+                }
+                ok(bad == 0, NAME("%s %s: vs float64", name, vn),
+                   WHY("%ld of %zu outside the bound (first %ld: emu %.8g ref %.8g)", bad, nout,
+                       firstbad, firstbad >= 0 ? (double)sc_f<T>(out[G + (size_t)firstbad]) : 0.0,
+                       firstbad >= 0 ? ref[(size_t)firstbad] : 0.0));
+                if (ver == 2)
+                    ok(vbad == 0, NAME("%s: v2 vs v1 (within twice the bound)", name),
+                       WHY("%ld of %zu differ more (first %ld: v2 %.8g v1 %.8g)", vbad, nout,
+                           vfirst, vfirst >= 0 ? (double)sc_f<T>(out[G + (size_t)vfirst]) : 0.0,
+                           vfirst >= 0 ? (double)v1out[(size_t)vfirst] : 0.0));
+                first.resize(nout);
+                for (size_t i = 0; i < nout; i++) first[i] = bits16(out[G + i]);
+                if (ver == 1) {
+                    v1out.resize(nout);
+                    for (size_t i = 0; i < nout; i++) v1out[i] = sc_f<T>(out[G + i]);
+                }
+            } else {
+                size_t diff = 0;
+                for (size_t i = 0; i < nout; i++) diff += bits16(out[G + off + i]) != first[i];
+                ok(diff == 0, NAME("%s %s: %s = default (bitwise)", name, vn,
+                                   var == 1 ? "misaligned pointers" : "other tiling"),
+                   WHY("%zu of %zu elements differ", diff, nout));
+            }
         }
     }
 }
@@ -300,5 +436,8 @@ int main() {
             run_case<__nv_bfloat16>(CASES[k], "bf16", pass);
             if (k % 3 == 0) run_case<__half>(CASES[k], "f16", pass);
         }
+    for (size_t k = 0; k < sizeof FULL / sizeof FULL[0]; k++)
+        for (int pass = 0; pass < 3; pass++)
+            if (FULL[k].passes >> pass & 1) run_case<__nv_bfloat16>(FULL[k].c, "bf16", pass, true);
     return failures ? 1 : 0;
 }
