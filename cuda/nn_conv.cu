@@ -1078,12 +1078,17 @@ extern "C" lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *ctx, const l
 // ----------------------------------------------------------------------------
 // backward-data columns written by the BatchNorm backward (nn.h lucid_conv_dcols)
 
-/* LUCID_BN_EMIT_COLS, read on each call: "0" = no reservation (the
- * BatchNorm backward writes no columns, the backward-data runs its im2col);
- * unset or anything else = on. */
+/* LUCID_BN_EMIT_COLS, read on each call: "1" = on; unset or anything
+ * else = no reservation (the BatchNorm backward writes no columns, the
+ * backward-data runs its im2col).  Off by default: measured on the H200
+ * (session 11, one recorded fit with a CUPTI trace), bn_grad_dx1_cols took
+ * 11-46 us per call where bn_grad_dx1 (8.7 us) plus the im2col it saves
+ * (~6 us) took ~15: one block per channel writing 9*N column rows is
+ * slower than the 512-1024-block im2col (step 3.799 / 3.832 ms on, 3.729
+ * off, same call). */
 static bool dcols_switch(void) {
     const char *e = getenv("LUCID_BN_EMIT_COLS");
-    return !(e && strcmp(e, "0") == 0);
+    return e && strcmp(e, "1") == 0;
 }
 
 /* The nn.h slot conv2d_dcols_reserve (dc zeroed; x, w, p checked): when

@@ -20,6 +20,8 @@
 -- + backward at 4x3x320x320 bitwise equal on and off, with fewer im2col
 -- launches on.
 local lucid = require "lucid"
+-- the process's own LUCID_BN_EMIT_COLS, restored after each case
+local ENV0 = os.getenv("LUCID_BN_EMIT_COLS")
 local nn = require "lucid.nn"
 local P = require "lucid.nn.prim"
 local err_of = require("support.errors").err_of
@@ -158,7 +160,11 @@ local function hooks()
   if not lib then return nil end
   return {
     switch = function(on)
-      if on then ffi.C.unsetenv("LUCID_BN_EMIT_COLS") else ffi.C.setenv("LUCID_BN_EMIT_COLS", "0", 1) end
+      if on then ffi.C.setenv("LUCID_BN_EMIT_COLS", "1", 1) else ffi.C.setenv("LUCID_BN_EMIT_COLS", "0", 1) end
+    end,
+    -- back to the process's own setting (the fusion is off unless it says "1")
+    restore = function()
+      if ENV0 then ffi.C.setenv("LUCID_BN_EMIT_COLS", ENV0, 1) else ffi.C.unsetenv("LUCID_BN_EMIT_COLS") end
     end,
     count = function() return tonumber(lib.lucid_cuda_conv_col_launch_count()) end,
   }
@@ -173,7 +179,8 @@ describe_gpu("Conv backward with the BatchNorm writing the conv's columns #gpu",
   setup(function() H = assert(hooks(), "the cuda test hooks are not reachable through the FFI") end)
   teardown(function()
     if H then
-      if env0 then require("ffi").C.setenv("LUCID_BN_EMIT_COLS", env0, 1) else H.switch(true) end
+      if env0 then require("ffi").C.setenv("LUCID_BN_EMIT_COLS", env0, 1)
+      else require("ffi").C.unsetenv("LUCID_BN_EMIT_COLS") end
     end
   end)
 
@@ -206,7 +213,7 @@ describe_gpu("Conv backward with the BatchNorm writing the conv's columns #gpu",
     end)
     P.conv_dcols_reserve = spy
     P.fuse_bn_silu = true
-    H.switch(true)
+    H.restore()
     assert(ok, err)
     return r, reserved, launches
   end
@@ -252,7 +259,7 @@ describe_gpu("Conv backward with the BatchNorm writing the conv's columns #gpu",
         step()
         res[i] = { launches = H.count() - c0, grads = m.params:flat_grads():to("cpu") }
       end)
-      H.switch(true)
+      H.restore()
       assert(ok, err)
     end
     assert.is_true(same_bytes(res[1].grads, res[2].grads), "parameter gradients differ")

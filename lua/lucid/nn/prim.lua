@@ -201,8 +201,10 @@ end
 -- writes the im2col columns of the gradient it produces, straight into the
 -- conv's scratch, and the conv's backward-data skips its im2col: one kernel
 -- less on the backward's critical path, the same bits (engine/nn/nn.h
--- lucid_conv_dcols). The engine decides per call (anything else, the CPU,
--- or LUCID_BN_EMIT_COLS=0 in the environment: the plain calls); the
+-- lucid_conv_dcols). Off unless LUCID_BN_EMIT_COLS=1: measured slower on
+-- the H200 (one block per channel writes the columns; session 11). The
+-- engine decides per call (anything else, the CPU, or the switch not "1":
+-- the plain calls); the
 -- sequence is P.conv_dcols_reserve, then P.bn_backward_dcols or
 -- P.bn_silu_backward_dcols, then conv:backward, with nothing in between.
 
