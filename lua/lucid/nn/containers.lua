@@ -18,6 +18,19 @@ function M.set_accumulate_scope(s)
   return prev
 end
 
+-- The next call position's row of persistent buffers in scope sc (by
+-- shape and dtype), created on first use.
+local function scope_row(sc)
+  local pos = sc.pos + 1
+  sc.pos = pos
+  local row = sc.slots[pos]
+  if row == nil then
+    row = {}
+    sc.slots[pos] = row
+  end
+  return row
+end
+
 --- Sum of two gradients, either of which may be nil (a missing gradient is
 -- zero). When both are present the sum goes to a tensor of its own, so the
 -- persistent grad_input buffers of the modules that produced a and b are
@@ -36,13 +49,7 @@ function M.accumulate(a, b)
   if b == nil then return a end
   local sc = scope
   if sc == nil then return a:add(b) end
-  local pos = sc.pos + 1
-  sc.pos = pos
-  local row = sc.slots[pos]
-  if row == nil then
-    row = {}
-    sc.slots[pos] = row
-  end
+  local row = scope_row(sc)
   local key = table.concat(a:shape(), "x") .. a:dtype()
   local opts = row[key] -- {out = the buffer}, kept so that a pass allocates nothing
   if opts == nil then
@@ -146,13 +153,7 @@ local function sum_buffer(terms)
   if not like then like, nch = terms[1][1], terms[1][3] end
   local sc = scope
   if sc == nil then return C.empty_like(like, nch) end
-  local pos = sc.pos + 1
-  sc.pos = pos
-  local row = sc.slots[pos]
-  if row == nil then
-    row = {}
-    sc.slots[pos] = row
-  end
+  local row = scope_row(sc)
   local shape = like:shape()
   if nch then shape[2] = nch end
   local key = table.concat(shape, "x") .. like:dtype()
