@@ -148,12 +148,19 @@ P.fuse_bn_silu = os.getenv("LUCID_FUSE_BN_SILU") ~= "0"
 local LEAF_FWD, LEAF_BWD = Leaf.forward, Leaf.backward
 local fused_fwd, fused_bwd -- the binding's functions (false: absent), on first use
 
-local function fused_binding()
+-- The binding's optional functions of these names, in order (false for a
+-- name it lacks, or without the binding). rawget: lucid.nn raises on a name
+-- it does not have.
+local function optional_nn(...)
   local ok, lucid = pcall(require, "lucid")
   local C = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
-  -- rawget: an optional field (lucid.nn raises on a name it does not have)
-  fused_fwd = C and rawget(C, "batchnorm2d_silu_forward") or false
-  fused_bwd = C and rawget(C, "batchnorm2d_silu_backward") or false
+  local out = {}
+  for i, name in ipairs({ ... }) do out[i] = C and rawget(C, name) or false end
+  return unpack(out, 1, select("#", ...))
+end
+
+local function fused_binding()
+  fused_fwd, fused_bwd = optional_nn("batchnorm2d_silu_forward", "batchnorm2d_silu_backward")
 end
 
 --- Whether bn then act may run fused: P.fuse_bn_silu on, bn exactly a
@@ -211,10 +218,7 @@ end
 local dcols_reserve, dcols_bn -- the binding's functions (false: absent), on first use
 
 local function dcols_binding()
-  local ok, lucid = pcall(require, "lucid")
-  local C = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or nil
-  dcols_reserve = C and rawget(C, "conv2d_dcols_reserve") or false
-  dcols_bn = C and rawget(C, "batchnorm2d_backward_dcols") or false
+  dcols_reserve, dcols_bn = optional_nn("conv2d_dcols_reserve", "batchnorm2d_backward_dcols")
 end
 
 --- Whether the modules allow the columns: conv exactly a materialised
