@@ -1676,12 +1676,16 @@ static int loss_switch(const char *name) {
 
 /* Blocks of the foreground item walks: one item per thread up to the
  * capacity's items, at most LPL_ITEM_WAVES blocks per SM.
- * LUCID_LOSS_ITEM_BLOCKS=n (n >= 1) forces n (tests: the grid-stride
+ * LUCID_LOSS_ITEM_BLOCKS=n (1..2^20; anything else: ignored) forces n (tests: the grid-stride
  * loops with many items per thread). */
 static unsigned item_blocks(const lucid_pose_loss_plan *p,
                             const lucid_cuda_state *st, int per_fg) {
-    const char *env = getenv("LUCID_LOSS_ITEM_BLOCKS");
-    if (env && atoi(env) >= 1) return (unsigned)atoi(env);
+    const char *env = getenv("LUCID_LOSS_ITEM_BLOCKS"); /* read on each call (tests set it) */
+    if (env && *env) {
+        char *end = NULL;
+        const long v = strtol(env, &end, 10);
+        if (end && !*end && v >= 1 && v <= (1L << 20)) return (unsigned)v;
+    }
     const int64_t items = (int64_t)fg_cap(p) * per_fg;
     int64_t nb = (items + LPL_THREADS - 1) / LPL_THREADS;
     const int64_t most =

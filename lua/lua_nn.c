@@ -936,7 +936,12 @@ static int l_module_ensure_buffer(lua_State *L) {
     module_box *b = check_module(L, 1);
     static const char *const kinds[] = {"output", "grad_input", NULL};
     int grad = lucid_lua_checkoption(L, 2, NULL, kinds);
-    int i = (int)lucid_lua_checkinteger(L, 3);
+    lua_Integer i = lucid_lua_checkinteger(L, 3);
+    const int count = grad ? b->m->ninputs : b->m->noutputs;
+    if (i < 1 || i > count) /* 1-based here; the engine's slots are 0-based */
+        return lucid_lua_argerror(L, 3, lua_pushfstring(L, "%s slot: expected 1..%d, got %s",
+                                                       kinds[grad], count,
+                                                       lua_tostring(L, 3)));
     lucid_tensor *like = lucid_lua_check_tensor(L, 4, "like");
     int64_t shape[LUCID_MAX_DIMS];
     memcpy(shape, like->shape, sizeof(int64_t) * (size_t)like->ndim);
@@ -948,7 +953,7 @@ static int l_module_ensure_buffer(lua_State *L) {
         shape[1] = (int64_t)c;
     }
     lucid_tensor *t = NULL;
-    lucid_status st = lucid_module_ensure_buffer(b->ctx, b->m, grad, i - 1, lucid_tensor_device(like),
+    lucid_status st = lucid_module_ensure_buffer(b->ctx, b->m, grad, (int)i - 1, lucid_tensor_device(like),
                                                  like->dtype, like->ndim, shape, &t);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
     push_borrowed(L, t);

@@ -15,6 +15,7 @@
 -- outside Model:backward is a new tensor per call, and the building blocks
 -- (chan_sum, add_n, piece, sum) against Tensor:add.
 local lucid = require("lucid")
+local err_of = require("support.errors").err_of
 local nn = require("lucid.nn")
 local containers = require("lucid.nn.containers")
 local yolo11 = require("lucid.models.yolo11_pose")
@@ -378,7 +379,13 @@ describe("fused sums: the primitives", function()
     assert.equal(hash(t1), hash(t2)) -- the same buffer (not reallocated: its values stay)
     local t3 = cat._c:ensure_buffer("grad_input", 2, like)
     assert.same({ 2, 6, 3, 3 }, t3:shape())
-    assert.has_error(function() cat._c:ensure_buffer("grad_input", 3, like) end)
+    -- slots are 1-based, checked by the binding with the range in the message
+    local msg = err_of(function() cat._c:ensure_buffer("grad_input", 3, like) end)
+    assert.truthy(msg:find("grad_input slot: expected 1..2, got 3", 1, true), msg)
+    msg = err_of(function() cat._c:ensure_buffer("output", 0, like) end)
+    assert.truthy(msg:find("output slot: expected 1..1, got 0", 1, true), msg)
+    msg = err_of(function() cat._c:ensure_buffer("output", 2 ^ 32 + 1, like) end)
+    assert.truthy(msg:find("expected 1..1", 1, true), msg)
     assert.has_error(function() cat._c:ensure_buffer("state", 1, like) end)
   end)
 end)

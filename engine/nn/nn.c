@@ -978,10 +978,17 @@ lucid_status lucid_nn_add_n(lucid_ctx *ctx, int n, const lucid_tensor *const *x,
     if (y->ndim < 2)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: need rank >= 2, y has %d", op,
                             y->ndim);
+    /* inputs are named 1-based ("input 2 of 3"), so the message reads the
+     * same from C and from the Lua binding's list */
     for (int i = 0; i < n; i++) {
-        char arg[24];
-        snprintf(arg, sizeof arg, "x[%d]", i);
+        char arg[32];
+        snprintf(arg, sizeof arg, "input %d of %d", i + 1, n);
         LUCID_TRY(chk_same(ctx, op, arg, x[i], y));
+        if (cc_overlap(y, 0, x[i], 0, y->shape[1], y->shape[1]))
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: the output may overlap input %d of %d (write the sum to "
+                                "another tensor)",
+                                op, i + 1, n);
     }
     lucid_chan_piece p = {.dst = y, .src = x[0], .nch = y->shape[1]};
     for (int i = 1; i < n; i++) p.add[i - 1] = x[i];

@@ -11,7 +11,10 @@
 -- Protocol (Torch7 nn): forward(x) returns the output (persistent per
 -- module); backward(x, gy) returns the gradient w.r.t. x and accumulates into
 -- the parameter gradients. A module whose output feeds several consumers
--- receives the summed gradient from its caller.
+-- receives the summed gradient from its caller. Inside a fused parent pass
+-- (lucid.nn.containers.fuse_sums, DECISIONS 33) the last inner block of a
+-- C2f / C3k2 / C3 / C2PSA hands its parent unsummed terms instead, and its
+-- own output / grad_input stay nil (LUCID_FUSE_SUMS=0 keeps them).
 local util = require("lucid.nn.util")
 
 local Module = util.class("Module")
