@@ -935,6 +935,31 @@ __device__ __forceinline__ float dfl_side_term(const Geom &g, const View &box,
     return FA(FM(FS(lse, ztl), wl), FM(FS(lse, ztr), wr));
 }
 
+/* Keypoint k of anchor a against its gt (gk: the gt row's keypoints; ar:
+ * kpt_consts's area): the decoded offsets dx, dy, the OKS denominator den,
+ * ex = exp(-d / den), the visibility mask m and the raw visibility logit rv
+ * (the reference's keypoint loop, shared by the forward term and the
+ * gradient). */
+struct kpt_oks { float dx, dy, den, ex, m, rv; };
+__device__ __forceinline__ kpt_oks kpt_oks_of(const Bufs &bf, const View &kpt, int b, int a,
+                                              int k, const float *gk, float ar, float ax,
+                                              float ay, float s) {
+    kpt_oks o;
+    const float rx = ld(kpt, b, k * 3 + 0, a);
+    const float ry = ld(kpt, b, k * 3 + 1, a);
+    o.rv = ld(kpt, b, k * 3 + 2, a);
+    o.m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
+    const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
+    const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
+    o.dx = FS(px, gk[k * 3] / s);
+    o.dy = FS(py, gk[k * 3 + 1] / s);
+    const float d = FA(FM(o.dx, o.dx), FM(o.dy, o.dy));
+    const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
+    o.den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
+    o.ex = m_exp(-(d / o.den));
+    return o;
+}
+
 /* One keypoint's forward terms at anchor a (the body of the reference's
  * keypoint loop): x = the OKS term factor (1 - exp(-d / den)) m, y = the
  * kobj BCE; gk = the gt row's keypoints, ar / fc = kpt_consts. */
@@ -943,20 +968,9 @@ __device__ __forceinline__ void kpt_term(const Bufs &bf, const View &kpt,
                                          float ar, float fc, float ax,
                                          float ay, float s, float &x,
                                          float &y) {
-    const float rx = ld(kpt, b, k * 3 + 0, a);
-    const float ry = ld(kpt, b, k * 3 + 1, a);
-    const float rv = ld(kpt, b, k * 3 + 2, a);
-    const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
-    const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
-    const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
-    const float dx = FS(px, gk[k * 3] / s);
-    const float dy = FS(py, gk[k * 3 + 1] / s);
-    const float d = FA(FM(dx, dx), FM(dy, dy));
-    const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-    const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
-    const float ex = m_exp(-(d / den));
-    x = FM(fc, FM(FS(1.0f, ex), m));
-    y = m_bce(rv, m);
+    const kpt_oks o = kpt_oks_of(bf, kpt, b, a, k, gk, ar, ax, ay, s);
+    x = FM(fc, FM(FS(1.0f, o.ex), o.m));
+    y = m_bce(o.rv, o.m);
 }
 
 /* The gradient of one keypoint (x, y, visibility channels) of anchor a. */
@@ -965,22 +979,11 @@ __device__ __forceinline__ void kpt_grad(const Bufs &bf, const View &kpt,
                                          int k, const float *gk, float ar,
                                          float fc, float ax, float ay, float s,
                                          double c_pose, double c_kobj) {
-    const float rx = ld(kpt, b, k * 3 + 0, a);
-    const float ry = ld(kpt, b, k * 3 + 1, a);
-    const float rv = ld(kpt, b, k * 3 + 2, a);
-    const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
-    const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
-    const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
-    const float dx = FS(px, gk[k * 3] / s);
-    const float dy = FS(py, gk[k * 3 + 1] / s);
-    const float d = FA(FM(dx, dx), FM(dy, dy));
-    const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-    const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
-    const float ex = m_exp(-(d / den));
-    const float gd = m != 0 ? (float)c_pose * fc * ex / den : 0.0f;
-    stg(gkpt, b, k * 3 + 0, a, gd * 4 * dx);
-    stg(gkpt, b, k * 3 + 1, a, gd * 4 * dy);
-    stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(rv) - m));
+    const kpt_oks o = kpt_oks_of(bf, kpt, b, a, k, gk, ar, ax, ay, s);
+    const float gd = o.m != 0 ? (float)c_pose * fc * o.ex / o.den : 0.0f;
+    stg(gkpt, b, k * 3 + 0, a, gd * 4 * o.dx);
+    stg(gkpt, b, k * 3 + 1, a, gd * 4 * o.dy);
+    stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(o.rv) - o.m));
 }
 
 /* The gradient of DFL side sd (its R bins) of foreground anchor fi = b A + a
@@ -1110,23 +1113,8 @@ __global__ void __launch_bounds__(LPL_LB_THREADS, 1)
                 x = dfl_side_term<RF>(g, box, b, a, j,
                                       ltrb_side(tb, ax, ay, j));
             } else if (j < 4 + K) {
-                const int k = j - 4;
-                const float *gk = bf.gt_kpt + r * K * 3;
-                const float ar = s_area[f], fc = s_factor[f];
-                const float rx = ld(kpt, b, k * 3 + 0, a);
-                const float ry = ld(kpt, b, k * 3 + 1, a);
-                const float rv = ld(kpt, b, k * 3 + 2, a);
-                const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
-                const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
-                const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
-                const float dx = FS(px, gk[k * 3] / s);
-                const float dy = FS(py, gk[k * 3 + 1] / s);
-                const float d = FA(FM(dx, dx), FM(dy, dy));
-                const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-                const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
-                const float ex = m_exp(-(d / den));
-                x = FM(fc, FM(FS(1.0f, ex), m));
-                y = m_bce(rv, m);
+                kpt_term(bf, kpt, b, a, j - 4, bf.gt_kpt + r * K * 3, s_area[f], s_factor[f], ax,
+                         ay, s, x, y);
             } else {
                 const float *pbp = bf.pbox + fi * 4;
                 const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
@@ -1305,58 +1293,12 @@ __global__ void __launch_bounds__(LPL_LB_THREADS, 1)
         float ax, ay, s;
         anchor(g, a, ax, ay, s);
         const float *gb = bf.gt_box + r * 4;
-        if (j < 4) {
-            const int sd = j;
-            constexpr int NZ = RF > 0 ? RF : LPL_MAX_REG;
-            float tb[4];
-            target_box(gb, s, tb);
-            /* the forward's decode of the same pred_box (lpl_decode_f32) */
-            const float *pbp = bf.pbox + fi * 4;
-            const float pb[4] = {pbp[0], pbp[1], pbp[2], pbp[3]};
-            float g1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const float gscl = (float)(-c_box) * norm;
-            ciou(pb, tb, &bf.alpha[fi], 1, gscl, g1);
-            const float gE[4] = {-g1[0], -g1[1], g1[2], g1[3]};
-            const float cd = (float)c_dfl * norm / 4;
-            const float tmax = (float)((double)(R - 1) - 0.01);
-            float z[NZ], pr[NZ];
-            load_side<RF>(box, b, sd, a, R, z);
-            softmax_side<RF>(z, R, pr);
-            float tg = ltrb_side(tb, ax, ay, sd);
-            if (!(tg > 0)) tg = 0.0f;
-            if (tg > tmax) tg = tmax;
-            const int tl = (int)tg, tr = tl + 1;
-            const float wl = (float)tr - tg, wr = 1 - wl;
-            const float E = expect_side<RF>(pr, R);
-#pragma unroll
-            for (int q = 0; q < (RF > 0 ? RF : NZ); q++) {
-                if (RF == 0 && q >= R) break;
-                float gv = gE[sd] * pr[q] * ((float)q - E);
-                gv += cd * (wl * (pr[q] - (q == tl ? 1.0f : 0.0f)) +
-                            wr * (pr[q] - (q == tr ? 1.0f : 0.0f)));
-                stg(gbox, b, sd * R + q, a, gv);
-            }
-        } else {
-            const int k = j - 4;
-            const float *gk = bf.gt_kpt + r * K * 3;
-            const float ar = s_area[f], fc = s_factor[f];
-            const float rx = ld(kpt, b, k * 3 + 0, a);
-            const float ry = ld(kpt, b, k * 3 + 1, a);
-            const float rv = ld(kpt, b, k * 3 + 2, a);
-            const float m = gk[k * 3 + 2] != 0 ? 1.0f : 0.0f;
-            const float px = FA(FM(rx, 2.0f), FS(ax, 0.5f));
-            const float py = FA(FM(ry, 2.0f), FS(ay, 0.5f));
-            const float dx = FS(px, gk[k * 3] / s);
-            const float dy = FS(py, gk[k * 3 + 1] / s);
-            const float d = FA(FM(dx, dx), FM(dy, dy));
-            const float sg2 = FM(2.0f, (float)bf.sigmas[k]);
-            const float den = FM(FM(FM(sg2, sg2), FA(ar, 1e-9f)), 2.0f);
-            const float ex = m_exp(-(d / den));
-            const float gd = m != 0 ? (float)c_pose * fc * ex / den : 0.0f;
-            stg(gkpt, b, k * 3 + 0, a, gd * 4 * dx);
-            stg(gkpt, b, k * 3 + 1, a, gd * 4 * dy);
-            stg(gkpt, b, k * 3 + 2, a, (float)c_kobj * (m_sigmoid(rv) - m));
-        }
+        if (j < 4)
+            dfl_side_grad<RF>(bf, box, gbox, b, a, j, R, fi, gb, ax, ay, s, norm, c_box,
+                              c_dfl);
+        else
+            kpt_grad(bf, kpt, gkpt, b, a, j - 4, bf.gt_kpt + r * K * 3, s_area[f],
+                     s_factor[f], ax, ay, s, c_pose, c_kobj);
     }
 }
 
