@@ -562,6 +562,36 @@ static unsigned cm_shares(const lucid_cuda_state *st, int m, int64_t N,
     return (unsigned)f;
 }
 
+/* Row j of a piece's source s from channel c0 (S elements per channel, es
+ * bytes each): *row its first byte, *stride the elements between two
+ * batch items; clears *small for a tensor of 2^31 elements or more.
+ * Returns whether the row starts 16-byte aligned with whole 16-byte rows
+ * (the vector path). */
+static bool cm_src_row(const lucid_tensor *s, int64_t c0, int64_t S, size_t es,
+                       const char **row, int64_t *stride, bool *small) {
+    const int64_t Cs = s->shape[1];
+    *row = (const char *)lucid_tensor_data(s) + (size_t)(c0 * S) * es;
+    *stride = Cs * S;
+    if (lucid_tensor_numel(s) >= ((int64_t)1 << 31)) *small = false;
+    return pw_aligned(*row, 16) && ((size_t)(Cs * S) * es) % 16 == 0;
+}
+
+/* The block shares of a planned table t (cm_shares over the pieces' work
+ * items) written into t->p[i].first / gx / gy. Returns the blocks. */
+template <typename Table>
+static unsigned cm_assign(const lucid_cuda_state *st, Table *t, int m, int64_t N,
+                          const int64_t *items, const int *per) {
+    int64_t gx[CM_PIECES], gy[CM_PIECES];
+    unsigned first[CM_PIECES];
+    const unsigned blocks = cm_shares(st, m, N, items, per, gx, gy, first);
+    for (int i = 0; i < m; i++) {
+        t->p[i].first = first[i];
+        t->p[i].gx = (unsigned)gx[i];
+        t->p[i].gy = (unsigned)gy[i];
+    }
+    return blocks;
+}
+
 /* Fill t.p[0..m) from pc (block shares: cm_shares). Returns the blocks. */
 static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
                         const lucid_chan_piece *pc, bool *small) {
@@ -569,9 +599,8 @@ static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
     const int64_t N = ref->shape[0], S = nn_inner(ref, 2);
     const size_t es = lucid_dtype_size(ref->dtype);
     const int64_t V = 16 / (int64_t)es;
-    int64_t gx[CM_PIECES], gy[CM_PIECES], items[CM_PIECES];
+    int64_t items[CM_PIECES];
     int per[CM_PIECES];
-    unsigned first[CM_PIECES];
     memset(t, 0, sizeof *t);
     t->N = N;
     t->n = m;
@@ -582,13 +611,7 @@ static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
         char *dd = (char *)lucid_tensor_data(p->dst) + (size_t)(p->dst_c0 * S) * es;
         const char *sd = NULL;
         bool vec = pw_aligned(dd, 16) && ((size_t)(Cd * S) * es) % 16 == 0;
-        if (p->src) {
-            const int64_t Cs = p->src->shape[1];
-            sd = (const char *)lucid_tensor_data(p->src) + (size_t)(p->src_c0 * S) * es;
-            vec = vec && pw_aligned(sd, 16) && ((size_t)(Cs * S) * es) % 16 == 0;
-            q->sstride = Cs * S;
-            if (lucid_tensor_numel(p->src) >= ((int64_t)1 << 31)) *small = false;
-        }
+        if (p->src) vec = cm_src_row(p->src, p->src_c0, S, es, &sd, &q->sstride, small) && vec;
         if (lucid_tensor_numel(p->dst) >= ((int64_t)1 << 31)) *small = false;
         q->dst = dd;
         q->src = sd;
@@ -598,13 +621,7 @@ static unsigned cm_plan(const lucid_cuda_state *st, cm_table *t, int m,
         per[i] = vec ? PW_UNROLL : 1;
         items[i] = vec ? len / V : len;
     }
-    const unsigned blocks = cm_shares(st, m, N, items, per, gx, gy, first);
-    for (int i = 0; i < m; i++) {
-        t->p[i].first = first[i];
-        t->p[i].gx = (unsigned)gx[i];
-        t->p[i].gy = (unsigned)gy[i];
-    }
-    return blocks;
+    return cm_assign(st, t, m, N, items, per);
 }
 
 // ----------------------------------------------------------------------------
@@ -768,9 +785,8 @@ static unsigned cs_plan(const lucid_cuda_state *st, cs_table *t, int m,
     const int64_t N = ref->shape[0], S = nn_inner(ref, 2);
     const size_t es = lucid_dtype_size(ref->dtype);
     const int64_t V = 16 / (int64_t)es;
-    int64_t gx[CM_PIECES], gy[CM_PIECES], items[CM_PIECES];
+    int64_t items[CM_PIECES];
     int per[CM_PIECES];
-    unsigned first[CM_PIECES];
     memset(t, 0, sizeof *t);
     t->N = N;
     t->n = m;
@@ -782,13 +798,10 @@ static unsigned cs_plan(const lucid_cuda_state *st, cs_table *t, int m,
         bool vec = pw_aligned(dd, 16) && ((size_t)(Cd * S) * es) % 16 == 0;
         q->ns = lucid_chan_piece_nsrc(p);
         for (int j = 0; j < q->ns; j++) {
-            const lucid_tensor *s = j ? p->add[j - 1] : p->src;
-            const int64_t c0 = j ? p->add_c0[j - 1] : p->src_c0, Cs = s->shape[1];
-            const char *sd = (const char *)lucid_tensor_data(s) + (size_t)(c0 * S) * es;
-            vec = vec && pw_aligned(sd, 16) && ((size_t)(Cs * S) * es) % 16 == 0;
+            const char *sd = NULL;
+            vec = cm_src_row(j ? p->add[j - 1] : p->src, j ? p->add_c0[j - 1] : p->src_c0, S,
+                             es, &sd, &q->sstride[j], small) && vec;
             q->src[j] = sd;
-            q->sstride[j] = Cs * S;
-            if (lucid_tensor_numel(s) >= ((int64_t)1 << 31)) *small = false;
         }
         if (lucid_tensor_numel(p->dst) >= ((int64_t)1 << 31)) *small = false;
         q->dst = dd;
@@ -798,13 +811,7 @@ static unsigned cs_plan(const lucid_cuda_state *st, cs_table *t, int m,
         per[i] = vec ? PW_UNROLL : 1;
         items[i] = vec ? len / V : len;
     }
-    const unsigned blocks = cm_shares(st, m, N, items, per, gx, gy, first);
-    for (int i = 0; i < m; i++) {
-        t->p[i].first = first[i];
-        t->p[i].gx = (unsigned)gx[i];
-        t->p[i].gy = (unsigned)gy[i];
-    }
-    return blocks;
+    return cm_assign(st, t, m, N, items, per);
 }
 
 extern "C" lucid_status lucid_cuda_channel_copy_multi(lucid_ctx *ctx, int n,
