@@ -376,6 +376,15 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
     }
 }
 
+/* Stage dx vector v of the part walk's position w (one-part channels: part
+ * 0 holds every plane, so plane q is image q) at stage[q*S + off*V]. */
+template <typename T, int V>
+static __device__ __forceinline__ void bn_stage_put(T *stage, const bn_walk &w,
+                                                    const bn_geom &g,
+                                                    const typename bn_vec<T, V>::R &v) {
+    bn_vec<T, V>::store(stage + (size_t)w.q * (size_t)g.S + (size_t)w.off * V, v);
+}
+
 /* dx over one part of channel c with bn_dx<TRAIN>'s per-element
  * arithmetic (bn_dx1_vec with the channel's zs, zh, mu, is and
  * coefficients q; the old dx read only when beta != 0), walked like a part
@@ -384,11 +393,12 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
  * hdy[u], hx[u], the vectors the gradient sums loaded at the same walk
  * positions; else dy and x are read again, BN_UNROLL vectors loaded before
  * any is stored. */
-template <typename T, int VA, bool SILU, bool HELD>
+template <typename T, int VA, bool SILU, bool HELD, bool EMIT = false>
 static __device__ __forceinline__ void bn_dx_part(
     const T *__restrict__ dy, const T *__restrict__ x, T *dx, const bn_part &pa, int64_t base,
     int64_t CS, float zs, float zh, float mu, float is, float4 q, float beta,
-    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx) {
+    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx,
+    T *stage = nullptr, const bn_geom *g = nullptr) {
     typedef bn_vec<T, VA> Vt;
     typedef typename Vt::R R;
     bn_walk wk = bn_walk_first(pa);
@@ -398,8 +408,9 @@ static __device__ __forceinline__ void bn_dx_part(
             if (wk.j < pa.total) {
                 const int64_t e = base + bn_walk_elem<VA>(wk, CS);
                 const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
-                Vt::store(dx + e,
-                          bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is, q, beta));
+                const R v = bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is, q, beta);
+                Vt::store(dx + e, v);
+                if constexpr (EMIT) bn_stage_put<T, VA>(stage, wk, *g, v);
             }
             bn_walk_next(wk, pa);
         }
@@ -408,6 +419,7 @@ static __device__ __forceinline__ void bn_dx_part(
             R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
             int64_t e[BN_UNROLL];
             bool ok[BN_UNROLL];
+            [[maybe_unused]] bn_walk wu[BN_UNROLL]; /* EMIT: where each vector goes */
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 ok[u] = wk.j < pa.total;
@@ -415,6 +427,7 @@ static __device__ __forceinline__ void bn_dx_part(
                 rx[u] = R();
                 rd[u] = R();
                 e[u] = 0;
+                if constexpr (EMIT) wu[u] = wk;
                 if (ok[u]) {
                     e[u] = base + bn_walk_elem<VA>(wk, CS);
                     rg[u] = Vt::load(dy + e[u]);
@@ -426,20 +439,12 @@ static __device__ __forceinline__ void bn_dx_part(
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 if (!ok[u]) break;
-                Vt::store(dx + e[u],
-                          bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q, beta));
+                const R v = bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q, beta);
+                Vt::store(dx + e[u], v);
+                if constexpr (EMIT) bn_stage_put<T, VA>(stage, wu[u], *g, v);
             }
         }
     }
-}
-
-/* Stage dx vector v of the part walk's position w (one-part channels: part
- * 0 holds every plane, so plane q is image q) at stage[q*S + off*V]. */
-template <typename T, int V>
-static __device__ __forceinline__ void bn_stage_put(T *stage, const bn_walk &w,
-                                                    const bn_geom &g,
-                                                    const typename bn_vec<T, V>::R &v) {
-    bn_vec<T, V>::store(stage + (size_t)w.q * (size_t)g.S + (size_t)w.off * V, v);
 }
 
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
@@ -492,52 +497,8 @@ static __device__ __forceinline__ void bn_grad_dx1_run(
         __syncthreads();
         const float4 q = cf;
         if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
-        const int64_t base = pa.base + c * g.S;
-        bn_walk wk = bn_walk_first(pa);
-        if constexpr (HELD) { /* one round: dy and x are in hdy[], hx[] */
-#pragma unroll
-            for (int u = 0; u < BN_UNROLL; u++) {
-                if (wk.j < pa.total) {
-                    const int64_t e = base + bn_walk_elem<VA>(wk, g.CS);
-                    const R rd = beta != 0.0f ? Vt::load(dx + e) : R();
-                    const R v = bn_dx1_vec<T, VA, SILU>(hdy[u], hx[u], rd, zs, zh, mu, is, q, beta);
-                    Vt::store(dx + e, v);
-                    if constexpr (EMIT) bn_stage_put<T, VA>(stage, wk, g, v);
-                }
-                bn_walk_next(wk, pa);
-            }
-        } else {
-            while (wk.j < pa.total) {
-                R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-                int64_t e[BN_UNROLL];
-                bool ok[BN_UNROLL];
-                [[maybe_unused]] bn_walk wu[BN_UNROLL]; /* EMIT: where each vector goes */
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    ok[u] = wk.j < pa.total;
-                    rg[u] = R();
-                    rx[u] = R();
-                    rd[u] = R();
-                    e[u] = 0;
-                    if constexpr (EMIT) wu[u] = wk;
-                    if (ok[u]) {
-                        e[u] = base + bn_walk_elem<VA>(wk, g.CS);
-                        rg[u] = Vt::load(dy + e[u]);
-                        rx[u] = Vt::load(x + e[u]);
-                        if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
-                    }
-                    bn_walk_next(wk, pa);
-                }
-#pragma unroll
-                for (int u = 0; u < BN_UNROLL; u++) {
-                    if (!ok[u]) break;
-                    const R v = bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q,
-                                                        beta);
-                    Vt::store(dx + e[u], v);
-                    if constexpr (EMIT) bn_stage_put<T, VA>(stage, wu[u], g, v);
-                }
-            }
-        }
+        bn_dx_part<T, VA, SILU, HELD, EMIT>(dy, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu,
+                                            is, q, beta, hdy, hx, stage, &g);
         if constexpr (EMIT) {
             __syncthreads(); /* the channel's dx planes are staged */
             bn_emit_cols<T>(stage, dc, g.N, g.C, g.S, c, threadIdx.x, BN_THREADS);
