@@ -34,6 +34,7 @@
  * context, never an abort.
  */
 #include "common.cuh"
+#include "train/graph_slack.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -133,72 +134,147 @@ static long node_index(cudaGraphNode_t *sorted, size_t n, cudaGraphNode_t v) {
     return hit ? (long)(hit - sorted) : -1;
 }
 
-/* Prints the statistics of `graph`; any failure prints why instead (a
- * diagnostic never fails the capture). */
-static void graph_stats_print(cudaGraph_t graph) {
+/* A captured graph's structure in host arrays: nodes[n] (sorted by handle),
+ * type[n] (0 kernel, 1 memcpy, 2 memset, 3 other) and the successors in CSR
+ * form (adj0[n + 1], adj[ne]). */
+typedef struct {
+    size_t n, ne;
+    cudaGraphNode_t *nodes;
+    int *type;
+    long *adj0, *adj;
+} graph_topo;
+
+static void graph_topo_free(graph_topo *t) {
+    free(t->nodes); free(t->type); free(t->adj0); free(t->adj);
+    memset(t, 0, sizeof *t);
+}
+
+/* Reads graph's nodes and edges into t. NULL on success, else why not (t
+ * freed). */
+static const char *graph_topo_build(cudaGraph_t graph, graph_topo *t) {
+    memset(t, 0, sizeof *t);
     size_t n = 0, ne = 0;
-    cudaGraphNode_t *nodes = NULL, *from = NULL, *to = NULL;
+    cudaGraphNode_t *from = NULL, *to = NULL;
     cudaGraphEdgeData *ed = NULL;
-    int *type = NULL, *indeg = NULL, *best = NULL, *bestk = NULL;
-    long *queue = NULL, *adj0 = NULL, *adj = NULL, *pred = NULL;
+    long *fill = NULL;
     const char *why = NULL;
     if (cudaGraphGetNodes(graph, NULL, &n) != cudaSuccess ||
-        cudaGraphGetEdges(graph, NULL, NULL, NULL, &ne) != cudaSuccess) {
-        why = "cudaGraphGetNodes/GetEdges failed";
-        goto done;
-    }
-    nodes = (cudaGraphNode_t *)calloc(n + 1, sizeof *nodes);
+        cudaGraphGetEdges(graph, NULL, NULL, NULL, &ne) != cudaSuccess)
+        return "cudaGraphGetNodes/GetEdges failed";
+    t->nodes = (cudaGraphNode_t *)calloc(n + 1, sizeof *t->nodes);
+    t->type = (int *)calloc(n + 1, sizeof *t->type);
+    t->adj0 = (long *)calloc(n + 2, sizeof *t->adj0);
+    t->adj = (long *)calloc(ne + 1, sizeof *t->adj);
     from = (cudaGraphNode_t *)calloc(ne + 1, sizeof *from);
     to = (cudaGraphNode_t *)calloc(ne + 1, sizeof *to);
     ed = (cudaGraphEdgeData *)calloc(ne + 1, sizeof *ed);
-    type = (int *)calloc(n + 1, sizeof *type);
-    indeg = (int *)calloc(n + 1, sizeof *indeg);
-    best = (int *)calloc(n + 1, sizeof *best);
-    bestk = (int *)calloc(n + 1, sizeof *bestk);
-    queue = (long *)calloc(n + 1, sizeof *queue);
-    adj0 = (long *)calloc(n + 2, sizeof *adj0);
-    adj = (long *)calloc(ne + 1, sizeof *adj);
-    pred = (long *)calloc(n + 1, sizeof *pred);
-    if (!nodes || !from || !to || !ed || !type || !indeg || !best || !bestk || !queue || !adj0 ||
-        !adj || !pred) {
+    fill = (long *)calloc(n + 1, sizeof *fill);
+    if (!t->nodes || !t->type || !t->adj0 || !t->adj || !from || !to || !ed || !fill) {
         why = "out of host memory";
         goto done;
     }
-    if (cudaGraphGetNodes(graph, nodes, &n) != cudaSuccess ||
+    if (cudaGraphGetNodes(graph, t->nodes, &n) != cudaSuccess ||
         cudaGraphGetEdges(graph, from, to, ed, &ne) != cudaSuccess) {
         why = "cudaGraphGetNodes/GetEdges failed";
         goto done;
     }
-    {
-        qsort(nodes, n, sizeof *nodes, node_cmp);
+    t->n = n;
+    t->ne = ne;
+    qsort(t->nodes, n, sizeof *t->nodes, node_cmp);
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType ty = cudaGraphNodeTypeEmpty;
+        (void)cudaGraphNodeGetType(t->nodes[i], &ty);
+        t->type[i] = ty == cudaGraphNodeTypeKernel ? 0 : ty == cudaGraphNodeTypeMemcpy ? 1
+                   : ty == cudaGraphNodeTypeMemset ? 2 : 3;
+    }
+    for (size_t e = 0; e < ne; e++) { /* adjacency in CSR form */
+        long a = node_index(t->nodes, n, from[e]), b = node_index(t->nodes, n, to[e]);
+        if (a < 0 || b < 0) { why = "an edge names an unknown node"; goto done; }
+        t->adj0[a + 1]++;
+    }
+    for (size_t i = 0; i < n; i++) t->adj0[i + 1] += t->adj0[i];
+    for (size_t e = 0; e < ne; e++) {
+        long a = node_index(t->nodes, n, from[e]);
+        t->adj[t->adj0[a] + fill[a]++] = node_index(t->nodes, n, to[e]);
+    }
+done:
+    free(from); free(to); free(ed); free(fill);
+    if (why) graph_topo_free(t);
+    (void)cudaGetLastError();
+    return why;
+}
+
+/* The second statistics line: the kernel nodes by the priority the graph
+ * will run them at (read back from each node), and how many kernel nodes
+ * of the longest path (ending at endk, through pred) have the device's
+ * greatest priority:
+ *   lucid graph priorities: range <greatest>..<least>; <p>:<count> ...;
+ *   longest path at greatest <k>/<kernel nodes>
+ * (spec/graph_prio_spec.lua reads it). */
+static void graph_priorities_print(const graph_topo *t, const long *pred, long endk) {
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess || least < greatest ||
+        least - greatest > 63) {
+        (void)cudaGetLastError();
+        fprintf(stderr, "lucid graph priorities: no priority range\n");
+        return;
+    }
+    size_t count[64] = {0}, other = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->type[i] != 0) continue;
+        cudaKernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
+        if (cudaGraphKernelNodeGetAttribute(t->nodes[i], cudaKernelNodeAttributePriority, &v) !=
+                cudaSuccess ||
+            v.priority < greatest || v.priority > least)
+            other++;
+        else
+            count[v.priority - greatest]++;
+    }
+    long on = 0, all = 0;
+    for (long u = endk; u >= 0; u = pred[u]) {
+        if (t->type[u] != 0) continue;
+        cudaKernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
+        all++;
+        if (cudaGraphKernelNodeGetAttribute(t->nodes[u], cudaKernelNodeAttributePriority, &v) ==
+                cudaSuccess &&
+            v.priority == greatest)
+            on++;
+    }
+    (void)cudaGetLastError();
+    fprintf(stderr, "lucid graph priorities: range %d..%d;", greatest, least);
+    for (int p = 0; p <= least - greatest; p++)
+        if (count[p]) fprintf(stderr, " %d:%zu", greatest + p, count[p]);
+    if (other) fprintf(stderr, " unreadable:%zu", other);
+    fprintf(stderr, "; longest path at greatest %ld/%ld\n", on, all);
+}
+
+/* Prints the statistics of `graph`; any failure prints why instead (a
+ * diagnostic never fails the capture). */
+static void graph_stats_print(cudaGraph_t graph) {
+    graph_topo t;
+    const char *why = graph_topo_build(graph, &t);
+    if (why) {
+        fprintf(stderr, "lucid graph: no statistics (%s)\n", why);
+        return;
+    }
+    const size_t n = t.n;
+    int *indeg = (int *)calloc(n + 1, sizeof *indeg);
+    int *best = (int *)calloc(n + 1, sizeof *best);
+    int *bestk = (int *)calloc(n + 1, sizeof *bestk);
+    long *queue = (long *)calloc(n + 1, sizeof *queue);
+    long *pred = (long *)calloc(n + 1, sizeof *pred);
+    if (!indeg || !best || !bestk || !queue || !pred) {
+        fprintf(stderr, "lucid graph: no statistics (out of host memory)\n");
+    } else {
         size_t counts[4] = {0, 0, 0, 0}; /* kernel, memcpy, memset, other */
-        for (size_t i = 0; i < n; i++) {
-            cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
-            (void)cudaGraphNodeGetType(nodes[i], &t);
-            type[i] = t == cudaGraphNodeTypeKernel ? 0 : t == cudaGraphNodeTypeMemcpy ? 1
-                    : t == cudaGraphNodeTypeMemset ? 2 : 3;
-            counts[type[i]]++;
-        }
-        for (size_t e = 0; e < ne; e++) { /* adjacency in CSR form */
-            long a = node_index(nodes, n, from[e]), b = node_index(nodes, n, to[e]);
-            if (a < 0 || b < 0) { why = "an edge names an unknown node"; goto done; }
-            adj0[a + 1]++;
-            indeg[b]++;
-        }
-        for (size_t i = 0; i < n; i++) adj0[i + 1] += adj0[i];
-        {
-            long *fill = (long *)calloc(n + 1, sizeof *fill);
-            if (!fill) { why = "out of host memory"; goto done; }
-            for (size_t e = 0; e < ne; e++) {
-                long a = node_index(nodes, n, from[e]);
-                adj[adj0[a] + fill[a]++] = node_index(nodes, n, to[e]);
-            }
-            free(fill);
-        }
+        for (size_t i = 0; i < n; i++) counts[t.type[i]]++;
+        for (size_t e = 0; e < t.ne; e++) indeg[t.adj[e]]++;
         long qh = 0, qt = 0;
         for (size_t i = 0; i < n; i++) {
             best[i] = 1;
-            bestk[i] = type[i] == 0;
+            bestk[i] = t.type[i] == 0;
             pred[i] = -1;
             if (!indeg[i]) queue[qt++] = (long)i;
         }
@@ -208,9 +284,9 @@ static void graph_stats_print(cudaGraph_t graph) {
             long u = queue[qh++];
             if (best[u] > lp) lp = best[u];
             if (bestk[u] > lpk || endk < 0) { lpk = bestk[u]; endk = u; }
-            for (long j = adj0[u]; j < adj0[u + 1]; j++) {
-                long v = adj[j];
-                int k = type[v] == 0;
+            for (long j = t.adj0[u]; j < t.adj0[u + 1]; j++) {
+                long v = t.adj[j];
+                int k = t.type[v] == 0;
                 if (best[u] + 1 > best[v]) best[v] = best[u] + 1;
                 if (bestk[u] + k > bestk[v]) { bestk[v] = bestk[u] + k; pred[v] = u; }
                 if (--indeg[v] == 0) queue[qt++] = v;
@@ -219,14 +295,80 @@ static void graph_stats_print(cudaGraph_t graph) {
         fprintf(stderr,
                 "lucid graph: %zu nodes (%zu kernels, %zu memcpy, %zu memset, %zu other), %zu "
                 "edges; longest path %d nodes, %d kernel nodes\n",
-                n, counts[0], counts[1], counts[2], counts[3], ne, lp, lpk);
-        if (graph_stats_on() == 2 && endk >= 0) graph_path_print(nodes, type, pred, endk);
+                n, counts[0], counts[1], counts[2], counts[3], t.ne, lp, lpk);
+        graph_priorities_print(&t, pred, endk);
+        if (graph_stats_on() == 2 && endk >= 0) graph_path_print(t.nodes, t.type, pred, endk);
+    }
+    (void)cudaGetLastError();
+    free(indeg); free(best); free(bestk); free(queue); free(pred);
+    graph_topo_free(&t);
+}
+
+/* LUCID_GRAPH_SLACK (read once): how the kernel nodes of a recorded graph
+ * get their priorities. 1 (default): from their critical-path slack
+ * (graph_slack_priorities); 0: the priority of the stream each was captured
+ * from (compute stream and branch lanes greatest, parameter-gradient lanes
+ * least; lane.cu), the behaviour before 2026-11-30 (session 12). Either way
+ * only with UseNodePriority (LUCID_GRAPH_PRIORITY, above); priorities never
+ * change what a kernel computes. */
+static int graph_slack_on(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_GRAPH_SLACK", &off);
+}
+
+/* Sets every kernel node's priority from its slack on the graph's heaviest
+ * path, one unit of weight per kernel node (the step's kernels are a few
+ * microseconds each, and a replay is latency-bound: each kernel on a path
+ * costs about one launch-to-launch interval whatever its size): slack 0 ->
+ * the device's greatest priority, then one step per doubling band of slack
+ * (lucid_graph_slack_level, engine/train/graph_slack.h) down to its least.
+ * Why: the CUPTI timeline of the recorded pose step (H200, session 12)
+ * showed the neck's kernels after the P3 output waiting 10-25 us for SMs
+ * held by the P3 head chains that started beside them at the same
+ * priority, and the head's backward waiting likewise. Returns a status;
+ * the caller fails the capture on error (a priority that cannot be set is
+ * a broken driver call, not a preference). */
+static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const int levels = least - greatest + 1;
+    if (levels < 2) return LUCID_OK; /* one priority: nothing to choose */
+    graph_topo t;
+    const char *why = graph_topo_build(graph, &t);
+    if (why) return lucid_seterr(ctx, LUCID_ERR_DEVICE, "graph priorities: %s", why);
+    double *w = (double *)calloc(t.n + 1, sizeof *w), *slack = (double *)calloc(t.n + 1, sizeof *slack);
+    lucid_status s = LUCID_OK;
+    if (!w || !slack) {
+        s = lucid_seterr(ctx, LUCID_ERR_OOM, "graph priorities: out of host memory (%zu nodes)", t.n);
+        goto done;
+    }
+    for (size_t i = 0; i < t.n; i++) w[i] = t.type[i] == 0 ? 1.0 : 0.0;
+    {
+        int rc = lucid_graph_slack((long)t.n, t.adj0, t.adj, w, slack, NULL);
+        if (rc) {
+            s = lucid_seterr(ctx, rc == -2 ? LUCID_ERR_OOM : LUCID_ERR_DEVICE,
+                             "graph priorities: %s", rc == -2 ? "out of host memory"
+                                                             : "the graph has a cycle");
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < t.n; i++) {
+        if (t.type[i] != 0) continue;
+        cudaKernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
+        v.priority = greatest + lucid_graph_slack_level(slack[i], levels);
+        cudaError_t e = cudaGraphKernelNodeSetAttribute(t.nodes[i], cudaKernelNodeAttributePriority, &v);
+        if (e != cudaSuccess) {
+            s = lucid_cuda_err(ctx, e, "cudaGraphKernelNodeSetAttribute (priority)", __FILE__,
+                               __LINE__);
+            goto done;
+        }
     }
 done:
-    if (why) fprintf(stderr, "lucid graph: no statistics (%s)\n", why);
-    (void)cudaGetLastError();
-    free(nodes); free(from); free(to); free(ed); free(type); free(indeg); free(best);
-    free(bestk); free(queue); free(adj0); free(adj); free(pred);
+    free(w);
+    free(slack);
+    graph_topo_free(&t);
+    return s;
 }
 
 extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
@@ -275,6 +417,13 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
     if (!graph)
         return lucid_seterr(ctx, LUCID_ERR_DEVICE,
                             "cudaStreamEndCapture returned no graph");
+    if (graph_node_priority() && graph_slack_on()) {
+        lucid_status ps = graph_slack_priorities(ctx, graph);
+        if (ps != LUCID_OK) {
+            cudaGraphDestroy(graph);
+            return ps;
+        }
+    }
     if (graph_stats_on()) graph_stats_print(graph);
     cudaGraphExec_t exec = NULL;
     e = cudaGraphInstantiate(&exec, graph, graph_node_priority() ?

@@ -572,7 +572,12 @@ static void test_fused_cpu(lucid_ctx *ctx, lucid_optim_kind kind, const char *na
 }
 
 /* Newton–Schulz on X zero-padded to M x K equals the unpadded iteration
- * on the real block, and the padding stays exactly zero. */
+ * on the real block up to BLAS summation order, and the padding stays
+ * exactly zero. The tolerance is 4e-6 of the largest entry (~34 f32 ulps
+ * of it): OpenBLAS picks its kernel and blocking by the matrix sizes and
+ * the CPU, so padded and unpadded products may add in different orders, and
+ * five iterations amplify that (an AMD EPYC dev machine gave 5.96e-7 of
+ * 0.588 where an Intel one gave bitwise equality, session 12). */
 static void test_ns_padding(int m, int k, int M, int K, int bf) {
     char name[160];
     snprintf(name, sizeof name,
@@ -604,7 +609,7 @@ static void test_ns_padding(int m, int k, int M, int K, int bf) {
             e = fmax(e, fabs((double)y - z));
             mx = fmax(mx, fabs((double)z));
         }
-    CHECK(name, pad_zero && e <= 1e-6 * mx && mx > 0.1,
+    CHECK(name, pad_zero && e <= 4e-6 * mx && mx > 0.1,
           "padding zero %d, max diff %.3g of max %.3g (bitwise %d)", pad_zero, e, mx, bitwise);
     free(x), free(xp), free(w);
 }
