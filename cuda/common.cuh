@@ -118,7 +118,10 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 #define LUCID_CUDA_BRANCHES 3
 /* parameter-gradient lanes: lane 0 and lanes LUCID_CUDA_BRANCHES + 1 .. */
 #define LUCID_CUDA_GRAD_LANES 3
-#define LUCID_CUDA_LANES (LUCID_CUDA_GRAD_LANES + LUCID_CUDA_BRANCHES)
+/* the last lane: the conv weight casts' side lane (lucid_cuda_cast_lane_fork),
+ * never forked through lucid_cuda_lane_fork */
+#define LUCID_CUDA_LANE_CAST (LUCID_CUDA_GRAD_LANES + LUCID_CUDA_BRANCHES)
+#define LUCID_CUDA_LANES (LUCID_CUDA_LANE_CAST + 1)
 #define LUCID_CUDA_GRAD_KEYS 512 /* gradient buffers remembered per context */
 #define LUCID_CUDA_MARKS 4
 typedef struct lucid_cuda_lane {
@@ -153,7 +156,9 @@ typedef struct lucid_cuda_state {
      * scratch into the fields above (a stack: forks nest, returns undo them
      * in reverse order). Lanes 0 and LUCID_CUDA_BRANCHES + 1 .. carry
      * parameter gradients, lanes 1..LUCID_CUDA_BRANCHES independent
-     * branches of a network. */
+     * branches of a network; lane LUCID_CUDA_LANE_CAST takes one launch
+     * at a time on its own stream, without a swap (the weight casts only
+     * the backward reads: nn_conv.cu). */
     lucid_cuda_lane lanes[LUCID_CUDA_LANES];
     int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
     int lane_depth;
@@ -197,6 +202,23 @@ extern "C" void lucid_cuda_lane_return(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane);
 extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot);
 extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot);
+/* The cast lane (LUCID_CUDA_LANE_CAST), for work that only a later reader
+ * needs, off the current stream's path (nn_conv.cu: the conv weight
+ * copies only the backward-data reads).  fork: *side = the lane's
+ * low-priority stream, made to wait for everything queued on the current
+ * stream so far (an event: a graph edge under capture), and the lane is
+ * pending until joined; the caller queues its launch on *side itself (no
+ * swap of the context's fields).  *side = NULL (LUCID_OK) when the lane
+ * is not available: its stream does not exist yet and the current stream
+ * is being captured (never created inside a capture), or its creation
+ * failed before (then the error was returned once).  join: the current
+ * stream waits for the lane's queued work when it is pending (nothing
+ * otherwise; from inside a fork only that lane's stream waits, and the
+ * lane stays pending until a join on the compute stream).  Every join of
+ * all lanes (synchronize, capture begin / end, event_record,
+ * graph_launch) joins it too.  Errors: the CUDA error (ERR_DEVICE). */
+extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side);
+extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx);
 /* graph.cu's guards: capture_begin (ERR_STATE with a fork open; joins every
  * lane and forgets the marks), capture_end (closes open forks first). */
 extern "C" lucid_status lucid_cuda_lane_before_capture(lucid_ctx *ctx);

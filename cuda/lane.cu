@@ -12,7 +12,12 @@
  *     one stream while the gradients of different layers run side by side;
  *   - lanes 1..LUCID_CUDA_BRANCHES, branch lanes: independent branches of a
  *     network, e.g. the box / class / keypoint branches of the pose head
- *     (lucid_ctx_branch_fork, engine/lucid.h; lua/lucid/nn/head.lua).
+ *     (lucid_ctx_branch_fork, engine/lucid.h; lua/lucid/nn/head.lua);
+ *   - lane LUCID_CUDA_LANE_CAST, the cast lane: one launch at a time queued
+ *     straight on its stream (lucid_cuda_cast_lane_fork / _join,
+ *     common.cuh), no fields swapped: the conv weight shadows' flipped and
+ *     transposed copies, which only the backward-data reads, cast beside the
+ *     forward instead of ahead of it (nn_conv.cu, conv2d_cast_shadows).
  *
  * Why: a training step of a small network at batch 4 is latency-bound: its
  * kernels rarely fill the GPU, and on one stream they run one after the
@@ -44,9 +49,9 @@
  *     the early layers' (160x160 and 320x320 planes, 35-50 us each), one
  *     after the other although they do not depend on each other.
  *   - Priorities: the compute stream and the branch lanes are created with
- *     the device's greatest priority and the parameter lanes with its least
- *     (backend.cu), so when both have blocks waiting, the critical path's
- *     are scheduled first.
+ *     the device's greatest priority and the parameter lanes and the cast
+ *     lane with its least (backend.cu), so when both have blocks waiting,
+ *     the critical path's are scheduled first.
  *   - Resources (stream, events, a cuBLAS handle with the compute handle's
  *     settings and its own workspace) are created by the lane's first fork
  *     outside a capture; a fork during a capture before that, or with the
@@ -70,8 +75,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Lane 0 and the lanes after the branch lanes carry parameter gradients. */
-static int lane_is_grad(int lane) { return lane == 0 || lane > LUCID_CUDA_BRANCHES; }
+/* Lane 0 and the lanes after the branch lanes carry parameter gradients
+ * (all but the last, the cast lane). */
+static int lane_is_grad(int lane) {
+    return lane == 0 || (lane > LUCID_CUDA_BRANCHES && lane < LUCID_CUDA_LANE_CAST);
+}
+
+/* Lanes whose work is off the critical path: the least stream priority. */
+static int lane_is_low(int lane) { return lane_is_grad(lane) || lane == LUCID_CUDA_LANE_CAST; }
 
 /* LUCID_GRAD_LANES=n (1..LUCID_CUDA_GRAD_LANES, read once): how many
  * parameter-gradient streams are used; default LUCID_CUDA_GRAD_LANES. A
@@ -109,9 +120,12 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     int least = 0, greatest = 0;
     CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&L->stream, cudaStreamNonBlocking,
-                                                 lane_is_grad(lane) ? least : greatest));
+                                                 lane_is_low(lane) ? least : greatest));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->fork_ev, cudaEventDisableTiming));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
+    /* the cast lane runs its own kernels only: no marks, no cuBLAS handle
+     * and workspace (32 MiB) */
+    if (lane == LUCID_CUDA_LANE_CAST) return LUCID_OK;
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
         CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->mark_ev[m], cudaEventDisableTiming));
     /* the compute handle's settings and workspace size (backend.cu) */
@@ -259,6 +273,39 @@ extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
          k++)
         if (!st->lanes[k].open) LUCID_TRY(join_one(ctx, st, k));
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side) {
+    *side = NULL;
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_lane *L = &st->lanes[LUCID_CUDA_LANE_CAST];
+    if (L->off) return LUCID_OK;
+    if (!L->stream) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone) return LUCID_OK; /* never create in a capture */
+        lucid_status s = lane_create(ctx, st, L, LUCID_CUDA_LANE_CAST);
+        if (s != LUCID_OK) {
+            lane_free(st, L);
+            L->off = 1;
+            return s;
+        }
+    }
+    CUDA_CHECK(ctx, cudaEventRecord(L->fork_ev, st->stream));
+    /* pending from here on: once the lane stream waits on the fork (part of
+     * a capture, if any), only a join brings it back, even if the caller's
+     * launch then fails */
+    L->pending = 1;
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(L->stream, L->fork_ev, 0));
+    *side = L->stream;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx) {
+    lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
+    if (!cur || !cur->lanes[LUCID_CUDA_LANE_CAST].pending) return LUCID_OK;
+    CUDA_ENTER(ctx, st);
+    return join_one(ctx, st, LUCID_CUDA_LANE_CAST);
 }
 
 /* Mark and wait: a join split in two. mark records the lane's current

@@ -107,6 +107,9 @@ typedef struct lucid_cuda_nn_state {
                                        (lucid_cuda_nn_set_conv1x1, nn_conv_gemm.cuh) */
     int wcast;                      /* conv weight shadows: 0 LUCID_WCAST_ONCE, 1 off,
                                        2 on (lucid_cuda_nn_set_wcast, nn_conv.cu) */
+    int wcast_side;                 /* their flipped / transposed copies on the cast
+                                       lane: 0 LUCID_WCAST_SIDE, 1 off, 2 on
+                                       (lucid_cuda_nn_set_wcast_side, nn_conv.cu) */
     int conv_small;                 /* small-channel 3x3 route: 0 LUCID_CONV_SMALL, 1 off,
                                        2 on (lucid_cuda_nn_set_conv_small, nn_conv_small.cuh) */
     int conv_col;                   /* im2col route: 0 LUCID_CONV_COL, else 1 + the
@@ -175,6 +178,14 @@ int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
  * casts queue nothing), 2 on (other values read as 0).  Returns the
  * previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
+/* Where the group cast of ctx's weight shadows queues the flipped and
+ * transposed copies (the backward-data's; nn_conv.cu), for tests and
+ * benchmarks, overriding the process switch LUCID_WCAST_SIDE: 0 follow
+ * LUCID_WCAST_SIDE (the default), 1 one launch with the plain casts on the
+ * current stream, 2 a second launch on the cast lane (lane.cu; other
+ * values read as 0).  Same bits either way.  Returns the previous setting
+ * (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_wcast_side(lucid_ctx *ctx, int mode);
 /* Small-channel 3x3 route of ctx (nn_conv_small.cuh), for tests and
  * benchmarks, overriding the process switch LUCID_CONV_SMALL: 0 follow
  * LUCID_CONV_SMALL (the default), 1 off (the implicit GEMM), 2 on (other

@@ -41,6 +41,24 @@
  * call into the scratch; from then on the group cast writes the copy with
  * the weight (one launch in all), and the pass casts nothing while the
  * shadow is fresh.  Same bits either way.
+ * The flipped and transposed copies ("gathering" items: strided reads of
+ * the f32 weight) are read by the backward-data only, so the group cast
+ * queues them as a second launch on the cast lane (lane.cu), a
+ * low-priority side stream forked from the current stream where the group
+ * cast is called, and the plain casts the forward reads stay alone on the
+ * current stream (the one launch took 46 us at the head of the H200's
+ * recorded forward, 19 us before the transposed copies joined it: session
+ * 11; DECISIONS 36).
+ * Every reader joins the lane first: a backward-data that takes a flipped
+ * or transposed copy from a shadow makes its stream wait for the lane
+ * (lucid_cuda_cast_lane_join: an event, a graph edge under capture;
+ * nothing once the compute stream has waited), and so does every cast into
+ * a shadow buffer on the current stream (shadow_take, the next group cast:
+ * a buffer reused for another shape overlaps the old copies).  The shadow
+ * marks are made when the launches are queued, as before: a copy is
+ * "fresh" once queued, and its readers wait for it.  LUCID_WCAST_SIDE=0 /
+ * lucid_cuda_nn_set_wcast_side(ctx, 1) queue the whole group in one launch
+ * on the current stream (the gathering items first), as before.
  * A shadow's buffer is allocated on first use outside stream capture and
  * never replaced (a recorded graph may read it); without one, or with
  * LUCID_WCAST_ONCE=0 / lucid_cuda_nn_set_wcast(ctx, 1), the GEMM casts
@@ -751,6 +769,14 @@ static bool wcast_on(const lucid_cuda_nn_state *ns) {
     return lucid_wcast_once_switch() != 0;
 }
 
+/* The group cast's gathering items on the cast lane: the per-context
+ * override, else LUCID_WCAST_SIDE. */
+static bool wcast_side_on(const lucid_cuda_nn_state *ns) {
+    if (ns->wcast_side == 1) return false;
+    if (ns->wcast_side == 2) return true;
+    return lucid_wcast_side_switch() != 0;
+}
+
 /* 1 when the stream is being captured (errors read as "capturing": the
  * callers then take the route that allocates nothing). */
 static bool stream_capturing(cudaStream_t s) {
@@ -842,6 +868,9 @@ static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     if (!ok) return LUCID_OK;
     void *dst = lucid_storage_data(ws->buf);
     lucid_conv_wshadow_invalidate(ws); /* until the cast is queued */
+    /* the cast lane may still write copies into this buffer (another shape's
+     * flipped or transposed weight can overlap this cast) */
+    LUCID_TRY(lucid_cuda_cast_lane_join(ctx));
     LUCID_TRY(lucid_conv_gemm_cast_weight(ctx, st->stream, dt,
                                           (const float *)lucid_tensor_data(w), dst, n));
     lucid_conv_wshadow_mark(ws, w, dt, st->wcast_epoch);
@@ -872,7 +901,10 @@ static bool col_route_likely(const lucid_cuda_nn_state *ns, int64_t K, int64_t C
 }
 
 /* Checked by lucid_nn_conv2d_cast_shadows (n >= 1, f32 contiguous weights
- * on this device, dt bf16/f16). */
+ * on this device, dt bf16/f16).  The plain casts go on the current stream;
+ * the gathering items (flipped and transposed copies) on the cast lane
+ * when wcast_side_on (see the file comment), else with the plain casts in
+ * one launch. */
 extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
                                                        const lucid_tensor *const *w,
                                                        lucid_conv_wshadow *const *ws, int n,
@@ -948,14 +980,32 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         phase_at.push_back(phased ? poff : 0);
     }
     /* the gathering items (flipped and transposed copies: strided reads of
-     * the f32 weight) first, so their slower blocks start in the first wave
-     * instead of trailing the plain casts (the group grew 19 -> 46 us on the
-     * H200 when the transposed copies joined it, session 11; not measured
-     * since).  Each item writes its own region: the order changes no bit. */
-    std::stable_partition(items.begin(), items.end(), [](const lucid_conv_gemm_cast_item &c) {
-        return c.flip[4] > 0 || c.wt[0] > 0;
-    });
-    LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), (int)items.size()));
+     * the f32 weight) first: on the cast lane they are a launch of their
+     * own; in one launch their slower blocks start in the first wave
+     * instead of trailing the plain casts.  Each item writes its own region:
+     * the order and the stream change no bit. */
+    const int ngather = (int)(std::stable_partition(items.begin(), items.end(),
+                                                    [](const lucid_conv_gemm_cast_item &c) {
+                                                        return c.flip[4] > 0 || c.wt[0] > 0;
+                                                    }) -
+                              items.begin());
+    const int nitems = (int)items.size();
+    if (nitems > 0) {
+        /* a cast lane launch of an earlier call not joined yet may still
+         * write into these buffers (a buffer reused by another shape) */
+        LUCID_TRY(lucid_cuda_cast_lane_join(ctx));
+    }
+    cudaStream_t side = NULL;
+    /* forked before the plain casts are queued: the gathers wait for what
+     * precedes the group cast, not for the plain casts */
+    if (ngather > 0 && wcast_side_on(ns)) LUCID_TRY(lucid_cuda_cast_lane_fork(ctx, &side));
+    if (side) {
+        LUCID_TRY(lucid_conv_gemm_cast_group(ctx, side, dt, items.data(), ngather));
+        LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data() + ngather,
+                                             nitems - ngather));
+    } else {
+        LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data(), nitems));
+    }
     for (size_t c = 0; c < which.size(); c++) { /* k >= 0: with its flipped weight */
         const int k = which[c], i = k >= 0 ? k : -1 - k;
         lucid_conv_wshadow_mark(ws[i], w[i], dt, epoch);
@@ -1208,6 +1258,7 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
                                 ? lucid_conv_wshadow_flip_off(wsh, w, dx->dtype, st->wcast_epoch)
                                 : 0;
         const void *wf = off > 0 ? (const char *)lucid_storage_data(wsh->buf) + off * 2 : NULL;
+        if (wf) LUCID_TRY(lucid_cuda_cast_lane_join(ctx)); /* the copy may be on the lane */
         const void *cols =
             dcols_ready(dc, pl, dy, st, ns, ws, lucid_conv_col_scratch(&pl->cg, pl->dt, 1, 0));
         if (cols)
@@ -1231,6 +1282,7 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
             const int64_t off = lucid_conv_wshadow_phase_off(wsh, w, dx->dtype, st->wcast_epoch);
             if (off > 0) wt = (const char *)lucid_storage_data(wsh->buf) + off * 2;
         }
+        if (wt) LUCID_TRY(lucid_cuda_cast_lane_join(ctx)); /* the copy may be on the lane */
         CUDA_CHECK(ctx, lucid_conv_igemm_backward_data_wt(
                             dx->dtype, lucid_tensor_data(dy), (const float *)lucid_tensor_data(w),
                             wt, lucid_tensor_data(dx), (float)beta, ws, &pl->ig, st->stream));

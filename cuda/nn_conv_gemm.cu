@@ -121,6 +121,11 @@ int lucid_wcast_once_switch(void) {
     return !lucid_env_zero("LUCID_WCAST_ONCE", &off);
 }
 
+int lucid_wcast_side_switch(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_WCAST_SIDE", &off);
+}
+
 // ----------------------------------------------------------------------------
 // geometry and scratch
 
@@ -169,11 +174,65 @@ static __global__ void gemm_wcast(const float *__restrict__ s, T *__restrict__ d
         lucid_elem<T>::store(d, i, s[i]);
 }
 
+/* Elements per block of a group-cast item (a tiled transposed weight:
+ * at most that many, wt_tile_rows below). */
+#define GROUP_ELEMS (GEMM_THREADS * 4)
+
+/* The transposed weight of a wt item (Cin = wt[0], Cout = wt[1], KK =
+ * wt[2]) is the transpose of the f32 weight seen as a [R][KK] matrix, R =
+ * Cout*Cin rows (co, ci) of KK taps, into [KK][R]: its element i = tap*R +
+ * r is the weight's r*KK + tap (lucid_conv_igemm_wt_src, written out).
+ * Cast element by element in that order, neighbouring threads read KK
+ * floats apart (9 for 3x3: a 32-byte sector per element); so a block takes
+ * wt_tile_rows whole rows instead, reads their nr*KK floats in order into
+ * shared memory (coalesced), then writes them tap by tap, runs of nr
+ * consecutive elements (coalesced).  Rows per block: GROUP_ELEMS / KK (113
+ * for 3x3), 0 when one row exceeds the staging (KK > GROUP_ELEMS: the
+ * element-wise gather). */
+static __host__ __device__ __forceinline__ unsigned wt_tile_rows(int KK) {
+    return KK >= 1 && KK <= GROUP_ELEMS ? (unsigned)(GROUP_ELEMS / KK) : 0u;
+}
+
+/* Rows [r0, r0 + nr) of tile block lb (tr rows a block, R rows in all). */
+struct wt_tile {
+    int64_t r0;
+    unsigned nr;
+};
+static __host__ __device__ __forceinline__ wt_tile wt_tile_of(unsigned lb, unsigned tr,
+                                                              int64_t R) {
+    wt_tile t;
+    t.r0 = (int64_t)lb * tr;
+    t.nr = (unsigned)(R - t.r0 < (int64_t)tr ? R - t.r0 : (int64_t)tr);
+    return t;
+}
+
+/* Element e (< nr*KK) of tile t's write phase: *dst = its index in the
+ * transposed weight (tap-major: runs of nr per tap); returns the index of
+ * its value among the staged floats (the weight's t.r0*KK + that). */
+static __host__ __device__ __forceinline__ unsigned wt_tile_elem(unsigned e, const wt_tile &t,
+                                                                 unsigned KK, int64_t R,
+                                                                 int64_t *dst) {
+    const unsigned tap = e / t.nr, j = e - tap * t.nr;
+    *dst = (int64_t)tap * R + t.r0 + j;
+    return j * KK + tap;
+}
+
+/* Grid blocks of one group-cast item (validated: count 0 .. 2^40, wt
+ * consistent with count): its count / GROUP_ELEMS rounded up, or for a
+ * transposed weight with wt_tile_rows > 0 its rows / wt_tile_rows rounded
+ * up. */
+static uint64_t cast_item_blocks(const lucid_conv_gemm_cast_item &it) {
+    const unsigned tr = it.wt[0] > 0 ? wt_tile_rows(it.wt[2]) : 0u;
+    if (tr > 0) {
+        const uint64_t rows = (uint64_t)it.wt[0] * (uint64_t)it.wt[1];
+        return (rows + tr - 1) / tr;
+    }
+    return ((uint64_t)it.count + GROUP_ELEMS - 1) / GROUP_ELEMS;
+}
+
 /* The table of one group-cast launch, by value in the kernel parameters
  * (__grid_constant__: indexed in place, never copied per thread).  Item k
- * owns blocks [first[k], first[k+1]) of the grid, GROUP_ELEMS elements per
- * block. */
-#define GROUP_ELEMS (GEMM_THREADS * 4)
+ * owns blocks [first[k], first[k+1]) of the grid (cast_item_blocks). */
 struct gemm_cast_table {
     const float *src[LUCID_CONV_GEMM_CAST_GROUP];
     void *dst[LUCID_CONV_GEMM_CAST_GROUP];
@@ -191,7 +250,9 @@ static_assert(sizeof(gemm_cast_table) <= 8192,
  * a flip item (flip[4] > 0) reads s at lucid_conv_col_wflip_src, the
  * index map of nn_conv_col.cu's per-call col_wflip (same bits); a wt item
  * (wt[0] > 0) at lucid_conv_igemm_wt_src, the map of nn_conv_igemm.cu's
- * per-call igemm_wt_cast (same rounding: same bits). */
+ * per-call igemm_wt_cast (same rounding: same bits), through the
+ * shared-memory tile of wt_tile_rows when a row fits it (the staging holds
+ * the f32 values unchanged: one rounding still). */
 template <typename T>
 static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table t) {
     lucid_pdl_wait();
@@ -206,23 +267,32 @@ static __global__ void gemm_wcast_group(const __grid_constant__ gemm_cast_table 
     const float *s = t.src[lo];
     T *d = (T *)t.dst[lo];
     const int64_t n = t.count[lo];
-    const int64_t i0 = (int64_t)(b - t.first[lo]) * GROUP_ELEMS;
-    const int64_t i1 = i0 + GROUP_ELEMS < n ? i0 + GROUP_ELEMS : n;
+    const unsigned lb = b - t.first[lo]; /* the item's own block index */
     const int *f = t.flip[lo], *tw = t.wt[lo];
-    /* the gathers below are lucid_conv_igemm_wt_src / lucid_conv_col_wflip_src
-     * in 32-bit arithmetic when the item fits (64-bit divisions made this
-     * launch 47.6 us on the H200's critical path, session 11); the same
-     * indices, so the same bits */
-    const bool narrow = n <= (int64_t)UINT32_MAX;
-    if (tw[0] > 0) {
-        if (narrow) {
-            const unsigned Ci = (unsigned)tw[0], Co = (unsigned)tw[1], KK = (unsigned)tw[2];
-            for (unsigned i = (unsigned)i0 + threadIdx.x; i < (unsigned)i1; i += blockDim.x) {
-                const unsigned r = i / Ci, ci = i - r * Ci, tap = r / Co, co = r - tap * Co;
-                lucid_elem<T>::store(d, i, s[(size_t)(co * Ci + ci) * KK + tap]);
-            }
-            return;
+    const unsigned tr = tw[0] > 0 ? wt_tile_rows(tw[2]) : 0u;
+    if (tr > 0) { /* the whole block takes this branch: the barrier is uniform */
+        __shared__ float stage[GROUP_ELEMS];
+        const unsigned KK = (unsigned)tw[2];
+        const int64_t R = (int64_t)tw[0] * tw[1];
+        const wt_tile tl = wt_tile_of(lb, tr, R);
+        const unsigned ne = tl.nr * KK; /* <= tr * KK <= GROUP_ELEMS */
+        const float *sr = s + tl.r0 * KK;
+        for (unsigned e = threadIdx.x; e < ne; e += blockDim.x) stage[e] = sr[e];
+        __syncthreads();
+        for (unsigned e = threadIdx.x; e < ne; e += blockDim.x) {
+            int64_t i;
+            const unsigned k = wt_tile_elem(e, tl, KK, R, &i);
+            lucid_elem<T>::store(d, i, stage[k]);
         }
+        return;
+    }
+    const int64_t i0 = (int64_t)lb * GROUP_ELEMS;
+    const int64_t i1 = i0 + GROUP_ELEMS < n ? i0 + GROUP_ELEMS : n;
+    /* the gathers below are lucid_conv_col_wflip_src in 32-bit arithmetic
+     * when the item fits (64-bit divisions made this launch 47.6 us on the
+     * H200's critical path, session 11); the same indices, so the same bits */
+    const bool narrow = n <= (int64_t)UINT32_MAX;
+    if (tw[0] > 0) { /* a kernel of more than GROUP_ELEMS taps: element-wise */
         for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
             lucid_elem<T>::store(d, i, s[lucid_conv_igemm_wt_src(i, tw[0], tw[1], tw[2])]);
         return;
@@ -416,7 +486,7 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
                                     i - 1, it.wt[0], it.wt[1], it.wt[2], (long long)it.count,
                                     it.flip[4] > 0 ? ", flip set" : "");
             if (it.count == 0) continue;
-            uint64_t nb = ((uint64_t)it.count + GROUP_ELEMS - 1) / GROUP_ELEMS;
+            const uint64_t nb = cast_item_blocks(it);
             if (blocks + nb > 0x7fffffffu) { /* grid.x: start a new launch */
                 i--;
                 break;

@@ -144,12 +144,15 @@ typedef struct lucid_conv_gemm_cast_item {
  * value in the kernel parameters: about 6 KiB, within the 32,764 bytes
  * CUDA 12.1+ allows on Volta and newer).  YOLO11n-pose has 122 items (42
  * 1x1 weights, 37 spatial weights with their flipped copies, the 6
- * stride-2 ones' transposed weights): one launch. */
+ * stride-2 ones' transposed weights): one launch, or two when nn_conv.cu
+ * queues the 43 copies on the cast lane (LUCID_WCAST_SIDE). */
 #define LUCID_CONV_GEMM_CAST_GROUP 128
 
 /* The casts of n items (count >= 0; the buffers must not overlap) in
  * ceil(n / LUCID_CONV_GEMM_CAST_GROUP) launches on stream (none for n 0),
- * each element rounded exactly as lucid_conv_gemm_cast_weight rounds it.
+ * each element rounded exactly as lucid_conv_gemm_cast_weight rounds it
+ * (a transposed weight with kh*kw <= 1024 is staged through shared memory,
+ * f32 unchanged, so that its reads and writes are coalesced).
  * Errors: as lucid_conv_gemm_cast_weight; ERR_ARG for n < 0, a negative
  * count or a count above 2^40 elements. */
 lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
@@ -160,6 +163,13 @@ lucid_status lucid_conv_gemm_cast_group(lucid_ctx *ctx, cudaStream_t stream, luc
  * (lucid_env_zero): 0 when it is "0" (every GEMM forward / backward-data casts
  * its weight into scratch, shadows are ignored), else 1 (the default). */
 int lucid_wcast_once_switch(void);
+
+/* The process's switch of where the group cast queues the flipped and
+ * transposed copies (nn_conv.cu, lucid_cuda_conv2d_cast_shadows), from
+ * LUCID_WCAST_SIDE read once per process (lucid_env_zero): 0 when it is
+ * "0" (one launch with the plain casts on the current stream), else 1 (the
+ * default: a second launch on the cast lane, lane.cu). */
+int lucid_wcast_side_switch(void);
 
 /* Weight-cast launches of this file (the per-call cast and each group-cast
  * launch) queued by the calling thread so far, any context, eager or while

@@ -106,6 +106,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv_mode = 0;
     ns->conv1x1 = 0;
     ns->wcast = 0;
+    ns->wcast_side = 0;
     ns->conv_small = 0;
     ns->conv_col = 0;
     ns->profile = nn_profile_env();
@@ -178,6 +179,10 @@ extern "C" int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route) {
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
     return set_route(ctx, &lucid_cuda_nn_state::wcast, mode, 2);
+}
+
+extern "C" int lucid_cuda_nn_set_wcast_side(lucid_ctx *ctx, int mode) {
+    return set_route(ctx, &lucid_cuda_nn_state::wcast_side, mode, 2);
 }
 
 /* The compute stream of ctx (as void *), for benchmarks that time nn calls

@@ -8,12 +8,20 @@
 -- observable; the check is that the forward runs and its outputs equal a
 -- second model's with the same parameters).
 -- GPU part (#gpu, make test-gpu): a YOLO11n-pose forward + backward in
--- bf16 and f16 launches ONE weight cast (the group cast of the prologue)
--- and its outputs and gradients equal, byte for byte (lucid.hash_tensor),
--- those of the per-call casts (lucid_cuda_nn_set_wcast(ctx, 1) through the
--- LuaJIT FFI: LUCID_WCAST_ONCE=0 for this context); after an optimizer-like
--- in-place write of the parameters the next forward re-casts and still
--- equals the per-call route.
+-- bf16 and f16 launches TWO weight casts (the group cast of the prologue:
+-- the plain casts on the compute stream, the backward-data's flipped and
+-- transposed copies on the cast lane, cuda/nn_conv.cu) and none in the
+-- backward, and its outputs and gradients equal, byte for byte
+-- (lucid.hash_tensor), those of the per-call casts
+-- (lucid_cuda_nn_set_wcast(ctx, 1) through the LuaJIT FFI:
+-- LUCID_WCAST_ONCE=0 for this context); after an optimizer-like in-place
+-- write of the parameters the next forward re-casts and still equals the
+-- per-call route.  With lucid_cuda_nn_set_wcast_side(ctx, 1)
+-- (LUCID_WCAST_SIDE=0 for this context) the group cast is ONE launch and
+-- the results are the same bytes, on the original and the written
+-- parameters.  LUCID_WCAST_SIDE itself (read once per process) in child
+-- processes: a 3x3 conv's group cast is 2 launches without it, 1 with
+-- LUCID_WCAST_SIDE=0.
 local lucid = require "lucid"
 local nn = require "lucid.nn"
 local yolo11 = require "lucid.models.yolo11_pose"
@@ -74,6 +82,7 @@ local function hooks()
   local okf, ffi = pcall(require, "ffi")
   if not okf then return nil end
   pcall(ffi.cdef, "int lucid_cuda_nn_set_wcast(void *ctx, int mode); unsigned long lucid_cuda_wcast_launch_count(void);")
+  pcall(ffi.cdef, "int lucid_cuda_nn_set_wcast_side(void *ctx, int mode);")
   local lib
   if pcall(function() return ffi.C.lucid_cuda_nn_set_wcast end) then
     lib = ffi.C
@@ -85,6 +94,7 @@ local function hooks()
   if not lib then return nil end
   return {
     set = function(ctx, mode) return lib.lucid_cuda_nn_set_wcast(ffi.cast("void **", ctx)[0], mode) end,
+    side = function(ctx, mode) return lib.lucid_cuda_nn_set_wcast_side(ffi.cast("void **", ctx)[0], mode) end,
     count = function() return tonumber(lib.lucid_cuda_wcast_launch_count()) end,
   }
 end
@@ -100,7 +110,8 @@ describe_gpu("1x1 conv weights cast once per forward #gpu", function()
   end)
 
   for _, dt in ipairs({ "bf16", "f16" }) do
-    it(dt .. ": one cast launch per forward + backward, bitwise the per-call casts", function()
+    it(dt .. ": two cast launches per forward (one on the cast lane), none in the backward, "
+      .. "bitwise the per-call casts and the single launch", function()
       local m = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, device = "cuda", ctx = ctx })
       local o = { device = "cuda", dtype = dt, ctx = ctx }
       local x = lucid.rand({ 2, 3, 64, 64 }):to(o)
@@ -122,12 +133,13 @@ describe_gpu("1x1 conv weights cast once per forward #gpu", function()
       local ref, f0, b0 = pass()
       assert.is_true(f0 > 1 and b0 > 1, ("per-call route: %d + %d casts"):format(f0, b0))
       H.set(ctx, 2)
+      H.side(ctx, 2) -- the copies on the cast lane (the default; set for the counts)
       -- the first backward on the shadows asks each strided conv's shadow for
       -- its transposed copy (igemm_dgrad_ph, cast per call that once); the
       -- group casts of the passes after it write that copy too
       pass()
       local got, f1, b1 = pass()
-      assert.equal(1, f1, "forward: the prologue's group cast only")
+      assert.equal(2, f1, "forward: the prologue's group cast, its copies on the cast lane")
       assert.equal(0, b1, "backward: no cast")
       assert.same(ref, got)
       -- unchanged weights: the prologue finds every shadow fresh
@@ -135,10 +147,25 @@ describe_gpu("1x1 conv weights cast once per forward #gpu", function()
       assert.equal(0, f2 + b2)
       -- an optimizer-like in-place write of every parameter
       local p = m.params:flat_params()
+      local p0 = p:clone()
       p:mul_(0.5)
       local got2, f3, b3 = pass()
-      assert.equal(1, f3)
+      assert.equal(2, f3)
       assert.equal(0, b3)
+      -- the single launch (LUCID_WCAST_SIDE=0 for this context): the same
+      -- bytes on the original parameters and on the written ones
+      H.side(ctx, 1)
+      p:copy_(p0)
+      local one, f4, b4 = pass()
+      assert.equal(1, f4, "forward: one group-cast launch with the copies")
+      assert.equal(0, b4)
+      assert.same(ref, one)
+      p:mul_(0.5)
+      local one2, f5, b5 = pass()
+      assert.equal(1, f5)
+      assert.equal(0, b5)
+      assert.same(got2, one2)
+      H.side(ctx, 0)
       H.set(ctx, 1)
       local ref2 = pass()
       H.set(ctx, 0)
@@ -146,4 +173,41 @@ describe_gpu("1x1 conv weights cast once per forward #gpu", function()
       assert.are_not.same(ref, ref2)
     end)
   end
+
+  -- the process switch, read once: in child processes
+  it("LUCID_WCAST_SIDE=0 puts the copies back into the one launch", function()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([[
+package.cpath = "./?.so;" .. package.cpath
+local lucid = require "lucid"
+local nn = require "lucid.nn"
+local ffi = require "ffi"
+ffi.cdef("unsigned long lucid_cuda_wcast_launch_count(void);")
+local lib = ffi.C
+if not pcall(function() return lib.lucid_cuda_wcast_launch_count end) then
+  lib = ffi.load(package.searchpath("lucid", package.cpath))
+end
+local ctx = lucid.Context({ device = "cuda", seed = 5 })
+local m = nn.Conv(16, 32, 3)
+nn.materialize(m, { device = "cuda", ctx = ctx })
+local c0 = tonumber(lib.lucid_cuda_wcast_launch_count())
+lucid.nn.conv_cast_weights({ m.conv._c }, "bf16")
+ctx:synchronize()
+io.write("launches=", tonumber(lib.lucid_cuda_wcast_launch_count()) - c0, "\n")
+]])
+    f:close()
+    local function launches(env)
+      -- the im2col backward-data on (its flipped weight is the copy)
+      local p = io.popen(env .. " LUCID_CONV_COL=1 LUCID_WCAST_ONCE=1 luajit " .. script .. " 2>&1")
+      local out = p:read("*a")
+      p:close()
+      return tonumber(out:match("launches=(%d+)")), out
+    end
+    local on, out_on = launches("env -u LUCID_WCAST_SIDE")
+    local off, out_off = launches("env LUCID_WCAST_SIDE=0")
+    os.remove(script)
+    assert.equal(2, on, out_on)
+    assert.equal(1, off, out_off)
+  end)
 end)

@@ -412,7 +412,10 @@ lucid_status lucid_nn_conv2d_backward_input_shadow(
  * ws[i] for activation dtype dt, in ONE kernel launch (chunked beyond the
  * kernel-parameter table's size) for every shadow that a cuBLAS route (1x1
  * or im2col, with the flipped weight for the im2col backward-data) would
- * use and that is not fresh; marks them fresh.  A shadow whose
+ * use and that is not fresh; marks them fresh.  The copies only the
+ * backward-data reads (flipped, transposed) go in a second launch on a
+ * low-priority side stream of the CUDA backend (LUCID_WCAST_SIDE=0: in the
+ * same launch), which every backward-data reading one waits for first.  A shadow whose
  * buffer does not exist yet is allocated here, except during a stream
  * capture (it is skipped: its conv then casts per call).  dt f32 and
  * weights on the CPU: nothing to do (LUCID_OK).  ERR_ARG for NULL
@@ -930,7 +933,8 @@ lucid_status lucid_module_dfl_create(lucid_ctx *ctx, lucid_param_set *set,
  * the 1x1 GEMM, or a spatial kernel: the im2col GEMM; the backend casts only
  * those its route switches send there) into
  * their weight shadows (lucid_conv_wshadow above) for the activation dtype
- * dt, in one kernel launch (lucid_nn_conv2d_cast_shadows): the forward and
+ * dt, in one kernel launch, two with the backward's copies on a side stream
+ * (lucid_nn_conv2d_cast_shadows): the forward and
  * backward-data of those convs then cast nothing until a weight changes.
  * Other Conv2d modules are skipped; a module of another kind is ERR_ARG;
  * so is n < 0 or a NULL entry.  ERR_STATE before materialize.  Modules on

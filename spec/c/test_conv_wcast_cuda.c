@@ -24,8 +24,10 @@
  *     weight) used through same-numel views of another shape ([16,32,3,3],
  *     [2,256,3,3]): dx bitwise the per-call route (the flip's shape is
  *     checked, not just the shadow's freshness);
- *   - group cast of 130 1x1 modules (and 3x3 / strided ones): 2
- *     launches (128 items a launch), then every forward and backward-data
+ *   - group cast of 130 1x1 modules (and 3x3 / strided ones): 3
+ *     launches (131 plain casts at 128 items a launch, then the 3x3's
+ *     flipped weight on the cast lane: lucid_cuda_nn_set_wcast_side 2; the
+ *     default env), then every forward and backward-data
  *     casts nothing and equals the per-call route bitwise; 0 launches when
  *     the 1x1 switch says implicit GEMM (lucid_cuda_nn_set_conv1x1 1);
  *   - capture: a shadow cast eagerly before a capture is re-cast inside it
@@ -42,14 +44,32 @@
  *     module, 64>48 and 16>32; nn_conv_igemm.cuh): its first backward-data
  *     through the shadow transposes per call (1 launch counted by
  *     lucid_conv_igemm_wt_cast_count) and asks for the copy; the group cast
- *     then re-casts the fresh shadow once (1 launch) and once after each
- *     weight write, and the backward-data transposes nothing; a group cast
+ *     then re-casts the fresh shadow once (2 launches: the weight on the
+ *     compute stream, its flipped and transposed copies on the cast lane)
+ *     and once after each weight write, and the backward-data transposes
+ *     nothing (it waits for the cast lane instead); a group cast
  *     of a shadow that holds the copy queues nothing; y, dx, dw bitwise the
  *     per-call route each time; with the kernel's switch off the shadow's
  *     copy is neither written nor read and dx is bitwise the per-call
  *     switch-off route; captured (group cast, forward, backward) after the
  *     eager passes: the backward-data transposes nothing inside the capture
- *     and the replay equals the per-call route.
+ *     (the cast lane's launch and the backward-data's wait for it are
+ *     recorded as graph edges) and the replay equals the per-call route;
+ *   - the copies themselves, read back from the shadow buffers (3x3
+ *     [32,16] and [48,64], 5x5 [24,8]: the shared-memory tiled transpose
+ *     with a partial last tile; 33x33 [2,8], 1089 taps: the element-wise
+ *     transpose; a 1x1 [16,24]: plain only), for the single launch
+ *     (lucid_cuda_nn_set_wcast_side 1: 1 launch) and the cast lane (2: 2
+ *     launches), each after a weight version bump and with the three
+ *     regions poisoned (NaN) first: no element left unwritten, every
+ *     flipped / transposed element bitwise the plain cast of the weight
+ *     element the per-call map names (nn_conv_col.cuh
+ *     lucid_conv_col_wflip_src: [Cin][Kr], ci*Kr + co*KK + r*kw + q <-
+ *     w[co][ci][kh-1-r][kw-1-q], 0 beyond Cout*KK; nn_conv_igemm.cuh
+ *     lucid_conv_igemm_wt_src: [KK][Cout][Cin] <- w[co][ci][tap], written
+ *     out here independently): the same single rounding of the same value,
+ *     i.e. the per-call casts' bits; and the lane route's bytes of all three
+ *     regions equal the single launch's.
  * Without a CUDA device every group prints a skip line and the program exits
  * 0.
  */
@@ -67,6 +87,8 @@
 #endif
 WEAK int lucid_cuda_nn_set_conv1x1(lucid_ctx *ctx, int route);
 WEAK int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode);
+WEAK int lucid_cuda_nn_set_wcast_side(lucid_ctx *ctx, int mode);
+WEAK int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route);
 WEAK int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
 WEAK unsigned long lucid_cuda_wcast_launch_count(void);
 WEAK void lucid_conv_igemm_set_dgrad_phase(int v);
@@ -402,10 +424,16 @@ static void test_group(lucid_dtype dt) {
             fwd_bwd(m[i], x[i % 5], dy[(i % 5) * 5 + (i / 5) % 5], ref[i], nc));
     }
     lucid_cuda_nn_set_wcast(ctx, 2);
+    lucid_cuda_nn_set_wcast_side(ctx, 2);
     {
         unsigned long c0 = casts();
         RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, m, NGROUP + NOTHER, dt));
-        check_casts(NAME("%s: %d weights in two launches", pre, NGROUP), casts() - c0, 2);
+        /* 130 1x1 weights and o0's (the other three take no cuBLAS route):
+         * two launches of plain casts, o0's flipped weight (im2col
+         * backward-data, on by default) in one on the cast lane */
+        check_casts(NAME("%s: %d weights in two launches, a flipped one on the cast lane", pre,
+                         NGROUP + 1),
+                    casts() - c0, 3);
         c0 = casts();
         int same = 1;
         for (int i = 0; i < NGROUP; i++) {
@@ -435,6 +463,7 @@ static void test_group(lucid_dtype dt) {
         check_casts(NAME("%s: 1x1 switch igemm: group cast queues nothing", pre), casts() - c0, 0);
     }
 done:
+    if (lucid_cuda_nn_set_wcast_side) lucid_cuda_nn_set_wcast_side(ctx, 0);
     if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
     if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
     lucid_ctx_synchronize(ctx);
@@ -645,6 +674,8 @@ static void test_phase(lucid_dtype dt, int64_t Ci, int64_t Co, int64_t H, int64_
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
         goto done;
     }
+    /* the copies on the cast lane (the default env; set for the counts) */
+    lucid_cuda_nn_set_wcast_side(ctx, 2);
     /* the per-call route (no shadows): one transposition per backward-data */
     lucid_cuda_nn_set_wcast(ctx, 1);
     t0 = wtc();
@@ -659,7 +690,9 @@ static void test_phase(lucid_dtype dt, int64_t Ci, int64_t Co, int64_t H, int64_
     rel3(on);
     c0 = casts();
     RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
-    check_casts(NAME("%s: group cast re-casts the fresh shadow for the copy", pre), casts() - c0, 1);
+    check_casts(NAME("%s: group cast re-casts the fresh shadow for the copy (the weight, then "
+                     "its copies on the cast lane)", pre),
+                casts() - c0, 2);
     t0 = wtc();
     RUN(NAME("%s: shadow route with the copy", pre), fwd_bwd(m, gx, gdy, on, nc));
     CHECK(NAME("%s: backward-data reads the shadow's copy", pre), wtc() - t0 == 0, "%lu",
@@ -676,7 +709,8 @@ static void test_phase(lucid_dtype dt, int64_t Ci, int64_t Co, int64_t H, int64_
         lucid_binary_scalar(ctx, LUCID_OP_MUL, m->params[0]->data, m->params[0]->data, -0.75, 0));
     c0 = casts();
     RUN(NAME("%s: group cast after the write", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
-    check_casts(NAME("%s: group cast after the write launches once", pre), casts() - c0, 1);
+    check_casts(NAME("%s: group cast after the write launches twice (one on the cast lane)", pre),
+                casts() - c0, 2);
     t0 = wtc();
     RUN(NAME("%s: shadow route after the write", pre), fwd_bwd(m, gx, gdy, on, nc));
     CHECK(NAME("%s: after the write: no transposition", pre), wtc() - t0 == 0, "%lu", wtc() - t0);
@@ -730,6 +764,7 @@ static void test_phase(lucid_dtype dt, int64_t Ci, int64_t Co, int64_t H, int64_
     cmp_bits(NAME("%s: replay dx = per-call", pre), m->grad_inputs[0], rdx);
 done:
     if (lucid_conv_igemm_set_dgrad_phase) lucid_conv_igemm_set_dgrad_phase(-1);
+    if (lucid_cuda_nn_set_wcast_side) lucid_cuda_nn_set_wcast_side(ctx, 0);
     if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
     lucid_ctx_synchronize(ctx);
     if (gr) lucid_graph_destroy(gr);
@@ -801,11 +836,186 @@ done:
     rel(hw); rel(gw);
 }
 
+/* The three regions of a shadow's buffer as host tensors of dt: [0] the
+ * cast weight (numel), [1] the flipped weight (Cin*Kr at flip_off; NULL
+ * when none), [2] the transposed weight (numel at phase_off; NULL when
+ * none).  With poison, the device regions are filled with NaN instead
+ * (nothing is read back).  0 with a not-ok line on a failure. */
+#define NCOPY 5
+static int shadow_regions(const char *name, const lucid_conv_wshadow *s, const lucid_tensor *w,
+                          lucid_dtype dt, int poison, lucid_tensor *out[3]) {
+    const int64_t numel = lucid_tensor_numel(w), Co = w->shape[0], Ci = w->shape[1],
+                  KK = w->shape[2] * w->shape[3];
+    const int64_t len[3] = {numel, Ci * ((Co * KK + 7) / 8 * 8), numel};
+    const int64_t off[3] = {0, s->flip_off, s->phase_off};
+    for (int r = 0; r < 3; r++) {
+        out[r] = NULL;
+        if (r > 0 && off[r] <= 0) continue;
+        lucid_tensor *v = NULL;
+        lucid_status st = lucid_tensor_from_storage(ctx, s->buf, dt, 1, &len[r], NULL, off[r], &v);
+        if (st == LUCID_OK && poison) st = lucid_fill(ctx, v, NAN);
+        if (st == LUCID_OK && !poison && !(out[r] = host(v))) st = lucid_ctx_last_status(ctx);
+        rel(v);
+        if (st != LUCID_OK) {
+            TEST_FAIL(name, "region %d: %s", r, lucid_ctx_error(ctx));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Every element of the regions finite (none left poisoned), the flipped
+ * and transposed ones bitwise the plain cast's element at the per-call
+ * maps' source (written out from their definitions). */
+static void check_regions(const char *pre, const char *what, const lucid_tensor *w,
+                          lucid_tensor *const reg[3]) {
+    const int64_t Co = w->shape[0], Ci = w->shape[1], kh = w->shape[2], kw = w->shape[3],
+                  KK = kh * kw, numel = lucid_tensor_numel(w), Kr = (Co * KK + 7) / 8 * 8;
+    int64_t bad[3] = {-1, -1, -1};
+    for (int r = 0; r < 3; r++)
+        for (int64_t i = 0; reg[r] && i < lucid_tensor_numel(reg[r]) && bad[r] < 0; i++)
+            if (!isfinite(test_hget(reg[r], i))) bad[r] = i;
+    CHECK(NAME("%s: %s: every element written", pre, what), bad[0] < 0 && bad[1] < 0 && bad[2] < 0,
+          "unwritten (NaN) at %lld / %lld / %lld of the cast / flipped / transposed weight",
+          (long long)bad[0], (long long)bad[1], (long long)bad[2]);
+    const uint16_t *p = lucid_tensor_data(reg[0]);
+    if (reg[1]) {
+        const uint16_t *f = lucid_tensor_data(reg[1]);
+        int64_t first = -1;
+        for (int64_t ci = 0; ci < Ci && first < 0; ci++)
+            for (int64_t k = 0; k < Kr && first < 0; k++) {
+                uint16_t want = 0; /* +0: the padding of each row */
+                if (k < Co * KK) {
+                    const int64_t co = k / KK, rq = k % KK, r = rq / kw, q = rq % kw;
+                    want = p[(co * Ci + ci) * KK + (kh - 1 - r) * kw + (kw - 1 - q)];
+                }
+                if (f[ci * Kr + k] != want) first = ci * Kr + k;
+            }
+        CHECK(NAME("%s: %s: flipped weight = the cast at the flip map", pre, what), first < 0,
+              "differs at %lld", (long long)first);
+    }
+    if (reg[2]) {
+        const uint16_t *t = lucid_tensor_data(reg[2]);
+        int64_t first = -1;
+        for (int64_t i = 0; i < numel && first < 0; i++) {
+            const int64_t rr = i / Ci, ci = i % Ci, tap = rr / Co, co = rr % Co;
+            if (t[i] != p[(co * Ci + ci) * KK + tap]) first = i;
+        }
+        CHECK(NAME("%s: %s: transposed weight = the cast at the transpose map", pre, what),
+              first < 0, "differs at %lld", (long long)first);
+    }
+}
+
+/* The copies of the backward-data written by the group cast, on both routes
+ * (see the file comment). */
+static void test_copies(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast copies %s", lucid_dtype_name(dt));
+    static const int64_t SH[NCOPY][4] = {
+        {32, 16, 3, 3}, {48, 64, 3, 3}, {24, 8, 5, 5}, {2, 8, 33, 33}, {16, 24, 1, 1}};
+    lucid_conv_wshadow s[NCOPY], *sp[NCOPY];
+    lucid_tensor *gw[NCOPY] = {0}, *first[NCOPY][3], *now[NCOPY][3];
+    const lucid_tensor *wc[NCOPY];
+    memset(first, 0, sizeof first);
+    memset(now, 0, sizeof now);
+    int ok = 1;
+    for (int i = 0; i < NCOPY; i++) {
+        lucid_conv_wshadow_init(&s[i]);
+        sp[i] = &s[i];
+        lucid_tensor *hw = hrand(LUCID_F32, 4, SH[i], -0.5, 0.5);
+        gw[i] = dev(hw);
+        rel(hw);
+        wc[i] = gw[i];
+        ok = ok && gw[i];
+        /* as the first stride-2 backward-data would: the group cast then
+         * writes the transposed weight (Cin % 8 == 0, spatial) */
+        if (SH[i][2] * SH[i][3] > 1) lucid_conv_wshadow_want_phase(&s[i]);
+    }
+    if (!ok || !lucid_cuda_nn_set_conv_col) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", ok ? "lucid_cuda_nn_set_conv_col missing"
+                                                   : lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    lucid_cuda_nn_set_conv1x1(ctx, 2);                        /* the 1x1 weight's route */
+    lucid_cuda_nn_set_conv_col(ctx, 1 + 7);                   /* every pass: the flips */
+    lucid_conv_igemm_set_dgrad_phase(1);                      /* the transposed copies */
+    /* the buffers, allocated by a first cast (then poisoned before each) */
+    lucid_cuda_nn_set_wcast_side(ctx, 1);
+    RUN(NAME("%s: first group cast", pre), lucid_nn_conv2d_cast_shadows(ctx, wc, sp, NCOPY, dt));
+    for (int i = 0; i < NCOPY; i++) {
+        const int spatial = SH[i][2] * SH[i][3] > 1;
+        CHECK(NAME("%s: %d: cast, flipped and transposed weights written", pre, i),
+              s[i].valid && s[i].buf && (s[i].flip_off > 0) == spatial &&
+                  (s[i].phase_off > 0) == spatial,
+              "valid %d flip_off %lld phase_off %lld", s[i].valid, (long long)s[i].flip_off,
+              (long long)s[i].phase_off);
+        if (!s[i].valid || !s[i].buf) goto done;
+    }
+    /* the routes: single launch, cast lane, single launch again (each after a
+     * version bump of every weight, same values, and the regions poisoned) */
+    static const int ROUTE[3] = {1, 2, 1};
+    for (int k = 0; k < 3; k++) {
+        const int side = ROUTE[k];
+        const char *what = side == 2 ? "cast lane" : k ? "single launch again" : "single launch";
+        for (int i = 0; i < NCOPY; i++) {
+            RUN(NAME("%s: %s: version bump %d", pre, what, i),
+                lucid_binary_scalar(ctx, LUCID_OP_MUL, gw[i], gw[i], 1.0, 0));
+            if (!shadow_regions(NAME("%s: %s: poison %d", pre, what, i), &s[i], gw[i], dt, 1,
+                                now[i]))
+                goto done;
+        }
+        lucid_cuda_nn_set_wcast_side(ctx, side);
+        unsigned long c0 = casts();
+        RUN(NAME("%s: %s: group cast", pre, what),
+            lucid_nn_conv2d_cast_shadows(ctx, wc, sp, NCOPY, dt));
+        check_casts(NAME("%s: %s: %s", pre, what,
+                         side == 2 ? "two launches (the copies on the cast lane)" : "one launch"),
+                    casts() - c0, side == 2 ? 2 : 1);
+        for (int i = 0; i < NCOPY; i++) {
+            char w[64];
+            snprintf(w, sizeof w, "%s, [%lld,%lld,%lld,%lld]", what, (long long)SH[i][0],
+                     (long long)SH[i][1], (long long)SH[i][2], (long long)SH[i][3]);
+            if (!shadow_regions(NAME("%s: %s: read back", pre, w), &s[i], gw[i], dt, 0, now[i]))
+                goto done;
+            check_regions(pre, w, gw[i], now[i]);
+            if (k == 0) {
+                memcpy(first[i], now[i], sizeof first[i]);
+                memset(now[i], 0, sizeof now[i]);
+                continue;
+            }
+            int same = 1;
+            for (int r = 0; r < 3; r++)
+                same = same && !first[i][r] == !now[i][r] &&
+                       (!now[i][r] || memcmp(lucid_tensor_data(now[i][r]),
+                                             lucid_tensor_data(first[i][r]),
+                                             lucid_tensor_nbytes(now[i][r])) == 0);
+            CHECK(NAME("%s: %s: the bytes of the single launch", pre, w), same,
+                  "a region differs");
+            rel3(now[i]);
+        }
+    }
+done:
+    if (lucid_conv_igemm_set_dgrad_phase) lucid_conv_igemm_set_dgrad_phase(-1);
+    if (lucid_cuda_nn_set_conv_col) lucid_cuda_nn_set_conv_col(ctx, 0);
+    if (lucid_cuda_nn_set_wcast_side) lucid_cuda_nn_set_wcast_side(ctx, 0);
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    for (int i = 0; i < NCOPY; i++) {
+        lucid_conv_wshadow_release(&s[i]);
+        rel3(first[i]);
+        rel3(now[i]);
+        rel(gw[i]);
+    }
+}
+
 static const char *GROUPS[] = {"cuda conv weight shadows"};
 
 int main(void) {
     if (cuda_test_no_device(GROUPS, sizeof GROUPS / sizeof GROUPS[0])) return 0;
-    if (!lucid_cuda_nn_set_wcast || !lucid_cuda_nn_set_conv1x1 || !lucid_cuda_wcast_launch_count) {
+    if (!lucid_cuda_nn_set_wcast || !lucid_cuda_nn_set_wcast_side || !lucid_cuda_nn_set_conv1x1 ||
+        !lucid_cuda_wcast_launch_count) {
         TEST_FAIL("cuda conv weight shadow hooks linked", "a test hook of cuda/ is missing");
         return test_exit();
     }
@@ -822,6 +1032,7 @@ int main(void) {
             test_phase(DTS[d], 64, 48, 18, 16);
             test_phase(DTS[d], 16, 32, 22, 20);
             test_phase_view(DTS[d]);
+            test_copies(DTS[d]);
         }
     }
     return cuda_test_finish();
