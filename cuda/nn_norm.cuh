@@ -138,26 +138,45 @@
  * sm_90 or newer with cudaDevAttrCooperativeLaunch (bn_coop_device, asked
  * once per device), the counters exist (as for the last-block-folds route:
  * C <= LUCID_CUDA_NN_COUNTERS and not first requested inside a capture;
- * without them the fallback above) and the grid is co-resident:
- * parts*min(C, 65535) blocks at most cudaOccupancyMaxActiveBlocksPerMultiprocessor
- * times the SM count (bn_coop_fits; the occupancy asked once per kernel
- * instantiation; a larger cooperative grid is refused by the driver with
- * cudaErrorCooperativeLaunchTooLarge, it never deadlocks: should the
- * driver refuse one that bn_coop_fits passed, fewer SMs being available
- * than the device has (MPS, green contexts), the kernel is marked unfit
- * and the call goes on with the next one or the two-launch route,
- * bn_coop_refused); else the two-launch route, per call.  The
- * instantiations are tried in order: the held one, then the one reading
- * x / dy again; the backward's vector-dx ones each also as a lean copy
- * compiled for BN_COOP_LEAN blocks per SM (at most 64 registers, some
- * spills) when the uncapped one is not co-resident.
- * Registers (nvcc 13.0, sm_90; 65536 per SM): forward bf16/f16 held 64
- * (4 blocks per SM), f32 48-58; backward held 80 (plain) / 100 (SiLU), the
- * lean copies 64 with 12 / 108 bytes of spills per thread.  So on 132 SMs
- * (H200), N=4: 64x80x80 (4 parts, 256 blocks) and 32x160x160 (16 parts,
- * 512 blocks; backward: the lean copy) take one launch per direction;
- * 16x320x320 (52 parts, 832 blocks: 7 blocks per SM would need at most 32
- * registers) keeps the two launches.  Measured: not yet measured.
+ * without them the fallback above) and a grid of one column of `parts`
+ * blocks per channel is co-resident: at most
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor times the SM count blocks
+ * (bn_coop_cap; the occupancy asked once per kernel instantiation); else
+ * the two-launch route, per call.  Rounds: when the full grid, parts x
+ * min(C, 65535) blocks, exceeds that capacity, the grid gets fewer channel
+ * columns gy (bn_coop_rounds: the fewest rounds ceil(min(C, 65535)/gy),
+ * the columns spread evenly over them) and the block (part, y) takes part
+ * `part` of the channels y, y+gy, ... in turn, through the kernels'
+ * channel loop (the one that strides C > 65535; each channel has its own
+ * counter and all its parts in one column, so the barrier is per channel
+ * as before).  The partition does not change, nor any value a block
+ * computes for a channel: the results equal the full grid's and the
+ * two-launch route's bitwise, whatever the device.  LUCID_BN_COOP_LOOP=0
+ * (read on each call, bn_coop_round_limit) keeps one round: the full grid
+ * or the two-launch route.  A larger cooperative grid is refused by the
+ * driver with cudaErrorCooperativeLaunchTooLarge, it never deadlocks:
+ * should the driver refuse one that bn_coop_cap allowed, fewer SMs being
+ * available than the device has (MPS, green contexts), the kernel is
+ * marked unfit and the call goes on with the next one or the two-launch
+ * route, bn_coop_refused.  The candidate kernels, in order: the held one,
+ * then the one reading x / dy again; the backward's vector-dx ones each
+ * uncapped, then as a lean copy compiled for BN_COOP_LEAN blocks per SM
+ * (at most 64 registers, some spills).  The choice (bn_coop_sel,
+ * bn_coop_choose): the candidate needing the fewest rounds, the first in
+ * order among equals; so when one fits with every column (1 round), the
+ * first such one, as before the rounds existed.
+ * Registers (nvcc 13.0, sm_90; 65536 per SM, allocated per warp in units
+ * of 256): forward bf16/f16 held 62 (4 blocks per SM), reading x again 48
+ * (plain, 5 per SM) / 58 (SiLU, 4); f32 (never held) 48 / 56; backward
+ * held 100 (2 per SM), vector dx reading again 102-107, the lean copies 64 (4 per
+ * SM) with 4 (plain held) to 152 bytes of spills per thread.  So on 132
+ * SMs (H200), N=4: 64x80x80 (4 parts, 256 blocks) and 32x160x160 (16
+ * parts, 512 blocks; backward: the lean copy) take one launch per
+ * direction with every column; 16x320x320 (layer 0: 52 parts, 832 blocks,
+ * 7 blocks per SM would need at most 32 registers) takes one launch per
+ * direction in 2 rounds of 8 columns (416 blocks; forward: the held
+ * kernel; backward: the held lean copy), where it took two launches per
+ * direction before.  Measured: not yet measured.
  * Concurrency: the CUDA documentation states the grid-size limit and that
  * every block of a cooperative grid can eventually observe the others'
  * execution (cudaLaunchCooperativeKernel; CCCL cuda::experimental::
@@ -561,7 +580,7 @@ static bool bn_onepass(void) {
 /* LUCID_BN_COOP, read on each call: "0" = the two-launch route for
  * channels of several parts; unset or anything else = the cooperative
  * kernels where the device has cooperative launch and is sm_90 or newer
- * (bn_coop_device) and the grid is co-resident (bn_coop_fits). */
+ * (bn_coop_device) and a grid of them is co-resident (bn_coop_choose). */
 static bool bn_coop_env(void) {
     const char *e = getenv("LUCID_BN_COOP");
     return !(e && strcmp(e, "0") == 0);
@@ -588,17 +607,30 @@ static bool bn_coop_device(int device) {
     return yes;
 }
 
-/* Host: whether a cooperative grid of `blocks` blocks of kernel (BN_THREADS
- * threads, no dynamic shared memory) is co-resident on a device of sm_count
- * multiprocessors: blocks <= cudaOccupancyMaxActiveBlocksPerMultiprocessor
- * * sm_count, the limit of a cooperative launch (CUDA Runtime API,
+/* LUCID_BN_COOP_LOOP, read on each call: "0" = a cooperative grid has one
+ * column of blocks per channel (grid (parts, min(C, 65535)): the whole grid
+ * co-resident or the two-launch route, as before the loop existed);
+ * unset or anything else = when that grid is not co-resident, fewer
+ * columns, each block looping over the channels of its column
+ * (bn_coop_rounds).  Returns the rounds a cooperative block may run: 1, or
+ * no limit (INT64_MAX). */
+static int64_t bn_coop_round_limit(void) {
+    const char *e = getenv("LUCID_BN_COOP_LOOP");
+    return e && strcmp(e, "0") == 0 ? 1 : INT64_MAX;
+}
+
+/* Host: the co-resident capacity of kernel on a device of sm_count
+ * multiprocessors: cudaOccupancyMaxActiveBlocksPerMultiprocessor (BN_THREADS
+ * threads, no dynamic shared memory) * sm_count, the most blocks a
+ * cooperative launch of it may have (CUDA Runtime API,
  * cudaLaunchCooperativeKernel).  *per_sm caches the kernel's occupancy (one
  * cache per kernel instantiation, the caller's static; -1: not asked yet;
- * the devices of a process are assumed of one generation, as for PDL).
- * Returns the query's error (cleared from cudaGetLastError; *fits false). */
-static cudaError_t bn_coop_fits(const void *kernel, std::atomic<int> *per_sm, int64_t blocks,
-                                int sm_count, bool *fits) {
-    *fits = false;
+ * 0: refused, bn_coop_refused; the devices of a process are assumed of one
+ * generation, as for PDL).  *cap: blocks (0 when sm_count <= 0).  Returns
+ * the query's error (cleared from cudaGetLastError; *cap 0). */
+static cudaError_t bn_coop_cap(const void *kernel, std::atomic<int> *per_sm, int sm_count,
+                               int64_t *cap) {
+    *cap = 0;
     int n = per_sm->load(std::memory_order_relaxed);
     if (n < 0) {
         cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BN_THREADS, 0);
@@ -608,21 +640,133 @@ static cudaError_t bn_coop_fits(const void *kernel, std::atomic<int> *per_sm, in
         }
         per_sm->store(n, std::memory_order_relaxed);
     }
-    *fits = sm_count > 0 && blocks <= (int64_t)n * sm_count;
+    *cap = sm_count > 0 ? (int64_t)n * sm_count : 0;
     return cudaSuccess;
+}
+
+/* Host: the shape of a cooperative grid of `parts` blocks per channel
+ * (grid.x) over cy channels (min(C, 65535), grid.y of the two-launch
+ * route) when at most cap blocks are co-resident.  The grid has gy <= cy
+ * columns; the block (part, y) takes part `part` of the channels y, y+gy,
+ * y+2gy, ... in turn (the kernels' channel loop, the one that strides
+ * C > 65535), so each block runs ceil(cy/gy) rounds, one channel each.
+ * Fewest rounds: cols = floor(cap/parts) columns fit, rounds =
+ * ceil(cy/cols), and the columns are spread evenly over the rounds: gy =
+ * ceil(cy/rounds) <= cols (e.g. 52 parts, 16 channels, cap 528: cols 10,
+ * 2 rounds of 8 columns, 416 blocks, rather than 10 columns of which 6 run
+ * a second round while 4 sit idle).  rounds 1: gy = cy, the full grid.  Returns
+ * the rounds (at least 1) and *gy, or 0 when one column (parts blocks)
+ * exceeds cap.  A function of (parts, cy, cap) only; the partition, the
+ * partials and every value the kernels compute do not depend on gy (a
+ * block's work for channel c is the same in any round), so the results
+ * are those of the full grid and of the two-launch route bitwise. */
+static int64_t bn_coop_rounds(int64_t parts, int64_t cy, int64_t cap, unsigned *gy) {
+    *gy = 0;
+    if (parts < 1 || cy < 1 || cap < parts) return 0;
+    int64_t cols = cap / parts;
+    int64_t rounds = (cy + cols - 1) / cols;
+    *gy = (unsigned)((cy + rounds - 1) / rounds);
+    return (cy + *gy - 1) / *gy;
+}
+
+/* Host: the choice of one direction's cooperative kernel among its
+ * candidates (the variant with held vectors, then the one reading x / dy
+ * again; the backward's vector-dx ones each uncapped, then lean), visited
+ * in that fixed order twice (bn_coop_choose): a probe pass recording the
+ * fewest rounds any candidate needs (bn_coop_rounds with its capacity, at
+ * most `limit`, bn_coop_round_limit), then a launch pass queuing the first
+ * candidate that needs that many (bn_coop_visit).  When a candidate fits
+ * with one column per channel (1 round) that is the first such one in the
+ * order: the choice made before the loop existed.  The choice depends on
+ * (parts, C, the device's SM count and the kernels' occupancy) and the
+ * switches only, so eager calls and captured graphs make the same one. */
+typedef struct bn_coop_sel {
+    int64_t parts;    /* blocks per channel (grid.x) */
+    int64_t cy;       /* channel columns of the full grid: min(C, 65535) */
+    int sm_count;     /* the stream's device's multiprocessors */
+    int64_t limit;    /* rounds allowed (probe); the fewest found (launch) */
+    bool probe;       /* probe pass: record, never launch */
+    int64_t best;     /* fewest rounds of the probe (0: no candidate fits) */
+    bool launched;    /* a candidate was queued (the launch pass) */
+    dim3 grid;        /* its grid (parts, gy) */
+} bn_coop_sel;
+
+/* Host: a fresh choice for the multi-part channels of g. */
+static bn_coop_sel bn_coop_sel_of(const bn_geom &g, int sm_count) {
+    bn_coop_sel s;
+    s.parts = g.parts;
+    s.cy = (int64_t)bn_grid_y(g.C);
+    s.sm_count = sm_count;
+    s.limit = bn_coop_round_limit();
+    s.probe = true;
+    s.best = 0;
+    s.launched = false;
+    s.grid = dim3(1, 1, 1);
+    return s;
+}
+
+/* Host: one candidate kernel of s (per_sm: its occupancy cache).  Probe
+ * pass: its rounds (when 1..limit) folded into s->best; *go false.  Launch
+ * pass: *go whether to queue it (its rounds at most s->limit, the fewest
+ * found), on *grid = (parts, gy).  Returns the occupancy query's error. */
+static cudaError_t bn_coop_visit(const void *kernel, std::atomic<int> *per_sm, bn_coop_sel *s,
+                                 dim3 *grid, bool *go) {
+    *go = false;
+    int64_t cap = 0;
+    cudaError_t e = bn_coop_cap(kernel, per_sm, s->sm_count, &cap);
+    if (e != cudaSuccess) return e;
+    unsigned gy = 0;
+    int64_t r = bn_coop_rounds(s->parts, s->cy, cap, &gy);
+    if (r < 1 || r > s->limit) return cudaSuccess;
+    if (s->probe) {
+        if (s->best == 0 || r < s->best) s->best = r;
+        return cudaSuccess;
+    }
+    *grid = dim3((unsigned)s->parts, gy, 1);
+    *go = true;
+    return cudaSuccess;
+}
+
+/* Host: both passes of s over the candidates; visit_all() visits them in
+ * order (each with bn_coop_visit; a launched one ends the launch pass) and
+ * returns the first error.  s->launched: whether one was queued. */
+template <typename F>
+static cudaError_t bn_coop_choose(bn_coop_sel *s, F visit_all) {
+    s->probe = true;
+    s->best = 0;
+    s->launched = false;
+    cudaError_t e = visit_all();
+    if (e != cudaSuccess || s->best == 0) return e;
+    s->probe = false;
+    s->limit = s->best;
+    return visit_all();
 }
 
 /* Host: whether a cooperative launch returned e ==
  * cudaErrorCooperativeLaunchTooLarge: the device runs fewer blocks at once
- * than bn_coop_fits counted (e.g. an MPS or green-context share of its
+ * than bn_coop_cap counted (e.g. an MPS or green-context share of its
  * SMs).  Then the error is cleared, the kernel's cache set to 0 (never
- * tried again in this process) and the caller takes the two-launch route
+ * tried again in this process) and the launch pass goes on with the next
+ * candidate that needs as few rounds, else the call takes the two-launch
+ * route; the next call's probe no longer counts the refused kernel
  * (outside a capture: the eager warm-up meets it first). */
 static bool bn_coop_refused(cudaError_t e, std::atomic<int> *per_sm) {
     if (e != cudaErrorCooperativeLaunchTooLarge) return false;
     (void)cudaGetLastError();
     per_sm->store(0, std::memory_order_relaxed);
     return true;
+}
+
+/* Host: after the launch pass queued a candidate of s on grid (e: the
+ * launch's status; per_sm: the candidate's occupancy cache): s->launched
+ * and s->grid, unless the driver refused the grid for size
+ * (bn_coop_refused: the pass goes on with the next candidate).  Any other
+ * error counts as launched and is left for CUDA_CHECK_LAUNCH (the launch
+ * also set cudaGetLastError). */
+static void bn_coop_queued(bn_coop_sel *s, cudaError_t e, std::atomic<int> *per_sm, dim3 grid) {
+    if (bn_coop_refused(e, per_sm)) return;
+    s->launched = true;
+    s->grid = grid;
 }
 
 /* Kernels queued by this thread's BatchNorm forward / backward calls so far
@@ -645,5 +789,21 @@ extern "C" unsigned long lucid_cuda_bn_wide_count(void);
 extern thread_local unsigned long lucid_cuda_bn_coop_launches;
 extern "C" unsigned long lucid_cuda_bn_coop_count(void);
 extern "C" int lucid_cuda_bn_coop_sm_count(void);
+
+/* The grid (parts, gy) of this thread's last cooperative launch (0 x 0
+ * before the first; bn_coop_note): the test hook
+ * lucid_cuda_bn_coop_last_grid (a test learns how many channel columns,
+ * hence rounds, bn_coop_rounds chose); nothing here reads it.  Defined in
+ * nn_norm_fwd.cu. */
+extern thread_local unsigned lucid_cuda_bn_coop_gx, lucid_cuda_bn_coop_gy;
+extern "C" void lucid_cuda_bn_coop_last_grid(unsigned *gx, unsigned *gy);
+
+/* Host: count a cooperative launch of s (s->launched) in the test hooks. */
+static inline void bn_coop_note(const bn_coop_sel &s) {
+    lucid_cuda_bn_launches += 1;
+    lucid_cuda_bn_coop_launches += 1;
+    lucid_cuda_bn_coop_gx = s.grid.x;
+    lucid_cuda_bn_coop_gy = s.grid.y;
+}
 
 #endif /* LUCID_CUDA_NN_NORM_CUH */

@@ -27,18 +27,20 @@
  *
  * Cooperative (parts > 1, training with dx, LUCID_BN_COOP; see
  * nn_norm.cuh): bn_grad_dx_coop (or its lean copy, bn_grad_dx_coop_lean)
- * runs bn_grad_partial's grid with every block resident; each block stores
- * its partial, waits for the channel's other parts (bn_coop_wait), folds
- * all of them (bn_grad_fold_sums, as the last block would), part 0
- * finishes dweight / dbias, and each block writes dx over its own part
- * (bn_dx_part, bn_dx's arithmetic) from the coefficients bn_grad_finish
- * would have stored.
+ * runs bn_grad_partial's grid (or one of fewer channel columns whose
+ * blocks loop over the channels of their column: bn_coop_rounds) with
+ * every block resident; each block stores its partial, waits for the
+ * channel's other parts (bn_coop_wait), folds all of them
+ * (bn_grad_fold_sums, as the last block would), part 0 finishes dweight /
+ * dbias, and each block writes dx over its own part (bn_dx_part, bn_dx's
+ * arithmetic) from the coefficients bn_grad_finish would have stored.
  *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training backward 2 (grad
  * partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
- * LUCID_BN_ONEPASS=0); 1 with parts > 1 when the cooperative grid is
- * co-resident (2 with LUCID_BN_COOP=0); 1 without dx), eval backward 1
+ * LUCID_BN_ONEPASS=0); 1 with parts > 1 when a cooperative grid is
+ * co-resident, with a column per channel or in rounds (2 with
+ * LUCID_BN_COOP=0; see nn_norm.cuh); 1 without dx), eval backward 1
  * (dx) or 2 with dweight/dbias, the per-channel sum 1.
  *
  * Conv columns (the slot lucid_cuda_batchnorm2d_backward_dcols, nn.h
@@ -539,7 +541,9 @@ bn_grad_dx1_cols(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const
 /* Training backward with dx of channels of SEVERAL parts (g.parts > 1),
  * the gradient sums and dx in one cooperative launch (lucid_launch_coop;
  * LUCID_BN_COOP, see the header): the grid of bn_grad_partial (block
- * (part, c), channels strided by grid.y), every block resident at once.
+ * (part, c), channels strided by grid.y; grid.y may be below min(C,
+ * 65535), bn_coop_rounds: a block then runs several channels in turn),
+ * every block resident at once.
  * Block (part, c) computes its part's (sum g, sum g*xhat) exactly as
  * bn_grad_partial<T, VS, true, SILU> (bn_grad_part, bn_block_sum2) and
  * stores it in partial[c*parts + part]; bn_coop_wait holds it until every
@@ -617,9 +621,10 @@ bn_grad_dx_coop(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const 
 
 /* The same with BN_COOP_LEAN blocks per SM asked of the compiler (at most
  * 64 registers, at the price of some spills to local memory), so that a
- * grid of up to BN_COOP_LEAN blocks per SM is co-resident (N=4: the 512
- * blocks of 32x160x160, 16 parts of 32 channels, on 132 SMs); the same
- * arithmetic. */
+ * grid of up to BN_COOP_LEAN blocks per SM is co-resident (N=4 on 132
+ * SMs: the 512 blocks of 32x160x160, 16 parts of 32 channels, and layer
+ * 0's 16x320x320 in 2 rounds of 8 columns of 52 parts, 416 blocks); the
+ * same arithmetic. */
 template <typename T, int VS, int VA, bool SILU, bool HELD>
 static __global__ void __launch_bounds__(BN_THREADS, BN_COOP_LEAN)
 bn_grad_dx_coop_lean(const T *__restrict__ dy, const T *__restrict__ x, T *dx,
@@ -691,84 +696,95 @@ static void bn_launch_grad_dx1(bool vs, bool va, dim3 grid, cudaStream_t stream,
                      dx, mean, invstd, w, b, g, go, beta);
 }
 
-/* One variant of the cooperative training backward with dx (parts > 1):
- * queued with lucid_launch_coop when its grid is co-resident on the device
- * (bn_coop_fits, the occupancy cached in this instantiation's static),
- * *launched telling whether it was (the launch's own error is left for
- * CUDA_CHECK_LAUNCH, except a refusal for size: bn_coop_refused).  Returns
- * the occupancy query's error. */
+/* One candidate of the cooperative training backward with dx (parts > 1),
+ * visited for the choice s (bn_coop_visit: its occupancy cached in this
+ * instantiation's static): in the launch pass, queued with
+ * lucid_launch_coop on the grid (parts, gy) the choice gives it
+ * (bn_coop_queued; the launch's own error is left for CUDA_CHECK_LAUNCH,
+ * except a refusal for size).  LEAN: bn_grad_dx_coop_lean.  Returns the
+ * occupancy query's error. */
 template <typename T, int VS, int VA, bool SILU, bool HELD, bool LEAN>
-static cudaError_t bn_try_grad_dx_coop(dim3 grid, int sm_count, cudaStream_t stream,
-                                       const T *dy, const T *x, T *dx, const float *mean,
+static cudaError_t bn_try_grad_dx_coop(bn_coop_sel *s, cudaStream_t stream, const T *dy,
+                                       const T *x, T *dx, const float *mean,
                                        const float *invstd, const float *w, const float *b,
                                        const bn_geom &g, float2 *partial, unsigned int *count,
-                                       const bn_grad_out &go, float beta, bool *launched) {
+                                       const bn_grad_out &go, float beta) {
     static std::atomic<int> per_sm(-1);
     auto k = LEAN ? bn_grad_dx_coop_lean<T, VS, VA, SILU, HELD>
                   : bn_grad_dx_coop<T, VS, VA, SILU, HELD>;
-    bool fits = false;
-    *launched = false;
-    cudaError_t e =
-        bn_coop_fits((const void *)k, &per_sm, (int64_t)grid.x * grid.y, sm_count, &fits);
-    if (e != cudaSuccess || !fits) return e;
+    dim3 grid;
+    bool run = false;
+    cudaError_t e = bn_coop_visit((const void *)k, &per_sm, s, &grid, &run);
+    if (e != cudaSuccess || !run) return e;
     e = lucid_launch_coop(k, grid, dim3(BN_THREADS), 0, stream, dy, x, dx, mean, invstd, w, b, g,
                           partial, count, go, beta);
-    *launched = !bn_coop_refused(e, &per_sm);
+    bn_coop_queued(s, e, &per_sm, grid);
     return cudaSuccess;
 }
 
 /* One vector choice of the cooperative training backward (vector dx):
- * the variant without a register cap when it is co-resident, else the
- * BN_COOP_LEAN one (more blocks per SM) when it is. */
+ * the variant without a register cap, then the BN_COOP_LEAN one (more
+ * blocks per SM); a launched one ends the visit. */
 template <typename T, int VS, int VA, bool SILU, bool HELD>
-static cudaError_t bn_try_grad_dx_coop2(dim3 grid, int sm_count, cudaStream_t stream,
-                                        const T *dy, const T *x, T *dx, const float *mean,
+static cudaError_t bn_try_grad_dx_coop2(bn_coop_sel *s, cudaStream_t stream, const T *dy,
+                                        const T *x, T *dx, const float *mean,
                                         const float *invstd, const float *w, const float *b,
                                         const bn_geom &g, float2 *partial, unsigned int *count,
-                                        const bn_grad_out &go, float beta, bool *launched) {
+                                        const bn_grad_out &go, float beta) {
     cudaError_t e = bn_try_grad_dx_coop<T, VS, VA, SILU, HELD, false>(
-        grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
-        launched);
-    if (e != cudaSuccess || *launched) return e;
-    return bn_try_grad_dx_coop<T, VS, VA, SILU, HELD, true>(
-        grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
-        launched);
+        s, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta);
+    if (e != cudaSuccess || s->launched) return e;
+    return bn_try_grad_dx_coop<T, VS, VA, SILU, HELD, true>(s, stream, dy, x, dx, mean, invstd,
+                                                            w, b, g, partial, count, go, beta);
 }
 
-/* The cooperative training backward's launch (parts > 1, dx asked), vs /
- * va as for bn_launch_grad_dx1, held: the vectors may stay in registers
- * (bn_coop_held).  The held variants when they are asked for and one is
- * co-resident, else those that read dy and x again (bn_try_grad_dx_coop2:
- * uncapped, then lean); *launched false: none fits (the caller takes the
- * two-launch route). */
+/* The candidates of the cooperative training backward in their order (vs
+ * / va as for bn_launch_grad_dx1, held: the vectors may stay in registers,
+ * bn_coop_held): the held variants when asked for (uncapped, lean), then
+ * those that read dy and x again (the one vector choice vs / va allow;
+ * uncapped, lean for a vector dx); a launched one ends the visit. */
 template <typename T, bool SILU>
-static cudaError_t bn_launch_grad_dx_coop(bool vs, bool va, bool held, dim3 grid, int sm_count,
-                                          cudaStream_t stream, const T *dy, const T *x, T *dx,
-                                          const float *mean, const float *invstd,
-                                          const float *w, const float *b, const bn_geom &g,
-                                          float2 *partial, unsigned int *count,
-                                          const bn_grad_out &go, float beta, bool *launched) {
+static cudaError_t bn_visit_grad_dx_coop(bool vs, bool va, bool held, bn_coop_sel *s,
+                                         cudaStream_t stream, const T *dy, const T *x, T *dx,
+                                         const float *mean, const float *invstd, const float *w,
+                                         const float *b, const bn_geom &g, float2 *partial,
+                                         unsigned int *count, const bn_grad_out &go,
+                                         float beta) {
     const int VV = bn_width<T>::V;
-    *launched = false;
     if (vs && va && held) {
         cudaError_t e = bn_try_grad_dx_coop2<T, VV, VV, SILU, true>(
-            grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
-            launched);
-        if (e != cudaSuccess || *launched) return e;
+            s, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta);
+        if (e != cudaSuccess || s->launched) return e;
     }
     if (vs && va)
-        return bn_try_grad_dx_coop2<T, VV, VV, SILU, false>(grid, sm_count, stream, dy, x, dx,
-                                                            mean, invstd, w, b, g, partial,
-                                                            count, go, beta, launched);
+        return bn_try_grad_dx_coop2<T, VV, VV, SILU, false>(s, stream, dy, x, dx, mean, invstd,
+                                                            w, b, g, partial, count, go, beta);
     /* scalar dx (a misaligned or odd-sized tensor, not the training
      * step's shapes): no lean copies */
     if (vs)
         return bn_try_grad_dx_coop<T, VV, 1, SILU, false, false>(
-            grid, sm_count, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta,
-            launched);
-    return bn_try_grad_dx_coop<T, 1, 1, SILU, false, false>(grid, sm_count, stream, dy, x, dx,
-                                                            mean, invstd, w, b, g, partial,
-                                                            count, go, beta, launched);
+            s, stream, dy, x, dx, mean, invstd, w, b, g, partial, count, go, beta);
+    return bn_try_grad_dx_coop<T, 1, 1, SILU, false, false>(s, stream, dy, x, dx, mean, invstd,
+                                                            w, b, g, partial, count, go, beta);
+}
+
+/* The cooperative training backward's launch (parts > 1, dx asked): the
+ * candidate needing the fewest rounds (bn_coop_choose; the first in order
+ * among equals), on its grid (parts, gy).  s->launched false: none is
+ * co-resident even with one channel column, or none within the rounds
+ * LUCID_BN_COOP_LOOP allows (the caller takes the two-launch route).
+ * Returns the occupancy queries' first error. */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_grad_dx_coop(bool vs, bool va, bool held, bn_coop_sel *s,
+                                          cudaStream_t stream, const T *dy, const T *x, T *dx,
+                                          const float *mean, const float *invstd,
+                                          const float *w, const float *b, const bn_geom &g,
+                                          float2 *partial, unsigned int *count,
+                                          const bn_grad_out &go, float beta) {
+    return bn_coop_choose(s, [&]() {
+        return bn_visit_grad_dx_coop<T, SILU>(vs, va, held, s, stream, dy, x, dx, mean, invstd,
+                                              w, b, g, partial, count, go, beta);
+    });
 }
 
 static lucid_status bn_backward(
@@ -846,33 +862,33 @@ static lucid_status bn_backward(
         if (dx && training && g.parts > 1 && count && bn_coop_env() &&
             bn_coop_device(st->device)) {
             /* several parts per channel: the sums and dx in one cooperative
-             * launch when the grid is co-resident; the coefficients stay in
-             * shared memory */
+             * launch when a grid is co-resident (a column per channel, or
+             * fewer columns in rounds); the coefficients stay in shared
+             * memory */
             void *dxd = lucid_tensor_data(dx);
             bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
             bool held = vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
             float bi = (float)beta_input;
             bn_grad_out gc = go;
             gc.coef = NULL;
-            bool launched = false;
+            bn_coop_sel cs = bn_coop_sel_of(g, st->sm_count);
             cudaError_t e = cudaSuccess;
             if (silu)
                 NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_coop<T, true>(
-                                           vec, va, held, grid, st->sm_count, st->stream,
-                                           (const T *)dyd, (const T *)xd, (T *)dxd, sm, si, w, b,
-                                           g, part, count, gc, bi, &launched)));
+                                           vec, va, held, &cs, st->stream, (const T *)dyd,
+                                           (const T *)xd, (T *)dxd, sm, si, w, b, g, part,
+                                           count, gc, bi)));
             else
                 NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_coop<T, false>(
-                                           vec, va, held, grid, st->sm_count, st->stream,
-                                           (const T *)dyd, (const T *)xd, (T *)dxd, sm, si, nof,
-                                           nof, g, part, count, gc, bi, &launched)));
+                                           vec, va, held, &cs, st->stream, (const T *)dyd,
+                                           (const T *)xd, (T *)dxd, sm, si, nof, nof, g, part,
+                                           count, gc, bi)));
             if (e != cudaSuccess)
                 return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
                                       " (bn_grad_dx_coop)", __FILE__, __LINE__);
-            if (launched) {
+            if (cs.launched) {
                 CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx_coop");
-                lucid_cuda_bn_launches += 1;
-                lucid_cuda_bn_coop_launches += 1;
+                bn_coop_note(cs);
                 return LUCID_OK;
             }
         }

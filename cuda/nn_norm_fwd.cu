@@ -28,17 +28,20 @@
  * tensors).
  *
  * Cooperative (parts > 1, LUCID_BN_COOP; see nn_norm.cuh):
- * bn_stats_apply_coop runs bn_stats_partial's grid with every block
- * resident; each block stores its partial, waits for the channel's other
- * parts (bn_coop_wait), folds all of them (bn_stats_fold_sums, as the last
- * block would), part 0 finishes the channel, and each block writes y over
- * its own part (bn_y_part, bn_apply's arithmetic).
+ * bn_stats_apply_coop runs bn_stats_partial's grid (or one of fewer
+ * channel columns whose blocks loop over the channels of their column:
+ * bn_coop_rounds) with every block resident; each block stores its
+ * partial, waits for the channel's other parts (bn_coop_wait), folds all
+ * of them (bn_stats_fold_sums, as the last block would), part 0 finishes
+ * the channel, and each block writes y over its own part (bn_y_part,
+ * bn_apply's arithmetic).
  *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final when parts > 1): training forward 2 (stats partial[+fold],
  * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), 1 with
- * parts > 1 when the cooperative grid is co-resident (2 with
- * LUCID_BN_COOP=0), eval forward 2 (stats_eval, apply).
+ * parts > 1 when a cooperative grid is co-resident, with a column per
+ * channel or in rounds (2 with LUCID_BN_COOP=0; see nn_norm.cuh), eval
+ * forward 2 (stats_eval, apply).
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_forward): the
  * statistics kernel above unchanged, then bn_apply<..., true> stores a =
@@ -49,9 +52,9 @@
  *
  * Test hooks (defined here, counted by both directions):
  * lucid_cuda_bn_launch_count() (nn_common.cuh),
- * lucid_cuda_bn_wide_count() and lucid_cuda_bn_coop_count() (nn_norm.cuh);
- * lucid_cuda_bn_coop_sm_count() (whether the device takes the cooperative
- * kernels, and its SM count).
+ * lucid_cuda_bn_wide_count(), lucid_cuda_bn_coop_count() and
+ * lucid_cuda_bn_coop_last_grid() (nn_norm.cuh); lucid_cuda_bn_coop_sm_count()
+ * (whether the device takes the cooperative kernels, and its SM count).
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
  */
@@ -443,7 +446,9 @@ bn_stats_apply1(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_
 /* Training forward of channels of SEVERAL parts (g.parts > 1), statistics
  * and apply in one cooperative launch (lucid_launch_coop; LUCID_BN_COOP, see
  * the header): the grid of bn_stats_partial (block (part, c), channels
- * strided by grid.y), every block resident at once.  Block (part, c)
+ * strided by grid.y; grid.y may be below min(C, 65535), bn_coop_rounds: a
+ * block then runs several channels in turn), every block resident at
+ * once.  Block (part, c)
  * computes its part's partial exactly as bn_stats_partial (bn_stats_part
  * with VS-element vectors, the same tree) and stores it in
  * partial[c*parts + part]; bn_coop_wait holds it until every part of
@@ -554,71 +559,93 @@ static void bn_launch_stats_apply1(bool vs, bool va, dim3 grid, cudaStream_t str
                      x, y, g, so, w, b);
 }
 
-/* One variant of the cooperative training forward (parts > 1): queued with
- * lucid_launch_coop when its grid is co-resident on the device (bn_coop_fits,
- * the occupancy cached in this instantiation's static), *launched telling
- * whether it was (the launch's own error is left for CUDA_CHECK_LAUNCH,
- * except a refusal for size: bn_coop_refused).  Returns the occupancy
- * query's error. */
+/* One candidate of the cooperative training forward (parts > 1), visited
+ * for the choice s (bn_coop_visit: its occupancy cached in this
+ * instantiation's static): in the launch pass, queued with
+ * lucid_launch_coop on the grid (parts, gy) the choice gives it
+ * (bn_coop_queued; the launch's own error is left for CUDA_CHECK_LAUNCH,
+ * except a refusal for size).  Returns the occupancy query's error. */
 template <typename T, int VS, int VA, bool SILU, bool HELD>
-static cudaError_t bn_try_stats_apply_coop(dim3 grid, int sm_count, cudaStream_t stream,
-                                           const T *x, T *y, const bn_geom &g,
-                                           float3 *partial, unsigned int *count,
-                                           const bn_stats_out &so, const float *w,
-                                           const float *b, bool *launched) {
+static cudaError_t bn_try_stats_apply_coop(bn_coop_sel *s, cudaStream_t stream, const T *x,
+                                           T *y, const bn_geom &g, float3 *partial,
+                                           unsigned int *count, const bn_stats_out &so,
+                                           const float *w, const float *b) {
     static std::atomic<int> per_sm(-1);
     auto k = bn_stats_apply_coop<T, VS, VA, SILU, HELD>;
-    bool fits = false;
-    *launched = false;
-    cudaError_t e =
-        bn_coop_fits((const void *)k, &per_sm, (int64_t)grid.x * grid.y, sm_count, &fits);
-    if (e != cudaSuccess || !fits) return e;
+    dim3 grid;
+    bool go = false;
+    cudaError_t e = bn_coop_visit((const void *)k, &per_sm, s, &grid, &go);
+    if (e != cudaSuccess || !go) return e;
     e = lucid_launch_coop(k, grid, dim3(BN_THREADS), 0, stream, x, y, g, partial, count, so, w,
                           b);
-    *launched = !bn_coop_refused(e, &per_sm);
+    bn_coop_queued(s, e, &per_sm, grid);
     return cudaSuccess;
 }
 
-/* The cooperative training forward's launch (parts > 1), vs / va as for
- * bn_launch_stats_apply1, held: the vectors may stay in registers
- * (bn_coop_held).  The held variant when it is asked for and co-resident,
- * else the variant that reads x again when it is; *launched false: neither
- * fits (the caller takes the two-launch route). */
+/* The candidates of the cooperative training forward in their order (vs /
+ * va as for bn_launch_stats_apply1, held: the vectors may stay in
+ * registers, bn_coop_held): the held variant when asked for, then the
+ * variant that reads x again (the one vector choice vs / va allow); a
+ * launched one ends the visit. */
 template <typename T, bool SILU>
-static cudaError_t bn_launch_stats_apply_coop(bool vs, bool va, bool held, dim3 grid,
-                                              int sm_count, cudaStream_t stream, const T *x,
-                                              T *y, const bn_geom &g, float3 *partial,
-                                              unsigned int *count, const bn_stats_out &so,
-                                              const float *w, const float *b, bool *launched) {
+static cudaError_t bn_visit_stats_apply_coop(bool vs, bool va, bool held, bn_coop_sel *s,
+                                             cudaStream_t stream, const T *x, T *y,
+                                             const bn_geom &g, float3 *partial,
+                                             unsigned int *count, const bn_stats_out &so,
+                                             const float *w, const float *b) {
     const int VV = bn_width<T>::V;
-    *launched = false;
     if (vs && va && held) {
-        cudaError_t e = bn_try_stats_apply_coop<T, VV, VV, SILU, true>(
-            grid, sm_count, stream, x, y, g, partial, count, so, w, b, launched);
-        if (e != cudaSuccess || *launched) return e;
+        cudaError_t e = bn_try_stats_apply_coop<T, VV, VV, SILU, true>(s, stream, x, y, g,
+                                                                       partial, count, so, w, b);
+        if (e != cudaSuccess || s->launched) return e;
     }
     if (vs && va)
-        return bn_try_stats_apply_coop<T, VV, VV, SILU, false>(grid, sm_count, stream, x, y, g,
-                                                               partial, count, so, w, b,
-                                                               launched);
+        return bn_try_stats_apply_coop<T, VV, VV, SILU, false>(s, stream, x, y, g, partial,
+                                                               count, so, w, b);
     if (vs)
-        return bn_try_stats_apply_coop<T, VV, 1, SILU, false>(grid, sm_count, stream, x, y, g,
-                                                              partial, count, so, w, b,
-                                                              launched);
-    return bn_try_stats_apply_coop<T, 1, 1, SILU, false>(grid, sm_count, stream, x, y, g,
-                                                         partial, count, so, w, b, launched);
+        return bn_try_stats_apply_coop<T, VV, 1, SILU, false>(s, stream, x, y, g, partial,
+                                                              count, so, w, b);
+    return bn_try_stats_apply_coop<T, 1, 1, SILU, false>(s, stream, x, y, g, partial, count,
+                                                         so, w, b);
+}
+
+/* The cooperative training forward's launch (parts > 1): the candidate
+ * needing the fewest rounds (bn_coop_choose; the first in order among
+ * equals), on its grid (parts, gy).  s->launched false: none is
+ * co-resident even with one channel column, or none within the rounds
+ * LUCID_BN_COOP_LOOP allows (the caller takes the two-launch route).
+ * Returns the occupancy queries' first error. */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_stats_apply_coop(bool vs, bool va, bool held, bn_coop_sel *s,
+                                              cudaStream_t stream, const T *x, T *y,
+                                              const bn_geom &g, float3 *partial,
+                                              unsigned int *count, const bn_stats_out &so,
+                                              const float *w, const float *b) {
+    return bn_coop_choose(s, [&]() {
+        return bn_visit_stats_apply_coop<T, SILU>(vs, va, held, s, stream, x, y, g, partial,
+                                                  count, so, w, b);
+    });
 }
 
 /* The counters declared in nn_norm.cuh (both directions add to them). */
 thread_local unsigned long lucid_cuda_bn_launches;
 thread_local unsigned long lucid_cuda_bn_wide_launches;
 thread_local unsigned long lucid_cuda_bn_coop_launches;
+thread_local unsigned lucid_cuda_bn_coop_gx, lucid_cuda_bn_coop_gy;
 
 extern "C" unsigned long lucid_cuda_bn_launch_count(void) { return lucid_cuda_bn_launches; }
 
 extern "C" unsigned long lucid_cuda_bn_wide_count(void) { return lucid_cuda_bn_wide_launches; }
 
 extern "C" unsigned long lucid_cuda_bn_coop_count(void) { return lucid_cuda_bn_coop_launches; }
+
+/* Test hook: the grid (parts per channel, channel columns) of this
+ * thread's last cooperative BatchNorm launch, either direction (0 x 0
+ * before the first).  gx / gy nullable. */
+extern "C" void lucid_cuda_bn_coop_last_grid(unsigned *gx, unsigned *gy) {
+    if (gx) *gx = lucid_cuda_bn_coop_gx;
+    if (gy) *gy = lucid_cuda_bn_coop_gy;
+}
 
 /* Test hook: the multiprocessors of the current CUDA device when it takes
  * the cooperative kernels (bn_coop_device: sm_90+ with cooperative
@@ -705,28 +732,26 @@ static lucid_status bn_forward(
         }
         if (g.parts > 1 && count && bn_coop_env() && bn_coop_device(st->device)) {
             /* several parts per channel: statistics and apply in one
-             * cooperative launch when the grid is co-resident */
+             * cooperative launch when a grid is co-resident (a column per
+             * channel, or fewer columns in rounds) */
             bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
             bool held = vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
-            bool launched = false;
+            bn_coop_sel cs = bn_coop_sel_of(g, st->sm_count);
             cudaError_t e = cudaSuccess;
             if (silu)
                 NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_coop<T, true>(
-                                           vec, va, held, grid, st->sm_count, st->stream,
-                                           (const T *)xd, (T *)yd, g, (float3 *)ws, count, so,
-                                           w, b, &launched)));
+                                           vec, va, held, &cs, st->stream, (const T *)xd,
+                                           (T *)yd, g, (float3 *)ws, count, so, w, b)));
             else
                 NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_coop<T, false>(
-                                           vec, va, held, grid, st->sm_count, st->stream,
-                                           (const T *)xd, (T *)yd, g, (float3 *)ws, count, so,
-                                           w, b, &launched)));
+                                           vec, va, held, &cs, st->stream, (const T *)xd,
+                                           (T *)yd, g, (float3 *)ws, count, so, w, b)));
             if (e != cudaSuccess)
                 return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor"
                                       " (bn_stats_apply_coop)", __FILE__, __LINE__);
-            if (launched) {
+            if (cs.launched) {
                 CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply_coop");
-                lucid_cuda_bn_launches += 1;
-                lucid_cuda_bn_coop_launches += 1;
+                bn_coop_note(cs);
                 return LUCID_OK;
             }
         }

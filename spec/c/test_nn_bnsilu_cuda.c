@@ -110,21 +110,31 @@
  * and fused, f32/bf16/f16:
  *   coop = two launches       the calls above (beta 0, 0.5/0.25 and 1)
  *                             on the default route three times, with
- *                             LUCID_BN_COOP=0 and with LUCID_BN_HELD=0:
- *                             bitwise equal; 1 kernel per training call
- *                             with dx that took the cooperative route
- *                             (lucid_cuda_bn_coop_count), 2 otherwise and
- *                             on LUCID_BN_COOP=0; on a 132-SM sm_90+
- *                             device the co-resident shapes take it
- *                             (4x64x80x80, 4x32x160x160, 3x5x90x100,
+ *                             LUCID_BN_COOP=0, with LUCID_BN_HELD=0 and
+ *                             with LUCID_BN_COOP_LOOP=0 (full grids only):
+ *                             bitwise equal; the default route against the
+ *                             CPU (tolerances above); 1 kernel per
+ *                             training call with dx that took the
+ *                             cooperative route (lucid_cuda_bn_coop_count),
+ *                             2 otherwise and on LUCID_BN_COOP=0; its grid
+ *                             (lucid_cuda_bn_coop_last_grid): one block per
+ *                             part, channel columns spread evenly over the
+ *                             rounds, LUCID_BN_COOP_LOOP=0 cooperative
+ *                             exactly on one round; on a 132-SM sm_90+
+ *                             device the rounds expected there (1 for
+ *                             4x64x80x80, 4x32x160x160, 3x5x90x100,
  *                             3x5x91x99 scalar, 2x3x80x80 unaligned,
- *                             5x2x160x330, 300x1x64x72; 4x16x320x320,
- *                             832 blocks, is only reported)
+ *                             5x2x160x330, 300x1x64x72; 2 for layer 0,
+ *                             4x16x320x320, 832 blocks; bf16 around the
+ *                             thresholds: 4x10x320x320, 4x11x320x320,
+ *                             40x2x320x320, 41x2x320x320 with no column
+ *                             co-resident: two launches)
  *   coop capture              the default route and LUCID_BN_COOP=0
  *                             captured in one graph, replayed twice: equal
  *                             to the first and the second eager call
  *                             bitwise, as many kernels recorded as queued
- *                             eagerly (4x64x80x80, 4x32x160x160, 3x5x91x99)
+ *                             eagerly (4x64x80x80, 4x32x160x160, 3x5x91x99,
+ *                             4x16x320x320 in 2 rounds)
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -754,6 +764,10 @@ unsigned long lucid_cuda_bn_coop_count(void);
 __attribute__((weak))
 #endif
 int lucid_cuda_bn_coop_sm_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+void lucid_cuda_bn_coop_last_grid(unsigned *gx, unsigned *gy);
 
 static unsigned long bn_launches(void) {
     return lucid_cuda_bn_launch_count ? lucid_cuda_bn_launch_count() : 0;
@@ -762,6 +776,19 @@ static unsigned long bn_launches(void) {
 /* cooperative launches so far (nn_norm_fwd.cu's test hook) */
 static unsigned long bn_coops(void) {
     return lucid_cuda_bn_coop_count ? lucid_cuda_bn_coop_count() : 0;
+}
+
+/* The grid (parts, channel columns) of a cooperative launch (0 x 0: the
+ * call took none). */
+typedef struct coop_grid {
+    unsigned x, y;
+} coop_grid;
+
+/* the grid of this thread's last cooperative launch (nn_norm_fwd.cu's test
+ * hook; 0 x 0 without it) */
+static void coop_last_grid(coop_grid *g) {
+    g->x = g->y = 0;
+    if (lucid_cuda_bn_coop_last_grid) lucid_cuda_bn_coop_last_grid(&g->x, &g->y);
 }
 
 /* 0: LUCID_BN_COOP=0; 1: unset (the default) */
@@ -843,10 +870,12 @@ static lucid_tensor *pdview_of(const lucid_tensor *h, int64_t off) {
 
 /* The calls of the header on the current route: o[OP_*] (NULL where not
  * asked: no affine parameters), nl[L_*] the kernels queued per call, nc[L_*]
- * (nullable) the cooperative ones among them.  LUCID_OK or the failing
- * call's status (*what names it). */
+ * (nullable) the cooperative ones among them, cg[L_*] (nullable; needs nc)
+ * the grid of the call's cooperative launch (nn_norm_fwd.cu's test hook
+ * lucid_cuda_bn_coop_last_grid; 0 x 0 when it took none).  LUCID_OK or the
+ * failing call's status (*what names it). */
 static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long *nl,
-                                unsigned long *nc, const char **what) {
+                                unsigned long *nc, coop_grid *cg, const char **what) {
     const lucid_dtype dt = in->dt, F = LUCID_F32;
     const int64_t *xs = in->xs, *cs = in->cs, oo = in->out_off;
     const int silu = in->silu, af = in->affine;
@@ -855,6 +884,7 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
     memset(o, 0, sizeof(lucid_tensor *) * OP_N);
     memset(nl, 0, sizeof(unsigned long) * L_N);
     if (nc) memset(nc, 0, sizeof(unsigned long) * L_N);
+    if (cg) memset(cg, 0, sizeof(coop_grid) * L_N);
     *what = "setup";
     lucid_tensor *gw = af ? pdev(in->hw) : NULL, *gb = af ? pdev(in->hb) : NULL;
     lucid_tensor *gx1 = pdview_of(in->hx1, in->in_off), *gx2 = pdview_of(in->hx2, in->in_off);
@@ -899,6 +929,8 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
         if ((s = (expr)) != LUCID_OK) return s;                               \
         if ((slot) >= 0) nl[(slot)] = bn_launches() - n0;                     \
         if ((slot) >= 0 && nc) nc[(slot)] = bn_coops() - c0;                  \
+        if ((slot) >= 0 && nc && cg && nc[(slot)])                            \
+            coop_last_grid(&cg[(slot)]);                                      \
     } while (0)
     STEP("train forward 1", -1,
          bn_fwd(silu, gx1, o[OP_Y], gw, gb, o[OP_RM], o[OP_RV], o[OP_NB], o[OP_SM], o[OP_SI],
@@ -936,6 +968,51 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
     return lucid_ctx_synchronize(ctx);
 }
 
+/* One route's outputs o[OP_*] of onepass_run (tag names the route)
+ * against the CPU reference of the same calls (two training forwards, the
+ * training backward with every output, beta 0), with the tolerances of
+ * test_case: y and dx cmp_act (f32 relative Frobenius 1e-6 / 1e-5,
+ * bf16/f16 1 ulp or 1e-5 * max|ref|), save_mean / save_invstd and the
+ * running stats relative Frobenius 1e-6 (f32) / 1e-5 (bf16/f16),
+ * dweight / dbias 1e-5, num_batches_tracked exact (2). */
+static void route_vs_cpu(const char *pre, const char *tag, const bn_in *in, lucid_tensor **o) {
+    const lucid_dtype dt = in->dt;
+    const int silu = in->silu, affine = in->affine;
+    const double ptol = dt != LUCID_F32 ? 1e-5 : 1e-6;
+    int64_t one1[1] = {1};
+    lucid_tensor *crm = pdev(in->hrm), *crv = pdev(in->hrv);
+    lucid_tensor *hy = phpoison(dt, 4, in->xs), *hsm = phpoison(LUCID_F32, 1, in->cs),
+                 *hsi = phpoison(LUCID_F32, 1, in->cs), *hdx = phpoison(dt, 4, in->xs);
+    lucid_tensor *hdw = phpoison(LUCID_F32, 1, in->cs), *hdb = phpoison(LUCID_F32, 1, in->cs);
+    lucid_tensor *rm = crm ? phost(crm) : NULL, *rv = crv ? phost(crv) : NULL;
+    lucid_tensor *nb = phzeros(LUCID_I64, 1, one1);
+    if (!hy || !hsm || !hsi || !hdx || !hdw || !hdb || !rm || !rv || !nb) {
+        TEST_FAIL(NAME("%s: cpu setup", pre), "%s", lucid_ctx_error(ctx));
+        return;
+    }
+    const lucid_tensor *hw = affine ? in->hw : NULL, *hb = affine ? in->hb : NULL;
+    RUN(NAME("%s: cpu forward 1", pre),
+        bn_fwd(silu, in->hx1, hy, hw, hb, rm, rv, nb, hsm, hsi, 1));
+    RUN(NAME("%s: cpu forward 2", pre),
+        bn_fwd(silu, in->hx2, hy, hw, hb, rm, rv, nb, hsm, hsi, 1));
+    RUN(NAME("%s: cpu backward", pre),
+        bn_bwd(silu, in->hx2, in->hdy, hdx, hw, hb, hsm, hsi, affine ? hdw : NULL,
+               affine ? hdb : NULL, 1, 0.0, 0.0));
+    cmp_act(NAME("%s: %s train y = cpu", pre, tag), o[OP_Y], hy, 1e-6);
+    cmp_rel(NAME("%s: %s save_mean = cpu", pre, tag), o[OP_SM], hsm, ptol);
+    cmp_rel(NAME("%s: %s save_invstd = cpu", pre, tag), o[OP_SI], hsi, ptol);
+    cmp_rel(NAME("%s: %s running_mean = cpu", pre, tag), o[OP_RM], rm, ptol);
+    cmp_rel(NAME("%s: %s running_var = cpu", pre, tag), o[OP_RV], rv, ptol);
+    cmp_bits(NAME("%s: %s num_batches_tracked = cpu (2)", pre, tag), o[OP_NB], nb);
+    cmp_act(NAME("%s: %s train dx = cpu", pre, tag), o[OP_DX], hdx, 1e-5);
+    if (affine) {
+        cmp_rel(NAME("%s: %s train dweight = cpu", pre, tag), o[OP_DW], hdw, 1e-5);
+        cmp_rel(NAME("%s: %s train dbias = cpu", pre, tag), o[OP_DB], hdb, 1e-5);
+    }
+done:
+    return;
+}
+
 static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H, int64_t W,
                          int affine, int64_t in_off, int64_t out_off) {
     char pre[192];
@@ -945,8 +1022,6 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
              in_off || out_off ? (in_off ? " x/dy/y/dx at offset 1" : " y/dx at offset 1") : "",
              lucid_dtype_name(dt));
     const int one = N * H * W <= 8192; /* one part per channel */
-    const int lowp = dt != LUCID_F32;
-    const double ptol = lowp ? 1e-5 : 1e-6;
     bn_in in;
     memset(&in, 0, sizeof in);
     in.dt = dt;
@@ -981,14 +1056,14 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
           "lucid_cuda_bn_launch_count missing (cuda/nn_norm_fwd.cu)");
     set_coop(0); /* multi-part shapes: the two-launch route on both sides */
     set_onepass(2);
-    st = onepass_run(&in, o1, l1, NULL, &what);
+    st = onepass_run(&in, o1, l1, NULL, NULL, &what);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: one pass: %s", pre, what), "%s: %s", lucid_status_name(st),
                   lucid_ctx_error(ctx));
         goto done;
     }
     set_onepass(0);
-    st = onepass_run(&in, o0, l0, NULL, &what);
+    st = onepass_run(&in, o0, l0, NULL, NULL, &what);
     set_onepass(1);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: two launches: %s", pre, what), "%s: %s", lucid_status_name(st),
@@ -1004,7 +1079,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
         unsigned long lh[L_N];
         setenv("LUCID_BN_HELD", "0", 1);
         set_onepass(2);
-        st = onepass_run(&in, oh, lh, NULL, &what);
+        st = onepass_run(&in, oh, lh, NULL, NULL, &what);
         set_onepass(1);
         unsetenv("LUCID_BN_HELD");
         if (st != LUCID_OK) {
@@ -1034,37 +1109,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
               l0[k]);
     }
     /* the one-pass side against the CPU */
-    {
-        lucid_tensor *crm = pdev(in.hrm), *crv = pdev(in.hrv);
-        lucid_tensor *hy = phpoison(dt, 4, in.xs), *hsm = phpoison(LUCID_F32, 1, in.cs),
-                     *hsi = phpoison(LUCID_F32, 1, in.cs), *hdx = phpoison(dt, 4, in.xs);
-        lucid_tensor *hdw = phpoison(LUCID_F32, 1, in.cs), *hdb = phpoison(LUCID_F32, 1, in.cs);
-        lucid_tensor *rm = crm ? phost(crm) : NULL, *rv = crv ? phost(crv) : NULL;
-        lucid_tensor *nb = phzeros(LUCID_I64, 1, one1);
-        if (!hy || !hsm || !hsi || !hdx || !hdw || !hdb || !rm || !rv || !nb) {
-            TEST_FAIL(NAME("%s: cpu setup", pre), "%s", lucid_ctx_error(ctx));
-            goto done;
-        }
-        const lucid_tensor *hw = affine ? in.hw : NULL, *hb = affine ? in.hb : NULL;
-        RUN(NAME("%s: cpu forward 1", pre), bn_fwd(silu, in.hx1, hy, hw, hb, rm, rv, nb, hsm,
-                                                   hsi, 1));
-        RUN(NAME("%s: cpu forward 2", pre), bn_fwd(silu, in.hx2, hy, hw, hb, rm, rv, nb, hsm,
-                                                   hsi, 1));
-        RUN(NAME("%s: cpu backward", pre),
-            bn_bwd(silu, in.hx2, in.hdy, hdx, hw, hb, hsm, hsi, affine ? hdw : NULL,
-                   affine ? hdb : NULL, 1, 0.0, 0.0));
-        cmp_act(NAME("%s: one-pass train y = cpu", pre), o1[OP_Y], hy, 1e-6);
-        cmp_rel(NAME("%s: one-pass save_mean = cpu", pre), o1[OP_SM], hsm, ptol);
-        cmp_rel(NAME("%s: one-pass save_invstd = cpu", pre), o1[OP_SI], hsi, ptol);
-        cmp_rel(NAME("%s: one-pass running_mean = cpu", pre), o1[OP_RM], rm, ptol);
-        cmp_rel(NAME("%s: one-pass running_var = cpu", pre), o1[OP_RV], rv, ptol);
-        cmp_bits(NAME("%s: one-pass num_batches_tracked = cpu (2)", pre), o1[OP_NB], nb);
-        cmp_act(NAME("%s: one-pass train dx = cpu", pre), o1[OP_DX], hdx, 1e-5);
-        if (affine) {
-            cmp_rel(NAME("%s: one-pass train dweight = cpu", pre), o1[OP_DW], hdw, 1e-5);
-            cmp_rel(NAME("%s: one-pass train dbias = cpu", pre), o1[OP_DB], hdb, 1e-5);
-        }
-    }
+    route_vs_cpu(pre, "one-pass", &in, o1);
 done:
     set_onepass(1);
     set_coop(1);
@@ -1176,34 +1221,56 @@ done:
 /* ========== one cooperative launch = two launches (LUCID_BN_COOP)
  * cuda/nn_norm_*.cu run the training forward and the training backward with
  * dx of channels of SEVERAL parts as one cooperative launch each when the
- * grid is co-resident on the device; LUCID_BN_COOP=0 keeps the two-launch
- * route.  Each case runs the calls of onepass_run (the one-pass cases'
- * header) on the default route three times, once with LUCID_BN_COOP=0 and
- * once with LUCID_BN_HELD=0 (x and dy read again after the channel
- * barrier), plain BatchNorm2d or the fused BatchNorm2d + SiLU:
+ * grid is co-resident on the device; when the full grid (parts x
+ * min(C, 65535) blocks) is not, a grid of fewer channel columns whose
+ * blocks loop over the channels of their column (rounds; bn_coop_rounds,
+ * cuda/nn_norm.cuh; LUCID_BN_COOP_LOOP=0: the full grid or two launches);
+ * LUCID_BN_COOP=0 keeps the two-launch route.  Each case runs the calls of
+ * onepass_run (the one-pass cases' header) on the default route three
+ * times, once with LUCID_BN_COOP=0, once with LUCID_BN_HELD=0 (x and dy
+ * read again after the channel barrier) and once with
+ * LUCID_BN_COOP_LOOP=0, plain BatchNorm2d or the fused BatchNorm2d + SiLU:
  *   bitwise        every output of the default route equals the two-launch
  *                  route's; the second and third runs equal the first (the
  *                  arrival counters are back at zero after every launch, and
  *                  the "last block folds" calls between them, dweight only
- *                  and dbias only, share them); LUCID_BN_HELD=0 too
+ *                  and dbias only, share them); LUCID_BN_HELD=0 and
+ *                  LUCID_BN_COOP_LOOP=0 too (the rounds change no bit)
+ *   cpu            the default route's outputs against the CPU reference
+ *                  (route_vs_cpu: test_case's tolerances)
  *   launches       a training call with dx that took the cooperative route
  *                  (nn_norm_fwd.cu's test hook lucid_cuda_bn_coop_count)
  *                  queued 1 kernel, 2 otherwise; LUCID_BN_COOP=0 never takes
  *                  it (2); dweight / dbias only and eval the same on both
  *                  routes; the three default runs take the same route
- *   route taken    want (1 forward, 2 backward): the directions expected to
- *                  be co-resident on an sm_90+ device of 132 SMs (H100 SXM,
- *                  H200; lucid_cuda_bn_coop_sm_count) take the cooperative
- *                  route there (register counts of nvcc 13.0: see
- *                  cuda/nn_norm.cuh); on other devices the route taken is
- *                  only reported
+ *   grid           a cooperative call's grid (the test hook
+ *                  lucid_cuda_bn_coop_last_grid) has one block per part
+ *                  (grid.x = parts, coop_parts) and 1..min(C, 65535)
+ *                  channel columns spread evenly over its rounds
+ *                  (gy = ceil(cy / ceil(cy / gy))); the three default runs
+ *                  have the same grid; LUCID_BN_COOP_LOOP=0 takes the
+ *                  cooperative route exactly when the default one did with
+ *                  every column (one round), on the same grid
+ *   route taken    rf / rb (forward / backward) on an sm_90+ device of 132
+ *                  SMs (H100 SXM, H200; lucid_cuda_bn_coop_sm_count): the
+ *                  rounds expected there (0: the two-launch route; -1: not
+ *                  asserted) from the register counts of nvcc 13.0 (see
+ *                  cuda/nn_norm.cuh: 4 blocks per SM, 528 co-resident, for
+ *                  the held forward and the backward's lean copies, 5 (660)
+ *                  for the plain forward reading x again); on other
+ *                  devices the route taken is only reported
  * Shapes: N=4 of YOLO11n-pose at 640: 4x64x80x80 (4 parts a channel, 256
- * blocks), 4x32x160x160 (16 parts, 512 blocks), 4x16x320x320 (52 parts,
- * 832 blocks: not co-resident on 132 SMs, the two-launch route there);
+ * blocks), 4x32x160x160 (16 parts, 512 blocks), 4x16x320x320 (layer 0: 52
+ * parts, 832 blocks: 2 rounds of 8 columns, 416 blocks, on 132 SMs);
  * 3x5x90x100 (S 9000: 2 chunks a plane, vector path), 3x5x91x99 (S 9009:
  * scalar path), 2x3x80x80 with y/dx and with every activation at element
  * offset 1, 5x2x160x330 (35 parts: the fold across warps), 300x1x64x72
- * (300 parts: more than the fold's 256 threads). */
+ * (300 parts: more than the fold's 256 threads).  Around the thresholds on
+ * 132 SMs (bf16): 4x10x320x320 (520 blocks: the full grid fits, one
+ * round), 4x11x320x320 (572: 2 rounds of 6 columns, or the plain forward's
+ * full grid at 5 blocks per SM), 40x2x320x320 (520 parts: one column fits,
+ * 2 rounds of 1) and 41x2x320x320 (533 parts: no column fits at 4 blocks
+ * per SM, the two-launch route but for the plain forward at 5). */
 
 /* the multiprocessors of a device that takes the cooperative kernels, else
  * 0 (nn_norm_fwd.cu's test hook) */
@@ -1211,8 +1278,29 @@ static int coop_sms(void) {
     return lucid_cuda_bn_coop_sm_count ? lucid_cuda_bn_coop_sm_count() : 0;
 }
 
+/* Parts per channel of cuda/nn_norm.cuh's partition (bn_geom_of; S = H*W):
+ * a plane of S >= 8192 elements cut into ceil(S/chunk) chunks (chunk =
+ * ceil(S / ceil(S/8192)) rounded up to a multiple of 8), one part per
+ * (plane, chunk); smaller planes floor(8192/S) (at most N) to a part. */
+static int64_t coop_parts(int64_t N, int64_t S) {
+    if (S >= 8192) {
+        int64_t p0 = (S + 8191) / 8192, ch = (S + p0 - 1) / p0;
+        ch = (ch + 7) / 8 * 8;
+        return N * ((S + ch - 1) / ch);
+    }
+    int64_t pp = 8192 / S;
+    if (pp > N) pp = N;
+    return (N + pp - 1) / pp;
+}
+
+/* The rounds of a cooperative grid over cy channels with gy columns (0
+ * when gy is 0: no cooperative launch). */
+static int64_t coop_rounds_of(int64_t cy, unsigned gy) {
+    return gy ? (cy + gy - 1) / gy : 0;
+}
+
 static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H, int64_t W,
-                      int64_t in_off, int64_t out_off, int want) {
+                      int64_t in_off, int64_t out_off, int rf, int rb) {
     char pre[192];
     snprintf(pre, sizeof pre, "bn coop = two launches%s %lldx%lldx%lldx%lld%s %s",
              silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
@@ -1239,25 +1327,33 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
     in.hbdx = phrand(dt, 4, in.xs, -1, 1);
     in.hbdw = phrand(LUCID_F32, 1, in.cs, -1, 1);
     in.hbdb = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    const int64_t parts = coop_parts(N, H * W), cy = C < 65535 ? C : 65535;
     /* [0..2]: the default route three times, [3]: LUCID_BN_COOP=0,
-     * [4]: LUCID_BN_HELD=0 */
-    lucid_tensor *o[5][OP_N];
-    unsigned long l[5][L_N], c[5][L_N];
-    static const char *const RUNS[5] = {"default", "default (run 2)", "default (run 3)",
-                                        "LUCID_BN_COOP=0", "LUCID_BN_HELD=0"};
+     * [4]: LUCID_BN_HELD=0, [5]: LUCID_BN_COOP_LOOP=0 */
+    enum { NR = 6, R_OFF = 3, R_HELD = 4, R_LOOP = 5 };
+    lucid_tensor *o[NR][OP_N];
+    unsigned long l[NR][L_N], c[NR][L_N];
+    coop_grid cg[NR][L_N];
+    static const char *const RUNS[NR] = {"default", "default (run 2)", "default (run 3)",
+                                         "LUCID_BN_COOP=0", "LUCID_BN_HELD=0",
+                                         "LUCID_BN_COOP_LOOP=0"};
     const char *what = "";
     if (!in.hx1 || !in.hx2 || !in.hdy || !in.hw || !in.hb || !in.hrm || !in.hrv || !in.hnb ||
         !in.hbdx || !in.hbdw || !in.hbdb) {
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
         goto done;
     }
-    CHECK(NAME("%s: coop-count hook linked", pre), lucid_cuda_bn_coop_count != NULL,
-          "lucid_cuda_bn_coop_count missing (cuda/nn_norm_fwd.cu)");
-    for (int r = 0; r < 5; r++) {
-        set_coop(r == 3 ? 0 : 1);
-        if (r == 4) setenv("LUCID_BN_HELD", "0", 1);
-        lucid_status st = onepass_run(&in, o[r], l[r], c[r], &what);
+    CHECK(NAME("%s: coop-count and grid hooks linked", pre),
+          lucid_cuda_bn_coop_count != NULL && lucid_cuda_bn_coop_last_grid != NULL,
+          "lucid_cuda_bn_coop_count / lucid_cuda_bn_coop_last_grid missing "
+          "(cuda/nn_norm_fwd.cu)");
+    for (int r = 0; r < NR; r++) {
+        set_coop(r == R_OFF ? 0 : 1);
+        if (r == R_HELD) setenv("LUCID_BN_HELD", "0", 1);
+        if (r == R_LOOP) setenv("LUCID_BN_COOP_LOOP", "0", 1);
+        lucid_status st = onepass_run(&in, o[r], l[r], c[r], cg[r], &what);
         unsetenv("LUCID_BN_HELD");
+        unsetenv("LUCID_BN_COOP_LOOP");
         set_coop(1);
         if (st != LUCID_OK) {
             TEST_FAIL(NAME("%s: %s: %s", pre, RUNS[r], what), "%s: %s", lucid_status_name(st),
@@ -1272,10 +1368,12 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
             TEST_FAIL(NAME("%s: copy of %s", pre, OP_NAMES[k]), "%s", lucid_ctx_error(ctx));
             goto done;
         }
-        for (int r = 1; r < 5; r++)
+        for (int r = 1; r < NR; r++)
             cmp_bits(NAME("%s: %s %s = default (bitwise)", pre, RUNS[r], OP_NAMES[k]), o[r][k],
                      ref);
     }
+    /* the default route against the CPU */
+    route_vs_cpu(pre, "default", &in, o[0]);
     /* launches per call, and the route taken */
     for (int k = 0; k < L_N; k++) {
         unsigned long want0 = k == L_BWD_DW || k == L_BWD_DB ? 1 : 2;
@@ -1283,40 +1381,72 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
         unsigned long want1 = l_fusable(k) && took ? 1 : want0;
         CHECK(NAME("%s: %s launches: %lu (default, %s) / %lu (LUCID_BN_COOP=0)", pre,
                    L_NAMES[k], want1, took ? "cooperative" : "two-launch route", want0),
-              l[0][k] == want1 && l[3][k] == want0 && c[3][k] == 0 &&
+              l[0][k] == want1 && l[R_OFF][k] == want0 && c[R_OFF][k] == 0 &&
                   (l_fusable(k) ? c[0][k] <= 1 : c[0][k] == 0),
               "default %lu (%lu cooperative), LUCID_BN_COOP=0 %lu (%lu cooperative)", l[0][k],
-              c[0][k], l[3][k], c[3][k]);
+              c[0][k], l[R_OFF][k], c[R_OFF][k]);
         CHECK(NAME("%s: %s: every default run and LUCID_BN_HELD=0 take one route", pre,
                    L_NAMES[k]),
-              l[1][k] == l[0][k] && l[2][k] == l[0][k] && l[4][k] == l[0][k] &&
-                  c[1][k] == c[0][k] && c[2][k] == c[0][k] && c[4][k] == c[0][k],
+              l[1][k] == l[0][k] && l[2][k] == l[0][k] && l[R_HELD][k] == l[0][k] &&
+                  c[1][k] == c[0][k] && c[2][k] == c[0][k] && c[R_HELD][k] == c[0][k],
               "launches %lu %lu %lu %lu, cooperative %lu %lu %lu %lu", l[0][k], l[1][k], l[2][k],
-              l[4][k], c[0][k], c[1][k], c[2][k], c[4][k]);
+              l[R_HELD][k], c[0][k], c[1][k], c[2][k], c[R_HELD][k]);
+        if (!l_fusable(k)) continue;
+        /* the grid of the cooperative calls */
+        const coop_grid g0 = cg[0][k], gl = cg[R_LOOP][k];
+        const int64_t rounds = coop_rounds_of(cy, g0.y);
+        if (took)
+            CHECK(NAME("%s: %s grid: %lld parts x 1..%lld columns, spread evenly over the rounds",
+                       pre, L_NAMES[k], (long long)parts, (long long)cy),
+                  g0.x == (unsigned)parts && g0.y >= 1 && (int64_t)g0.y <= cy &&
+                      (int64_t)g0.y == (cy + rounds - 1) / rounds,
+                  "grid %u x %u (%lld rounds)", g0.x, g0.y, (long long)rounds);
+        CHECK(NAME("%s: %s: every default run has one grid", pre, L_NAMES[k]),
+              cg[1][k].x == g0.x && cg[1][k].y == g0.y && cg[2][k].x == g0.x &&
+                  cg[2][k].y == g0.y,
+              "grids %ux%u %ux%u %ux%u", g0.x, g0.y, cg[1][k].x, cg[1][k].y, cg[2][k].x,
+              cg[2][k].y);
+        {
+            const int full = took && (int64_t)g0.y == cy; /* one round */
+            CHECK(NAME("%s: %s: LUCID_BN_COOP_LOOP=0 cooperative exactly on one round (%s), "
+                       "same grid, %lu launches",
+                       pre, L_NAMES[k], full ? "yes" : "no", full ? 1ul : 2ul),
+                  c[R_LOOP][k] == (unsigned long)full && l[R_LOOP][k] == (full ? 1ul : 2ul) &&
+                      (!full || (gl.x == g0.x && gl.y == g0.y)),
+                  "default %s %ux%u, LUCID_BN_COOP_LOOP=0 %lu cooperative (%ux%u), %lu launches",
+                  took ? "cooperative" : "two launches", g0.x, g0.y, c[R_LOOP][k], gl.x, gl.y,
+                  l[R_LOOP][k]);
+        }
     }
     {
         int fwd = c[0][L_FWD] == 1, bwd = c[0][L_BWD] == 1;
+        int64_t rfg = fwd ? coop_rounds_of(cy, cg[0][L_FWD].y) : 0;
+        int64_t rbg = bwd ? coop_rounds_of(cy, cg[0][L_BWD].y) : 0;
         CHECK(NAME("%s: one route per direction (backward calls with dx agree)", pre),
               c[0][L_BWD_DX] == c[0][L_BWD] && c[0][L_BWD_BETA] == c[0][L_BWD] &&
-                  c[0][L_BWD_BETA1] == c[0][L_BWD],
+                  c[0][L_BWD_BETA1] == c[0][L_BWD] && cg[0][L_BWD_DX].y == cg[0][L_BWD].y &&
+                  cg[0][L_BWD_BETA].y == cg[0][L_BWD].y &&
+                  cg[0][L_BWD_BETA1].y == cg[0][L_BWD].y,
               "cooperative: backward %lu, dx only %lu, beta %lu, beta 1 %lu", c[0][L_BWD],
               c[0][L_BWD_DX], c[0][L_BWD_BETA], c[0][L_BWD_BETA1]);
         int sms = coop_sms();
         if (sms == 132) {
-            CHECK(NAME("%s: cooperative route taken where co-resident on 132 SMs "
-                       "(forward %s, backward %s)",
-                       pre, want & 1 ? "yes" : "not asserted", want & 2 ? "yes" : "not asserted"),
-                  (!(want & 1) || fwd) && (!(want & 2) || bwd), "forward %s, backward %s",
-                  fwd ? "cooperative" : "two launches", bwd ? "cooperative" : "two launches");
+            CHECK(NAME("%s: rounds on 132 SMs: forward %d, backward %d (0: two launches, "
+                       "-1: not asserted)",
+                       pre, rf, rb),
+                  (rf < 0 || rfg == rf) && (rb < 0 || rbg == rb), "forward %lld, backward %lld",
+                  (long long)rfg, (long long)rbg);
         } else {
             TEST_SKIP(NAME("%s: route expectations (132-SM sm_90+ device)", pre),
-                      "%d SMs with cooperative launch; forward %s, backward %s", sms,
-                      fwd ? "cooperative" : "two launches", bwd ? "cooperative" : "two launches");
+                      "%d SMs with cooperative launch; rounds: forward %lld, backward %lld "
+                      "(0: two launches)",
+                      sms, (long long)rfg, (long long)rbg);
         }
     }
 done:
     set_coop(1);
     unsetenv("LUCID_BN_HELD");
+    unsetenv("LUCID_BN_COOP_LOOP");
     pool_free();
 }
 
@@ -2022,18 +2152,27 @@ int main(void) {
         /* one cooperative launch vs two launches (LUCID_BN_COOP): multi-part
          * shapes; want: 1 forward, 2 backward co-resident on 132 SMs */
         for (int silu = 0; silu < 2; silu++) {
-            test_coop(dt, silu, 4, 64, 80, 80, 0, 0, 3);   /* 4 parts, 256 blocks */
-            test_coop(dt, silu, 4, 32, 160, 160, 0, 0, 3); /* 16 parts, 512 blocks */
-            test_coop(dt, silu, 4, 16, 320, 320, 0, 0, 0); /* 52 parts, 832 blocks */
-            test_coop(dt, silu, 3, 5, 90, 100, 0, 0, 3);   /* S 9000: vector path */
-            test_coop(dt, silu, 3, 5, 91, 99, 0, 0, 3);    /* S 9009: scalar path */
-            test_coop(dt, silu, 2, 3, 80, 80, 0, 1, 3);    /* y/dx unaligned */
-            test_coop(dt, silu, 2, 3, 80, 80, 1, 1, 3);    /* all unaligned */
-            test_coop(dt, silu, 5, 2, 160, 330, 0, 0, 3);  /* 35 parts */
-            test_coop(dt, silu, 300, 1, 64, 72, 0, 0, 3);  /* 300 parts */
+            test_coop(dt, silu, 4, 64, 80, 80, 0, 0, 1, 1);   /* 4 parts, 256 blocks */
+            test_coop(dt, silu, 4, 32, 160, 160, 0, 0, 1, 1); /* 16 parts, 512 blocks */
+            test_coop(dt, silu, 4, 16, 320, 320, 0, 0, 2, 2); /* layer 0: 52 parts */
+            test_coop(dt, silu, 3, 5, 90, 100, 0, 0, 1, 1);   /* S 9000: vector path */
+            test_coop(dt, silu, 3, 5, 91, 99, 0, 0, 1, 1);    /* S 9009: scalar path */
+            test_coop(dt, silu, 2, 3, 80, 80, 0, 1, 1, 1);    /* y/dx unaligned */
+            test_coop(dt, silu, 2, 3, 80, 80, 1, 1, 1, 1);    /* all unaligned */
+            test_coop(dt, silu, 5, 2, 160, 330, 0, 0, 1, 1);  /* 35 parts */
+            test_coop(dt, silu, 300, 1, 64, 72, 0, 0, 1, 1);  /* 300 parts */
+            if (dt == LUCID_BF16) {
+                /* around the thresholds on 132 SMs (528 blocks at 4 per
+                 * SM, 660 at 5: the plain forward reading x again) */
+                test_coop(dt, silu, 4, 10, 320, 320, 0, 0, 1, 1); /* 520 blocks */
+                test_coop(dt, silu, 4, 11, 320, 320, 0, 0, silu ? 2 : 1, 2); /* 572 */
+                test_coop(dt, silu, 40, 2, 320, 320, 0, 0, 2, 2); /* 520 parts */
+                test_coop(dt, silu, 41, 2, 320, 320, 0, 0, silu ? 0 : 2, 0); /* 533 */
+            }
             test_coop_capture(dt, silu, 4, 64, 80, 80, 3);
             test_coop_capture(dt, silu, 4, 32, 160, 160, 3);
             test_coop_capture(dt, silu, 3, 5, 91, 99, 3);
+            test_coop_capture(dt, silu, 4, 16, 320, 320, 3); /* layer 0: 2 rounds */
         }
     }
     /* the conv's backward-data columns written by the BatchNorm backward

@@ -82,9 +82,11 @@
  * stats, num_batches_tracked == 2) and every output run twice and compared
  * bitwise.  The one-part shapes run the default one-pass kernels
  * (LUCID_BN_ONEPASS), the multi-part ones the default cooperative kernels
- * where the grid is co-resident (LUCID_BN_COOP; spec/c/test_nn_bnsilu_cuda.c
- * compares both bitwise with the two-launch route, plain and fused with
- * SiLU).  A 3x3 conv with
+ * where the grid is co-resident (LUCID_BN_COOP; a grid of fewer channel
+ * columns looping over the channels where the full one is not, e.g.
+ * 4x16x320x320 on 132 SMs: 2 rounds, LUCID_BN_COOP_LOOP;
+ * spec/c/test_nn_bnsilu_cuda.c compares both bitwise with the two-launch
+ * route, plain and fused with SiLU).  A 3x3 conv with
  * bias on 100x90 planes sums its bias gradient over 2 parts a plane.
  * BatchNorm on more than INT32_MAX elements (test_bn_wide, the 64-bit
  * route of the element-wise kernels): 2x65539x24x683 bf16, training
