@@ -219,6 +219,8 @@ extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot)
  * graph_launch) joins it too.  Errors: the CUDA error (ERR_DEVICE). */
 extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side);
 extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx);
+extern "C" lucid_status lucid_cuda_cast_lane_mark_plain(lucid_ctx *ctx);
+extern "C" lucid_status lucid_cuda_cast_lane_wait_plain(lucid_ctx *ctx);
 /* graph.cu's guards: capture_begin (ERR_STATE with a fork open; joins every
  * lane and forgets the marks), capture_end (closes open forks first). */
 extern "C" lucid_status lucid_cuda_lane_before_capture(lucid_ctx *ctx);

@@ -244,7 +244,12 @@ static lucid_status join_one(lucid_ctx *ctx, lucid_cuda_state *st, int k) {
     if (L->open)
         return lucid_seterr(ctx, LUCID_ERR_STATE, "lane_join: lane %d is open (its fork has "
                             "not returned)", k);
-    if (st->lane_depth == 0) L->pending = 0;
+    if (st->lane_depth == 0) {
+        L->pending = 0;
+        /* the cast lane's plain-cast mark is covered by the join (and must
+         * not outlive a capture that recorded it) */
+        if (k == LUCID_CUDA_LANE_CAST) L->marked[0] = 0;
+    }
     CUDA_CHECK(ctx, cudaEventRecord(L->join_ev, L->stream));
     CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, L->join_ev, 0));
     return LUCID_OK;
@@ -306,6 +311,35 @@ extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx) {
     if (!cur || !cur->lanes[LUCID_CUDA_LANE_CAST].pending) return LUCID_OK;
     CUDA_ENTER(ctx, st);
     return join_one(ctx, st, LUCID_CUDA_LANE_CAST);
+}
+
+/* The cast lane's mark after its plain casts (mark slot 0): the plain
+ * casts are queued first on the lane, then the mark, then the gathering
+ * items (nn_conv.cu, conv2d_cast_shadows), so a forward GEMM reading a
+ * plain shadow waits for the plain casts alone (cast_lane_wait_plain)
+ * while the flipped and transposed copies go on beside the forward. A
+ * no-op unless the lane was forked and has work pending. */
+extern "C" lucid_status lucid_cuda_cast_lane_mark_plain(lucid_ctx *ctx) {
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_lane *L = &st->lanes[LUCID_CUDA_LANE_CAST];
+    if (!L->stream || !L->pending) return LUCID_OK;
+    CUDA_CHECK(ctx, cudaEventRecord(L->mark_ev[0], L->stream));
+    L->marked[0] = 1;
+    return LUCID_OK;
+}
+
+/* The current stream waits for the cast lane's plain-cast mark, if one is
+ * recorded and not yet covered: cleared once the compute stream itself has
+ * waited (a wait from inside a fork leaves it for the compute stream, as
+ * join_one does with pending), and by any join of the lane. */
+extern "C" lucid_status lucid_cuda_cast_lane_wait_plain(lucid_ctx *ctx) {
+    lucid_cuda_state *cur = (lucid_cuda_state *)ctx->backend_state;
+    if (!cur || !cur->lanes[LUCID_CUDA_LANE_CAST].marked[0]) return LUCID_OK;
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_lane *L = &st->lanes[LUCID_CUDA_LANE_CAST];
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(st->stream, L->mark_ev[0], 0));
+    if (st->lane_depth == 0) L->marked[0] = 0;
+    return LUCID_OK;
 }
 
 /* Mark and wait: a join split in two. mark records the lane's current

@@ -859,6 +859,8 @@ static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     *wc = NULL;
     if (!ws || !wcast_on(ns)) return LUCID_OK;
     if (lucid_conv_wshadow_fresh(ws, w, dt, st->wcast_epoch)) {
+        /* the plain cast may still run on the cast lane (conv2d_cast_shadows) */
+        LUCID_TRY(lucid_cuda_cast_lane_wait_plain(ctx));
         *wc = lucid_storage_data(ws->buf);
         return LUCID_OK;
     }
@@ -998,8 +1000,18 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     cudaStream_t side = NULL;
     /* forked before the plain casts are queued: the gathers wait for what
      * precedes the group cast, not for the plain casts */
-    if (ngather > 0 && wcast_side_on(ns)) LUCID_TRY(lucid_cuda_cast_lane_fork(ctx, &side));
-    if (side) {
+    const bool plain_side = lucid_wcast_plain_side_switch() != 0;
+    if ((ngather > 0 || (plain_side && nitems > 0)) && wcast_side_on(ns))
+        LUCID_TRY(lucid_cuda_cast_lane_fork(ctx, &side));
+    if (side && plain_side) {
+        /* the plain casts first on the lane, then the mark their readers
+         * (shadow_take) wait for, then the gathers that only the
+         * backward-data reads (joined there) */
+        LUCID_TRY(lucid_conv_gemm_cast_group(ctx, side, dt, items.data() + ngather,
+                                             nitems - ngather));
+        LUCID_TRY(lucid_cuda_cast_lane_mark_plain(ctx));
+        LUCID_TRY(lucid_conv_gemm_cast_group(ctx, side, dt, items.data(), ngather));
+    } else if (side) {
         LUCID_TRY(lucid_conv_gemm_cast_group(ctx, side, dt, items.data(), ngather));
         LUCID_TRY(lucid_conv_gemm_cast_group(ctx, st->stream, dt, items.data() + ngather,
                                              nitems - ngather));

@@ -126,6 +126,11 @@ int lucid_wcast_side_switch(void) {
     return !lucid_env_zero("LUCID_WCAST_SIDE", &off);
 }
 
+int lucid_wcast_plain_side_switch(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_WCAST_PLAIN_SIDE", &off);
+}
+
 // ----------------------------------------------------------------------------
 // geometry and scratch
 

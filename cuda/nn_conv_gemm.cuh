@@ -171,6 +171,14 @@ int lucid_wcast_once_switch(void);
  * default: a second launch on the cast lane, lane.cu). */
 int lucid_wcast_side_switch(void);
 
+/* With the cast lane on (lucid_wcast_side_switch), whether the plain casts
+ * go there too, ahead of the gathering items, their readers waiting for a
+ * mark after them (lucid_cuda_cast_lane_mark_plain / _wait_plain, lane.cu),
+ * so that the forward's first convs run beside the cast: 1 (default)
+ * unless LUCID_WCAST_PLAIN_SIDE is "0" (read once per process; the plain
+ * casts then stay on the current stream ahead of the forward). */
+int lucid_wcast_plain_side_switch(void);
+
 /* Weight-cast launches of this file (the per-call cast and each group-cast
  * launch) queued by the calling thread so far, any context, eager or while
  * capturing: a test hook for the shadow routes. */
