@@ -13,8 +13,9 @@
  * 1 or 2, pad 1: nn_conv_small.cuh) run the direct kernels of
  * nn_conv_small.cu for the forward and backward-data passes (ROUTE_SMALL;
  * LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small restores the implicit
- * GEMM); their filter gradient stays on the implicit GEMM unless the next
- * route takes it.  bf16/f16 convs with a spatial kernel whose Ho*Wo is a
+ * GEMM), and for the filter gradient when Cin, Cout <= 16 (a direct
+ * split-and-fold reduction; LUCID_CONV_SMALL_WGRAD=0 leaves it on the next
+ * routes: im2col or the implicit GEMM).  bf16/f16 convs with a spatial kernel whose Ho*Wo is a
  * multiple of 8 take im2col + cuBLAS GEMMs (nn_conv_col.cu, ROUTE_COL; K =
  * Cin*kh*kw padded to 8 inside the route) for the forward, the
  * backward-filter and the stride-1 backward-data (LUCID_CONV_COL, default
@@ -129,7 +130,7 @@ typedef struct conv_geom {
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_FILTER = 2 };
 enum { ROUTE_DIRECT = 0, ROUTE_CUDNN = 1, ROUTE_IGEMM = 2, ROUTE_DW = 3, ROUTE_GEMM = 4 };
-enum { ROUTE_SMALL = 5 }; /* nn_conv_small.cu: forward and backward-data */
+enum { ROUTE_SMALL = 5 }; /* nn_conv_small.cu: forward, backward-data, filter gradient */
 enum { ROUTE_COL = 6 };   /* nn_conv_col.cu: im2col + cuBLAS */
 
 struct lucid_cuda_conv_plan {
@@ -476,7 +477,10 @@ static int col_on(const lucid_cuda_nn_state *ns, int pass, const char **v) {
  * those that lucid_conv_small_preferred accepts, unless LUCID_CONV_SMALL=0
  * (read once per process; unset or "1" on, another value ERR_ARG here);
  * with the per-context switch at 2 every eligible one, at 1 none.  It needs
- * no scratch.
+ * no scratch there.  The filter gradient takes it under the same rule when
+ * lucid_conv_small_wgrad_eligible (Cin, Cout <= 16) and LUCID_CONV_SMALL_WGRAD
+ * is not "0" (lucid_conv_small_wgrad_switch), with the per-split partial
+ * sums as its scratch (lucid_conv_small_wgrad_scratch, reserved).
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
  * 1x1 switch says gemm: lucid_cuda_nn_set_conv1x1, else LUCID_CONV1X1, read
@@ -502,9 +506,12 @@ static lucid_status conv_route_of(lucid_ctx *ctx, lucid_cuda_state *st,
     *need = 0;
     *reserve = false;
     if (ns->conv_mode == 1) return LUCID_OK;
-    if (ns->conv_mode == 0 && pass != PASS_BWD_FILTER && ns->conv_small != 1) {
+    if (ns->conv_mode == 0 && ns->conv_small != 1) {
         lucid_conv_small_geom sg = small_geom_of(pl->g);
-        if (lucid_conv_small_eligible(&sg, pl->dt)) {
+        const bool wgrad = pass == PASS_BWD_FILTER;
+        if (wgrad ? lucid_conv_small_wgrad_switch() &&
+                        lucid_conv_small_wgrad_eligible(&sg, pl->dt)
+                  : lucid_conv_small_eligible(&sg, pl->dt)) {
             int on = ns->conv_small == 2;
             if (ns->conv_small == 0) {
                 const char *v = "";
@@ -516,6 +523,10 @@ static lucid_status conv_route_of(lucid_ctx *ctx, lucid_cuda_state *st,
             }
             if (on) {
                 *route = ROUTE_SMALL;
+                if (wgrad) { /* the per-split partial sums */
+                    *need = lucid_conv_small_wgrad_scratch(&sg);
+                    *reserve = true;
+                }
                 return LUCID_OK;
             }
         }
@@ -1385,6 +1396,13 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
         int route = ROUTE_DIRECT;
         void *ws = NULL;
         LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_BWD_FILTER, op, &route, &ws));
+        if (route == ROUTE_SMALL) {
+            lucid_conv_small_geom sg = small_geom_of(g);
+            LUCID_TRY(lucid_conv_small_backward_filter(
+                ctx, st->stream, x->dtype, &sg, lucid_tensor_data(x), lucid_tensor_data(dy), dwp,
+                beta, ws, lucid_conv_small_wgrad_scratch(&sg)));
+            done = true;
+        }
         if (route == ROUTE_GEMM) {
             LUCID_TRY(lucid_conv_gemm_backward_filter(ctx, st->cublas, st->stream, x->dtype,
                                                       &pl->gg, lucid_tensor_data(x),

@@ -1117,6 +1117,275 @@ sc2_conv(sc2_args a) {
 }
 
 // ----------------------------------------------------------------------------
+// filter gradient (sw_*): dw = beta*dw + sum over n, i, j of
+// dy[n][o][i][j] * x[n][c][i*s-1+r][j*s-1+q]  (nn_conv_small.cuh)
+//
+// Two kernels.  sw_wgrad: grid (S spatial splits, ncg input-channel
+// chunks); block (sp, cg) takes the tiles [sp*per, sp*per + per) of the
+// tile list (tile t = image n, row tile, column tile, in that order: one
+// tile is th = rw*SW_RPW output rows x SW_TW output columns of one image)
+// and the cb input channels [cg*cb, cg*cb + cb).  Its warps are nog x rw:
+// warp w takes the output channels [og*4, og*4 + 4) (og = w % nog) and the
+// SW_RPW rows rwi*SW_RPW.. of each tile (rwi = w / nog); lane l the column
+// j0 + l.  So each thread holds 4*cb*9 f32 sums (layer 0, 3 -> 16: 108) and
+// every dy element is read by exactly one thread of the cg's block.
+// Staging: per tile, the block copies the cb channels' x rows i0*s-1 ..
+// (i0+th-1)*s+1 and columns j0*s-1 .. j0*s+32*s as f32 into shared memory,
+// split by column phase (column l of the window goes to phase l % s, index
+// l / s: stride 2 keeps a warp's reads of tap q at consecutive words, no
+// bank conflict); out-of-plane elements are zeros (the zero padding).
+// Compute, per output (row i, column j, in tile order then row order): the
+// 4 dy values (global, coalesced over the lanes), then per channel c and
+// kernel row r the 3 x values, one fmaf into each of the 4*3 sums.
+// Reduction (fixed order, a function of the geometry only): the warp's
+// sums, padded with zeros to P = 32*M, are folded by a butterfly (xor 16,
+// 8, 4, 2, 1; each step halves the values a lane holds, a + b of the two
+// lanes' copies) after which lane l holds the sums l*M .. l*M + M-1; the
+// row warps are added in rwi order; the block writes its partial sums to
+// part[sp*nk + k] (k: the index in dw).  sw_fold: dw[k] = beta*dw[k] +
+// sum_sp part[sp*nk + k]: warp f of SW_FOLD_WARPS adds sp = f, f + 16, ...
+// ascending, then warp 0 adds the 16 warp sums in warp order.  No atomics:
+// bitwise identical run to run, eager or replayed.
+
+#define SW_OB 4            /* output channels per warp */
+#define SW_CBMAX 4         /* input channels per chunk */
+#define SW_RPW 4           /* output rows per warp per tile */
+#define SW_TW 32           /* output columns per tile (one per lane) */
+#define SW_XW 34           /* words per staged phase row (s = 1: 34 columns) */
+#define SW_WARPS 4         /* most warps per block */
+#define SW_TARGET 384      /* aim for about this many sw_wgrad blocks: one wave of
+                              3 per SM on the H200 (132 SMs; 162 registers x 128
+                              threads at layer 0) */
+#define SW_FOLD_WARPS 16   /* warps of a fold block */
+#define SW_MAXC 16         /* Cin, Cout limit of the filter gradient */
+/* f32 sums a lane holds after the butterfly: ceil(4*cb*9 / 32) */
+#define SW_M(CB) ((SW_OB * (CB) * 9 + 31) / 32)
+
+namespace {
+
+struct sw_args {
+    const void *x, *dy;
+    float *part; /* [S][nk] */
+    float *dw;   /* [Cout][Cin][3][3] */
+    float beta;  /* 0: dw not read */
+    int N, Cin, H, W, Cout, Ho, Wo;
+    int cb, ncg;        /* channels per chunk, chunks (grid.y) */
+    int nog, rw;        /* output-channel warps, row warps */
+    int th, rows_in;    /* output rows per tile, staged x rows per channel */
+    int tiles_h, tiles_w, tiles;
+    int per, S;         /* tiles per split, splits (grid.x) */
+    int nk;             /* Cout*Cin*9 */
+};
+
+struct sw_plan {
+    int s;              /* stride */
+    unsigned threads;
+    size_t smem;        /* dynamic: cb * rows_in * s * SW_XW floats */
+    sw_args a;
+};
+
+/* Launch plan of the filter gradient of g (lucid_conv_small_wgrad_eligible
+ * holds); a function of the geometry only. */
+void sw_plan_make(const lucid_conv_small_geom *g, sw_plan *p) {
+    memset(p, 0, sizeof *p);
+    sw_args &a = p->a;
+    p->s = g->sh;
+    a.N = (int)g->N; a.Cin = (int)g->Cin; a.H = (int)g->H; a.W = (int)g->W;
+    a.Cout = (int)g->Cout; a.Ho = (int)g->Ho; a.Wo = (int)g->Wo;
+    int nch = (int)sc_cdiv(a.Cin, SW_CBMAX);
+    a.cb = (int)sc_cdiv(a.Cin, nch); /* even chunks: 5 -> 3 + 2, not 4 + 1 */
+    a.ncg = (int)sc_cdiv(a.Cin, a.cb);
+    a.nog = (int)sc_cdiv(a.Cout, SW_OB);
+    a.rw = SW_WARPS / a.nog < 1 ? 1 : SW_WARPS / a.nog;
+    a.th = a.rw * SW_RPW;
+    a.rows_in = (a.th - 1) * p->s + 3;
+    a.tiles_h = (int)sc_cdiv(a.Ho, a.th);
+    a.tiles_w = (int)sc_cdiv(a.Wo, SW_TW);
+    a.tiles = a.N * a.tiles_h * a.tiles_w;
+    int64_t s0 = sc_cdiv(SW_TARGET, a.ncg);
+    a.per = (int)sc_cdiv(a.tiles, s0);
+    a.S = (int)sc_cdiv(a.tiles, a.per);
+    a.nk = a.Cout * a.Cin * 9;
+    p->threads = 32u * (unsigned)(a.nog * a.rw);
+    p->smem = (size_t)a.cb * a.rows_in * p->s * SW_XW * sizeof(float);
+}
+
+} // namespace
+
+/* Tile t's image, first output row and first output column. */
+struct sw_tile {
+    int n, i0, j0;
+};
+
+SC_HD sw_tile sw_tile_of(const sw_args &a, int t) {
+    sw_tile tl;
+    tl.n = t / (a.tiles_h * a.tiles_w);
+    const int rem = t - tl.n * a.tiles_h * a.tiles_w;
+    const int ti = rem / a.tiles_w;
+    tl.i0 = ti * a.th;
+    tl.j0 = (rem - ti * a.tiles_w) * SW_TW;
+    return tl;
+}
+
+/* Staging, the part of warp w (of nw) and lane l: staged rows w, w + nw, ...
+ * (row = cc*rows_in + rr: channel cg*cb + cc, x row i0*s - 1 + rr), window
+ * columns l, l + 32, ... of 32*s + 2 (x column j0*s - 1 + column), stored at
+ * sm[((cc*rows_in + rr)*s + column % s)*SW_XW + column / s]. */
+template <typename T, int S>
+SC_HD void sw_stage(const sw_args &a, float *sm, const sw_tile &tl, int cg, int w, int nw,
+                    int l) {
+    const T *x = static_cast<const T *>(a.x);
+    const int nrows = a.cb * a.rows_in, ncol = SW_TW * S + 2;
+    for (int row = w; row < nrows; row += nw) {
+        const int cc = row / a.rows_in, rr = row - cc * a.rows_in;
+        const int c = cg * a.cb + cc, h = tl.i0 * S - 1 + rr;
+        const bool in = c < a.Cin && h >= 0 && h < a.H;
+        const T *xr = x + (((int64_t)tl.n * a.Cin + (in ? c : 0)) * a.H + (in ? h : 0)) * a.W;
+        float *sr = sm + row * S * SW_XW;
+        for (int col = l; col < ncol; col += 32) {
+            const int v = tl.j0 * S - 1 + col;
+            sr[(col % S) * SW_XW + col / S] = in && v >= 0 && v < a.W ? sc_f<T>(xr[v]) : 0.0f;
+        }
+    }
+}
+
+/* The sums of one thread (warp: output-channel group og, row warp rwi;
+ * lane l) over one staged tile: acc[(ob*CB + cc)*9 + r*3 + q] +=
+ * dy[n][og*4+ob][i][j] * x[n][cg*CB+cc][i*S-1+r][j*S-1+q] for its rows i
+ * ascending and its column j = j0 + l (outputs outside the plane skipped;
+ * output channels past Cout read as 0 and are never stored). */
+template <typename T, int S, int CB>
+SC_HD void sw_accum(const sw_args &a, const float *sm, const sw_tile &tl, int og, int rwi,
+                    int l, float *acc) {
+    const T *dy = static_cast<const T *>(a.dy);
+    const int j = tl.j0 + l;
+    if (j >= a.Wo) return;
+    for (int rr = 0; rr < SW_RPW; rr++) {
+        const int ti = rwi * SW_RPW + rr, i = tl.i0 + ti;
+        if (i >= a.Ho) break;
+        float d[SW_OB];
+SC_UNROLL
+        for (int ob = 0; ob < SW_OB; ob++) {
+            const int o = og * SW_OB + ob;
+            d[ob] = o < a.Cout
+                        ? sc_f<T>(dy[(((int64_t)tl.n * a.Cout + o) * a.Ho + i) * a.Wo + j])
+                        : 0.0f;
+        }
+SC_UNROLL
+        for (int cc = 0; cc < CB; cc++) {
+SC_UNROLL
+            for (int r = 0; r < 3; r++) {
+                const float *sr = sm + ((cc * a.rows_in + ti * S + r) * S) * SW_XW;
+                float xv[3];
+SC_UNROLL
+                for (int q = 0; q < 3; q++) xv[q] = sr[(q % S) * SW_XW + l + q / S];
+SC_UNROLL
+                for (int ob = 0; ob < SW_OB; ob++)
+SC_UNROLL
+                    for (int q = 0; q < 3; q++) {
+                        const int k = (ob * CB + cc) * 9 + r * 3 + q;
+                        acc[k] = fmaf(d[ob], xv[q], acc[k]);
+                    }
+            }
+        }
+    }
+}
+
+/* The dw index of the butterfly's sum m (< M) of lane l of the warp with
+ * output-channel group og in channel chunk cg: sum k = l*M + m of the
+ * thread's list, or -1 for padding (k past 4*CB*9, an output channel past
+ * Cout or an input channel past Cin). */
+template <int CB>
+SC_HD int sw_dw_index(const sw_args &a, int og, int cg, int l, int m) {
+    constexpr int M = SW_M(CB);
+    const int k = l * M + m;
+    if (k >= SW_OB * CB * 9) return -1;
+    const int ob = k / (CB * 9), cc = (k / 9) % CB, t = k % 9;
+    const int o = og * SW_OB + ob, c = cg * CB + cc;
+    if (o >= a.Cout || c >= a.Cin) return -1;
+    return (o * a.Cin + c) * 9 + t;
+}
+
+/* The butterfly: v[0..32*M) of each lane in, v[0..M) out (lane l: the
+ * warp's totals of l*M .. l*M + M-1).  Step b (16, 8, 4, 2, 1), h values
+ * kept of 2h: the lower lane keeps v[0..h), the upper v[h..2h), each adds
+ * the partner's copy of what it keeps. */
+template <int M>
+__device__ __forceinline__ void sw_bfly(float *v, int l) {
+    int h = 16 * M;
+SC_UNROLL
+    for (int b = 16; b >= 1; b >>= 1, h >>= 1) {
+        const bool up = (l & b) != 0;
+SC_UNROLL
+        for (int k = 0; k < 32 * M; k++) {
+            if (k >= h) break;
+            const float keep = up ? v[k + h] : v[k], send = up ? v[k] : v[k + h];
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, b);
+        }
+    }
+}
+
+template <typename T, int S, int CB>
+static __global__ void __launch_bounds__(32 * SW_WARPS)
+sw_wgrad(sw_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    extern __shared__ float4 sw_smem4[];
+    float *sm = reinterpret_cast<float *>(sw_smem4);
+    constexpr int M = SW_M(CB);
+    __shared__ float red[SW_WARPS][32 * M];
+    const int l = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int og = w % a.nog, rwi = w / a.nog, cg = blockIdx.y, sp = blockIdx.x;
+    float v[32 * M];
+SC_UNROLL
+    for (int k = 0; k < 32 * M; k++) v[k] = 0.0f;
+    const int t0 = sp * a.per, t1 = min(t0 + a.per, a.tiles);
+    for (int t = t0; t < t1; t++) {
+        const sw_tile tl = sw_tile_of(a, t);
+        __syncthreads(); /* the previous tile's reads are done */
+        sw_stage<T, S>(a, sm, tl, cg, w, nw, l);
+        __syncthreads();
+        sw_accum<T, S, CB>(a, sm, tl, og, rwi, l, v);
+    }
+    sw_bfly<M>(v, l);
+    if (a.rw > 1) {
+SC_UNROLL
+        for (int m = 0; m < M; m++) red[w][m * 32 + l] = v[m];
+        __syncthreads();
+        if (rwi != 0) return;
+SC_UNROLL
+        for (int m = 0; m < M; m++)
+            for (int r = 1; r < a.rw; r++) v[m] += red[r * a.nog + og][m * 32 + l];
+    }
+    float *part = a.part + (size_t)sp * a.nk;
+SC_UNROLL
+    for (int m = 0; m < M; m++) {
+        const int e = sw_dw_index<CB>(a, og, cg, l, m);
+        if (e >= 0) part[e] = v[m];
+    }
+}
+
+/* dw[k] = beta*dw[k] + sum_sp part[sp*nk + k]; block = SW_FOLD_WARPS warps
+ * x 32 elements (lane = element). */
+static __global__ void __launch_bounds__(32 * SW_FOLD_WARPS)
+sw_fold(sw_args a) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    __shared__ float red[SW_FOLD_WARPS][32];
+    const int l = threadIdx.x & 31, f = threadIdx.x >> 5;
+    const int k = blockIdx.x * 32 + l;
+    float sum = 0.0f;
+    if (k < a.nk)
+        for (int sp = f; sp < a.S; sp += SW_FOLD_WARPS) sum += a.part[(size_t)sp * a.nk + k];
+    red[f][l] = sum;
+    __syncthreads();
+    if (f != 0 || k >= a.nk) return;
+    float tot = red[0][l];
+    for (int r = 1; r < SW_FOLD_WARPS; r++) tot += red[r][l];
+    a.dw[k] = a.beta != 0.0f ? fmaf(a.beta, a.dw[k], tot) : tot;
+}
+
+// ----------------------------------------------------------------------------
 // host entry points
 
 thread_local unsigned long sc_launches, sc2_launches;
@@ -1331,4 +1600,81 @@ extern "C" lucid_status lucid_conv_small_backward_data(lucid_ctx *ctx, void *str
     p.a.vec_in = g->Wo % 8 == 0 && (uintptr_t)dy % 16 == 0;
     p.a.vec_out = g->W % 2 == 0 && (uintptr_t)dx % 4 == 0;
     return sc_run(ctx, op, (cudaStream_t)stream, dt, p);
+}
+
+// ----------------------------------------------------------------------------
+// filter gradient: host entry points
+
+thread_local unsigned long sw_launches;
+
+extern "C" unsigned long lucid_conv_small_wgrad_launch_count(void) { return sw_launches; }
+
+extern "C" int lucid_conv_small_wgrad_switch(void) {
+    static int off = -1; /* lucid_env_zero's cache: read once */
+    return !lucid_env_zero("LUCID_CONV_SMALL_WGRAD", &off);
+}
+
+extern "C" int lucid_conv_small_wgrad_eligible(const lucid_conv_small_geom *g, lucid_dtype dt) {
+    return lucid_conv_small_eligible(g, dt) && g->Cin <= SW_MAXC && g->Cout <= SW_MAXC;
+}
+
+extern "C" size_t lucid_conv_small_wgrad_scratch(const lucid_conv_small_geom *g) {
+    if (!lucid_conv_small_wgrad_eligible(g, LUCID_BF16)) return 0;
+    sw_plan p;
+    sw_plan_make(g, &p);
+    return (size_t)p.a.S * (size_t)p.a.nk * sizeof(float);
+}
+
+template <typename T, int S>
+static cudaError_t sw_launch_s(const sw_plan &p, cudaStream_t stream) {
+    const dim3 grid((unsigned)p.a.S, (unsigned)p.a.ncg), block(p.threads);
+    switch (p.a.cb) {
+    case 1: return lucid_launch(sw_wgrad<T, S, 1>, grid, block, p.smem, stream, p.a);
+    case 2: return lucid_launch(sw_wgrad<T, S, 2>, grid, block, p.smem, stream, p.a);
+    case 3: return lucid_launch(sw_wgrad<T, S, 3>, grid, block, p.smem, stream, p.a);
+    default: return lucid_launch(sw_wgrad<T, S, 4>, grid, block, p.smem, stream, p.a);
+    }
+}
+
+template <typename T>
+static cudaError_t sw_launch(const sw_plan &p, cudaStream_t stream) {
+    return p.s == 1 ? sw_launch_s<T, 1>(p, stream) : sw_launch_s<T, 2>(p, stream);
+}
+
+extern "C" lucid_status lucid_conv_small_backward_filter(lucid_ctx *ctx, void *stream,
+                                                         lucid_dtype dt,
+                                                         const lucid_conv_small_geom *g,
+                                                         const void *x, const void *dy,
+                                                         float *dw, double beta, void *scratch,
+                                                         size_t scratch_bytes) {
+    const char *op = "conv_small backward_filter";
+    LUCID_TRY(sc_check(ctx, op, dt, g));
+    if (!lucid_conv_small_wgrad_eligible(g, dt))
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: Cin %lld, Cout %lld (the filter gradient takes Cin, Cout <= %d)",
+                            op, (long long)g->Cin, (long long)g->Cout, SW_MAXC);
+    if (!x || !dy || !dw) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: NULL x, dy or dw", op);
+    sw_plan p;
+    sw_plan_make(g, &p);
+    const size_t need = (size_t)p.a.S * (size_t)p.a.nk * sizeof(float);
+    if (!scratch || scratch_bytes < need)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: scratch of %zu bytes at %p; this geometry needs %zu "
+                            "(lucid_conv_small_wgrad_scratch)",
+                            op, scratch_bytes, scratch, need);
+    p.a.x = x;
+    p.a.dy = dy;
+    p.a.part = (float *)scratch;
+    p.a.dw = dw;
+    p.a.beta = (float)beta;
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = dt == LUCID_BF16 ? sw_launch<__nv_bfloat16>(p, st) : sw_launch<__half>(p, st);
+    if (e != cudaSuccess) return lucid_cuda_err(ctx, e, op, __FILE__, __LINE__);
+    e = lucid_launch(sw_fold, dim3((unsigned)sc_cdiv(p.a.nk, 32)), dim3(32 * SW_FOLD_WARPS), 0,
+                     st, p.a);
+    if (e != cudaSuccess) return lucid_cuda_err(ctx, e, "conv_small backward_filter (fold)",
+                                                __FILE__, __LINE__);
+    sc_launches += 2;
+    sw_launches += 2;
+    return LUCID_OK;
 }

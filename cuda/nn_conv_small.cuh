@@ -3,7 +3,8 @@
  * channels (cuda/nn_conv_small.cu): forward and backward-data.  nn_conv.cu
  * routes an eligible bf16/f16 conv here (ROUTE_SMALL, before the implicit
  * GEMM) unless LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small says
- * otherwise; the filter gradient stays on the implicit GEMM.
+ * otherwise; the filter gradient (Cin, Cout <= 16) too, unless
+ * LUCID_CONV_SMALL_WGRAD=0 (then it stays on the im2col / implicit GEMM).
  *
  * Why: on the implicit GEMM (64x64 tensor-core tiles) a conv whose output
  * channels (forward) or input channels (backward-data) number 8..32 wastes
@@ -187,6 +188,59 @@ int lucid_conv_small_set_version(int v);
  * (lucid_conv_small_eligible refuses, or pass is neither 0 nor 1).
  * Host-only; follows lucid_conv_small_version (-1 there reads as 1 here). */
 int lucid_conv_small_kernel(const lucid_conv_small_geom *g, lucid_dtype dt, int pass);
+
+/* ---- filter gradient -------------------------------------------------
+ *
+ *   dw[o][c][r][q] = beta*dw[o][c][r][q] + sum_{n,i,j} dy[n][o][i][j] *
+ *                    x[n][c][i*s-1+r][j*s-1+q]
+ *   (out-of-range x is 0; beta 0 never reads dw, so NaN there cannot leak)
+ *
+ * the weight gradient of torch.nn.Conv2d (the correlation of x with dy,
+ * e.g. Dumoulin & Visin, "A guide to convolution arithmetic", and Caffe's
+ * ConvolutionLayer::Backward_cpu weight_cpu_gemm).  x [N,Cin,H,W], dy
+ * [N,Cout,Ho,Wo] in dt (bf16/f16, any alignment); dw [Cout,Cin,3,3] f32.
+ * The bias gradient is not here (nn_conv.cu sums dy per channel).
+ *
+ * Two kernels (nn_conv_small.cu, section "filter gradient"): blocks over
+ * (spatial splits of the output tiles, chunks of <= 4 input channels), each
+ * thread summing the 4 x chunk x 9 products of its outputs in f32 (fmaf),
+ * the block's partial sums written to `scratch`, then a fold kernel adding
+ * the splits in a fixed order.  Every order is a function of the geometry
+ * only: bitwise identical run to run, eager or captured, on every GPU (f32
+ * fmaf and adds, no tensor core, no atomics).  The order differs from the
+ * im2col / implicit-GEMM routes' (other bits, within the same tolerance).
+ *
+ * Capturable once `scratch` is reserved: a call queues two kernels on
+ * `stream`, nothing else. */
+
+/* 1 when the filter gradient of (g, dt) may run here:
+ * lucid_conv_small_eligible and Cin, Cout <= 16.  Host-only, pure. */
+int lucid_conv_small_wgrad_eligible(const lucid_conv_small_geom *g, lucid_dtype dt);
+
+/* Scratch bytes lucid_conv_small_backward_filter needs for g (f32 partial
+ * sums: splits x Cout*Cin*9; layer 0 at batch 4, 640: 356 x 432 x 4 =
+ * 615 KB); 0 when g is not eligible.  A function of the geometry only. */
+size_t lucid_conv_small_wgrad_scratch(const lucid_conv_small_geom *g);
+
+/* The switch LUCID_CONV_SMALL_WGRAD, read once: 0 when it is "0" (the
+ * filter gradient of small-route convs keeps the im2col / implicit-GEMM
+ * route: the A/B switch), else 1. */
+int lucid_conv_small_wgrad_switch(void);
+
+/* dw = beta*dw + the filter gradient (above).  scratch: at least
+ * lucid_conv_small_wgrad_scratch(g) bytes, 4-byte aligned, not used by
+ * anything else until the two kernels ran.  ERR_ARG for a geometry
+ * lucid_conv_small_wgrad_eligible refuses, NULL x / dy / dw or too small
+ * a scratch; ERR_UNSUPPORTED for a dtype other than bf16/f16; ERR_DEVICE
+ * for a failed launch. */
+lucid_status lucid_conv_small_backward_filter(lucid_ctx *ctx, void *stream, lucid_dtype dt,
+                                              const lucid_conv_small_geom *g, const void *x,
+                                              const void *dy, float *dw, double beta,
+                                              void *scratch, size_t scratch_bytes);
+
+/* Kernels the filter gradient launched from the calling thread so far (2
+ * per call; also counted in lucid_conv_small_launch_count). */
+unsigned long lucid_conv_small_wgrad_launch_count(void);
 
 #ifdef __cplusplus
 }
