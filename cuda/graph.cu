@@ -38,6 +38,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -308,15 +309,33 @@ static void graph_stats_print(cudaGraph_t graph) {
 }
 
 /* LUCID_GRAPH_SLACK (read once): how the kernel nodes of a recorded graph
- * get their priorities. 1 (default): from their critical-path slack
- * (graph_slack_priorities); 0: the priority of the stream each was captured
+ * get their priorities. 1 (default): from their critical-path slack with
+ * one unit of weight per kernel node (graph_slack_priorities); 2: the same
+ * with each kernel weighed by its waves of threads (kernel_node_waves; an
+ * A/B arm); 0: the priority of the stream each was captured
  * from (compute stream and branch lanes greatest, parameter-gradient lanes
  * least; lane.cu), the behaviour before 2026-11-30 (session 12). Either way
  * only with UseNodePriority (LUCID_GRAPH_PRIORITY, above); priorities never
  * change what a kernel computes. */
 static int graph_slack_on(void) {
-    static int off = -1;
-    return !lucid_env_zero("LUCID_GRAPH_SLACK", &off);
+    static int mode = -1;
+    return lucid_env_int("LUCID_GRAPH_SLACK", 0, 2, 1, &mode);
+}
+
+/* The weight of a kernel node under LUCID_GRAPH_SLACK=2: the waves its
+ * threads make on the device, ceil(blocks * threads / (SMs * 2048)), at
+ * least 1 (a first model of a kernel's length when it is not alone: one
+ * launch interval per wave); 1 when its parameters cannot be read. */
+static double kernel_node_waves(cudaGraphNode_t node, int sms) {
+    cudaKernelNodeParams kp;
+    if (sms < 1 || cudaGraphKernelNodeGetParams(node, &kp) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1.0;
+    }
+    const double threads = (double)kp.gridDim.x * kp.gridDim.y * kp.gridDim.z *
+                           ((double)kp.blockDim.x * kp.blockDim.y * kp.blockDim.z);
+    const double waves = ceil(threads / ((double)sms * 2048.0));
+    return waves > 1.0 ? waves : 1.0;
 }
 
 /* Sets every kernel node's priority from its slack on the graph's heaviest
@@ -346,6 +365,12 @@ static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph) {
         goto done;
     }
     for (size_t i = 0; i < t.n; i++) w[i] = t.type[i] == 0 ? 1.0 : 0.0;
+    if (graph_slack_on() == 2) { /* kernels weighed by their waves of threads */
+        int sms = 0;
+        CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        for (size_t i = 0; i < t.n; i++)
+            if (t.type[i] == 0) w[i] = kernel_node_waves(t.nodes[i], sms);
+    }
     {
         int rc = lucid_graph_slack((long)t.n, t.adj0, t.adj, w, slack, NULL);
         if (rc) {
