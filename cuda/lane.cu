@@ -123,11 +123,12 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
                                                  lane_is_low(lane) ? least : greatest));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->fork_ev, cudaEventDisableTiming));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
-    /* the cast lane runs its own kernels only: no marks, no cuBLAS handle
-     * and workspace (32 MiB) */
-    if (lane == LUCID_CUDA_LANE_CAST) return LUCID_OK;
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
         CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->mark_ev[m], cudaEventDisableTiming));
+    /* the cast lane runs its own kernels only: its one mark (slot 0, after
+     * the plain casts: lucid_cuda_cast_lane_mark_plain), no cuBLAS handle
+     * and workspace (32 MiB) */
+    if (lane == LUCID_CUDA_LANE_CAST) return LUCID_OK;
     /* the compute handle's settings and workspace size (backend.cu) */
     return lucid_cuda_cublas_create(ctx, st, L->stream, &L->cublas, &L->cublas_ws);
 }

@@ -28,7 +28,7 @@
  *     full grids; one column too large launches nothing; a refused
  *     candidate (cudaErrorCooperativeLaunchTooLarge) passes to the next of
  *     as few rounds and is never counted again;
- *   - bn_coop_round_limit reads LUCID_BN_COOP_LOOP ("0": 1, else no limit).
+ *   - bn_coop_round_limit reads LUCID_BN_COOP_LOOP ("1": no limit, else 1: opt-in).
  */
 #include "nn_norm.cuh"
 
@@ -168,7 +168,12 @@ static void check_choice(void) {
     cand_set(&bw[0], "held", 2), cand_set(&bw[1], "held lean", 4);
     cand_set(&bw[2], "reread", 2), cand_set(&bw[3], "reread lean", 4);
 
+    /* unset: the default, one round (the rounds are opt-in, nn_norm.cuh) */
     unsetenv("LUCID_BN_COOP_LOOP");
+    expect("LUCID_BN_COOP_LOOP unset: layer 0 backward", 4, 16, S320, SM, bw, 4, "none", 0, 0);
+    expect("LUCID_BN_COOP_LOOP unset: 4x10x320x320 backward", 4, 10, S320, SM, bw, 4,
+           "held lean", 52, 10);
+    setenv("LUCID_BN_COOP_LOOP", "1", 1);
     expect("layer 0 forward (SiLU) 4x16x320x320", 4, 16, S320, SM, fs, 2, "held", 52, 8);
     expect("layer 0 forward (plain)", 4, 16, S320, SM, fp, 2, "held", 52, 8);
     expect("layer 0 backward", 4, 16, S320, SM, bw, 4, "held lean", 52, 8);
@@ -200,7 +205,7 @@ static void check_choice(void) {
            10);
     expect("LUCID_BN_COOP_LOOP=0: 4x11x320x320 plain forward", 4, 11, S320, SM, fp, 2, "reread",
            52, 11);
-    unsetenv("LUCID_BN_COOP_LOOP");
+    setenv("LUCID_BN_COOP_LOOP", "1", 1);
 
     /* refusal: the held lean copy refused for size -> the next candidate of
      * as few rounds (reread lean), and the refused one never again */
@@ -215,17 +220,18 @@ static void check_choice(void) {
     expect("layer 0 backward, both lean copies refused", 4, 16, S320, SM, bw, 4, "none", 0, 0);
     expect("layer 0 backward after both refusals: 4 rounds uncapped", 4, 16, S320, SM, bw, 4,
            "held", 52, 4);
+    unsetenv("LUCID_BN_COOP_LOOP");
 }
 
 static void check_limit(void) {
     unsetenv("LUCID_BN_COOP_LOOP");
-    bool unset = bn_coop_round_limit() == INT64_MAX;
+    bool unset = bn_coop_round_limit() == 1;
     setenv("LUCID_BN_COOP_LOOP", "0", 1);
     bool zero = bn_coop_round_limit() == 1;
     setenv("LUCID_BN_COOP_LOOP", "1", 1);
     bool one = bn_coop_round_limit() == INT64_MAX;
     unsetenv("LUCID_BN_COOP_LOOP");
-    ok(unset && zero && one, "LUCID_BN_COOP_LOOP: unset / \"1\" no limit, \"0\" one round",
+    ok(unset && zero && one, "LUCID_BN_COOP_LOOP: \"1\" no limit, unset / \"0\" one round",
        WHY("unset %d, \"0\" %d, \"1\" %d", (int)unset, (int)zero, (int)one));
 }
 

@@ -1350,7 +1350,8 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
     for (int r = 0; r < NR; r++) {
         set_coop(r == R_OFF ? 0 : 1);
         if (r == R_HELD) setenv("LUCID_BN_HELD", "0", 1);
-        if (r == R_LOOP) setenv("LUCID_BN_COOP_LOOP", "0", 1);
+        /* the rounds are opt-in (nn_norm.cuh): on for every run but R_LOOP */
+        setenv("LUCID_BN_COOP_LOOP", r == R_LOOP ? "0" : "1", 1);
         lucid_status st = onepass_run(&in, o[r], l[r], c[r], cg[r], &what);
         unsetenv("LUCID_BN_HELD");
         unsetenv("LUCID_BN_COOP_LOOP");
@@ -2172,7 +2173,9 @@ int main(void) {
             test_coop_capture(dt, silu, 4, 64, 80, 80, 3);
             test_coop_capture(dt, silu, 4, 32, 160, 160, 3);
             test_coop_capture(dt, silu, 3, 5, 91, 99, 3);
+            setenv("LUCID_BN_COOP_LOOP", "1", 1); /* the rounds are opt-in */
             test_coop_capture(dt, silu, 4, 16, 320, 320, 3); /* layer 0: 2 rounds */
+            unsetenv("LUCID_BN_COOP_LOOP");
         }
     }
     /* the conv's backward-data columns written by the BatchNorm backward

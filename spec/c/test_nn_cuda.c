@@ -1004,9 +1004,9 @@ static void wide_cmp_ranges(const char *pre, const char *what, const lucid_tenso
 }
 
 /* The wide launches test_bn_wide expects per training call: 1 with
- * LUCID_BN_COOP_LOOP=0 (the two-launch 64-bit kernels, the route it was
- * written for), 0 by default (the cooperative kernels in rounds of channel
- * columns take these shapes: DECISIONS 37; on the H200, session 12 call 3,
+ * LUCID_BN_COOP_LOOP=0 (the default: the two-launch 64-bit kernels, the
+ * route it was written for), 0 with LUCID_BN_COOP_LOOP=1 (the cooperative
+ * kernels in rounds of channel columns take these shapes: DECISIONS 37; on the H200, session 12 call 3,
  * their values around element 2^31 matched the CPU while the route checks
  * still expected the 64-bit kernels). */
 static int g_wide_expect = 1;
@@ -1527,10 +1527,11 @@ int main(void) {
     }
     /* ---- batchnorm on more than INT32_MAX elements: the cooperative
      * kernels in rounds (default), then the 64-bit two-launch route */
+    setenv("LUCID_BN_COOP_LOOP", "1", 1); /* read on each call (nn_norm.cuh) */
     g_wide_expect = 0;
     test_bn_wide(0);
     test_bn_wide(1);
-    setenv("LUCID_BN_COOP_LOOP", "0", 1); /* read on each call (nn_norm.cuh) */
+    setenv("LUCID_BN_COOP_LOOP", "0", 1);
     g_wide_expect = 1;
     test_bn_wide(0);
     test_bn_wide(1);
