@@ -14,7 +14,7 @@
  * nn_conv_small.cu for the forward and backward-data passes (ROUTE_SMALL;
  * LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small restores the implicit
  * GEMM), and for the filter gradient when Cin, Cout <= 16 (a direct
- * split-and-fold reduction; LUCID_CONV_SMALL_WGRAD=0 leaves it on the next
+ * split-and-fold reduction, opt-in with LUCID_CONV_SMALL_WGRAD=1; else the next
  * routes: im2col or the implicit GEMM).  bf16/f16 convs with a spatial kernel whose Ho*Wo is a
  * multiple of 8 take im2col + cuBLAS GEMMs (nn_conv_col.cu, ROUTE_COL; K =
  * Cin*kh*kw padded to 8 inside the route) for the forward, the
@@ -479,7 +479,7 @@ static int col_on(const lucid_cuda_nn_state *ns, int pass, const char **v) {
  * with the per-context switch at 2 every eligible one, at 1 none.  It needs
  * no scratch there.  The filter gradient takes it under the same rule when
  * lucid_conv_small_wgrad_eligible (Cin, Cout <= 16) and LUCID_CONV_SMALL_WGRAD
- * is not "0" (lucid_conv_small_wgrad_switch), with the per-split partial
+ * is "1" (lucid_conv_small_wgrad_switch, opt-in), with the per-split partial
  * sums as its scratch (lucid_conv_small_wgrad_scratch, reserved).
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the

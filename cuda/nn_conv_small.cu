@@ -1610,8 +1610,12 @@ thread_local unsigned long sw_launches;
 extern "C" unsigned long lucid_conv_small_wgrad_launch_count(void) { return sw_launches; }
 
 extern "C" int lucid_conv_small_wgrad_switch(void) {
-    static int off = -1; /* lucid_env_zero's cache: read once */
-    return !lucid_env_zero("LUCID_CONV_SMALL_WGRAD", &off);
+    static int on = -1; /* read once */
+    if (on < 0) {
+        const char *e = getenv("LUCID_CONV_SMALL_WGRAD");
+        on = e && strcmp(e, "1") == 0;
+    }
+    return on;
 }
 
 extern "C" int lucid_conv_small_wgrad_eligible(const lucid_conv_small_geom *g, lucid_dtype dt) {

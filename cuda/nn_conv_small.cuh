@@ -4,7 +4,7 @@
  * routes an eligible bf16/f16 conv here (ROUTE_SMALL, before the implicit
  * GEMM) unless LUCID_CONV_SMALL=0 or lucid_cuda_nn_set_conv_small says
  * otherwise; the filter gradient (Cin, Cout <= 16) too, unless
- * LUCID_CONV_SMALL_WGRAD=0 (then it stays on the im2col / implicit GEMM).
+ * LUCID_CONV_SMALL_WGRAD=1 (opt-in; else it stays on the im2col / implicit GEMM).
  *
  * Why: on the implicit GEMM (64x64 tensor-core tiles) a conv whose output
  * channels (forward) or input channels (backward-data) number 8..32 wastes
@@ -222,9 +222,12 @@ int lucid_conv_small_wgrad_eligible(const lucid_conv_small_geom *g, lucid_dtype 
  * 615 KB); 0 when g is not eligible.  A function of the geometry only. */
 size_t lucid_conv_small_wgrad_scratch(const lucid_conv_small_geom *g);
 
-/* The switch LUCID_CONV_SMALL_WGRAD, read once: 0 when it is "0" (the
- * filter gradient of small-route convs keeps the im2col / implicit-GEMM
- * route: the A/B switch), else 1. */
+/* The switch LUCID_CONV_SMALL_WGRAD, read once: 1 when it is "1", else 0
+ * (the default: the filter gradient of small-route convs keeps the im2col /
+ * implicit-GEMM route).  Opt-in because the recorded step was slower with
+ * it on the H200 (session 12, call 5: 3.742 / 3.676 ms on, 3.509 off, one
+ * fit each; the 160x160 bottlenecks' filter gradients, on the lanes, were
+ * not measured alone). */
 int lucid_conv_small_wgrad_switch(void);
 
 /* dw = beta*dw + the filter gradient (above).  scratch: at least

@@ -228,11 +228,14 @@ local m = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, device = "cuda", 
 local o = { device = "cuda", dtype = "bf16", ctx = ctx }
 local x = lucid.rand({ 2, 3, 64, 64 }):to(o)
 local y
+local gy -- made once, in the first (eager) pass: nothing is allocated while recording
 local function pass()
   m:zero_grad()
   y = m:forward(x)
-  local gy = {}
-  for _, k in ipairs({ "boxes", "scores", "kpts" }) do gy[k] = lucid.ones(y[k]:shape(), o) * 0.01 end
+  if not gy then
+    gy = {}
+    for _, k in ipairs({ "boxes", "scores", "kpts" }) do gy[k] = lucid.ones(y[k]:shape(), o) * 0.01 end
+  end
   m:backward(x, gy)
 end
 local function digest()

@@ -257,6 +257,8 @@ done:
 }
 
 int main(void) {
+    /* the route is opt-in and its switch is read once: on before any conv */
+    setenv("LUCID_CONV_SMALL_WGRAD", "1", 1);
     if (!SW_LINKED()) {
         TEST_SKIP("conv_small wgrad cuda", "CPU-only build (no cuda/nn_conv_small.o)");
         return 0;
