@@ -182,6 +182,27 @@ static void lane_swap(lucid_cuda_state *st, lucid_cuda_nn_state *ns, lucid_cuda_
     L->counters = c;
 }
 
+/* Creates lane `lane`'s resources on first use (*ready 1 once they exist):
+ * never inside a capture (*ready 0, LUCID_OK: the caller leaves its work on
+ * the current stream); a failed creation frees what was made, switches the
+ * lane off and returns the error once. */
+static lucid_status lane_ensure(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda_lane *L,
+                                int lane, int *ready) {
+    *ready = L->stream != NULL;
+    if (*ready) return LUCID_OK;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return LUCID_OK; /* never create in a capture */
+    lucid_status s = lane_create(ctx, st, L, lane);
+    if (s != LUCID_OK) {
+        lane_free(st, L);
+        L->off = 1;
+        return s;
+    }
+    *ready = 1;
+    return LUCID_OK;
+}
+
 extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, const void *key,
                                              int *forked) {
     *forked = 0;
@@ -198,17 +219,9 @@ extern "C" lucid_status lucid_cuda_lane_fork(lucid_ctx *ctx, int lane, const voi
     }
     lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
     if (!ns) return ctx->last_status;
-    if (!L->stream) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
-        if (cs != cudaStreamCaptureStatusNone) return LUCID_OK; /* never create in a capture */
-        lucid_status s = lane_create(ctx, st, L, lane);
-        if (s != LUCID_OK) {
-            lane_free(st, L);
-            L->off = 1;
-            return s;
-        }
-    }
+    int ready = 0;
+    LUCID_TRY(lane_ensure(ctx, st, L, lane, &ready));
+    if (!ready) return LUCID_OK;
     CUDA_CHECK(ctx, cudaEventRecord(L->fork_ev, st->stream));
     CUDA_CHECK(ctx, cudaStreamWaitEvent(L->stream, L->fork_ev, 0));
     lane_swap(st, ns, L);
@@ -286,17 +299,9 @@ extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *
     CUDA_ENTER(ctx, st);
     lucid_cuda_lane *L = &st->lanes[LUCID_CUDA_LANE_CAST];
     if (L->off) return LUCID_OK;
-    if (!L->stream) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
-        if (cs != cudaStreamCaptureStatusNone) return LUCID_OK; /* never create in a capture */
-        lucid_status s = lane_create(ctx, st, L, LUCID_CUDA_LANE_CAST);
-        if (s != LUCID_OK) {
-            lane_free(st, L);
-            L->off = 1;
-            return s;
-        }
-    }
+    int ready = 0;
+    LUCID_TRY(lane_ensure(ctx, st, L, LUCID_CUDA_LANE_CAST, &ready));
+    if (!ready) return LUCID_OK;
     CUDA_CHECK(ctx, cudaEventRecord(L->fork_ev, st->stream));
     /* pending from here on: once the lane stream waits on the fork (part of
      * a capture, if any), only a join brings it back, even if the caller's
