@@ -59,6 +59,31 @@ check "ktrace side stream" "$out" "stream 20: busy 0.010 ms, 1 kernels"
 check "ktrace chain" "$out" "critical chain (walked back by times): 3 kernels, kernel time 0.038 ms, gaps 0.002 ms"
 check "ktrace gap median" "$out" "median 1.00 us"
 
+# ---- ktrace_gaps.py over the same trace and its graph (CUPTI node ids are
+# graph << 32 | local id): first -> long, first -> side, long -> last,
+# side -> last. The measured path is first, long (it ended last of last's
+# predecessors), last: 38 us of kernels, gaps 1 + 1 us, span 40 us.
+{
+    for n in 100 101 102 103; do echo "node,$(( (7 << 32) + n )),0"; done
+    echo "edge,$(( (7 << 32) + 100 )),$(( (7 << 32) + 101 ))"
+    echo "edge,$(( (7 << 32) + 100 )),$(( (7 << 32) + 102 ))"
+    echo "edge,$(( (7 << 32) + 101 )),$(( (7 << 32) + 103 ))"
+    echo "edge,$(( (7 << 32) + 102 )),$(( (7 << 32) + 103 ))"
+} > "$tmp/graph.csv"
+out=$(python3 tools/ktrace_gaps.py "$tmp/trace.csv" "$tmp/graph.csv" gap_us=0.5 regions=2 window_us=20 2>&1)
+check "gaps replays" "$out" "graph 7: 4 kernel nodes, 4 replays analysed"
+check "gaps path" "$out" "measured path: 3 kernels, kernel time 38.0 us, gaps 2.0 us, span 40.0 us"
+check "gaps region 1" "$out" "positions 0-1: t 0.0..31.0 us, kernel 30.0 us, gaps 1.0 us"
+check "gaps region 2" "$out" "positions 2-2: t 32.0..40.0 us, kernel 8.0 us, gaps 1.0 us"
+check "gaps node" "$out" "     2     32.0    8.0    1.0        1.1.1 s13   last"
+# windows: [0, 20) first 10 + long 9 + side 9 us = 1.40; [20, 40) long 11 +
+# side 1 + last 8 us = 1.00
+check "gaps concurrency" "$out" "         0  1.40"
+check "gaps concurrency 2" "$out" "        20  1.00"
+out=$(python3 tools/ktrace_gaps.py "$tmp/trace.csv" "$tmp/missing.csv" 2>&1)
+check "gaps missing graph" "$out" "ktrace_gaps: cannot read $tmp/missing.csv: No such file or directory"
+if printf '%s\n' "$out" | grep -q Traceback; then echo "not ok tools: ktrace_gaps traceback"; failed=1; fi
+
 # ---- kernel_census.py --path: a census of one 3-launch period repeated
 # twice, and a path of 4 kernel nodes (one of them cuBLAS, one unknown)
 {
