@@ -88,6 +88,10 @@ except Exception as e: print("no result", e)')"
   # the critical path through the graph's real edges, with measured durations
   python3 tools/ktrace_path.py "$l/ktrace.csv" "$l/ktrace_graph.csv" replays=40 top=40 \
     | tee "$l/ktrace_path.txt" | head -"${KTRACE_LINES:-70}"
+  # the measured path with its gaps (waits for SMs, launch intervals)
+  python3 tools/ktrace_gaps.py "$l/ktrace.csv" "$l/ktrace_graph.csv" replays=40 \
+    regions=${KTRACE_REGIONS:-100,150,215,260} all=1 > "$l/ktrace_gaps.txt" 2>&1
+  sed -n 2,8p "$l/ktrace_gaps.txt"
   { head -1 "$l/ktrace.csv"; tail -60000 "$l/ktrace.csv"; } | gzip > "$l/ktrace_tail.csv.gz"
   rm -f "$l/ktrace.csv"
 }
