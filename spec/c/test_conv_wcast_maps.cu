@@ -64,18 +64,7 @@ extern "C" cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t,
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
-static int failures = 0;
-static void ok(bool cond, const char *name, const char *why) {
-    if (cond) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s\n", name, why);
-        failures++;
-    }
-}
-static char g_name[256], g_why[256];
-#define NAME(...) (snprintf(g_name, sizeof g_name, __VA_ARGS__), g_name)
-#define WHY(...) (snprintf(g_why, sizeof g_why, __VA_ARGS__), g_why)
+#include "tap_host.h" /* ok(), NAME(...), WHY(...) */
 
 static uint16_t bf16_bits(float v) {
     __nv_bfloat16 h = __float2bfloat16_rn(v);
@@ -93,11 +82,11 @@ static uint16_t f16_bits(float v) {
 /* What the tile branch of gemm_wcast_group does in block lb of a wt item
  * (Cin, Cout, KK) with tr rows a block: d[i] = the bits of staged element
  * k for each element e of the write phase.  writes[i] counts the writes of
- * element i; false (with *why) when a staged index leaves the weight or the
+ * element i; false (with *bad) when a staged index leaves the weight or the
  * staging, or a write leaves the copy. */
 static bool tile_emulated(const float *s, std::vector<uint16_t> &dbf, std::vector<uint16_t> &dh,
                           std::vector<int> &writes, int Cin, int Cout, int KK, unsigned tr,
-                          unsigned lb, std::string *why) {
+                          unsigned lb, std::string *bad) {
     char buf[160];
     const int64_t R = (int64_t)Cin * Cout, count = R * KK;
     const wt_tile tl = wt_tile_of(lb, tr, R);
@@ -105,7 +94,7 @@ static bool tile_emulated(const float *s, std::vector<uint16_t> &dbf, std::vecto
     if (tl.nr == 0 || ne > GROUP_ELEMS || tl.r0 * KK + ne > count) {
         snprintf(buf, sizeof buf, "block %u: rows %lld + %u, %u staged", lb, (long long)tl.r0,
                  tl.nr, ne);
-        *why = buf;
+        *bad = buf;
         return false;
     }
     float stage[GROUP_ELEMS];
@@ -117,7 +106,7 @@ static bool tile_emulated(const float *s, std::vector<uint16_t> &dbf, std::vecto
         if (k >= ne || i < 0 || i >= count) {
             snprintf(buf, sizeof buf, "block %u element %u: staged %u of %u, index %lld", lb, e,
                      k, ne, (long long)i);
-            *why = buf;
+            *bad = buf;
             return false;
         }
         /* runs of nr consecutive indices, one per tap */
@@ -127,7 +116,7 @@ static bool tile_emulated(const float *s, std::vector<uint16_t> &dbf, std::vecto
             if (i != prev + 1) {
                 snprintf(buf, sizeof buf, "block %u element %u: index %lld after %lld", lb, e,
                          (long long)i, (long long)prev);
-                *why = buf;
+                *bad = buf;
                 return false;
             }
         }
@@ -159,11 +148,11 @@ static void check_item(int Cin, int Cout, int KK) {
     for (int64_t i = 0; i < count; i++) s[(size_t)i] = ((float)rand() / RAND_MAX * 2 - 1) * 0.3f;
     std::vector<uint16_t> dbf((size_t)count, 0xffff), dh((size_t)count, 0xffff);
     std::vector<int> writes((size_t)count, 0);
-    std::string why;
+    std::string bad;
     bool in = true;
     for (uint64_t lb = 0; lb < blocks && in; lb++)
-        in = tile_emulated(s.data(), dbf, dh, writes, Cin, Cout, KK, tr, (unsigned)lb, &why);
-    ok(in, NAME("%s: staged and written inside, runs of nr per tap", p), why.c_str());
+        in = tile_emulated(s.data(), dbf, dh, writes, Cin, Cout, KK, tr, (unsigned)lb, &bad);
+    ok(in, NAME("%s: staged and written inside, runs of nr per tap", p), bad.c_str());
     if (!in) return;
     int64_t once = -1, bits = -1;
     for (int64_t i = 0; i < count && (once < 0 || bits < 0); i++) {
