@@ -479,7 +479,8 @@ static int col_on(const lucid_cuda_nn_state *ns, int pass, const char **v) {
  * with the per-context switch at 2 every eligible one, at 1 none.  It needs
  * no scratch there.  The filter gradient takes it under the same rule when
  * lucid_conv_small_wgrad_eligible (Cin, Cout <= 16) and LUCID_CONV_SMALL_WGRAD
- * is "1" (lucid_conv_small_wgrad_switch, opt-in), with the per-split partial
+ * is "1" (lucid_conv_small_wgrad_switch, opt-in; "2": only convs with Cin <= 4,
+ * i.e. layer 0, whose filter gradient ends the step's critical path), with the per-split partial
  * sums as its scratch (lucid_conv_small_wgrad_scratch, reserved).
  * Modes (lucid_cuda_nn_set_conv_mode): 0 auto = implicit GEMM for bf16/f16
  * with groups 1 (1x1 stride-1 unpadded ones: cuBLAS GEMMs instead when the
@@ -509,7 +510,8 @@ static lucid_status conv_route_of(lucid_ctx *ctx, lucid_cuda_state *st,
     if (ns->conv_mode == 0 && ns->conv_small != 1) {
         lucid_conv_small_geom sg = small_geom_of(pl->g);
         const bool wgrad = pass == PASS_BWD_FILTER;
-        if (wgrad ? lucid_conv_small_wgrad_switch() &&
+        const int sww = wgrad ? lucid_conv_small_wgrad_switch() : 0;
+        if (wgrad ? sww && (sww == 1 || sg.Cin <= 4) &&
                         lucid_conv_small_wgrad_eligible(&sg, pl->dt)
                   : lucid_conv_small_eligible(&sg, pl->dt)) {
             int on = ns->conv_small == 2;

@@ -1613,7 +1613,7 @@ extern "C" int lucid_conv_small_wgrad_switch(void) {
     static int on = -1; /* read once */
     if (on < 0) {
         const char *e = getenv("LUCID_CONV_SMALL_WGRAD");
-        on = e && strcmp(e, "1") == 0;
+        on = !e ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : 0;
     }
     return on;
 }

@@ -222,8 +222,11 @@ int lucid_conv_small_wgrad_eligible(const lucid_conv_small_geom *g, lucid_dtype 
  * 615 KB); 0 when g is not eligible.  A function of the geometry only. */
 size_t lucid_conv_small_wgrad_scratch(const lucid_conv_small_geom *g);
 
-/* The switch LUCID_CONV_SMALL_WGRAD, read once: 1 when it is "1", else 0
- * (the default: the filter gradient of small-route convs keeps the im2col /
+/* The switch LUCID_CONV_SMALL_WGRAD, read once: 1 when it is "1" (every
+ * eligible conv), 2 when it is "2" (only those with Cin <= 4: layer 0, the
+ * end of the step's critical path; the 160x160 bottlenecks' filter
+ * gradients, on the parameter lanes, stay where they were), else 0 (the
+ * default: the filter gradient of small-route convs keeps the im2col /
  * implicit-GEMM route).  Opt-in because the recorded step was slower with
  * it on the H200 (session 12, call 5: 3.742 / 3.676 ms on, 3.509 off, one
  * fit each; the 160x160 bottlenecks' filter gradients, on the lanes, were
