@@ -215,6 +215,17 @@ done:
  *   lucid graph priorities: range <greatest>..<least>; <p>:<count> ...;
  *   longest path at greatest <k>/<kernel nodes>
  * (spec/graph_prio_spec.lua reads it). */
+/* *p = the priority attribute of kernel node `node`; false when the
+ * driver does not give it. */
+static bool kernel_node_priority(cudaGraphNode_t node, int *p) {
+    cudaKernelNodeAttrValue v;
+    memset(&v, 0, sizeof v);
+    if (cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributePriority, &v) != cudaSuccess)
+        return false;
+    *p = v.priority;
+    return true;
+}
+
 static void graph_priorities_print(const graph_topo *t, const long *pred, long endk) {
     int least = 0, greatest = 0;
     if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess || least < greatest ||
@@ -225,26 +236,19 @@ static void graph_priorities_print(const graph_topo *t, const long *pred, long e
     }
     size_t count[64] = {0}, other = 0;
     for (size_t i = 0; i < t->n; i++) {
+        int p = 0;
         if (t->type[i] != 0) continue;
-        cudaKernelNodeAttrValue v;
-        memset(&v, 0, sizeof v);
-        if (cudaGraphKernelNodeGetAttribute(t->nodes[i], cudaKernelNodeAttributePriority, &v) !=
-                cudaSuccess ||
-            v.priority < greatest || v.priority > least)
+        if (!kernel_node_priority(t->nodes[i], &p) || p < greatest || p > least)
             other++;
         else
-            count[v.priority - greatest]++;
+            count[p - greatest]++;
     }
     long on = 0, all = 0;
     for (long u = endk; u >= 0; u = pred[u]) {
+        int p = 0;
         if (t->type[u] != 0) continue;
-        cudaKernelNodeAttrValue v;
-        memset(&v, 0, sizeof v);
         all++;
-        if (cudaGraphKernelNodeGetAttribute(t->nodes[u], cudaKernelNodeAttributePriority, &v) ==
-                cudaSuccess &&
-            v.priority == greatest)
-            on++;
+        if (kernel_node_priority(t->nodes[u], &p) && p == greatest) on++;
     }
     (void)cudaGetLastError();
     fprintf(stderr, "lucid graph priorities: range %d..%d;", greatest, least);
@@ -347,10 +351,11 @@ static double kernel_node_waves(cudaGraphNode_t node, int sms) {
  * Why: the CUPTI timeline of the recorded pose step (H200, session 12)
  * showed the neck's kernels after the P3 output waiting 10-25 us for SMs
  * held by the P3 head chains that started beside them at the same
- * priority, and the head's backward waiting likewise. Returns a status;
+ * priority, and the head's backward waiting likewise. sm_count: the
+ * context device's multiprocessors (LUCID_GRAPH_SLACK=2's waves). Returns a status;
  * the caller fails the capture on error (a priority that cannot be set is
  * a broken driver call, not a preference). */
-static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph) {
+static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph, int sm_count) {
     int least = 0, greatest = 0;
     CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     const int levels = least - greatest + 1;
@@ -365,12 +370,9 @@ static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph) {
         goto done;
     }
     for (size_t i = 0; i < t.n; i++) w[i] = t.type[i] == 0 ? 1.0 : 0.0;
-    if (graph_slack_on() == 2) { /* kernels weighed by their waves of threads */
-        int sms = 0;
-        CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (graph_slack_on() == 2) /* kernels weighed by their waves of threads */
         for (size_t i = 0; i < t.n; i++)
-            if (t.type[i] == 0) w[i] = kernel_node_waves(t.nodes[i], sms);
-    }
+            if (t.type[i] == 0) w[i] = kernel_node_waves(t.nodes[i], sm_count);
     {
         int rc = lucid_graph_slack((long)t.n, t.adj0, t.adj, w, slack, NULL);
         if (rc) {
@@ -446,7 +448,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
         return lucid_seterr(ctx, LUCID_ERR_DEVICE,
                             "cudaStreamEndCapture returned no graph");
     if (graph_node_priority() && graph_slack_on()) {
-        lucid_status ps = graph_slack_priorities(ctx, graph);
+        lucid_status ps = graph_slack_priorities(ctx, graph, st->sm_count);
         if (ps != LUCID_OK) {
             cudaGraphDestroy(graph);
             return ps;
