@@ -157,8 +157,8 @@ typedef struct lucid_cuda_state {
      * in reverse order). Lanes 0 and LUCID_CUDA_BRANCHES + 1 .. carry
      * parameter gradients, lanes 1..LUCID_CUDA_BRANCHES independent
      * branches of a network; lane LUCID_CUDA_LANE_CAST takes one launch
-     * at a time on its own stream, without a swap (the weight casts only
-     * the backward reads: nn_conv.cu). */
+     * at a time on its own stream, without a swap (the conv weight casts:
+     * nn_conv.cu). */
     lucid_cuda_lane lanes[LUCID_CUDA_LANES];
     int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
     int lane_depth;
@@ -204,7 +204,8 @@ extern "C" lucid_status lucid_cuda_lane_mark(lucid_ctx *ctx, int lane, int slot)
 extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot);
 /* The cast lane (LUCID_CUDA_LANE_CAST), for work that only a later reader
  * needs, off the current stream's path (nn_conv.cu: the conv weight
- * copies only the backward-data reads).  fork: *side = the lane's
+ * casts; mark_plain / wait_plain let the forward's readers wait for the
+ * plain casts alone, lane.cu).  fork: *side = the lane's
  * low-priority stream, made to wait for everything queued on the current
  * stream so far (an event: a graph edge under capture), and the lane is
  * pending until joined; the caller queues its launch on *side itself (no

@@ -13,11 +13,13 @@
  *   - lanes 1..LUCID_CUDA_BRANCHES, branch lanes: independent branches of a
  *     network, e.g. the box / class / keypoint branches of the pose head
  *     (lucid_ctx_branch_fork, engine/lucid.h; lua/lucid/nn/head.lua);
- *   - lane LUCID_CUDA_LANE_CAST, the cast lane: one launch at a time queued
- *     straight on its stream (lucid_cuda_cast_lane_fork / _join,
- *     common.cuh), no fields swapped: the conv weight shadows' flipped and
- *     transposed copies, which only the backward-data reads, cast beside the
- *     forward instead of ahead of it (nn_conv.cu, conv2d_cast_shadows).
+ *   - lane LUCID_CUDA_LANE_CAST, the cast lane: launches queued straight on
+ *     its stream (lucid_cuda_cast_lane_fork / _join / _mark_plain /
+ *     _wait_plain, common.cuh), no fields swapped: the conv weight shadows'
+ *     casts, the plain ones (which the forward's GEMMs wait for through the
+ *     mark) and the flipped and transposed copies (which only the
+ *     backward-data reads), beside the forward instead of ahead of it
+ *     (nn_conv.cu, conv2d_cast_shadows).
  *
  * Why: a training step of a small network at batch 4 is latency-bound: its
  * kernels rarely fill the GPU, and on one stream they run one after the

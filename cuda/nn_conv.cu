@@ -44,18 +44,22 @@
  * shadow is fresh.  Same bits either way.
  * The flipped and transposed copies ("gathering" items: strided reads of
  * the f32 weight) are read by the backward-data only, so the group cast
- * queues them as a second launch on the cast lane (lane.cu), a
+ * queues them as a launch of their own on the cast lane (lane.cu), a
  * low-priority side stream forked from the current stream where the group
- * cast is called, and the plain casts the forward reads stay alone on the
- * current stream (the one launch took 46 us at the head of the H200's
+ * cast is called (the one launch took 46 us at the head of the H200's
  * recorded forward, 19 us before the transposed copies joined it: session
- * 11; DECISIONS 36).
+ * 11; DECISIONS 36).  The plain casts the forward reads go first on the
+ * same lane, followed by a mark that their readers wait for
+ * (lucid_cuda_cast_lane_mark_plain / _wait_plain), so the forward's first
+ * convs, which read no shadow, run beside the whole cast;
+ * LUCID_WCAST_PLAIN_SIDE=0 keeps them in a launch on the current stream.
  * Every reader joins the lane first: a backward-data that takes a flipped
  * or transposed copy from a shadow makes its stream wait for the lane
  * (lucid_cuda_cast_lane_join: an event, a graph edge under capture;
  * nothing once the compute stream has waited), and so does every cast into
  * a shadow buffer on the current stream (shadow_take, the next group cast:
- * a buffer reused for another shape overlaps the old copies).  The shadow
+ * a buffer reused for another shape overlaps the old copies); shadow_take
+ * makes a reader of a fresh plain shadow wait for the mark.  The shadow
  * marks are made when the launches are queued, as before: a copy is
  * "fresh" once queued, and its readers wait for it.  LUCID_WCAST_SIDE=0 /
  * lucid_cuda_nn_set_wcast_side(ctx, 1) queue the whole group in one launch
@@ -916,10 +920,12 @@ static bool col_route_likely(const lucid_cuda_nn_state *ns, int64_t K, int64_t C
 }
 
 /* Checked by lucid_nn_conv2d_cast_shadows (n >= 1, f32 contiguous weights
- * on this device, dt bf16/f16).  The plain casts go on the current stream;
- * the gathering items (flipped and transposed copies) on the cast lane
- * when wcast_side_on (see the file comment), else with the plain casts in
- * one launch. */
+ * on this device, dt bf16/f16).  With wcast_side_on (see the file
+ * comment): the plain casts, the plain-cast mark and the gathering items
+ * (flipped and transposed copies) on the cast lane, or with
+ * LUCID_WCAST_PLAIN_SIDE=0 the plain casts on the current stream and the
+ * gathering items on the lane; else all of them in one launch on the
+ * current stream. */
 extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
                                                        const lucid_tensor *const *w,
                                                        lucid_conv_wshadow *const *ws, int n,
@@ -1011,8 +1017,9 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         LUCID_TRY(lucid_cuda_cast_lane_join(ctx));
     }
     cudaStream_t side = NULL;
-    /* forked before the plain casts are queued: the gathers wait for what
-     * precedes the group cast, not for the plain casts */
+    /* forked before anything is queued: the lane waits for what precedes
+     * the group cast (with the plain casts on the current stream, not for
+     * those) */
     const bool plain_side = lucid_wcast_plain_side_switch() != 0;
     if ((ngather > 0 || (plain_side && nitems > 0)) && wcast_side_on(ns))
         LUCID_TRY(lucid_cuda_cast_lane_fork(ctx, &side));
