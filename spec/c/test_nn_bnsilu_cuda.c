@@ -860,6 +860,34 @@ typedef struct bn_in {
     lucid_tensor *hx1, *hx2, *hdy, *hw, *hb, *hrm, *hrv, *hnb, *hbdx, *hbdw, *hbdb;
 } bn_in;
 
+/* in = the inputs of a [N, C, H, W] training case, drawn on the host in a
+ * fixed order (x twice, dy, weight, bias, running stats, the backward's
+ * accumulation targets); in_off / out_off: the element offsets of the
+ * device views (pdview_of). */
+static void bn_in_draw(bn_in *in, lucid_dtype dt, int silu, int affine, int64_t N, int64_t C,
+                       int64_t H, int64_t W, int64_t in_off, int64_t out_off) {
+    int64_t one1[1] = {1};
+    memset(in, 0, sizeof *in);
+    in->dt = dt;
+    in->silu = silu;
+    in->affine = affine;
+    in->xs[0] = N, in->xs[1] = C, in->xs[2] = H, in->xs[3] = W;
+    in->cs[0] = C;
+    in->in_off = in_off;
+    in->out_off = out_off;
+    in->hx1 = phrand(dt, 4, in->xs, -2, 3);
+    in->hx2 = phrand(dt, 4, in->xs, -1.5, 2.5);
+    in->hdy = phrand(dt, 4, in->xs, -1, 1);
+    in->hw = phrand(LUCID_F32, 1, in->cs, 0.5, 1.5);
+    in->hb = phrand(LUCID_F32, 1, in->cs, -0.5, 0.5);
+    in->hrm = phrand(LUCID_F32, 1, in->cs, -0.2, 0.2);
+    in->hrv = phrand(LUCID_F32, 1, in->cs, 0.5, 2.0);
+    in->hnb = phzeros(LUCID_I64, 1, one1);
+    in->hbdx = phrand(dt, 4, in->xs, -1, 1);
+    in->hbdw = phrand(LUCID_F32, 1, in->cs, -1, 1);
+    in->hbdb = phrand(LUCID_F32, 1, in->cs, -1, 1);
+}
+
 /* Device tensor at element offset off (pdview) holding the host tensor h. */
 static lucid_tensor *pdview_of(const lucid_tensor *h, int64_t off) {
     if (!h) return NULL;
@@ -1023,26 +1051,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
              lucid_dtype_name(dt));
     const int one = N * H * W <= 8192; /* one part per channel */
     bn_in in;
-    memset(&in, 0, sizeof in);
-    in.dt = dt;
-    in.silu = silu;
-    in.affine = affine;
-    in.xs[0] = N, in.xs[1] = C, in.xs[2] = H, in.xs[3] = W;
-    in.cs[0] = C;
-    in.in_off = in_off;
-    in.out_off = out_off;
-    int64_t one1[1] = {1};
-    in.hx1 = phrand(dt, 4, in.xs, -2, 3);
-    in.hx2 = phrand(dt, 4, in.xs, -1.5, 2.5);
-    in.hdy = phrand(dt, 4, in.xs, -1, 1);
-    in.hw = phrand(LUCID_F32, 1, in.cs, 0.5, 1.5);
-    in.hb = phrand(LUCID_F32, 1, in.cs, -0.5, 0.5);
-    in.hrm = phrand(LUCID_F32, 1, in.cs, -0.2, 0.2);
-    in.hrv = phrand(LUCID_F32, 1, in.cs, 0.5, 2.0);
-    in.hnb = phzeros(LUCID_I64, 1, one1);
-    in.hbdx = phrand(dt, 4, in.xs, -1, 1);
-    in.hbdw = phrand(LUCID_F32, 1, in.cs, -1, 1);
-    in.hbdb = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    bn_in_draw(&in, dt, silu, affine, N, C, H, W, in_off, out_off);
     lucid_tensor *o1[OP_N], *o0[OP_N];
     unsigned long l1[L_N], l0[L_N];
     const char *what = "";
@@ -1307,26 +1316,7 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
              in_off || out_off ? (in_off ? " x/dy/y/dx at offset 1" : " y/dx at offset 1") : "",
              lucid_dtype_name(dt));
     bn_in in;
-    memset(&in, 0, sizeof in);
-    in.dt = dt;
-    in.silu = silu;
-    in.affine = 1;
-    in.xs[0] = N, in.xs[1] = C, in.xs[2] = H, in.xs[3] = W;
-    in.cs[0] = C;
-    in.in_off = in_off;
-    in.out_off = out_off;
-    int64_t one1[1] = {1};
-    in.hx1 = phrand(dt, 4, in.xs, -2, 3);
-    in.hx2 = phrand(dt, 4, in.xs, -1.5, 2.5);
-    in.hdy = phrand(dt, 4, in.xs, -1, 1);
-    in.hw = phrand(LUCID_F32, 1, in.cs, 0.5, 1.5);
-    in.hb = phrand(LUCID_F32, 1, in.cs, -0.5, 0.5);
-    in.hrm = phrand(LUCID_F32, 1, in.cs, -0.2, 0.2);
-    in.hrv = phrand(LUCID_F32, 1, in.cs, 0.5, 2.0);
-    in.hnb = phzeros(LUCID_I64, 1, one1);
-    in.hbdx = phrand(dt, 4, in.xs, -1, 1);
-    in.hbdw = phrand(LUCID_F32, 1, in.cs, -1, 1);
-    in.hbdb = phrand(LUCID_F32, 1, in.cs, -1, 1);
+    bn_in_draw(&in, dt, silu, 1, N, C, H, W, in_off, out_off);
     const int64_t parts = coop_parts(N, H * W), cy = C < 65535 ? C : 65535;
     /* [0..2]: the default route three times, [3]: LUCID_BN_COOP=0,
      * [4]: LUCID_BN_HELD=0, [5]: LUCID_BN_COOP_LOOP=0 */
