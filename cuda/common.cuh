@@ -118,10 +118,14 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 #define LUCID_CUDA_BRANCHES 3
 /* parameter-gradient lanes: lane 0 and lanes LUCID_CUDA_BRANCHES + 1 .. */
 #define LUCID_CUDA_GRAD_LANES 3
-/* the last lane: the conv weight casts' side lane (lucid_cuda_cast_lane_fork),
- * never forked through lucid_cuda_lane_fork */
+/* the conv weight casts' side lane (lucid_cuda_cast_lane_fork), never
+ * forked through lucid_cuda_lane_fork */
 #define LUCID_CUDA_LANE_CAST (LUCID_CUDA_GRAD_LANES + LUCID_CUDA_BRANCHES)
-#define LUCID_CUDA_LANES (LUCID_CUDA_LANE_CAST + 1)
+/* the last lane: the filter gradients' column builds during the forward
+ * (lucid_cuda_cols_lane_fork, nn_conv.cu), never forked through
+ * lucid_cuda_lane_fork */
+#define LUCID_CUDA_LANE_COLS (LUCID_CUDA_LANE_CAST + 1)
+#define LUCID_CUDA_LANES (LUCID_CUDA_LANE_COLS + 1)
 #define LUCID_CUDA_GRAD_KEYS 512 /* gradient buffers remembered per context */
 #define LUCID_CUDA_MARKS 4
 typedef struct lucid_cuda_lane {
@@ -156,9 +160,10 @@ typedef struct lucid_cuda_state {
      * scratch into the fields above (a stack: forks nest, returns undo them
      * in reverse order). Lanes 0 and LUCID_CUDA_BRANCHES + 1 .. carry
      * parameter gradients, lanes 1..LUCID_CUDA_BRANCHES independent
-     * branches of a network; lane LUCID_CUDA_LANE_CAST takes one launch
-     * at a time on its own stream, without a swap (the conv weight casts:
-     * nn_conv.cu). */
+     * branches of a network; lanes LUCID_CUDA_LANE_CAST and
+     * LUCID_CUDA_LANE_COLS take one launch at a time on their own stream,
+     * without a swap (the conv weight casts and the filter gradients'
+     * column builds: nn_conv.cu). */
     lucid_cuda_lane lanes[LUCID_CUDA_LANES];
     int lane_stack[LUCID_CUDA_LANES]; /* open forks, innermost last */
     int lane_depth;
@@ -219,6 +224,14 @@ extern "C" lucid_status lucid_cuda_lane_wait(lucid_ctx *ctx, int lane, int slot)
  * all lanes (synchronize, capture begin / end, event_record,
  * graph_launch) joins it too.  Errors: the CUDA error (ERR_DEVICE). */
 extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side);
+/* The cols lane (LUCID_CUDA_LANE_COLS): the same fork as the cast lane's,
+ * for the im2col launches that a conv's forward queues for its filter
+ * gradient (nn_conv.cu, the column cache of engine/nn/nn.h
+ * lucid_conv_wcols).  Its readers wait for an event the caller records on
+ * *side after its launch (no mark or join of the lane is needed for
+ * them); the lane is pending until a join of every lane (synchronize,
+ * capture begin / end, event_record, graph_launch). */
+extern "C" lucid_status lucid_cuda_cols_lane_fork(lucid_ctx *ctx, cudaStream_t *side);
 extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_cast_lane_mark_plain(lucid_ctx *ctx);
 extern "C" lucid_status lucid_cuda_cast_lane_wait_plain(lucid_ctx *ctx);

@@ -19,7 +19,13 @@
  *     casts, the plain ones (which the forward's GEMMs wait for through the
  *     mark) and the flipped and transposed copies (which only the
  *     backward-data reads), beside the forward instead of ahead of it
- *     (nn_conv.cu, conv2d_cast_shadows).
+ *     (nn_conv.cu, conv2d_cast_shadows);
+ *   - lane LUCID_CUDA_LANE_COLS, the cols lane: launches queued straight
+ *     on its stream like the cast lane's (lucid_cuda_cols_lane_fork): the
+ *     im2col of a conv whose forward builds no columns (layer 0 on the
+ *     small-channel kernels) for its filter gradient, queued during the
+ *     forward (the column cache, engine/nn/nn.h lucid_conv_wcols); the
+ *     filter gradient waits for an event recorded after that launch.
  *
  * Why: a training step of a small network at batch 4 is latency-bound: its
  * kernels rarely fill the GPU, and on one stream they run one after the
@@ -83,8 +89,13 @@ static int lane_is_grad(int lane) {
     return lane == 0 || (lane > LUCID_CUDA_BRANCHES && lane < LUCID_CUDA_LANE_CAST);
 }
 
+/* The lanes of single launches queued on their stream without a swap. */
+static int lane_is_side(int lane) {
+    return lane == LUCID_CUDA_LANE_CAST || lane == LUCID_CUDA_LANE_COLS;
+}
+
 /* Lanes whose work is off the critical path: the least stream priority. */
-static int lane_is_low(int lane) { return lane_is_grad(lane) || lane == LUCID_CUDA_LANE_CAST; }
+static int lane_is_low(int lane) { return lane_is_grad(lane) || lane_is_side(lane); }
 
 /* LUCID_GRAD_LANES=n (1..LUCID_CUDA_GRAD_LANES, read once): how many
  * parameter-gradient streams are used; default LUCID_CUDA_GRAD_LANES. A
@@ -127,10 +138,10 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
         CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->mark_ev[m], cudaEventDisableTiming));
-    /* the cast lane runs its own kernels only: its one mark (slot 0, after
-     * the plain casts: lucid_cuda_cast_lane_mark_plain), no cuBLAS handle
-     * and workspace (32 MiB) */
-    if (lane == LUCID_CUDA_LANE_CAST) return LUCID_OK;
+    /* the cast and cols lanes run their own kernels only (the cast lane's
+     * one mark: slot 0, after the plain casts, lucid_cuda_cast_lane_mark_plain):
+     * no cuBLAS handle and workspace (32 MiB) */
+    if (lane_is_side(lane)) return LUCID_OK;
     /* the compute handle's settings and workspace size (backend.cu) */
     return lucid_cuda_cublas_create(ctx, st, L->stream, &L->cublas, &L->cublas_ws);
 }
@@ -296,13 +307,15 @@ extern "C" lucid_status lucid_cuda_lane_join(lucid_ctx *ctx, int lane) {
     return LUCID_OK;
 }
 
-extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side) {
+/* The fork of a side lane (the cast lane, the cols lane): *side = its
+ * stream, waiting for the current stream's work so far; the lane pending. */
+static lucid_status side_lane_fork(lucid_ctx *ctx, int lane, cudaStream_t *side) {
     *side = NULL;
     CUDA_ENTER(ctx, st);
-    lucid_cuda_lane *L = &st->lanes[LUCID_CUDA_LANE_CAST];
+    lucid_cuda_lane *L = &st->lanes[lane];
     if (L->off) return LUCID_OK;
     int ready = 0;
-    LUCID_TRY(lane_ensure(ctx, st, L, LUCID_CUDA_LANE_CAST, &ready));
+    LUCID_TRY(lane_ensure(ctx, st, L, lane, &ready));
     if (!ready) return LUCID_OK;
     CUDA_CHECK(ctx, cudaEventRecord(L->fork_ev, st->stream));
     /* pending from here on: once the lane stream waits on the fork (part of
@@ -312,6 +325,14 @@ extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *
     CUDA_CHECK(ctx, cudaStreamWaitEvent(L->stream, L->fork_ev, 0));
     *side = L->stream;
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_cast_lane_fork(lucid_ctx *ctx, cudaStream_t *side) {
+    return side_lane_fork(ctx, LUCID_CUDA_LANE_CAST, side);
+}
+
+extern "C" lucid_status lucid_cuda_cols_lane_fork(lucid_ctx *ctx, cudaStream_t *side) {
+    return side_lane_fork(ctx, LUCID_CUDA_LANE_COLS, side);
 }
 
 extern "C" lucid_status lucid_cuda_cast_lane_join(lucid_ctx *ctx) {

@@ -115,6 +115,10 @@ typedef struct lucid_cuda_nn_state {
     int conv_col;                   /* im2col route: 0 LUCID_CONV_COL, else 1 + the
                                        mask of passes (lucid_cuda_nn_set_conv_col,
                                        nn_conv_col.cuh) */
+    int wcols;                      /* conv column caches: 0 LUCID_WCOLS, else 1 + the
+                                       mode (lucid_cuda_nn_set_wcols, nn_conv_wcols.cuh) */
+    size_t wcols_cap;               /* their ceiling in bytes: 0 LUCID_WCOLS_MAX_MB
+                                       (lucid_cuda_nn_set_wcols_cap) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -202,6 +206,19 @@ int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route);
  * taken by the small-channel or 1x1 routes) in conv mode 0.  Returns the
  * previous setting (-1 when ctx has no CUDA state). */
 int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route);
+/* Conv column caches of ctx (engine/nn/nn.h lucid_conv_wcols,
+ * nn_conv_wcols.cuh), for tests and benchmarks, overriding the process
+ * switch LUCID_WCOLS: 0 follow LUCID_WCOLS (the default), else 1 + the
+ * mode (1 off, 2 cache + side builds for stable inputs, 3 cache + side
+ * builds for every conv whose forward builds no columns, 4 cache without
+ * side builds; other values read as 0).  Returns the previous setting (-1
+ * when ctx has no CUDA state). */
+int lucid_cuda_nn_set_wcols(lucid_ctx *ctx, int mode);
+/* The ceiling of the process's column-cache bytes as ctx's calls see it,
+ * overriding LUCID_WCOLS_MAX_MB: bytes > 0, or 0 to follow the variable.
+ * Returns the previous setting (-1 when ctx has no CUDA state, or bytes <
+ * 0: then nothing changes). */
+long long lucid_cuda_nn_set_wcols_cap(lucid_ctx *ctx, long long bytes);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/
@@ -268,6 +285,14 @@ lucid_status lucid_cuda_conv2d_backward_input_dcols(lucid_ctx *, const lucid_ten
                                                     const lucid_tensor *,
                                                     const lucid_conv2d_params *, double,
                                                     lucid_conv_wshadow *, lucid_conv_dcols *);
+lucid_status lucid_cuda_conv2d_forward_cols(lucid_ctx *, const lucid_tensor *, lucid_tensor *,
+                                            const lucid_tensor *, const lucid_tensor *,
+                                            const lucid_conv2d_params *, lucid_conv_wshadow *,
+                                            lucid_conv_wcols *, int);
+lucid_status lucid_cuda_conv2d_backward_params_cols(lucid_ctx *, const lucid_tensor *,
+                                                    const lucid_tensor *, lucid_tensor *,
+                                                    lucid_tensor *, const lucid_conv2d_params *,
+                                                    double, lucid_conv_wcols *);
 /* nn_norm_{fwd,bwd}.cu */
 lucid_status lucid_cuda_batchnorm2d_silu_forward(
     lucid_ctx *, const lucid_tensor *, lucid_tensor *, const lucid_tensor *,

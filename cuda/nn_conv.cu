@@ -69,6 +69,20 @@
  * LUCID_WCAST_ONCE=0 / lucid_cuda_nn_set_wcast(ctx, 1), the GEMM casts
  * into scratch per call.  Same bits either way.
  *
+ * Column caches (nn.h lucid_conv_wcols, nn_conv_wcols.cuh; DECISIONS 38;
+ * the *_cols slots): a forward on the im2col route given a cache writes
+ * its columns there instead of the stream's scratch when the conv's filter
+ * gradient takes the im2col route too, and the filter gradient reads them
+ * back instead of running its own im2col when they are fresh for its x
+ * (same bytes, same GEMMs: same bits).  A forward on another route (layer
+ * 0 and the 160x160 bottlenecks: the small-channel kernels) given a cache
+ * queues the im2col of x on the cols lane (lane.cu, low priority, forked
+ * where the forward is called) when the mode allows it (LUCID_WCOLS: for
+ * x_stable convs, or all), so the backward's filter gradient waits for an
+ * event and runs its GEMMs only: layer 0's 30 us im2col (H200 replay)
+ * leaves the end of the step's critical path.  LUCID_WCOLS=0 /
+ * lucid_cuda_nn_set_wcols(ctx, 1): every call as before.
+ *
  * Contract (nn.h): x [N,Cin,H,W], y/dy [N,Cout,Ho,Wo], dx like x: contiguous
  * f32/bf16/f16; w, b, dw, db f32 (master parameters).  forward overwrites
  * y; dx = beta*dx + ...; dw = beta*dw + ..., db = beta*db + ... (beta 0
@@ -114,6 +128,7 @@
 #include "nn_conv_dw.cuh"
 #include "nn_conv_small.cuh"
 #include "nn_conv_col.cuh"
+#include "nn_conv_wcols.cuh"
 #include "nn_dcols.cuh"
 
 #include <algorithm>
@@ -1064,10 +1079,58 @@ static lucid_status conv_common(lucid_ctx *ctx, const char *op, const lucid_tens
     return LUCID_OK;
 }
 
-/* The forward; ws (nullable) is the weight shadow of the GEMM route. */
+// ----------------------------------------------------------------------------
+// column caches (nn.h lucid_conv_wcols)
+
+/* 1 in *yes when the filter gradient of pl would take the im2col route in
+ * ns (conv_route_of; decided without planning: an eligible pass with the
+ * route's switch on gives ROUTE_COL or ROUTE_SMALL). */
+static lucid_status wgrad_takes_col(lucid_ctx *ctx, lucid_cuda_state *st,
+                                    lucid_cuda_nn_state *ns, lucid_cuda_conv_plan *pl,
+                                    bool *yes) {
+    *yes = false;
+    if (ns->conv_mode != 0 || !pl->col[PASS_BWD_FILTER] || col_on(ns, PASS_BWD_FILTER, NULL) != 1)
+        return LUCID_OK;
+    int rf = ROUTE_DIRECT;
+    size_t need = 0;
+    bool reserve = false;
+    LUCID_TRY(conv_route_of(ctx, st, ns, pl, PASS_BWD_FILTER, "conv2d_backward_params", &rf,
+                            &need, &reserve));
+    *yes = rf == ROUTE_COL;
+    return LUCID_OK;
+}
+
+/* The side build of a forward that builds no columns: im2col(x) into wc's
+ * buffer on the cols lane (forked from the current stream here, so it
+ * runs beside the forward's own kernels), an event after it for the
+ * filter gradient, the record marked (side).  Nothing when the buffer or
+ * the lane is not available now (the filter gradient then builds its
+ * columns itself). */
+static lucid_status wcols_side_build(lucid_ctx *ctx, lucid_cuda_state *st,
+                                     lucid_cuda_nn_state *ns, lucid_cuda_conv_plan *pl,
+                                     const lucid_tensor *x, const lucid_conv2d_params *p,
+                                     lucid_conv_wcols *wc) {
+    void *cols = NULL;
+    LUCID_TRY(lucid_conv_wcols_write_begin(ctx, st, ns, wc, x,
+                                           lucid_conv_col_cols_bytes(&pl->cg), &cols));
+    if (!cols) return LUCID_OK;
+    cudaStream_t side = NULL;
+    LUCID_TRY(lucid_cuda_cols_lane_fork(ctx, &side));
+    if (!side) return LUCID_OK; /* the record stays forgotten */
+    LUCID_TRY(lucid_conv_col_im2col(ctx, side, pl->dt, &pl->cg, lucid_tensor_data(x), cols));
+    LUCID_TRY(lucid_conv_wcols_write_end(ctx, st, wc, side, x, pl->cg.kh, pl->cg.kw, p,
+                                         lucid_conv_col_rows(&pl->cg), 1));
+    lucid_conv_wcols_count_side();
+    return LUCID_OK;
+}
+
+/* The forward; ws (nullable) is the weight shadow of the GEMM route, wc
+ * (nullable) the column cache of the filter gradient (x_stable: the
+ * caller's hint for side builds, nn.h). */
 static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
                                  const lucid_tensor *w, const lucid_tensor *b,
-                                 const lucid_conv2d_params *p, lucid_conv_wshadow *wsh) {
+                                 const lucid_conv2d_params *p, lucid_conv_wshadow *wsh,
+                                 lucid_conv_wcols *wc, int x_stable) {
     const char *op = "conv2d_forward";
     lucid_cuda_state *st;
     lucid_cuda_nn_state *ns;
@@ -1081,6 +1144,15 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     int route = ROUTE_DIRECT;
     void *ws = NULL;
     LUCID_TRY(conv_route(ctx, st, ns, pl, PASS_FWD, op, &route, &ws));
+    /* the column cache: written by this forward when its filter gradient
+     * reads columns (the im2col route), by the forward's own im2col or, for
+     * a forward on another route, by a side build when the mode allows */
+    const int wmode = wc ? lucid_conv_wcols_mode(ns) : LUCID_WCOLS_OFF;
+    bool wcol = false;
+    if (wmode != LUCID_WCOLS_OFF) LUCID_TRY(wgrad_takes_col(ctx, st, ns, pl, &wcol));
+    if (wcol && route != ROUTE_COL &&
+        (wmode == LUCID_WCOLS_SIDE || (wmode == LUCID_WCOLS_STABLE && x_stable)))
+        LUCID_TRY(wcols_side_build(ctx, st, ns, pl, x, p, wc));
     if (route == ROUTE_GEMM || route == ROUTE_COL) { /* cuBLAS: 1x1 or im2col */
         const bool col = route == ROUTE_COL;
         if (bp) /* the f32 product the bias is added to */
@@ -1089,17 +1161,28 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
                 col ? lucid_conv_col_scratch(&pl->cg, x->dtype, PASS_FWD, 1)
                     : lucid_conv_gemm_scratch(&pl->gg, x->dtype, PASS_FWD, 1),
                 op, &ws));
-        const void *wc = NULL;
+        const void *wcast = NULL;
         /* a padded K (not a multiple of 8) casts its padded weight per call */
         if (!col || (g.Cin * g.kh * g.kw) % 8 == 0)
-            LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wc));
+            LUCID_TRY(shadow_take(ctx, st, ns, wsh, w, x->dtype, &wcast));
         const float *wp = (const float *)lucid_tensor_data(w);
-        if (col)
-            return lucid_conv_col_forward(ctx, st->cublas, st->stream, x->dtype, &pl->cg,
-                                          lucid_tensor_data(x), wp, wc, bp,
-                                          lucid_tensor_data(y), ws);
+        if (col) {
+            void *cols = NULL; /* the cache's buffer, else the scratch */
+            if (wcol)
+                LUCID_TRY(lucid_conv_wcols_write_begin(ctx, st, ns, wc, x,
+                                                       lucid_conv_col_cols_bytes(&pl->cg),
+                                                       &cols));
+            LUCID_TRY(lucid_conv_col_forward_cols(ctx, st->cublas, st->stream, x->dtype,
+                                                  &pl->cg, lucid_tensor_data(x), wp, wcast, bp,
+                                                  lucid_tensor_data(y), ws, cols));
+            if (cols)
+                LUCID_TRY(lucid_conv_wcols_write_end(ctx, st, wc, st->stream, x, pl->cg.kh,
+                                                     pl->cg.kw, p, lucid_conv_col_rows(&pl->cg),
+                                                     0));
+            return LUCID_OK;
+        }
         return lucid_conv_gemm_forward_wc(ctx, st->cublas, st->stream, x->dtype, &pl->gg,
-                                          lucid_tensor_data(x), wp, wc, bp,
+                                          lucid_tensor_data(x), wp, wcast, bp,
                                           lucid_tensor_data(y), ws);
     }
     if (route == ROUTE_IGEMM) {
@@ -1122,10 +1205,10 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     if (route == ROUTE_CUDNN) {
         const void *wp = lucid_tensor_data(w);
         if (pl->wbytes) {
-            void *wc = (char *)ws + nn_align(pl->ws[PASS_FWD]);
-            LUCID_TRY(cast_weight(ctx, st, (const float *)wp, wc, x->dtype,
+            void *wtmp = (char *)ws + nn_align(pl->ws[PASS_FWD]);
+            LUCID_TRY(cast_weight(ctx, st, (const float *)wp, wtmp, x->dtype,
                                   g.Cout * g.Cg * g.kh * g.kw));
-            wp = wc;
+            wp = wtmp;
         }
         float one = 1.0f, zero = 0.0f;
         double t0 = first_run_begin(ns, pl, PASS_FWD);
@@ -1155,7 +1238,7 @@ extern "C" lucid_status lucid_cuda_conv2d_forward(lucid_ctx *ctx, const lucid_te
                                                   lucid_tensor *y, const lucid_tensor *w,
                                                   const lucid_tensor *b,
                                                   const lucid_conv2d_params *p) {
-    return conv_forward(ctx, x, y, w, b, p, NULL);
+    return conv_forward(ctx, x, y, w, b, p, NULL, NULL, 0);
 }
 
 extern "C" lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
@@ -1163,7 +1246,16 @@ extern "C" lucid_status lucid_cuda_conv2d_forward_shadow(lucid_ctx *ctx, const l
                                                          const lucid_tensor *b,
                                                          const lucid_conv2d_params *p,
                                                          lucid_conv_wshadow *ws) {
-    return conv_forward(ctx, x, y, w, b, p, ws);
+    return conv_forward(ctx, x, y, w, b, p, ws, NULL, 0);
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_forward_cols(lucid_ctx *ctx, const lucid_tensor *x,
+                                                       lucid_tensor *y, const lucid_tensor *w,
+                                                       const lucid_tensor *b,
+                                                       const lucid_conv2d_params *p,
+                                                       lucid_conv_wshadow *ws,
+                                                       lucid_conv_wcols *wc, int x_stable) {
+    return conv_forward(ctx, x, y, w, b, p, ws, wc, x_stable);
 }
 
 // ----------------------------------------------------------------------------
@@ -1382,12 +1474,12 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_input_dcols(
     return conv_backward_input(ctx, x, dy, dx, w, p, beta, ws, dc);
 }
 
-extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
-                                                          const lucid_tensor *x,
-                                                          const lucid_tensor *dy,
-                                                          lucid_tensor *dwt, lucid_tensor *db,
-                                                          const lucid_conv2d_params *p,
-                                                          double beta) {
+/* The parameter gradients; wc (nullable) the column cache the forward
+ * wrote (read when fresh for x on the im2col route). */
+static lucid_status conv_backward_params(lucid_ctx *ctx, const lucid_tensor *x,
+                                         const lucid_tensor *dy, lucid_tensor *dwt,
+                                         lucid_tensor *db, const lucid_conv2d_params *p,
+                                         double beta, lucid_conv_wcols *wc) {
     const char *op = "conv2d_backward_params";
     LUCID_TRY(nn_check_act(ctx, op, x->dtype));
     LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dwt));
@@ -1420,10 +1512,23 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
             done = true;
         }
         if (route == ROUTE_COL) {
-            LUCID_TRY(lucid_conv_col_backward_filter(ctx, st->cublas, st->stream, x->dtype,
-                                                     &pl->cg, lucid_tensor_data(x),
-                                                     lucid_tensor_data(dy), dwp, (float)beta,
-                                                     ws));
+            const void *cols = NULL; /* the forward's, when fresh for x */
+            if (wc && lucid_conv_wcols_mode(ns) != LUCID_WCOLS_OFF)
+                LUCID_TRY(lucid_conv_wcols_read_begin(
+                    ctx, st, wc, x, pl->cg.kh, pl->cg.kw, p, lucid_conv_col_rows(&pl->cg),
+                    lucid_conv_col_cols_bytes(&pl->cg), &cols));
+            if (cols) {
+                LUCID_TRY(lucid_conv_col_backward_filter_cols(ctx, st->cublas, st->stream,
+                                                              x->dtype, &pl->cg, cols,
+                                                              lucid_tensor_data(dy), dwp,
+                                                              (float)beta, ws));
+                LUCID_TRY(lucid_conv_wcols_read_end(ctx, st, wc));
+            } else {
+                LUCID_TRY(lucid_conv_col_backward_filter(ctx, st->cublas, st->stream, x->dtype,
+                                                         &pl->cg, lucid_tensor_data(x),
+                                                         lucid_tensor_data(dy), dwp,
+                                                         (float)beta, ws));
+            }
             done = true;
         }
         if (route == ROUTE_IGEMM) {
@@ -1477,4 +1582,19 @@ extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
                                             C, S, (float *)lucid_tensor_data(db), beta));
     }
     return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_params(lucid_ctx *ctx,
+                                                          const lucid_tensor *x,
+                                                          const lucid_tensor *dy,
+                                                          lucid_tensor *dwt, lucid_tensor *db,
+                                                          const lucid_conv2d_params *p,
+                                                          double beta) {
+    return conv_backward_params(ctx, x, dy, dwt, db, p, beta, NULL);
+}
+
+extern "C" lucid_status lucid_cuda_conv2d_backward_params_cols(
+    lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy, lucid_tensor *dwt,
+    lucid_tensor *db, const lucid_conv2d_params *p, double beta, lucid_conv_wcols *wc) {
+    return conv_backward_params(ctx, x, dy, dwt, db, p, beta, wc);
 }

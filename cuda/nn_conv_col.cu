@@ -711,12 +711,33 @@ static lucid_status col_fill(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt
 // ----------------------------------------------------------------------------
 // entry points
 
+size_t lucid_conv_col_cols_bytes(const lucid_conv_col_geom *g) { return col_bytes(g, 2); }
+
+int64_t lucid_conv_col_rows(const lucid_conv_col_geom *g) { return col_Kr(g); }
+
+lucid_status lucid_conv_col_im2col(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                   const lucid_conv_col_geom *g, const void *x, void *cols) {
+    LUCID_TRY(col_check(ctx, "conv2d_forward (filter gradient columns)", dt, g, 2));
+    if (!cols)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_forward (im2col GEMM route): columns NULL");
+    return col_fill(ctx, stream, dt, g, x, cols);
+}
+
 lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
                                     lucid_dtype dt, const lucid_conv_col_geom *g,
                                     const void *x, const float *w, const void *wcast,
                                     const float *b, void *y, void *scratch) {
+    return lucid_conv_col_forward_cols(ctx, h, stream, dt, g, x, w, wcast, b, y, scratch, NULL);
+}
+
+lucid_status lucid_conv_col_forward_cols(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                         lucid_dtype dt, const lucid_conv_col_geom *g,
+                                         const void *x, const float *w, const void *wcast,
+                                         const float *b, void *y, void *scratch, void *cols) {
     LUCID_TRY(col_check(ctx, "conv2d_forward", dt, g, 0));
-    LUCID_TRY(col_fill(ctx, stream, dt, g, x, scratch));
+    if (!cols) cols = scratch;
+    LUCID_TRY(col_fill(ctx, stream, dt, g, x, cols));
     lucid_conv_gemm_geom gg = col_gemm_geom(g);
     void *gs = (char *)scratch + col_bytes(g, 2);
     const int64_t K = col_K(g), Kr = col_Kr(g);
@@ -731,7 +752,7 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
                                          (__half *)gs, (int)K, (int)Kr, n));
         wcast = gs;
     }
-    return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, &gg, scratch, w, wcast, b, y, gs);
+    return lucid_conv_gemm_forward_wc(ctx, h, stream, dt, &gg, cols, w, wcast, b, y, gs);
 }
 
 int lucid_conv_col_dcols_geom(const lucid_conv_col_geom *g, lucid_dtype dt) {
@@ -822,5 +843,19 @@ lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
     LUCID_TRY(col_fill(ctx, stream, dt, g, x, scratch));
     lucid_conv_gemm_geom gg = col_gemm_geom(g);
     return lucid_conv_gemm_backward_filter_rows(ctx, h, stream, dt, &gg, col_K(g), scratch, dy,
+                                                dw, beta, (char *)scratch + col_bytes(g, 2));
+}
+
+lucid_status lucid_conv_col_backward_filter_cols(lucid_ctx *ctx, cublasHandle_t h,
+                                                 cudaStream_t stream, lucid_dtype dt,
+                                                 const lucid_conv_col_geom *g, const void *cols,
+                                                 const void *dy, float *dw, float beta,
+                                                 void *scratch) {
+    LUCID_TRY(col_check(ctx, "conv2d_backward_params", dt, g, 2));
+    if (!cols)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_backward_params (im2col GEMM route): columns NULL");
+    lucid_conv_gemm_geom gg = col_gemm_geom(g);
+    return lucid_conv_gemm_backward_filter_rows(ctx, h, stream, dt, &gg, col_K(g), cols, dy,
                                                 dw, beta, (char *)scratch + col_bytes(g, 2));
 }

@@ -29,7 +29,10 @@
  *                      implementation of it measured slower than the
  *                      implicit GEMM's stride phases, so strided convs keep
  *                      those for this pass.
- *     backward-filter  dW = sum_n dY[n] . col[n]^T (col recomputed from x;
+ *     backward-filter  dW = sum_n dY[n] . col[n]^T (col recomputed from x,
+ *                      or the forward's, kept in a column cache: the
+ *                      *_cols entry points below; engine/nn/nn.h
+ *                      lucid_conv_wcols;
  *                      lucid_conv_gemm_backward_filter_rows with Cin -> Kr
  *                      and Kout = K: K rounded up to Kr, a multiple of 8,
  *                      with zero rows in col and zero columns in W).
@@ -145,6 +148,36 @@ lucid_status lucid_conv_col_forward(lucid_ctx *ctx, cublasHandle_t h, cudaStream
                                     const void *x, const float *w, const void *wcast,
                                     const float *b, void *y, void *scratch);
 
+/* lucid_conv_col_forward with the columns written to `cols` (nullable:
+ * into scratch, i.e. lucid_conv_col_forward) instead of the first region
+ * of scratch, and read from there by the GEMM: cols holds
+ * lucid_conv_col_cols_bytes(g) bytes, 16-byte aligned, and outlives the
+ * call (a column cache, engine/nn/nn.h lucid_conv_wcols).  scratch is
+ * still lucid_conv_col_scratch(g, dt, 0, b != NULL) bytes, its GEMM region
+ * at the same offset (the first region then goes unused).  Same launches
+ * and the same bits as lucid_conv_col_forward. */
+lucid_status lucid_conv_col_forward_cols(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                         lucid_dtype dt, const lucid_conv_col_geom *g,
+                                         const void *x, const float *w, const void *wcast,
+                                         const float *b, void *y, void *scratch, void *cols);
+
+/* Bytes of the column matrix of g (N*Kr*Ho*Wo elements of 2 bytes,
+ * rounded up to 256): the first region of the forward's and the
+ * backward-filter's scratch, and the size of a column cache. */
+size_t lucid_conv_col_cols_bytes(const lucid_conv_col_geom *g);
+
+/* Rows per image of the column matrix of g: Cin*kh*kw rounded up to 8. */
+int64_t lucid_conv_col_rows(const lucid_conv_col_geom *g);
+
+/* cols = im2col(x) alone (one launch on stream, the kernel the forward and
+ * the backward-filter run; counted by lucid_cuda_conv_col_launch_count):
+ * a filter gradient's columns queued ahead of it, on a side stream, by a
+ * forward that builds none itself (nn_conv.cu, the column cache).  g
+ * eligible for pass 2 (else ERR_UNSUPPORTED); cols as for
+ * lucid_conv_col_forward_cols. */
+lucid_status lucid_conv_col_im2col(lucid_ctx *ctx, cudaStream_t stream, lucid_dtype dt,
+                                   const lucid_conv_col_geom *g, const void *x, void *cols);
+
 /* dx = beta*dx + conv_transpose(dy, w) (beta == 0 never reads dx), for a
  * g eligible for pass 1 (stride 1).  wflip (nullable): the flipped weight
  * already in dt ([Cin][lucid_conv_col_wflip_kr(Cout, kh, kw)], a shadow
@@ -190,6 +223,18 @@ lucid_status lucid_conv_col_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                             const void *dy, float *dw, float beta,
                                             void *scratch);
 
+/* lucid_conv_col_backward_filter with the columns of x already written
+ * (cols: lucid_conv_col_cols_bytes(g) bytes, 16-byte aligned, the bytes
+ * the im2col of x writes: a fresh column cache): no im2col, the GEMMs read
+ * cols; their partials in scratch at the offset the plain call uses.  The
+ * same GEMMs on the same column bytes: the same bits.  ERR_ARG for cols
+ * NULL. */
+lucid_status lucid_conv_col_backward_filter_cols(lucid_ctx *ctx, cublasHandle_t h,
+                                                 cudaStream_t stream, lucid_dtype dt,
+                                                 const lucid_conv_col_geom *g, const void *cols,
+                                                 const void *dy, float *dw, float beta,
+                                                 void *scratch);
+
 /* The flipped, transposed weight of the backward-data (rows of Kr >=
  * Cout*kh*kw elements, Kr a multiple of 8): element i of wf [Cin][Kr] is
  * w[co][ci][kh-1-r][kw-1-q] for i = ci*Kr + (co*kh + r)*kw + q, and +0 in
@@ -211,8 +256,9 @@ static inline int64_t lucid_conv_col_wflip_kr(int64_t Cout, int kh, int kw) {
 }
 
 /* im2col launches queued by the calling thread so far (one per forward,
- * backward-data and backward-filter call of the route), any context, eager
- * or while capturing: a test hook for the route choice. */
+ * backward-data and backward-filter call of the route that builds its
+ * columns, and one per lucid_conv_col_im2col), any context, eager or while
+ * capturing: a test hook for the route choice and the column cache. */
 extern "C" unsigned long lucid_cuda_conv_col_launch_count(void);
 
 /* Per context, lucid_cuda_nn_set_conv_col (nn_common.cuh, nn_table.cu)

@@ -109,6 +109,8 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->wcast_side = 0;
     ns->conv_small = 0;
     ns->conv_col = 0;
+    ns->wcols = 0;
+    ns->wcols_cap = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -183,6 +185,20 @@ extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {
 
 extern "C" int lucid_cuda_nn_set_wcast_side(lucid_ctx *ctx, int mode) {
     return set_route(ctx, &lucid_cuda_nn_state::wcast_side, mode, 2);
+}
+
+extern "C" int lucid_cuda_nn_set_wcols(lucid_ctx *ctx, int mode) {
+    return set_route(ctx, &lucid_cuda_nn_state::wcols, mode, 4);
+}
+
+extern "C" long long lucid_cuda_nn_set_wcols_cap(lucid_ctx *ctx, long long bytes) {
+    lucid_cuda_state *st = (lucid_cuda_state *)ctx->backend_state;
+    if (!st || bytes < 0) return -1;
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return -1;
+    const long long old = (long long)ns->wcols_cap;
+    ns->wcols_cap = (size_t)bytes;
+    return old;
 }
 
 /* The compute stream of ctx (as void *), for benchmarks that time nn calls
@@ -319,6 +335,8 @@ static const lucid_nn_kernels cuda_nn_table = {
     lucid_cuda_conv2d_dcols_reserve,
     lucid_cuda_batchnorm2d_backward_dcols,
     lucid_cuda_conv2d_backward_input_dcols,
+    lucid_cuda_conv2d_forward_cols,
+    lucid_cuda_conv2d_backward_params_cols,
 };
 
 extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {

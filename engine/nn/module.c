@@ -296,12 +296,16 @@ static lucid_status want_channels(lucid_ctx *ctx, const lucid_module *m,
  * columns of the next backward-data, reserved by
  * lucid_module_conv2d_dcols_reserve and written by
  * lucid_module_batchnorm2d_backward_dcols (nn.h lucid_conv_dcols); the
- * next backward takes them, any forward or backward forgets them. */
+ * next backward takes them, any forward or backward forgets them.  wc:
+ * the forward's im2col columns of x kept for the filter gradient (nn.h
+ * lucid_conv_wcols; passed by a training forward of a trainable weight,
+ * read by the backward when fresh for its x). */
 typedef struct conv_priv {
     int c1, c2, k, s, p, d, g, bias;
     lucid_conv2d_params cp;
     lucid_conv_wshadow ws;
     lucid_conv_dcols dc;
+    lucid_conv_wcols wc;
 } conv_priv;
 
 static const lucid_module_vtable conv_vt;
@@ -322,9 +326,18 @@ static lucid_status conv_forward(lucid_ctx *ctx, lucid_module *m, int nin,
                             m->name, (long long)x->shape[2],
                             (long long)x->shape[3], c->k, c->p, c->d);
     LUCID_TRY(ensure(ctx, &m->outputs[0], lucid_tensor_device(x), x->dtype, 4, ys));
-    return lucid_nn_conv2d_forward_shadow(ctx, x, m->outputs[0], m->params[0]->data,
-                                          c->bias ? m->params[1]->data : NULL, &c->cp,
-                                          &c->ws);
+    /* the column cache only when a filter gradient follows; a module that
+     * computes no input gradient (layer 0: x is the image) says x is
+     * stable until then (a hint: the cache's freshness rule checks it) */
+    const lucid_param *w = m->params[0];
+    lucid_conv_wcols *wc = m->training && w->trainable ? &c->wc : NULL;
+    /* no filter gradient follows (evaluation): drop the record's reference
+     * on the last training input, which the layer before may just have
+     * replaced by a buffer of the evaluation's shape */
+    if (!wc) lucid_conv_wcols_invalidate(&c->wc);
+    return lucid_nn_conv2d_forward_cols(ctx, x, m->outputs[0], w->data,
+                                        c->bias ? m->params[1]->data : NULL, &c->cp, &c->ws,
+                                        wc, !m->need_grad_input);
 }
 
 static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
@@ -347,7 +360,8 @@ static lucid_status conv_backward(lucid_ctx *ctx, lucid_module *m, int nin,
         int lane = 0;
         const void *key = dw ? lucid_tensor_data(dw) : lucid_tensor_data(db);
         LUCID_TRY(lucid_ctx_grad_lane_fork(ctx, lucid_tensor_device(x), key, &lane));
-        lucid_status s = lucid_nn_conv2d_backward_params(ctx, x, dy, dw, db, &c->cp, 1.0);
+        lucid_status s =
+            lucid_nn_conv2d_backward_params_cols(ctx, x, dy, dw, db, &c->cp, 1.0, &c->wc);
         if (lane) lucid_ctx_branch_return(ctx); /* closes the innermost fork: this one */
         LUCID_TRY(s);
     }
@@ -401,7 +415,10 @@ static int conv_describe(const lucid_module *m, char *buf, size_t n) {
 
 static void conv_free_priv(lucid_module *m) {
     conv_priv *c = m->priv;
-    if (c) lucid_conv_wshadow_release(&c->ws);
+    if (c) {
+        lucid_conv_wshadow_release(&c->ws);
+        lucid_conv_wcols_release(&c->wc);
+    }
 }
 
 static const lucid_module_vtable conv_vt = {"Conv2d", conv_forward,
@@ -479,6 +496,7 @@ lucid_status lucid_module_conv2d_create(lucid_ctx *ctx, lucid_param_set *set,
     c->bias = bias != 0;
     c->cp = (lucid_conv2d_params){s, s, p, p, d, d, g};
     lucid_conv_wshadow_init(&c->ws);
+    lucid_conv_wcols_init(&c->wc);
     int64_t fan_in = (int64_t)(c1 / g) * k * k;
     int64_t ws[4] = {c2, c1 / g, k, k}, bs[1] = {c2};
     lucid_init_rule fi = {LUCID_INIT_FAN_IN, 0, 0, fan_in};

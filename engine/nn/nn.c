@@ -190,10 +190,12 @@ static lucid_status chk_conv(lucid_ctx *ctx, const char *op,
     return LUCID_OK;
 }
 
-/* The forward with an optional weight shadow (nn.h). */
+/* The forward with an optional weight shadow and an optional column
+ * cache (nn.h; the cache only when the table has the slot). */
 static lucid_status conv_fwd(lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor *y,
                              const lucid_tensor *w, const lucid_tensor *b,
-                             const lucid_conv2d_params *p, lucid_conv_wshadow *ws) {
+                             const lucid_conv2d_params *p, lucid_conv_wshadow *ws,
+                             lucid_conv_wcols *wc, int x_stable) {
     const char *op = "conv2d_forward";
     int64_t ys[4];
     LUCID_TRY(chk_conv(ctx, op, x, w, p, ys));
@@ -207,7 +209,9 @@ static lucid_status conv_fwd(lucid_ctx *ctx, const lucid_tensor *x, lucid_tensor
     }
     KT(ctx, x);
     if (lucid_tensor_numel(y) == 0) return LUCID_OK;
-    if (ws && kt_->conv2d_forward_shadow)
+    if (wc && kt_->conv2d_forward_cols && kt_->conv2d_backward_params_cols)
+        LUCID_TRY(kt_->conv2d_forward_cols(ctx, x, y, w, b, p, ws, wc, x_stable));
+    else if (ws && kt_->conv2d_forward_shadow)
         LUCID_TRY(kt_->conv2d_forward_shadow(ctx, x, y, w, b, p, ws));
     else
         LUCID_TRY(kt_->conv2d_forward(ctx, x, y, w, b, p));
@@ -219,7 +223,7 @@ lucid_status lucid_nn_conv2d_forward(lucid_ctx *ctx, const lucid_tensor *x,
                                      lucid_tensor *y, const lucid_tensor *w,
                                      const lucid_tensor *b,
                                      const lucid_conv2d_params *p) {
-    return conv_fwd(ctx, x, y, w, b, p, NULL);
+    return conv_fwd(ctx, x, y, w, b, p, NULL, NULL, 0);
 }
 
 lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *x,
@@ -227,7 +231,16 @@ lucid_status lucid_nn_conv2d_forward_shadow(lucid_ctx *ctx, const lucid_tensor *
                                             const lucid_tensor *b,
                                             const lucid_conv2d_params *p,
                                             lucid_conv_wshadow *ws) {
-    return conv_fwd(ctx, x, y, w, b, p, ws);
+    return conv_fwd(ctx, x, y, w, b, p, ws, NULL, 0);
+}
+
+lucid_status lucid_nn_conv2d_forward_cols(lucid_ctx *ctx, const lucid_tensor *x,
+                                          lucid_tensor *y, const lucid_tensor *w,
+                                          const lucid_tensor *b,
+                                          const lucid_conv2d_params *p,
+                                          lucid_conv_wshadow *ws, lucid_conv_wcols *wc,
+                                          int x_stable) {
+    return conv_fwd(ctx, x, y, w, b, p, ws, wc, x_stable);
 }
 
 /* The backward-data with an optional weight shadow and optional columns
@@ -329,12 +342,12 @@ lucid_status lucid_nn_conv2d_cast_shadows(lucid_ctx *ctx, const lucid_tensor *co
     return kt_->conv2d_cast_shadows(ctx, w, ws, n, dt);
 }
 
-lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
-                                             const lucid_tensor *x,
-                                             const lucid_tensor *dy,
-                                             lucid_tensor *dw, lucid_tensor *db,
-                                             const lucid_conv2d_params *p,
-                                             double beta) {
+/* The parameter gradients with an optional column cache (nn.h; used only
+ * when the table has the slot). */
+static lucid_status conv_bwd_params(lucid_ctx *ctx, const lucid_tensor *x,
+                                    const lucid_tensor *dy, lucid_tensor *dw,
+                                    lucid_tensor *db, const lucid_conv2d_params *p,
+                                    double beta, lucid_conv_wcols *wc) {
     const char *op = "conv2d_backward_params";
     if (!dw && !db)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
@@ -363,10 +376,30 @@ lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
         LUCID_TRY(chk_shape(ctx, op, "grad_bias", db, 1, &ys[1]));
     }
     KT(ctx, x);
-    LUCID_TRY(kt_->conv2d_backward_params(ctx, x, dy, dw, db, p, beta));
+    if (wc && dw && kt_->conv2d_forward_cols && kt_->conv2d_backward_params_cols)
+        LUCID_TRY(kt_->conv2d_backward_params_cols(ctx, x, dy, dw, db, p, beta, wc));
+    else
+        LUCID_TRY(kt_->conv2d_backward_params(ctx, x, dy, dw, db, p, beta));
     bump(dw);
     bump(db);
     return LUCID_OK;
+}
+
+lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
+                                             const lucid_tensor *x,
+                                             const lucid_tensor *dy,
+                                             lucid_tensor *dw, lucid_tensor *db,
+                                             const lucid_conv2d_params *p,
+                                             double beta) {
+    return conv_bwd_params(ctx, x, dy, dw, db, p, beta, NULL);
+}
+
+lucid_status lucid_nn_conv2d_backward_params_cols(lucid_ctx *ctx, const lucid_tensor *x,
+                                                  const lucid_tensor *dy, lucid_tensor *dw,
+                                                  lucid_tensor *db,
+                                                  const lucid_conv2d_params *p,
+                                                  double beta, lucid_conv_wcols *wc) {
+    return conv_bwd_params(ctx, x, dy, dw, db, p, beta, wc);
 }
 
 // ----------------------------------------------------------------------------

@@ -115,6 +115,9 @@ typedef struct lucid_conv_wshadow lucid_conv_wshadow;
 /* The im2col columns of a conv's backward-data written by the BatchNorm
  * backward before it (defined with its functions below). */
 typedef struct lucid_conv_dcols lucid_conv_dcols;
+/* A Conv2d's column cache: the forward's im2col columns of x kept for its
+ * filter gradient (defined with its functions below). */
+typedef struct lucid_conv_wcols lucid_conv_wcols;
 
 typedef struct lucid_nn_kernels {
     const char *name; /* "cpu", "cuda" */
@@ -252,6 +255,22 @@ typedef struct lucid_nn_kernels {
         lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
         lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
         double beta, lucid_conv_wshadow *ws, lucid_conv_dcols *dc);
+    /* ---- the filter gradient's columns cached by the forward (nullable,
+     * both or none: the entry points then call conv2d_forward_shadow /
+     * conv2d_forward and conv2d_backward_params and ignore the cache; the
+     * CPU table has none).  See lucid_conv_wcols below.  Both receive a
+     * non-NULL wc; ws nullable as for conv2d_forward_shadow. */
+    lucid_status (*conv2d_forward_cols)(lucid_ctx *ctx, const lucid_tensor *x,
+                                        lucid_tensor *y, const lucid_tensor *w,
+                                        const lucid_tensor *b,
+                                        const lucid_conv2d_params *p,
+                                        lucid_conv_wshadow *ws, lucid_conv_wcols *wc,
+                                        int x_stable);
+    lucid_status (*conv2d_backward_params_cols)(lucid_ctx *ctx, const lucid_tensor *x,
+                                                const lucid_tensor *dy, lucid_tensor *dw,
+                                                lucid_tensor *db,
+                                                const lucid_conv2d_params *p,
+                                                double beta, lucid_conv_wcols *wc);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -493,6 +512,149 @@ lucid_status lucid_nn_conv2d_backward_input_dcols(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
     lucid_tensor *dx, const lucid_tensor *w, const lucid_conv2d_params *p,
     double beta, lucid_conv_wshadow *ws, lucid_conv_dcols *dc);
+
+/* ----------------------------------- Conv2d filter-gradient column cache
+ * The im2col route of a bf16/f16 conv (cuda/nn_conv_col.cuh) builds the
+ * column matrix of x (im2col: N images of Kr x Ho*Wo elements, Kr =
+ * Cin*kh*kw rounded up to 8, +0 padding rows) in its forward, and the filter
+ * gradient, dw = sum_n dY[n] . col[n]^T, built the same matrix again from
+ * the same x.  A column cache is a persistent device buffer per conv plus
+ * the host-side record of what it holds, so the filter gradient multiplies
+ * the forward's columns instead (DECISIONS 38):
+ *   - a forward on the im2col route given a cache writes its columns into
+ *     it instead of the stream's scratch (the GEMM reads them there) and
+ *     marks it;
+ *   - a forward on another route (layer 0 and the 160x160 bottlenecks run
+ *     the small-channel kernels, which build no columns) given a cache may
+ *     build the columns with one im2col launch on a low-priority side
+ *     stream (the CUDA backend's cols lane, forked where the forward is
+ *     called), when the conv's filter gradient takes the im2col route and
+ *     the mode allows it (LUCID_WCOLS below): off the backward's critical
+ *     path, beside the forward;
+ *   - the filter gradient given a cache that is FRESH for its x skips its
+ *     im2col and multiplies the cached columns: the same bytes as the
+ *     im2col it skips, hence the same bits.
+ * FRESH for (x, kernel, params, rows) <=> the last write was queued from
+ * the same x view (its storage, retained so that the address cannot be
+ * reused by another storage, and its data pointer, i.e. the offset) with
+ * the storage at the same version (every host-queued write bumps it, as
+ * for the weight shadows: an in-place change of x between the forward and
+ * the filter gradient is seen), the same shape and dtype, the same kernel
+ * size, stride, padding, dilation and groups, the same rows per image (K
+ * padding), in the same device epoch (the weight shadows' epoch, moved at
+ * capture begin / end and graph launch: a write queued outside a capture
+ * is never relied on inside it, one inside it is, and none after a
+ * replay).  The record follows the LAST write: forward(x1), forward(x2),
+ * filter gradient of x2 reads x2's columns; that of x1 builds its own.
+ * Ordering on the device (the CUDA backend; events, graph edges under
+ * capture): every reader waits for the last write, wherever it ran (the
+ * cols lane, a branch lane); every write first waits for the reads of
+ * this epoch since the last write (a filter gradient on a
+ * parameter-gradient lane may still read the buffer when a second forward
+ * of the same conv, gradient accumulation, overwrites it) and for the last
+ * write.
+ * Buffers: allocated on first use outside stream capture and never freed
+ * while the cache lives (a recorded graph may read them): a call that
+ * needs more bytes than the buffer holds allocates a larger one and keeps
+ * the old one (retired, up to LUCID_CONV_WCOLS_RETIRED; beyond, the call
+ * runs without the cache).  Every cache of the process together holds at
+ * most LUCID_WCOLS_MAX_MB MiB (read once; default 2048; the CUDA
+ * backend's per-context override lucid_cuda_nn_set_wcols_cap): a conv
+ * whose buffer would pass it runs without a cache, as before.  Cost for
+ * YOLO11n-pose at batch 4, 640, bf16: 39 caches, 366 MiB with LUCID_WCOLS=1
+ * (41 and 408 MiB with 2).
+ * LUCID_WCOLS (read once per process; lucid_cuda_nn_set_wcols per
+ * context): "0" off (every call exactly as without a cache); unset, "" or
+ * "1": the cache, and side builds for convs whose input is stable
+ * (x_stable: the caller says x keeps its values until the filter
+ * gradient; the Conv2d module passes it when it computes no input
+ * gradient, i.e. layer 0, whose input is the image); "2": side builds for
+ * every conv whose forward builds no columns; "3": the cache without side
+ * builds.  Any other value reads as 1.
+ * Fields are owned by the functions below and the CUDA kernels (events,
+ * events_free, the *_pending fields); clients only init, pass and release
+ * a cache.  Not thread-safe: one cache is used by the thread that drives
+ * its module. */
+#define LUCID_CONV_WCOLS_RETIRED 4
+struct lucid_conv_wcols {
+    lucid_storage *buf;       /* device bytes of the columns, or NULL */
+    lucid_storage *retired[LUCID_CONV_WCOLS_RETIRED]; /* outgrown buffers (kept) */
+    size_t held;              /* bytes of buf and retired, counted in the process total */
+    int valid;                /* buf holds the columns of the x described below */
+    lucid_storage *src;       /* retained: x's storage at the write */
+    const void *src_data;     /* lucid_tensor_data(x) at the write */
+    uint64_t src_version;     /* lucid_storage_version(src) at the write */
+    int64_t shape[4];         /* x's shape */
+    lucid_dtype dtype;        /* x's dtype (bf16 / f16) */
+    int kh, kw;               /* kernel size */
+    lucid_conv2d_params p;    /* stride, padding, dilation, groups */
+    int64_t rows;             /* rows per image of the column matrix (K rounded up) */
+    uint64_t epoch;           /* device epoch at the write */
+    int side;                 /* written on the backend's side lane (informative) */
+    void *events[2];          /* backend events: [0] after the last write, [1] after
+                               * the reads since it; NULL until made */
+    void (*events_free)(void **events); /* set by the backend that made them */
+    int write_pending;        /* events[0] recorded in write_epoch */
+    uint64_t write_epoch;
+    int read_pending;         /* events[1] recorded in read_epoch */
+    uint64_t read_epoch;
+};
+
+/* An empty cache (no buffer, not valid). */
+void lucid_conv_wcols_init(lucid_conv_wcols *c);
+/* Free the buffers and events, drop the source reference and give the
+ * bytes back to the process total (c is empty again).  The caller makes
+ * sure no queued or recorded work still uses the buffers (a module's cache
+ * is released with the module; a recording holds a reference on its
+ * modules). */
+void lucid_conv_wcols_release(lucid_conv_wcols *c);
+/* Forget what c holds (buffers, events and the *_pending fields kept). */
+void lucid_conv_wcols_invalidate(lucid_conv_wcols *c);
+/* 1 when c holds the columns of x (bf16/f16 [N, Cin, H, W]) for a kh x kw
+ * kernel with params p and `rows` rows per image, written in `epoch`, and
+ * nothing has written x's storage since (see above); 0 otherwise (also for
+ * a NULL argument). */
+int lucid_conv_wcols_fresh(const lucid_conv_wcols *c, const lucid_tensor *x, int kh, int kw,
+                           const lucid_conv2d_params *p, int64_t rows, uint64_t epoch);
+/* Record that the columns of x (as for _fresh) were just queued into
+ * c->buf in `epoch` (side: on the side lane).  Retains x's storage,
+ * releasing the previous one. */
+void lucid_conv_wcols_mark(lucid_conv_wcols *c, const lucid_tensor *x, int kh, int kw,
+                           const lucid_conv2d_params *p, int64_t rows, uint64_t epoch,
+                           int side);
+/* Buffer bookkeeping for the backend: take `bytes` from the process total
+ * when it stays within cap (1), else take nothing (0); give them back;
+ * the total now (bytes of every live cache buffer, retired ones
+ * included). */
+int lucid_conv_wcols_budget_take(size_t bytes, size_t cap);
+void lucid_conv_wcols_budget_give(size_t bytes);
+size_t lucid_conv_wcols_held_total(void);
+/* Install buf (`bytes` already taken from the total) as c's buffer,
+ * retiring the current one: 1, or 0 when every retired slot is used
+ * (nothing changed; the caller frees buf and gives the bytes back). */
+int lucid_conv_wcols_adopt(lucid_conv_wcols *c, lucid_storage *buf, size_t bytes);
+
+/* lucid_nn_conv2d_forward_shadow with a column cache wc (nullable: exactly
+ * that call) and x_stable (the caller's promise that x keeps its values
+ * until the conv's filter gradient; only a hint for side builds: the
+ * freshness rule above catches a change).  Pass wc only when a filter
+ * gradient will follow (training, weight trainable).  Same arguments,
+ * checks, results and errors as the forward. */
+lucid_status lucid_nn_conv2d_forward_cols(lucid_ctx *ctx, const lucid_tensor *x,
+                                          lucid_tensor *y, const lucid_tensor *w,
+                                          const lucid_tensor *b,
+                                          const lucid_conv2d_params *p,
+                                          lucid_conv_wshadow *ws, lucid_conv_wcols *wc,
+                                          int x_stable);
+/* lucid_nn_conv2d_backward_params reading the columns of wc when they are
+ * fresh for x and the filter gradient takes the im2col route (wc
+ * nullable: exactly that call).  Same arguments, checks, results (bits)
+ * and errors. */
+lucid_status lucid_nn_conv2d_backward_params_cols(lucid_ctx *ctx, const lucid_tensor *x,
+                                                  const lucid_tensor *dy, lucid_tensor *dw,
+                                                  lucid_tensor *db,
+                                                  const lucid_conv2d_params *p,
+                                                  double beta, lucid_conv_wcols *wc);
 
 /* ----------------------------------------------------------- BatchNorm2d
  * x, y [N, C, H, W]; weight, bias, running_mean, running_var, save_mean,
