@@ -134,6 +134,10 @@ describe_gpu("Conv2d column cache on the GPU #gpu", function()
     for _, arm in ipairs({ { 2, 1, nspatial - 2 }, { 3, 3, nspatial }, { 4, 0, nspatial - 3 } }) do
       H.set(ctx, arm[1])
       pass() -- the caches' buffers
+      -- x unchanged would keep an earlier mode's side-built columns of layer 0
+      -- fresh (the same storage and version: valid bytes, counted as a hit);
+      -- a version bump makes each arm count its own builds only
+      x:mul_(1)
       local got, col, hit, side = counted()
       local what = ("mode %d: %d im2col, %d hits, %d side (off: %d im2col; %d spatial convs)"):format(arm[1] - 1,
         col, hit, side, col_off, nspatial)
