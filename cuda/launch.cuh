@@ -37,7 +37,8 @@
  * as its first two statements (before any declaration, early return or
  * branch, so every thread runs them), whether or not it is launched in the
  * train step, and every launch goes through lucid_launch() (or
- * lucid_launch_coop(), the same plus the cooperative attribute). The lint
+ * lucid_launch_coop() / lucid_launch_cluster(), the same plus the cooperative
+ * or the cluster-dimension attribute). The lint
  * spec/c/test_pdl_rule.sh (checker spec/c/pdl_rule.lua, counted by make test)
  * enforces both over the .cu and .cuh files of cuda/ and names file:line of
  * a violation. Notes:
@@ -97,21 +98,22 @@ static __device__ __forceinline__ void lucid_pdl_launch_dependents(void) {
 int lucid_pdl_for_stream(cudaStream_t stream);
 
 /* Queue kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute
- * when lucid_pdl_for_stream(stream), and with the cooperative attribute when
- * cooperative is nonzero (lucid_launch_coop). Arguments are converted to the
- * kernel's parameter types as by <<<>>>. Returns the launch's cudaError_t
- * (check it with CUDA_CHECK or CUDA_CHECK_LAUNCH's cudaGetLastError, which it
- * also sets). */
+ * when lucid_pdl_for_stream(stream), with the cooperative attribute when
+ * cooperative is nonzero (lucid_launch_coop), and with the cluster dimension
+ * (cluster_x, 1, 1) when cluster_x > 1 (lucid_launch_cluster). Arguments are
+ * converted to the kernel's parameter types as by <<<>>>. Returns the
+ * launch's cudaError_t (check it with CUDA_CHECK or CUDA_CHECK_LAUNCH's
+ * cudaGetLastError, which it also sets). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t lucid_launch_attrs(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                              size_t smem, cudaStream_t stream, int cooperative,
-                                             Args &&...args) {
+                                             unsigned cluster_x, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[3];
     unsigned n = 0;
     if (lucid_pdl_for_stream(stream)) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -123,6 +125,13 @@ static inline cudaError_t lucid_launch_attrs(void (*kernel)(KArgs...), dim3 grid
         attr[n].val.cooperative = 1;
         n++;
     }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        n++;
+    }
     if (n > 0) {
         cfg.attrs = attr;
         cfg.numAttrs = n;
@@ -130,12 +139,12 @@ static inline cudaError_t lucid_launch_attrs(void (*kernel)(KArgs...), dim3 grid
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-/* lucid_launch_attrs without the cooperative attribute: the launch of every
- * kernel of cuda/. */
+/* lucid_launch_attrs without the cooperative and cluster attributes: the
+ * launch of every kernel of cuda/. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                        size_t smem, cudaStream_t stream, Args &&...args) {
-    return lucid_launch_attrs(kernel, grid, block, smem, stream, 0,
+    return lucid_launch_attrs(kernel, grid, block, smem, stream, 0, 0u,
                               std::forward<Args>(args)...);
 }
 
@@ -151,7 +160,30 @@ static inline cudaError_t lucid_launch(void (*kernel)(KArgs...), dim3 grid, dim3
 template <typename... KArgs, typename... Args>
 static inline cudaError_t lucid_launch_coop(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                             size_t smem, cudaStream_t stream, Args &&...args) {
-    return lucid_launch_attrs(kernel, grid, block, smem, stream, 1,
+    return lucid_launch_attrs(kernel, grid, block, smem, stream, 1, 0u,
+                              std::forward<Args>(args)...);
+}
+
+/* lucid_launch with the cluster-dimension attribute too
+ * (cudaLaunchAttributeClusterDimension = (cluster_x, 1, 1); valid for
+ * launches and for graph kernel nodes, so a captured launch keeps its
+ * clusters): the grid's blocks are grouped in clusters of cluster_x
+ * consecutive blocks along x, all blocks of a cluster co-scheduled on one
+ * GPU processing cluster, so they may wait on one another at the cluster
+ * barrier and read one another's shared memory (CUDA Programming Guide,
+ * "Thread Block Clusters", "Distributed Shared Memory").  grid.x must be a
+ * multiple of cluster_x; the device must have cudaDevAttrClusterLaunch
+ * (compute capability 9.0+); a cluster_x above 8 (the portable size) needs
+ * the kernel's cudaFuncAttributeNonPortableClusterSizeAllowed set first,
+ * and whether a size can run at all is told by
+ * cudaOccupancyMaxActiveClusters (> 0): the caller checks these (else the
+ * launch returns cudaErrorInvalidClusterSize or another error).  cluster_x
+ * 0 or 1: a plain lucid_launch. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t lucid_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                               size_t smem, cudaStream_t stream,
+                                               unsigned cluster_x, Args &&...args) {
+    return lucid_launch_attrs(kernel, grid, block, smem, stream, 0, cluster_x,
                               std::forward<Args>(args)...);
 }
 

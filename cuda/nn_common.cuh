@@ -119,6 +119,9 @@ typedef struct lucid_cuda_nn_state {
                                        mode (lucid_cuda_nn_set_wcols, nn_conv_wcols.cuh) */
     size_t wcols_cap;               /* their ceiling in bytes: 0 LUCID_WCOLS_MAX_MB
                                        (lucid_cuda_nn_set_wcols_cap) */
+    int bn_cluster;                 /* BatchNorm multi-part channels on clusters:
+                                       0 LUCID_BN_CLUSTER, 1 off, 2 on
+                                       (lucid_cuda_nn_set_bn_cluster, nn_norm.cuh) */
     int profile;                    /* LUCID_PROFILE=1 at creation */
     lucid_cuda_nn_profile prof;     /* counters (profile only) */
 } lucid_cuda_nn_state;
@@ -219,6 +222,14 @@ int lucid_cuda_nn_set_wcols(lucid_ctx *ctx, int mode);
  * Returns the previous setting (-1 when ctx has no CUDA state, or bytes <
  * 0: then nothing changes). */
 long long lucid_cuda_nn_set_wcols_cap(lucid_ctx *ctx, long long bytes);
+/* BatchNorm route of ctx for channels of several parts (nn_norm.cuh), for
+ * tests and benchmarks, overriding the process switch LUCID_BN_CLUSTER:
+ * 0 follow LUCID_BN_CLUSTER (the default; unset: on), 1 off (the
+ * cooperative kernels or two launches per training direction, as before
+ * the cluster route), 2 on where the device takes cluster launches
+ * (sm_90+; other values read as 0).  Same bits either way.  Returns the
+ * previous setting (-1 when ctx has no CUDA state). */
+int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
 /* The compute stream of ctx (a cudaStream_t as void *), for benchmarks. */
 void *lucid_cuda_nn_stream(lucid_ctx *ctx);
 /* LUCID_PROFILE counters of ctx so far, for benchmarks (bench/
@@ -232,7 +243,7 @@ int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
 /* BatchNorm kernels (forward and backward, plain and fused with SiLU;
  * nn_norm_{fwd,bwd}.cu) queued by the calling thread so far, any context, eager or
  * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS,
- * LUCID_BN_COOP). */
+ * LUCID_BN_COOP, LUCID_BN_CLUSTER). */
 unsigned long lucid_cuda_bn_launch_count(void);
 /* Stream operations (kernels, cudaMemcpy2DAsync, cudaMemset2DAsync) queued
  * by the calling thread's channel_copy and channel_copy_multi calls so far

@@ -94,8 +94,8 @@
  * in the same order, so the results equal the two-launch route's bitwise.
  * Only the training forward and the training backward with dx take it
  * (dweight/dbias alone is one launch already, eval has no reduction before
- * the element-wise pass); multi-part channels take the cooperative kernels
- * below instead.  LUCID_BN_ONEPASS=0 in the
+ * the element-wise pass); multi-part channels take the cluster or the
+ * cooperative kernels below instead.  LUCID_BN_ONEPASS=0 in the
  * environment (read on each call, bn_onepass; unset or anything else: on)
  * keeps the two-launch route for A/B runs.  The choice depends on the
  * shape and that switch only; the host bookkeeping (arena, counters) is
@@ -103,7 +103,8 @@
  * route.  Test hooks (nn_norm_fwd.cu): lucid_cuda_bn_launch_count() counts
  * the kernels this thread's BatchNorm calls queued (nn_common.cuh),
  * lucid_cuda_bn_wide_count() those of them that took BN_ROUTE_WIDE,
- * lucid_cuda_bn_coop_count() the cooperative ones (below).
+ * lucid_cuda_bn_coop_count() the cooperative ones, lucid_cuda_bn_cluster_count()
+ * the cluster ones (below).
  *
  * Cooperative (parts > 1).  The training forward and the training backward
  * with dx of multi-part channels are one launch each too, when the grid is
@@ -194,6 +195,67 @@
  * keep any of them from becoming resident.  Each stream (lane) has its own
  * counters (lane.cu), so two cooperative grids never share one.
  *
+ * Clusters (parts > 1, sm_90+).  Before the cooperative kernels, the
+ * training forward and the training backward with dx of a channel of 2..128
+ * parts run as one launch each on thread-block clusters (CUDA Programming
+ * Guide, "Thread Block Clusters", "Distributed Shared Memory"):
+ * bn_stats_apply_clu (nn_norm_fwd.cu) and bn_grad_dx_clu (nn_norm_bwd.cu)
+ * on the grid (cs, gy) with clusters (cs, 1, 1), queued with
+ * lucid_launch_cluster (launch.cuh; the attribute is kept by graph
+ * capture).  The cs blocks of one cluster are one grid row and share its
+ * channels (y, y + gy, ...: the channel loop of the other kernels; gy =
+ * min(C, 65535), bn_clu_columns); the block of cluster rank r computes the
+ * partials of parts r, r + cs, r + 2cs, ... exactly as the partial kernels
+ * (the same partition, walk, vectors and tree; each part's partial kept
+ * apart, in slot part / cs of a shared array), then, after the cluster
+ * barrier (barrier.cluster arrive.release / wait.acquire), EVERY block folds
+ * the channel's partials, read in part order from the shared memory of the
+ * blocks holding them (bn_clu_parts: part i in rank i % cs), with the fold
+ * of the other routes (bn_stats_fold_by / bn_grad_fold_by, the loader being
+ * the only difference: the same f64 sums in every block), rank 0 finishes
+ * the channel (statistics, running stats, num_batches_tracked; dweight /
+ * dbias with beta) as the cooperative kernels' part 0 does, and every block
+ * writes y / dx over its own parts with the element-wise kernels'
+ * per-element arithmetic (bn_y_part, bn_dx_part): every output equals the
+ * two-launch route's bitwise.  With one part per block (cs == parts) and
+ * that part one round of the walk (bn_coop_held) y / dx are written from
+ * the vectors still in registers; else x / dy are read again.  Shared
+ * memory lifetime: two partial buffers used in turn by the channel loop
+ * (a block overwrites one only after the next channel's barrier, which its
+ * peers reach after reading it), and after the last channel each block
+ * arrives once its reads are done and waits before it exits.  No global
+ * scratch, no counters, no spin: the hardware co-schedules a cluster's
+ * blocks on one GPU processing cluster, so nothing needs the whole grid
+ * resident, whatever else runs on the device.
+ * Cluster size (bn_clu_size): the fewest rounds (parts per block) with at
+ * most 16 blocks, rounds = ceil(parts / 16), and the parts spread evenly,
+ * cs = ceil(parts / rounds): at N=4, 640 px: 80x80 (4 parts) 4 blocks,
+ * 160x160 (16) 16 blocks of one part each (held registers), 320x320 (layer
+ * 0, 52) 13 blocks of 4 parts.  A block's parts run one after the other,
+ * so the rounds set the kernel's length; among the sizes of that many
+ * rounds the smallest leaves the most room on the GPC.  Sizes above 8 are
+ * not portable: the kernel's cudaFuncAttributeNonPortableClusterSizeAllowed
+ * is set, and cudaOccupancyMaxActiveClusters must find at least one such
+ * cluster resident (bn_clu_fits, asked once per kernel and size, never
+ * first inside a capture: the eager warm-up asks); else the portable
+ * rule's size (at most 8 blocks, e.g. layer 0: 7 rounds of 8) is tried,
+ * and when neither runs, or a channel has more than 8 rounds' worth of
+ * parts (more than 128), the cooperative / two-launch routes as before.
+ * Limits: 8 slots of partials per block (2 x 8 x 12 bytes forward, 2 x 8 x
+ * 8 backward), BN_THREADS threads, no dynamic shared memory.  Registers
+ * (nvcc 13.0, sm_90): forward 42-64 (held bf16: 64, 4 blocks per SM),
+ * backward 56-116 (plain held 72, SiLU held 99-116: 2 per SM), no spills.
+ * Switch: LUCID_BN_CLUSTER, read once per process (lucid_cuda_bn_cluster_
+ * switch: unset, "" or "1" on; "0" off: today's cooperative and two-launch
+ * routes; anything else ERR_ARG), overridden per context by
+ * lucid_cuda_nn_set_bn_cluster (0 follow the switch, 1 off, 2 on); taken
+ * only on devices of compute capability 9.0+ with cudaDevAttrClusterLaunch
+ * (bn_cluster_device).  Test hooks (nn_norm_fwd.cu):
+ * lucid_cuda_bn_cluster_count, lucid_cuda_bn_cluster_last_grid (cluster
+ * size, columns), lucid_cuda_bn_cluster_sm_count, and
+ * lucid_cuda_bn_cluster_cap_columns (fewer columns: the channel loop on
+ * small tensors).  Measured: not yet measured on the GPU.
+ *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
  * launches with the SiLU inside (forward: nn_norm_fwd.cu, backward:
  * nn_norm_bwd.cu).  The partition and the folding order are those of the
@@ -203,7 +265,8 @@
  * (in every thread, before any early return) and is queued with
  * lucid_launch() (launch.cuh: programmatic dependent launch: a kernel may
  * be scheduled before its predecessor ends, and waits for it before
- * touching memory), the cooperative kernels with lucid_launch_coop().
+ * touching memory), the cooperative kernels with lucid_launch_coop(), the
+ * cluster kernels with lucid_launch_cluster().
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
  */
@@ -807,6 +870,306 @@ static inline void bn_coop_note(const bn_coop_sel &s) {
     lucid_cuda_bn_coop_launches += 1;
     lucid_cuda_bn_coop_gx = s.grid.x;
     lucid_cuda_bn_coop_gy = s.grid.y;
+}
+
+// ----------------------------------------------------------------------------
+// thread-block clusters (parts > 1, LUCID_BN_CLUSTER; see the header)
+
+/* The largest cluster tried (non-portable on sm_90: needs
+ * cudaFuncAttributeNonPortableClusterSizeAllowed), the portable one, and
+ * the most parts one block of a cluster computes (its partials' slots in
+ * shared memory, two buffers of them). */
+#define BN_CLU_MAX 16
+#define BN_CLU_PORTABLE 8
+#define BN_CLU_ROUNDS 8
+
+/* Device: the cluster barrier, split (arrive, then wait) or whole; arrive
+ * has release and wait acquire semantics at cluster scope (PTX
+ * barrier.cluster), so what a block stored in its shared memory before it
+ * arrived is seen by every block of the cluster after its wait.  Every
+ * thread of every block of the cluster calls them, arrive and wait in
+ * turn.  bn_clu_peer: the address of ptr (this block's shared memory) in
+ * the block of cluster rank `rank` (distributed shared memory: generic
+ * loads through it read that block's copy).  Compiled only for sm_90+
+ * (below, empty stubs: the host never launches a cluster kernel on a
+ * device without cluster launch, bn_cluster_device). */
+static __device__ __forceinline__ void bn_clu_arrive(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __cluster_barrier_arrive();
+#endif
+}
+
+static __device__ __forceinline__ void bn_clu_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __cluster_barrier_wait();
+#endif
+}
+
+static __device__ __forceinline__ void bn_clu_sync(void) {
+    bn_clu_arrive();
+    bn_clu_wait();
+}
+
+template <typename P>
+static __device__ __forceinline__ const P *bn_clu_peer(const P *ptr, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return (const P *)__cluster_map_shared_rank((const void *)ptr, rank);
+#else
+    (void)rank;
+    return ptr;
+#endif
+}
+
+/* The partials of one channel as the blocks of a cluster of cs blocks hold
+ * them: part i of the channel was computed by the block of rank i % cs, as
+ * its (i / cs)-th part, and stored in slot i / cs of its array `mine` (the
+ * same shared array in every block; this block's copy given).  at(i): the
+ * address of part i's partial in its block's shared memory (distributed
+ * shared memory).  i < parts <= cs * BN_CLU_ROUNDS. */
+template <typename P> struct bn_clu_parts {
+    const P *mine;
+    unsigned cs;
+    __device__ __forceinline__ const P *at(int64_t i) const {
+        const unsigned u = (unsigned)i;
+        return bn_clu_peer(mine + u / cs, u % cs);
+    }
+};
+
+/* Host: the cluster of a channel of `parts` (> 1) parts when clusters of at
+ * most csmax blocks may be launched: the fewest rounds, rounds =
+ * ceil(parts / csmax) parts per block at most, and the parts spread evenly
+ * over the blocks, cs = ceil(parts / rounds) <= csmax (e.g. 52 parts,
+ * csmax 16: 4 rounds of 13 blocks; 17 parts: 2 rounds of 9 blocks, block 8
+ * with one part; 4 or 16 parts: one part per block).  Block r of the
+ * cluster computes parts r, r + cs, r + 2cs, ... (every block at least one,
+ * at most `rounds`).  Why: a block's parts run one after the other, so the
+ * rounds set the kernel's length; among the cluster sizes of that many
+ * rounds the smallest occupies the fewest SMs of a GPC and keeps every
+ * block busy for about the same time.  Returns cs and *rounds, or 0 (and
+ * *rounds 0) when parts < 2, csmax < 2 or rounds > BN_CLU_ROUNDS (the
+ * partials' slots a block has: e.g. more than 128 parts at csmax 16; such
+ * channels keep the cooperative or two-launch route).  Pure. */
+static inline unsigned bn_clu_size(int64_t parts, unsigned csmax, unsigned *rounds) {
+    *rounds = 0;
+    if (parts < 2 || csmax < 2) return 0;
+    const int64_t r = (parts + csmax - 1) / csmax;
+    if (r > BN_CLU_ROUNDS) return 0;
+    *rounds = (unsigned)r;
+    return (unsigned)((parts + r - 1) / r);
+}
+
+/* The process switch LUCID_BN_CLUSTER, read once (the first call, either
+ * direction): unset, "" or "1": 1 (the cluster route where the device and
+ * the shape allow it); "0": 0 (today's cooperative / two-launch routes);
+ * anything else: -1, *value (when not NULL) set to the text so that the
+ * caller can name it in an ERR_ARG.  bn_cluster_parse is the rule (pure);
+ * lucid_cuda_bn_cluster_switch (nn_norm_fwd.cu) the cached reading. */
+static inline int bn_cluster_parse(const char *v) {
+    if (!v || !v[0] || strcmp(v, "1") == 0) return 1;
+    return strcmp(v, "0") == 0 ? 0 : -1;
+}
+int lucid_cuda_bn_cluster_switch(const char **value);
+
+/* Host: whether device (a CUDA ordinal) takes cluster launches: compute
+ * capability 9.0 or newer and cudaDevAttrClusterLaunch.  Asked once per
+ * ordinal below 64 (others on each call); a query's error counts as no
+ * (and is cleared).  Defined in nn_norm_fwd.cu. */
+bool bn_cluster_device(int device);
+
+/* Host: the columns (grid.y) of a cluster launch over C channels:
+ * min(C, 65535), or less when a test capped them
+ * (lucid_cuda_bn_cluster_cap_columns, nn_norm_fwd.cu: the channel loop with
+ * several channels per block); at least 1. */
+unsigned bn_clu_columns(int64_t C);
+
+/* Host: whether this call's multi-part channels may take the cluster
+ * route: the context's setting (ns->bn_cluster, lucid_cuda_nn_set_bn_cluster:
+ * 2 on, 1 off, 0 the process switch LUCID_BN_CLUSTER) and the device
+ * (bn_cluster_device).  ERR_ARG (naming op and the text) when the setting
+ * follows a LUCID_BN_CLUSTER that is neither unset, "", "0" nor "1". */
+static lucid_status bn_cluster_on(lucid_ctx *ctx, const lucid_cuda_nn_state *ns, int device,
+                                  const char *op, bool *on) {
+    *on = false;
+    int m = ns->bn_cluster;
+    if (m == 1) return LUCID_OK;
+    if (m != 2) {
+        const char *v = "";
+        int sw = lucid_cuda_bn_cluster_switch(&v);
+        if (sw < 0)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: LUCID_BN_CLUSTER=\"%s\" (expected 0 or 1)", op, v);
+        if (sw == 0) return LUCID_OK;
+    }
+    *on = bn_cluster_device(device);
+    return LUCID_OK;
+}
+
+/* What a cluster kernel instantiation is known to run (one cache per
+ * instantiation, the launcher's static; zero-initialised): np, the
+ * non-portable attribute (0 not asked, 1 set, 2 refused); fit[cs], clusters
+ * of cs blocks (0 not asked, 1 at least one is resident at a time,
+ * cudaOccupancyMaxActiveClusters > 0; 2 none, or refused). */
+typedef struct bn_clu_cache {
+    std::atomic<int> np;
+    std::atomic<int> fit[BN_CLU_MAX + 1];
+} bn_clu_cache;
+
+/* Whether a query's error means "this cluster shape cannot run here" (the
+ * route falls back) rather than a failure to report. */
+static inline bool bn_clu_refusal(cudaError_t e) {
+    return e == cudaErrorInvalidClusterSize || e == cudaErrorNotSupported ||
+           e == cudaErrorNotPermitted || e == cudaErrorInvalidValue;
+}
+
+/* Host: whether kernel (BN_THREADS threads a block, no dynamic shared
+ * memory) runs in clusters of cs (2..BN_CLU_MAX) blocks along x on the
+ * current device: above BN_CLU_PORTABLE the non-portable attribute is set
+ * first (cudaFuncSetAttribute, once), then cudaOccupancyMaxActiveClusters
+ * for a grid of one cluster must be at least 1 (asked once per cs; the
+ * answer cached in cc; the devices of a process are assumed of one
+ * generation, as for PDL and the cooperative route).  capturing: the
+ * stream is being captured; a question not asked yet is then not asked
+ * (*fits false: the call takes the other routes; the eager warm-up asks
+ * it first).  A refusal (bn_clu_refusal) is cached as no and cleared;
+ * another error is returned (and cleared from cudaGetLastError). */
+static cudaError_t bn_clu_fits(const void *kernel, bn_clu_cache *cc, unsigned cs, bool capturing,
+                               bool *fits) {
+    *fits = false;
+    if (cs < 2 || cs > BN_CLU_MAX) return cudaSuccess;
+    if (cs > BN_CLU_PORTABLE) {
+        int np = cc->np.load(std::memory_order_relaxed);
+        if (np == 0) {
+            if (capturing) return cudaSuccess;
+            cudaError_t e =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                if (!bn_clu_refusal(e)) return e;
+            }
+            np = e == cudaSuccess ? 1 : 2;
+            cc->np.store(np, std::memory_order_relaxed);
+        }
+        if (np != 1) return cudaSuccess;
+    }
+    int k = cc->fit[cs].load(std::memory_order_relaxed);
+    if (k == 0) {
+        if (capturing) return cudaSuccess;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = cs;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(cs, 1, 1);
+        cfg.blockDim = dim3(BN_THREADS, 1, 1);
+        cfg.dynamicSmemBytes = 0;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (!bn_clu_refusal(e)) return e;
+            n = 0;
+        }
+        k = n > 0 ? 1 : 2;
+        cc->fit[cs].store(k, std::memory_order_relaxed);
+    }
+    *fits = k == 1;
+    return cudaSuccess;
+}
+
+/* Host: the choice of one direction's cluster launch (parts > 1).  The
+ * cluster sizes tried, in order: bn_clu_size(parts, BN_CLU_MAX), then
+ * bn_clu_size(parts, BN_CLU_PORTABLE) when it differs (each 0 is skipped);
+ * for each, the direction's kernel for that many rounds (the held variant
+ * only with one part per block) when bn_clu_fits, on the grid (cs, gy)
+ * with clusters (cs, 1, 1).  The choice depends on (parts, C, the kernels'
+ * cluster occupancy, the capture state before the first question) only,
+ * so an eager call and a captured one make the same one once the eager
+ * warm-up asked. */
+typedef struct bn_clu_sel {
+    int64_t parts;  /* per channel (> 1) */
+    unsigned gy;    /* channel columns, bn_clu_columns(C) */
+    bool capturing; /* the stream is being captured */
+    bool launched;  /* a kernel was queued */
+    unsigned cs;    /* its cluster size (= grid.x) */
+    unsigned rounds;
+} bn_clu_sel;
+
+static bn_clu_sel bn_clu_sel_of(const bn_geom &g, bool capturing) {
+    bn_clu_sel s;
+    s.parts = g.parts;
+    s.gy = bn_clu_columns(g.C);
+    s.capturing = capturing;
+    s.launched = false;
+    s.cs = 0;
+    s.rounds = 0;
+    return s;
+}
+
+/* Host: the sizes of s in their order; try_size(cs, rounds) tries one (its
+ * kernel's bn_clu_fits, then the launch; bn_clu_queued) and returns the
+ * first error; stops at the first launched. */
+template <typename F>
+static cudaError_t bn_clu_choose(bn_clu_sel *s, F try_size) {
+    unsigned r16 = 0, r8 = 0;
+    const unsigned c16 = bn_clu_size(s->parts, BN_CLU_MAX, &r16);
+    const unsigned c8 = bn_clu_size(s->parts, BN_CLU_PORTABLE, &r8);
+    if (c16) {
+        cudaError_t e = try_size(c16, r16);
+        if (e != cudaSuccess || s->launched) return e;
+    }
+    if (c8 && c8 != c16) return try_size(c8, r8);
+    return cudaSuccess;
+}
+
+/* Host: after a cluster launch of cs blocks (e: its status; cc: the
+ * kernel's cache): s->launched, s->cs, s->rounds, unless the driver refused
+ * the cluster shape (cudaErrorInvalidClusterSize: cleared, the size cached
+ * as not running, and bn_clu_choose goes on with the next size or the call
+ * with the other routes).  Any other error counts as launched and is left
+ * for CUDA_CHECK_LAUNCH (the launch also set cudaGetLastError). */
+static void bn_clu_queued(bn_clu_sel *s, cudaError_t e, bn_clu_cache *cc, unsigned cs,
+                          unsigned rounds) {
+    if (e == cudaErrorInvalidClusterSize) {
+        (void)cudaGetLastError();
+        cc->fit[cs].store(2, std::memory_order_relaxed);
+        return;
+    }
+    s->launched = true;
+    s->cs = cs;
+    s->rounds = rounds;
+}
+
+/* Of this thread's BatchNorm launches, the cluster ones
+ * (bn_stats_apply_clu, bn_grad_dx_clu): the test hook
+ * lucid_cuda_bn_cluster_count; and the cluster size and columns (grid
+ * (cs, gy)) of the last one, lucid_cuda_bn_cluster_last_grid (0 x 0 before
+ * the first).  Nothing here reads them.  Defined in nn_norm_fwd.cu. */
+extern thread_local unsigned long lucid_cuda_bn_cluster_launches;
+extern thread_local unsigned lucid_cuda_bn_cluster_cs, lucid_cuda_bn_cluster_gy;
+extern "C" unsigned long lucid_cuda_bn_cluster_count(void);
+extern "C" void lucid_cuda_bn_cluster_last_grid(unsigned *cs, unsigned *gy);
+extern "C" int lucid_cuda_bn_cluster_sm_count(void);
+extern "C" unsigned lucid_cuda_bn_cluster_cap_columns(unsigned n);
+
+/* Host: count a cluster launch of s (s->launched) in the test hooks. */
+static inline void bn_clu_note(const bn_clu_sel &s) {
+    lucid_cuda_bn_launches += 1;
+    lucid_cuda_bn_cluster_launches += 1;
+    lucid_cuda_bn_cluster_cs = s.cs;
+    lucid_cuda_bn_cluster_gy = s.gy;
+}
+
+/* Host: whether st's stream is being captured (*capturing); the query's
+ * error is returned (and cleared). */
+static cudaError_t bn_capturing(cudaStream_t stream, bool *capturing) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(stream, &cs);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    *capturing = cs != cudaStreamCaptureStatusNone;
+    return e;
 }
 
 #endif /* LUCID_CUDA_NN_NORM_CUH */

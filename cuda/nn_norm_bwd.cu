@@ -35,11 +35,21 @@
  * dbias, and each block writes dx over its own part (bn_dx_part, bn_dx's
  * arithmetic) from the coefficients bn_grad_finish would have stored.
  *
+ * Clusters (2..128 parts, training with dx, sm_90+, LUCID_BN_CLUSTER; see
+ * nn_norm.cuh; taken before the cooperative kernels): bn_grad_dx_clu runs
+ * a cluster of cs blocks per channel row, each block computing the
+ * gradient sums of its parts (r, r + cs, ...) into its shared memory;
+ * after the cluster barrier every block folds them from the cluster's
+ * shared memory (bn_grad_fold_by with bn_g_cluster: the fold of the other
+ * routes), rank 0 finishes dweight / dbias, and each block writes dx over
+ * its parts.
+ *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final per reduction when parts > 1): training backward 2 (grad
  * partial[+fold], dx; 1 with parts == 1 (one pass; 2 with
- * LUCID_BN_ONEPASS=0); 1 with parts > 1 when a cooperative grid is
- * co-resident, with a column per channel or in rounds (2 with
+ * LUCID_BN_ONEPASS=0); 1 with 2..128 parts on the cluster route
+ * (LUCID_BN_CLUSTER=0: as follows); 1 with parts > 1 when a cooperative
+ * grid is co-resident, with a column per channel or in rounds (2 with
  * LUCID_BN_COOP=0; see nn_norm.cuh); 1 without dx), eval backward 1
  * (dx) or 2 with dweight/dbias, the per-channel sum 1.
  *
@@ -144,16 +154,30 @@ static __device__ void bn_grad_finish(double sdy, double sdyx, const bn_geom &g,
 /* Channel c's sums from its `parts` (> 1) partials, f64 in the fixed order
  * of bn_stats_fold (thread t adds parts t, t+BN_THREADS, ... in that order,
  * then bn_block_sum64 of both sums at once); every thread of a BN_THREADS
- * block calls it, thread 0 gets (sum g, sum g*xhat) (bn_grad_fold_sums;
- * bn_grad_fold: and finishes).  The last block of bn_grad_partial
- * (whichever it is), the fallback bn_grad_final and every block of
- * bn_grad_dx_coop give the same bits. */
-static __device__ void bn_grad_fold_sums(const float2 *pp, int64_t parts, double *sdy,
-                                         double *sdyx) {
+ * block calls it, thread 0 gets (sum g, sum g*xhat) (bn_grad_fold_by with
+ * the loader ld: ld.at(i), part i's (sum g, sum g*xhat), the same
+ * expressions whatever the loader; bn_grad_fold_sums: from global memory,
+ * bn_g_global; bn_grad_fold: and finishes).  The last block of
+ * bn_grad_partial (whichever it is), the fallback bn_grad_final, every
+ * block of bn_grad_dx_coop and every block of bn_grad_dx_clu (from the
+ * shared memory of the cluster's blocks, bn_g_cluster) give the same
+ * bits. */
+struct bn_g_global {
+    const float2 *pp;
+    __device__ __forceinline__ float2 at(int64_t i) const { return __ldcg(pp + i); }
+};
+
+struct bn_g_cluster {
+    bn_clu_parts<float2> c;
+    __device__ __forceinline__ float2 at(int64_t i) const { return *c.at(i); }
+};
+
+template <typename L>
+static __device__ void bn_grad_fold_by(const L &ld, int64_t parts, double *sdy, double *sdyx) {
     __shared__ double sh[2][32];
     double v[2] = {0.0, 0.0};
     for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
-        float2 q = __ldcg(pp + i);
+        float2 q = ld.at(i);
         v[0] += (double)q.x;
         v[1] += (double)q.y;
     }
@@ -161,6 +185,11 @@ static __device__ void bn_grad_fold_sums(const float2 *pp, int64_t parts, double
     if (threadIdx.x != 0) return;
     *sdy = v[0];
     *sdyx = v[1];
+}
+
+static __device__ void bn_grad_fold_sums(const float2 *pp, int64_t parts, double *sdy,
+                                         double *sdyx) {
+    bn_grad_fold_by(bn_g_global{pp}, parts, sdy, sdyx);
 }
 
 static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t c,
@@ -637,6 +666,86 @@ bn_grad_dx_coop_lean(const T *__restrict__ dy, const T *__restrict__ x, T *dx,
                                                 out, beta);
 }
 
+/* Training backward with dx of channels of SEVERAL parts (g.parts > 1),
+ * the gradient sums and dx in one launch on thread-block clusters
+ * (lucid_launch_cluster; LUCID_BN_CLUSTER, see the header): grid (cs, gy),
+ * clusters (cs, 1, 1), the cs blocks of a grid row one cluster sharing its
+ * channels c = y, y + gy, ... (gy <= min(C, 65535), bn_clu_columns).  The
+ * block of cluster rank r (= blockIdx.x) computes the (sum g, sum g*xhat)
+ * of parts r, r + cs, r + 2cs, ... of channel c exactly as
+ * bn_grad_partial<T, VS, true, SILU> (bn_grad_part, bn_block_sum2) and
+ * keeps each in its own shared memory, slot (part / cs) of mine[parity of
+ * the channel's turn]; after the cluster barrier EVERY block folds the
+ * channel's partials in part order from the blocks that hold them
+ * (distributed shared memory, bn_g_cluster) with the fold of the other
+ * routes (bn_grad_fold_by: the same f64 sums in every block).  The block
+ * of rank 0 (part 0) finishes the channel (bn_grad_finish: dweight / dbias
+ * with beta_params, out.coef unused); every block takes the f32 dx
+ * coefficients from bn_grad_coef_of (those bn_grad_finish would store in
+ * coef[c]) and writes dx over its own parts with bn_dx<TRAIN>'s
+ * per-element arithmetic (bn_dx_part: bn_silu_grad, bn_dx_train, then
+ * fmaf(beta, dx, v); VA-element vectors, bn_dx's vector choice), so every
+ * output equals the two-launch route's bitwise.  HELD (VS == VA, one part
+ * per block, and that part one round of the walk, bn_coop_held): dx from
+ * the dy and x vectors the partial loaded, still in registers; else dy and
+ * x are read again.  The shared memory's lifetime is kept as in
+ * bn_stats_apply_clu (two partial buffers, an arrive after the last fold's
+ * reads and a wait before the exit); no arena, no counters. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx_clu(const T *__restrict__ dy, const T *__restrict__ x, T *dx, const float *mean,
+               const float *invstd, const float *w, const float *b, bn_geom g,
+               bn_grad_out out, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    typedef typename bn_vec<T, VS>::R RS;
+    __shared__ float2 sh[32];
+    __shared__ float4 cf;                     /* channel c's (k, mean(g), mean(g*xhat), 0) */
+    __shared__ float2 mine[2][BN_CLU_ROUNDS]; /* this block's partials */
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
+    const unsigned rank = blockIdx.x, cs = gridDim.x; /* the cluster spans grid.x */
+    int buf = 0;
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y, buf ^= 1) {
+        float mu = mean[c], is = invstd[c];
+        const float wcoef = out.w ? out.w[c] : 1.0f; /* the coefficient's weight, loaded early */
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        R hdy[BN_UNROLL], hx[BN_UNROLL];
+        int k = 0;
+        for (int64_t part = rank; part < g.parts; part += cs, k++) {
+            const bn_part ps = bn_part_of<VS>(g, part);
+            float a, bsum;
+            bn_grad_part<T, VS, true, SILU>(dy + ps.base + c * g.S, x + ps.base + c * g.S, ps,
+                                            g.CS, mu, is, zs, zh, &a, &bsum,
+                                            HELD ? (RS *)hdy : nullptr,
+                                            HELD ? (RS *)hx : nullptr);
+            bn_block_sum2(a, bsum, sh);
+            if (threadIdx.x == 0) mine[buf][k] = make_float2(a, bsum);
+        }
+        bn_clu_sync(); /* every partial of channel c stored, in every block */
+        double sdy = 0.0, sdyx = 0.0;
+        bn_grad_fold_by(bn_g_cluster{{&mine[buf][0], cs}}, g.parts, &sdy, &sdyx);
+        /* this block's last reads of its peers' shared memory are done */
+        if (c + gridDim.y >= g.C) bn_clu_arrive();
+        /* cf is rewritten only after the next channel's bn_block_sum2
+         * barriers, which every thread reaches after reading it below;
+         * thread 0 hands the coefficients over first, rank 0's thread 0
+         * accumulates dweight / dbias after the barrier (same values) */
+        if (threadIdx.x == 0) cf = bn_grad_coef_of(sdy, sdyx, g, wcoef, out.invstd[c]);
+        __syncthreads();
+        const float4 q = cf;
+        if (threadIdx.x == 0 && rank == 0) bn_grad_finish(sdy, sdyx, g, c, out);
+        for (int64_t part = rank; part < g.parts; part += cs) {
+            const bn_part pa = bn_part_of<VA>(g, part);
+            bn_dx_part<T, VA, SILU, HELD>(dy, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is,
+                                          q, beta, hdy, hx);
+        }
+    }
+    bn_clu_wait(); /* every peer has read this block's partials */
+}
+
 template <typename T, bool TRAIN, bool SILU>
 static void bn_launch_dx(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
                          cudaStream_t stream, const T *x, const T *dy, T *dx,
@@ -787,6 +896,61 @@ static cudaError_t bn_launch_grad_dx_coop(bool vs, bool va, bool held, bn_coop_s
     });
 }
 
+/* One candidate of the cluster training backward with dx (parts > 1) for
+ * clusters of cs blocks (rounds: the most parts a block computes): when
+ * its kernel runs such clusters (bn_clu_fits, cached in this
+ * instantiation's static), queued with lucid_launch_cluster on the grid
+ * (cs, s->gy) (bn_clu_queued; the launch's own error is left for
+ * CUDA_CHECK_LAUNCH, except a refusal of the cluster size).  Returns the
+ * queries' error. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static cudaError_t bn_try_grad_dx_clu(bn_clu_sel *s, unsigned cs, unsigned rounds,
+                                      cudaStream_t stream, const T *dy, const T *x, T *dx,
+                                      const float *mean, const float *invstd, const float *w,
+                                      const float *b, const bn_geom &g, const bn_grad_out &go,
+                                      float beta) {
+    static bn_clu_cache cache;
+    auto k = bn_grad_dx_clu<T, VS, VA, SILU, HELD>;
+    bool fits = false;
+    cudaError_t e = bn_clu_fits((const void *)k, &cache, cs, s->capturing, &fits);
+    if (e != cudaSuccess || !fits) return e;
+    e = lucid_launch_cluster(k, dim3(cs, s->gy), dim3(BN_THREADS), 0, stream, cs, dy, x, dx,
+                             mean, invstd, w, b, g, go, beta);
+    bn_clu_queued(s, e, &cache, cs, rounds);
+    return cudaSuccess;
+}
+
+/* The cluster training backward's launch (parts > 1, dx asked; vs / va as
+ * for bn_launch_grad_dx1, held: the vectors may stay in registers,
+ * bn_coop_held): for each cluster size of bn_clu_choose, the held kernel
+ * when a block holds one part (rounds 1) and held, then the kernel reading
+ * dy and x again (the one vector choice vs / va allow).  s->launched false:
+ * no candidate runs (the caller takes the cooperative or two-launch
+ * route).  Returns the queries' first error. */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_grad_dx_clu(bool vs, bool va, bool held, bn_clu_sel *s,
+                                         cudaStream_t stream, const T *dy, const T *x, T *dx,
+                                         const float *mean, const float *invstd, const float *w,
+                                         const float *b, const bn_geom &g,
+                                         const bn_grad_out &go, float beta) {
+    const int VV = bn_width<T>::V;
+    return bn_clu_choose(s, [&](unsigned cs, unsigned rounds) -> cudaError_t {
+        if (vs && va && held && rounds == 1) {
+            cudaError_t e = bn_try_grad_dx_clu<T, VV, VV, SILU, true>(
+                s, cs, rounds, stream, dy, x, dx, mean, invstd, w, b, g, go, beta);
+            if (e != cudaSuccess || s->launched) return e;
+        }
+        if (vs && va)
+            return bn_try_grad_dx_clu<T, VV, VV, SILU, false>(s, cs, rounds, stream, dy, x, dx,
+                                                              mean, invstd, w, b, g, go, beta);
+        if (vs)
+            return bn_try_grad_dx_clu<T, VV, 1, SILU, false>(s, cs, rounds, stream, dy, x, dx,
+                                                             mean, invstd, w, b, g, go, beta);
+        return bn_try_grad_dx_clu<T, 1, 1, SILU, false>(s, cs, rounds, stream, dy, x, dx, mean,
+                                                        invstd, w, b, g, go, beta);
+    });
+}
+
 static lucid_status bn_backward(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
     lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
@@ -858,6 +1022,46 @@ static lucid_status bn_backward(
             CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
+        }
+        if (dx && training && g.parts > 1) {
+            /* several parts per channel: the sums and dx in one launch on
+             * thread-block clusters (a cluster per channel row); the
+             * coefficients stay in shared memory */
+            bool clu = false;
+            LUCID_TRY(bn_cluster_on(ctx, ns, st->device, op, &clu));
+            if (clu) {
+                bool capturing = false;
+                cudaError_t e = bn_capturing(st->stream, &capturing);
+                if (e != cudaSuccess)
+                    return lucid_cuda_err(ctx, e, "cudaStreamIsCapturing (bn_grad_dx_clu)",
+                                          __FILE__, __LINE__);
+                void *dxd = lucid_tensor_data(dx);
+                bool va = bn_route(x->dtype, N * C * S, S, xd, dyd, dxd) == BN_ROUTE_VEC;
+                bool held =
+                    vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
+                float bi = (float)beta_input;
+                bn_grad_out gc = go;
+                gc.coef = NULL;
+                bn_clu_sel cl = bn_clu_sel_of(g, capturing);
+                if (silu)
+                    NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_clu<T, true>(
+                                               vec, va, held, &cl, st->stream, (const T *)dyd,
+                                               (const T *)xd, (T *)dxd, sm, si, w, b, g, gc,
+                                               bi)));
+                else
+                    NN_DISPATCH(x->dtype, (e = bn_launch_grad_dx_clu<T, false>(
+                                               vec, va, held, &cl, st->stream, (const T *)dyd,
+                                               (const T *)xd, (T *)dxd, sm, si, nof, nof, g, gc,
+                                               bi)));
+                if (e != cudaSuccess)
+                    return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveClusters"
+                                          " (bn_grad_dx_clu)", __FILE__, __LINE__);
+                if (cl.launched) {
+                    CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx_clu");
+                    bn_clu_note(cl);
+                    return LUCID_OK;
+                }
+            }
         }
         if (dx && training && g.parts > 1 && count && bn_coop_env() &&
             bn_coop_device(st->device)) {

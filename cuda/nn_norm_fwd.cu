@@ -36,9 +36,18 @@
  * the channel, and each block writes y over its own part (bn_y_part,
  * bn_apply's arithmetic).
  *
+ * Clusters (2..128 parts, sm_90+, LUCID_BN_CLUSTER; see nn_norm.cuh; taken
+ * before the cooperative kernels): bn_stats_apply_clu runs a cluster of cs
+ * blocks per channel row, each block computing the partials of its parts
+ * (r, r + cs, ...) into its shared memory; after the cluster barrier every
+ * block folds them from the cluster's shared memory (bn_stats_fold_by with
+ * bn_mv_cluster: the fold of the other routes), rank 0 finishes the
+ * channel, and each block writes y over its parts.
+ *
  * Launches (counter route, or any route with parts == 1; the fallback adds
  * one final when parts > 1): training forward 2 (stats partial[+fold],
  * apply), 1 with parts == 1 (one pass; 2 with LUCID_BN_ONEPASS=0), 1 with
+ * 2..128 parts on the cluster route (LUCID_BN_CLUSTER=0: as follows), 1 with
  * parts > 1 when a cooperative grid is co-resident, with a column per
  * channel or in rounds (2 with LUCID_BN_COOP=0; see nn_norm.cuh), eval
  * forward 2 (stats_eval, apply).
@@ -54,11 +63,17 @@
  * lucid_cuda_bn_launch_count() (nn_common.cuh),
  * lucid_cuda_bn_wide_count(), lucid_cuda_bn_coop_count() and
  * lucid_cuda_bn_coop_last_grid() (nn_norm.cuh); lucid_cuda_bn_coop_sm_count()
- * (whether the device takes the cooperative kernels, and its SM count).
+ * (whether the device takes the cooperative kernels, and its SM count);
+ * the cluster route's lucid_cuda_bn_cluster_count(),
+ * lucid_cuda_bn_cluster_last_grid(), lucid_cuda_bn_cluster_sm_count() and
+ * lucid_cuda_bn_cluster_cap_columns(), and its switch
+ * (lucid_cuda_bn_cluster_switch, bn_cluster_device, bn_clu_columns).
  * Source: PyTorch nn.BatchNorm2d docs; Chan, Golub, LeVeque (1979); nn.SiLU
  * docs.
  */
 #include "nn_norm.cuh"
+
+#include <stdio.h>
 
 // ----------------------------------------------------------------------------
 // the forward's output of one element
@@ -171,21 +186,38 @@ static __device__ float2 bn_stats_finish(double n, double mean, double m2, int64
  * Fixed order: thread t adds parts t, t+BN_THREADS, ... in that order, then
  * bn_block_sum64 of the three sums at once.  Nothing depends on blockIdx,
  * so the last-arriving block of bn_stats_partial (whichever it is), the
- * fallback bn_stats_final and every block of bn_stats_apply_coop give the
- * same bits.  The partials are read with ld.global.cg (L2): other blocks of
- * this grid wrote them. */
-static __device__ void bn_stats_fold_sums(const float3 *pp, int64_t parts, double *n_out,
-                                          double *mean_out, double *m2_out) {
+ * fallback bn_stats_final, every block of bn_stats_apply_coop and every
+ * block of bn_stats_apply_clu give the same bits.  The partials come from
+ * ld (bn_stats_fold_by: ld.at(i, k), component k of part i's (n, mean, M2);
+ * the same expressions whatever the loader): bn_mv_global reads them from
+ * global memory with ld.global.cg (L2: other blocks of this grid wrote
+ * them), bn_mv_cluster from the shared memory of the cluster's blocks. */
+struct bn_mv_global {
+    const float3 *pp;
+    __device__ __forceinline__ float at(int64_t i, int k) const {
+        return __ldcg((const float *)(pp + i) + k);
+    }
+};
+
+struct bn_mv_cluster {
+    bn_clu_parts<float3> c;
+    __device__ __forceinline__ float at(int64_t i, int k) const {
+        return ((const float *)c.at(i))[k];
+    }
+};
+
+template <typename L>
+static __device__ void bn_stats_fold_by(const L &ld, int64_t parts, double *n_out,
+                                        double *mean_out, double *m2_out) {
     __shared__ double sh[3][32];
-    double K = (double)__ldcg((const float *)pp + 1);
+    double K = (double)ld.at(0, 1);
     double v[3] = {0.0, 0.0, 0.0}; /* n, s, q */
     for (int64_t i = threadIdx.x; i < parts; i += BN_THREADS) {
-        const float *p = (const float *)(pp + i);
-        double ni = (double)__ldcg(p), d = (double)__ldcg(p + 1) - K;
+        double ni = (double)ld.at(i, 0), d = (double)ld.at(i, 1) - K;
         double sd = ni * d;
         v[0] += ni;
         v[1] += sd;
-        v[2] += (double)__ldcg(p + 2) + sd * d;
+        v[2] += (double)ld.at(i, 2) + sd * d;
     }
     bn_block_sum64<3>(v, parts, sh);
     if (threadIdx.x != 0) return;
@@ -193,6 +225,11 @@ static __device__ void bn_stats_fold_sums(const float3 *pp, int64_t parts, doubl
     *n_out = n;
     *mean_out = K + s / n;
     *m2_out = q - s * (s / n);
+}
+
+static __device__ void bn_stats_fold_sums(const float3 *pp, int64_t parts, double *n_out,
+                                          double *mean_out, double *m2_out) {
+    bn_stats_fold_by(bn_mv_global{pp}, parts, n_out, mean_out, m2_out);
 }
 
 static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
@@ -508,6 +545,89 @@ bn_stats_apply_coop(const T *__restrict__ x, T *__restrict__ y, bn_geom g, float
     }
 }
 
+/* Training forward of channels of SEVERAL parts (g.parts > 1), statistics
+ * and apply in one launch on thread-block clusters (lucid_launch_cluster;
+ * LUCID_BN_CLUSTER, see the header): grid (cs, gy), clusters (cs, 1, 1), so
+ * the blocks of one cluster are the cs blocks (0..cs-1, y) of one grid
+ * row and share its channels c = y, y + gy, ... (the channel loop of the
+ * other kernels; gy <= min(C, 65535), bn_clu_columns).  The block of
+ * cluster rank r (= blockIdx.x) computes the partials of parts r, r + cs,
+ * r + 2cs, ... of channel c exactly as bn_stats_partial (bn_stats_part with
+ * VS-element vectors, the same tree) and keeps each in its own shared
+ * memory, slot (part / cs) of mine[parity of the channel's turn]; after the
+ * cluster barrier (release / acquire) EVERY block folds the channel's
+ * partials, read in part order from the blocks that hold them (distributed
+ * shared memory, bn_mv_cluster), with the fold of the other routes
+ * (bn_stats_fold_by: the same f64 (n, mean, M2) in every block).  The
+ * block of rank 0 (part 0) finishes the channel (bn_stats_store: the bits
+ * of bn_stats_finish: save_mean, save_invstd, running stats,
+ * num_batches_tracked); every block takes the f32 (mean, invstd) from
+ * bn_stats_kept and writes y over its own parts with bn_apply's
+ * per-element arithmetic (bn_y_part: bn_affine_of, bn_out; VA-element
+ * vectors, the apply's vector choice), so every output equals the
+ * two-launch route's bitwise.  HELD (VS == VA, one part per block, cs ==
+ * parts, and that part one round of the walk, bn_coop_held): y is written
+ * from the vectors the partial loaded, still in registers; else x is read
+ * again (mostly from L2).
+ * Shared memory lifetime: a block's partials of one channel are read by
+ * its peers after the barrier of that channel; the next channel's partials
+ * go to the other buffer, and the one after to this one again only after
+ * the next channel's barrier, which every peer reaches after its reads;
+ * after the last channel each block arrives at the cluster barrier once
+ * its own reads are done and waits for it before it exits, so no block
+ * leaves while a peer may still read its shared memory (CUDA Programming
+ * Guide, "Distributed Shared Memory").  No global memory but the tensors:
+ * no arena, no counters. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_stats_apply_clu(const T *__restrict__ x, T *__restrict__ y, bn_geom g, bn_stats_out out,
+                   const float *w, const float *b) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ bn_mv sh[32];
+    __shared__ float2 kept;                        /* channel c's (mean, invstd) */
+    __shared__ float3 mine[2][BN_CLU_ROUNDS];      /* this block's partials */
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
+    const unsigned rank = blockIdx.x, cs = gridDim.x; /* the cluster spans grid.x */
+    int buf = 0;
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y, buf ^= 1) {
+        float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
+        /* loaded before the walk, off the chain the barrier waits for */
+        const float wc = w ? w[c] : 1.0f, bc = b ? b[c] : 0.0f;
+        R held[BN_UNROLL];
+        int k = 0;
+        for (int64_t part = rank; part < g.parts; part += cs, k++) {
+            const bn_part ps = bn_part_of<VS>(g, part);
+            bn_mv r = bn_stats_part<T, VS>(x + ps.base + c * g.S, ps, g.CS, K, sh,
+                                           HELD ? (typename bn_vec<T, VS>::R *)held : nullptr);
+            if (threadIdx.x == 0) mine[buf][k] = make_float3(r.n, r.mean, r.m2);
+        }
+        bn_clu_sync(); /* every partial of channel c stored, in every block */
+        double n = 0.0, mean = 0.0, m2 = 0.0;
+        bn_stats_fold_by(bn_mv_cluster{{&mine[buf][0], cs}}, g.parts, &n, &mean, &m2);
+        /* the fold's values are in registers: this block's last reads of
+         * its peers' shared memory are done (arrive: see the comment) */
+        if (c + gridDim.y >= g.C) bn_clu_arrive();
+        /* kept is rewritten only after the next channel's bn_stats_part
+         * barriers, which every thread reaches after reading it below.
+         * Rank 0's thread 0 stores the statistics and the running stats
+         * after the barrier, while the block writes y */
+        if (threadIdx.x == 0) kept = bn_stats_kept(n, mean, m2, out.eps);
+        __syncthreads();
+        const float2 kc = kept;
+        if (threadIdx.x == 0 && rank == 0) bn_stats_store(n, mean, m2, c, kc, out);
+        float sc, shf;
+        bn_affine_of(kc.x, kc.y, wc, bc, &sc, &shf);
+        for (int64_t part = rank; part < g.parts; part += cs) {
+            const bn_part pa = bn_part_of<VA>(g, part);
+            bn_y_part<T, VA, SILU, HELD>(x, y, pa, pa.base + c * g.S, g.CS, sc, shf, held);
+        }
+    }
+    bn_clu_wait(); /* every peer has read this block's partials */
+}
+
 template <typename T, bool SILU>
 static void bn_launch_apply(int route, unsigned grid, int64_t N, int64_t C, int64_t S,
                             cudaStream_t stream, const T *x, T *y, const float *mean,
@@ -627,6 +747,58 @@ static cudaError_t bn_launch_stats_apply_coop(bool vs, bool va, bool held, bn_co
     });
 }
 
+/* One candidate of the cluster training forward (parts > 1) for clusters
+ * of cs blocks (rounds: the most parts a block computes): when its kernel
+ * runs such clusters (bn_clu_fits, cached in this instantiation's static),
+ * queued with lucid_launch_cluster on the grid (cs, s->gy) (bn_clu_queued;
+ * the launch's own error is left for CUDA_CHECK_LAUNCH, except a refusal
+ * of the cluster size).  Returns the queries' error. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static cudaError_t bn_try_stats_apply_clu(bn_clu_sel *s, unsigned cs, unsigned rounds,
+                                          cudaStream_t stream, const T *x, T *y,
+                                          const bn_geom &g, const bn_stats_out &so,
+                                          const float *w, const float *b) {
+    static bn_clu_cache cache;
+    auto k = bn_stats_apply_clu<T, VS, VA, SILU, HELD>;
+    bool fits = false;
+    cudaError_t e = bn_clu_fits((const void *)k, &cache, cs, s->capturing, &fits);
+    if (e != cudaSuccess || !fits) return e;
+    e = lucid_launch_cluster(k, dim3(cs, s->gy), dim3(BN_THREADS), 0, stream, cs, x, y, g, so, w,
+                             b);
+    bn_clu_queued(s, e, &cache, cs, rounds);
+    return cudaSuccess;
+}
+
+/* The cluster training forward's launch (parts > 1; vs / va as for
+ * bn_launch_stats_apply1, held: the vectors may stay in registers,
+ * bn_coop_held): for each cluster size of bn_clu_choose, the held kernel
+ * when a block holds one part (rounds 1) and held, then the kernel reading
+ * x again (the one vector choice vs / va allow).  s->launched false: no
+ * candidate runs (the caller takes the cooperative or two-launch route).
+ * Returns the queries' first error. */
+template <typename T, bool SILU>
+static cudaError_t bn_launch_stats_apply_clu(bool vs, bool va, bool held, bn_clu_sel *s,
+                                             cudaStream_t stream, const T *x, T *y,
+                                             const bn_geom &g, const bn_stats_out &so,
+                                             const float *w, const float *b) {
+    const int VV = bn_width<T>::V;
+    return bn_clu_choose(s, [&](unsigned cs, unsigned rounds) -> cudaError_t {
+        if (vs && va && held && rounds == 1) {
+            cudaError_t e = bn_try_stats_apply_clu<T, VV, VV, SILU, true>(s, cs, rounds, stream,
+                                                                          x, y, g, so, w, b);
+            if (e != cudaSuccess || s->launched) return e;
+        }
+        if (vs && va)
+            return bn_try_stats_apply_clu<T, VV, VV, SILU, false>(s, cs, rounds, stream, x, y, g,
+                                                                  so, w, b);
+        if (vs)
+            return bn_try_stats_apply_clu<T, VV, 1, SILU, false>(s, cs, rounds, stream, x, y, g,
+                                                                 so, w, b);
+        return bn_try_stats_apply_clu<T, 1, 1, SILU, false>(s, cs, rounds, stream, x, y, g, so,
+                                                            w, b);
+    });
+}
+
 /* The counters declared in nn_norm.cuh (both directions add to them). */
 thread_local unsigned long lucid_cuda_bn_launches;
 thread_local unsigned long lucid_cuda_bn_wide_launches;
@@ -658,6 +830,93 @@ extern "C" int lucid_cuda_bn_coop_sm_count(void) {
         return 0;
     }
     if (!bn_coop_device(dev)) return 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* The cluster route's test hooks and host helpers (nn_norm.cuh). */
+thread_local unsigned long lucid_cuda_bn_cluster_launches;
+thread_local unsigned lucid_cuda_bn_cluster_cs, lucid_cuda_bn_cluster_gy;
+static std::atomic<unsigned> bn_clu_cap_cols(0); /* 0: no cap */
+
+extern "C" unsigned long lucid_cuda_bn_cluster_count(void) {
+    return lucid_cuda_bn_cluster_launches;
+}
+
+/* Test hook: the cluster size (= grid.x) and the channel columns (grid.y)
+ * of this thread's last cluster BatchNorm launch, either direction (0 x 0
+ * before the first).  cs / gy nullable. */
+extern "C" void lucid_cuda_bn_cluster_last_grid(unsigned *cs, unsigned *gy) {
+    if (cs) *cs = lucid_cuda_bn_cluster_cs;
+    if (gy) *gy = lucid_cuda_bn_cluster_gy;
+}
+
+/* Test hook: at most n channel columns (grid.y) for the cluster launches
+ * queued from now on, by any thread (0: no cap, min(C, 65535) as
+ * always), so that a test runs the kernels' channel loop (several channels
+ * per cluster, the two partial buffers in turn) on small tensors; the bits
+ * do not depend on it.  Returns the previous cap. */
+extern "C" unsigned lucid_cuda_bn_cluster_cap_columns(unsigned n) {
+    return bn_clu_cap_cols.exchange(n, std::memory_order_relaxed);
+}
+
+unsigned bn_clu_columns(int64_t C) {
+    unsigned gy = bn_grid_y(C);
+    const unsigned cap = bn_clu_cap_cols.load(std::memory_order_relaxed);
+    if (cap > 0 && gy > cap) gy = cap;
+    return gy > 0 ? gy : 1;
+}
+
+/* LUCID_BN_CLUSTER as read once: the switch and a copy of its text. */
+typedef struct bn_clu_env {
+    int sw;
+    char value[64];
+} bn_clu_env;
+
+static bn_clu_env bn_clu_env_read(void) {
+    bn_clu_env e;
+    const char *v = getenv("LUCID_BN_CLUSTER");
+    e.sw = bn_cluster_parse(v);
+    snprintf(e.value, sizeof e.value, "%s", v ? v : "");
+    return e;
+}
+
+int lucid_cuda_bn_cluster_switch(const char **value) {
+    static const bn_clu_env e = bn_clu_env_read(); /* once, thread-safe */
+    if (value) *value = e.value;
+    return e.sw;
+}
+
+bool bn_cluster_device(int device) {
+    static std::atomic<int> known[64]; /* 0 unknown, 1 yes, 2 no */
+    if (device >= 0 && device < 64) {
+        int k = known[device].load(std::memory_order_relaxed);
+        if (k != 0) return k == 1;
+    }
+    int major = 0, clu = 0;
+    bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                   cudaSuccess &&
+               cudaDeviceGetAttribute(&clu, cudaDevAttrClusterLaunch, device) == cudaSuccess &&
+               major >= 9 && clu != 0;
+    if (!yes) (void)cudaGetLastError();
+    if (device >= 0 && device < 64) known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
+    return yes;
+}
+
+/* Test hook: the multiprocessors of the current CUDA device when it takes
+ * cluster launches (bn_cluster_device: sm_90+ with cudaDevAttrClusterLaunch),
+ * else 0; LUCID_BN_CLUSTER is not read.  Errors count as 0 (and are
+ * cleared). */
+extern "C" int lucid_cuda_bn_cluster_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (!bn_cluster_device(dev)) return 0;
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
@@ -729,6 +988,39 @@ static lucid_status bn_forward(
             CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply1");
             lucid_cuda_bn_launches += 1;
             return LUCID_OK;
+        }
+        if (g.parts > 1) {
+            /* several parts per channel: statistics and apply in one launch
+             * on thread-block clusters (a cluster per channel row) */
+            bool clu = false;
+            LUCID_TRY(bn_cluster_on(ctx, ns, st->device, op, &clu));
+            if (clu) {
+                bool capturing = false;
+                cudaError_t e = bn_capturing(st->stream, &capturing);
+                if (e != cudaSuccess)
+                    return lucid_cuda_err(ctx, e, "cudaStreamIsCapturing (bn_stats_apply_clu)",
+                                          __FILE__, __LINE__);
+                bool va = bn_route(x->dtype, N * C * S, S, xd, yd, NULL) == BN_ROUTE_VEC;
+                bool held =
+                    vec && va && bn_coop_held(g, 16 / (int64_t)lucid_dtype_size(x->dtype));
+                bn_clu_sel cl = bn_clu_sel_of(g, capturing);
+                if (silu)
+                    NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_clu<T, true>(
+                                               vec, va, held, &cl, st->stream, (const T *)xd,
+                                               (T *)yd, g, so, w, b)));
+                else
+                    NN_DISPATCH(x->dtype, (e = bn_launch_stats_apply_clu<T, false>(
+                                               vec, va, held, &cl, st->stream, (const T *)xd,
+                                               (T *)yd, g, so, w, b)));
+                if (e != cudaSuccess)
+                    return lucid_cuda_err(ctx, e, "cudaOccupancyMaxActiveClusters"
+                                          " (bn_stats_apply_clu)", __FILE__, __LINE__);
+                if (cl.launched) {
+                    CUDA_CHECK_LAUNCH(ctx, "bn_stats_apply_clu");
+                    bn_clu_note(cl);
+                    return LUCID_OK;
+                }
+            }
         }
         if (g.parts > 1 && count && bn_coop_env() && bn_coop_device(st->device)) {
             /* several parts per channel: statistics and apply in one

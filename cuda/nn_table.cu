@@ -111,6 +111,7 @@ lucid_cuda_nn_state *lucid_cuda_nn_get(lucid_ctx *ctx, lucid_cuda_state *st) {
     ns->conv_col = 0;
     ns->wcols = 0;
     ns->wcols_cap = 0;
+    ns->bn_cluster = 0;
     ns->profile = nn_profile_env();
     memset(&ns->prof, 0, sizeof ns->prof);
     try {
@@ -177,6 +178,10 @@ extern "C" int lucid_cuda_nn_set_conv_small(lucid_ctx *ctx, int route) {
 
 extern "C" int lucid_cuda_nn_set_conv_col(lucid_ctx *ctx, int route) {
     return set_route(ctx, &lucid_cuda_nn_state::conv_col, route, 1 + LUCID_CONV_COL_ALL);
+}
+
+extern "C" int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode) {
+    return set_route(ctx, &lucid_cuda_nn_state::bn_cluster, mode, 2);
 }
 
 extern "C" int lucid_cuda_nn_set_wcast(lucid_ctx *ctx, int mode) {

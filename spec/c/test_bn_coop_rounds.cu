@@ -29,6 +29,21 @@
  *     candidate (cudaErrorCooperativeLaunchTooLarge) passes to the next of
  *     as few rounds and is never counted again;
  *   - bn_coop_round_limit reads LUCID_BN_COOP_LOOP ("1": no limit, else 1: opt-in).
+ * And the cluster route's host rules (cuda/nn_norm.cuh; the kernels are
+ * checked on the GPU by test_nn_bnsilu_cuda.c, test_cluster):
+ *   - bn_clu_size for parts 0..300 and every csmax up to BN_CLU_MAX: no
+ *     cluster below 2 parts or past BN_CLU_ROUNDS rounds, else the fewest
+ *     rounds, the parts spread evenly, every part computed once by the
+ *     block the fold's DSMEM map names, in a slot below BN_CLU_ROUNDS; the
+ *     model's shapes (layer 0: 13 blocks of 4 parts, 160x160: 16 of 1,
+ *     80x80: 4 of 1);
+ *   - bn_clu_choose tries the size for 16 blocks, then the portable one
+ *     when it differs, and stops at the first launched;
+ *   - bn_clu_queued: a refused cluster size is no launch and is cached;
+ *   - bn_clu_fits with preset caches (no CUDA call): cached answers, no
+ *     question asked while capturing, non-portable sizes only with the
+ *     attribute set;
+ *   - bn_cluster_parse, the rule of LUCID_BN_CLUSTER.
  */
 #include "nn_norm.cuh"
 
@@ -245,11 +260,183 @@ static void check_parts(void) {
     ok(g.parts == 533, "41x2x320x320: 533 parts", WHY("%lld", (long long)g.parts));
 }
 
+/* ------------------------------------------------------------ the cluster route */
+
+/* bn_clu_size for parts 1..300 and csmax 2..16: 0 exactly when parts < 2
+ * or more than BN_CLU_ROUNDS rounds are needed; else cs <= csmax, rounds =
+ * ceil(parts / csmax) (the fewest), cs = ceil(parts / rounds) (spread
+ * evenly), and the kernels' walk (block r: parts r, r + cs, ...) gives
+ * every block 1..rounds parts, every part once, and slots (part / cs)
+ * below BN_CLU_ROUNDS; the DSMEM map of the fold (part i in rank i % cs,
+ * slot i / cs) names the block and slot that computed it. */
+static void check_clu_size(void) {
+    int bad = 0;
+    char first[256] = "";
+    for (unsigned csmax = 0; csmax <= BN_CLU_MAX; csmax++)
+        for (int64_t parts = 0; parts <= 300; parts++) {
+            unsigned rounds = 99;
+            const unsigned cs = bn_clu_size(parts, csmax, &rounds);
+            const char *why_bad = NULL;
+            const int64_t fewest = csmax ? (parts + csmax - 1) / csmax : 0;
+            if (parts < 2 || csmax < 2 || fewest > BN_CLU_ROUNDS) {
+                if (cs != 0 || rounds != 0) why_bad = "a cluster where none is allowed";
+            } else if (cs < 2 || cs > csmax) {
+                why_bad = "cs out of 2..csmax";
+            } else if ((int64_t)rounds != fewest) {
+                why_bad = "not the fewest rounds";
+            } else if ((int64_t)cs != (parts + rounds - 1) / rounds) {
+                why_bad = "parts not spread evenly";
+            } else {
+                std::vector<int> seen((size_t)parts, 0);
+                for (unsigned r = 0; r < cs && !why_bad; r++) {
+                    unsigned k = 0;
+                    for (int64_t p = r; p < parts; p += cs, k++) {
+                        seen[(size_t)p]++;
+                        if (k >= BN_CLU_ROUNDS) why_bad = "slot past BN_CLU_ROUNDS";
+                        /* the fold's map */
+                        if ((unsigned)p % cs != r || (unsigned)p / cs != k)
+                            why_bad = "DSMEM map names another block or slot";
+                    }
+                    if (k < 1 || k > rounds) why_bad = "a block without parts or past the rounds";
+                }
+                for (int64_t p = 0; p < parts && !why_bad; p++)
+                    if (seen[(size_t)p] != 1) why_bad = "a part not computed exactly once";
+            }
+            if (why_bad && !bad++)
+                snprintf(first, sizeof first, "parts %lld, csmax %u: %s (cs %u, rounds %u)",
+                         (long long)parts, csmax, why_bad, cs, rounds);
+        }
+    ok(bad == 0, "bn_clu_size: fewest rounds, parts spread evenly, every part once",
+       WHY("%d bad; first: %s", bad, first));
+    /* the model's shapes (N = 4, 640 px) */
+    unsigned r = 0, c = bn_clu_size(bn_geom_of(4, 16, 320 * 320).parts, BN_CLU_MAX, &r);
+    ok(c == 13 && r == 4, "layer 0 (52 parts): 4 rounds of 13 blocks", WHY("%u x %u", c, r));
+    c = bn_clu_size(bn_geom_of(4, 16, 320 * 320).parts, BN_CLU_PORTABLE, &r);
+    ok(c == 8 && r == 7, "layer 0 portable: 7 rounds of 8 blocks", WHY("%u x %u", c, r));
+    c = bn_clu_size(bn_geom_of(4, 32, 160 * 160).parts, BN_CLU_MAX, &r);
+    ok(c == 16 && r == 1, "160x160 (16 parts): one part per block, 16 blocks",
+       WHY("%u x %u", c, r));
+    c = bn_clu_size(bn_geom_of(4, 64, 80 * 80).parts, BN_CLU_MAX, &r);
+    ok(c == 4 && r == 1, "80x80 (4 parts): 4 blocks", WHY("%u x %u", c, r));
+    c = bn_clu_size(bn_geom_of(4, 128, 40 * 40).parts, BN_CLU_MAX, &r);
+    ok(c == 0 && r == 0, "40x40 (one part): no cluster", WHY("%u x %u", c, r));
+    c = bn_clu_size(129, BN_CLU_MAX, &r);
+    ok(c == 0, "129 parts: more than BN_CLU_ROUNDS rounds at 16, no cluster", WHY("%u", c));
+}
+
+/* bn_clu_choose: the sizes tried in order (the largest cluster's, then the
+ * portable one's when it differs), stopping at the first launched. */
+static void check_clu_choose(void) {
+    struct Case {
+        int64_t parts;
+        int fits16; /* whether the emulated kernel runs the first size */
+        unsigned want[2][2]; /* (cs, rounds) tried, 0: none */
+        unsigned launched_cs;
+    };
+    static const Case CASES[] = {
+        {52, 1, {{13, 4}, {0, 0}}, 13}, {52, 0, {{13, 4}, {8, 7}}, 8},
+        {16, 1, {{16, 1}, {0, 0}}, 16}, {16, 0, {{16, 1}, {8, 2}}, 8},
+        {4, 0, {{4, 1}, {0, 0}}, 0},    {17, 1, {{9, 2}, {0, 0}}, 9},
+        {17, 0, {{9, 2}, {6, 3}}, 6},   {100, 0, {{15, 7}, {0, 0}}, 0},
+        {128, 1, {{16, 8}, {0, 0}}, 16}, {129, 1, {{0, 0}, {0, 0}}, 0},
+        {1, 1, {{0, 0}, {0, 0}}, 0}};
+    for (const Case &k : CASES) {
+        bn_clu_sel s;
+        memset(&s, 0, sizeof s);
+        s.parts = k.parts;
+        s.gy = 1;
+        unsigned tried[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+        int n = 0;
+        cudaError_t e = bn_clu_choose(&s, [&](unsigned cs, unsigned rounds) -> cudaError_t {
+            if (n < 3) tried[n][0] = cs, tried[n][1] = rounds;
+            n++;
+            if (n == 1 ? k.fits16 : 1) {
+                bn_clu_cache cc = {};
+                bn_clu_queued(&s, cudaSuccess, &cc, cs, rounds);
+            }
+            return cudaSuccess;
+        });
+        bool good = e == cudaSuccess && n <= 2 && tried[0][0] == k.want[0][0] &&
+                    tried[0][1] == k.want[0][1] && tried[1][0] == k.want[1][0] &&
+                    tried[1][1] == k.want[1][1] &&
+                    (k.launched_cs ? s.launched && s.cs == k.launched_cs : !s.launched);
+        ok(good,
+           NAME("bn_clu_choose: %lld parts, first size %s: tries %ux%u then %ux%u", (long long)k.parts,
+                k.fits16 ? "runs" : "refused", k.want[0][0], k.want[0][1], k.want[1][0],
+                k.want[1][1]),
+           WHY("tried %d: %ux%u, %ux%u; launched %d (cs %u)", n, tried[0][0], tried[0][1],
+               tried[1][0], tried[1][1], (int)s.launched, s.cs));
+    }
+}
+
+/* bn_clu_queued: a refusal of the cluster size (cudaErrorInvalidClusterSize)
+ * is not a launch and caches the size as not running; any other status
+ * counts as launched (left for CUDA_CHECK_LAUNCH). */
+static void check_clu_queued(void) {
+    bn_clu_cache cc = {};
+    bn_clu_sel s;
+    memset(&s, 0, sizeof s);
+    bn_clu_queued(&s, cudaErrorInvalidClusterSize, &cc, 13, 4);
+    ok(!s.launched && cc.fit[13].load() == 2, "refused cluster size: not launched, cached no",
+       WHY("launched %d, fit %d", (int)s.launched, cc.fit[13].load()));
+    bn_clu_queued(&s, cudaErrorLaunchOutOfResources, &cc, 8, 7);
+    ok(s.launched && s.cs == 8 && s.rounds == 7, "other launch error: counted as launched",
+       WHY("launched %d, cs %u, rounds %u", (int)s.launched, s.cs, s.rounds));
+}
+
+/* bn_clu_fits with preset caches makes no CUDA call: yes / no as cached;
+ * inside a capture an unknown size or attribute is not asked (no); sizes
+ * outside 2..BN_CLU_MAX never run. */
+static void check_clu_fits(void) {
+    bn_clu_cache cc = {};
+    bool f = true;
+    cudaError_t e = bn_clu_fits(nullptr, &cc, 4, true, &f);
+    ok(e == cudaSuccess && !f && cc.fit[4].load() == 0,
+       "capturing, size not asked yet: not taken, not asked", WHY("%d %d", (int)f, (int)e));
+    cc.fit[4].store(1);
+    e = bn_clu_fits(nullptr, &cc, 4, true, &f);
+    ok(e == cudaSuccess && f, "cached yes: taken (also while capturing)", WHY("%d", (int)f));
+    cc.fit[13].store(1);
+    e = bn_clu_fits(nullptr, &cc, 13, true, &f);
+    ok(e == cudaSuccess && !f && cc.np.load() == 0,
+       "capturing, non-portable attribute not set yet: not taken", WHY("%d", (int)f));
+    cc.np.store(1);
+    e = bn_clu_fits(nullptr, &cc, 13, false, &f);
+    ok(e == cudaSuccess && f, "non-portable set, size 13 cached yes: taken", WHY("%d", (int)f));
+    cc.np.store(2);
+    e = bn_clu_fits(nullptr, &cc, 13, false, &f);
+    ok(e == cudaSuccess && !f, "non-portable refused: sizes above 8 not taken", WHY("%d", (int)f));
+    cc.fit[6].store(2);
+    e = bn_clu_fits(nullptr, &cc, 6, false, &f);
+    ok(e == cudaSuccess && !f, "cached no: not taken", WHY("%d", (int)f));
+    bool f1 = true, f17 = true;
+    bn_clu_fits(nullptr, &cc, 1, false, &f1);
+    bn_clu_fits(nullptr, &cc, BN_CLU_MAX + 1, false, &f17);
+    ok(!f1 && !f17, "sizes 1 and BN_CLU_MAX + 1: never", WHY("%d %d", (int)f1, (int)f17));
+}
+
+/* LUCID_BN_CLUSTER's rule: unset, "" or "1" on; "0" off; else -1 (ERR_ARG). */
+static void check_clu_parse(void) {
+    bool good = bn_cluster_parse(nullptr) == 1 && bn_cluster_parse("") == 1 &&
+                bn_cluster_parse("1") == 1 && bn_cluster_parse("0") == 0 &&
+                bn_cluster_parse("2") == -1 && bn_cluster_parse("yes") == -1 &&
+                bn_cluster_parse("01") == -1;
+    ok(good, "LUCID_BN_CLUSTER: unset / \"\" / \"1\" on, \"0\" off, anything else an error",
+       WHY("unset %d, \"\" %d, \"1\" %d, \"0\" %d, \"2\" %d", bn_cluster_parse(nullptr),
+           bn_cluster_parse(""), bn_cluster_parse("1"), bn_cluster_parse("0"),
+           bn_cluster_parse("2")));
+}
+
 int main(void) {
     check_rounds();
     check_loop();
     check_parts();
     check_limit();
     check_choice();
+    check_clu_size();
+    check_clu_choose();
+    check_clu_queued();
+    check_clu_fits();
+    check_clu_parse();
     return failures ? 1 : 0;
 }

@@ -135,6 +135,32 @@
  *                             bitwise, as many kernels recorded as queued
  *                             eagerly (4x64x80x80, 4x32x160x160, 3x5x91x99,
  *                             4x16x320x320 in 2 rounds)
+ *   (the one-pass and cooperative groups turn the cluster route below off
+ *   for the context, lucid_cuda_nn_set_bn_cluster 1, so they keep testing
+ *   those routes; the groups before them run the default route, where
+ *   multi-part shapes of 2..128 parts take the cluster kernels on sm_90+,
+ *   and the capture before the counters turns it off in its fresh context
+ *   to keep recording the counters' fallback)
+ * Clusters (LUCID_BN_CLUSTER, cuda/nn_norm.cuh), multi-part shapes, plain
+ * and fused, f32/bf16/f16:
+ *   cluster = two launches    the calls above on the cluster route twice,
+ *                             with LUCID_BN_HELD=0 and with at most 3
+ *                             channel columns (the kernels' channel loop):
+ *                             bitwise equal to the two-launch route
+ *                             (LUCID_BN_COOP=0, cluster off); against the
+ *                             CPU; 1 kernel per training call with dx on
+ *                             the route (lucid_cuda_bn_cluster_count), the
+ *                             route taken for 2..128 parts on a device
+ *                             with cluster launch and never otherwise; the
+ *                             cluster size of the rule (parts 2, 4, 6, 8,
+ *                             16, 17, 35, 52, 300: see test_cluster)
+ *   cluster capture           the cluster route and the two-launch route
+ *                             captured in one graph, replayed twice: equal
+ *                             to the first and second eager call bitwise,
+ *                             as many (cluster) kernels recorded as queued
+ *                             eagerly (4x64x80x80, 4x32x160x160, 3x5x91x99
+ *                             with 3 columns, 4x16x320x320 with all and
+ *                             with 3 columns)
  * Without a CUDA device every group prints "skip ...: no CUDA device" and
  * the program exits 0.
  */
@@ -225,6 +251,39 @@ static void cmp_act(const char *name, const lucid_tensor *g, const lucid_tensor 
 static double unit(lucid_dtype dt) {
     return dt == LUCID_BF16 ? 1.0 / 256.0 : dt == LUCID_F16 ? 1.0 / 2048.0 : 0.0;
 }
+
+/* ============================================ the cluster route's hooks
+ * (cuda/nn_norm_fwd.cu, cuda/nn_table.cu; weak: NULL in a build without
+ * them) */
+
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned long lucid_cuda_bn_cluster_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+void lucid_cuda_bn_cluster_last_grid(unsigned *cs, unsigned *gy);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_bn_cluster_sm_count(void);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+unsigned lucid_cuda_bn_cluster_cap_columns(unsigned n);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
+
+/* The cluster route of context c (lucid_cuda_nn_set_bn_cluster): 0 follow
+ * LUCID_BN_CLUSTER (the default), 1 off (the cooperative / two-launch
+ * routes: the groups that test those set it), 2 on. */
+static void set_cluster_of(lucid_ctx *c, int mode) {
+    if (lucid_cuda_nn_set_bn_cluster) lucid_cuda_nn_set_bn_cluster(c, mode);
+}
+static void set_cluster(int mode) { set_cluster_of(ctx, mode); }
 
 /* ================================================= kernels: one case */
 
@@ -562,6 +621,7 @@ static void test_capture_fallback(lucid_dtype dt, int64_t N, int64_t C, int64_t 
     lucid_ctx *main_ctx = NULL;
     if (!cuda_test_enter_fresh(pre, &main_ctx)) return; /* ctx: a fresh context */
     lucid_graph *g = NULL;
+    set_cluster(1); /* the counters' fallback route, not the cluster kernels */
     {
         int64_t bxs[4] = {4, 131100, 1, 1}, bcs[1] = {131100};
         int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
@@ -791,6 +851,18 @@ static void coop_last_grid(coop_grid *g) {
     if (lucid_cuda_bn_coop_last_grid) lucid_cuda_bn_coop_last_grid(&g->x, &g->y);
 }
 
+/* cluster launches so far (nn_norm_fwd.cu's test hook) */
+static unsigned long bn_clusters(void) {
+    return lucid_cuda_bn_cluster_count ? lucid_cuda_bn_cluster_count() : 0;
+}
+
+/* the cluster size and channel columns of this thread's last cluster
+ * launch (0 x 0 without the hook) */
+static void cluster_last_grid(coop_grid *g) {
+    g->x = g->y = 0;
+    if (lucid_cuda_bn_cluster_last_grid) lucid_cuda_bn_cluster_last_grid(&g->x, &g->y);
+}
+
 /* 0: LUCID_BN_COOP=0; 1: unset (the default) */
 static void set_coop(int mode) {
     if (mode == 0) setenv("LUCID_BN_COOP", "0", 1);
@@ -900,19 +972,25 @@ static lucid_tensor *pdview_of(const lucid_tensor *h, int64_t off) {
  * asked: no affine parameters), nl[L_*] the kernels queued per call, nc[L_*]
  * (nullable) the cooperative ones among them, cg[L_*] (nullable; needs nc)
  * the grid of the call's cooperative launch (nn_norm_fwd.cu's test hook
- * lucid_cuda_bn_coop_last_grid; 0 x 0 when it took none).  LUCID_OK or the
- * failing call's status (*what names it). */
+ * lucid_cuda_bn_coop_last_grid; 0 x 0 when it took none); nk[L_*] and
+ * kg[L_*] (nullable; kg needs nk) the same for the cluster launches
+ * (lucid_cuda_bn_cluster_count, lucid_cuda_bn_cluster_last_grid: cluster
+ * size x channel columns).  LUCID_OK or the failing call's status (*what
+ * names it). */
 static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long *nl,
-                                unsigned long *nc, coop_grid *cg, const char **what) {
+                                unsigned long *nc, coop_grid *cg, unsigned long *nk,
+                                coop_grid *kg, const char **what) {
     const lucid_dtype dt = in->dt, F = LUCID_F32;
     const int64_t *xs = in->xs, *cs = in->cs, oo = in->out_off;
     const int silu = in->silu, af = in->affine;
     lucid_status s = LUCID_OK;
-    unsigned long n0, c0;
+    unsigned long n0, c0, k0;
     memset(o, 0, sizeof(lucid_tensor *) * OP_N);
     memset(nl, 0, sizeof(unsigned long) * L_N);
     if (nc) memset(nc, 0, sizeof(unsigned long) * L_N);
     if (cg) memset(cg, 0, sizeof(coop_grid) * L_N);
+    if (nk) memset(nk, 0, sizeof(unsigned long) * L_N);
+    if (kg) memset(kg, 0, sizeof(coop_grid) * L_N);
     *what = "setup";
     lucid_tensor *gw = af ? pdev(in->hw) : NULL, *gb = af ? pdev(in->hb) : NULL;
     lucid_tensor *gx1 = pdview_of(in->hx1, in->in_off), *gx2 = pdview_of(in->hx2, in->in_off);
@@ -954,11 +1032,15 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
         *what = name;                                                         \
         n0 = bn_launches();                                                   \
         c0 = bn_coops();                                                      \
+        k0 = bn_clusters();                                                   \
         if ((s = (expr)) != LUCID_OK) return s;                               \
         if ((slot) >= 0) nl[(slot)] = bn_launches() - n0;                     \
         if ((slot) >= 0 && nc) nc[(slot)] = bn_coops() - c0;                  \
         if ((slot) >= 0 && nc && cg && nc[(slot)])                            \
             coop_last_grid(&cg[(slot)]);                                      \
+        if ((slot) >= 0 && nk) nk[(slot)] = bn_clusters() - k0;               \
+        if ((slot) >= 0 && nk && kg && nk[(slot)])                            \
+            cluster_last_grid(&kg[(slot)]);                                   \
     } while (0)
     STEP("train forward 1", -1,
          bn_fwd(silu, gx1, o[OP_Y], gw, gb, o[OP_RM], o[OP_RV], o[OP_NB], o[OP_SM], o[OP_SI],
@@ -1065,14 +1147,14 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
           "lucid_cuda_bn_launch_count missing (cuda/nn_norm_fwd.cu)");
     set_coop(0); /* multi-part shapes: the two-launch route on both sides */
     set_onepass(2);
-    st = onepass_run(&in, o1, l1, NULL, NULL, &what);
+    st = onepass_run(&in, o1, l1, NULL, NULL, NULL, NULL, &what);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: one pass: %s", pre, what), "%s: %s", lucid_status_name(st),
                   lucid_ctx_error(ctx));
         goto done;
     }
     set_onepass(0);
-    st = onepass_run(&in, o0, l0, NULL, NULL, &what);
+    st = onepass_run(&in, o0, l0, NULL, NULL, NULL, NULL, &what);
     set_onepass(1);
     if (st != LUCID_OK) {
         TEST_FAIL(NAME("%s: two launches: %s", pre, what), "%s: %s", lucid_status_name(st),
@@ -1088,7 +1170,7 @@ static void test_onepass(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t
         unsigned long lh[L_N];
         setenv("LUCID_BN_HELD", "0", 1);
         set_onepass(2);
-        st = onepass_run(&in, oh, lh, NULL, NULL, &what);
+        st = onepass_run(&in, oh, lh, NULL, NULL, NULL, NULL, &what);
         set_onepass(1);
         unsetenv("LUCID_BN_HELD");
         if (st != LUCID_OK) {
@@ -1342,7 +1424,7 @@ static void test_coop(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
         if (r == R_HELD) setenv("LUCID_BN_HELD", "0", 1);
         /* the rounds are opt-in (nn_norm.cuh): on for every run but R_LOOP */
         setenv("LUCID_BN_COOP_LOOP", r == R_LOOP ? "0" : "1", 1);
-        lucid_status st = onepass_run(&in, o[r], l[r], c[r], cg[r], &what);
+        lucid_status st = onepass_run(&in, o[r], l[r], c[r], cg[r], NULL, NULL, &what);
         unsetenv("LUCID_BN_HELD");
         unsetenv("LUCID_BN_COOP_LOOP");
         set_coop(1);
@@ -1564,6 +1646,294 @@ static void test_coop_capture(lucid_dtype dt, int silu, int64_t N, int64_t C, in
               nb ? test_hget(nb, 0) : -1.0);
     }
 done:
+    set_coop(1);
+    if (g) lucid_graph_destroy(g);
+    pool_free();
+}
+
+/* ============ one cluster launch = two launches (LUCID_BN_CLUSTER)
+ * cuda/nn_norm_*.cu run the training forward and the training backward with
+ * dx of channels of SEVERAL parts (2..128) as one launch each on
+ * thread-block clusters where the device takes cluster launches (sm_90+):
+ * a cluster of cs blocks per channel row, block r computing parts r, r +
+ * cs, ..., the partials folded from the blocks' shared memory (cuda/
+ * nn_norm.cuh, bn_clu_size: cs = ceil(parts / ceil(parts / 16)), else the
+ * portable 8's).  Each case runs the calls of onepass_run (the one-pass
+ * cases' header) with the context's cluster route on
+ * (lucid_cuda_nn_set_bn_cluster 2) twice, once with LUCID_BN_HELD=0 (x and
+ * dy read again) and once with at most 3 channel columns
+ * (lucid_cuda_bn_cluster_cap_columns: the kernels' channel loop, several
+ * channels per cluster, the two partial buffers in turn), all with
+ * LUCID_BN_COOP=0 (a shape the cluster route does not take runs two
+ * launches), and once with the route off and LUCID_BN_COOP=0 (the
+ * two-launch route), plain BatchNorm2d or the fused BatchNorm2d + SiLU:
+ *   bitwise        every output of every cluster run (y, save_mean,
+ *                  save_invstd, running stats of two updates,
+ *                  num_batches_tracked, dx, dweight, dbias; beta 0,
+ *                  0.5/0.25 and 1 onto random values; dx / dweight /
+ *                  dbias only; eval) equals the two-launch route's
+ *   cpu            the first cluster run's outputs against the CPU
+ *                  reference (route_vs_cpu: test_case's tolerances)
+ *   launches       a training call with dx that took the cluster route
+ *                  (lucid_cuda_bn_cluster_count) queued 1 kernel, the
+ *                  others as many as on the two-launch route and no
+ *                  cluster launch; every cluster run takes one route; on
+ *                  a device with cluster launch, the shapes of 2..128
+ *                  parts take it in both directions, the others never
+ *   grid           a cluster call's cluster size is the rule's for 16 or
+ *                  for 8 blocks (on a 132-SM device: the one for 16) and
+ *                  its columns min(C, 65535), or min(C, 3) when capped
+ * Shapes: parts 2 (2x3x80x80, also with y/dx and with every activation at
+ * element offset 1), 4 (4x64x80x80), 6 (3x5x91x99, scalar), 8 (8x3x80x80,
+ * 2x3x181x181 scalar), 16 (4x32x160x160; 4x64x160x160, 1024 blocks, bf16
+ * only), 17 (17x2x64x128,
+ * 17x3x90x91 scalar: 2 rounds of 9), 35 (5x2x160x330: the fold across
+ * warps, 3 rounds of 12), 52 (4x16x320x320, layer 0: 4 rounds of 13), 300
+ * (300x1x64x72: not taken).  Without the hooks (a build without them) the
+ * case fails visibly. */
+
+/* cuda/nn_norm.cuh's bn_clu_size (the test's copy): cs for a channel of
+ * `parts` parts with clusters of at most csmax blocks, 0 when parts < 2 or
+ * more than 8 rounds would be needed. */
+static unsigned clu_size(int64_t parts, unsigned csmax) {
+    if (parts < 2) return 0;
+    int64_t r = (parts + csmax - 1) / csmax;
+    if (r > 8) return 0;
+    return (unsigned)((parts + r - 1) / r);
+}
+
+/* the multiprocessors of a device that takes cluster launches, else 0
+ * (nn_norm_fwd.cu's test hook) */
+static int cluster_sms(void) {
+    return lucid_cuda_bn_cluster_sm_count ? lucid_cuda_bn_cluster_sm_count() : 0;
+}
+
+static void test_cluster(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H, int64_t W,
+                         int64_t in_off, int64_t out_off) {
+    char pre[192];
+    snprintf(pre, sizeof pre, "bn cluster = two launches%s %lldx%lldx%lldx%lld%s %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             in_off || out_off ? (in_off ? " x/dy/y/dx at offset 1" : " y/dx at offset 1") : "",
+             lucid_dtype_name(dt));
+    bn_in in;
+    bn_in_draw(&in, dt, silu, 1, N, C, H, W, in_off, out_off);
+    const int64_t parts = coop_parts(N, H * W), cy = C < 65535 ? C : 65535;
+    const unsigned CAP = 3;
+    /* [0], [1]: cluster route, [2]: LUCID_BN_HELD=0, [3]: columns capped,
+     * [4]: the two-launch route (reference) */
+    enum { NR = 5, R_HELD = 2, R_CAP = 3, R_REF = 4 };
+    static const char *const RUNS[NR] = {"cluster", "cluster (run 2)", "cluster LUCID_BN_HELD=0",
+                                         "cluster, 3 columns", "two launches"};
+    lucid_tensor *o[NR][OP_N];
+    unsigned long l[NR][L_N], k[NR][L_N];
+    coop_grid kg[NR][L_N];
+    const char *what = "";
+    if (!in.hx1 || !in.hx2 || !in.hdy || !in.hw || !in.hb || !in.hrm || !in.hrv || !in.hnb ||
+        !in.hbdx || !in.hbdw || !in.hbdb) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    if (!lucid_cuda_bn_cluster_count || !lucid_cuda_bn_cluster_last_grid ||
+        !lucid_cuda_nn_set_bn_cluster || !lucid_cuda_bn_cluster_cap_columns) {
+        TEST_FAIL(NAME("%s: cluster hooks linked", pre), "%s",
+                  "lucid_cuda_bn_cluster_* / lucid_cuda_nn_set_bn_cluster missing "
+                  "(cuda/nn_norm_fwd.cu, cuda/nn_table.cu)");
+        goto done;
+    }
+    set_coop(0);
+    for (int r = 0; r < NR; r++) {
+        set_cluster(r == R_REF ? 1 : 2);
+        if (r == R_HELD) setenv("LUCID_BN_HELD", "0", 1);
+        if (r == R_CAP) lucid_cuda_bn_cluster_cap_columns(CAP);
+        lucid_status st = onepass_run(&in, o[r], l[r], NULL, NULL, k[r], kg[r], &what);
+        lucid_cuda_bn_cluster_cap_columns(0);
+        unsetenv("LUCID_BN_HELD");
+        set_cluster(0);
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: %s: %s", pre, RUNS[r], what), "%s: %s", lucid_status_name(st),
+                      lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    set_coop(1);
+    /* every run against the two-launch route */
+    for (int j = 0; j < OP_N; j++) {
+        lucid_tensor *ref = phost(o[R_REF][j]);
+        if (!ref) {
+            TEST_FAIL(NAME("%s: copy of %s", pre, OP_NAMES[j]), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+        for (int r = 0; r < R_REF; r++)
+            cmp_bits(NAME("%s: %s %s = two launches (bitwise)", pre, RUNS[r], OP_NAMES[j]),
+                     o[r][j], ref);
+    }
+    route_vs_cpu(pre, "cluster", &in, o[0]);
+    {
+        const int sms = cluster_sms();
+        const unsigned c16 = clu_size(parts, 16), c8 = clu_size(parts, 8);
+        const int elig = c16 != 0 || c8 != 0;
+        for (int j = 0; j < L_N; j++) {
+            const int took = k[0][j] == 1;
+            const unsigned long want = l_fusable(j) && took ? 1 : l[R_REF][j];
+            CHECK(NAME("%s: %s launches: %lu (%s) / %lu (two launches)", pre, L_NAMES[j], want,
+                       took ? "cluster" : "not taken", l[R_REF][j]),
+                  l[0][j] == want && k[R_REF][j] == 0 && (l_fusable(j) ? k[0][j] <= 1
+                                                                        : k[0][j] == 0),
+                  "cluster run %lu (%lu cluster), two launches %lu (%lu cluster)", l[0][j],
+                  k[0][j], l[R_REF][j], k[R_REF][j]);
+            CHECK(NAME("%s: %s: every cluster run takes one route", pre, L_NAMES[j]),
+                  l[1][j] == l[0][j] && l[R_HELD][j] == l[0][j] && l[R_CAP][j] == l[0][j] &&
+                      k[1][j] == k[0][j] && k[R_HELD][j] == k[0][j] && k[R_CAP][j] == k[0][j],
+                  "launches %lu %lu %lu %lu, cluster %lu %lu %lu %lu", l[0][j], l[1][j],
+                  l[R_HELD][j], l[R_CAP][j], k[0][j], k[1][j], k[R_HELD][j], k[R_CAP][j]);
+            if (!l_fusable(j)) continue;
+            if (sms > 0)
+                CHECK(NAME("%s: %s: cluster route %s (%lld parts, device with cluster launch)",
+                           pre, L_NAMES[j], elig ? "taken" : "not taken", (long long)parts),
+                      took == elig, "cluster launches %lu", k[0][j]);
+            if (!took) continue;
+            const coop_grid g0 = kg[0][j], gc = kg[R_CAP][j];
+            const unsigned wy = (unsigned)cy, wcy = (unsigned)(cy < CAP ? cy : CAP);
+            CHECK(NAME("%s: %s grid: cluster of %u (or %u) blocks x %u columns, %u capped", pre,
+                       L_NAMES[j], c16, c8, wy, wcy),
+                  (g0.x == c16 || g0.x == c8) && g0.y == wy && gc.x == g0.x && gc.y == wcy &&
+                      kg[1][j].x == g0.x && kg[1][j].y == g0.y,
+                  "grid %u x %u, capped %u x %u, run 2 %u x %u", g0.x, g0.y, gc.x, gc.y,
+                  kg[1][j].x, kg[1][j].y);
+            if (sms == 132)
+                CHECK(NAME("%s: %s: cluster of %u blocks (132 SMs: the non-portable size "
+                           "rule)", pre, L_NAMES[j], c16),
+                      g0.x == c16, "cluster of %u", g0.x);
+        }
+        if (sms <= 0)
+            TEST_SKIP(NAME("%s: route expectations (device with cluster launch)", pre),
+                      "no cluster launch; cluster launches: forward %lu, backward %lu",
+                      k[0][L_FWD], k[0][L_BWD]);
+    }
+done:
+    if (lucid_cuda_bn_cluster_cap_columns) lucid_cuda_bn_cluster_cap_columns(0);
+    set_cluster(0);
+    set_coop(1);
+    unsetenv("LUCID_BN_HELD");
+    pool_free();
+}
+
+/* Graph capture of the cluster route: an eager forward + backward (every
+ * output, beta 0) with the cluster route on (also the warm-up: the route's
+ * cluster occupancy is asked there, never inside a capture), its outputs
+ * kept, and a second eager call; then one capture holding the same calls
+ * with the route on and with it off (the two-launch route; the context's
+ * setting flipped while recording), replayed twice, all with
+ * LUCID_BN_COOP=0 (so that the cluster kernels are the only one-launch
+ * route):
+ * the first replay of each equals the first eager call bitwise (y,
+ * statistics, running stats, num_batches_tracked, dx, dweight, dbias), the
+ * second the second eager call (running stats of two updates,
+ * num_batches_tracked 2); the capture recorded as many kernels and cluster
+ * kernels as the eager call queued, 4 and none on the two-launch route; on
+ * a device with cluster launch, 2 cluster kernels.  cap: at most cap
+ * channel columns for every call (0: none). */
+static void test_cluster_capture(lucid_dtype dt, int silu, int64_t N, int64_t C, int64_t H,
+                                 int64_t W, unsigned cap) {
+    char pre[128];
+    snprintf(pre, sizeof pre, "bn cluster capture%s %lldx%lldx%lldx%lld%s %s",
+             silu ? " (+silu)" : "", (long long)N, (long long)C, (long long)H, (long long)W,
+             cap ? ", 3 columns" : "", lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    int64_t xs[4] = {N, C, H, W}, cs[1] = {C}, one[1] = {1};
+    const lucid_dtype F = LUCID_F32;
+    lucid_graph *g = NULL;
+    lucid_tensor *hw = phrand(F, 1, cs, 0.5, 1.5), *hb = phrand(F, 1, cs, -0.5, 0.5);
+    lucid_tensor *hrm = phrand(F, 1, cs, -0.2, 0.2), *hrv = phrand(F, 1, cs, 0.5, 2);
+    lucid_tensor *hnb = phzeros(LUCID_I64, 1, one);
+    lucid_tensor *hx = phrand(dt, 4, xs, -2, 3), *hdy = phrand(dt, 4, xs, -1, 1);
+    lucid_tensor *gw = pdev(hw), *gb = pdev(hb), *gx = pdev(hx), *gdy = pdev(hdy);
+    /* [0]: eager (cluster route), [1]: recorded cluster route, [2]:
+     * recorded two-launch route; snap: [0] after its first call */
+    lucid_tensor *t[3][T_N], *snap[T_N];
+    unsigned long nl[3] = {0, 0, 0}, nk[3] = {0, 0, 0};
+    int okk = gw && gb && gx && gdy;
+    for (int k = 0; k < 3; k++) {
+        t[k][T_RM] = pdev(hrm), t[k][T_RV] = pdev(hrv), t[k][T_NB] = pdev(hnb);
+        t[k][T_SM] = pdpoison(F, 1, cs), t[k][T_SI] = pdpoison(F, 1, cs);
+        t[k][T_Y] = pdpoison(dt, 4, xs), t[k][T_DX] = pdpoison(dt, 4, xs);
+        t[k][T_DW] = pdpoison(F, 1, cs), t[k][T_DB] = pdpoison(F, 1, cs);
+        for (int j = 0; j < T_N; j++) okk = okk && t[k][j];
+    }
+    if (!okk) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    if (!lucid_cuda_nn_set_bn_cluster || !lucid_cuda_bn_cluster_cap_columns) {
+        TEST_FAIL(NAME("%s: cluster hooks linked", pre), "%s",
+                  "lucid_cuda_nn_set_bn_cluster / lucid_cuda_bn_cluster_cap_columns missing");
+        goto done;
+    }
+    lucid_cuda_bn_cluster_cap_columns(cap);
+    set_cluster(2);
+    set_coop(0); /* a shape the cluster route does not take: two launches */
+    {
+        unsigned long n0 = bn_launches(), k0 = bn_clusters();
+        RUN(NAME("%s: eager forward + backward", pre), coop_fwd_bwd(silu, gx, gdy, gw, gb, t[0]));
+        nl[0] = bn_launches() - n0;
+        nk[0] = bn_clusters() - k0;
+    }
+    for (int j = 0; j < T_N; j++) {
+        snap[j] = phost(t[0][j]);
+        if (!snap[j]) {
+            TEST_FAIL(NAME("%s: snapshot %s", pre, T_NAMES[j]), "%s", lucid_ctx_error(ctx));
+            goto done;
+        }
+    }
+    RUN(NAME("%s: eager forward + backward 2", pre), coop_fwd_bwd(silu, gx, gdy, gw, gb, t[0]));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin(ctx));
+    for (int k = 1; k < 3; k++) {
+        set_cluster(k == 1 ? 2 : 1);
+        unsigned long n0 = bn_launches(), k0 = bn_clusters();
+        lucid_status st = coop_fwd_bwd(silu, gx, gdy, gw, gb, t[k]);
+        nl[k] = bn_launches() - n0;
+        nk[k] = bn_clusters() - k0;
+        if (st != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing (%s)", pre,
+                           k == 1 ? "cluster" : "two launches"),
+                      "%s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    set_cluster(2);
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    CHECK(NAME("%s: kernels recorded = queued eagerly (%lu, %lu cluster), 4 on the two-launch "
+               "route",
+               pre, nl[0], nk[0]),
+          nl[1] == nl[0] && nk[1] == nk[0] && nl[0] == 4 - nk[0] && nl[2] == 4 && nk[2] == 0,
+          "eager %lu (%lu cluster), recorded %lu (%lu) / %lu (%lu)", nl[0], nk[0], nl[1], nk[1],
+          nl[2], nk[2]);
+    if (cluster_sms() > 0)
+        CHECK(NAME("%s: 2 cluster kernels recorded (device with cluster launch)", pre),
+              nk[1] == 2, "%lu", nk[1]);
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    for (int k = 1; k < 3; k++)
+        for (int j = 0; j < T_N; j++)
+            cmp_bits(NAME("%s: replay %s %s = eager call 1", pre,
+                          k == 1 ? "cluster" : "two launches", T_NAMES[j]),
+                     t[k][j], snap[j]);
+    RUN(NAME("%s: replay 2", pre), lucid_graph_launch(ctx, g));
+    for (int k = 1; k < 3; k++)
+        for (int j = 0; j < T_N; j++)
+            cmp_bits(NAME("%s: replay 2 %s %s = eager call 2", pre,
+                          k == 1 ? "cluster" : "two launches", T_NAMES[j]),
+                     t[k][j], phost(t[0][j]));
+    {
+        lucid_tensor *nb = phost(t[1][T_NB]);
+        CHECK(NAME("%s: replay 2 num_batches_tracked == 2", pre),
+              nb && test_hget(nb, 0) == 2.0, "num_batches_tracked %g",
+              nb ? test_hget(nb, 0) : -1.0);
+    }
+done:
+    if (lucid_cuda_bn_cluster_cap_columns) lucid_cuda_bn_cluster_cap_columns(0);
+    set_cluster(0);
     set_coop(1);
     if (g) lucid_graph_destroy(g);
     pool_free();
@@ -2074,6 +2444,8 @@ static const char *GROUPS[] = {"cuda bn+silu fused kernels", "cuda bn+silu captu
                                "cuda bn one pass capture",
                                "cuda bn coop = two launches (LUCID_BN_COOP)",
                                "cuda bn coop capture",
+                               "cuda bn cluster = two launches (LUCID_BN_CLUSTER)",
+                               "cuda bn cluster capture",
                                "cuda bn backward writes the conv's columns (LUCID_BN_EMIT_COLS)"};
 
 int main(void) {
@@ -2117,6 +2489,10 @@ int main(void) {
         test_capture_fallback(dt, 4, 8, 320, 320);
         test_capture_fallback(dt, 300, 2, 64, 72);
         test_modules(dt);
+        /* the groups of the one-pass and cooperative routes keep today's
+         * routes for multi-part channels: the cluster route off
+         * (lucid_cuda_nn_set_bn_cluster; its own groups below) */
+        set_cluster(1);
         /* one pass vs two launches (LUCID_BN_ONEPASS), plain and fused */
         for (int silu = 0; silu < 2; silu++) {
             /* one part per channel */
@@ -2166,6 +2542,31 @@ int main(void) {
             setenv("LUCID_BN_COOP_LOOP", "1", 1); /* the rounds are opt-in */
             test_coop_capture(dt, silu, 4, 16, 320, 320, 3); /* layer 0: 2 rounds */
             unsetenv("LUCID_BN_COOP_LOOP");
+        }
+        set_cluster(0);
+        /* one launch on thread-block clusters vs two launches
+         * (LUCID_BN_CLUSTER): multi-part shapes, plain and fused */
+        for (int silu = 0; silu < 2; silu++) {
+            test_cluster(dt, silu, 2, 3, 80, 80, 0, 0);     /* 2 parts */
+            test_cluster(dt, silu, 2, 3, 80, 80, 0, 1);     /* y/dx unaligned */
+            test_cluster(dt, silu, 2, 3, 80, 80, 1, 1);     /* all unaligned */
+            test_cluster(dt, silu, 4, 64, 80, 80, 0, 0);    /* 4 parts (model) */
+            test_cluster(dt, silu, 3, 5, 91, 99, 0, 0);     /* 6 parts, S odd: scalar */
+            test_cluster(dt, silu, 8, 3, 80, 80, 0, 0);     /* 8 parts */
+            test_cluster(dt, silu, 2, 3, 181, 181, 0, 0);   /* 8 parts, S odd */
+            test_cluster(dt, silu, 4, 32, 160, 160, 0, 0);  /* 16 parts (model) */
+            if (dt == LUCID_BF16) /* the model's dtype: 16 parts, 1024 blocks */
+                test_cluster(dt, silu, 4, 64, 160, 160, 0, 0);
+            test_cluster(dt, silu, 17, 2, 64, 128, 0, 0);   /* 17 parts: 2 rounds of 9 */
+            test_cluster(dt, silu, 17, 3, 90, 91, 0, 0);    /* 17 parts, S odd */
+            test_cluster(dt, silu, 5, 2, 160, 330, 0, 0);   /* 35: fold across warps */
+            test_cluster(dt, silu, 4, 16, 320, 320, 0, 0);  /* layer 0: 52 parts */
+            test_cluster(dt, silu, 300, 1, 64, 72, 0, 0);   /* 300 parts: not taken */
+            test_cluster_capture(dt, silu, 4, 64, 80, 80, 0);
+            test_cluster_capture(dt, silu, 4, 32, 160, 160, 0);
+            test_cluster_capture(dt, silu, 3, 5, 91, 99, 3);
+            test_cluster_capture(dt, silu, 4, 16, 320, 320, 0);
+            test_cluster_capture(dt, silu, 4, 16, 320, 320, 3);
         }
     }
     /* the conv's backward-data columns written by the BatchNorm backward

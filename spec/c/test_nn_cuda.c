@@ -81,15 +81,17 @@
  * C = 131100 on the fallback route; each with two training steps (running
  * stats, num_batches_tracked == 2) and every output run twice and compared
  * bitwise.  The one-part shapes run the default one-pass kernels
- * (LUCID_BN_ONEPASS), the multi-part ones the default cooperative kernels
- * where the grid is co-resident (LUCID_BN_COOP; a grid of fewer channel
- * columns looping over the channels where the full one is not, e.g.
- * 4x16x320x320 on 132 SMs: 2 rounds, LUCID_BN_COOP_LOOP;
- * spec/c/test_nn_bnsilu_cuda.c compares both bitwise with the two-launch
- * route, plain and fused with SiLU).  A 3x3 conv with
+ * (LUCID_BN_ONEPASS), the multi-part ones of 2..128 parts the default
+ * cluster kernels where the device takes cluster launches
+ * (LUCID_BN_CLUSTER), the others the cooperative kernels where the grid
+ * is co-resident (LUCID_BN_COOP; a grid of fewer channel columns looping
+ * over the channels where the full one is not, opt-in:
+ * LUCID_BN_COOP_LOOP=1); spec/c/test_nn_bnsilu_cuda.c compares each
+ * bitwise with the two-launch route, plain and fused with SiLU.  A 3x3 conv with
  * bias on 100x90 planes sums its bias gradient over 2 parts a plane.
  * BatchNorm on more than INT32_MAX elements (test_bn_wide, the 64-bit
- * route of the element-wise kernels): 2x65539x24x683 bf16, training
+ * route of the element-wise kernels; also on the cluster route, where the
+ * device takes it, and the cooperative one in rounds): 2x65539x24x683 bf16, training
  * forward and backward, plain and fused with SiLU, against the same calls
  * on channel slices (the 32-bit route): statistics, running stats and
  * gradient sums bitwise, y and dx every element equal (device difference
@@ -1008,10 +1010,27 @@ static void wide_cmp_ranges(const char *pre, const char *what, const lucid_tenso
  * route it was written for), 0 with LUCID_BN_COOP_LOOP=1 (the cooperative
  * kernels in rounds of channel columns take these shapes: DECISIONS 37; on the H200, session 12 call 3,
  * their values around element 2^31 matched the CPU while the route checks
- * still expected the 64-bit kernels). */
+ * still expected the 64-bit kernels) and 0 on the cluster route (a cluster
+ * of 6 blocks per channel row, 65535 rows, the channel loop for the last
+ * 4: LUCID_BN_CLUSTER; the other arms turn it off for the context,
+ * lucid_cuda_nn_set_bn_cluster).  g_wide_route names the arm. */
 static int g_wide_expect = 1;
-static const char *wide_route_name(void) {
-    return g_wide_expect ? "64-bit two-launch" : "cooperative (rounds)";
+static const char *g_wide_route = "64-bit two-launch";
+static const char *wide_route_name(void) { return g_wide_route; }
+
+/* cuda/nn_table.cu and nn_norm_fwd.cu: the context's cluster route (0
+ * LUCID_BN_CLUSTER, 1 off, 2 on) and whether the device takes cluster
+ * launches (its SM count, else 0); NULL in a CPU-only build */
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_nn_set_bn_cluster(lucid_ctx *ctx, int mode);
+#if defined(__GNUC__)
+__attribute__((weak))
+#endif
+int lucid_cuda_bn_cluster_sm_count(void);
+static void wide_cluster(int mode) {
+    if (lucid_cuda_nn_set_bn_cluster) lucid_cuda_nn_set_bn_cluster(ctx, mode);
 }
 
 static void test_bn_wide(int silu) {
@@ -1525,17 +1544,32 @@ int main(void) {
         test_pw("dfl R16 [2,64,3,7]", &dfl, 4, db, dt, -3, 3);
         test_pw("dfl R7 [3,28,11]", &dfl7, 3, dc, dt, -3, 3);
     }
-    /* ---- batchnorm on more than INT32_MAX elements: the cooperative
-     * kernels in rounds (default), then the 64-bit two-launch route */
+    /* ---- batchnorm on more than INT32_MAX elements: the cluster kernels
+     * (the default where the device takes cluster launches), the
+     * cooperative kernels in rounds, then the 64-bit two-launch route */
+    if (lucid_cuda_bn_cluster_sm_count && lucid_cuda_bn_cluster_sm_count() > 0) {
+        wide_cluster(2);
+        g_wide_expect = 0;
+        g_wide_route = "cluster";
+        test_bn_wide(0);
+        test_bn_wide(1);
+    } else {
+        TEST_SKIP("batchnorm2d over 2^31 elements, cluster route", "%s",
+                  "the device takes no cluster launches (or the hook is missing)");
+    }
+    wide_cluster(1); /* the arms below: today's routes */
     setenv("LUCID_BN_COOP_LOOP", "1", 1); /* read on each call (nn_norm.cuh) */
     g_wide_expect = 0;
+    g_wide_route = "cooperative (rounds)";
     test_bn_wide(0);
     test_bn_wide(1);
     setenv("LUCID_BN_COOP_LOOP", "0", 1);
     g_wide_expect = 1;
+    g_wide_route = "64-bit two-launch";
     test_bn_wide(0);
     test_bn_wide(1);
     unsetenv("LUCID_BN_COOP_LOOP");
+    wide_cluster(0);
 
     return cuda_test_finish();
 }
