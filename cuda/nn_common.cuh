@@ -245,6 +245,12 @@ int lucid_cuda_nn_profile_read(lucid_ctx *ctx, double out[16]);
  * while capturing: a test hook for the launch routes (LUCID_BN_ONEPASS,
  * LUCID_BN_COOP, LUCID_BN_CLUSTER). */
 unsigned long lucid_cuda_bn_launch_count(void);
+/* The BatchNorm backwards that read dy as a sum of terms
+ * (lucid_cuda_batchnorm2d_backward_terms, bn_grad_dx1_terms) queued by the
+ * calling thread so far, any context, eager or while capturing (each is
+ * also counted by lucid_cuda_bn_launch_count): a test hook for
+ * LUCID_BN_DY_TERMS. */
+unsigned long lucid_cuda_bn_terms_count(void);
 /* Stream operations (kernels, cudaMemcpy2DAsync, cudaMemset2DAsync) queued
  * by the calling thread's channel_copy and channel_copy_multi calls so far
  * (nn_pointwise.cu), any context, eager or while capturing: a test hook for
@@ -325,6 +331,10 @@ lucid_status lucid_cuda_batchnorm2d_backward_dcols(
     lucid_ctx *, const lucid_tensor *, const lucid_tensor *, lucid_tensor *,
     const lucid_tensor *, const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
     lucid_tensor *, lucid_tensor *, int, double, double, int, lucid_conv_dcols *);
+lucid_status lucid_cuda_batchnorm2d_backward_terms(
+    lucid_ctx *, const lucid_tensor *, int, const lucid_chan_piece *, lucid_tensor *,
+    const lucid_tensor *, const lucid_tensor *, const lucid_tensor *, const lucid_tensor *,
+    lucid_tensor *, lucid_tensor *, double, double, int, int *);
 /* nn_pointwise.cu */
 lucid_status lucid_cuda_silu_forward(lucid_ctx *, const lucid_tensor *,
                                      lucid_tensor *);

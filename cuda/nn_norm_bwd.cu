@@ -61,6 +61,18 @@
  * conv's backward-data skips its im2col; dx, dweight and dbias keep their
  * bits; one launch, as without.
  *
+ * dy as a sum of terms (the slot lucid_cuda_batchnorm2d_backward_terms,
+ * nn.h lucid_nn_batchnorm2d_backward_terms; LUCID_BN_DY_TERMS): when a
+ * call would take the one-pass route, dy may be given as a gradient
+ * description instead of a tensor (up to LUCID_BN_TERMS_PIECES channel
+ * pieces, each the rounded sum of 1..LUCID_CHAN_SUM_MAX sources: whole
+ * tensors or channel slices of wider ones), passed by value in the kernel
+ * parameter; bn_grad_dx1_terms is bn_grad_dx1 whose dy vectors are summed
+ * from the sources with chan_sum_multi's per-element arithmetic
+ * (bn_dy_load), so the bits equal a copy / sum launch into a buffer
+ * followed by bn_grad_dx1 (the launch the Lua blocks no longer issue).
+ * bn_grad_dx1 itself is unchanged.
+ *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_backward):
  * bn_grad_partial and bn_dx recompute z from x, the saved statistics,
  * weight and bias, and use g = dy * s * (1 + z*(1-s)) where the plain
@@ -1276,6 +1288,379 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward_dcols(
     lucid_cuda_bn_launches += 1;
     dc->filled = 1;
     dc->dy = dxd;
+    return LUCID_OK;
+}
+
+// ----------------------------------------------------------------------------
+// the one-pass backward reading dy as a sum of terms (nn.h
+// lucid_nn_batchnorm2d_backward_terms)
+
+/* One piece of a gradient description as the kernel reads it: channels
+ * [c0, the next piece's c0) of dy are the rounded sum of ns sources
+ * (1..LUCID_CHAN_SUM_MAX); source j's element of channel c0, image 0, at
+ * src[j] (its first channel already added), image n at + n*stride[j]
+ * (elements: its channel count times S). */
+struct bn_dy_piece {
+    const void *src[LUCID_CHAN_SUM_MAX];
+    int64_t stride[LUCID_CHAN_SUM_MAX];
+    int64_t c0;
+    int ns;
+};
+
+/* The kernel parameter, passed by value (__grid_constant__): a recorded
+ * graph node holds its own copy, so every replay reads what the capture
+ * saw and no host memory is read after the launch. 648 bytes. */
+struct bn_dy_terms {
+    bn_dy_piece p[LUCID_BN_TERMS_PIECES];
+    int n;
+};
+
+/* v rounded to T and back to f32 (exact): one rounding per addition, as
+ * chan_sum_multi's cs_round (cuda/nn_pointwise.cu). */
+template <typename T> __device__ __forceinline__ float bn_terms_round(float v);
+template <> __device__ __forceinline__ float bn_terms_round<float>(float v) { return v; }
+template <> __device__ __forceinline__ float bn_terms_round<__nv_bfloat16>(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <> __device__ __forceinline__ float bn_terms_round<__half>(float v) {
+    return __half2float(__float2half_rn(v));
+}
+
+/* Channel c's sources: those of the piece holding c (the last piece whose
+ * c0 <= c, a scan of at most LUCID_BN_TERMS_PIECES entries, the same for
+ * every thread of the block), moved to channel c (S elements a channel). */
+template <typename T> struct bn_dy_chan {
+    const T *src[LUCID_CHAN_SUM_MAX];
+    int64_t stride[LUCID_CHAN_SUM_MAX];
+    int ns;
+};
+
+template <typename T>
+static __device__ __forceinline__ bn_dy_chan<T> bn_dy_chan_of(const bn_dy_terms &t, int64_t c,
+                                                              int64_t S) {
+    int pi = 0;
+    while (pi + 1 < t.n && c >= t.p[pi + 1].c0) pi++;
+    const bn_dy_piece &P = t.p[pi];
+    bn_dy_chan<T> d;
+    d.ns = P.ns;
+#pragma unroll
+    for (int j = 0; j < LUCID_CHAN_SUM_MAX; j++) {
+        d.src[j] = j < P.ns ? (const T *)P.src[j] + (c - P.c0) * S : nullptr;
+        d.stride[j] = P.stride[j];
+    }
+    return d;
+}
+
+/* dy's V-element vector at the walk position w of a ONE-part channel
+ * (part 0 holds every image: plane w.q is image w.q, base 0): the sources'
+ * vectors, all loaded first; one source: its bits as loaded (a copy); more:
+ * source 0, then each next one added in f32 (__fadd_rn: never contracted)
+ * and rounded to T, repacked: per element the arithmetic of chan_sum_multi
+ * (lucid_elem loads, __fadd_rn, cs_round, lucid_elem store), i.e. the bits
+ * a dy materialised by lucid_nn_channel_copy_multi holds there. */
+template <typename T, int V>
+static __device__ __forceinline__ typename bn_vec<T, V>::R bn_dy_load(const bn_dy_chan<T> &d,
+                                                                      const bn_walk &w) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    R r[LUCID_CHAN_SUM_MAX];
+#pragma unroll
+    for (int j = 0; j < LUCID_CHAN_SUM_MAX; j++)
+        r[j] = j < d.ns ? Vt::load(d.src[j] + (int64_t)w.q * d.stride[j] + (int64_t)w.off * V)
+                        : R();
+    if (d.ns == 1) return r[0];
+    float acc[V];
+    Vt::unpack(r[0], acc);
+#pragma unroll
+    for (int j = 1; j < LUCID_CHAN_SUM_MAX; j++) {
+        if (j >= d.ns) break;
+        float v[V];
+        Vt::unpack(r[j], v);
+#pragma unroll
+        for (int k = 0; k < V; k++) acc[k] = bn_terms_round<T>(__fadd_rn(acc[k], v[k]));
+    }
+    return Vt::pack(acc);
+}
+
+/* bn_grad_part<T, V, true, SILU> over part 0 of a one-part channel with dy
+ * read through bn_dy_load: the same walk, the same BN_UNROLL vectors loaded
+ * before any is used, the same per-element expressions in the same order
+ * (g = dy or dy * silu'(z); a += g; bsum = fmaf(g, (x - mu)*is, bsum)), so
+ * the same per-thread sums as on a materialised dy.  Kept beside
+ * bn_grad_part rather than folded into it, so the multi-part kernels that
+ * share bn_grad_part compile as before; a change of bn_grad_part's
+ * arithmetic must be made here too (test_bn_dy_terms_cuda compares both
+ * bitwise). */
+template <typename T, int V, bool SILU>
+static __device__ __forceinline__ void bn_grad_part_terms(
+    const bn_dy_chan<T> &d, const T *__restrict__ xp, const bn_part &pt, int64_t CS, float mu,
+    float is, float zs, float zh, float *sa, float *sb, typename bn_vec<T, V>::R *keep_dy,
+    typename bn_vec<T, V>::R *keep_x) {
+    typedef bn_vec<T, V> Vt;
+    typedef typename Vt::R R;
+    float a = 0.0f, bsum = 0.0f;
+    bn_walk wk = bn_walk_first(pt);
+    while (wk.j < pt.total) {
+        R rg[BN_UNROLL], rx[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = wk.j < pt.total;
+            rg[u] = R();
+            rx[u] = R();
+            if (ok[u]) {
+                rg[u] = bn_dy_load<T, V>(d, wk);
+                rx[u] = Vt::load(xp + bn_walk_elem<V>(wk, CS));
+            }
+            if (keep_dy) keep_dy[u] = rg[u];
+            if (keep_x) keep_x[u] = rx[u];
+            bn_walk_next(wk, pt);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            float gv[V], xv[V];
+            Vt::unpack(rg[u], gv);
+            Vt::unpack(rx[u], xv);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float gk = gv[k];
+                if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
+                a += gk;
+                float xh = (xv[k] - mu) * is;
+                bsum = fmaf(gk, xh, bsum);
+            }
+        }
+    }
+    *sa = a;
+    *sb = bsum;
+}
+
+/* bn_dx_part<T, VA, SILU, false> (dy and x read again) over part 0 of a
+ * one-part channel with dy read through bn_dy_load: BN_UNROLL vectors
+ * loaded before any is stored, each written by bn_dx1_vec. */
+template <typename T, int VA, bool SILU>
+static __device__ __forceinline__ void bn_dx_part_terms(const bn_dy_chan<T> &d,
+                                                        const T *__restrict__ x, T *dx,
+                                                        const bn_part &pa, int64_t base,
+                                                        int64_t CS, float zs, float zh, float mu,
+                                                        float is, float4 q, float beta) {
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    bn_walk wk = bn_walk_first(pa);
+    while (wk.j < pa.total) {
+        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
+        int64_t e[BN_UNROLL];
+        bool ok[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            ok[u] = wk.j < pa.total;
+            rg[u] = R();
+            rx[u] = R();
+            rd[u] = R();
+            e[u] = 0;
+            if (ok[u]) {
+                e[u] = base + bn_walk_elem<VA>(wk, CS);
+                rg[u] = bn_dy_load<T, VA>(d, wk);
+                rx[u] = Vt::load(x + e[u]);
+                if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
+            }
+            bn_walk_next(wk, pa);
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (!ok[u]) break;
+            Vt::store(dx + e[u],
+                      bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q, beta));
+        }
+    }
+}
+
+/* bn_grad_dx1 (see bn_grad_dx1_run) with dy given as a gradient
+ * description t instead of a tensor: block c (grid.y, channels strided)
+ * resolves channel c's sources (bn_dy_chan_of), computes the channel's
+ * (sum g, sum g*xhat) with bn_grad_part_terms, finishes as bn_grad_dx1_run
+ * (bn_block_sum2, the coefficients through shared memory, bn_grad_finish:
+ * dweight / dbias with beta_params) and writes dx with bn_dx1_vec: from the
+ * summed dy vectors it held (HELD, one round of the walk: bn_dx_part's held
+ * branch, which never reads dy) or summing them again (bn_dx_part_terms).
+ * Every value equals bn_grad_dx1's on a dy that lucid_nn_channel_copy_multi
+ * wrote from the same pieces, bitwise: the same partition, vector widths
+ * and expressions, and dy's vectors hold the same bits. */
+template <typename T, int VS, int VA, bool SILU, bool HELD>
+static __global__ void __launch_bounds__(BN_THREADS)
+bn_grad_dx1_terms(const __grid_constant__ bn_dy_terms t, const T *__restrict__ x, T *dx,
+                  const float *mean, const float *invstd, const float *w, const float *b,
+                  bn_geom g, bn_grad_out out, float beta) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+    static_assert(!HELD || VS == VA, "held vectors need one vector width");
+    typedef bn_vec<T, VA> Vt;
+    typedef typename Vt::R R;
+    __shared__ float2 sh[32];
+    __shared__ float4 cf; /* channel c's (k, mean(g), mean(g*xhat), 0) */
+    const bn_part ps = bn_part_of<VS>(g, 0), pa = bn_part_of<VA>(g, 0);
+    for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
+        const bn_dy_chan<T> d = bn_dy_chan_of<T>(t, c, g.S);
+        float mu = mean[c], is = invstd[c];
+        const float wcoef = out.w ? out.w[c] : 1.0f; /* the coefficient's weight, loaded early */
+        float zs = 0.0f, zh = 0.0f;
+        if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
+        float a, bsum;
+        R hdy[BN_UNROLL], hx[BN_UNROLL];
+        typedef typename bn_vec<T, VS>::R RS;
+        bn_grad_part_terms<T, VS, SILU>(d, x + ps.base + c * g.S, ps, g.CS, mu, is, zs, zh, &a,
+                                        &bsum, HELD ? (RS *)hdy : nullptr,
+                                        HELD ? (RS *)hx : nullptr);
+        bn_block_sum2(a, bsum, sh);
+        /* as bn_grad_dx1_run: cf is rewritten only after the next channel's
+         * bn_block_sum2 barriers; thread 0 accumulates dweight / dbias after
+         * handing the coefficients over */
+        if (threadIdx.x == 0) cf = bn_grad_coef_of((double)a, (double)bsum, g, wcoef, out.invstd[c]);
+        __syncthreads();
+        const float4 q = cf;
+        if (threadIdx.x == 0) bn_grad_finish((double)a, (double)bsum, g, c, out);
+        if constexpr (HELD)
+            bn_dx_part<T, VA, SILU, true>(nullptr, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu,
+                                          is, q, beta, hdy, hx);
+        else
+            bn_dx_part_terms<T, VA, SILU>(d, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is, q,
+                                          beta);
+    }
+}
+
+/* The launch of bn_grad_dx1_terms: the vector choices of bn_launch_grad_dx1
+ * (vs: the gradient sums', va: dx's; va implies vs; held when one round). */
+template <typename T, bool SILU>
+static void bn_launch_grad_dx1_terms(bool vs, bool va, dim3 grid, cudaStream_t stream,
+                                     const bn_dy_terms &t, const T *x, T *dx, const float *mean,
+                                     const float *invstd, const float *w, const float *b,
+                                     const bn_geom &g, const bn_grad_out &go, float beta) {
+    const int VV = bn_width<T>::V;
+    if (vs && va && bn_held(g, VV))
+        lucid_launch(bn_grad_dx1_terms<T, VV, VV, SILU, true>, grid, dim3(BN_THREADS), 0, stream,
+                     t, x, dx, mean, invstd, w, b, g, go, beta);
+    else if (vs && va)
+        lucid_launch(bn_grad_dx1_terms<T, VV, VV, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     t, x, dx, mean, invstd, w, b, g, go, beta);
+    else if (vs)
+        lucid_launch(bn_grad_dx1_terms<T, VV, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     t, x, dx, mean, invstd, w, b, g, go, beta);
+    else
+        lucid_launch(bn_grad_dx1_terms<T, 1, 1, SILU, false>, grid, dim3(BN_THREADS), 0, stream,
+                     t, x, dx, mean, invstd, w, b, g, go, beta);
+}
+
+static thread_local unsigned long bn_terms_launches;
+
+extern "C" unsigned long lucid_cuda_bn_terms_count(void) { return bn_terms_launches; }
+
+/* Host: whether bn_backward would take its one-pass route for x of this
+ * shape and dtype with dx given in training (bn_grad_dx1's conditions:
+ * f32/bf16/f16, one part per channel, LUCID_BN_ONEPASS on). */
+static bool bn_terms_shape_fits(const lucid_tensor *x) {
+    const lucid_dtype dt = x->dtype;
+    if (dt != LUCID_F32 && dt != LUCID_BF16 && dt != LUCID_F16) return false;
+    const int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    if (N * C * S == 0 || !bn_onepass()) return false;
+    const bn_geom g = bn_geom_of(N, C, S);
+    return g.parts == 1;
+}
+
+/* The nn.h slot batchnorm2d_backward_terms (lucid_nn_batchnorm2d_backward_
+ * terms): taken when bn_backward would run bn_grad_dx1 on a materialised dy
+ * (bn_terms_shape_fits) and, when the gradient sums take the vector path on
+ * such a dy (bn_use_vec of x and a 16-byte aligned dy), every source row is
+ * 16-byte aligned; then one bn_grad_dx1_terms launch with bn_backward's
+ * vector choices (vs from x alone, a materialised dy being aligned; va
+ * from x and dx) and its host bookkeeping (the nn arena and counters asked
+ * for as bn_backward asks, so eager calls and captures evolve the state
+ * alike).  n == 0: the query (nothing queued). */
+extern "C" lucid_status lucid_cuda_batchnorm2d_backward_terms(
+    lucid_ctx *ctx, const lucid_tensor *x, int n, const lucid_chan_piece *pieces,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd, lucid_tensor *dweight,
+    lucid_tensor *dbias, double beta_input, double beta_params, int silu, int *taken) {
+    const char *op = silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward";
+    *taken = 0;
+    if (!bn_terms_shape_fits(x)) return LUCID_OK;
+    if (n == 0) {
+        *taken = 1;
+        return LUCID_OK;
+    }
+    if (n < 0 || n > LUCID_BN_TERMS_PIECES || !dx) return LUCID_OK;
+    const lucid_dtype dt = x->dtype;
+    const int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
+    const size_t es = lucid_dtype_size(dt);
+    const void *xd = lucid_tensor_data(x);
+    void *dxd = lucid_tensor_data(dx);
+    /* bn_backward's choices on a materialised (aligned) dy */
+    const bool vs = bn_use_vec(dt, S, xd, NULL, NULL);
+    const bool va = bn_route(dt, N * C * S, S, xd, NULL, dxd) == BN_ROUTE_VEC;
+    bn_dy_terms t;
+    memset(&t, 0, sizeof t);
+    t.n = n;
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pieces[i];
+        bn_dy_piece *q = &t.p[i];
+        q->c0 = p->dst_c0;
+        q->ns = lucid_chan_piece_nsrc(p);
+        for (int j = 0; j < q->ns; j++) {
+            const lucid_tensor *src = j ? p->add[j - 1] : p->src;
+            const int64_t c0 = j ? p->add_c0[j - 1] : p->src_c0;
+            const char *row = (const char *)lucid_tensor_data(src) + (size_t)(c0 * S) * es;
+            q->src[j] = row;
+            q->stride[j] = src->shape[1] * S;
+            /* a vector load of every row of every channel of the piece:
+             * S a multiple of the vector (vs), so the row start and the
+             * batch stride in bytes must be multiples of 16 */
+            if (vs && (!bn_aligned16(row) || ((size_t)q->stride[j] * es) % 16 != 0))
+                return LUCID_OK;
+        }
+    }
+    LUCID_TRY(nn_check_act(ctx, op, dt));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    CUDA_ENTER(ctx, st);
+    lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
+    if (!ns) return ctx->last_status;
+    const bn_geom g = bn_geom_of(N, C, S);
+    /* bn_backward's bookkeeping (unused by the one-pass kernel) */
+    const size_t pbytes = nn_align(sizeof(float2) * (size_t)(g.parts * C));
+    void *ws = NULL;
+    LUCID_TRY(lucid_cuda_nn_arena(ctx, st, ns, pbytes + sizeof(float4) * (size_t)C, op, &ws));
+    unsigned int *count = NULL;
+    LUCID_TRY(lucid_cuda_nn_counters(ctx, st, ns, C, &count));
+    const float *sm = (const float *)lucid_tensor_data(save_mean);
+    const float *si = (const float *)lucid_tensor_data(save_invstd);
+    const float *w = weight ? (const float *)lucid_tensor_data(weight) : NULL;
+    const float *b = (silu && bias) ? (const float *)lucid_tensor_data(bias) : NULL;
+    const float *nof = NULL;
+    bn_grad_out go;
+    go.w = w;
+    go.invstd = si;
+    go.dweight = dweight ? (float *)lucid_tensor_data(dweight) : NULL;
+    go.dbias = dbias ? (float *)lucid_tensor_data(dbias) : NULL;
+    go.beta = beta_params;
+    go.coef = NULL;
+    const dim3 grid(1, bn_grid_y(C));
+    const float bi = (float)beta_input;
+    if (silu)
+        NN_DISPATCH(dt, (bn_launch_grad_dx1_terms<T, true>(vs, va, grid, st->stream, t,
+                                                           (const T *)xd, (T *)dxd, sm, si, w, b,
+                                                           g, go, bi)));
+    else
+        NN_DISPATCH(dt, (bn_launch_grad_dx1_terms<T, false>(vs, va, grid, st->stream, t,
+                                                            (const T *)xd, (T *)dxd, sm, si, nof,
+                                                            nof, g, go, bi)));
+    CUDA_CHECK_LAUNCH(ctx, "bn_grad_dx1_terms");
+    lucid_cuda_bn_launches += 1;
+    bn_terms_launches += 1;
+    *taken = 1;
     return LUCID_OK;
 }
 

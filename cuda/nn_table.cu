@@ -342,6 +342,7 @@ static const lucid_nn_kernels cuda_nn_table = {
     lucid_cuda_conv2d_backward_input_dcols,
     lucid_cuda_conv2d_forward_cols,
     lucid_cuda_conv2d_backward_params_cols,
+    lucid_cuda_batchnorm2d_backward_terms,
 };
 
 extern "C" const lucid_nn_kernels *lucid_nn_cuda_kernels(void) {

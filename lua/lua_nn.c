@@ -43,6 +43,13 @@
  *     batchnorm2d_backward_dcols(bn, act | nil, x, gy, conv) -> gx | nil:
  *       bn's backward (act: the fused pair with that SiLU), also writing
  *       conv's reserved columns; conv's next backward then reads them
+ *   BatchNorm backward reading dy as a sum of terms (engine/nn/nn.h
+ *   lucid_module_batchnorm2d_backward_terms):
+ *     batchnorm2d_backward_terms(bn, act | nil, x, pieces) -> taken, gx:
+ *       pieces[i] = {c0, nch, src, src_c0 [, add, add_c0]...} (chan_sum's
+ *       pieces without the dst); taken false: nothing done (materialise dy)
+ *     batchnorm2d_terms_fit(bn, x) -> boolean: whether such a call would
+ *       be taken now (aligned sources)
  *   conv_cast_weights({m1, ...}, dtype): the weights of the Conv2d modules
  *     that can take the cuBLAS 1x1 route (1x1, stride 1, padding 0,
  *     dilation 1, groups 1) rounded to dtype ("bf16" | "f16"; "f32" does
@@ -793,27 +800,37 @@ static int l_conv_cast_weights(lua_State *L) {
 }
 
 /* An integer entry k of the piece table at index t (pieces[i] of argument
- * 1 of chan_sum); raises naming the piece and the entry. */
-static int64_t piece_int(lua_State *L, int t, int k, int i, const char *what) {
+ * arg); raises naming the piece and the entry. */
+static int64_t piece_int_at(lua_State *L, int arg, int t, int k, int i, const char *what) {
     lua_rawgeti(L, t, k);
     int isnum = lua_type(L, -1) == LUA_TNUMBER;
     lua_Number v = isnum ? lua_tonumber(L, -1) : 0;
     lua_pop(L, 1);
     if (!isnum || v != (lua_Number)(int64_t)v)
-        lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces[%d][%d] (%s): expected an integer",
-                                                 i + 1, k, what));
+        lucid_lua_argerror(L, arg, lua_pushfstring(L, "pieces[%d][%d] (%s): expected an integer",
+                                                   i + 1, k, what));
     return (int64_t)v;
 }
 
-/* A tensor entry k of the piece table at index t; raises like piece_int. */
-static lucid_tensor *piece_tensor(lua_State *L, int t, int k, int i, const char *what) {
+/* A tensor entry k of the piece table at index t; raises like piece_int_at. */
+static lucid_tensor *piece_tensor_at(lua_State *L, int arg, int t, int k, int i,
+                                     const char *what) {
     lua_rawgeti(L, t, k);
     lucid_tensor *x = lucid_lua_to_tensor(L, -1);
     if (!x)
-        lucid_lua_argerror(L, 1, lua_pushfstring(L, "pieces[%d][%d] (%s): expected lucid.Tensor, got %s",
-                                                 i + 1, k, what, luaL_typename(L, -1)));
+        lucid_lua_argerror(L, arg, lua_pushfstring(L, "pieces[%d][%d] (%s): expected lucid.Tensor, "
+                                                      "got %s",
+                                                   i + 1, k, what, luaL_typename(L, -1)));
     lua_pop(L, 1); /* the piece table holds a reference */
     return x;
+}
+
+/* The same for argument 1 (chan_sum's pieces). */
+static int64_t piece_int(lua_State *L, int t, int k, int i, const char *what) {
+    return piece_int_at(L, 1, t, k, i, what);
+}
+static lucid_tensor *piece_tensor(lua_State *L, int t, int k, int i, const char *what) {
+    return piece_tensor_at(L, 1, t, k, i, what);
 }
 
 /* chan_sum(pieces): lucid_nn_channel_copy_multi (engine/nn/nn.h) over
@@ -899,6 +916,84 @@ static int l_add_n(lua_State *L) {
         return lucid_lua_raise(L, ctx, st);
     }
     lucid_lua_push_tensor(L, y);
+    return 1;
+}
+
+/* batchnorm2d_backward_terms(bn, act | nil, x, pieces) -> taken, gx | nil:
+ * the backward of BatchNorm2d module bn (act nil) or of the fused pair (act
+ * a SiLU) with its grad_output given as a gradient description (engine/nn/
+ * nn.h lucid_module_batchnorm2d_backward_terms): pieces[i] = {c0, nch, src,
+ * src_c0 [, add, add_c0]...} (chan_sum's piece without the dst: channels
+ * [c0, c0 + nch) of dy, 0-based, are src's channels from src_c0, or the
+ * rounded left-to-right sum of 2..4 sources), the pieces tiling dy's
+ * channels in order, at most LUCID_BN_TERMS_PIECES.  taken true: bn's
+ * persistent grad input gx (nil when its need_grad_input is off) and the
+ * parameter gradients accumulated; false: nothing was done (the CPU, eval,
+ * multi-part channels, LUCID_BN_DY_TERMS=0, ...): materialise dy and call
+ * the plain backward.  Malformed pieces and engine errors raise. */
+static int l_bn_backward_terms(lua_State *L) {
+    module_box *bn = check_module(L, 1);
+    module_box *act = lua_isnoneornil(L, 2) ? NULL : check_module(L, 2);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 3, "input");
+    lucid_lua_checktype(L, 4, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 4);
+    if (n < 1 || n > LUCID_BN_TERMS_PIECES) {
+        /* more pieces than the engine reads: never taken */
+        if (n > LUCID_BN_TERMS_PIECES) {
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        return lucid_lua_argerror(L, 4, "pieces: expected 1 or more pieces, got none");
+    }
+    lucid_chan_piece pc[LUCID_BN_TERMS_PIECES];
+    memset(pc, 0, sizeof pc);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 4, i + 1);
+        int t = lua_gettop(L);
+        int len = lua_istable(L, t) ? (int)lua_objlen(L, t) : -1;
+        if (len < 4 || (len - 2) % 2 != 0 || (len - 2) / 2 > LUCID_CHAN_SUM_MAX)
+            return lucid_lua_argerror(L, 4, lua_pushfstring(L, "pieces[%d]: expected {c0, nch, src, "
+                                                               "src_c0 [, add, add_c0]...} with 1 "
+                                                               "to %d sources",
+                                                            i + 1, LUCID_CHAN_SUM_MAX));
+        lucid_chan_piece *p = &pc[i];
+        p->dst_c0 = piece_int_at(L, 4, t, 1, i, "c0");
+        p->nch = piece_int_at(L, 4, t, 2, i, "nch");
+        for (int k = 0; k < (len - 2) / 2; k++) {
+            lucid_tensor *s = piece_tensor_at(L, 4, t, 3 + 2 * k, i, k ? "add" : "src");
+            int64_t c0 = piece_int_at(L, 4, t, 4 + 2 * k, i, k ? "add_c0" : "src_c0");
+            if (k == 0) {
+                p->src = s;
+                p->src_c0 = c0;
+            } else {
+                p->add[k - 1] = s;
+                p->add_c0[k - 1] = c0;
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lucid_tensor *gx = NULL;
+    int taken = 0;
+    lucid_status st = lucid_module_batchnorm2d_backward_terms(bn->ctx, bn->m, act ? act->m : NULL,
+                                                              x, n, pc, &gx, &taken);
+    if (st != LUCID_OK) return lucid_lua_raise(L, bn->ctx, st);
+    lua_pushboolean(L, taken);
+    if (!taken) return 1;
+    if (!gx) lua_pushnil(L);
+    else push_borrowed(L, gx);
+    return 2;
+}
+
+/* batchnorm2d_terms_fit(bn, x) -> boolean: whether
+ * batchnorm2d_backward_terms would take a call on bn with input x now and
+ * 16-byte aligned sources (lucid_module_batchnorm2d_terms_fit). */
+static int l_bn_terms_fit(lua_State *L) {
+    module_box *bn = check_module(L, 1);
+    lucid_tensor *x = lucid_lua_check_tensor(L, 2, "input");
+    int fit = 0;
+    lucid_status st = lucid_module_batchnorm2d_terms_fit(bn->ctx, bn->m, x, &fit);
+    if (st != LUCID_OK) return lucid_lua_raise(L, bn->ctx, st);
+    lua_pushboolean(L, fit);
     return 1;
 }
 
@@ -1071,6 +1166,8 @@ static const luaL_Reg nn_funcs[] = {
     {"chan_sum", l_chan_sum},    {"add_n", l_add_n},     {"empty_like", l_empty_like},
     {"conv2d_dcols_reserve", l_conv2d_dcols_reserve},
     {"batchnorm2d_backward_dcols", l_bn_backward_dcols},
+    {"batchnorm2d_backward_terms", l_bn_backward_terms},
+    {"batchnorm2d_terms_fit", l_bn_terms_fit},
     {NULL, NULL},
 };
 

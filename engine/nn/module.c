@@ -734,6 +734,74 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
     return bn_silu_backward_dc(ctx, bn, act, x, dy, NULL, dx);
 }
 
+/* BatchNorm2d module bn (act NULL) or the fused pair (act a SiLU) ready
+ * for a backward on x: the checks of the plain module calls.  The fused
+ * pair: fused_pair and its forward's outputs; bn alone: a BatchNorm2d,
+ * check_ready and its forward's output. */
+static lucid_status bn_terms_ready(lucid_ctx *ctx, const char *op, lucid_module *bn,
+                                   lucid_module *act, const lucid_tensor *x) {
+    if (act) {
+        LUCID_TRY(fused_pair(ctx, op, bn, act, x));
+        if (!act->outputs[0] || !bn->saved[0] || !bn->saved[1])
+            return lucid_seterr(ctx, LUCID_ERR_STATE, "%s '%s': backward before forward", op,
+                                bn->name);
+        return LUCID_OK;
+    }
+    if (!bn || !bn->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (bn->vt != &bn_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
+                            bn->vt->kind);
+    const lucid_tensor *in[1] = {x};
+    LUCID_TRY(check_ready(ctx, bn, 1, in));
+    if (!bn->outputs[0] || !bn->saved[0] || !bn->saved[1])
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s '%s': backward before forward", op,
+                            bn->name);
+    return want_channels(ctx, bn, x, ((bn_priv *)bn->priv)->c);
+}
+
+lucid_status lucid_module_batchnorm2d_backward_terms(lucid_ctx *ctx, lucid_module *bn,
+                                                     lucid_module *act,
+                                                     const lucid_tensor *x, int n,
+                                                     const lucid_chan_piece *pieces,
+                                                     lucid_tensor **dx, int *taken) {
+    const char *op = act ? "BatchNorm2d+SiLU backward (dy as terms)"
+                         : "BatchNorm2d backward (dy as terms)";
+    if (dx) *dx = NULL;
+    if (!taken) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: taken is NULL", op);
+    *taken = 0;
+    LUCID_TRY(bn_terms_ready(ctx, op, bn, act, x));
+    /* the one-pass route needs dx: without it (need_grad_input off) the
+     * caller takes the plain call, which allocates nothing for dx either */
+    if (!bn->need_grad_input || !bn->training) return LUCID_OK;
+    lucid_param *w = bn->params[0], *b = bn->params[1];
+    LUCID_TRY(ensure_like(ctx, &bn->grad_inputs[0], x));
+    lucid_tensor *gx = bn->grad_inputs[0];
+    lucid_tensor *dw = w->trainable ? w->grad : NULL;
+    lucid_tensor *db = b->trainable ? b->grad : NULL;
+    LUCID_TRY(lucid_nn_batchnorm2d_backward_terms(ctx, x, n, pieces, gx, w->data,
+                                                  act ? b->data : NULL, bn->saved[0],
+                                                  bn->saved[1], dw, db, bn->training, 0.0, 1.0,
+                                                  act ? 1 : 0, taken));
+    if (*taken && dx) *dx = gx;
+    return LUCID_OK;
+}
+
+lucid_status lucid_module_batchnorm2d_terms_fit(lucid_ctx *ctx, lucid_module *bn,
+                                                const lucid_tensor *x, int *fit) {
+    const char *op = "BatchNorm2d terms fit";
+    if (!fit) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: fit is NULL", op);
+    *fit = 0;
+    if (!bn || !bn->vt)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (bn->vt != &bn_vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
+                            bn->vt->kind);
+    if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: input is NULL", op);
+    if (!bn->need_grad_input || !bn->training) return LUCID_OK;
+    return lucid_nn_batchnorm2d_terms_fit(ctx, x, 1, fit);
+}
+
 lucid_status lucid_module_batchnorm2d_backward_dcols(lucid_ctx *ctx, lucid_module *bn,
                                                      lucid_module *act,
                                                      const lucid_tensor *x,

@@ -620,6 +620,150 @@ lucid_status lucid_nn_batchnorm2d_silu_backward(
 }
 
 // ----------------------------------------------------------------------------
+// BatchNorm2d backward reading dy as a sum of terms (nn.h)
+
+static int cc_overlap(const lucid_tensor *a, int64_t a0, const lucid_tensor *b,
+                      int64_t b0, int64_t nch_a, int64_t nch_b);
+
+/* LUCID_BN_DY_TERMS: "0" = never taken; read once per process.  The
+ * override (a test hook) wins while it is >= 0. */
+static int dy_terms_env = -1, dy_terms_override = -1;
+
+int lucid_nn_bn_dy_terms_override(int mode) {
+    int prev = dy_terms_override;
+    dy_terms_override = mode < 0 ? -1 : mode != 0;
+    return prev;
+}
+
+int lucid_nn_bn_dy_terms_on(void) {
+    if (dy_terms_override >= 0) return dy_terms_override;
+    return !lucid_env_zero("LUCID_BN_DY_TERMS", &dy_terms_env);
+}
+
+/* Source k (0: src, then the addends) of piece p and its first channel. */
+static const lucid_tensor *terms_src(const lucid_chan_piece *p, int k, int64_t *c0) {
+    *c0 = k ? p->add_c0[k - 1] : p->src_c0;
+    return k ? p->add[k - 1] : p->src;
+}
+
+/* The checks of the pieces of a gradient description against x (dy's
+ * shape) and dx (nullable). */
+static lucid_status chk_terms(lucid_ctx *ctx, const char *op, const lucid_tensor *x, int n,
+                              const lucid_chan_piece *pieces, const lucid_tensor *dx) {
+    if (n < 1 || !pieces)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected 1 or more pieces, got %d%s", op,
+                            n, pieces ? "" : " (pieces NULL)");
+    int64_t next = 0;
+    for (int i = 0; i < n; i++) {
+        const lucid_chan_piece *p = &pieces[i];
+        if (p->dst)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: piece %d has a dst (a gradient description has none: "
+                                "dst_c0 is the channel in dy)",
+                                op, i);
+        if (!p->src)
+            return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: piece %d has no source", op, i);
+        for (int k = 1; k < LUCID_CHAN_SUM_MAX - 1; k++)
+            if (p->add[k] && !p->add[k - 1])
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: piece %d: addend %d follows a NULL addend (the list "
+                                    "ends at the first NULL)",
+                                    op, i, k);
+        if (p->dst_c0 != next || p->nch < 1)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "%s: piece %d covers channels [%lld, %lld) of dy; expected "
+                                "pieces tiling [0, %lld) in order (this one starting at %lld, "
+                                "at least one channel)",
+                                op, i, (long long)p->dst_c0, (long long)(p->dst_c0 + p->nch),
+                                (long long)x->shape[1], (long long)next);
+        next += p->nch;
+        for (int k = 0; k < lucid_chan_piece_nsrc(p); k++) {
+            int64_t c0;
+            const lucid_tensor *t = terms_src(p, k, &c0);
+            char arg[48];
+            snprintf(arg, sizeof arg, "piece %d source %d", i, k);
+            LUCID_TRY(chk(ctx, op, arg, t, 4, x));
+            LUCID_TRY(chk_act(ctx, op, arg, t, x));
+            if (t->shape[0] != x->shape[0] || t->shape[2] != x->shape[2] ||
+                t->shape[3] != x->shape[3]) {
+                char a[128], b[128];
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: %s has shape %s; expected [%lld,*,%lld,%lld] "
+                                    "like the input %s",
+                                    op, arg, lucid_shape_str(t->ndim, t->shape, a, sizeof a),
+                                    (long long)x->shape[0], (long long)x->shape[2],
+                                    (long long)x->shape[3],
+                                    lucid_shape_str(x->ndim, x->shape, b, sizeof b));
+            }
+            if (c0 < 0 || c0 + p->nch > t->shape[1])
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: %s: channels [%lld, %lld) out of range (%lld)", op,
+                                    arg, (long long)c0, (long long)(c0 + p->nch),
+                                    (long long)t->shape[1]);
+            if (dx && cc_overlap(dx, 0, t, c0, dx->shape[1], p->nch))
+                return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                    "%s: grad_input may overlap %s (the kernel reads dy "
+                                    "while it writes dx)",
+                                    op, arg);
+        }
+    }
+    if (next != x->shape[1])
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "%s: the pieces cover channels [0, %lld) of dy; expected [0, %lld)",
+                            op, (long long)next, (long long)x->shape[1]);
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_backward_terms(
+    lucid_ctx *ctx, const lucid_tensor *x, int n, const lucid_chan_piece *pieces,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training, double beta_input,
+    double beta_params, int silu, int *taken) {
+    const char *op = silu ? "batchnorm2d_silu_backward (dy as terms)"
+                          : "batchnorm2d_backward (dy as terms)";
+    if (!taken) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: taken is NULL", op);
+    *taken = 0;
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    LUCID_TRY(chk_terms(ctx, op, x, n, pieces, dx));
+    /* the plain backward's checks, with a source standing in for dy (the
+     * shape and dtype rules of dy are the pieces' above) */
+    LUCID_TRY(chk_bn_backward(ctx, op, x, x, dx, weight, save_mean, save_invstd, dweight,
+                              dbias));
+    if (silu && bias) LUCID_TRY(chk_chan(ctx, op, "bias", bias, x));
+    KT(ctx, x);
+    if (!kt_->batchnorm2d_backward_terms || !lucid_nn_bn_dy_terms_on() || !training || !dx ||
+        n > LUCID_BN_TERMS_PIECES || lucid_tensor_numel(x) == 0)
+        return LUCID_OK;
+    LUCID_TRY(kt_->batchnorm2d_backward_terms(ctx, x, n, pieces, dx, weight,
+                                              silu ? bias : NULL, save_mean, save_invstd,
+                                              dweight, dbias, beta_input, beta_params, silu,
+                                              taken));
+    if (*taken) {
+        bump(dx);
+        bump(dweight);
+        bump(dbias);
+    }
+    return LUCID_OK;
+}
+
+lucid_status lucid_nn_batchnorm2d_terms_fit(lucid_ctx *ctx, const lucid_tensor *x,
+                                            int training, int *fit) {
+    const char *op = "batchnorm2d_terms_fit";
+    if (!fit) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: fit is NULL", op);
+    *fit = 0;
+    LUCID_TRY(chk(ctx, op, "x", x, 4, NULL));
+    LUCID_TRY(chk_act(ctx, op, "x", x, NULL));
+    KT(ctx, x);
+    if (!kt_->batchnorm2d_backward_terms || !lucid_nn_bn_dy_terms_on() || !training ||
+        lucid_tensor_numel(x) == 0)
+        return LUCID_OK;
+    return kt_->batchnorm2d_backward_terms(ctx, x, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                           NULL, 0.0, 0.0, 0, fit);
+}
+
+// ----------------------------------------------------------------------------
 // SiLU
 
 static lucid_status chk_same(lucid_ctx *ctx, const char *op, const char *arg,

@@ -81,6 +81,11 @@ static inline int lucid_chan_piece_nsrc(const lucid_chan_piece *p) {
  * at most 64 inputs / outputs). */
 #define LUCID_CHAN_PIECES_MAX 64
 
+/* Pieces a gradient description may have for the BatchNorm2d backward that
+ * reads dy as a sum of terms (lucid_nn_batchnorm2d_backward_terms): more
+ * are not taken (the caller materialises dy). */
+#define LUCID_BN_TERMS_PIECES 8
+
 /* Conv2d attributes (PyTorch nn.Conv2d).  Kernel size comes from the weight
  * shape [C_out, C_in/groups, kH, kW].
  *   H_out = floor((H + 2*pad_h - dilation_h*(kH-1) - 1) / stride_h) + 1   */
@@ -271,6 +276,21 @@ typedef struct lucid_nn_kernels {
                                                 lucid_tensor *db,
                                                 const lucid_conv2d_params *p,
                                                 double beta, lucid_conv_wcols *wc);
+    /* ---- the training BatchNorm2d backward reading dy as a sum of terms
+     * (nullable: the entry point then answers *taken = 0; the CPU table
+     * has none).  See lucid_nn_batchnorm2d_backward_terms below.  Receives
+     * checked pieces (1..LUCID_BN_TERMS_PIECES, tiling dy's channels in
+     * order, sources of x's dtype, shape outside dim 1 and device), a
+     * non-NULL dx and training 1; sets *taken = 1 only when it queued the
+     * work, else leaves everything untouched (*taken = 0).  n == 0 (pieces
+     * NULL): a query, nothing is queued: *taken = whether a call for this
+     * x with 16-byte aligned sources would take the route. */
+    lucid_status (*batchnorm2d_backward_terms)(
+        lucid_ctx *ctx, const lucid_tensor *x, int n, const lucid_chan_piece *pieces,
+        lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+        const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+        lucid_tensor *dweight, lucid_tensor *dbias, double beta_input,
+        double beta_params, int silu, int *taken);
 } lucid_nn_kernels;
 
 /* The CPU table (engine/nn/).  Always present. */
@@ -729,6 +749,68 @@ lucid_status lucid_nn_batchnorm2d_silu_backward(
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
     double beta_input, double beta_params);
 
+/* ----------------------------- BatchNorm2d backward reading dy as terms
+ * The training backward of BatchNorm2d (silu 0: lucid_nn_batchnorm2d_
+ * backward) or of the fused BatchNorm2d + SiLU (silu 1: lucid_nn_
+ * batchnorm2d_silu_backward) whose grad_output dy is given as a gradient
+ * description instead of a tensor: n pieces (lucid_chan_piece with dst
+ * NULL), piece i holding channels [p.dst_c0, p.dst_c0 + p.nch) of dy as
+ * p.src's channels from p.src_c0 (one source) or as the rounded
+ * left-to-right sum of p.src and its addends (2..LUCID_CHAN_SUM_MAX
+ * sources), i.e. exactly the values lucid_nn_channel_copy_multi would
+ * write into a tensor dy given those pieces with dst = dy: every addition
+ * in f32, rounded to the activation dtype before the next (chan_sum_multi's
+ * arithmetic, cuda/nn_pointwise.cu).  The pieces tile [0, C) in order
+ * (piece 0 at channel 0, each next one where the last ended, the last
+ * ending at C).  This lets the Conv block's BatchNorm read a sum of
+ * gradients (a concatenation's slice plus an inner block's gradient, the
+ * gradients of a tensor with several consumers) where it is needed, instead
+ * of a launch that first writes the sum to memory (DECISIONS 40).
+ * Taken (*taken = 1): on a device whose kernel table has the slot (CUDA)
+ * when the call is the one-pass route of cuda/nn_norm.cuh (training, dx
+ * given, one part per channel: N*H*W <= 8192 at most, LUCID_BN_ONEPASS on),
+ * n <= LUCID_BN_TERMS_PIECES, every source row 16-byte aligned when the
+ * vector path applies, and LUCID_BN_DY_TERMS is not "0" (read once per
+ * process; lucid_nn_bn_dy_terms_override).  Then one kernel computes dx,
+ * dweight and dbias with bitwise the values of lucid_nn_channel_copy_multi
+ * into a fresh (16-byte aligned) tensor dy followed by the plain backward
+ * of that dy: the same partition, vector width and arithmetic.
+ * Not taken (*taken = 0, LUCID_OK): nothing is written or queued; the
+ * caller materialises dy and calls the plain backward (the CPU always,
+ * eval, dx NULL, multi-part channels, more pieces, unaligned sources).
+ * Shapes: x, dx [N, C, H, W] (dx nullable: then never taken), every source
+ * [N, C_src, H, W] contiguous of x's dtype and device; parameters as the
+ * plain backward (bias: silu only, nullable).  dx must not overlap a
+ * source.  Errors (ERR_ARG): n < 1, pieces or taken NULL, a piece with a
+ * dst, without a source or with more than LUCID_CHAN_SUM_MAX, pieces that
+ * do not tile [0, C) in order, a source of another dtype, device, N, H or
+ * W, a channel range out of bounds, dx overlapping a source; otherwise the
+ * errors of the plain backward.  Source: PyTorch nn.BatchNorm2d / nn.SiLU
+ * docs (the backward), DECISIONS 33 (the sums). */
+lucid_status lucid_nn_batchnorm2d_backward_terms(
+    lucid_ctx *ctx, const lucid_tensor *x, int n, const lucid_chan_piece *pieces,
+    lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
+    const lucid_tensor *save_mean, const lucid_tensor *save_invstd,
+    lucid_tensor *dweight, lucid_tensor *dbias, int training, double beta_input,
+    double beta_params, int silu, int *taken);
+
+/* Whether lucid_nn_batchnorm2d_backward_terms would take a call for this x
+ * (training, dx given) with 16-byte aligned sources: *fit 1 or 0, nothing
+ * queued.  For callers that choose between producing a description and a
+ * copy they can share (lucid/nn/blocks.lua C3).  Errors: ERR_ARG for a NULL
+ * x or fit, an x that is not a contiguous float [N, C, H, W]. */
+lucid_status lucid_nn_batchnorm2d_terms_fit(lucid_ctx *ctx, const lucid_tensor *x,
+                                            int training, int *fit);
+
+/* Test hook: LUCID_BN_DY_TERMS for the whole process.  mode 1: on (the
+ * default), 0: off (every call answers *taken = 0), -1: follow the
+ * environment again.  Returns the previous override (-1 when none).  Not
+ * thread-safe: set it between steps. */
+int lucid_nn_bn_dy_terms_override(int mode);
+
+/* 1 when lucid_nn_batchnorm2d_backward_terms may take calls now. */
+int lucid_nn_bn_dy_terms_on(void);
+
 /* ------------------------------------------------------------------ SiLU
  * y = x * sigmoid(x);  dx = beta*dx + dy * s * (1 + x*(1-s)), s=sigmoid(x).
  * Any shape (x, y, dy, dx same shape). */
@@ -1147,6 +1229,27 @@ lucid_status lucid_module_batchnorm2d_silu_backward(lucid_ctx *ctx,
                                                     const lucid_tensor *x,
                                                     const lucid_tensor *dy,
                                                     lucid_tensor **dx);
+/* The backward of BatchNorm2d module bn (act NULL: as lucid_module_backward
+ * after its own forward) or of the fused pair (act a SiLU: as
+ * lucid_module_batchnorm2d_silu_backward after the fused forward) with dy
+ * given as n pieces (lucid_nn_batchnorm2d_backward_terms): *taken = 1 and
+ * the same results (bn's grad input in *dx, borrowed; dweight / dbias
+ * accumulated) when the engine takes it; *taken = 0 and nothing done when
+ * it does not (bn in eval mode, need_grad_input off, the CPU, multi-part
+ * channels, ...): the caller materialises dy and calls the plain backward.
+ * Errors: those of lucid_module_batchnorm2d_silu_backward (act given) or of
+ * lucid_module_backward on bn (act NULL: ERR_ARG for a module that is not a
+ * BatchNorm2d), and of lucid_nn_batchnorm2d_backward_terms. */
+lucid_status lucid_module_batchnorm2d_backward_terms(lucid_ctx *ctx, lucid_module *bn,
+                                                     lucid_module *act,
+                                                     const lucid_tensor *x, int n,
+                                                     const lucid_chan_piece *pieces,
+                                                     lucid_tensor **dx, int *taken);
+/* Whether lucid_module_batchnorm2d_backward_terms would take a call on bn
+ * now for input x with 16-byte aligned sources (bn training, its
+ * need_grad_input on, lucid_nn_batchnorm2d_terms_fit): *fit 1 or 0. */
+lucid_status lucid_module_batchnorm2d_terms_fit(lucid_ctx *ctx, lucid_module *bn,
+                                                const lucid_tensor *x, int *fit);
 /* The Conv block's backward with the BatchNorm writing the conv's
  * backward-data columns (lucid_conv_dcols above), on modules:
  *   lucid_module_conv2d_dcols_reserve(conv, x, &armed): step 1 for the

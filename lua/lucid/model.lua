@@ -357,9 +357,16 @@ end
 -- the layer's backward takes it, in one launch for three or more
 -- (containers.sum: the chain acc(acc(acc(box, cls), kpt), gin) had, same
 -- bits); unfused, each term is added as it arrives (containers.accumulate).
+-- With gradient descriptions (containers.describing(), LUCID_BN_DY_TERMS)
+-- a layer whose module takes them (containers.takes_desc: Conv, the C2f /
+-- C3 / SPPF / C2PSA blocks, whose first consumer of the gradient is a
+-- Conv) receives the list as a description instead of its sum (its
+-- BatchNorm reads the sum, or it is materialised at the same scope
+-- position: the same bits); any other module receives the sum.
 local function backward_pass(self, x, gy)
   local grads = {}
   local fused = containers.fusing()
+  local describing = fused and containers.describing()
   local function add(j, g)
     if not fused then
       grads[j] = acc(grads[j], g)
@@ -372,10 +379,17 @@ local function backward_pass(self, x, gy)
       l[#l + 1] = g
     end
   end
-  local function get(j)
+  -- the gradient of layer j's output for module m (nil: the model's input)
+  local function get(j, m)
     local g = grads[j]
     grads[j] = nil
-    if fused and g ~= nil then g = containers.sum(g) end
+    if fused and g ~= nil then
+      if describing and m ~= nil and containers.takes_desc(m) then
+        g = containers.sum_desc(g)
+      else
+        g = containers.sum(g)
+      end
+    end
     return g
   end
   local n = #self.layers
@@ -419,7 +433,7 @@ local function backward_pass(self, x, gy)
   for idx = start, 1, -1 do
     local L = self.layers[idx]
     take(L.i)
-    local g = get(L.i)
+    local g = get(L.i, L.module)
     if g ~= nil then
       local gin = L.module:backward(L.input, g)
       if type(L.f) == "number" then

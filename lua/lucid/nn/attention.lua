@@ -148,10 +148,22 @@ function PSABlock:forward(x)
   return self.output
 end
 
---- Reverse of forward with the residual gradients added.
+-- gy + gf for the first residual: acc(gy, gf), or with gy's term a
+-- channel slice (a gradient description's, containers.residual) the same
+-- rounded sum in one lucid.nn.chan_sum (containers.sum).
+local function residual_sum(t, gf)
+  if containers.is_slice(t) then return containers.sum({ t, gf }) end
+  return acc(t, gf)
+end
+
+--- Reverse of forward with the residual gradients added. gy may be a
+-- gradient description (containers.desc): ffn's last Conv reads it, the
+-- residual takes its one term (containers.residual).
 function PSABlock:backward(x, gy)
-  local gf = self.ffn:backward(self._x1, gy)
-  local g1 = self.add_ and acc(gy, gf) or gf
+  local t = gy
+  if self.add_ then gy, t = containers.residual(gy) end
+  local gf = containers.backward(self.ffn, self._x1, gy)
+  local g1 = self.add_ and residual_sum(t, gf) or gf
   local ga = self.attn:backward(x, g1)
   self.grad_input = self.add_ and acc(g1, ga) or ga
   return self.grad_input
@@ -174,13 +186,16 @@ end
 -- (grad_input = g1 + ga, self.grad_input nil) with the shortcut, else {ga}.
 function PSABlock:backward_terms(x, gy)
   if not self.add_ then return { self:backward(x, gy) } end
-  local gf = self.ffn:backward(self._x1, gy)
-  local g1 = acc(gy, gf)
+  local t
+  gy, t = containers.residual(gy)
+  local gf = containers.backward(self.ffn, self._x1, gy)
+  local g1 = residual_sum(t, gf)
   local ga = self.attn:backward(x, g1)
   self.grad_input = nil
   return { g1, ga }
 end
 PSABlock._terms = { PSABlock.forward, PSABlock.backward }
+PSABlock._desc = PSABlock.backward
 
 -------------------------------------------------------------------- C2PSA
 local C2PSA = util.class("C2PSA", Module)
@@ -245,10 +260,27 @@ end
 
 --- Reverse of forward. Fused (after a fused forward): only the second
 -- piece of the concatenation gradient is copied out, and m's gradient is
--- left as terms summed inside the split-gradient launch (same bits).
+-- left as terms summed inside the split-gradient launch (same bits). With
+-- gradient descriptions (containers.describing(), LUCID_BN_DY_TERMS) that
+-- piece and the split gradient go on as descriptions (materialised into
+-- the same helper buffers by a consumer that does not read them). gy may
+-- be a description: cv2 reads it.
 function C2PSA:backward(x, gy)
-  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gcat = containers.backward(self.cv2, self._cat_out, gy)
   local gsplit
+  if self._fused and containers.describing() then
+    local c, cat, split, cv1out = self.c, self._cat, self._split, self.cv1.output
+    local g2 = containers.desc({ { 0, c, containers.slice(gcat, c, c) } },
+      function() return cat._c:ensure_buffer("grad_input", 2, gcat, c) end)
+    local gb = containers.backward_terms(self.m, self._parts[2], g2)
+    local p = { c, c }
+    for k, t in ipairs(gb) do p[k + 2] = t end
+    local d = containers.desc({ { 0, c, containers.slice(gcat, 0, c) }, p },
+      function() return split._c:ensure_buffer("grad_input", 1, cv1out) end)
+    self.grad_input = containers.backward(self.cv1, x, d)
+    split.grad_input = d.value
+    return self.grad_input
+  end
   if self._fused then
     local c = self.c
     local g2 = self._cat._c:ensure_buffer("grad_input", 2, gcat, c)
@@ -265,5 +297,6 @@ function C2PSA:backward(x, gy)
   self.grad_input = self.cv1:backward(x, gsplit)
   return self.grad_input
 end
+C2PSA._desc = C2PSA.backward
 
 return A

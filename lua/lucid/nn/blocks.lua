@@ -79,12 +79,32 @@ function Conv:forward(x)
 end
 
 --- Gradient through act, bn, conv; accumulates into their parameters.
--- On the GPU bn's backward may also write the im2col columns of conv's
--- backward-data (P.conv_dcols_reserve: reserved right before it, read by
--- conv:backward right after; the same bits either way).
+-- gy: a tensor, or a gradient description (containers.desc: pieces of
+-- sums of tensors and channel slices) that bn's backward reads itself
+-- when the engine takes it (P.bn_silu_backward_terms after a fused
+-- forward, P.bn_backward_terms before an Identity act; the GPU's one-pass
+-- BatchNorm of one-part channels), else materialised first
+-- (containers.materialize: the sum the producer would have written, same
+-- bits). On the GPU bn's backward may also write the im2col columns of
+-- conv's backward-data (P.conv_dcols_reserve: reserved right before it,
+-- read by conv:backward right after; the same bits either way; not with a
+-- description the engine took).
 function Conv:backward(x, gy)
   local g
   local conv = self.conv
+  if containers.is_desc(gy) then
+    local taken
+    if self._fused then
+      taken, g = P.bn_silu_backward_terms(self.bn, self.act, self._a, gy)
+    elseif P.bn_terms_plain(self.bn, self.act) then
+      taken, g = P.bn_backward_terms(self.bn, self._a, gy)
+    end
+    if taken then
+      self.grad_input = conv:backward(x, g)
+      return self.grad_input
+    end
+    gy = containers.materialize(gy)
+  end
   if self._fused then
     if P.conv_dcols_reserve(conv, nil, x) then
       g = P.bn_silu_backward_dcols(self.bn, self.act, self._a, gy, conv)
@@ -101,6 +121,17 @@ function Conv:backward(x, gy)
   end
   self.grad_input = conv:backward(x, g)
   return self.grad_input
+end
+
+Conv._desc = Conv.backward
+
+--- Whether this block's BatchNorm would read a gradient description now
+-- (the route of its last forward: fused with SiLU, or alone before an
+-- Identity; and the engine's answer for its input, P.bn_terms_fit).
+-- @return boolean
+function Conv:reads_terms()
+  if not (self._fused or P.bn_terms_plain(self.bn, self.act)) or self._a == nil then return false end
+  return P.bn_terms_fit(self.bn, self._a)
 end
 
 ------------------------------------------------------------------- DWConv
@@ -149,11 +180,20 @@ function Bottleneck:forward(x)
   return self.output
 end
 
---- gx = gy (residual) + cv1'(cv2'(gy)).
+--- gx = gy (residual) + cv1'(cv2'(gy)). gy may be a gradient
+-- description (containers.desc): cv2 reads it, and the residual takes its
+-- one term (a channel slice; a description of several terms is
+-- materialised first, containers.residual).
 function Bottleneck:backward(x, gy)
-  local g = self.cv2:backward(self.cv1.output, gy)
+  local t = gy
+  if self.add_ then gy, t = containers.residual(gy) end
+  local g = containers.backward(self.cv2, self.cv1.output, gy)
   g = self.cv1:backward(x, g)
-  self.grad_input = self.add_ and acc(g, gy) or g
+  if self.add_ then
+    self.grad_input = containers.is_slice(t) and containers.sum({ g, t }) or acc(g, t)
+  else
+    self.grad_input = g
+  end
   return self.grad_input
 end
 
@@ -171,14 +211,17 @@ end
 --- backward with the residual sum left to the caller: {g, gy} (grad_input
 -- = g + gy, self.grad_input nil) with the residual, else {g}.
 function Bottleneck:backward_terms(x, gy)
-  local g = self.cv2:backward(self.cv1.output, gy)
+  local t = gy
+  if self.add_ then gy, t = containers.residual(gy) end
+  local g = containers.backward(self.cv2, self.cv1.output, gy)
   g = self.cv1:backward(x, g)
   self.grad_input = nil
-  if self.add_ then return { g, gy } end
+  if self.add_ then return { g, t } end
   self.grad_input = g
   return { g }
 end
 Bottleneck._terms = { Bottleneck.forward, Bottleneck.backward }
+Bottleneck._desc = Bottleneck.backward
 
 ---------------------------------------------------------------------- C2f
 local C2f = util.class("C2f", Module)
@@ -261,7 +304,7 @@ end
 function C2f:backward(x, gy)
   if self._fused then return self:_backward_fused(x, gy) end
   local outs = self._outs
-  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gcat = containers.backward(self.cv2, self._cat_out, gy)
   local gs = self._cat:backward(outs, gcat)
   local g = gs[#gs]
   for i = self.n, 1, -1 do
@@ -275,26 +318,51 @@ end
 
 -- The fused backward (see backward): gs[k] = channels [(k-1)c, kc) of
 -- gcat; acc(gs[i+1], gin_i) = gin_i + gs[i+1], i.e. the inner block's terms
--- followed by its slice.
+-- followed by its slice. With gradient descriptions (containers.
+-- describing(), LUCID_BN_DY_TERMS): the last piece of gcat, the inner
+-- blocks' sums and the split gradient are handed over as descriptions
+-- (their buffers: the same helper buffers and scope positions), so a
+-- Conv whose BatchNorm reads them (the GPU's one-pass kernel) needs no
+-- copy or sum launch before it; anything else materialises them (the
+-- launches and bits above).
 function C2f:_backward_fused(x, gy)
   local outs, c, n = self._outs, self.c, self.n
-  local gcat = self.cv2:backward(self._cat_out, gy)
+  local gcat = containers.backward(self.cv2, self._cat_out, gy)
+  local describing = containers.describing()
+  local cat, split = self._cat, self._split
   -- gs[n+2] into the Concat helper's own gradient buffer
-  local g = self._cat._c:ensure_buffer("grad_input", n + 2, gcat, c)
-  containers.chan_sum({ { g, 0, c, gcat, (n + 1) * c } })
+  local g
+  if describing then
+    g = containers.desc({ { 0, c, containers.slice(gcat, (n + 1) * c, c) } },
+      function() return cat._c:ensure_buffer("grad_input", n + 2, gcat, c) end)
+  else
+    g = cat._c:ensure_buffer("grad_input", n + 2, gcat, c)
+    containers.chan_sum({ { g, 0, c, gcat, (n + 1) * c } })
+  end
   local terms
   for i = n, 1, -1 do
     terms = containers.backward_terms(self.m:get(i), outs[i + 1], g)
     terms[#terms + 1] = containers.slice(gcat, i * c, c)
-    if i > 1 then g = containers.sum(terms) end
+    if i > 1 then g = containers.sum_desc(terms) end
   end
   -- {gs[1], g} into the Split helper's own gradient buffer
-  local gsplit = self._split._c:ensure_buffer("grad_input", 1, self.cv1.output)
+  local cv1out = self.cv1.output
+  if describing then
+    local p = { c, c }
+    for k, t in ipairs(terms) do p[k + 2] = t end
+    local d = containers.desc({ { 0, c, containers.slice(gcat, 0, c) }, p },
+      function() return split._c:ensure_buffer("grad_input", 1, cv1out) end)
+    self.grad_input = containers.backward(self.cv1, x, d)
+    split.grad_input = d.value
+    return self.grad_input
+  end
+  local gsplit = split._c:ensure_buffer("grad_input", 1, cv1out)
   containers.chan_sum({ { gsplit, 0, c, gcat, 0 }, containers.piece(gsplit, c, c, terms) })
-  self._split.grad_input = gsplit
+  split.grad_input = gsplit
   self.grad_input = self.cv1:backward(x, gsplit)
   return self.grad_input
 end
+C2f._desc = C2f.backward
 
 function C2f:extra_repr() return "" end
 
@@ -358,12 +426,33 @@ function C3:forward(x)
   return self.output
 end
 
---- gx = cv1'(m'(ga)) + cv2'(gb).
+-- The two pieces of the concatenation's gradient gcat: the Concat
+-- helper's backward (one launch), or, with gradient descriptions
+-- (containers.describing()) when cv2's BatchNorm reads them now
+-- (Conv:reads_terms: m's first Conv sees the same batch and plane size),
+-- one description per piece, a slice of gcat each (materialised into the
+-- helper's own gradient buffers by a consumer that does not read it).
+local function c3_cat_grads(self, gcat)
+  local cv2 = self.cv2
+  if containers.describing() and containers.takes_desc(cv2) and cv2.reads_terms and cv2:reads_terms() then
+    local c_, cat = self.c_, self._cat
+    return {
+      containers.desc({ { 0, c_, containers.slice(gcat, 0, c_) } },
+        function() return cat._c:ensure_buffer("grad_input", 1, gcat, c_) end),
+      containers.desc({ { 0, c_, containers.slice(gcat, c_, c_) } },
+        function() return cat._c:ensure_buffer("grad_input", 2, gcat, c_) end),
+    }
+  end
+  return self._cat:backward(self._cat_in, gcat)
+end
+
+--- gx = cv1'(m'(ga)) + cv2'(gb). gy may be a gradient description
+-- (containers.desc): cv3 reads it.
 function C3:backward(x, gy)
-  local gcat = self.cv3:backward(self._cat_out, gy)
-  local gs = self._cat:backward(self._cat_in, gcat)
-  local g1 = self.cv1:backward(x, self.m:backward(self.cv1.output, gs[1]))
-  local g2 = self.cv2:backward(x, gs[2])
+  local gcat = containers.backward(self.cv3, self._cat_out, gy)
+  local gs = c3_cat_grads(self, gcat)
+  local g1 = self.cv1:backward(x, containers.backward(self.m, self.cv1.output, gs[1]))
+  local g2 = containers.backward(self.cv2, x, gs[2])
   self.grad_input = acc(g1, g2)
   return self.grad_input
 end
@@ -376,14 +465,15 @@ function C3:forward_terms(x) return { self:forward(x) } end
 -- backward_terms): {g1, g2}, grad_input = g1 + g2 (self.grad_input nil);
 -- a C3k2 sums them inside its split-gradient launch.
 function C3:backward_terms(x, gy)
-  local gcat = self.cv3:backward(self._cat_out, gy)
-  local gs = self._cat:backward(self._cat_in, gcat)
-  local g1 = self.cv1:backward(x, self.m:backward(self.cv1.output, gs[1]))
-  local g2 = self.cv2:backward(x, gs[2])
+  local gcat = containers.backward(self.cv3, self._cat_out, gy)
+  local gs = c3_cat_grads(self, gcat)
+  local g1 = self.cv1:backward(x, containers.backward(self.m, self.cv1.output, gs[1]))
+  local g2 = containers.backward(self.cv2, x, gs[2])
   self.grad_input = nil
   return { g1, g2 }
 end
 C3._terms = { C3.forward, C3.backward }
+C3._desc = C3.backward
 
 ---------------------------------------------------------------------- C3k
 local C3k = util.class("C3k", C3)
@@ -488,17 +578,25 @@ end
 
 --- Gradient through the pooling chain (each pool output also feeds the
 -- concatenation) and cv1.
+-- gy may be a gradient description (containers.desc): cv2 reads it
+-- (materialised first for the residual). With descriptions
+-- (containers.describing()) the last sum, gs[1] + the first pool's
+-- gradient, goes to cv1 as one (cv1's BatchNorm before its Identity reads
+-- it on the GPU's one-pass route, else it is materialised: the same add).
 function SPPF:backward(x, gy)
   local ys = self._ys
-  local gcat = self.cv2:backward(self._cat_out, gy)
+  if self.add_ then gy = containers.materialize(gy) end
+  local gcat = containers.backward(self.cv2, self._cat_out, gy)
   local gs = self._cat:backward(ys, gcat)
   local g = gs[self.n + 1]
   for i = self.n, 1, -1 do
-    g = acc(gs[i], self._pools[i]:backward(ys[i], g))
+    local gp = self._pools[i]:backward(ys[i], g)
+    if i == 1 and containers.describing() then g = containers.sum_desc({ gs[i], gp }) else g = acc(gs[i], gp) end
   end
-  local gx = self.cv1:backward(x, g)
+  local gx = containers.backward(self.cv1, x, g)
   self.grad_input = self.add_ and acc(gx, gy) or gx
   return self.grad_input
 end
+SPPF._desc = SPPF.backward
 
 return B

@@ -31,6 +31,20 @@ local function scope_row(sc)
   return row
 end
 
+-- a:add(b) into row's persistent buffer of a's shape and dtype (row: a
+-- scope row, or nil outside a scope: a new tensor).
+local function accumulate_row(row, a, b)
+  if row == nil then return a:add(b) end
+  local key = table.concat(a:shape(), "x") .. a:dtype()
+  local opts = row[key] -- {out = the buffer}, kept so that a pass allocates nothing
+  if opts == nil then
+    local buf = a:add(b)
+    row[key] = { out = buf }
+    return buf
+  end
+  return a:add(b, opts)
+end
+
 --- Sum of two gradients, either of which may be nil (a missing gradient is
 -- zero). When both are present the sum goes to a tensor of its own, so the
 -- persistent grad_input buffers of the modules that produced a and b are
@@ -48,16 +62,7 @@ function M.accumulate(a, b)
   if a == nil then return b end
   if b == nil then return a end
   local sc = scope
-  if sc == nil then return a:add(b) end
-  local row = scope_row(sc)
-  local key = table.concat(a:shape(), "x") .. a:dtype()
-  local opts = row[key] -- {out = the buffer}, kept so that a pass allocates nothing
-  if opts == nil then
-    local buf = a:add(b)
-    row[key] = { out = buf }
-    return buf
-  end
-  return a:add(b, opts)
+  return accumulate_row(sc and scope_row(sc), a, b)
 end
 
 ------------------------------------------------------------ fused sums
@@ -142,18 +147,16 @@ function M.piece(dst, dst_c0, nch, terms)
 end
 
 -- The buffer of a sum of terms: the shape of the first whole tensor among
--- them, else the first slice's tensor with nch channels. Inside a scope a
--- persistent buffer (one per call position, shape and dtype, as
--- M.accumulate), else a new tensor.
-local function sum_buffer(terms)
+-- them, else the first slice's tensor with nch channels. In a scope row (a
+-- call position of a scope) a persistent buffer (one per row, shape and
+-- dtype, as M.accumulate), else (row nil) a new tensor.
+local function sum_buffer(terms, row)
   local like, nch
   for _, t in ipairs(terms) do
     if not is_slice(t) then like, nch = t, nil break end
   end
   if not like then like, nch = terms[1][1], terms[1][3] end
-  local sc = scope
-  if sc == nil then return C.empty_like(like, nch) end
-  local row = scope_row(sc)
+  if row == nil then return C.empty_like(like, nch) end
   local shape = like:shape()
   if nch then shape[2] = nch end
   local key = table.concat(shape, "x") .. like:dtype()
@@ -163,6 +166,28 @@ local function sum_buffer(terms)
     row[key] = opts
   end
   return opts.out
+end
+
+-- M.sum of n >= 2 terms (or one slice) with its buffer from scope row
+-- `row` (nil: new tensors), or written into `out` when given (a caller's
+-- own persistent buffer).
+local function sum_in(terms, row, out)
+  local n = #terms
+  if n == 2 and not is_slice(terms[1]) and not is_slice(terms[2]) then
+    if out then return terms[1]:add(terms[2], { out = out }) end
+    return accumulate_row(row, terms[1], terms[2])
+  end
+  binding()
+  local buf = out or sum_buffer(terms, row)
+  local whole = n <= M.SUM_MAX
+  for i = 1, n do whole = whole and not is_slice(terms[i]) end
+  if whole then
+    C.add_n(terms, buf)
+  else
+    local nch = is_slice(terms[1]) and terms[1][3] or terms[1]:shape()[2]
+    C.chan_sum({ M.piece(buf, 0, nch, terms) })
+  end
+  return buf
 end
 
 --- The left-to-right sum ((t1 + t2) + t3) + ... of terms (tensors, or
@@ -180,20 +205,8 @@ function M.sum(terms)
   local n = #terms
   if n == 0 then return nil end
   if n == 1 and not is_slice(terms[1]) then return terms[1] end
-  if n == 2 and not is_slice(terms[1]) and not is_slice(terms[2]) then
-    return M.accumulate(terms[1], terms[2])
-  end
-  binding()
-  local buf = sum_buffer(terms)
-  local whole = n <= M.SUM_MAX
-  for i = 1, n do whole = whole and not is_slice(terms[i]) end
-  if whole then
-    C.add_n(terms, buf)
-  else
-    local nch = is_slice(terms[1]) and terms[1][3] or terms[1]:shape()[2]
-    C.chan_sum({ M.piece(buf, 0, nch, terms) })
-  end
-  return buf
+  local sc = scope
+  return sum_in(terms, sc and scope_row(sc), nil)
 end
 
 --- lucid.nn.chan_sum(pieces) (the binding's one-launch channel copy with
@@ -220,8 +233,189 @@ end
 --- m's input gradient as terms: m:backward_terms(x, gy) (m.grad_input is
 -- nil then), else {m:backward(x, gy)}.
 function M.backward_terms(m, x, gy)
+  if M.is_desc(gy) and not M.takes_desc(m) then gy = M.materialize(gy) end
   if has_terms(m) then return m:backward_terms(x, gy) end
   return { m:backward(x, gy) }
+end
+
+------------------------------------------------------ gradient descriptions
+-- The Conv block's BatchNorm backward can read its incoming gradient as a
+-- sum of terms where it needs it (lucid.nn.batchnorm2d_backward_terms;
+-- engine/nn/nn.h lucid_nn_batchnorm2d_backward_terms: on the GPU, the
+-- one-pass kernel of a channel of one part), so a block that would write a
+-- gradient sum (or copy a slice of a concatenation's gradient) only to
+-- hand it to a Conv hands over a *gradient description* instead: pieces
+-- {c0, nch, term1, term2, ...} tiling the gradient's channels [0, C) in
+-- order, each the left-to-right sum of its terms (tensors of nch channels,
+-- or M.slice terms): the vocabulary of M.piece / lucid.nn.chan_sum minus
+-- the destination. Its value is bitwise what M.piece / M.sum would have
+-- written into a buffer, and when the engine does not take it (the CPU,
+-- multi-part channels, eval, the separate SiLU, ...) M.materialize writes
+-- exactly that, into the buffer the producer would have used (the
+-- producer's persistent buffer, or the accumulation scope's buffer of the
+-- call position where the description was made): the launches and the
+-- bits of before, in ONE place. A module receives descriptions only when
+-- its class declares it takes them (Class._desc = Class.backward, paired
+-- with backward_terms when it has _terms) and its backward is that
+-- function (M.takes_desc: no instance override, no subclass that replaced
+-- it); everything else receives M.materialize(d) (M.backward,
+-- M.backward_terms). A description is consumed in the pass that made it.
+
+--- Switch of the gradient descriptions: false makes the producers sum /
+-- copy as before (the launches of DECISIONS 33). Default on, off when
+-- LUCID_BN_DY_TERMS=0 in the environment (read once, when this module is
+-- loaded; the engine reads the same variable once too). Read by the
+-- producers at each backward; a recorded step does not watch it: change it
+-- before recording (or call model:bump_version()).
+M.dy_terms = os.getenv("LUCID_BN_DY_TERMS") ~= "0"
+
+local DESC = {}
+
+--- Whether the producers hand out descriptions now: M.dy_terms, the fused
+-- sums on (M.fusing()) and the binding's batchnorm2d_backward_terms.
+-- @return boolean
+function M.describing()
+  return M.dy_terms and M.fusing() and rawget(C, "batchnorm2d_backward_terms") ~= nil
+end
+
+--- Whether x is a gradient description.
+function M.is_desc(x) return getmetatable(x) == DESC end
+
+--- Whether x is a M.slice term.
+M.is_slice = is_slice
+
+--- A gradient description (see above) of `pieces`, each {c0, nch, term1,
+-- ...} (0-based c0; the pieces tile [0, C) in order, C the sum of their
+-- nch; 1 or more terms each). out: nil (materialised into the accumulation
+-- scope's persistent buffer of the call position reserved now, as M.sum
+-- would have taken it; a new tensor outside a scope) or a function
+-- returning the buffer to write (a helper module's persistent buffer, as
+-- the producer would have written). One piece of one whole tensor is that
+-- tensor itself (no description).
+-- @return description|Tensor
+function M.desc(pieces, out)
+  if #pieces == 1 and #pieces[1] == 3 and not is_slice(pieces[1][3]) then return pieces[1][3] end
+  local d = { pieces = {}, out = out }
+  local first = pieces[1][3]
+  d.like = is_slice(first) and first[1] or first
+  for i, p in ipairs(pieces) do
+    local terms = {}
+    for k = 3, #p do terms[k - 2] = p[k] end
+    d.pieces[i] = { c0 = p[1], nch = p[2], terms = terms }
+  end
+  if out == nil and scope ~= nil then d.row = scope_row(scope) end
+  return setmetatable(d, DESC)
+end
+
+--- The left-to-right sum of terms as a description (one piece over the
+-- terms' channels) when M.describing(), else M.sum(terms). One whole tensor
+-- is returned as it is.
+-- @param terms list (1 or more)
+function M.sum_desc(terms)
+  if not M.describing() or (#terms == 1 and not is_slice(terms[1])) then return M.sum(terms) end
+  local nch = is_slice(terms[1]) and terms[1][3] or terms[1]:shape()[2]
+  local p = { 0, nch }
+  for i, t in ipairs(terms) do p[i + 2] = t end
+  return M.desc({ p })
+end
+
+-- The piece's terms with at most M.SUM_MAX left: the first ones summed
+-- first (M.sum, as M.piece does), kept in the piece so that the engine
+-- and a later materialisation share that sum.
+local function short_terms(p)
+  local terms = p.terms
+  if #terms <= M.SUM_MAX then return terms end
+  local head = {}
+  for i = 1, #terms - M.SUM_MAX + 1 do head[i] = terms[i] end
+  local rest = { M.sum(head) }
+  for i = #terms - M.SUM_MAX + 2, #terms do rest[#rest + 1] = terms[i] end
+  p.terms = rest
+  return rest
+end
+
+--- The value of x: x itself when it is not a description; else d's tensor,
+-- written on the first call (later calls return it): one piece, the
+-- M.sum of its terms (Tensor:add for two whole tensors, lucid.nn.add_n for
+-- up to M.SUM_MAX, else lucid.nn.chan_sum), several pieces, one
+-- lucid.nn.chan_sum of M.piece's; into d's buffer (see M.desc).
+-- @return Tensor
+function M.materialize(d)
+  if not M.is_desc(d) then return d end
+  if d.value ~= nil then return d.value end
+  binding()
+  local v
+  local pcs = d.pieces
+  if #pcs == 1 and pcs[1].c0 == 0 then
+    v = sum_in(pcs[1].terms, d.row, d.out and d.out() or nil)
+  else
+    local buf = d.out and d.out() or nil
+    if buf == nil then
+      local C1 = 0
+      for _, p in ipairs(pcs) do C1 = C1 + p.nch end
+      buf = sum_buffer({ M.slice(d.like, 0, C1) }, d.row)
+    end
+    local cp = {}
+    for i, p in ipairs(pcs) do cp[i] = M.piece(buf, p.c0, p.nch, p.terms) end
+    C.chan_sum(cp)
+    v = buf
+  end
+  d.value = v
+  return v
+end
+
+--- d's pieces in the binding's form {c0, nch, src, src_c0 [, add,
+-- add_c0]...} (lucid.nn.batchnorm2d_backward_terms), at most M.SUM_MAX
+-- sources each (more: the first ones summed first, short_terms).
+-- @return table
+function M.engine_pieces(d)
+  local out = {}
+  for i, p in ipairs(d.pieces) do
+    local e = { p.c0, p.nch }
+    for _, t in ipairs(short_terms(p)) do
+      if is_slice(t) then
+        e[#e + 1], e[#e + 2] = t[1], t[2]
+      else
+        e[#e + 1], e[#e + 2] = t, 0
+      end
+    end
+    out[i] = e
+  end
+  return out
+end
+
+--- d's one term (a tensor or a M.slice) when d is one piece of one term,
+-- else nil; x itself when it is not a description.
+function M.single_term(d)
+  if not M.is_desc(d) then return d end
+  local p = d.pieces
+  if #p == 1 and #p[1].terms == 1 then return p[1].terms[1] end
+  return nil
+end
+
+--- For a block that uses its gradient gy as a term of a later sum (a
+-- residual): gy and its term. A tensor is both; a description of one term
+-- stays a description (for the consumer) and gives that term; any other
+-- description is materialised and its tensor is both.
+-- @return gy, term
+function M.residual(gy)
+  if not M.is_desc(gy) then return gy, gy end
+  local t = M.single_term(gy)
+  if t ~= nil and gy.value == nil then return gy, t end
+  local v = M.materialize(gy)
+  return v, v
+end
+
+--- Whether module m takes gradient descriptions: its class declares
+-- _desc (the backward that accepts them) and m's backward is that one.
+function M.takes_desc(m)
+  local f = m._desc
+  return f ~= nil and m.backward == f
+end
+
+--- m:backward(x, gy), gy materialised first unless m takes descriptions.
+function M.backward(m, x, gy)
+  if M.is_desc(gy) and not M.takes_desc(m) then gy = M.materialize(gy) end
+  return m:backward(x, gy)
 end
 
 ----------------------------------------------------------------- Sequential
@@ -280,14 +474,16 @@ function Sequential:forward(x)
   return x
 end
 
---- Backward in reverse order; returns the gradient w.r.t. the input.
+--- Backward in reverse order; returns the gradient w.r.t. the input. gy
+-- may be a gradient description (M.desc): the last child receives it when
+-- it takes them, else its value (M.backward).
 function Sequential:backward(x, gy)
   local inputs = self._inputs
   for i = #self._modules, 1, -1 do
-    gy = self._modules[i].module:backward(inputs[i], gy)
+    gy = M.backward(self._modules[i].module, inputs[i], gy)
   end
-  self.grad_input = gy
-  return gy
+  self.grad_input = M.materialize(gy)
+  return self.grad_input
 end
 
 --- forward, the last child's output left as terms (M.forward_terms): a
@@ -315,13 +511,14 @@ function Sequential:backward_terms(x, gy)
   if n == 0 then return { self:backward(x, gy) } end
   local inputs = self._inputs
   for i = n, 2, -1 do
-    gy = self._modules[i].module:backward(inputs[i], gy)
+    gy = M.backward(self._modules[i].module, inputs[i], gy)
   end
   local terms = M.backward_terms(self._modules[1].module, inputs[1], gy)
   self.grad_input = #terms == 1 and terms[1] or nil
   return terms
 end
 Sequential._terms = { Sequential.forward, Sequential.backward }
+Sequential._desc = Sequential.backward
 
 ----------------------------------------------------------------- ModuleList
 local ModuleList = util.class("ModuleList", Module)

@@ -200,6 +200,78 @@ function P.bn_silu_backward(bn, act, x, gy)
   return gx
 end
 
+------------------------------------ BatchNorm backward reading dy as terms
+-- The Conv block's BatchNorm (fused with SiLU, or alone before an
+-- Identity) can take its incoming gradient as a gradient description
+-- (lucid.nn.containers.desc: pieces of sums of tensors / channel slices)
+-- and read the sum where it needs it (lucid.nn.batchnorm2d_backward_terms;
+-- engine/nn/nn.h lucid_nn_batchnorm2d_backward_terms): on the GPU the
+-- one-pass kernel of one-part channels, the bits of the plain call on the
+-- materialised sum. The engine decides per call and may decline (the CPU,
+-- eval, multi-part channels, LUCID_BN_DY_TERMS=0): the caller then
+-- materialises the description (containers.materialize) and takes the
+-- plain call.
+
+local NN -- lucid.nn (the binding), or false without it; on first use
+
+-- The binding's function of this name, or false. Looked up on each call
+-- (a rawget), so a spec may stand in for it (spec/bn_dy_terms_spec.lua).
+local function nn_fn(name)
+  if NN == nil then
+    local ok, lucid = pcall(require, "lucid")
+    NN = ok and type(lucid) == "table" and type(lucid.nn) == "table" and lucid.nn or false
+  end
+  return NN and rawget(NN, name) or false
+end
+
+-- bn's backward (act: the fused pair's) with dy the description d: taken,
+-- gx (see P.bn_silu_backward_terms).
+local function bn_terms(bn, act, x, d)
+  local terms_bwd = nn_fn("batchnorm2d_backward_terms")
+  if not terms_bwd or d.value ~= nil then return false end
+  local containers = require("lucid.nn.containers")
+  local taken, gx = terms_bwd(bn._c, act and act._c or nil, x, containers.engine_pieces(d))
+  if not taken then return false end
+  bn.grad_input = gx
+  if act then act.grad_input = nil end
+  return true, gx
+end
+
+--- P.bn_silu_backward(bn, act, x, dy) with dy given as the gradient
+-- description d (after a fused forward): true and the gradient w.r.t. x
+-- (bn.grad_input; parameter gradients accumulated as the plain call) when
+-- the engine took it; false (nothing done) otherwise, or when d was
+-- materialised already: materialise d and call P.bn_silu_backward.
+-- @return boolean, Tensor|nil
+function P.bn_silu_backward_terms(bn, act, x, d) return bn_terms(bn, act, x, d) end
+
+--- bn:backward(x, dy) (after bn's own forward) with dy the description d;
+-- as P.bn_silu_backward_terms. Only for bn exactly a materialised
+-- BatchNorm2d with the Leaf backward (P.bn_terms_plain).
+-- @return boolean, Tensor|nil
+function P.bn_backward_terms(bn, x, d) return bn_terms(bn, nil, x, d) end
+
+--- Whether the separate pair bn then act may read a description through
+-- P.bn_backward_terms: bn exactly a materialised BatchNorm2d with the Leaf
+-- backward, act exactly an Identity with Identity's backward (its
+-- backward passes gy through, so bn's backward is the pair's).
+-- @return boolean
+function P.bn_terms_plain(bn, act)
+  return getmetatable(bn) == BatchNorm2d and bn._c ~= nil and bn.backward == LEAF_BWD
+    and getmetatable(act) == P.Identity and act.backward == P.Identity.backward
+end
+
+--- Whether the engine would take bn's backward with a description now for
+-- input x (lucid.nn.batchnorm2d_terms_fit: the GPU's one-pass route, bn
+-- training with its input gradient, LUCID_BN_DY_TERMS on; sources assumed
+-- aligned). False without the binding or for an unmaterialised bn.
+-- @return boolean
+function P.bn_terms_fit(bn, x)
+  local terms_fit = nn_fn("batchnorm2d_terms_fit")
+  if not terms_fit or not bn._c then return false end
+  return terms_fit(bn._c, x)
+end
+
 ------------------------------ conv backward-data columns from the BatchNorm
 -- In the Conv block (conv -> bn -> act) bn's backward produces the conv's
 -- grad_output. On the GPU, when the conv's backward-data takes the im2col
