@@ -224,7 +224,7 @@ int lucid_cuda_nn_set_wcols(lucid_ctx *ctx, int mode);
 long long lucid_cuda_nn_set_wcols_cap(lucid_ctx *ctx, long long bytes);
 /* BatchNorm route of ctx for channels of several parts (nn_norm.cuh), for
  * tests and benchmarks, overriding the process switch LUCID_BN_CLUSTER:
- * 0 follow LUCID_BN_CLUSTER (the default; unset: on), 1 off (the
+ * 0 follow LUCID_BN_CLUSTER (the default; unset: off), 1 off (the
  * cooperative kernels or two launches per training direction, as before
  * the cluster route), 2 on where the device takes cluster launches
  * (sm_90+; other values read as 0).  Same bits either way.  Returns the

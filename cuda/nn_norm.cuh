@@ -246,15 +246,20 @@
  * (nvcc 13.0, sm_90): forward 42-64 (held bf16: 64, 4 blocks per SM),
  * backward 56-116 (plain held 72, SiLU held 99-116: 2 per SM), no spills.
  * Switch: LUCID_BN_CLUSTER, read once per process (lucid_cuda_bn_cluster_
- * switch: unset, "" or "1" on; "0" off: today's cooperative and two-launch
- * routes; anything else ERR_ARG), overridden per context by
+ * switch: "1" on; unset, "" or "0" off: the cooperative and two-launch
+ * routes; anything else ERR_ARG; opt-in since the H200 measured it slower,
+ * session 13 call 3), overridden per context by
  * lucid_cuda_nn_set_bn_cluster (0 follow the switch, 1 off, 2 on); taken
  * only on devices of compute capability 9.0+ with cudaDevAttrClusterLaunch
  * (bn_cluster_device).  Test hooks (nn_norm_fwd.cu):
  * lucid_cuda_bn_cluster_count, lucid_cuda_bn_cluster_last_grid (cluster
  * size, columns), lucid_cuda_bn_cluster_sm_count, and
  * lucid_cuda_bn_cluster_cap_columns (fewer columns: the channel loop on
- * small tensors).  Measured: not yet measured on the GPU.
+ * small tensors).  Measured (H200, session 13 call 3, CUPTI per call on the
+ * recorded step's path): slower than the cooperative kernels, e.g. backward
+ * 4 parts x 64 channels 22.5 us against ~13, 16 x 32 33.1 against ~18,
+ * layer 0 71.8 against 46 for the two launches; one default fit 3.667 /
+ * 3.674 ms on against 3.545 off.  Hence opt-in.
  *
  * Fused BatchNorm2d + SiLU (lucid_cuda_batchnorm2d_silu_*): the same
  * launches with the SiLU inside (forward: nn_norm_fwd.cu, backward:
@@ -959,14 +964,15 @@ static inline unsigned bn_clu_size(int64_t parts, unsigned csmax, unsigned *roun
 }
 
 /* The process switch LUCID_BN_CLUSTER, read once (the first call, either
- * direction): unset, "" or "1": 1 (the cluster route where the device and
- * the shape allow it); "0": 0 (today's cooperative / two-launch routes);
+ * direction): "1": 1 (the cluster route where the device and the shape
+ * allow it; opt-in: slower on the H200, DECISIONS 39); unset, "" or "0": 0
+ * (the cooperative / two-launch routes);
  * anything else: -1, *value (when not NULL) set to the text so that the
  * caller can name it in an ERR_ARG.  bn_cluster_parse is the rule (pure);
  * lucid_cuda_bn_cluster_switch (nn_norm_fwd.cu) the cached reading. */
 static inline int bn_cluster_parse(const char *v) {
-    if (!v || !v[0] || strcmp(v, "1") == 0) return 1;
-    return strcmp(v, "0") == 0 ? 0 : -1;
+    if (!v || !v[0] || strcmp(v, "0") == 0) return 0;
+    return strcmp(v, "1") == 0 ? 1 : -1;
 }
 int lucid_cuda_bn_cluster_switch(const char **value);
 

@@ -415,13 +415,14 @@ static void check_clu_fits(void) {
     ok(!f1 && !f17, "sizes 1 and BN_CLU_MAX + 1: never", WHY("%d %d", (int)f1, (int)f17));
 }
 
-/* LUCID_BN_CLUSTER's rule: unset, "" or "1" on; "0" off; else -1 (ERR_ARG). */
+/* LUCID_BN_CLUSTER's rule (opt-in): "1" on; unset, "" or "0" off; else -1
+ * (ERR_ARG). */
 static void check_clu_parse(void) {
-    bool good = bn_cluster_parse(nullptr) == 1 && bn_cluster_parse("") == 1 &&
+    bool good = bn_cluster_parse(nullptr) == 0 && bn_cluster_parse("") == 0 &&
                 bn_cluster_parse("1") == 1 && bn_cluster_parse("0") == 0 &&
                 bn_cluster_parse("2") == -1 && bn_cluster_parse("yes") == -1 &&
                 bn_cluster_parse("01") == -1;
-    ok(good, "LUCID_BN_CLUSTER: unset / \"\" / \"1\" on, \"0\" off, anything else an error",
+    ok(good, "LUCID_BN_CLUSTER: \"1\" on, unset / \"\" / \"0\" off, anything else an error",
        WHY("unset %d, \"\" %d, \"1\" %d, \"0\" %d, \"2\" %d", bn_cluster_parse(nullptr),
            bn_cluster_parse(""), bn_cluster_parse("1"), bn_cluster_parse("0"),
            bn_cluster_parse("2")));
