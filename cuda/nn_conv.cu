@@ -1100,6 +1100,20 @@ static lucid_status wgrad_takes_col(lucid_ctx *ctx, lucid_cuda_state *st,
     return LUCID_OK;
 }
 
+/* LUCID_WCOLS_SIDE_AFTER, read once per process: 1 (default) a
+ * small-channel forward (layer 0's sc2_conv) forks its side build after
+ * queueing its own kernel, so the build's fork event follows that kernel
+ * and its im2col (1284 blocks, 51 us on the H200, session 13 call 3) no
+ * longer starts ahead of layer 0's forward at the head of the replay; 0
+ * forks it before, as first built.  Same columns, same bits. */
+static bool wcols_side_after(void) {
+    static const bool on = [] {
+        const char *v = getenv("LUCID_WCOLS_SIDE_AFTER");
+        return !(v && strcmp(v, "0") == 0);
+    }();
+    return on;
+}
+
 /* The side build of a forward that builds no columns: im2col(x) into wc's
  * buffer on the cols lane (forked from the current stream here, so it
  * runs beside the forward's own kernels), an event after it for the
@@ -1150,9 +1164,12 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     const int wmode = wc ? lucid_conv_wcols_mode(ns) : LUCID_WCOLS_OFF;
     bool wcol = false;
     if (wmode != LUCID_WCOLS_OFF) LUCID_TRY(wgrad_takes_col(ctx, st, ns, pl, &wcol));
-    if (wcol && route != ROUTE_COL &&
-        (wmode == LUCID_WCOLS_SIDE || (wmode == LUCID_WCOLS_STABLE && x_stable)))
-        LUCID_TRY(wcols_side_build(ctx, st, ns, pl, x, p, wc));
+    const bool side = wcol && route != ROUTE_COL &&
+                      (wmode == LUCID_WCOLS_SIDE || (wmode == LUCID_WCOLS_STABLE && x_stable));
+    /* a small-channel forward queues its kernel first and forks the side
+     * build after it (wcols_side_after), else the side build comes first */
+    const bool side_after = side && route == ROUTE_SMALL && wcols_side_after();
+    if (side && !side_after) LUCID_TRY(wcols_side_build(ctx, st, ns, pl, x, p, wc));
     if (route == ROUTE_GEMM || route == ROUTE_COL) { /* cuBLAS: 1x1 or im2col */
         const bool col = route == ROUTE_COL;
         if (bp) /* the f32 product the bias is added to */
@@ -1193,9 +1210,11 @@ static lucid_status conv_forward(lucid_ctx *ctx, const lucid_tensor *x, lucid_te
     }
     if (route == ROUTE_SMALL) {
         lucid_conv_small_geom sg = small_geom_of(g);
-        return lucid_conv_small_forward(ctx, st->stream, x->dtype, &sg, lucid_tensor_data(x),
-                                        (const float *)lucid_tensor_data(w), bp,
-                                        lucid_tensor_data(y));
+        LUCID_TRY(lucid_conv_small_forward(ctx, st->stream, x->dtype, &sg, lucid_tensor_data(x),
+                                           (const float *)lucid_tensor_data(w), bp,
+                                           lucid_tensor_data(y)));
+        if (side_after) LUCID_TRY(wcols_side_build(ctx, st, ns, pl, x, p, wc));
+        return LUCID_OK;
     }
     if (route == ROUTE_DW)
         return lucid_conv_dw_forward(ctx, st->stream, x->dtype, &pl->dwg, lucid_tensor_data(x),
