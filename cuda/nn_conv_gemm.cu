@@ -620,11 +620,65 @@ lucid_status lucid_conv_gemm_backward_filter(lucid_ctx *ctx, cublasHandle_t h,
                                                 dw, beta, scratch);
 }
 
+/* LUCID_WGRAD_SM, read once per process: 0 (unset, the default) leaves
+ * cuBLAS its own choice for the filter gradients' GEMMs; n > 0 sets the
+ * handle's SM count target (cublasSetSmCountTarget) to n around them, so
+ * that cuBLAS picks kernels for a GPU of n SMs: the filter gradients run on
+ * the low-priority parameter-gradient lanes beside the critical path of the
+ * recorded step, whose kernels ran up to 3x longer there than alone (H200,
+ * session 13); a smaller footprint is the A/B.  The kernel choice, and with
+ * it the summation order, may differ from the default's (eager and
+ * recorded alike).  -1 in wgrad_sm_target for a value that is not a
+ * non-negative integer (*value: the text). */
+static int wgrad_sm_target(const char **value) {
+    static const char *text = getenv("LUCID_WGRAD_SM");
+    static const int target = [] {
+        if (!text || !text[0]) return 0;
+        char *end = NULL;
+        long v = strtol(text, &end, 10);
+        return (*end || v < 0 || v > 100000) ? -1 : (int)v;
+    }();
+    if (value) *value = text ? text : "";
+    return target;
+}
+
+static lucid_status backward_filter_rows(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                         lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                         int64_t Kout, const void *x, const void *dy, float *dw,
+                                         float beta, void *scratch);
+
 lucid_status lucid_conv_gemm_backward_filter_rows(lucid_ctx *ctx, cublasHandle_t h,
                                                   cudaStream_t stream, lucid_dtype dt,
                                                   const lucid_conv_gemm_geom *g, int64_t Kout,
                                                   const void *x, const void *dy, float *dw,
                                                   float beta, void *scratch) {
+    const char *v = "";
+    const int tgt = wgrad_sm_target(&v);
+    if (tgt < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "conv2d_backward_params: LUCID_WGRAD_SM=\"%s\" (expected 0, "
+                            "cuBLAS's choice, or a positive SM count)",
+                            v);
+    if (tgt == 0)
+        return backward_filter_rows(ctx, h, stream, dt, g, Kout, x, dy, dw, beta, scratch);
+    int prev = 0;
+    CUBLAS_CHECK(ctx, cublasGetSmCountTarget(h, &prev));
+    CUBLAS_CHECK(ctx, cublasSetSmCountTarget(h, tgt));
+    const lucid_status r = backward_filter_rows(ctx, h, stream, dt, g, Kout, x, dy, dw, beta,
+                                                scratch);
+    /* restored on every path; a failure to restore is reported unless the
+     * call already failed (its own error is the one to keep) */
+    const cublasStatus_t rs = cublasSetSmCountTarget(h, prev);
+    if (r != LUCID_OK) return r;
+    if (rs != CUBLAS_STATUS_SUCCESS)
+        return lucid_cublas_err(ctx, rs, "cublasSetSmCountTarget(h, prev)", __FILE__, __LINE__);
+    return LUCID_OK;
+}
+
+static lucid_status backward_filter_rows(lucid_ctx *ctx, cublasHandle_t h, cudaStream_t stream,
+                                         lucid_dtype dt, const lucid_conv_gemm_geom *g,
+                                         int64_t Kout, const void *x, const void *dy, float *dw,
+                                         float beta, void *scratch) {
     LUCID_TRY(gemm_check(ctx, "conv2d_backward_params", dt, g));
     if (Kout < 1 || Kout > g->Cin)
         return lucid_seterr(ctx, LUCID_ERR_ARG,
