@@ -645,13 +645,18 @@ static bool bn_onepass(void) {
     return !(e && strcmp(e, "0") == 0);
 }
 
-/* LUCID_BN_COOP, read on each call: "0" = the two-launch route for
- * channels of several parts; unset or anything else = the cooperative
- * kernels where the device has cooperative launch and is sm_90 or newer
- * (bn_coop_device) and a grid of them is co-resident (bn_coop_choose). */
+/* LUCID_BN_COOP, read on each call: "1" = the cooperative kernels for
+ * channels of several parts where the device has cooperative launch and is
+ * sm_90 or newer (bn_coop_device) and a grid of them is co-resident
+ * (bn_coop_choose); unset or anything else = the two-launch route (opt-in
+ * since session 13: in three same-call pairs of one recorded fit each on
+ * the H200 the two-launch route's steady step was the shorter, 3.562 /
+ * 3.529 / 3.409 ms against 3.624 / 3.682 / 3.474 with the cooperative
+ * kernels, whose channel barrier spins while the parameter-gradient lanes
+ * share the SMs; same bits either way). */
 static bool bn_coop_env(void) {
     const char *e = getenv("LUCID_BN_COOP");
-    return !(e && strcmp(e, "0") == 0);
+    return e && strcmp(e, "1") == 0;
 }
 
 /* Host: whether device (a CUDA ordinal) takes the cooperative kernels:

@@ -866,7 +866,7 @@ static void cluster_last_grid(coop_grid *g) {
 /* 0: LUCID_BN_COOP=0; 1: unset (the default) */
 static void set_coop(int mode) {
     if (mode == 0) setenv("LUCID_BN_COOP", "0", 1);
-    else unsetenv("LUCID_BN_COOP");
+    else setenv("LUCID_BN_COOP", "1", 1); /* this program's "default": opt-in since session 13 */
 }
 
 /* 0: LUCID_BN_ONEPASS=0; 1: unset (the default); 2: "1" */
@@ -2457,6 +2457,10 @@ int main(void) {
         return test_exit();
     }
     TEST_OK("cuda nn table has the fused BatchNorm2d+SiLU slots");
+    /* the cooperative kernels are opt-in (LUCID_BN_COOP=1, nn_norm.cuh); this
+     * program's "default route" is that route, as it was written for: on
+     * unless the caller set the switch */
+    setenv("LUCID_BN_COOP", "1", 0);
     if (!cuda_test_ctx_create("test_nn_bnsilu_cuda")) return test_exit();
 
     static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};

@@ -1447,6 +1447,9 @@ int main(void) {
         return test_exit();
     }
     TEST_OK("cuda nn table linked");
+    /* the cooperative BatchNorm kernels are opt-in (LUCID_BN_COOP=1,
+     * nn_norm.cuh); the wide case's arms were written with them on */
+    setenv("LUCID_BN_COOP", "1", 0);
     if (!cuda_test_ctx_create("test_nn_cuda")) return test_exit();
 
     static const lucid_dtype DTS[3] = {LUCID_F32, LUCID_BF16, LUCID_F16};
