@@ -176,6 +176,8 @@ extern "C" cublasStatus_t cublasGemmStridedBatchedEx(
     return CUBLAS_STATUS_SUCCESS;
 }
 
+#include "cublas_sm_stub.h"
+
 /* Linked, never reached: the pointer-array GEMM runs after the pointer
  * kernel's launch, which stops the call (lucid_pdl_for_stream throws). */
 static int g_batched_calls = 0;

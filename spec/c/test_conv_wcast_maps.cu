@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "cublas_sm_stub.h"
+
 /* cuda/backend.cu is not linked into this host-only test; nothing is
  * launched (lucid_launch would call this first). */
 int lucid_pdl_for_stream(cudaStream_t) {
