@@ -1084,7 +1084,8 @@ static lucid_status onepass_run(const bn_in *in, lucid_tensor **o, unsigned long
  * test_case: y and dx cmp_act (f32 relative Frobenius 1e-6 / 1e-5,
  * bf16/f16 1 ulp or 1e-5 * max|ref|), save_mean / save_invstd and the
  * running stats relative Frobenius 1e-6 (f32) / 1e-5 (bf16/f16),
- * dweight / dbias 1e-5, num_batches_tracked exact (2). */
+ * dweight / dbias 1e-5 (times sqrt(N*H*W / 65536) beyond 65536 terms),
+ * num_batches_tracked exact (2). */
 static void route_vs_cpu(const char *pre, const char *tag, const bn_in *in, lucid_tensor **o) {
     const lucid_dtype dt = in->dt;
     const int silu = in->silu, affine = in->affine;
@@ -1116,8 +1117,16 @@ static void route_vs_cpu(const char *pre, const char *tag, const bn_in *in, luci
     cmp_bits(NAME("%s: %s num_batches_tracked = cpu (2)", pre, tag), o[OP_NB], nb);
     cmp_act(NAME("%s: %s train dx = cpu", pre, tag), o[OP_DX], hdx, 1e-5);
     if (affine) {
-        cmp_rel(NAME("%s: %s train dweight = cpu", pre, tag), o[OP_DW], hdw, 1e-5);
-        cmp_rel(NAME("%s: %s train dbias = cpu", pre, tag), o[OP_DB], hdb, 1e-5);
+        /* dweight / dbias: f32 sums of N*H*W terms per channel in another
+         * order than the CPU's; their rounding error grows like the square
+         * root of the count, and a channel whose terms cancel has a small
+         * reference.  1e-5 up to 65536 terms, then scaled by sqrt(count /
+         * 65536) (the H200 found 2.8e-5 on one channel of 300x1x64x72 f32,
+         * 1.38M terms, in session 13: 4.6e-5 now) */
+        const double m = (double)in->xs[0] * (double)in->xs[2] * (double)in->xs[3];
+        const double ptol_g = 1e-5 * (m > 65536.0 ? sqrt(m / 65536.0) : 1.0);
+        cmp_rel(NAME("%s: %s train dweight = cpu", pre, tag), o[OP_DW], hdw, ptol_g);
+        cmp_rel(NAME("%s: %s train dbias = cpu", pre, tag), o[OP_DB], hdb, ptol_g);
     }
 done:
     return;
