@@ -76,6 +76,7 @@
 #define SC_LINKED() 1
 #else
 #pragma weak lucid_conv_small_eligible
+#pragma weak lucid_conv_small_preferred
 #pragma weak lucid_conv_small_switch
 #pragma weak lucid_conv_small_forward
 #pragma weak lucid_conv_small_backward_data
