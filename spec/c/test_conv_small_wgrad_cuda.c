@@ -41,6 +41,8 @@
 #else
 #pragma weak lucid_conv_small_backward_filter
 #pragma weak lucid_conv_small_wgrad_scratch
+#pragma weak lucid_conv_small_wgrad_eligible
+#pragma weak lucid_conv_small_launch_count
 #pragma weak lucid_conv_small_wgrad_launch_count
 #define SW_LINKED() (lucid_conv_small_backward_filter && lucid_conv_small_wgrad_launch_count)
 #endif
