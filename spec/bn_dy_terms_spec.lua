@@ -554,18 +554,10 @@ end)
 ---------------------------------------------------------------------- GPU
 
 local function ffi_hooks()
-  local okf, ffi = pcall(require, "ffi")
-  if not okf then return nil end
-  pcall(ffi.cdef, "unsigned long lucid_cuda_chan_copy_op_count(void);")
-  pcall(ffi.cdef, "unsigned long lucid_cuda_bn_terms_count(void);")
-  local lib
-  if pcall(function() return ffi.C.lucid_cuda_bn_terms_count end) then
-    lib = ffi.C
-  else
-    local path = package.searchpath and package.searchpath("lucid", package.cpath)
-    local okl, l = pcall(ffi.load, path or "lucid")
-    if okl and pcall(function() return l.lucid_cuda_bn_terms_count end) then lib = l end
-  end
+  local lib = require("support.ffi_lib").lib_with("lucid_cuda_bn_terms_count", {
+    "unsigned long lucid_cuda_chan_copy_op_count(void);",
+    "unsigned long lucid_cuda_bn_terms_count(void);",
+  })
   if not lib then return nil end
   return {
     chan = function() return tonumber(lib.lucid_cuda_chan_copy_op_count()) end,

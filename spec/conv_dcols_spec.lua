@@ -144,19 +144,11 @@ end)
 
 -- setenv / unsetenv and the im2col launch counter, through the FFI
 local function hooks()
-  local okf, ffi = pcall(require, "ffi")
-  if not okf then return nil end
-  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
-  pcall(ffi.cdef, "int unsetenv(const char *name);")
-  pcall(ffi.cdef, "unsigned long lucid_cuda_conv_col_launch_count(void);")
-  local lib
-  if pcall(function() return ffi.C.lucid_cuda_conv_col_launch_count end) then
-    lib = ffi.C
-  else
-    local path = package.searchpath and package.searchpath("lucid", package.cpath)
-    local okl, l = pcall(ffi.load, path or "lucid")
-    if okl and pcall(function() return l.lucid_cuda_conv_col_launch_count end) then lib = l end
-  end
+  local lib, ffi = require("support.ffi_lib").lib_with("lucid_cuda_conv_col_launch_count", {
+    "int setenv(const char *name, const char *value, int overwrite);",
+    "int unsetenv(const char *name);",
+    "unsigned long lucid_cuda_conv_col_launch_count(void);",
+  })
   if not lib then return nil end
   return {
     switch = function(on)

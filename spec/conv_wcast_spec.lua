@@ -79,18 +79,10 @@ end)
 
 -- the per-context switch and the launch counter, through the FFI
 local function hooks()
-  local okf, ffi = pcall(require, "ffi")
-  if not okf then return nil end
-  pcall(ffi.cdef, "int lucid_cuda_nn_set_wcast(void *ctx, int mode); unsigned long lucid_cuda_wcast_launch_count(void);")
-  pcall(ffi.cdef, "int lucid_cuda_nn_set_wcast_side(void *ctx, int mode);")
-  local lib
-  if pcall(function() return ffi.C.lucid_cuda_nn_set_wcast end) then
-    lib = ffi.C
-  else
-    local path = package.searchpath and package.searchpath("lucid", package.cpath)
-    local okl, l = pcall(ffi.load, path or "lucid")
-    if okl and pcall(function() return l.lucid_cuda_nn_set_wcast end) then lib = l end
-  end
+  local lib, ffi = require("support.ffi_lib").lib_with("lucid_cuda_nn_set_wcast", {
+    "int lucid_cuda_nn_set_wcast(void *ctx, int mode); unsigned long lucid_cuda_wcast_launch_count(void);",
+    "int lucid_cuda_nn_set_wcast_side(void *ctx, int mode);",
+  })
   if not lib then return nil end
   return {
     set = function(ctx, mode) return lib.lucid_cuda_nn_set_wcast(ffi.cast("void **", ctx)[0], mode) end,

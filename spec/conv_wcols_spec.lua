@@ -53,20 +53,12 @@ end)
 
 -- the per-context switch and the counters, through the FFI
 local function hooks()
-  local okf, ffi = pcall(require, "ffi")
-  if not okf then return nil end
-  pcall(ffi.cdef, "int lucid_cuda_nn_set_wcols(void *ctx, int mode);"
-    .. " unsigned long lucid_cuda_conv_wcols_hit_count(void);"
-    .. " unsigned long lucid_cuda_conv_wcols_side_count(void);")
-  pcall(ffi.cdef, "unsigned long lucid_cuda_conv_col_launch_count(void);")
-  local lib
-  if pcall(function() return ffi.C.lucid_cuda_nn_set_wcols end) then
-    lib = ffi.C
-  else
-    local path = package.searchpath and package.searchpath("lucid", package.cpath)
-    local okl, l = pcall(ffi.load, path or "lucid")
-    if okl and pcall(function() return l.lucid_cuda_nn_set_wcols end) then lib = l end
-  end
+  local lib, ffi = require("support.ffi_lib").lib_with("lucid_cuda_nn_set_wcols", {
+    "int lucid_cuda_nn_set_wcols(void *ctx, int mode);"
+      .. " unsigned long lucid_cuda_conv_wcols_hit_count(void);"
+      .. " unsigned long lucid_cuda_conv_wcols_side_count(void);",
+    "unsigned long lucid_cuda_conv_col_launch_count(void);",
+  })
   if not lib then return nil end
   return {
     set = function(ctx, mode) return lib.lucid_cuda_nn_set_wcols(ffi.cast("void **", ctx)[0], mode) end,

@@ -399,17 +399,9 @@ end)
 -- channel-copy launches of a YOLO11n-pose step counted by the GPU's own
 -- counter (lucid_cuda_chan_copy_op_count, through the FFI).
 local function op_counter()
-  local okf, ffi = pcall(require, "ffi")
-  if not okf then return nil end
-  pcall(ffi.cdef, "unsigned long lucid_cuda_chan_copy_op_count(void);")
-  if pcall(function() return ffi.C.lucid_cuda_chan_copy_op_count end) then
-    return function() return tonumber(ffi.C.lucid_cuda_chan_copy_op_count()) end
-  end
-  local path = package.searchpath and package.searchpath("lucid", package.cpath)
-  local okl, l = pcall(ffi.load, path or "lucid")
-  if okl and pcall(function() return l.lucid_cuda_chan_copy_op_count end) then
-    return function() return tonumber(l.lucid_cuda_chan_copy_op_count()) end
-  end
+  local lib = require("support.ffi_lib").lib_with("lucid_cuda_chan_copy_op_count",
+    "unsigned long lucid_cuda_chan_copy_op_count(void);")
+  if lib then return function() return tonumber(lib.lucid_cuda_chan_copy_op_count()) end end
 end
 
 local describe_gpu = lucid.cuda_available() and describe or pending
