@@ -273,10 +273,7 @@ function C2PSA:backward(x, gy)
     local g2 = containers.desc({ { 0, c, containers.slice(gcat, c, c) } },
       function() return cat._c:ensure_buffer("grad_input", 2, gcat, c) end)
     local gb = containers.backward_terms(self.m, self._parts[2], g2)
-    local p = { c, c }
-    for k, t in ipairs(gb) do p[k + 2] = t end
-    local d = containers.desc({ { 0, c, containers.slice(gcat, 0, c) }, p },
-      function() return split._c:ensure_buffer("grad_input", 1, cv1out) end)
+    local d = containers.split_desc(split, cv1out, gcat, c, gb)
     self.grad_input = containers.backward(self.cv1, x, d)
     split.grad_input = d.value
     return self.grad_input

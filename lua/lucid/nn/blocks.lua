@@ -348,10 +348,7 @@ function C2f:_backward_fused(x, gy)
   -- {gs[1], g} into the Split helper's own gradient buffer
   local cv1out = self.cv1.output
   if describing then
-    local p = { c, c }
-    for k, t in ipairs(terms) do p[k + 2] = t end
-    local d = containers.desc({ { 0, c, containers.slice(gcat, 0, c) }, p },
-      function() return split._c:ensure_buffer("grad_input", 1, cv1out) end)
+    local d = containers.split_desc(split, cv1out, gcat, c, terms)
     self.grad_input = containers.backward(self.cv1, x, d)
     split.grad_input = d.value
     return self.grad_input

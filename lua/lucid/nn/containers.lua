@@ -307,6 +307,25 @@ function M.desc(pieces, out)
   return setmetatable(d, DESC)
 end
 
+--- The gradient of a Split(2) helper's input as a description (the C2f /
+-- C3k2 / C2PSA backwards): channels [0, c) the slice [0, c) of gcat, channels
+-- [c, 2c) the left-to-right sum of `terms` (the second chunk's gradient
+-- terms); materialised, when it must be, into `split`'s own grad_input
+-- buffer of the shape of `like` (the chunked tensor), as the unfused
+-- backward writes it.
+-- @param split Module the Split helper (its _c holds the buffer)
+-- @param like Tensor the tensor the Split chunked ([N, 2c, H, W])
+-- @param gcat Tensor the concatenation's gradient
+-- @param c integer channels per chunk
+-- @param terms list the second chunk's gradient terms (1 or more)
+-- @return description|Tensor
+function M.split_desc(split, like, gcat, c, terms)
+  local p = { c, c }
+  for k, t in ipairs(terms) do p[k + 2] = t end
+  return M.desc({ { 0, c, M.slice(gcat, 0, c) }, p },
+    function() return split._c:ensure_buffer("grad_input", 1, like) end)
+end
+
 --- The left-to-right sum of terms as a description (one piece over the
 -- terms' channels) when M.describing(), else M.sum(terms). One whole tensor
 -- is returned as it is.
