@@ -136,7 +136,11 @@ local function dataset_roots()
   local env = os.getenv("LUCID_DATASETS")
   if env and env ~= "" then roots[#roots + 1] = env end
   local rr = repo_root()
-  for _, base in ipairs({ ".", rr }) do
+  -- the repository root only when it is not the working directory itself
+  -- (else each folder would be searched, and named in the error, twice)
+  local bases = { "." }
+  if rr ~= "." and rr ~= os.getenv("PWD") then bases[2] = rr end
+  for _, base in ipairs(bases) do
     roots[#roots + 1] = base .. "/../shared/datasets"
     roots[#roots + 1] = base .. "/datasets"
   end
