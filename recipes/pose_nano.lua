@@ -34,6 +34,10 @@ local defaults = {
   -- Ultralytics data YAML (path/train/val/kpt_shape/flip_idx/names; lucid.data.load_yaml)
   -- cache: true (or ram) keeps the prepared images in RAM; false decodes them every epoch
   data = "coco_pose_mini", imgsz = 640, batch = 4, cache = true,
+  -- the largest fraction of a split's images that may be rejected (bad
+  -- labels, unreadable images: each one named in a WARNING) before the
+  -- split is refused (lucid's; Ultralytics only warns)
+  max_reject_fraction = 0.1,
   max_gt = "auto", -- instance slots per image; auto: 4 x the largest image count (mosaic)
   -- schedule
   epochs = 10, optimizer = "auto", lr0 = 0.01, lrf = 0.01, cos_lr = false,
@@ -80,6 +84,7 @@ local descriptions = {
   imgsz = "training and validation image side (a multiple of 32)",
   batch = "images per training step",
   cache = "true (or ram): keep the prepared images in RAM; false: decode them every epoch",
+  max_reject_fraction = "the largest fraction of a split's images that may be rejected (each named) before the split is refused",
   max_gt = "instance slots per image; auto: 4 x the largest instance count of an image",
   epochs = "passes over the training set",
   optimizer = "auto, SGD, AdamW or MuSGD (any case, as Ultralytics)",

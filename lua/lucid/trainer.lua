@@ -278,6 +278,7 @@ function Trainer.check_config(cfg)
   -- 0: only at the end (see above)
   int_at_least("val_period", 0)
   int_at_least("save_period", 0)
+  range("max_reject_fraction", 0, 1, false, false, "a fraction in [0, 1]")
   for _, k in ipairs({ "quiet", "exist_ok", "cos_lr", "record", "device_hsv", "clip.capture_gradient_norm" }) do
     boolean(k)
   end
@@ -616,7 +617,7 @@ function Trainer:_fit(state, opts)
   end
   local cache = cfg.cache
   if cache == "ram" then cache = true end -- Ultralytics' cache='ram' is lucid's cache (check_config)
-  local open_opts = { imgsz = S, cache = cache, ctx = ctx }
+  local open_opts = { imgsz = S, cache = cache, ctx = ctx, max_reject_fraction = cfg.max_reject_fraction }
   local train_ds = own(state, assert(data.open(desc, "train", open_opts)))
   local val_ds = own(state, assert(data.open(desc, "val", open_opts)))
   Trainer.warn_rejects(warn, "train", train_ds)
