@@ -125,9 +125,16 @@ describe("data= as an Ultralytics data YAML", function()
     fails("train: images/train\n" .. POSE, "'val' is missing")
     fails("train: images/train\nval: images/nope\n" .. POSE, "'val' = images/nope: " .. root .. "/images/nope does not exist")
     fails("train: images/train\nval: images/val\nnames: [person]\n", "'kpt_shape' is missing")
-    fails("train: images/train\nval: images/val\nkpt_shape: [17]\nnames: [person]\n", "bad.yaml:3:", "kpt_shape")
+    fails("train: images/train\nval: images/val\nkpt_shape: [17]\nnames: [person]\n", "bad.yaml:3:", "kpt_shape = [17]:")
+    -- the value as written, whatever its form
+    fails("train: images/train\nval: images/val\nkpt_shape: seventeen\nnames: [person]\n", "bad.yaml:3:",
+      "kpt_shape = seventeen: must be [K, D]")
     fails("train: images/train\nval: images/val\nkpt_shape: [3, 3]\nflip_idx: [0, 2, 2]\nnames: [person]\n",
-      "flip_idx")
+      "bad.yaml:4:", "flip_idx")
+    fails("train: images/train\nval: images/val\nkpt_shape: [3, 3]\nflip_idx: [0, 2]\nnames: [person]\n",
+      "bad.yaml:4:", "flip_idx has 2 entries, kpt_shape has 3 keypoints")
+    fails("train: images/train\nval: images/val\nkpt_shape: [3, 3]\nflip_idx: [0, x, 1]\nnames: [person]\n",
+      "bad.yaml:4:", "flip_idx = [0, x, 1]: must be a list")
     fails("train: images/train\nval: images/val\nkpt_shape: [17, 3]\nnc: 2\nnames: [person]\n",
       "nc = 2 but names has 1 entries")
     fails("train: [images/train, images/val]\nval: images/val\n" .. POSE, "bad.yaml:1:", "'train' must be a string")

@@ -53,6 +53,34 @@ static int parse_int(const char *s, int *out) {
     return 0;
 }
 
+/* The value of node n as written, for an error message: a scalar's text,
+ * a sequence as [a, b, ...] of its scalars (nested or long ones shortened
+ * with "..."), a mapping as {...}; at most `size` bytes with the NUL. */
+static void node_text(yaml_document_t *doc, yaml_node_t *n, char *buf, size_t size) {
+    if (!size) return;
+    buf[0] = '\0';
+    if (!n) {
+        snprintf(buf, size, "(nothing)");
+    } else if (n->type == YAML_SCALAR_NODE) {
+        snprintf(buf, size, "%s", (const char *)n->data.scalar.value);
+    } else if (n->type == YAML_MAPPING_NODE) {
+        snprintf(buf, size, "{...}");
+    } else {
+        size_t len = 0;
+        int first = 1;
+        len += (size_t)snprintf(buf + len, size - len, "[");
+        for (yaml_node_item_t *it = n->data.sequence.items.start;
+             it < n->data.sequence.items.top && len + 8 < size; it++) {
+            const char *s = scalar(yaml_document_get_node(doc, *it));
+            len += (size_t)snprintf(buf + len, size - len, "%s%.*s", first ? "" : ", ",
+                                    (int)(size - len > 16 ? size - len - 16 : 0),
+                                    s ? s : "...");
+            first = 0;
+        }
+        if (len + 2 < size) snprintf(buf + len, size - len, "]");
+    }
+}
+
 /* Read a sequence of ints into out (max n); returns count or -1. */
 static int int_seq(yaml_document_t *doc, yaml_node_t *n, int *out, int max) {
     if (!n || n->type != YAML_SEQUENCE_NODE) return -1;
@@ -97,6 +125,7 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
     lucid_status st = LUCID_OK;
     const char *path = NULL, *train = NULL, *val = NULL;
     int ymlnc = -1;
+    size_t flip_line = 0; /* the line of the flip_idx key (its checks below name it) */
     out->kpt_shape[0] = out->kpt_shape[1] = 0;
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!root || root->type != YAML_MAPPING_NODE) {
@@ -135,23 +164,28 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
             if (int_seq(&doc, vn, out->kpt_shape, 2) != 2 ||
                 out->kpt_shape[0] < 1 || out->kpt_shape[0] > LUCID_MAX_KPT ||
                 (out->kpt_shape[1] != 2 && out->kpt_shape[1] != 3)) {
+                char v[96];
+                node_text(&doc, vn, v, sizeof v);
                 st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
-                                  "%s:%zu: kpt_shape must be [K, D] with "
+                                  "%s:%zu: kpt_shape = %s: must be [K, D] with "
                                   "1 <= K <= %d and D in {2,3}",
-                                  file, line, LUCID_MAX_KPT);
+                                  file, line, v, LUCID_MAX_KPT);
                 goto done;
             }
         } else if (!strcmp(key, "flip_idx")) {
             int c = int_seq(&doc, vn, out->flip_idx, LUCID_MAX_KPT);
             if (c < 0) {
+                char v[96];
+                node_text(&doc, vn, v, sizeof v);
                 st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
-                                  "%s:%zu: flip_idx must be a list of at "
+                                  "%s:%zu: flip_idx = %s: must be a list of at "
                                   "most %d integers",
-                                  file, line, LUCID_MAX_KPT);
+                                  file, line, v, LUCID_MAX_KPT);
                 goto done;
             }
             out->nflip = c;
             out->has_flip_idx = 1;
+            flip_line = line;
         } else if (!strcmp(key, "nc")) {
             if (parse_int(scalar(vn), &ymlnc) || ymlnc < 1) {
                 st = lucid_seterr(ctx, LUCID_ERR_FORMAT,
@@ -232,7 +266,7 @@ lucid_status lucid_data_yaml_read(lucid_ctx *ctx, const char *file,
         if (st != LUCID_OK) {
             char m[512];
             snprintf(m, sizeof m, "%s", lucid_ctx_error(ctx));
-            st = lucid_seterr(ctx, LUCID_ERR_FORMAT, "%s: %s", file, m);
+            st = lucid_seterr(ctx, LUCID_ERR_FORMAT, "%s:%zu: %s", file, flip_line, m);
             goto done;
         }
     }
