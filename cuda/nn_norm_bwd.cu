@@ -69,7 +69,8 @@
  * tensors or channel slices of wider ones), passed by value in the kernel
  * parameter; bn_grad_dx1_terms is bn_grad_dx1 whose dy vectors are summed
  * from the sources with chan_sum_multi's per-element arithmetic
- * (bn_dy_load), so the bits equal a copy / sum launch into a buffer
+ * (bn_dy_chan::load, read by the same part walks bn_grad_part_by /
+ * bn_dx_part_by as a tensor's bn_dy_mem), so the bits equal a copy / sum launch into a buffer
  * followed by bn_grad_dx1 (the launch the Lua blocks no longer issue).
  * bn_grad_dx1 itself is unchanged.
  *
@@ -211,14 +212,29 @@ static __device__ void bn_grad_fold(const float2 *pp, const bn_geom &g, int64_t 
     if (threadIdx.x == 0) bn_grad_finish(sdy, sdyx, g, c, out);
 }
 
+/* Where the part walks (bn_grad_part_by, bn_dx_part_by) read dy: a
+ * V-element vector at walk position w, element e of the walk.  bn_dy_mem:
+ * a tensor in memory (p + e: e counts from the pointer the caller gave);
+ * bn_dy_chan (below): a gradient description's sources of one channel,
+ * summed as chan_sum_multi would have written them (it reads w). */
+template <typename T> struct bn_dy_mem {
+    const T *__restrict__ p;
+    template <int V>
+    __device__ __forceinline__ typename bn_vec<T, V>::R load(const bn_walk &, int64_t e) const {
+        return bn_vec<T, V>::load(p + e);
+    }
+};
+
 /* One part's per-thread sums (before the block tree): *a = sum g, *bsum =
  * sum g*xhat (WITH_X), xhat = (x - mu)*is; g = dy, or SILU: dy * silu'(z),
- * z = fmaf(x, zs, zh).  dyp, xp: the part's first element in channel c. */
-template <typename T, int V, bool WITH_X, bool SILU>
-static __device__ __forceinline__ void bn_grad_part(
-    const T *__restrict__ dyp, const T *__restrict__ xp, const bn_part &pt, int64_t CS,
-    float mu, float is, float zs, float zh, float *sa, float *sb,
-    typename bn_vec<T, V>::R *keep_dy = nullptr, typename bn_vec<T, V>::R *keep_x = nullptr) {
+ * z = fmaf(x, zs, zh).  dy: where dy is read (bn_dy_mem from the part's
+ * first element in channel c, or a description's sources); xp: the part's
+ * first element of x in channel c. */
+template <typename T, int V, bool WITH_X, bool SILU, class DY>
+static __device__ __forceinline__ void bn_grad_part_by(
+    const DY &dy, const T *__restrict__ xp, const bn_part &pt, int64_t CS, float mu, float is,
+    float zs, float zh, float *sa, float *sb, typename bn_vec<T, V>::R *keep_dy,
+    typename bn_vec<T, V>::R *keep_x) {
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a = 0.0f, bsum = 0.0f;
@@ -233,7 +249,7 @@ static __device__ __forceinline__ void bn_grad_part(
             rx[u] = R();
             if (ok[u]) {
                 int64_t e = bn_walk_elem<V>(wk, CS);
-                rg[u] = Vt::load(dyp + e);
+                rg[u] = dy.template load<V>(wk, e);
                 if (WITH_X) rx[u] = Vt::load(xp + e);
             }
             if (keep_dy) keep_dy[u] = rg[u];
@@ -260,6 +276,17 @@ static __device__ __forceinline__ void bn_grad_part(
     }
     *sa = a;
     *sb = bsum;
+}
+
+/* bn_grad_part_by with dy read from memory: dyp, the part's first element
+ * of dy in channel c. */
+template <typename T, int V, bool WITH_X, bool SILU>
+static __device__ __forceinline__ void bn_grad_part(
+    const T *__restrict__ dyp, const T *__restrict__ xp, const bn_part &pt, int64_t CS,
+    float mu, float is, float zs, float zh, float *sa, float *sb,
+    typename bn_vec<T, V>::R *keep_dy = nullptr, typename bn_vec<T, V>::R *keep_x = nullptr) {
+    bn_grad_part_by<T, V, WITH_X, SILU>(bn_dy_mem<T>{dyp}, xp, pt, CS, mu, is, zs, zh, sa, sb,
+                                        keep_dy, keep_x);
 }
 
 /* One block per (part, channel): (sum g, sum g*xhat) of the part (the
@@ -435,13 +462,14 @@ static __device__ __forceinline__ void bn_stage_put(T *stage, const bn_walk &w,
  * 64-bit plane offsets).  HELD (the part one round of the walk): from
  * hdy[u], hx[u], the vectors the gradient sums loaded at the same walk
  * positions; else dy and x are read again, BN_UNROLL vectors loaded before
- * any is stored. */
-template <typename T, int VA, bool SILU, bool HELD, bool EMIT = false>
-static __device__ __forceinline__ void bn_dx_part(
-    const T *__restrict__ dy, const T *__restrict__ x, T *dx, const bn_part &pa, int64_t base,
-    int64_t CS, float zs, float zh, float mu, float is, float4 q, float beta,
-    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx,
-    T *stage = nullptr, const bn_geom *g = nullptr) {
+ * any is stored (dy where DY reads it: bn_dy_mem at the tensor's element
+ * base + walk offset, or a description's sources; unused when HELD). */
+template <typename T, int VA, bool SILU, bool HELD, bool EMIT, class DY>
+static __device__ __forceinline__ void bn_dx_part_by(
+    const DY &dy, const T *__restrict__ x, T *dx, const bn_part &pa, int64_t base, int64_t CS,
+    float zs, float zh, float mu, float is, float4 q, float beta,
+    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx, T *stage,
+    const bn_geom *g) {
     typedef bn_vec<T, VA> Vt;
     typedef typename Vt::R R;
     bn_walk wk = bn_walk_first(pa);
@@ -473,7 +501,7 @@ static __device__ __forceinline__ void bn_dx_part(
                 if constexpr (EMIT) wu[u] = wk;
                 if (ok[u]) {
                     e[u] = base + bn_walk_elem<VA>(wk, CS);
-                    rg[u] = Vt::load(dy + e[u]);
+                    rg[u] = dy.template load<VA>(wk, e[u]);
                     rx[u] = Vt::load(x + e[u]);
                     if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
                 }
@@ -488,6 +516,18 @@ static __device__ __forceinline__ void bn_dx_part(
             }
         }
     }
+}
+
+/* bn_dx_part_by with dy read from memory (dy: the tensor, element base +
+ * the walk's offset). */
+template <typename T, int VA, bool SILU, bool HELD, bool EMIT = false>
+static __device__ __forceinline__ void bn_dx_part(
+    const T *__restrict__ dy, const T *__restrict__ x, T *dx, const bn_part &pa, int64_t base,
+    int64_t CS, float zs, float zh, float mu, float is, float4 q, float beta,
+    const typename bn_vec<T, VA>::R *hdy, const typename bn_vec<T, VA>::R *hx,
+    T *stage = nullptr, const bn_geom *g = nullptr) {
+    bn_dx_part_by<T, VA, SILU, HELD, EMIT>(bn_dy_mem<T>{dy}, x, dx, pa, base, CS, zs, zh, mu, is,
+                                           q, beta, hdy, hx, stage, g);
 }
 
 /* Training backward with dx of channels of ONE part (g.parts == 1), the
@@ -1333,6 +1373,37 @@ template <typename T> struct bn_dy_chan {
     const T *src[LUCID_CHAN_SUM_MAX];
     int64_t stride[LUCID_CHAN_SUM_MAX];
     int ns;
+
+    /* dy's V-element vector at the walk position w of a ONE-part channel
+     * (part 0 holds every image: plane w.q is image w.q, base 0; the
+     * element index is not used): the sources' vectors, all loaded first;
+     * one source: its bits as loaded (a copy); more: source 0, then each
+     * next one added in f32 (__fadd_rn: never contracted) and rounded to T,
+     * repacked: per element the arithmetic of chan_sum_multi (lucid_elem
+     * loads, __fadd_rn, cs_round, lucid_elem store), i.e. the bits a dy
+     * materialised by lucid_nn_channel_copy_multi holds there. */
+    template <int V>
+    __device__ __forceinline__ typename bn_vec<T, V>::R load(const bn_walk &w, int64_t) const {
+        typedef bn_vec<T, V> Vt;
+        typedef typename Vt::R R;
+        R r[LUCID_CHAN_SUM_MAX];
+#pragma unroll
+        for (int j = 0; j < LUCID_CHAN_SUM_MAX; j++)
+            r[j] = j < ns ? Vt::load(src[j] + (int64_t)w.q * stride[j] + (int64_t)w.off * V)
+                          : R();
+        if (ns == 1) return r[0];
+        float acc[V];
+        Vt::unpack(r[0], acc);
+#pragma unroll
+        for (int j = 1; j < LUCID_CHAN_SUM_MAX; j++) {
+            if (j >= ns) break;
+            float v[V];
+            Vt::unpack(r[j], v);
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] = bn_terms_round<T>(__fadd_rn(acc[k], v[k]));
+        }
+        return Vt::pack(acc);
+    }
 };
 
 template <typename T>
@@ -1351,139 +1422,14 @@ static __device__ __forceinline__ bn_dy_chan<T> bn_dy_chan_of(const bn_dy_terms 
     return d;
 }
 
-/* dy's V-element vector at the walk position w of a ONE-part channel
- * (part 0 holds every image: plane w.q is image w.q, base 0): the sources'
- * vectors, all loaded first; one source: its bits as loaded (a copy); more:
- * source 0, then each next one added in f32 (__fadd_rn: never contracted)
- * and rounded to T, repacked: per element the arithmetic of chan_sum_multi
- * (lucid_elem loads, __fadd_rn, cs_round, lucid_elem store), i.e. the bits
- * a dy materialised by lucid_nn_channel_copy_multi holds there. */
-template <typename T, int V>
-static __device__ __forceinline__ typename bn_vec<T, V>::R bn_dy_load(const bn_dy_chan<T> &d,
-                                                                      const bn_walk &w) {
-    typedef bn_vec<T, V> Vt;
-    typedef typename Vt::R R;
-    R r[LUCID_CHAN_SUM_MAX];
-#pragma unroll
-    for (int j = 0; j < LUCID_CHAN_SUM_MAX; j++)
-        r[j] = j < d.ns ? Vt::load(d.src[j] + (int64_t)w.q * d.stride[j] + (int64_t)w.off * V)
-                        : R();
-    if (d.ns == 1) return r[0];
-    float acc[V];
-    Vt::unpack(r[0], acc);
-#pragma unroll
-    for (int j = 1; j < LUCID_CHAN_SUM_MAX; j++) {
-        if (j >= d.ns) break;
-        float v[V];
-        Vt::unpack(r[j], v);
-#pragma unroll
-        for (int k = 0; k < V; k++) acc[k] = bn_terms_round<T>(__fadd_rn(acc[k], v[k]));
-    }
-    return Vt::pack(acc);
-}
-
-/* bn_grad_part<T, V, true, SILU> over part 0 of a one-part channel with dy
- * read through bn_dy_load: the same walk, the same BN_UNROLL vectors loaded
- * before any is used, the same per-element expressions in the same order
- * (g = dy or dy * silu'(z); a += g; bsum = fmaf(g, (x - mu)*is, bsum)), so
- * the same per-thread sums as on a materialised dy.  Kept beside
- * bn_grad_part rather than folded into it, so the multi-part kernels that
- * share bn_grad_part compile as before; a change of bn_grad_part's
- * arithmetic must be made here too (test_bn_dy_terms_cuda compares both
- * bitwise). */
-template <typename T, int V, bool SILU>
-static __device__ __forceinline__ void bn_grad_part_terms(
-    const bn_dy_chan<T> &d, const T *__restrict__ xp, const bn_part &pt, int64_t CS, float mu,
-    float is, float zs, float zh, float *sa, float *sb, typename bn_vec<T, V>::R *keep_dy,
-    typename bn_vec<T, V>::R *keep_x) {
-    typedef bn_vec<T, V> Vt;
-    typedef typename Vt::R R;
-    float a = 0.0f, bsum = 0.0f;
-    bn_walk wk = bn_walk_first(pt);
-    while (wk.j < pt.total) {
-        R rg[BN_UNROLL], rx[BN_UNROLL];
-        bool ok[BN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            ok[u] = wk.j < pt.total;
-            rg[u] = R();
-            rx[u] = R();
-            if (ok[u]) {
-                rg[u] = bn_dy_load<T, V>(d, wk);
-                rx[u] = Vt::load(xp + bn_walk_elem<V>(wk, CS));
-            }
-            if (keep_dy) keep_dy[u] = rg[u];
-            if (keep_x) keep_x[u] = rx[u];
-            bn_walk_next(wk, pt);
-        }
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            if (!ok[u]) break;
-            float gv[V], xv[V];
-            Vt::unpack(rg[u], gv);
-            Vt::unpack(rx[u], xv);
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                float gk = gv[k];
-                if (SILU) gk = bn_silu_grad(gk, fmaf(xv[k], zs, zh));
-                a += gk;
-                float xh = (xv[k] - mu) * is;
-                bsum = fmaf(gk, xh, bsum);
-            }
-        }
-    }
-    *sa = a;
-    *sb = bsum;
-}
-
-/* bn_dx_part<T, VA, SILU, false> (dy and x read again) over part 0 of a
- * one-part channel with dy read through bn_dy_load: BN_UNROLL vectors
- * loaded before any is stored, each written by bn_dx1_vec. */
-template <typename T, int VA, bool SILU>
-static __device__ __forceinline__ void bn_dx_part_terms(const bn_dy_chan<T> &d,
-                                                        const T *__restrict__ x, T *dx,
-                                                        const bn_part &pa, int64_t base,
-                                                        int64_t CS, float zs, float zh, float mu,
-                                                        float is, float4 q, float beta) {
-    typedef bn_vec<T, VA> Vt;
-    typedef typename Vt::R R;
-    bn_walk wk = bn_walk_first(pa);
-    while (wk.j < pa.total) {
-        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-        int64_t e[BN_UNROLL];
-        bool ok[BN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            ok[u] = wk.j < pa.total;
-            rg[u] = R();
-            rx[u] = R();
-            rd[u] = R();
-            e[u] = 0;
-            if (ok[u]) {
-                e[u] = base + bn_walk_elem<VA>(wk, CS);
-                rg[u] = bn_dy_load<T, VA>(d, wk);
-                rx[u] = Vt::load(x + e[u]);
-                if (beta != 0.0f) rd[u] = Vt::load(dx + e[u]);
-            }
-            bn_walk_next(wk, pa);
-        }
-#pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
-            if (!ok[u]) break;
-            Vt::store(dx + e[u],
-                      bn_dx1_vec<T, VA, SILU>(rg[u], rx[u], rd[u], zs, zh, mu, is, q, beta));
-        }
-    }
-}
-
 /* bn_grad_dx1 (see bn_grad_dx1_run) with dy given as a gradient
  * description t instead of a tensor: block c (grid.y, channels strided)
  * resolves channel c's sources (bn_dy_chan_of), computes the channel's
- * (sum g, sum g*xhat) with bn_grad_part_terms, finishes as bn_grad_dx1_run
+ * (sum g, sum g*xhat) with bn_grad_part_by, finishes as bn_grad_dx1_run
  * (bn_block_sum2, the coefficients through shared memory, bn_grad_finish:
  * dweight / dbias with beta_params) and writes dx with bn_dx1_vec: from the
  * summed dy vectors it held (HELD, one round of the walk: bn_dx_part's held
- * branch, which never reads dy) or summing them again (bn_dx_part_terms).
+ * branch, which never reads dy) or summing them again (bn_dx_part_by).
  * Every value equals bn_grad_dx1's on a dy that lucid_nn_channel_copy_multi
  * wrote from the same pieces, bitwise: the same partition, vector widths
  * and expressions, and dy's vectors hold the same bits. */
@@ -1509,9 +1455,9 @@ bn_grad_dx1_terms(const __grid_constant__ bn_dy_terms t, const T *__restrict__ x
         float a, bsum;
         R hdy[BN_UNROLL], hx[BN_UNROLL];
         typedef typename bn_vec<T, VS>::R RS;
-        bn_grad_part_terms<T, VS, SILU>(d, x + ps.base + c * g.S, ps, g.CS, mu, is, zs, zh, &a,
-                                        &bsum, HELD ? (RS *)hdy : nullptr,
-                                        HELD ? (RS *)hx : nullptr);
+        bn_grad_part_by<T, VS, true, SILU>(d, x + ps.base + c * g.S, ps, g.CS, mu, is, zs, zh,
+                                           &a, &bsum, HELD ? (RS *)hdy : nullptr,
+                                           HELD ? (RS *)hx : nullptr);
         bn_block_sum2(a, bsum, sh);
         /* as bn_grad_dx1_run: cf is rewritten only after the next channel's
          * bn_block_sum2 barriers; thread 0 accumulates dweight / dbias after
@@ -1524,8 +1470,9 @@ bn_grad_dx1_terms(const __grid_constant__ bn_dy_terms t, const T *__restrict__ x
             bn_dx_part<T, VA, SILU, true>(nullptr, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu,
                                           is, q, beta, hdy, hx);
         else
-            bn_dx_part_terms<T, VA, SILU>(d, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh, mu, is, q,
-                                          beta);
+            bn_dx_part_by<T, VA, SILU, false, false>(d, x, dx, pa, pa.base + c * g.S, g.CS, zs, zh,
+                                                     mu, is, q, beta, nullptr, nullptr, nullptr,
+                                                     nullptr);
     }
 }
 
