@@ -1003,6 +1003,25 @@ static cudaError_t bn_launch_grad_dx_clu(bool vs, bool va, bool held, bn_clu_sel
     });
 }
 
+/* The dtype checks of every training / eval backward entry: the activation
+ * dtype dt (nn_check_act) and the f32 parameter-side tensors (weight, bias,
+ * save_mean, save_invstd, grad_weight, grad_bias; NULL ones pass), each
+ * error naming op and the tensor. */
+static lucid_status bn_backward_check(lucid_ctx *ctx, const char *op, lucid_dtype dt,
+                                      const lucid_tensor *weight, const lucid_tensor *bias,
+                                      const lucid_tensor *save_mean,
+                                      const lucid_tensor *save_invstd,
+                                      const lucid_tensor *dweight, const lucid_tensor *dbias) {
+    LUCID_TRY(nn_check_act(ctx, op, dt));
+    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
+    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
+    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
+    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    return LUCID_OK;
+}
+
 static lucid_status bn_backward(
     lucid_ctx *ctx, const lucid_tensor *x, const lucid_tensor *dy,
     lucid_tensor *dx, const lucid_tensor *weight, const lucid_tensor *bias,
@@ -1010,13 +1029,8 @@ static lucid_status bn_backward(
     lucid_tensor *dweight, lucid_tensor *dbias, int training,
     double beta_input, double beta_params, bool silu) {
     const char *op = silu ? "batchnorm2d_silu_backward" : "batchnorm2d_backward";
-    LUCID_TRY(nn_check_act(ctx, op, x->dtype));
-    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
-    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    LUCID_TRY(bn_backward_check(ctx, op, x->dtype, weight, bias, save_mean, save_invstd, dweight,
+                                dbias));
     CUDA_ENTER(ctx, st);
     int64_t N = x->shape[0], C = x->shape[1], S = x->shape[2] * x->shape[3];
     if (N * C * S == 0) return LUCID_OK;
@@ -1269,13 +1283,8 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward_dcols(
     if (!fits)
         return bn_backward(ctx, x, dy, dx, weight, bs, save_mean, save_invstd, dweight, dbias,
                            training, beta_input, beta_params, silu != 0);
-    LUCID_TRY(nn_check_act(ctx, op, dt));
-    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
-    LUCID_TRY(nn_check_f32(ctx, op, "bias", bs));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    LUCID_TRY(bn_backward_check(ctx, op, dt, weight, bs, save_mean, save_invstd, dweight,
+                                dbias));
     CUDA_ENTER(ctx, st);
     lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
     if (!ns) return ctx->last_status;
@@ -1565,13 +1574,8 @@ extern "C" lucid_status lucid_cuda_batchnorm2d_backward_terms(
                 return LUCID_OK;
         }
     }
-    LUCID_TRY(nn_check_act(ctx, op, dt));
-    LUCID_TRY(nn_check_f32(ctx, op, "weight", weight));
-    LUCID_TRY(nn_check_f32(ctx, op, "bias", bias));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_mean", save_mean));
-    LUCID_TRY(nn_check_f32(ctx, op, "save_invstd", save_invstd));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_weight", dweight));
-    LUCID_TRY(nn_check_f32(ctx, op, "grad_bias", dbias));
+    LUCID_TRY(bn_backward_check(ctx, op, dt, weight, bias, save_mean, save_invstd, dweight,
+                                dbias));
     CUDA_ENTER(ctx, st);
     lucid_cuda_nn_state *ns = lucid_cuda_nn_get(ctx, st);
     if (!ns) return ctx->last_status;
