@@ -20,7 +20,11 @@
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
 #              (busted arguments, e.g. --filter=lanes) runs those gpu specs
 #              AB_KTRACE=1: also a CUPTI kernel timeline of one recorded fit
-#              of the first arm (tools/ktrace.c, tools/ktrace_report.py)
+#              of the first arm (tools/ktrace.c, tools/ktrace_report.py);
+#              AB_KTRACE=all: one traced fit per arm, in the arms' order
+#              (logs/kt_<arm>/), and a table of their CUPTI replay spans
+#              (median of the last 40 replays: steadier than one fit's
+#              steady step, which moved by up to 0.2 ms in session 13)
 #   testab     as ab, with make test-gpu (timed, one command) instead of the
 #              separate test programs; both also run bench_bnsilu, and with
 #              AB_LAB1X1=1 conv_lab on both 1x1 routes (tools/lab1x1.py)
@@ -222,6 +226,16 @@ except Exception as e: print("no result", e)')"
   fi
   if [ "${AB_KTRACE:-0}" = 1 ]; then # a CUPTI kernel timeline of one recorded fit (tools/ktrace.c)
     ktrace_fit "$l" "${cfgs[0]}"
+  elif [ "${AB_KTRACE:-0}" = all ]; then # one per arm, then their replay spans side by side
+    spans=()
+    for cfg in "${cfgs[@]}"; do
+      tag=$(echo "$cfg" | tr ' =' '_-'); k=$l/kt_$tag; n=2
+      while [ -e "$k" ]; do k=$l/kt_${tag}_$n; n=$((n + 1)); done # a repeated arm keeps both
+      mkdir -p "$k"
+      ktrace_fit "$k" "$cfg" > "$k/summary.txt" 2>&1
+      spans+=("$cfg: $(grep -m1 '^replay span' "$k/ktrace_report.txt" 2>/dev/null || echo 'no trace')")
+    done
+    echo "replay spans (CUPTI, one traced fit per arm):"; printf '  %s\n' "${spans[@]}"
   fi
   if [ "${AB_CENSUS:-1}" = 1 ]; then # AB_CENSUS=0: no census
     OUT=$l tools/kernel-census.sh model > /dev/null 2>&1
