@@ -469,45 +469,9 @@ describe("gradient descriptions: who receives them (cpu)", function()
   end)
 end)
 
--- Call counters of the launches a step issues (as spec/fuse_sums_spec.lua):
--- Tensor:add, the Concat / Split / Add C modules, chan_sum, add_n,
--- empty_like (allocations). Returns counts, reset, remove, and the
--- uncounted chan_sum (for the simulation's own materialisation).
-local function counters()
-  local counts = {}
-  local function bump(k) counts[k] = (counts[k] or 0) + 1 end
-  local T = lucid.Tensor
-  local add0 = T.add
-  T.add = function(...) bump("add") return add0(...) end
-  local c = nn.binding()
-  local saved = {}
-  for name, key in pairs({ chan_sum = "chan_copy", add_n = "add_n", empty_like = "alloc" }) do
-    saved[name] = rawget(c, name)
-    rawset(c, name, function(...) bump(key) return saved[name](...) end)
-  end
-  local probe = nn.Add()
-  nn.materialize(probe)
-  local _, methods = debug.getupvalue(getmetatable(probe._c).__index, 1)
-  local fwd, bwd, kind = methods.forward, methods.backward, methods.kind
-  local COPY = { Concat = true, Split = true }
-  methods.forward = function(m, ...)
-    local k = kind(m)
-    if COPY[k] then bump("chan_copy") elseif k == "Add" then bump("add_fwd") end
-    return fwd(m, ...)
-  end
-  methods.backward = function(m, ...)
-    local k = kind(m)
-    if COPY[k] then bump("chan_copy") elseif k == "Add" then bump("add_bwd") end
-    return bwd(m, ...)
-  end
-  local function reset() for k in pairs(counts) do counts[k] = nil end end
-  local function remove()
-    T.add = add0
-    for name, f in pairs(saved) do rawset(c, name, f) end
-    methods.forward, methods.backward = fwd, bwd
-  end
-  return counts, reset, remove, saved
-end
+-- Call counters of the launches a step issues (spec/support/launch_counters.lua):
+-- counts, reset, remove, and the binding's uncounted chan_sum / add_n.
+local counters = require("support.launch_counters").install
 
 describe("gradient descriptions: launches of one YOLO11n-pose step, the GPU's choice simulated (cpu)", function()
   it("640 px, batch 4: backward chan_copy 30 -> 19, adds 14 -> 6, add_n 3 -> 1; steady passes allocate nothing",

@@ -174,47 +174,9 @@ describe("fused sums: every block bitwise equal with LUCID_FUSE_SUMS on and off 
   end
 end)
 
--- Call counters of the launches a step issues: Tensor:add (map_contig_kernel),
--- the Concat / Split / Add C modules (chan_copy_multi, add_fwd), and the
--- fused primitives (lucid.nn.chan_sum: chan_copy_multi / chan_sum_multi;
--- add_n: one launch), plus lucid.nn.empty_like (sum buffers allocated).
--- Returns counts, and a function that removes the counters.
-local function counters()
-  local counts = {}
-  local function bump(k) counts[k] = (counts[k] or 0) + 1 end
-  local T = lucid.Tensor
-  local add0 = T.add
-  T.add = function(...) bump("add") return add0(...) end
-  local c = nn.binding()
-  local saved = {}
-  for name, key in pairs({ chan_sum = "chan_copy", add_n = "add_n", empty_like = "alloc" }) do
-    saved[name] = rawget(c, name)
-    rawset(c, name, function(...) bump(key) return saved[name](...) end)
-  end
-  -- the CModule method table: the upvalue of its __index closure
-  local probe = nn.Add()
-  nn.materialize(probe)
-  local _, methods = debug.getupvalue(getmetatable(probe._c).__index, 1)
-  local fwd, bwd, kind = methods.forward, methods.backward, methods.kind
-  local COPY = { Concat = true, Split = true }
-  methods.forward = function(m, ...)
-    local k = kind(m)
-    if COPY[k] then bump("chan_copy") elseif k == "Add" then bump("add_fwd") end
-    return fwd(m, ...)
-  end
-  methods.backward = function(m, ...)
-    local k = kind(m)
-    if COPY[k] then bump("chan_copy") elseif k == "Add" then bump("add_bwd") end
-    return bwd(m, ...)
-  end
-  local function reset() for k in pairs(counts) do counts[k] = nil end end
-  local function remove()
-    T.add = add0
-    for name, f in pairs(saved) do rawset(c, name, f) end
-    methods.forward, methods.backward = fwd, bwd
-  end
-  return counts, reset, remove
-end
+-- Call counters of the launches a step issues (spec/support/launch_counters.lua):
+-- counts, reset, remove, and the binding's uncounted chan_sum / add_n.
+local counters = require("support.launch_counters").install
 
 describe("fused sums: launches of one YOLO11n-pose training step (batch 4)", function()
   -- the sums of DECISIONS 33 as such: LUCID_BN_DY_TERMS off (the gradient
