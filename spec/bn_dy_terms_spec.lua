@@ -55,31 +55,9 @@ local yolo11 = require("lucid.models.yolo11_pose")
 local yolov8 = require("lucid.models.yolov8_pose")
 local sim = require("dy_terms_sim")
 
-local KEYS = { "boxes", "scores", "kpts" }
+local PO = require("support.pose_out")
+local KEYS, hash, grad_like = PO.KEYS, PO.hash, PO.grad_like
 local unpack = table.unpack or unpack
-
-local function hash(v, h)
-  if v == nil then return lucid.hash_string("nil", h) end
-  if lucid.is_tensor(v) then return lucid.hash_tensor(v, h) end
-  if v[1] ~= nil then
-    for _, t in ipairs(v) do h = hash(t, h) end
-    return h
-  end
-  for _, k in ipairs(KEYS) do
-    if v[k] ~= nil then h = lucid.hash_tensor(v[k], lucid.hash_string(k, h)) end
-  end
-  return h
-end
-
-local function grad_like(y, o, seed)
-  lucid.manual_seed(seed)
-  if lucid.is_tensor(y) then return lucid.randn(y:shape()):to(o) end
-  local g = {}
-  for _, k in ipairs(KEYS) do
-    if y[k] then g[k] = lucid.randn(y[k]:shape()):to(o) end
-  end
-  return g
-end
 
 local function input(shape, o, seed)
   lucid.manual_seed(seed or 5)

@@ -21,33 +21,10 @@ local containers = require("lucid.nn.containers")
 local yolo11 = require("lucid.models.yolo11_pose")
 local yolov8 = require("lucid.models.yolov8_pose")
 
-local KEYS = { "boxes", "scores", "kpts" }
-
--- Hash of a tensor, a list of tensors or a head output table (keys in
--- KEYS order; feats left out), continuing h.
-local function hash(v, h)
-  if v == nil then return lucid.hash_string("nil", h) end
-  if lucid.is_tensor(v) then return lucid.hash_tensor(v, h) end
-  if v[1] ~= nil then
-    for _, t in ipairs(v) do h = hash(t, h) end
-    return h
-  end
-  for _, k in ipairs(KEYS) do
-    if v[k] ~= nil then h = lucid.hash_tensor(v[k], lucid.hash_string(k, h)) end
-  end
-  return h
-end
-
--- A gradient shaped like y (tensor or head table), seeded.
-local function grad_like(y, o, seed)
-  lucid.manual_seed(seed)
-  if lucid.is_tensor(y) then return lucid.randn(y:shape()):to(o) end
-  local g = {}
-  for _, k in ipairs(KEYS) do
-    if y[k] then g[k] = lucid.randn(y[k]:shape()):to(o) end
-  end
-  return g
-end
+-- hash(v, h) of a tensor, a list or a head output table; grad_like(y, o,
+-- seed): a seeded gradient shaped like y (spec/support/pose_out.lua)
+local PO = require("support.pose_out")
+local KEYS, hash, grad_like = PO.KEYS, PO.hash, PO.grad_like
 
 -- Materialise m (f32 parameters) and run it twice with the switch off and
 -- twice with it on, from the same parameters and buffers: per route, the
