@@ -566,59 +566,24 @@ describe_gpu("gradient descriptions on cuda #gpu", function()
     end)
 
   it("recorded: eager and replayed forward + backward equal with LUCID_BN_DY_TERMS=0 and on", function()
-    local script = os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write([[
-package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-package.cpath = "./?.so;" .. package.cpath
-local lucid = require "lucid"
+    local child = require("support.replay_child")
+    local src = child.source({
+      shape = { 4, 3, 320, 320 },
+      setup = [[
 local ffi = require "ffi"
 ffi.cdef("unsigned long lucid_cuda_bn_terms_count(void);")
 local lib = pcall(function() return ffi.C.lucid_cuda_bn_terms_count end) and ffi.C
   or ffi.load(package.searchpath("lucid", package.cpath))
-local yolo11 = require "lucid.models.yolo11_pose"
-local ctx = lucid.Context({ device = "cuda", seed = 3 })
-local m = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, device = "cuda", ctx = ctx })
-local o = { device = "cuda", dtype = "bf16", ctx = ctx }
-local x = lucid.rand({ 4, 3, 320, 320 }):to(o)
-local y, gy
-local function pass()
-  m:zero_grad()
-  y = m:forward(x)
-  if not gy then
-    gy = {}
-    for _, k in ipairs({ "boxes", "scores", "kpts" }) do gy[k] = lucid.ones(y[k]:shape(), o) * 0.01 end
-  end
-  m:backward(x, gy)
-end
-local function digest()
-  ctx:synchronize()
-  return lucid.hash_tensor(y.kpts) .. "/" .. lucid.hash_tensor(m.params:flat_grads())
-end
-pass()
-io.write("eager=", digest(), "\n")
-pass()
-local k0 = tonumber(lib.lucid_cuda_bn_terms_count())
-lucid.graph.capture_begin(ctx)
-pass()
-local g = lucid.graph.capture_end(ctx)
-io.write("recorded_terms=", tonumber(lib.lucid_cuda_bn_terms_count()) - k0, "\n")
-for _, p in ipairs(m.params:list()) do
-  if p:data():dtype() == "f32" then p:data():mul_(0.5) end -- not the i64 num_batches_tracked
-end
-g:launch()
-io.write("replay=", digest(), "\n")
-]])
-    f:close()
+]],
+      before_capture = "local k0 = tonumber(lib.lucid_cuda_bn_terms_count())\n",
+      after_capture = 'io.write("recorded_terms=", tonumber(lib.lucid_cuda_bn_terms_count()) - k0, "\\n")\n',
+    })
     local function run(env)
-      local p = io.popen(env .. " luajit " .. script .. " 2>&1")
-      local out = p:read("*a")
-      p:close()
+      local out = child.run(src, env)
       return out:match("eager=(%S+)"), out:match("replay=(%S+)"), tonumber(out:match("recorded_terms=(%d+)")), out
     end
     local e1, r1, k1, o1 = run("env -u LUCID_BN_DY_TERMS")
     local e0, r0, k0, o0 = run("env LUCID_BN_DY_TERMS=0")
-    os.remove(script)
     assert.is_truthy(e1 and r1, o1)
     assert.is_truthy(e0 and r0, o0)
     assert.are_not.equal(e1, r1) -- the halved weights changed the replay's result

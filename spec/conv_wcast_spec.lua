@@ -208,56 +208,15 @@ io.write("launches=", tonumber(lib.lucid_cuda_wcast_launch_count()) - c0, "\n")
   -- compute stream (LUCID_WCAST_PLAIN_SIDE=0) and as one launch
   -- (LUCID_WCAST_SIDE=0), eager and replayed from a recorded graph
   it("LUCID_WCAST_PLAIN_SIDE: same forward and gradients, eager and recorded", function()
-    local script = os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write([[
-package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-package.cpath = "./?.so;" .. package.cpath
-local lucid = require "lucid"
-local yolo11 = require "lucid.models.yolo11_pose"
-local ctx = lucid.Context({ device = "cuda", seed = 3 })
-local m = yolo11({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, device = "cuda", ctx = ctx })
-local o = { device = "cuda", dtype = "bf16", ctx = ctx }
-local x = lucid.rand({ 2, 3, 64, 64 }):to(o)
-local y
-local gy -- made once, in the first (eager) pass: nothing is allocated while recording
-local function pass()
-  m:zero_grad()
-  y = m:forward(x)
-  if not gy then
-    gy = {}
-    for _, k in ipairs({ "boxes", "scores", "kpts" }) do gy[k] = lucid.ones(y[k]:shape(), o) * 0.01 end
-  end
-  m:backward(x, gy)
-end
-local function digest()
-  ctx:synchronize()
-  return lucid.hash_tensor(y.kpts) .. "/" .. lucid.hash_tensor(m.params:flat_grads())
-end
-pass()
-io.write("eager=", digest(), "\n")
-pass() -- the buffers a recording needs exist now
-lucid.graph.capture_begin(ctx)
-pass()
-local g = lucid.graph.capture_end(ctx)
--- a weight change between replays: the replay's casts must read it
-for _, p in ipairs(m.params:list()) do
-  if p:data():dtype() == "f32" then p:data():mul_(0.5) end -- not the i64 num_batches_tracked
-end
-g:launch()
-io.write("replay=", digest(), "\n")
-]])
-    f:close()
+    local child = require("support.replay_child")
+    local src = child.source({ shape = { 2, 3, 64, 64 } })
     local function run(env)
-      local p = io.popen(env .. " luajit " .. script .. " 2>&1")
-      local out = p:read("*a")
-      p:close()
+      local out = child.run(src, env)
       return out:match("eager=(%S+)"), out:match("replay=(%S+)"), out
     end
     local e1, r1, o1 = run("env -u LUCID_WCAST_PLAIN_SIDE -u LUCID_WCAST_SIDE")
     local e2, r2, o2 = run("env LUCID_WCAST_PLAIN_SIDE=0")
     local e3, r3, o3 = run("env LUCID_WCAST_SIDE=0")
-    os.remove(script)
     assert.is_truthy(e1 and r1, o1)
     assert.is_truthy(e2 and r2, o2)
     assert.is_truthy(e3 and r3, o3)
