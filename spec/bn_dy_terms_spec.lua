@@ -98,27 +98,11 @@ end
 -- parameter gradients, and of every parameter and buffer at the end.
 local function routes_of(m, x, o, routes)
   local set = nn.materialize(m, { device = o.device, ctx = o.ctx })
-  local entries = set:list()
-  local start = {}
-  for i, e in ipairs(entries) do start[i] = e:data():clone() end
-  local gys = {}
+  local restore, gys = PO.snapshot(set), {}
+  local function no_desc(gx) assert(not containers.is_desc(gx), "a description escaped as an input gradient") end
   return under_routes(routes or ROUTES, function()
-    for i, e in ipairs(entries) do e:data():copy_(start[i]) end
-    local h = {}
-    for pass = 1, 2 do
-      set:zero_grad()
-      local y = m:forward(x)
-      gys[pass] = gys[pass] or grad_like(y, o, 100 + pass)
-      local gx = m:backward(x, gys[pass])
-      assert(not containers.is_desc(gx), "a description escaped as an input gradient")
-      h[#h + 1] = hash(y)
-      h[#h + 1] = hash(gx)
-      h[#h + 1] = hash(set:flat_grads())
-    end
-    local hs
-    for _, e in ipairs(entries) do hs = lucid.hash_tensor(e:data(), hs) end
-    h[#h + 1] = hs
-    return h
+    restore()
+    return PO.passes(m, x, o, set, gys, 100, no_desc)
   end)
 end
 
@@ -156,25 +140,10 @@ local function models_routes(mk, o, size, routes)
   local m = mk({ scale = "n", nc = 1, kpt_shape = { 17, 3 }, materialize = false, input_grad = true })
   m:materialize({ device = o.device, ctx = o.ctx })
   local x = input({ 2, 3, size, size }, o)
-  local entries = m.params:list()
-  local start = {}
-  for i, e in ipairs(entries) do start[i] = e:data():clone() end
-  local gys = {}
+  local restore, gys = PO.snapshot(m.params), {}
   return under_routes(routes or ROUTES, function()
-    for i, e in ipairs(entries) do e:data():copy_(start[i]) end
-    local h = {}
-    for pass = 1, 2 do
-      m:zero_grad()
-      local y = m:forward(x)
-      gys[pass] = gys[pass] or grad_like(y, o, 200 + pass)
-      h[#h + 1] = hash(y)
-      h[#h + 1] = hash(m:backward(x, gys[pass]))
-      h[#h + 1] = hash(m.params:flat_grads())
-    end
-    local hs
-    for _, e in ipairs(entries) do hs = lucid.hash_tensor(e:data(), hs) end
-    h[#h + 1] = hs
-    return h
+    restore()
+    return PO.passes(m, x, o, m.params, gys, 200)
   end)
 end
 

@@ -32,30 +32,14 @@ local KEYS, hash, grad_like = PO.KEYS, PO.hash, PO.grad_like
 -- and of every parameter and buffer at the end.
 local function both_routes(m, x, o)
   local set = nn.materialize(m, { device = o.device, ctx = o.ctx })
-  local entries = set:list()
-  local start = {}
-  for i, e in ipairs(entries) do start[i] = e:data():clone() end
-  local gys = {}
+  local restore, gys = PO.snapshot(set), {}
   local res = {}
   local prev = containers.fuse_sums
   local ok, err = pcall(function()
     for r, fuse in ipairs({ false, true }) do
       containers.fuse_sums = fuse
-      for i, e in ipairs(entries) do e:data():copy_(start[i]) end
-      local h = {}
-      for pass = 1, 2 do
-        set:zero_grad()
-        local y = m:forward(x)
-        gys[pass] = gys[pass] or grad_like(y, o, 100 + pass)
-        local gx = m:backward(x, gys[pass])
-        h[#h + 1] = hash(y)
-        h[#h + 1] = hash(gx)
-        h[#h + 1] = hash(set:flat_grads())
-      end
-      local hs
-      for _, e in ipairs(entries) do hs = lucid.hash_tensor(e:data(), hs) end
-      h[#h + 1] = hs
-      res[r] = h
+      restore()
+      res[r] = PO.passes(m, x, o, set, gys, 100)
     end
   end)
   containers.fuse_sums = prev
@@ -115,27 +99,11 @@ local function check_blocks(o)
       local res = {}
       local ok, err = pcall(function()
         m:materialize({ device = o.device, ctx = o.ctx })
-        local entries = m.params:list()
-        local start = {}
-        for i, e in ipairs(entries) do start[i] = e:data():clone() end
-        local gys = {}
+        local restore, gys = PO.snapshot(m.params), {}
         for r, fuse in ipairs({ false, true }) do
           containers.fuse_sums = fuse
-          for i, e in ipairs(entries) do e:data():copy_(start[i]) end
-          local h = {}
-          for pass = 1, 2 do
-            m:zero_grad()
-            local y = m:forward(x)
-            gys[pass] = gys[pass] or grad_like(y, o, 200 + pass)
-            local gx = m:backward(x, gys[pass])
-            h[#h + 1] = hash(y)
-            h[#h + 1] = hash(gx)
-            h[#h + 1] = hash(m.params:flat_grads())
-          end
-          local hs
-          for _, e in ipairs(entries) do hs = lucid.hash_tensor(e:data(), hs) end
-          h[#h + 1] = hs
-          res[r] = h
+          restore()
+          res[r] = PO.passes(m, x, o, m.params, gys, 200)
         end
       end)
       containers.fuse_sums = prev
