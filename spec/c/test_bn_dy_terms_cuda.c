@@ -68,23 +68,7 @@ static unsigned long copy_launches(void) {
 
 /* ------------------------------------------------------------ tensors
  * Kept in a pool released at the end of each case (pool_free). */
-static lucid_tensor *pool[512];
-static int npool;
-
-static lucid_tensor *keep(lucid_tensor *t) {
-    if (!t) return NULL;
-    if (npool == (int)(sizeof pool / sizeof pool[0])) {
-        lucid_tensor_release(t);
-        return NULL;
-    }
-    pool[npool++] = t;
-    return t;
-}
-
-static void pool_free(void) {
-    for (int i = 0; i < npool; i++) lucid_tensor_release(pool[i]);
-    npool = 0;
-}
+#include "test_pool.h"
 
 /* A device tensor [N, C, H, W] at element offset off of its own storage
  * (off 1: not 16-byte aligned) holding Philox draws in [lo, hi) (rounded

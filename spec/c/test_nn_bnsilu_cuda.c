@@ -176,25 +176,7 @@
  * Every tensor made here is kept in a pool released at the end of a test
  * case (pool_free), so the cases need no per-tensor cleanup: the p*
  * constructors are those of test_cuda_util.h with their result kept. */
-
-static lucid_tensor *pool[2048];
-static int npool;
-
-static lucid_tensor *keep(lucid_tensor *t) {
-    if (!t) return NULL;
-    if (npool == (int)(sizeof pool / sizeof pool[0])) {
-        /* more than a case ever makes: leak-free refusal */
-        lucid_tensor_release(t);
-        return NULL;
-    }
-    pool[npool++] = t;
-    return t;
-}
-
-static void pool_free(void) {
-    for (int i = 0; i < npool; i++) lucid_tensor_release(pool[i]);
-    npool = 0;
-}
+#include "test_pool.h"
 
 static lucid_tensor *phrand(lucid_dtype dt, int ndim, const int64_t *shape, double lo,
                             double hi) {
