@@ -117,6 +117,17 @@ void lucid_module_release(lucid_module *m) {
     free(m);
 }
 
+/* m a live module of vtable vt: else ERR_STATE "<op>: NULL or freed
+ * module" or ERR_ARG "<op>: expected a <kind> module, got <its kind>". */
+static lucid_status want_module(lucid_ctx *ctx, const char *op, const lucid_module *m,
+                                const lucid_module_vtable *vt) {
+    if (!m || !m->vt) return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
+    if (m->vt != vt)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a %s module, got %s", op, vt->kind,
+                            m->vt->kind);
+    return LUCID_OK;
+}
+
 static lucid_status check_ready(lucid_ctx *ctx, lucid_module *m, int nin,
                                 const lucid_tensor *const *in) {
     if (!m || !m->vt)
@@ -377,11 +388,7 @@ lucid_status lucid_module_conv2d_dcols_reserve(lucid_ctx *ctx, lucid_module *con
                                                const lucid_tensor *x, int *armed) {
     const char *op = "Conv2d dcols reserve";
     if (armed) *armed = 0;
-    if (!conv || !conv->vt)
-        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
-    if (conv->vt != &conv_vt)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a Conv2d module, got %s", op,
-                            conv->vt->kind);
+    LUCID_TRY(want_module(ctx, op, conv, &conv_vt));
     if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s '%s': input is NULL", op, conv->name);
     if (!lucid_param_set_is_materialized(conv->set))
         return lucid_seterr(ctx, LUCID_ERR_STATE,
@@ -747,11 +754,7 @@ static lucid_status bn_terms_ready(lucid_ctx *ctx, const char *op, lucid_module 
                                 bn->name);
         return LUCID_OK;
     }
-    if (!bn || !bn->vt)
-        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
-    if (bn->vt != &bn_vt)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
-                            bn->vt->kind);
+    LUCID_TRY(want_module(ctx, op, bn, &bn_vt));
     const lucid_tensor *in[1] = {x};
     LUCID_TRY(check_ready(ctx, bn, 1, in));
     if (!bn->outputs[0] || !bn->saved[0] || !bn->saved[1])
@@ -792,11 +795,7 @@ lucid_status lucid_module_batchnorm2d_terms_fit(lucid_ctx *ctx, lucid_module *bn
     const char *op = "BatchNorm2d terms fit";
     if (!fit) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: fit is NULL", op);
     *fit = 0;
-    if (!bn || !bn->vt)
-        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
-    if (bn->vt != &bn_vt)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
-                            bn->vt->kind);
+    LUCID_TRY(want_module(ctx, op, bn, &bn_vt));
     if (!x) return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: input is NULL", op);
     if (!bn->need_grad_input || !bn->training) return LUCID_OK;
     return lucid_nn_batchnorm2d_terms_fit(ctx, x, 1, fit);
@@ -812,17 +811,11 @@ lucid_status lucid_module_batchnorm2d_backward_dcols(lucid_ctx *ctx, lucid_modul
     if (dx) *dx = NULL;
     if (!conv || !conv->vt)
         return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed conv module", op);
-    if (conv->vt != &conv_vt)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a Conv2d module, got %s", op,
-                            conv->vt->kind);
+    LUCID_TRY(want_module(ctx, op, conv, &conv_vt));
     conv_priv *c = conv->priv;
     lucid_conv_dcols *dc = c->dc.armed ? &c->dc : NULL;
     if (act) return bn_silu_backward_dc(ctx, bn, act, x, dy, dc, dx);
-    if (!bn || !bn->vt)
-        return lucid_seterr(ctx, LUCID_ERR_STATE, "%s: NULL or freed module", op);
-    if (bn->vt != &bn_vt)
-        return lucid_seterr(ctx, LUCID_ERR_ARG, "%s: expected a BatchNorm2d module, got %s", op,
-                            bn->vt->kind);
+    LUCID_TRY(want_module(ctx, op, bn, &bn_vt));
     const lucid_tensor *in[1] = {x};
     LUCID_TRY(check_ready(ctx, bn, 1, in));
     if (!bn->outputs[0])
