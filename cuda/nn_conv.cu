@@ -1107,11 +1107,8 @@ static lucid_status wgrad_takes_col(lucid_ctx *ctx, lucid_cuda_state *st,
  * longer starts ahead of layer 0's forward at the head of the replay; 0
  * forks it before, as first built.  Same columns, same bits. */
 static bool wcols_side_after(void) {
-    static const bool on = [] {
-        const char *v = getenv("LUCID_WCOLS_SIDE_AFTER");
-        return !(v && strcmp(v, "0") == 0);
-    }();
-    return on;
+    static int off = -1;
+    return !lucid_env_zero("LUCID_WCOLS_SIDE_AFTER", &off);
 }
 
 /* The side build of a forward that builds no columns: im2col(x) into wc's
