@@ -179,7 +179,25 @@ typedef struct lucid_cuda_state {
      * never trusted inside it, nor one from before a capture or a replay
      * afterwards. */
     uint64_t wcast_epoch;
+    /* The SM partition of the low-priority lanes (green.cu, LUCID_SIDE_SMS):
+     * a CUgreenCtx (NULL: none) and its SM count (-1: none needed) */
+    void *side_green;
+    int side_sms;
 } lucid_cuda_state;
+
+/* green.cu: LUCID_SIDE_SMS (read once; 0 when unset or not a whole number):
+ * the SM count of the partition that the parameter-gradient, cast and cols
+ * lanes run in (0: no partition). */
+extern "C" int lucid_cuda_side_sms_switch(void);
+/* A stream with `priority` for a low-priority lane of st: in st's partition
+ * (created on first use) when LUCID_SIDE_SMS asks for fewer SMs than the
+ * device has, else a plain non-blocking stream. ERR_UNSUPPORTED (naming the
+ * setting and the driver call) when the partition cannot be made; the CUDA
+ * error of the stream's creation otherwise. */
+extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda_state *st,
+                                                      int priority, cudaStream_t *stream);
+/* Destroy st's partition (after every stream in it). */
+extern "C" void lucid_cuda_side_green_destroy(lucid_cuda_state *st);
 
 /* cuBLAS workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB before). */
 #define LUCID_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)

@@ -132,8 +132,10 @@ static lucid_status lane_create(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
                                 int lane) {
     int least = 0, greatest = 0;
     CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&L->stream, cudaStreamNonBlocking,
-                                                 lane_is_low(lane) ? least : greatest));
+    if (lane_is_low(lane)) /* in the side partition with LUCID_SIDE_SMS (green.cu) */
+        LUCID_TRY(lucid_cuda_side_stream_create(ctx, st, least, &L->stream));
+    else
+        CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&L->stream, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->fork_ev, cudaEventDisableTiming));
     CUDA_CHECK(ctx, cudaEventCreateWithFlags(&L->join_ev, cudaEventDisableTiming));
     for (int m = 0; m < LUCID_CUDA_MARKS; m++)
@@ -166,6 +168,7 @@ static void lane_free(lucid_cuda_state *st, lucid_cuda_lane *L) {
 
 void lucid_cuda_lane_destroy(lucid_cuda_state *st) {
     for (int k = 0; k < LUCID_CUDA_LANES; k++) lane_free(st, &st->lanes[k]);
+    lucid_cuda_side_green_destroy(st);
     st->lane_depth = 0;
     st->lane_ns = NULL;
 }
