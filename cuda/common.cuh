@@ -196,6 +196,11 @@ extern "C" int lucid_cuda_side_sms_switch(void);
  * error of the stream's creation otherwise. */
 extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda_state *st,
                                                       int priority, cudaStream_t *stream);
+/* Set the priority of a kernel node captured from a stream of st's
+ * partition (a CUgraphNode: the runtime's attribute call refuses nodes of
+ * another context): with the partition's context pushed current. */
+extern "C" lucid_status lucid_cuda_side_node_priority(lucid_ctx *ctx, lucid_cuda_state *st,
+                                                      void *node, int priority);
 /* Destroy st's partition (after every stream in it). */
 extern "C" void lucid_cuda_side_green_destroy(lucid_cuda_state *st);
 

@@ -356,6 +356,8 @@ static double kernel_node_waves(cudaGraphNode_t node, int sms) {
  * the caller fails the capture on error (a priority that cannot be set is
  * a broken driver call, not a preference). */
 static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph, int sm_count) {
+    lucid_cuda_state *side = (lucid_cuda_state *)ctx->backend_state;
+    if (side && !side->side_green) side = NULL; /* nodes of the side partition: green.cu */
     int least = 0, greatest = 0;
     CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     const int levels = least - greatest + 1;
@@ -388,6 +390,12 @@ static lucid_status graph_slack_priorities(lucid_ctx *ctx, cudaGraph_t graph, in
         memset(&v, 0, sizeof v);
         v.priority = greatest + lucid_graph_slack_level(slack[i], levels);
         cudaError_t e = cudaGraphKernelNodeSetAttribute(t.nodes[i], cudaKernelNodeAttributePriority, &v);
+        if (e == cudaErrorDeviceUninitialized && side) { /* a node of the side partition */
+            (void)cudaGetLastError();
+            s = lucid_cuda_side_node_priority(ctx, side, (void *)t.nodes[i], v.priority);
+            if (s != LUCID_OK) goto done;
+            continue;
+        }
         if (e != cudaSuccess) {
             s = lucid_cuda_err(ctx, e, "cudaGraphKernelNodeSetAttribute (priority)", __FILE__,
                                __LINE__);

@@ -43,6 +43,10 @@ typedef CUresult (*pfn_desc)(CUdevResourceDesc *, CUdevResource *, unsigned int)
 typedef CUresult (*pfn_green_create)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
 typedef CUresult (*pfn_green_destroy)(CUgreenCtx);
 typedef CUresult (*pfn_green_stream)(CUstream *, CUgreenCtx, unsigned int, int);
+typedef CUresult (*pfn_from_green)(CUcontext *, CUgreenCtx);
+typedef CUresult (*pfn_push)(CUcontext);
+typedef CUresult (*pfn_pop)(CUcontext *);
+typedef CUresult (*pfn_node_attr)(CUgraphNode, CUkernelNodeAttrID, const CUkernelNodeAttrValue *);
 
 static struct {
     int resolved;
@@ -53,32 +57,46 @@ static struct {
     pfn_green_create create;
     pfn_green_destroy destroy;
     pfn_green_stream stream;
+    pfn_from_green from_green;
+    pfn_push push;
+    pfn_pop pop;
+    pfn_node_attr node_attr;
 } drv;
 
-static void *entry(const char *sym) {
+/* the driver's function `sym` with the ABI of the toolkit lucid was built
+ * with (CUDA_VERSION; cuGreenCtxStreamCreate is 12.5+), NULL (and *missing
+ * = sym, the first one) when the driver has none */
+static void *entry(const char *sym, const char **missing) {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion(sym, &fn, 12040, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
+    if (cudaGetDriverEntryPointByVersion(sym, &fn, CUDA_VERSION, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
         (void)cudaGetLastError();
+        if (!*missing) *missing = sym;
         return NULL;
     }
     return fn;
 }
 
-static int resolve(void) {
+/* NULL when every function is there, else the name of the first missing */
+static const char *resolve(void) {
+    static const char *missing = NULL;
     if (!drv.resolved) {
-        drv.device_get = (pfn_device_get)entry("cuDeviceGet");
-        drv.get_resource = (pfn_get_resource)entry("cuDeviceGetDevResource");
-        drv.split = (pfn_split)entry("cuDevSmResourceSplitByCount");
-        drv.desc = (pfn_desc)entry("cuDevResourceGenerateDesc");
-        drv.create = (pfn_green_create)entry("cuGreenCtxCreate");
-        drv.destroy = (pfn_green_destroy)entry("cuGreenCtxDestroy");
-        drv.stream = (pfn_green_stream)entry("cuGreenCtxStreamCreate");
+        drv.device_get = (pfn_device_get)entry("cuDeviceGet", &missing);
+        drv.get_resource = (pfn_get_resource)entry("cuDeviceGetDevResource", &missing);
+        drv.split = (pfn_split)entry("cuDevSmResourceSplitByCount", &missing);
+        drv.desc = (pfn_desc)entry("cuDevResourceGenerateDesc", &missing);
+        drv.create = (pfn_green_create)entry("cuGreenCtxCreate", &missing);
+        drv.destroy = (pfn_green_destroy)entry("cuGreenCtxDestroy", &missing);
+        drv.stream = (pfn_green_stream)entry("cuGreenCtxStreamCreate", &missing);
+        drv.from_green = (pfn_from_green)entry("cuCtxFromGreenCtx", &missing);
+        drv.push = (pfn_push)entry("cuCtxPushCurrent", &missing);
+        drv.pop = (pfn_pop)entry("cuCtxPopCurrent", &missing);
+        drv.node_attr = (pfn_node_attr)entry("cuGraphKernelNodeSetAttribute", &missing);
         drv.resolved = 1;
     }
-    return drv.device_get && drv.get_resource && drv.split && drv.desc && drv.create &&
-           drv.destroy && drv.stream;
+    return missing;
 }
 
 extern "C" int lucid_cuda_side_sms_switch(void) {
@@ -102,11 +120,12 @@ static lucid_status side_green(lucid_ctx *ctx, lucid_cuda_state *st, int want) {
         st->side_sms = -1; /* nothing to partition: plain streams */
         return LUCID_OK;
     }
-    if (!resolve())
+    const char *missing = resolve();
+    if (missing)
         return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
-                            "LUCID_SIDE_SMS=%d: the CUDA driver has no green contexts "
-                            "(cuGreenCtxCreate, CUDA 12.4+); unset LUCID_SIDE_SMS",
-                            want);
+                            "LUCID_SIDE_SMS=%d: the CUDA driver has no %s (green contexts, "
+                            "ABI %d); unset LUCID_SIDE_SMS",
+                            want, missing, CUDA_VERSION);
     CUdevice dev;
     CUresult r = drv.device_get(&dev, st->device);
     if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuDeviceGet", r);
@@ -143,6 +162,25 @@ extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda
     CUresult r = drv.stream(&s, (CUgreenCtx)st->side_green, CU_STREAM_NON_BLOCKING, priority);
     if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuGreenCtxStreamCreate", r);
     *stream = (cudaStream_t)s;
+    return LUCID_OK;
+}
+
+extern "C" lucid_status lucid_cuda_side_node_priority(lucid_ctx *ctx, lucid_cuda_state *st,
+                                                      void *node, int priority) {
+    if (!st->side_green)
+        return lucid_seterr(ctx, LUCID_ERR_STATE, "side node priority: no side partition");
+    CUcontext c = NULL, prev = NULL;
+    CUresult r = drv.from_green(&c, (CUgreenCtx)st->side_green);
+    if (r != CUDA_SUCCESS) return drv_err(ctx, st->side_sms, "cuCtxFromGreenCtx", r);
+    r = drv.push(c);
+    if (r != CUDA_SUCCESS) return drv_err(ctx, st->side_sms, "cuCtxPushCurrent", r);
+    CUkernelNodeAttrValue v;
+    memset(&v, 0, sizeof v);
+    v.priority = priority;
+    r = drv.node_attr((CUgraphNode)node, CU_LAUNCH_ATTRIBUTE_PRIORITY, &v);
+    CUresult rp = drv.pop(&prev);
+    if (r != CUDA_SUCCESS) return drv_err(ctx, st->side_sms, "cuGraphKernelNodeSetAttribute", r);
+    if (rp != CUDA_SUCCESS) return drv_err(ctx, st->side_sms, "cuCtxPopCurrent", rp);
     return LUCID_OK;
 }
 
