@@ -45,6 +45,28 @@
 /* cuda/alloc.cu */
 void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
 
+/* LUCID_GRAPH_HEAD (read once; "0" turns it off): every capture starts
+ * with graph_head, one empty block on the compute stream, so the recorded
+ * graph has ONE root and every lane forked during the capture hangs from
+ * it. Why: the pose step's graph had two roots (layer 0's conv on the
+ * compute stream, the weight casts on the cast lane), and in a CUPTI
+ * timeline of the recorded fit (H200, 2026-11-30, session 14) one of the
+ * two started late in about half of the replays — the casts 146 us after
+ * the replay's start (layer 1 waits for them), and on the first replay
+ * after each validation layer 0 1.2-2.4 ms late — with the GPU idle in
+ * between; the same with 16 or 32 device connections, without the
+ * programmatic dependent launch and without node priorities. A root
+ * reached only through the graph's own edges is not left waiting. */
+static int graph_head_on(void) {
+    static int off = -1;
+    return !lucid_env_zero("LUCID_GRAPH_HEAD", &off);
+}
+
+static __global__ void graph_head(void) {
+    lucid_pdl_wait();
+    lucid_pdl_launch_dependents();
+}
+
 extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
     CUDA_ENTER(ctx, st);
     LUCID_TRY(lucid_cuda_lane_before_capture(ctx));
@@ -63,6 +85,16 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
         lucid_cuda_allocator_set_capture(st->alloc, 0);
         return lucid_cuda_err(ctx, e, "cudaStreamBeginCapture", __FILE__,
                               __LINE__);
+    }
+    if (graph_head_on()) {
+        e = lucid_launch(graph_head, dim3(1), dim3(32), 0, st->stream);
+        if (e != cudaSuccess) { /* end the capture it would have started */
+            cudaGraph_t g = NULL;
+            (void)cudaStreamEndCapture(st->stream, &g);
+            if (g) cudaGraphDestroy(g);
+            lucid_cuda_allocator_set_capture(st->alloc, 0);
+            return lucid_cuda_err(ctx, e, "launch of graph_head", __FILE__, __LINE__);
+        }
     }
     return LUCID_OK;
 }
@@ -286,6 +318,7 @@ static void graph_stats_print(cudaGraph_t graph) {
             pred[i] = -1;
             if (!indeg[i]) queue[qt++] = (long)i;
         }
+        size_t roots = (size_t)qt;
         int lp = 0, lpk = 0;
         long endk = -1;
         while (qh < qt) { /* Kahn: longest path in nodes and in kernel nodes */
@@ -302,8 +335,8 @@ static void graph_stats_print(cudaGraph_t graph) {
         }
         fprintf(stderr,
                 "lucid graph: %zu nodes (%zu kernels, %zu memcpy, %zu memset, %zu other), %zu "
-                "edges; longest path %d nodes, %d kernel nodes\n",
-                n, counts[0], counts[1], counts[2], counts[3], t.ne, lp, lpk);
+                "edges, %zu roots; longest path %d nodes, %d kernel nodes\n",
+                n, counts[0], counts[1], counts[2], counts[3], t.ne, roots, lp, lpk);
         graph_priorities_print(&t, pred, endk);
         if (graph_stats_on() == 2 && endk >= 0) graph_path_print(t.nodes, t.type, pred, endk);
     }

@@ -355,33 +355,20 @@ typedef struct bn_geom {
     int64_t parts; /* per channel: ceil(N/pp) * P */
 } bn_geom;
 
-/* LUCID_BN_PART (read once per translation unit; a whole number
- * BN_PART..2^20, rounded down to a multiple of 8; default and anything else
- * BN_PART): the most elements of one part, for A/B runs of the partition.
- * Never below BN_PART, so every channel the conv's backward-data columns
- * take (N*H*W <= LUCID_DCOLS_MAX_NS, nn_dcols.cuh) stays one part. Another
- * value changes the reduction order of the channels it re-cuts (the bits,
- * not the route's determinism). */
-static inline int64_t bn_part_elems(void) {
-    static int v = -1;
-    return (int64_t)lucid_env_int("LUCID_BN_PART", BN_PART, 1 << 20, BN_PART, &v) / 8 * 8;
-}
-
 static bn_geom bn_geom_of(int64_t N, int64_t C, int64_t S) {
     bn_geom g;
-    const int64_t part = bn_part_elems();
     g.N = N; g.C = C; g.S = S;
     g.CS = C * S;
-    if (S >= part) {
-        int64_t p0 = (S + part - 1) / part;
+    if (S >= BN_PART) {
+        int64_t p0 = (S + BN_PART - 1) / BN_PART;
         int64_t ch = (S + p0 - 1) / p0;
-        g.chunk = (ch + 7) / 8 * 8; /* <= part (a multiple of 8) */
+        g.chunk = (ch + 7) / 8 * 8; /* <= BN_PART (a multiple of 8) */
         g.P = (S + g.chunk - 1) / g.chunk;
         g.pp = 1;
     } else {
         g.chunk = S > 0 ? S : 1;
         g.P = 1;
-        g.pp = part / g.chunk;
+        g.pp = BN_PART / g.chunk;
         if (g.pp > N) g.pp = N > 0 ? N : 1;
     }
     g.parts = (N + g.pp - 1) / g.pp * g.P;

@@ -7,6 +7,10 @@
 -- of a chain of 9 adds on the compute stream beside one add on branch lane 1
 -- that joins before the last add, and prints LUCID_GRAPH_STATS's lines; the
 -- second line gives the kernel nodes by the priority read back from them.
+-- Every capture starts with the graph's head (cuda/graph.cu graph_head,
+-- LUCID_GRAPH_HEAD): one empty kernel that both the chain and the branch
+-- hang from, so the graph has 11 kernel nodes, one root, and a longest
+-- path of 10 (the head and the chain).
 local lucid = require "lucid"
 
 local gpu = lucid.cuda_available and lucid.cuda_available()
@@ -73,13 +77,13 @@ describe_gpu("recorded graph priorities #gpu", function()
     -- replay b 3 and c 11 + 8 + 3 = 22
     assert.matches("c%[1%] = 22", out)
     local r = parse(out)
-    assert.are.equal(10, (r.count[r.greatest] or 0) + (r.count[r.greatest + math.min(3, r.least - r.greatest)] or 0))
-    assert.are.equal(9, r.path)
-    assert.are.equal(9, r.on)
+    assert.are.equal(11, (r.count[r.greatest] or 0) + (r.count[r.greatest + math.min(3, r.least - r.greatest)] or 0))
+    assert.are.equal(10, r.path)
+    assert.are.equal(10, r.on)
     if r.least > r.greatest then
       -- slack 7 (8 chain adds beside 1): level 3 of the doubling bands
       local want = r.greatest + math.min(3, r.least - r.greatest)
-      assert.are.equal(9, r.count[r.greatest])
+      assert.are.equal(10, r.count[r.greatest])
       assert.are.equal(1, r.count[want])
     end
   end)
@@ -89,7 +93,19 @@ describe_gpu("recorded graph priorities #gpu", function()
     assert.is_true(ok, out)
     local r = parse(out)
     -- the compute stream and the branch lanes both have the greatest priority
-    assert.are.equal(10, r.count[r.greatest])
-    assert.are.equal(9, r.on)
+    assert.are.equal(11, r.count[r.greatest])
+    assert.are.equal(10, r.on)
+  end)
+
+  it("has one root with the head, two without it (LUCID_GRAPH_HEAD=0)", function()
+    local out, ok = child("")
+    assert.is_true(ok, out)
+    assert.matches("11 kernels, 0 memcpy, 0 memset, 0 other%), %d+ edges, 1 roots;", out)
+    assert.matches("c%[1%] = 22", out)
+    out, ok = child("LUCID_GRAPH_HEAD=0")
+    assert.is_true(ok, out)
+    -- the chain's first add and the branch's add: no head above them
+    assert.matches("10 kernels, 0 memcpy, 0 memset, 0 other%), %d+ edges, 2 roots;", out)
+    assert.matches("c%[1%] = 22", out)
   end)
 end)

@@ -97,7 +97,7 @@ if printf '%s\n' "$out" | grep -q Traceback; then echo "not ok tools: ktrace_gap
     done
 } > "$tmp/census.csv"
 {
-    echo "lucid graph: 9 nodes (9 kernels, 0 memcpy, 0 memset, 0 other), 8 edges; longest path 4 nodes, 4 kernel nodes"
+    echo "lucid graph: 9 nodes (9 kernels, 0 memcpy, 0 memset, 0 other), 8 edges, 1 roots; longest path 4 nodes, 4 kernel nodes"
     echo "lucid graph path: 0 _Z6conv_kI13__nv_bfloat16Lb1EEvi grid 400,1,1 block 128,1,1"
     echo "lucid graph path: 1 _Z4bn_kPf grid 1,64,1 block 256,1,1"
     echo "lucid graph path: 2 ? grid 4,28,1 block 384,1,1"
