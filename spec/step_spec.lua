@@ -87,6 +87,46 @@ describe("recorded step state machine (fake recorder)", function()
     for _, x in ipairs({ e, r, e2, r2 }) do x.step:release() end
   end)
 
+  it("fills two host staging sets in turn: before refilling one, the host waits only for the upload that last read it (two steps ago)", function()
+    local R = RS.fake_recorder()
+    local log = {} -- ("wait", set) before a refill, ("done", set) after its upload
+    local n_ev = 0
+    R.event = function()
+      n_ev = n_ev + 1
+      local ev = { id = n_ev }
+      function ev.record() end
+      function ev.wait() end
+      function ev.free() end
+      function ev.synchronize() log[#log + 1] = "wait " .. ev.id end
+      return ev
+    end
+    local side = R.side_copy
+    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
+    R.side_copy = function(dst, src, after, done)
+      side(dst, src, after, done)
+      if done then log[#log + 1] = "done " .. done.id end
+    end
+    for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+    local st = r.step.stages
+    assert.are.equal(2, #st)
+    assert.are_not.equal(st[1].images, st[2].images) -- two pinned sets
+    assert.are.equal(st[1].dev_images, st[2].dev_images) -- one device buffer
+    -- each set's upload event: done at its use, waited for at its next use
+    local a, b = st[2].ev.id, st[1].ev.id -- set 2 is filled first
+    local want = { "done " .. a, "done " .. b }
+    local uploads = (#log + 2) / 2 -- the first two fills wait for nothing
+    assert.is_true(uploads >= 5, "uploads: " .. uploads)
+    for k = 3, uploads do
+      local id = k % 2 == 1 and a or b
+      want[#want + 1] = "wait " .. id
+      want[#want + 1] = "done " .. id
+    end
+    assert.are.same(want, log)
+    H.same(e, r, "two staging sets")
+    r.step:release(); e.step:release()
+    assert.is_nil(r.step.stages)
+  end)
+
   it("records the clip with capture_gradient_norm (Trainer-driven) and refuses it for value clipping", function()
     local e, r = pair{ B = B, S = S, clip = { max_norm = 0.5, capture_gradient_norm = true } }
     assert.are.equal("recorded clip", r.step.route)

@@ -21,6 +21,8 @@ Segments of one call with n == batch images, once recorded:
            k+1 overlaps step k: the images once step k's input_prepare has
            read the device copies, the targets once step k's FB (its loss)
            is done; the compute stream waits for them before input_prepare.
+           Two host staging sets (LUCID_INPUT_STAGES=1: one) let the host
+           run up to two replays ahead (RS:_staging).
            LUCID_INPUT_PREFETCH=0 (read once): on the compute stream, in
            line, as before (A/B; the same bits either way).
   eager  : lucid.input_prepare (u8 -> HSV when device_hsv -> /255 in the
@@ -259,24 +261,58 @@ end
 
 -- ------------------------------------------------------------- segments
 
+-- Host staging sets (LUCID_INPUT_STAGES, read once: 1 or 2, default 2).
+-- With two, the step fills set k % 2 while the upload of the other one may
+-- still be queued, so the host waits (RS:_stage) for the upload of two steps
+-- ago instead of the last one: it may run up to two replays ahead of the
+-- device, and a host pause (the trainer's full Lua collection every 8
+-- steps, 0.5-2 ms) no longer leaves the device idle. Measured before it
+-- (H200, 2026-11-30, CUPTI timeline of a recorded fit): the replay after
+-- such a pause started 0.5-1.9 ms after its input_prepare, every 8 steps.
+local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 or 2
+
 -- Fixed staging (host) buffers and the device u8 image buffer, for n ==
 -- batch (created on the first call, and again after the input shapes
--- changed).
+-- changed): self.stage is the set in use, self.stages all of them (each
+-- with its upload event `ev` once used); the device buffers (dev_images,
+-- dev_hsv) are one pair, shared by the sets.
 function RS:_staging(batch)
   local s = self.stage
   if s then return s end
   local ctx, P = self.ctx, lucid.graph.pinned
   local function like(t) return P(t:shape(), t:dtype(), ctx) end
-  s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
-    mask = like(batch.mask) }
-  s.dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
+  local dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
+  local dev_hsv = nil
   if self.eager.device_hsv then
-    -- the loader left HSV to the device: its per-image gains [B, 3] travel too
-    s.hsv = like(batch.hsv)
-    s.dev_hsv = lucid.empty(batch.hsv:shape(), { ctx = ctx, dtype = batch.hsv:dtype() })
+    dev_hsv = lucid.empty(batch.hsv:shape(), { ctx = ctx, dtype = batch.hsv:dtype() })
   end
-  self.stage = s
-  return s
+  self.stages = {}
+  for i = 1, INPUT_STAGES do
+    s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
+      mask = like(batch.mask), dev_images = dev_images, dev_hsv = dev_hsv }
+    -- the loader left HSV to the device: its per-image gains [B, 3] travel too
+    if dev_hsv then s.hsv = like(batch.hsv) end
+    self.stages[i] = s
+  end
+  self.stage_i = 1
+  self.stage = self.stages[1]
+  return self.stage
+end
+
+-- Free every staging set (pinned buffers, upload events, the shared device
+-- buffers once).
+function RS:_free_stages()
+  local freed = {}
+  for _, st in ipairs(self.stages or { self.stage }) do
+    for k, t in pairs(st) do
+      if k == "ev" then pcall(t.free, t)
+      elseif type(t) ~= "table" and not freed[t] then
+        freed[t] = true
+        pcall(t.free, t)
+      end
+    end
+  end
+  self.stage, self.stages = nil, nil
 end
 
 local STAGED = { "images", "cls", "boxes", "kpts", "mask", "hsv" }
@@ -315,8 +351,12 @@ M.shapes_match = shapes_match
 -- the staging (input shapes changed: images, max_gt, keypoints); a failing
 -- copy is raised.
 function RS:_stage(batch)
-  local s = self:_staging(batch)
-  if self.ev_in then self.ev_in:synchronize() end
+  self:_staging(batch)
+  -- the next set: its last upload (one or two steps ago) must be done
+  self.stage_i = self.stage_i % #self.stages + 1
+  local s = self.stages[self.stage_i]
+  self.stage = s
+  if s.ev then s.ev:synchronize() end
   if not shapes_match(s, batch) then return nil end
   copy_in(s, batch)
   return s
@@ -334,30 +374,28 @@ end
 M.reshape_eager = reshape_eager
 
 function RS:_reshape(batch)
-  if self.stage then
-    for _, t in pairs(self.stage) do pcall(t.free, t) end
-    self.stage = nil
-  end
+  if self.stage then self:_free_stages() end
   reshape_eager(self.eager, batch.images:size(3), batch.cls:size(2))
 end
 
--- eager: staging -> device buffers (async memcpys), then an event. With the
--- prefetch (see the file comment) they go to the side copy stream: images
--- (+ HSV gains) after the previous step's input_prepare (ev_prep), targets
--- after the previous FB (ev_fb), and ev_in after both; the compute stream
--- waits for ev_in. Without it, in line on the compute stream.
+-- eager: staging -> device buffers (async memcpys), then the set's event
+-- (stage.ev). With the prefetch (see the file comment) they go to the side
+-- copy stream: images (+ HSV gains) after the previous step's input_prepare
+-- (ev_prep), targets after the previous FB (ev_fb), and stage.ev after
+-- both; the compute stream waits for stage.ev. Without it, in line on the
+-- compute stream.
 function RS:_h2d(b)
   local s, R = self.stage, self.recorder
+  s.ev = s.ev or R.event(self.ctx) -- this set's uploads done (RS:_stage waits for it)
   if self.prefetch then
-    self.ev_in = self.ev_in or R.event(self.ctx)
     self.ev_prep = self.ev_prep or R.event(self.ctx)
     self.ev_fb = self.ev_fb or R.event(self.ctx)
     local dst, src = { s.dev_images }, { s.images }
     if s.dev_hsv then dst[2], src[2] = s.dev_hsv, s.hsv end
     R.side_copy(dst, src, self.ev_prep)
     R.side_copy({ b.tg.cls, b.tg.boxes, b.tg.kpts, b.tg.mask }, { s.cls, s.boxes, s.kpts, s.mask }, self.ev_fb,
-      self.ev_in)
-    self.ev_in:wait()
+      s.ev)
+    s.ev:wait()
     return
   end
   s.dev_images:copy_(s.images)
@@ -366,8 +404,7 @@ function RS:_h2d(b)
   b.tg.kpts:copy_(s.kpts)
   b.tg.mask:copy_(s.mask)
   if s.dev_hsv then s.dev_hsv:copy_(s.hsv) end
-  if not self.ev_in then self.ev_in = self.recorder.event(self.ctx) end
-  self.ev_in:record()
+  s.ev:record()
 end
 
 -- The input segment's kernel: u8 staging copy -> b.x (lucid.step's
@@ -916,13 +953,10 @@ end
 -- step's buffers. Safe to call twice.
 function RS:release()
   self:_drop()
-  for _, k in ipairs({ "ev_in", "ev_up", "ev_prep", "ev_fb" }) do
+  for _, k in ipairs({ "ev_up", "ev_prep", "ev_fb" }) do
     if self[k] then pcall(self[k].free, self[k]); self[k] = nil end
   end
-  if self.stage then
-    for _, t in pairs(self.stage) do if type(t) ~= "table" then pcall(t.free, t) end end
-    self.stage = nil
-  end
+  if self.stage then self:_free_stages() end
   if not self.released then
     self.released = true
     self.eager:release()
