@@ -201,6 +201,9 @@ extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda
  * another context): with the partition's context pushed current. */
 extern "C" lucid_status lucid_cuda_side_node_priority(lucid_ctx *ctx, lucid_cuda_state *st,
                                                       void *node, int priority);
+/* Streams created in a side partition so far, any context: a test hook
+ * (spec/side_sms_spec.lua). */
+extern "C" unsigned long lucid_cuda_side_stream_count(void);
 /* Destroy st's partition (after every stream in it). */
 extern "C" void lucid_cuda_side_green_destroy(lucid_cuda_state *st);
 

@@ -99,6 +99,9 @@ static const char *resolve(void) {
     return missing;
 }
 
+/* streams created in a side partition so far, any context (test hook) */
+static unsigned long g_side_streams;
+
 extern "C" int lucid_cuda_side_sms_switch(void) {
     static int n = -1;
     return lucid_env_int("LUCID_SIDE_SMS", 0, 1 << 20, 0, &n);
@@ -162,7 +165,12 @@ extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda
     CUresult r = drv.stream(&s, (CUgreenCtx)st->side_green, CU_STREAM_NON_BLOCKING, priority);
     if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuGreenCtxStreamCreate", r);
     *stream = (cudaStream_t)s;
+    __atomic_add_fetch(&g_side_streams, 1UL, __ATOMIC_RELAXED);
     return LUCID_OK;
+}
+
+extern "C" unsigned long lucid_cuda_side_stream_count(void) {
+    return __atomic_load_n(&g_side_streams, __ATOMIC_RELAXED);
 }
 
 extern "C" lucid_status lucid_cuda_side_node_priority(lucid_ctx *ctx, lucid_cuda_state *st,

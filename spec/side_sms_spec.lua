@@ -1,0 +1,44 @@
+-- side_sms_spec.lua — the SM partition of the low-priority lanes
+-- (cuda/green.cu, LUCID_SIDE_SMS): the parameter-gradient, cast and cols
+-- lanes' streams in a green context of n SMs. #gpu: make test-gpu on the
+-- GPU machine; `make test` lists it as skipped.
+--
+-- Child processes (the switch is read once per process) run YOLO11n-pose
+-- forward + backward eagerly and replayed from a recording
+-- (spec/support/replay_child.lua), with and without LUCID_SIDE_SMS=64: the
+-- partition must be used (streams created in it) and change no bit, eager
+-- or replayed (the kernels are the same; only where they may run moves).
+local lucid = require "lucid"
+
+local gpu = lucid.cuda_available and lucid.cuda_available()
+  or (lucid.Context{ device = "auto" }:device():sub(1, 4) == "cuda")
+local describe_gpu = gpu and describe or pending
+
+describe_gpu("the side lanes' SM partition (LUCID_SIDE_SMS) #gpu", function()
+  it("runs the lanes in a partition and gives the bits of the whole device, eager and replayed", function()
+    package.path = "spec/?.lua;" .. package.path
+    local child = require("support.replay_child")
+    local src = child.source({
+      shape = { 4, 3, 320, 320 },
+      setup = [[
+package.path = "spec/?.lua;" .. package.path
+local lib = require("support.ffi_lib").lib_with("lucid_cuda_side_stream_count",
+  "unsigned long lucid_cuda_side_stream_count(void);")
+]],
+      after_capture = 'io.write("side_streams=", tonumber(lib.lucid_cuda_side_stream_count()), "\\n")\n',
+    })
+    local function run(env)
+      local out = child.run(src, env)
+      return out:match("eager=(%S+)"), out:match("replay=(%S+)"), tonumber(out:match("side_streams=(%d+)")), out
+    end
+    local e0, r0, n0, o0 = run("env -u LUCID_SIDE_SMS")
+    local e1, r1, n1, o1 = run("env LUCID_SIDE_SMS=64")
+    assert.is_truthy(e0 and r0, o0)
+    assert.is_truthy(e1 and r1, o1)
+    assert.equal(0, n0, o0)
+    assert.is_true(n1 > 0, o1) -- the parameter-gradient lanes at least
+    assert.are_not.equal(e0, r0) -- the halved weights changed the replay's result
+    assert.equal(e0, e1, o1)
+    assert.equal(r0, r1, o1)
+  end)
+end)
