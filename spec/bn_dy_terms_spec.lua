@@ -547,12 +547,8 @@ local lib = pcall(function() return ffi.C.lucid_cuda_bn_terms_count end) and ffi
       before_capture = "local k0 = tonumber(lib.lucid_cuda_bn_terms_count())\n",
       after_capture = 'io.write("recorded_terms=", tonumber(lib.lucid_cuda_bn_terms_count()) - k0, "\\n")\n',
     })
-    local function run(env)
-      local out = child.run(src, env)
-      return out:match("eager=(%S+)"), out:match("replay=(%S+)"), tonumber(out:match("recorded_terms=(%d+)")), out
-    end
-    local e1, r1, k1, o1 = run("env -u LUCID_BN_DY_TERMS")
-    local e0, r0, k0, o0 = run("env LUCID_BN_DY_TERMS=0")
+    local e1, r1, k1, o1 = child.digests(src, "env -u LUCID_BN_DY_TERMS", "recorded_terms")
+    local e0, r0, k0, o0 = child.digests(src, "env LUCID_BN_DY_TERMS=0", "recorded_terms")
     assert.is_truthy(e1 and r1, o1)
     assert.is_truthy(e0 and r0, o0)
     assert.are_not.equal(e1, r1) -- the halved weights changed the replay's result

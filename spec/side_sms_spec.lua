@@ -27,12 +27,8 @@ local lib = require("support.ffi_lib").lib_with("lucid_cuda_side_stream_count",
 ]],
       after_capture = 'io.write("side_streams=", tonumber(lib.lucid_cuda_side_stream_count()), "\\n")\n',
     })
-    local function run(env)
-      local out = child.run(src, env)
-      return out:match("eager=(%S+)"), out:match("replay=(%S+)"), tonumber(out:match("side_streams=(%d+)")), out
-    end
-    local e0, r0, n0, o0 = run("env -u LUCID_SIDE_SMS")
-    local e1, r1, n1, o1 = run("env LUCID_SIDE_SMS=64")
+    local e0, r0, n0, o0 = child.digests(src, "env -u LUCID_SIDE_SMS", "side_streams")
+    local e1, r1, n1, o1 = child.digests(src, "env LUCID_SIDE_SMS=64", "side_streams")
     assert.is_truthy(e0 and r0, o0)
     assert.is_truthy(e1 and r1, o1)
     assert.equal(0, n0, o0)

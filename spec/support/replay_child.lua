@@ -12,6 +12,9 @@
 --   run(src, env) -> the child's stdout and stderr: src written to a
 --     temporary file, run as `<env> luajit <file>` (env: a shell prefix such
 --     as "env -u LUCID_X"), the file removed.
+--   digests(src, env, key) -> run's output read: the eager digest, the
+--     replay digest (nil when missing), the whole number the child printed
+--     as "<key>=<n>" (nil without key or line), and the output itself.
 local M = {}
 
 function M.source(o)
@@ -68,6 +71,12 @@ function M.run(src, env)
   p:close()
   os.remove(script)
   return out
+end
+
+function M.digests(src, env, key)
+  local out = M.run(src, env)
+  return out:match("eager=(%S+)"), out:match("replay=(%S+)"), key and tonumber(out:match(key .. "=(%d+)")),
+    out
 end
 
 return M
