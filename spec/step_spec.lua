@@ -123,6 +123,9 @@ describe("recorded step state machine (fake recorder)", function()
     end
     assert.are.same(want, log)
     H.same(e, r, "two staging sets")
+    -- the FB launches' host time: counted for the replays only
+    local st2 = r.step:stats()
+    assert.is_true(st2.fb_launch_us > 0 and st2.fb_launch_us_max >= st2.fb_launch_us, tostring(st2.fb_launch_us))
     r.step:release(); e.step:release()
     assert.is_nil(r.step.stages)
   end)

@@ -221,6 +221,7 @@ function M.new(o)
   self.mode_check_s, self.mode_checks = 0, 0       -- after a mode round trip
   self.full_check_s, self.full_checks = 0, 0       -- full checks
   self.restored = 0
+  self.launch_s, self.launch_n, self.launch_max_s = 0, 0, 0 -- host time of the FB replays' launches (RS:run)
   self.graphs = {}
   local device = o.ctx:device()
   if device:sub(1, 4) ~= "cuda" and not o.recorder then
@@ -824,7 +825,14 @@ function RS:run(batch, do_opt)
   self:_h2d(b)
   self:_prepare(b)
   if replay then
+    -- the host time of the FB launch (the driver's cudaGraphLaunch): a
+    -- diagnostic for replays that start late after their input kernel
+    local clock = self.recorder.clock
+    local t0 = clock()
     self:_launch("fb")
+    local dt = clock() - t0
+    self.launch_s, self.launch_n = self.launch_s + dt, self.launch_n + 1
+    if dt > self.launch_max_s then self.launch_max_s = dt end
     self.replays = self.replays + 1
   else
     self:_record("fb", function() self:_fb(b) end)
@@ -931,7 +939,8 @@ function RS:val_losses() return self.eager:val_losses() end
 -- cheap path, normally) and the slow checks that found only another
 -- model's change or a mode out of place; full_checks / full_check_us: full
 -- checks; contract_us_per_replay: the mean over all three (the per-step
--- host cost of the contract).
+-- host cost of the contract); fb_launch_us / fb_launch_us_max: the mean and
+-- the largest host time of the FB graph launch call (RS:run), microseconds.
 function RS:stats()
   local e = self.eager
   local nall = self.checks + self.mode_checks + self.full_checks
@@ -946,6 +955,8 @@ function RS:stats()
     mode_check_us = self.mode_checks > 0 and 1e6 * self.mode_check_s / self.mode_checks or nil,
     full_check_us = self.full_checks > 0 and 1e6 * self.full_check_s / self.full_checks or nil,
     contract_us_per_replay = nall > 0 and 1e6 * (self.check_s + self.mode_check_s + self.full_check_s) / nall or nil,
+    fb_launch_us = self.launch_n > 0 and 1e6 * self.launch_s / self.launch_n or nil,
+    fb_launch_us_max = self.launch_n > 0 and 1e6 * self.launch_max_s or nil,
   }
 end
 
