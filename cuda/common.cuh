@@ -185,9 +185,10 @@ typedef struct lucid_cuda_state {
     int side_sms;
 } lucid_cuda_state;
 
-/* green.cu: LUCID_SIDE_SMS (read once; 0 when unset or not a whole number):
- * the SM count of the partition that the parameter-gradient, cast and cols
- * lanes run in (0: no partition). */
+/* green.cu: LUCID_SIDE_SMS (read once): the SM count asked for the
+ * partition that the parameter-gradient, cast and cols lanes run in; 0
+ * when unset or empty (no partition), -1 when not a whole number 0..2^20
+ * (lucid_cuda_side_stream_create then fails with ERR_ARG naming it). */
 extern "C" int lucid_cuda_side_sms_switch(void);
 /* A stream with `priority` for a low-priority lane of st: in st's partition
  * (created on first use) when LUCID_SIDE_SMS asks for fewer SMs than the

@@ -50,13 +50,13 @@ void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
  * graph has ONE root and every lane forked during the capture hangs from
  * it. Why: the pose step's graph had two roots (layer 0's conv on the
  * compute stream, the weight casts on the cast lane), and in a CUPTI
- * timeline of the recorded fit (H200, 2026-11-30, session 14) one of the
- * two started late in about half of the replays — the casts 146 us after
- * the replay's start (layer 1 waits for them), and on the first replay
- * after each validation layer 0 1.2-2.4 ms late — with the GPU idle in
- * between; the same with 16 or 32 device connections, without the
- * programmatic dependent launch and without node priorities. A root
- * reached only through the graph's own edges is not left waiting. */
+ * timeline of the recorded fit (H200, 2026-11-30, session 14) the casts
+ * started 146-150 us after the replay's start in about half of the replays
+ * (layer 1 waits for them), the GPU idle in between; the same with 16 or
+ * 32 device connections, without the programmatic dependent launch and
+ * without node priorities. With the head: 0 and 5 late starts in ~57
+ * replays (DECISIONS 42). (The first replay after each validation still
+ * starts 0.5-1.8 ms after its input kernel, head or not: another cause.) */
 static int graph_head_on(void) {
     static int off = -1;
     return !lucid_env_zero("LUCID_GRAPH_HEAD", &off);

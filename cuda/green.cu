@@ -1,32 +1,39 @@
 /*
  * green.cu — an SM partition for the lanes whose work is off the critical
- * path (LUCID_SIDE_SMS; lane.cu): the parameter-gradient lanes, the cast
- * lane and the cols lane get their streams from a green context of n SMs
- * (CUDA driver API, green contexts, CUDA 12.4+), so their kernels can
- * never hold more than n of the device's SMs, while the compute stream and
- * the branch lanes (the chain of the step) keep the whole device.
+ * path (LUCID_SIDE_SMS, opt-in; lane.cu): the parameter-gradient lanes, the
+ * cast lane and the cols lane get their streams from a green context of n
+ * SMs (CUDA driver API, green contexts; cuGreenCtxStreamCreate is CUDA
+ * 12.5+), so their kernels never run on more SMs than the partition holds
+ * (n rounded up by the driver to its partition granularity: 8 SMs on sm_90),
+ * while the compute stream and the branch lanes (the chain of the step) keep
+ * the whole device.
  *
- * Why: a CUPTI timeline of the recorded step (H200, session 13, 4edf077)
- * had the kernels of the step's measured path running up to 3x longer in
- * the backward than the same kernels alone: the filter-gradient GEMMs and
- * folds of the low-priority lanes hold SMs when a path kernel is launched
- * (stream priorities order the blocks waiting to be scheduled, they do not
- * preempt resident ones). Summed over the path, its kernels took ~0.5 ms
- * more than the fastest instance of the same kernel and grid on the same
- * path. A partition bounds that: at least (SM count - n) SMs never run
- * side work.
+ * Why it was built: a CUPTI timeline of the recorded step (H200, session 13)
+ * had the step's path kernels running up to 3x longer in the backward than
+ * the same kernels alone, beside the filter-gradient GEMMs and folds of the
+ * low-priority lanes (stream priorities order the blocks waiting to be
+ * scheduled; they do not preempt resident ones). What it measured (session
+ * 14, DECISIONS 43): no gain at 64, 96 or 112 SMs, so that inflation is not
+ * SMs held by side blocks. Kept as an A/B knob.
  *
  * The kernels are the same on every route, so results are bitwise those of
- * the unpartitioned lanes, as long as cuBLAS picks the same GEMM kernels
- * for a stream of the partition (it sizes its grids from the device, not
- * from the stream's context, on CUDA 13.0 as measured: the fits' hashes).
+ * the unpartitioned lanes as long as cuBLAS picks the same GEMM kernels for
+ * a stream of the partition (measured on CUDA 13.0: the fits' hashes and
+ * spec/side_sms_spec.lua).
  *
  * The driver functions are taken through cudaGetDriverEntryPointByVersion
- * (no link against libcuda). Errors: a setting the device cannot honour
- * (no green contexts in the driver, a partition refused) fails the lane's
- * creation with ERR_UNSUPPORTED naming LUCID_SIDE_SMS, the value and the
- * driver call; the caller (lane.cu) then keeps the lane off and the work on
- * the current stream, as for any lane whose creation failed.
+ * at the toolkit's ABI (no link against libcuda). Errors: LUCID_SIDE_SMS
+ * not a whole number 0..2^20 is ERR_ARG naming the value; a partition the
+ * device cannot give (no green contexts in the driver, a count the split
+ * refuses, e.g. one that rounds up past the device) is ERR_UNSUPPORTED
+ * naming the setting and the driver call. Either error fails the lane's
+ * creation, so the op that forked the lane fails with it (a run asked for a
+ * partition never runs silently without one); a lane whose creation failed
+ * stays off (lane.cu), and every other lane's creation fails the same way.
+ * Known limit: the runtime's kernel-node calls refuse nodes captured from
+ * the partition's streams (cudaErrorDeviceUninitialized), so the slack
+ * priorities set theirs through the driver (lucid_cuda_side_node_priority)
+ * and LUCID_GRAPH_STATS may count them as unreadable.
  * Source: CUDA Driver API, "Green Contexts" (cuda.h, CUDA 13.0).
  */
 #include "common.cuh"
@@ -103,8 +110,14 @@ static const char *resolve(void) {
 static unsigned long g_side_streams;
 
 extern "C" int lucid_cuda_side_sms_switch(void) {
-    static int n = -1;
-    return lucid_env_int("LUCID_SIDE_SMS", 0, 1 << 20, 0, &n);
+    static int n = -2;
+    if (n == -2) {
+        const char *e = getenv("LUCID_SIDE_SMS");
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : 0;
+        n = (!e || !*e) ? 0 : (end && *end == '\0' && v >= 0 && v <= (1L << 20)) ? (int)v : -1;
+    }
+    return n;
 }
 
 static lucid_status drv_err(lucid_ctx *ctx, int want, const char *call, CUresult r) {
@@ -116,7 +129,7 @@ static lucid_status drv_err(lucid_ctx *ctx, int want, const char *call, CUresult
 
 /* The partition of st (created on first use): st->side_green, with
  * st->side_sms its SM count. want >= the device's SM count: no partition
- * (side_sms = 0, LUCID_OK). */
+ * (side_sms = -1: plain streams, LUCID_OK). */
 static lucid_status side_green(lucid_ctx *ctx, lucid_cuda_state *st, int want) {
     if (st->side_green || st->side_sms < 0) return LUCID_OK;
     if (want >= st->sm_count) {
@@ -140,8 +153,14 @@ static lucid_status side_green(lucid_ctx *ctx, lucid_cuda_state *st, int want) {
     if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuDeviceGetDevResource", r);
     unsigned int groups = 1;
     r = drv.split(&part, &groups, &all, &rest, 0, (unsigned int)want);
-    if (r != CUDA_SUCCESS || groups != 1)
-        return drv_err(ctx, want, "cuDevSmResourceSplitByCount", r);
+    if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuDevSmResourceSplitByCount", r);
+    if (groups != 1)
+        return lucid_seterr(ctx, LUCID_ERR_UNSUPPORTED,
+                            "LUCID_SIDE_SMS=%d: cuDevSmResourceSplitByCount made no partition "
+                            "of %d SMs (partitions of at least %u SMs, in steps of %u; %u "
+                            "in all): ask for fewer, or unset LUCID_SIDE_SMS",
+                            want, want, all.sm.minSmPartitionSize, all.sm.smCoscheduledAlignment,
+                            all.sm.smCount);
     CUdevResourceDesc desc;
     r = drv.desc(&desc, &part, 1);
     if (r != CUDA_SUCCESS) return drv_err(ctx, want, "cuDevResourceGenerateDesc", r);
@@ -156,6 +175,11 @@ static lucid_status side_green(lucid_ctx *ctx, lucid_cuda_state *st, int want) {
 extern "C" lucid_status lucid_cuda_side_stream_create(lucid_ctx *ctx, lucid_cuda_state *st,
                                                       int priority, cudaStream_t *stream) {
     int want = lucid_cuda_side_sms_switch();
+    if (want < 0)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "LUCID_SIDE_SMS=\"%s\": expected a whole number of SMs, 0 to "
+                            "1048576 (0 or unset: no partition)",
+                            getenv("LUCID_SIDE_SMS") ? getenv("LUCID_SIDE_SMS") : "");
     if (want > 0) LUCID_TRY(side_green(ctx, st, want));
     if (!st->side_green) {
         CUDA_CHECK(ctx, cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, priority));
@@ -196,10 +220,4 @@ extern "C" void lucid_cuda_side_green_destroy(lucid_cuda_state *st) {
     if (st->side_green && drv.destroy) drv.destroy((CUgreenCtx)st->side_green);
     st->side_green = NULL;
     st->side_sms = 0;
-}
-
-extern "C" int lucid_cuda_side_sms(lucid_ctx *ctx) {
-    if (!ctx || !ctx->accel || !ctx->backend_state) return 0;
-    const lucid_cuda_state *st = (const lucid_cuda_state *)ctx->backend_state;
-    return st->side_green ? st->side_sms : 0;
 }

@@ -87,47 +87,79 @@ describe("recorded step state machine (fake recorder)", function()
     for _, x in ipairs({ e, r, e2, r2 }) do x.step:release() end
   end)
 
-  it("fills two host staging sets in turn: before refilling one, the host waits only for the upload that last read it (two steps ago)", function()
-    local R = RS.fake_recorder()
-    local log = {} -- ("wait", set) before a refill, ("done", set) after its upload
-    local n_ev = 0
-    R.event = function()
-      n_ev = n_ev + 1
-      local ev = { id = n_ev }
-      function ev.record() end
-      function ev.wait() end
-      function ev.free() end
-      function ev.synchronize() log[#log + 1] = "wait " .. ev.id end
-      return ev
+  it("fills the host staging sets in turn (input_stages 2, then 1): before refilling a set the host waits for the upload that last read it, and only for that one", function()
+    for _, n in ipairs({ 2, 1 }) do
+      local R = RS.fake_recorder()
+      local log = {} -- "wait <event>" before a refill, "done <event>" after an upload
+      local n_ev = 0
+      local r
+      R.event = function()
+        n_ev = n_ev + 1
+        local ev = { id = n_ev }
+        function ev.record() end
+        function ev.wait() end
+        function ev.free() end
+        function ev.synchronize()
+          log[#log + 1] = "wait " .. ev.id
+          -- the set this event guards still holds what its upload read: the
+          -- host waits before it refills the set, not after
+          for _, st in ipairs(r.step.stages) do
+            if st.ev == ev then assert.equal(ev.uploaded, lucid.hash_tensor(st.images), "set refilled before the wait") end
+          end
+        end
+        return ev
+      end
+      local side = R.side_copy
+      local e
+      e, r = pair{ B = B, S = S, warmup = 2, recorder = R, input_stages = n }
+      r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
+      R.side_copy = function(dst, src, after, done)
+        side(dst, src, after, done)
+        if done then
+          log[#log + 1] = "done " .. done.id
+          done.uploaded = lucid.hash_tensor(r.step.stage.images)
+        end
+      end
+      assert.are_not.equal(lucid.hash_tensor(H.batch(B, S, 1).images), lucid.hash_tensor(H.batch(B, S, 2).images))
+      for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+      local st = r.step.stages
+      assert.are.equal(n, #st)
+      local want, uploads = {}, 0
+      for _, l in ipairs(log) do if l:match("^done") then uploads = uploads + 1 end end
+      assert.is_true(uploads >= 5, "uploads: " .. uploads)
+      if n == 2 then
+        assert.are_not.equal(st[1].images, st[2].images) -- two pinned sets
+        assert.are.equal(st[1].dev_images, st[2].dev_images) -- one device buffer
+        -- each set's upload event: done at its use, waited for at its next use
+        local a, b = st[2].ev.id, st[1].ev.id -- set 2 is filled first
+        want = { "done " .. a, "done " .. b }
+        for k = 3, uploads do
+          local id = k % 2 == 1 and a or b
+          want[#want + 1] = "wait " .. id
+          want[#want + 1] = "done " .. id
+        end
+      else
+        local a = st[1].ev.id -- one set: the previous upload before every refill
+        want = { "done " .. a }
+        for _ = 2, uploads do
+          want[#want + 1] = "wait " .. a
+          want[#want + 1] = "done " .. a
+        end
+      end
+      assert.are.same(want, log)
+      H.same(e, r, n .. " staging sets")
+      -- the FB launches' host time: counted for the replays only
+      local s2 = r.step:stats()
+      assert.is_true(s2.fb_launch_us > 0 and s2.fb_launch_us_max >= s2.fb_launch_us, tostring(s2.fb_launch_us))
+      r.step:release(); e.step:release()
+      assert.is_nil(r.step.stages)
     end
-    local side = R.side_copy
-    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
-    R.side_copy = function(dst, src, after, done)
-      side(dst, src, after, done)
-      if done then log[#log + 1] = "done " .. done.id end
-    end
-    for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
-    local st = r.step.stages
-    assert.are.equal(2, #st)
-    assert.are_not.equal(st[1].images, st[2].images) -- two pinned sets
-    assert.are.equal(st[1].dev_images, st[2].dev_images) -- one device buffer
-    -- each set's upload event: done at its use, waited for at its next use
-    local a, b = st[2].ev.id, st[1].ev.id -- set 2 is filled first
-    local want = { "done " .. a, "done " .. b }
-    local uploads = (#log + 2) / 2 -- the first two fills wait for nothing
-    assert.is_true(uploads >= 5, "uploads: " .. uploads)
-    for k = 3, uploads do
-      local id = k % 2 == 1 and a or b
-      want[#want + 1] = "wait " .. id
-      want[#want + 1] = "done " .. id
-    end
-    assert.are.same(want, log)
-    H.same(e, r, "two staging sets")
-    -- the FB launches' host time: counted for the replays only
-    local st2 = r.step:stats()
-    assert.is_true(st2.fb_launch_us > 0 and st2.fb_launch_us_max >= st2.fb_launch_us, tostring(st2.fb_launch_us))
-    r.step:release(); e.step:release()
-    assert.is_nil(r.step.stages)
+  end)
+
+  it("lucid.Step refuses input_stages other than 1 or 2, naming it", function()
+    local ok, err = pcall(pair, { B = B, S = S, input_stages = 3 })
+    assert.is_false(ok)
+    assert.matches("field 'input_stages' must be 1 or 2, got 3", err)
   end)
 
   it("records the clip with capture_gradient_norm (Trainer-driven) and refuses it for value clipping", function()

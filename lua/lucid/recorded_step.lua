@@ -173,11 +173,23 @@ local function new_object()
   return setmetatable({}, mt)
 end
 
+-- Host staging sets (LUCID_INPUT_STAGES, read when this module loads: "1"
+-- gives one set, anything else two; RS.new's input_stages field overrides it).
+-- With two, the step fills set k % 2 while the upload of the other one may
+-- still be queued, so the host waits (RS:_stage) for the upload of two steps
+-- ago instead of the last one: it may run up to two replays ahead of the
+-- device, and a host pause (the trainer's full Lua collection every 8
+-- steps, 0.5-2 ms) no longer leaves the device idle. Measured before it
+-- (H200, 2026-11-30, CUPTI timeline of a recorded fit): the replay after
+-- such a pause started 0.5-1.9 ms after its input_prepare, every 8 steps.
+local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 or 2
+
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
--- recording, default 3), recorder (tests), log (function(line): where the
--- route is reported once; default stderr).
+-- recording, default 3), input_stages (host staging sets, 1 or 2; default
+-- LUCID_INPUT_STAGES's, RS:_staging), recorder (tests), log (function(line):
+-- where the route is reported once; default stderr).
 -- The fields lucid.Step / M.new cannot do without, and what each must be.
 local REQUIRED = {
   { "ctx", "userdata", "a lucid.Context" }, { "model", "table", "the model (lucid.model)" },
@@ -200,7 +212,11 @@ function M.new(o)
   local self = new_object()
   local eo = {}
   for k, v in pairs(o) do eo[k] = v end
+  if o.input_stages ~= nil and o.input_stages ~= 1 and o.input_stages ~= 2 then
+    error(string.format("lucid.Step: field 'input_stages' must be 1 or 2, got %s", tostring(o.input_stages)), 2)
+  end
   eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
+  eo.input_stages = nil
   self.eager = step_mod.new(eo)
   -- every step's loss items (cfg.record_losses): one list for both routes
   self.recorded_losses = self.eager.recorded_losses
@@ -209,6 +225,7 @@ function M.new(o)
   self.clip = o.clip or {}
   self.policy = clip_policy(self.clip)
   self.warmup = o.warmup or 3
+  self.input_stages = o.input_stages or INPUT_STAGES
   self.log = o.log or function(line) io.stderr:write(line, "\n") end
   self.recorder = o.recorder or real_recorder()
   -- the next batch's upload on the side copy stream (file comment)
@@ -262,15 +279,6 @@ end
 
 -- ------------------------------------------------------------- segments
 
--- Host staging sets (LUCID_INPUT_STAGES, read once: 1 or 2, default 2).
--- With two, the step fills set k % 2 while the upload of the other one may
--- still be queued, so the host waits (RS:_stage) for the upload of two steps
--- ago instead of the last one: it may run up to two replays ahead of the
--- device, and a host pause (the trainer's full Lua collection every 8
--- steps, 0.5-2 ms) no longer leaves the device idle. Measured before it
--- (H200, 2026-11-30, CUPTI timeline of a recorded fit): the replay after
--- such a pause started 0.5-1.9 ms after its input_prepare, every 8 steps.
-local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 or 2
 
 -- Fixed staging (host) buffers and the device u8 image buffer, for n ==
 -- batch (created on the first call, and again after the input shapes
@@ -288,7 +296,7 @@ function RS:_staging(batch)
     dev_hsv = lucid.empty(batch.hsv:shape(), { ctx = ctx, dtype = batch.hsv:dtype() })
   end
   self.stages = {}
-  for i = 1, INPUT_STAGES do
+  for i = 1, self.input_stages do
     s = { images = like(batch.images), cls = like(batch.cls), boxes = like(batch.boxes), kpts = like(batch.kpts),
       mask = like(batch.mask), dev_images = dev_images, dev_hsv = dev_hsv }
     -- the loader left HSV to the device: its per-image gains [B, 3] travel too
@@ -346,7 +354,8 @@ local function shapes_match(s, batch)
 end
 M.shapes_match = shapes_match
 
--- host: loader batch -> staging, once the previous step's uploads are done.
+-- host: loader batch -> the next staging set, once the upload that last
+-- read that set (one step ago with one set, two with two) is done.
 -- The shape comparison is the input-shape part of the contract check:
 -- returns nil, copying nothing, when a batch tensor's shape differs from
 -- the staging (input shapes changed: images, max_gt, keypoints); a failing
