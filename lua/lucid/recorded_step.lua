@@ -288,6 +288,11 @@ end
 function RS:_staging(batch)
   local s = self.stage
   if s then return s end
+  -- new device buffers (here and the eager step's, after new input shapes)
+  -- may reuse blocks that work queued on the compute stream still reads:
+  -- the side copies into them wait for everything queued so far
+  if self.ev_prep then self.ev_prep:record() end
+  if self.ev_fb then self.ev_fb:record() end
   local ctx, P = self.ctx, lucid.graph.pinned
   local function like(t) return P(t:shape(), t:dtype(), ctx) end
   local dev_images = lucid.empty(batch.images:shape(), { ctx = ctx, dtype = "u8" })
