@@ -280,6 +280,7 @@ lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event);
 lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event);
 void lucid_cuda_event_destroy(lucid_ctx *ctx, void *event);
 lucid_status lucid_cuda_event_wait(lucid_ctx *ctx, void *event);
+lucid_status lucid_cuda_event_record_node(lucid_ctx *ctx, void **event);
 lucid_status lucid_cuda_side_copy(lucid_ctx *ctx, int n, void *const *dst, const void *const *src,
                                   const size_t *bytes, void *after, void **done);
 }
@@ -325,6 +326,7 @@ static const lucid_backend cuda_backend = {
     /* the side copy stream (graph.cu) */
     lucid_cuda_event_wait,
     lucid_cuda_side_copy,
+    lucid_cuda_event_record_node,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

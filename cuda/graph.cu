@@ -557,6 +557,22 @@ extern "C" lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event) {
     return LUCID_OK;
 }
 
+extern "C" lucid_status lucid_cuda_event_record_node(lucid_ctx *ctx, void **event) {
+    CUDA_ENTER(ctx, st);
+    if (!*event) {
+        cudaEvent_t ev = NULL;
+        CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        *event = (void *)ev;
+    }
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
+    CUDA_CHECK(ctx, cudaEventRecordWithFlags((cudaEvent_t)*event, st->stream,
+                                             cs != cudaStreamCaptureStatusNone
+                                                 ? cudaEventRecordExternal
+                                                 : cudaEventRecordDefault));
+    return LUCID_OK;
+}
+
 extern "C" lucid_status lucid_cuda_event_synchronize(lucid_ctx *ctx, void *event) {
     if (!event) return LUCID_OK; /* never recorded */
     CUDA_ENTER(ctx, st);

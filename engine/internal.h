@@ -183,6 +183,11 @@ typedef struct lucid_backend {
      * first use; done NULL: none). ERR_STATE during a capture. */
     lucid_status (*side_copy)(lucid_ctx *ctx, int n, void *const *dst, const void *const *src,
                               const size_t *bytes, void *after, void **done);
+    /* Record *event (created on first use) at the current tail of the
+     * compute stream without joining the lanes; while a capture is open, as
+     * an external event record node of the graph (each replay records it at
+     * that point). NULL: not supported. */
+    lucid_status (*event_record_node)(lucid_ctx *ctx, void **event);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */

@@ -10,7 +10,9 @@
  *   lucid.graph.capturing([ctx]) -> boolean
  *   Graph: g:launch(), g:free() (also __gc)
  *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:wait()
- *     (the compute stream waits for e's last record), e:free()
+ *     (the compute stream waits for e's last record), e:record_node() (the
+ *     compute stream only, no lane join; inside a capture an external event
+ *     node: lucid_event_record_node), e:free()
  *   lucid.graph.side_copy({dst...}, {src...}, [after], [done])  (copies on
  *     the side copy stream, after Event `after`, then `done` recorded:
  *     lucid_side_copy; the recorded step's next-batch upload)
@@ -190,6 +192,13 @@ static event_box *check_event(lua_State *L, int idx) {
 static int l_event_record(lua_State *L) {
     event_box *b = check_event(L, 1);
     lucid_status st = lucid_event_record(b->e);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    return 0;
+}
+
+static int l_event_record_node(lua_State *L) {
+    event_box *b = check_event(L, 1);
+    lucid_status st = lucid_event_record_node(b->e);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
     return 0;
 }
@@ -466,7 +475,8 @@ static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods,
 static const luaL_Reg graph_methods[] = {
     {"launch", l_graph_launch}, {"free", l_graph_free}, {NULL, NULL}};
 static const luaL_Reg event_methods[] = {
-    {"record", l_event_record}, {"synchronize", l_event_synchronize},
+    {"record", l_event_record}, {"record_node", l_event_record_node},
+    {"synchronize", l_event_synchronize},
     {"wait", l_event_wait}, {"free", l_event_free}, {NULL, NULL}};
 static const luaL_Reg refs_methods[] = {
     {"check", l_refs_check}, {"quick", l_refs_quick}, {"guard", l_refs_guard},

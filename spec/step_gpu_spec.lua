@@ -105,6 +105,40 @@ describe_gpu("recorded step on CUDA #gpu", function()
     for i = 1, 8 do both(e2, r2, H.batch(B, S, i), i % 2 == 0) end
     H.same(e2, r2, "prefetch off")
     release(e2, r2)
+    -- ev_fb inside the FB graph after the loss (fb_event, LUCID_FB_EVENT):
+    -- the targets of step k+1 upload during replay k's backward; the bits
+    -- stay those of eager, and of one staging set
+    for _, n in ipairs({ 2, 1 }) do
+      local e3, r3 = pair{ precision = "bf16", fb_event = true, input_stages = n }
+      assert.is_true(r3.step:stats().fb_event)
+      for i = 1, 8 do both(e3, r3, H.batch(B, S, i), i % 2 == 0) end
+      H.same(e3, r3, "fb_event, " .. n .. " staging sets")
+      release(e3, r3)
+    end
+    -- the primitive record_node: recorded inside a graph as an external
+    -- event node, a side copy that waits for it runs after the replay
+    -- reached it (the chain before it, not the one after)
+    do
+      local ctx = ctx_()
+      local G = lucid.graph
+      local src = lucid.ones({ 1048576 }, { ctx = ctx })
+      local acc = lucid.zeros({ 1048576 }, { ctx = ctx })
+      local ev = G.Event(ctx)
+      G.capture_begin(ctx)
+      for _ = 1, 20 do acc:add_(src) end
+      ev:record_node()
+      local g = G.capture_end(ctx)
+      g:launch()
+      local host = G.pinned({ 1048576 }, "f32", ctx)
+      host:fill_(3)
+      local done = G.Event(ctx)
+      G.side_copy({ src }, { host }, ev, done) -- overwrites what the 20 adds read
+      done:wait()
+      acc:add_(src)
+      assert.are.equal((20 + 3) * 1048576, acc:sum():item())
+      g:free(); ev:free(); done:free()
+      for _, x in ipairs({ src, acc, host }) do x:free() end
+    end
     -- the primitive: a long compute-stream chain, an event after it, a side
     -- copy that waits for it and overwrites what the chain read; the host
     -- values land only after the chain, and the compute stream sees them

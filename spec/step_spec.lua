@@ -156,6 +156,36 @@ describe("recorded step state machine (fake recorder)", function()
     end
   end)
 
+  it("fb_event: ev_fb is recorded inside FB after the loss backward (record_node) and not again after a replay's launch; identical to eager", function()
+    local R = RS.fake_recorder()
+    local calls = {} -- event id -> { record = n, record_node = n }
+    local n_ev = 0
+    R.event = function()
+      n_ev = n_ev + 1
+      local c = { record = 0, record_node = 0 }
+      calls[n_ev] = c
+      return { id = n_ev, record = function() c.record = c.record + 1 end,
+        record_node = function() c.record_node = c.record_node + 1 end,
+        synchronize = function() end, wait = function() end, free = function() end }
+    end
+    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R, fb_event = true }
+    r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
+    assert.is_true(r.step:stats().fb_event)
+    for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+    local fb = calls[r.step.ev_fb.id]
+    -- 2 warm-up calls, the recording call (its launch runs the segment
+    -- once), 3 replays: every FB execution records ev_fb after the loss; the
+    -- host records it after FB only in the warm-ups and the recording call
+    assert.are.equal(6, fb.record_node)
+    assert.are.equal(3, fb.record)
+    assert.are.equal(3, r.step:stats().replays) -- FB replays (the optimizer runs eagerly here)
+    H.same(e, r, "fb_event")
+    r.step:release(); e.step:release()
+    local e2, r2 = pair{ B = B, S = S, warmup = 2, fb_event = false }
+    assert.is_false(r2.step:stats().fb_event)
+    r2.step:release(); e2.step:release()
+  end)
+
   it("lucid.Step refuses input_stages other than 1 or 2, naming it", function()
     local ok, err = pcall(pair, { B = B, S = S, input_stages = 3 })
     assert.is_false(ok)

@@ -117,6 +117,13 @@ lucid_status lucid_event_record(lucid_event *e) {
     return e->ctx->accel->event_record(e->ctx, &e->ev);
 }
 
+lucid_status lucid_event_record_node(lucid_event *e) {
+    if (!e->ctx->accel->event_record_node)
+        return lucid_seterr(e->ctx, LUCID_ERR_UNSUPPORTED, "event record_node: not supported "
+                            "by this build's CUDA backend");
+    return e->ctx->accel->event_record_node(e->ctx, &e->ev);
+}
+
 lucid_status lucid_event_synchronize(lucid_event *e) {
     return e->ctx->accel->event_synchronize(e->ctx, e->ev);
 }

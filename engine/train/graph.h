@@ -67,6 +67,15 @@ typedef struct lucid_event lucid_event;
 lucid_status lucid_event_create(lucid_ctx *ctx, lucid_event **out);
 /* Record it at the current tail of the compute stream. */
 lucid_status lucid_event_record(lucid_event *e);
+/* Record e at the current tail of the compute stream only (the lanes are
+ * not joined, unlike lucid_event_record); inside a capture of ctx's stream
+ * as an external event record node of the graph, so each replay records e
+ * where the capture reached this call (CUDA: cudaEventRecordWithFlags with
+ * cudaEventRecordExternal), and a wait issued after the graph's launch waits
+ * for that point of that replay. The recorded step's ev_fb after the loss
+ * (LUCID_FB_EVENT=graph, lua/lucid/recorded_step.lua). Errors:
+ * ERR_UNSUPPORTED on a backend without it (the CPU), ERR_DEVICE. */
+lucid_status lucid_event_record_node(lucid_event *e);
 /* Block the host until the work before the last record is done (returns at
  * once when never recorded). */
 lucid_status lucid_event_synchronize(lucid_event *e);

@@ -101,7 +101,8 @@ function M.fake_recorder()
   end
   function R.refs(set, modules) return G.Refs(set, modules) end
   function R.event()
-    return { record = function() end, synchronize = function() end, wait = function() end, free = function() end }
+    return { record = function() end, record_node = function() end, synchronize = function() end,
+      wait = function() end, free = function() end }
   end
   -- one stream: the copies in line (the ordering they need holds trivially)
   function R.side_copy(dst, src)
@@ -184,12 +185,25 @@ end
 -- such a pause started 0.5-1.9 ms after its input_prepare, every 8 steps.
 local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 or 2
 
+-- Where ev_fb (the targets may be replaced) is recorded on the recorded
+-- route (LUCID_FB_EVENT, read when this module loads; RS.new's fb_event
+-- field overrides it): "graph" records it inside the FB graph right after
+-- the loss backward (Event:record_node: an external event record node, no
+-- lane join), so the next batch's targets upload while the replay's model
+-- backward runs, and the next input kernel need not wait for that upload
+-- after the replay (13-25 us per step between replays on the H200,
+-- fourteenth session); anything else, after the FB launch, as before. Not
+-- yet measured on the GPU: opt-in.
+local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
+
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
 -- recording, default 3), input_stages (host staging sets, 1 or 2; default
--- LUCID_INPUT_STAGES's, RS:_staging), recorder (tests), log (function(line):
--- where the route is reported once; default stderr).
+-- LUCID_INPUT_STAGES's, RS:_staging), fb_event (boolean; default
+-- LUCID_FB_EVENT=graph's: ev_fb recorded inside the FB graph after the
+-- loss), recorder (tests), log (function(line): where the route is reported
+-- once; default stderr).
 -- The fields lucid.Step / M.new cannot do without, and what each must be.
 local REQUIRED = {
   { "ctx", "userdata", "a lucid.Context" }, { "model", "table", "the model (lucid.model)" },
@@ -216,7 +230,7 @@ function M.new(o)
     error(string.format("lucid.Step: field 'input_stages' must be 1 or 2, got %s", tostring(o.input_stages)), 2)
   end
   eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
-  eo.input_stages = nil
+  eo.input_stages, eo.fb_event = nil, nil
   self.eager = step_mod.new(eo)
   -- every step's loss items (cfg.record_losses): one list for both routes
   self.recorded_losses = self.eager.recorded_losses
@@ -226,6 +240,7 @@ function M.new(o)
   self.policy = clip_policy(self.clip)
   self.warmup = o.warmup or 3
   self.input_stages = o.input_stages or INPUT_STAGES
+  if o.fb_event == nil then self.fb_event = FB_EVENT else self.fb_event = o.fb_event and true or false end
   self.log = o.log or function(line) io.stderr:write(line, "\n") end
   self.recorder = o.recorder or real_recorder()
   -- the next batch's upload on the side copy stream (file comment)
@@ -444,6 +459,9 @@ function RS:_fb(b)
     gs = b.scale
   end
   local gb, gc, gk = b.crit:backward(gs)
+  -- the loss has read the targets: with fb_event they may be replaced from
+  -- here on (inside the graph when recording, eagerly in a warm-up call)
+  if self.fb_event and self.prefetch and self.ev_fb then self.ev_fb:record_node() end
   step_mod.lane_backward(self.ctx, model, b.x, { boxes = gb, scores = gc, kpts = gk })
   e.running:add_(items)
   b.items = items
@@ -861,7 +879,9 @@ function RS:run(batch, do_opt)
     model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
     model._recordings[self] = true
   end
-  if self.prefetch then self.ev_fb:record() end -- the targets may be replaced now
+  -- the targets may be replaced now (a replay with fb_event recorded
+  -- ev_fb itself, after its loss)
+  if self.prefetch and not (replay and self.fb_event) then self.ev_fb:record() end
   -- Model:forward sets model.output to a new table on every call: the
   -- replay of a real graph does not, the fake recorder's does (it runs the
   -- segment again), hence read after the launch
@@ -960,7 +980,7 @@ function RS:stats()
   local nall = self.checks + self.mode_checks + self.full_checks
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
-    input_prefetch = self.prefetch,
+    input_prefetch = self.prefetch, fb_event = self.fb_event,
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
     contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,
