@@ -70,7 +70,8 @@ cuda_tests() {
 }
 # ktrace_fit LOGDIR "ENV=a ...": one recorded fit under the CUPTI kernel
 # tracer (tools/ktrace.c, loaded through CUDA_INJECTION64_PATH), then
-# tools/ktrace_report.py over its timeline; the report and the last 60,000
+# tools/ktrace_report.py, ktrace_path.py, ktrace_gaps.py and ktrace_starts.py
+# (late replay starts, idle stretches) over its timeline; the reports and the last 60,000
 # records (gzipped) stay in LOGDIR
 ktrace_fit() {
   local l=$1 cfg=$2 cu=/usr/local/cuda lib
@@ -96,6 +97,9 @@ except Exception as e: print("no result", e)')"
   python3 tools/ktrace_gaps.py "$l/ktrace.csv" "$l/ktrace_graph.csv" replays=40 \
     regions=${KTRACE_REGIONS:-100,150,215,260} all=1 > "$l/ktrace_gaps.txt" 2>&1
   sed -n 2,8p "$l/ktrace_gaps.txt"
+  # replay by replay: late starts after the input kernel, idle stretches inside
+  python3 tools/ktrace_starts.py "$l/ktrace.csv" > "$l/ktrace_starts.txt" 2>&1
+  head -4 "$l/ktrace_starts.txt"
   { head -1 "$l/ktrace.csv"; tail -60000 "$l/ktrace.csv"; } | gzip > "$l/ktrace_tail.csv.gz"
   rm -f "$l/ktrace.csv"
 }

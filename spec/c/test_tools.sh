@@ -6,6 +6,10 @@
 #                            eager kernel between replays; checks the node
 #                            count, replays, span, period, per-stream busy
 #                            time and the critical chain's kernel time/gaps
+#   tools/ktrace_starts.py   replay by replay: 4 replays after an input
+#                            kernel, one starting 200 us late, one with a
+#                            100 us idle stretch inside; checks the counts
+#                            and the per-replay costs
 #   tools/kernel_census.py   --path: a census (Nsight Compute CSV rows) and
 #                            a LUCID_GRAPH_STATS=path log; checks the path's
 #                            estimated kernel time and the per-kernel rows
@@ -58,6 +62,26 @@ check "ktrace side stream" "$out" "stream 20: busy 0.010 ms, 1 kernels"
 # chain: last (8 us) <- long (20 us, ended 1 us before) <- first (10 us, 1 us)
 check "ktrace chain" "$out" "critical chain (walked back by times): 3 kernels, kernel time 0.038 ms, gaps 0.002 ms"
 check "ktrace gap median" "$out" "median 1.00 us"
+
+# ---- ktrace_starts.py: replay r's input kernel at 10000*r us (10 us long);
+# the replay's two kernels (graph 7) start 2 us after it, replay 2 200 us
+# after it; replay 3's second kernel starts 100 us after its first ends
+{
+    echo "start_ns,end_ns,stream,graph_id,graph_node_id,grid,block,name"
+    for r in 0 1 2 3; do
+        b=$((r * 10000000)); d=2000; [ "$r" = 2 ] && d=200000
+        s0=$((b + 10000 + d)); gap=1000; [ "$r" = 3 ] && gap=100000
+        echo "$b,$((b + 10000)),13,0,0,132.4.1,256.1.1,_Z20input_prepare_kernelv"
+        echo "$s0,$((s0 + 30000)),13,7,100,1.1.1,256.1.1,_Z5firstv"
+        echo "$((s0 + 30000 + gap)),$((s0 + 60000 + gap)),13,7,101,1.1.1,256.1.1,_Z4lastv"
+    done
+} > "$tmp/starts.csv"
+out=$(python3 tools/ktrace_starts.py "$tmp/starts.csv" 2>&1)
+check "starts replays" "$out" "graph 7: 4 replays after an input kernel ('input_prepare')"
+check "starts late" "$out" "1 later than 50 us (200.0 us in all, 50.0 us per replay)"
+check "starts median" "$out" "start after the input kernel: median 2.0 us"
+check "starts idle" "$out" "idle inside replays (stretches > 20 us): 1 of 4 replays, 25.0 us per replay"
+check "starts worst" "$out" "replay 2: start +200.0 us, idle 0.0 us"
 
 # ---- ktrace_gaps.py over the same trace and its graph (CUPTI node ids are
 # graph << 32 | local id): first -> long, first -> side, long -> last,
