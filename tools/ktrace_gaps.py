@@ -20,7 +20,9 @@ usage: ktrace_gaps.py TRACE.csv[.gz] GRAPH.csv [replays=40] [gap_us=3]
                       [regions=100,200] [window_us=100] [all=0]
 Session 12 (docs/PERF.md) used it to find the head region's waits.
 """
-import collections, csv, gzip, statistics, subprocess, sys
+import collections, statistics, subprocess, sys
+
+from ktrace_csv import records
 
 
 def fail(msg):
@@ -29,19 +31,9 @@ def fail(msg):
 
 
 def load(trace):
-    op = gzip.open if trace.endswith(".gz") else open
-    rows = []
-    try:
-        with op(trace, "rt") as f:
-            for r in csv.DictReader(f):
-                try:
-                    g = int(r["graph_id"])
-                    if g:
-                        rows.append((int(r["start_ns"]), int(r["end_ns"]),
-                                     int(r["graph_node_id"]) & 0xffffffff, r["name"], r["grid"],
-                                     g, int(r["stream"])))
-                except (ValueError, KeyError, TypeError):
-                    pass  # a row cut short
+    try:  # rows cut short skipped
+        rows = [(s, e, n & 0xffffffff, name, grid, g, stream)
+                for s, e, stream, g, n, grid, name in records(trace) if g]
     except OSError as e:
         fail(f"cannot read {trace}: {e.strerror}")
     if not rows:

@@ -14,23 +14,19 @@ LUCID_PDL=graph, the path is overstated).
 
 usage: ktrace_path.py TRACE.csv[.gz] GRAPH.csv [replays=40] [top=40]
 """
-import collections, csv, gzip, statistics, subprocess, sys
+import collections, statistics, subprocess, sys
+
+from ktrace_csv import records
 
 
 def main():
     trace, graph = sys.argv[1], sys.argv[2]
     opts = dict(a.split("=", 1) for a in sys.argv[3:])
     nrep, top = int(opts.get("replays", 40)), int(opts.get("top", 40))
-    op = gzip.open if trace.endswith(".gz") else open
     recs = collections.defaultdict(list)
-    with op(trace, "rt") as f:
-        for r in csv.DictReader(f):
-            try:
-                if int(r["graph_id"]):
-                    recs[int(r["graph_id"])].append(
-                        (int(r["start_ns"]), int(r["end_ns"]), int(r["graph_node_id"]), r["name"], r["grid"]))
-            except (ValueError, KeyError):
-                pass
+    for s, e, _, g, n, grid, name in records(trace):
+        if g:
+            recs[g].append((s, e, n, name, grid))
     gid = max(recs, key=lambda g: len(recs[g]))
     rows = sorted(recs[gid])
     kn = {r[2] for r in rows}

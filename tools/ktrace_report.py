@@ -18,7 +18,9 @@ the last --last replays are summarised:
   - the gap distribution along that chain.
 All times are from CUPTI's timestamps of the real replay (kernels sharing
 the GPU), unlike a Nsight Compute census (kernels one at a time)."""
-import argparse, bisect, collections, csv, statistics, sys
+import argparse, bisect, collections, statistics, sys
+
+from ktrace_csv import records
 
 from kernel_census import demangle  # tools/kernel_census.py, beside this file
 
@@ -34,15 +36,8 @@ def main():
     ap.add_argument("--last", type=int, default=30)
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
-    rows = []
     try:
-        with open(a.csv, newline="", errors="replace") as f:
-            for r in csv.DictReader(f):
-                try:
-                    rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["stream"]),
-                                 int(r["graph_id"]), int(r["graph_node_id"]), r["grid"], r["name"]))
-                except (KeyError, ValueError, TypeError):
-                    continue  # a malformed row (e.g. the last one of a trace cut short)
+        rows = list(records(a.csv))  # malformed rows (a trace cut short) skipped
     except OSError as e:
         print(f"ktrace_report: cannot read {a.csv}: {e.strerror or e}", file=sys.stderr)
         return 1

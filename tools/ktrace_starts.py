@@ -22,7 +22,9 @@ the two stalls of DECISIONS 42 and 44 this way (a second graph root starting
 usage: ktrace_starts.py TRACE.csv[.gz] [input=input_prepare] [late_us=50]
                         [idle_us=20] [last=0 (0: every replay)]
 """
-import bisect, collections, csv, gzip, statistics, sys
+import bisect, collections, statistics, sys
+
+from ktrace_csv import records
 
 
 def fail(msg):
@@ -31,14 +33,10 @@ def fail(msg):
 
 
 def load(trace):
-    op = gzip.open if trace.endswith(".gz") else open
-    rows = []
-    try:
-        with op(trace, "rt") as f:
-            for r in csv.DictReader(f):
-                rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["graph_id"]), r["name"]))
-    except (OSError, KeyError, ValueError) as e:
-        fail("cannot read %s: %s" % (trace, e))
+    try:  # rows cut short skipped
+        rows = [(s, e, g, name) for s, e, _, g, _, _, name in records(trace)]
+    except OSError as e:
+        fail("cannot read %s: %s" % (trace, e.strerror or e))
     rows.sort()
     return rows
 

@@ -82,6 +82,11 @@ check "starts late" "$out" "1 later than 50 us (200.0 us in all, 50.0 us per rep
 check "starts median" "$out" "start after the input kernel: median 2.0 us"
 check "starts idle" "$out" "idle inside replays (stretches > 20 us): 1 of 4 replays, 25.0 us per replay"
 check "starts worst" "$out" "replay 2: start +200.0 us, idle 0.0 us"
+{ cat "$tmp/starts.csv"; printf '300,4'; } > "$tmp/starts_cut.csv" # cut short mid-row
+out=$(python3 tools/ktrace_starts.py "$tmp/starts_cut.csv" 2>&1)
+check "starts cut-short row skipped" "$out" "graph 7: 4 replays after an input kernel ('input_prepare')"
+out=$(python3 tools/ktrace_starts.py "$tmp/missing.csv" 2>&1)
+check "starts missing file" "$out" "ktrace_starts: cannot read $tmp/missing.csv: No such file or directory"
 
 # ---- ktrace_gaps.py over the same trace and its graph (CUPTI node ids are
 # graph << 32 | local id): first -> long, first -> side, long -> last,
