@@ -545,25 +545,26 @@ extern "C" int lucid_cuda_graph_capturing(lucid_ctx *ctx) {
     return cs != cudaStreamCaptureStatusNone;
 }
 
+/* *event, created on first use (no timing: ordering only). */
+static lucid_status event_ensure(lucid_ctx *ctx, void **event) {
+    if (*event) return LUCID_OK;
+    cudaEvent_t ev = NULL;
+    CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    *event = (void *)ev;
+    return LUCID_OK;
+}
+
 extern "C" lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event) {
     CUDA_ENTER(ctx, st);
     LUCID_TRY(lucid_cuda_lane_join(ctx, -1)); /* the event covers lane work too */
-    if (!*event) {
-        cudaEvent_t ev = NULL;
-        CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        *event = (void *)ev;
-    }
+    LUCID_TRY(event_ensure(ctx, event));
     CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)*event, st->stream));
     return LUCID_OK;
 }
 
 extern "C" lucid_status lucid_cuda_event_record_node(lucid_ctx *ctx, void **event) {
     CUDA_ENTER(ctx, st);
-    if (!*event) {
-        cudaEvent_t ev = NULL;
-        CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        *event = (void *)ev;
-    }
+    LUCID_TRY(event_ensure(ctx, event));
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(ctx, cudaStreamIsCapturing(st->stream, &cs));
     CUDA_CHECK(ctx, cudaEventRecordWithFlags((cudaEvent_t)*event, st->stream,
@@ -608,11 +609,7 @@ extern "C" lucid_status lucid_cuda_side_copy(lucid_ctx *ctx, int n, void *const 
             CUDA_CHECK(ctx, cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyDefault,
                                             st->copy_stream));
     if (done) {
-        if (!*done) {
-            cudaEvent_t ev = NULL;
-            CUDA_CHECK(ctx, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-            *done = (void *)ev;
-        }
+        LUCID_TRY(event_ensure(ctx, done));
         CUDA_CHECK(ctx, cudaEventRecord((cudaEvent_t)*done, st->copy_stream));
     }
     return LUCID_OK;

@@ -294,7 +294,6 @@ end
 
 -- ------------------------------------------------------------- segments
 
-
 -- Fixed staging (host) buffers and the device u8 image buffer, for n ==
 -- batch (created on the first call, and again after the input shapes
 -- changed): self.stage is the set in use, self.stages all of them (each
@@ -332,7 +331,7 @@ end
 -- buffers once).
 function RS:_free_stages()
   local freed = {}
-  for _, st in ipairs(self.stages or { self.stage }) do
+  for _, st in ipairs(self.stages) do
     for k, t in pairs(st) do
       if k == "ev" then pcall(t.free, t)
       elseif type(t) ~= "table" and not freed[t] then
