@@ -271,9 +271,10 @@ static lucid_status cuda_reset_peak(lucid_ctx *ctx) {
 
 /* graph.cu */
 extern "C" {
-lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx);
-lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec);
-lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec);
+lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned flags);
+lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec, int *keeps);
+lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec, int keeps);
+lucid_status lucid_cuda_shadows_stale(lucid_ctx *ctx);
 void lucid_cuda_graph_destroy(lucid_ctx *ctx, void *graph_exec);
 int lucid_cuda_graph_capturing(lucid_ctx *ctx);
 lucid_status lucid_cuda_event_record(lucid_ctx *ctx, void **event);
@@ -327,6 +328,7 @@ static const lucid_backend cuda_backend = {
     lucid_cuda_event_wait,
     lucid_cuda_side_copy,
     lucid_cuda_event_record_node,
+    lucid_cuda_shadows_stale,
 };
 
 extern "C" const lucid_backend *lucid_cuda_backend(void) {

@@ -179,6 +179,17 @@ typedef struct lucid_cuda_state {
      * never trusted inside it, nor one from before a capture or a replay
      * afterwards. */
     uint64_t wcast_epoch;
+    /* Freshness epoch of the conv weight shadows themselves (nn_conv.cu
+     * shadow_take / conv2d_cast_shadows compare it): moved with wcast_epoch,
+     * except that a capture begun with LUCID_CAPTURE_KEEP_SHADOWS
+     * (engine/train/graph.h) keeps it, and the launch of a graph whose
+     * capture queued no shadow cast keeps it (such a replay writes neither
+     * weights nor shadows).  shadow_casts counts the shadow casts queued
+     * since the last capture begin; capture_keep: the open capture keeps
+     * the shadows. */
+    uint64_t shadow_epoch;
+    uint64_t shadow_casts;
+    int capture_keep;
     /* The SM partition of the low-priority lanes (green.cu, LUCID_SIDE_SMS):
      * a CUgreenCtx (NULL: none) and its SM count (-1: none needed) */
     void *side_green;

@@ -22,7 +22,17 @@
  *     a failed capture never leaves the stream capturing.
  *   - One capture per context at a time (a second begin is LUCID_ERR_STATE).
  *   - capture_begin, capture_end and graph_launch move st->wcast_epoch (the
- *     freshness epoch of the conv weight shadows, common.cuh).
+ *     epoch of the column caches' events) and st->shadow_epoch (the
+ *     freshness epoch of the conv weight shadows, common.cuh). With
+ *     LUCID_CAPTURE_KEEP_SHADOWS (engine/train/graph.h) capture_begin keeps
+ *     st->shadow_epoch: shadows cast before stay trusted inside, so the
+ *     capture queues no cast for them; a capture that queued no shadow cast
+ *     at all (st->shadow_casts) yields a graph that keeps the shadows
+ *     (*keeps = 1): it writes neither weights nor shadows, so its launch
+ *     keeps st->shadow_epoch too (the caller refreshes the shadows before
+ *     each launch: lucid_ctx_shadows_stale, graph.h). Every other graph's
+ *     launch moves it (an optimizer graph writes weights behind the host's
+ *     storage versions).
  *   - Lanes (lane.cu): capture_begin refuses while a lane fork is open,
  *     joins every lane and forgets their marks; capture_end closes a fork
  *     left open and joins every lane (a capture cannot end with a forked
@@ -34,6 +44,7 @@
  * context, never an abort.
  */
 #include "common.cuh"
+#include "train/graph.h"
 #include "train/graph_slack.h"
 
 #include <stdint.h>
@@ -67,7 +78,7 @@ static __global__ void graph_head(void) {
     lucid_pdl_launch_dependents();
 }
 
-extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
+extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned flags) {
     CUDA_ENTER(ctx, st);
     LUCID_TRY(lucid_cuda_lane_before_capture(ctx));
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -78,7 +89,10 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx) {
                             "already being captured",
                             st->device);
     lucid_cuda_allocator_set_capture(st->alloc, 1);
-    st->wcast_epoch++; /* conv weight shadows cast before are not trusted inside */
+    st->wcast_epoch++; /* no column-cache event of before is waited on inside */
+    st->capture_keep = (flags & LUCID_CAPTURE_KEEP_SHADOWS) != 0;
+    if (!st->capture_keep) st->shadow_epoch++; /* shadows cast before are not trusted inside */
+    st->shadow_casts = 0;
     cudaError_t e = cudaStreamBeginCapture(st->stream,
                                            cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
@@ -442,10 +456,17 @@ done:
     return s;
 }
 
-extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec) {
+extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **graph_exec,
+                                                     int *keeps) {
     if (graph_exec) *graph_exec = NULL;
+    if (keeps) *keeps = 0;
     CUDA_ENTER(ctx, st);
-    st->wcast_epoch++; /* casts queued in the capture never ran */
+    st->wcast_epoch++;
+    /* shadow casts queued in the capture never ran; a keeping capture that
+     * queued none leaves the shadows as they were */
+    const int keep = st->capture_keep && st->shadow_casts == 0;
+    if (!keep) st->shadow_epoch++;
+    st->capture_keep = 0;
     /* a fork left open (an error between fork and return) has the lane's
      * stream in st->stream: close it, so the capture ends on its own stream */
     lucid_cuda_lane_unwind(ctx);
@@ -504,10 +525,11 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
         return lucid_cuda_err(ctx, e, "cudaGraphInstantiate", __FILE__,
                               __LINE__);
     *graph_exec = (void *)exec;
+    if (keeps) *keeps = keep;
     return LUCID_OK;
 }
 
-extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec) {
+extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec, int keeps) {
     CUDA_ENTER(ctx, st);
     if (!graph_exec)
         return lucid_seterr(ctx, LUCID_ERR_STATE, "graph_launch: no graph");
@@ -518,8 +540,10 @@ extern "C" lucid_status lucid_cuda_graph_launch(lucid_ctx *ctx, void *graph_exec
      * queued must finish first */
     LUCID_TRY(lucid_cuda_lane_join(ctx, -1));
     /* the replay may write weights (and rewrites the shadows it recorded)
-     * behind the host's storage versions: eager casts are stale after it */
+     * behind the host's storage versions: eager casts are stale after it,
+     * unless its capture kept the shadows (it writes neither) */
     st->wcast_epoch++;
+    if (!keeps) st->shadow_epoch++;
     CUDA_CHECK(ctx, cudaGraphLaunch((cudaGraphExec_t)graph_exec, st->stream));
     return LUCID_OK;
 }
@@ -532,6 +556,14 @@ extern "C" void lucid_cuda_graph_destroy(lucid_ctx *ctx, void *graph_exec) {
      * (stream-ordered frees make its reuse safe) */
     if (cudaGraphExecDestroy((cudaGraphExec_t)graph_exec) != cudaSuccess)
         (void)cudaGetLastError();
+}
+
+/* Every conv weight shadow of the context stale (graph.h
+ * lucid_ctx_shadows_stale): the next cast of each recasts it. */
+extern "C" lucid_status lucid_cuda_shadows_stale(lucid_ctx *ctx) {
+    CUDA_ENTER(ctx, st);
+    st->shadow_epoch++;
+    return LUCID_OK;
 }
 
 extern "C" int lucid_cuda_graph_capturing(lucid_ctx *ctx) {

@@ -27,9 +27,10 @@
  * GEMM; im2col forward with K % 8 == 0) multiply by the weight rounded to
  * the activation dtype; given a shadow
  * that is fresh (same weight storage, version, dtype and device epoch
- * st->wcast_epoch, which graph.cu moves at capture begin / end and graph
- * launch) they read it and cast nothing, else they cast into it (one launch,
- * as the per-call route) and mark it.  lucid_cuda_conv2d_cast_shadows casts
+ * st->shadow_epoch, which graph.cu moves at capture begin / end and graph
+ * launch, except around a capture that keeps the shadows: common.cuh) they
+ * read it and cast nothing, else they cast into it (one launch, as the
+ * per-call route; counted in st->shadow_casts) and mark it.  lucid_cuda_conv2d_cast_shadows casts
  * a list of weights (those the 1x1 switch or the im2col switch sends to
  * cuBLAS) in one launch, and for a spatial weight with the im2col
  * backward-data on also its flipped, transposed copy after it in the same
@@ -890,7 +891,7 @@ static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
                                 const void **wc) {
     *wc = NULL;
     if (!ws || !wcast_on(ns)) return LUCID_OK;
-    if (lucid_conv_wshadow_fresh(ws, w, dt, st->wcast_epoch)) {
+    if (lucid_conv_wshadow_fresh(ws, w, dt, st->shadow_epoch)) {
         /* the plain cast may still run on the cast lane (conv2d_cast_shadows) */
         LUCID_TRY(lucid_cuda_cast_lane_wait_plain(ctx));
         *wc = lucid_storage_data(ws->buf);
@@ -907,7 +908,8 @@ static lucid_status shadow_take(lucid_ctx *ctx, lucid_cuda_state *st, lucid_cuda
     LUCID_TRY(lucid_cuda_cast_lane_join(ctx));
     LUCID_TRY(lucid_conv_gemm_cast_weight(ctx, st->stream, dt,
                                           (const float *)lucid_tensor_data(w), dst, n));
-    lucid_conv_wshadow_mark(ws, w, dt, st->wcast_epoch);
+    st->shadow_casts++;
+    lucid_conv_wshadow_mark(ws, w, dt, st->shadow_epoch);
     *wc = dst;
     return LUCID_OK;
 }
@@ -960,7 +962,7 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
     } catch (...) {
         return lucid_seterr(ctx, LUCID_ERR_OOM, "out of host memory (conv weight group cast)");
     }
-    const uint64_t epoch = st->wcast_epoch;
+    const uint64_t epoch = st->shadow_epoch;
     /* the im2col route's backward-data reads a flipped weight: cast with the
      * rest when that pass is on (stride-2 convs never read it; small) */
     const bool flips = col_on(ns, PASS_BWD_DATA, NULL) == 1;
@@ -1030,6 +1032,7 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         /* a cast lane launch of an earlier call not joined yet may still
          * write into these buffers (a buffer reused by another shape) */
         LUCID_TRY(lucid_cuda_cast_lane_join(ctx));
+        st->shadow_casts++;
     }
     cudaStream_t side = NULL;
     /* forked before anything is queued: the lane waits for what precedes
@@ -1395,7 +1398,7 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
          * the other shape's layout, and past the buffer when Cin*Kr' grows
          * ([8,8,3,3] cast: 576 written; [1,64,3,3] used: 1024 read) */
         const int64_t off = wsh && wcast_on(ns)
-                                ? lucid_conv_wshadow_flip_off(wsh, w, dx->dtype, st->wcast_epoch)
+                                ? lucid_conv_wshadow_flip_off(wsh, w, dx->dtype, st->shadow_epoch)
                                 : 0;
         const void *wf = off > 0 ? (const char *)lucid_storage_data(wsh->buf) + off * 2 : NULL;
         if (wf) LUCID_TRY(lucid_cuda_cast_lane_join(ctx)); /* the copy may be on the lane */
@@ -1419,7 +1422,7 @@ static lucid_status conv_backward_input(lucid_ctx *ctx, const lucid_tensor *x,
         const void *wt = NULL;
         if (wsh && wcast_on(ns) && lucid_conv_igemm_dgrad_wt_elems(&pl->ig) > 0) {
             lucid_conv_wshadow_want_phase(wsh);
-            const int64_t off = lucid_conv_wshadow_phase_off(wsh, w, dx->dtype, st->wcast_epoch);
+            const int64_t off = lucid_conv_wshadow_phase_off(wsh, w, dx->dtype, st->shadow_epoch);
             if (off > 0) wt = (const char *)lucid_storage_data(wsh->buf) + off * 2;
         }
         if (wt) LUCID_TRY(lucid_cuda_cast_lane_join(ctx)); /* the copy may be on the lane */

@@ -140,11 +140,13 @@ typedef struct lucid_backend {
      * the context's compute stream; while capturing, the backend's allocator
      * refuses every device allocation. capture_end with graph_exec == NULL
      * ends and discards the capture (the failure path); otherwise it
-     * instantiates the graph into *graph_exec. capturing returns 1 while a
-     * capture of this context is open. */
-    lucid_status (*capture_begin)(lucid_ctx *ctx);
-    lucid_status (*capture_end)(lucid_ctx *ctx, void **graph_exec);
-    lucid_status (*graph_launch)(lucid_ctx *ctx, void *graph_exec);
+     * instantiates the graph into *graph_exec and sets *keeps (1: the
+     * capture, begun with LUCID_CAPTURE_KEEP_SHADOWS in flags, queued no
+     * conv weight shadow cast; train/graph.h), which graph_launch is given
+     * back. capturing returns 1 while a capture of this context is open. */
+    lucid_status (*capture_begin)(lucid_ctx *ctx, unsigned flags);
+    lucid_status (*capture_end)(lucid_ctx *ctx, void **graph_exec, int *keeps);
+    lucid_status (*graph_launch)(lucid_ctx *ctx, void *graph_exec, int keeps);
     void (*graph_destroy)(lucid_ctx *ctx, void *graph_exec);
     int (*capturing)(lucid_ctx *ctx);
     /* Events on the compute stream (created by the first record). */
@@ -188,6 +190,9 @@ typedef struct lucid_backend {
      * an external event record node of the graph (each replay records it at
      * that point). NULL: not supported. */
     lucid_status (*event_record_node)(lucid_ctx *ctx, void **event);
+    /* Every conv weight shadow of the context stale (train/graph.h
+     * lucid_ctx_shadows_stale). NULL: nothing to do. */
+    lucid_status (*shadows_stale)(lucid_ctx *ctx);
 } lucid_backend;
 
 /* The CPU backend (engine/cpu/). Always present. */

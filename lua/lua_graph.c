@@ -4,11 +4,17 @@
  * training step built on it is lua/lucid/recorded_step.lua (docs/STEP.md).
  *
  *   lucid.graph.available([ctx]) -> boolean (a CUDA context that can capture)
- *   lucid.graph.capture_begin([ctx])
+ *   lucid.graph.capture_begin([ctx], [keep_shadows])  (keep_shadows true:
+ *     LUCID_CAPTURE_KEEP_SHADOWS, engine/train/graph.h: conv weight shadows
+ *     fresh now are not cast inside; see the protocol there)
+ *   lucid.graph.shadows_stale([ctx])  (every conv weight shadow stale:
+ *     lucid_ctx_shadows_stale)
  *   lucid.graph.capture_end([ctx]) -> Graph        (instantiate)
  *   lucid.graph.capture_discard([ctx])             (end + drop; failure path)
  *   lucid.graph.capturing([ctx]) -> boolean
- *   Graph: g:launch(), g:free() (also __gc)
+ *   Graph: g:launch(), g:keeps_shadows() -> boolean (the capture kept the
+ *     conv weight shadows and cast none: lucid_graph_keeps_shadows; the
+ *     caller casts them before each launch), g:free() (also __gc)
  *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:wait()
  *     (the compute stream waits for e's last record), e:record_node() (the
  *     compute stream only, no lane join; inside a capture an external event
@@ -93,7 +99,15 @@ static int l_available(lua_State *L) {
 
 static int l_capture_begin(lua_State *L) {
     lucid_ctx *ctx = opt_ctx(L, 1);
-    lucid_status st = lucid_ctx_capture_begin(ctx);
+    const unsigned flags = lua_toboolean(L, 2) ? LUCID_CAPTURE_KEEP_SHADOWS : 0u;
+    lucid_status st = lucid_ctx_capture_begin_ex(ctx, flags);
+    if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
+    return 0;
+}
+
+static int l_shadows_stale(lua_State *L) {
+    lucid_ctx *ctx = opt_ctx(L, 1);
+    lucid_status st = lucid_ctx_shadows_stale(ctx);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
     return 0;
 }
@@ -150,6 +164,11 @@ static int l_graph_launch(lua_State *L) {
     lucid_status st = lucid_graph_launch(b->ctx, b->g);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
     return 0;
+}
+
+static int l_graph_keeps_shadows(lua_State *L) {
+    lua_pushboolean(L, lucid_graph_keeps_shadows(check_graph(L, 1)->g));
+    return 1;
 }
 
 static int l_graph_free(lua_State *L) {
@@ -473,7 +492,8 @@ static void new_mt(lua_State *L, const char *name, const luaL_Reg *methods,
 }
 
 static const luaL_Reg graph_methods[] = {
-    {"launch", l_graph_launch}, {"free", l_graph_free}, {NULL, NULL}};
+    {"launch", l_graph_launch}, {"keeps_shadows", l_graph_keeps_shadows},
+    {"free", l_graph_free}, {NULL, NULL}};
 static const luaL_Reg event_methods[] = {
     {"record", l_event_record}, {"record_node", l_event_record_node},
     {"synchronize", l_event_synchronize},
@@ -485,6 +505,7 @@ static const luaL_Reg refs_methods[] = {
 static const luaL_Reg graph_funcs[] = {
     {"available", l_available},
     {"capture_begin", l_capture_begin},
+    {"shadows_stale", l_shadows_stale},
     {"capture_end", l_capture_end},
     {"capture_discard", l_capture_discard},
     {"capturing", l_capturing},

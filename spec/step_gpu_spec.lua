@@ -94,6 +94,45 @@ describe_gpu("recorded step on CUDA #gpu", function()
     release(e, r)
   end)
 
+  it("the conv weight casts stay out of the FB graph: it keeps the shadows, a replay casts only after a weight write, an edit in place between replays reaches the replay; identical to eager, and to the casts inside the graph", function()
+    local lib = require("support.ffi_lib").lib_with("lucid_cuda_wcast_launch_count",
+      "unsigned long lucid_cuda_wcast_launch_count(void);")
+    assert.is_not_nil(lib, "the cast launch counter (lucid_cuda_wcast_launch_count)")
+    local function casts(fn)
+      local c0 = tonumber(lib.lucid_cuda_wcast_launch_count())
+      fn()
+      return tonumber(lib.lucid_cuda_wcast_launch_count()) - c0
+    end
+    local function edit(st) -- every conv weight, in place (bumps the storage version)
+      for _, p in ipairs(st.model.params:list()) do
+        if p.name:match("conv%.weight$") then p:data():mul_(0.75) end
+      end
+    end
+    local hashes = {}
+    for _, inside in ipairs({ false, true }) do
+      local e, r = pair{ precision = "bf16", graph_wcast = inside }
+      for i = 1, 4 do both(e, r, H.batch(B, S, i), i == 2) end -- 2 warm-ups, the recording, a replay
+      local s = r.step:stats()
+      assert.are.equal(1, s.recorded)
+      assert.are.equal(not inside, s.fb_keeps_shadows)
+      -- no weight written since the last replay: nothing to cast (inside the graph: nothing eager either)
+      assert.are.equal(0, casts(function() r.step:run(H.batch(B, S, 5), true) end))
+      e.step:run(H.batch(B, S, 5), true)
+      -- after that optimizer step: one group cast (plain + gathers) before the replay, or none (inside)
+      local n = casts(function() r.step:run(H.batch(B, S, 6), false) end)
+      e.step:run(H.batch(B, S, 6), false)
+      if inside then assert.are.equal(0, n) else assert.is_true(n >= 1, "casts after the update: " .. n) end
+      edit(e); edit(r)
+      for i = 7, 9 do both(e, r, H.batch(B, S, i), i == 8) end
+      assert.are.equal(0, r.step:stats().retirements)
+      assert.is_true(r.step:stats().replays >= 5)
+      H.same(e, r, "graph_wcast " .. tostring(inside))
+      hashes[#hashes + 1] = lucid.hash_tensor(r.model.params:flat_params())
+      release(e, r)
+    end
+    assert.are.equal(hashes[1], hashes[2])
+  end)
+
   it("the upload on the side copy stream: bf16 recorded == eager with the prefetch on and off; side_copy orders by its events and checks its arguments", function()
     local e, r = pair{ precision = "bf16" }
     assert.is_true(r.step.prefetch)

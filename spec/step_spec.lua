@@ -186,6 +186,40 @@ describe("recorded step state machine (fake recorder)", function()
     r2.step:release(); e2.step:release()
   end)
 
+  it("weight casts out of the FB graph: cast before the recording (precast) and before every replay, never in the warm-ups; graph_wcast keeps them inside; identical to eager", function()
+    for _, inside in ipairs({ false, true }) do
+      local e, r = pair{ B = B, S = S, warmup = 2, graph_wcast = inside }
+      local n, order = 0, {}
+      local cast = r.model.cast_weights
+      r.model.cast_weights = function(self, x)
+        n = n + 1
+        order[#order + 1] = r.recorder.recorded
+        return cast(self, x)
+      end
+      for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+      local s = r.step:stats()
+      assert.are.equal(3, s.replays)
+      if inside then
+        assert.are.equal(0, n)
+        assert.is_nil(r.recorder.precasts)
+        assert.is_false(s.fb_keeps_shadows)
+        assert.are.equal(0, s.precasts)
+      else
+        -- 1 before the capture (nothing recorded yet), then 1 per replay
+        assert.are.equal(4, n)
+        assert.are.same({ 0, 1, 1, 1 }, order)
+        assert.are.equal(1, r.recorder.precasts)
+        assert.is_true(s.fb_keeps_shadows)
+        assert.are.equal(3, s.precasts)
+      end
+      H.same(e, r, "graph_wcast " .. tostring(inside))
+      -- a retirement forgets that the graph kept the shadows
+      r.step:retire("test")
+      assert.is_false(r.step:stats().fb_keeps_shadows)
+      r.step:release(); e.step:release()
+    end
+  end)
+
   it("lucid.Step refuses input_stages other than 1 or 2, naming it", function()
     local ok, err = pcall(pair, { B = B, S = S, input_stages = 3 })
     assert.is_false(ok)

@@ -31,16 +31,32 @@ int lucid_ctx_graphs_available(const lucid_ctx *ctx) {
     return b && b->capture_begin && b->capture_end && b->graph_launch;
 }
 
-lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx) {
+lucid_status lucid_ctx_capture_begin_ex(lucid_ctx *ctx, unsigned flags) {
     const lucid_backend *b = graph_backend(ctx, "capture_begin");
     if (!b) return ctx->last_status;
-    return b->capture_begin(ctx);
+    if (flags & ~LUCID_CAPTURE_KEEP_SHADOWS)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "capture_begin: unknown flags 0x%x",
+                            flags & ~LUCID_CAPTURE_KEEP_SHADOWS);
+    return b->capture_begin(ctx, flags);
+}
+
+lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx) {
+    return lucid_ctx_capture_begin_ex(ctx, 0);
+}
+
+lucid_status lucid_ctx_shadows_stale(lucid_ctx *ctx) {
+    const lucid_backend *b = ctx ? ctx->accel : NULL;
+    if (!b || !b->shadows_stale) return LUCID_OK;
+    return b->shadows_stale(ctx);
 }
 
 struct lucid_graph {
     lucid_ctx *ctx; /* one reference */
     void *exec;
+    int keeps; /* the capture kept the conv weight shadows (graph.h) */
 };
+
+int lucid_graph_keeps_shadows(const lucid_graph *g) { return g && g->keeps; }
 
 lucid_status lucid_ctx_capture_end(lucid_ctx *ctx, lucid_graph **out) {
     if (out) *out = NULL;
@@ -48,16 +64,16 @@ lucid_status lucid_ctx_capture_end(lucid_ctx *ctx, lucid_graph **out) {
     if (!out) {
         /* discard: a no-op on contexts that cannot capture */
         if (!b || !b->capture_end) return LUCID_OK;
-        return b->capture_end(ctx, NULL);
+        return b->capture_end(ctx, NULL, NULL);
     }
     b = graph_backend(ctx, "capture_end");
     if (!b) return ctx->last_status;
     lucid_graph *g = calloc(1, sizeof *g);
     if (!g) {
-        b->capture_end(ctx, NULL); /* never leave the stream capturing */
+        b->capture_end(ctx, NULL, NULL); /* never leave the stream capturing */
         return lucid_seterr(ctx, LUCID_ERR_OOM, "capture_end: out of host memory");
     }
-    lucid_status st = b->capture_end(ctx, &g->exec);
+    lucid_status st = b->capture_end(ctx, &g->exec, &g->keeps);
     if (st != LUCID_OK) {
         free(g);
         return st;
@@ -81,7 +97,7 @@ lucid_status lucid_graph_launch(lucid_ctx *ctx, lucid_graph *g) {
                             "graph_launch: the graph belongs to another context");
     const lucid_backend *b = graph_backend(ctx, "graph_launch");
     if (!b) return ctx->last_status;
-    return b->graph_launch(ctx, g->exec);
+    return b->graph_launch(ctx, g->exec, g->keeps);
 }
 
 void lucid_graph_destroy(lucid_graph *g) {

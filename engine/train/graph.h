@@ -38,8 +38,35 @@ extern "C" {
 int lucid_ctx_graphs_available(const lucid_ctx *ctx);
 
 /* Start recording the work queued on ctx's compute stream. ERR_STATE when a
- * capture is already open; ERR_UNSUPPORTED without CUDA. */
+ * capture is already open; ERR_UNSUPPORTED without CUDA. Conv weight
+ * shadows (nn.h lucid_conv_wshadow) cast before are stale inside: the
+ * capture records the casts its convs need, and every replay recasts. */
 lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx);
+
+/* Flags of lucid_ctx_capture_begin_ex. */
+#define LUCID_CAPTURE_KEEP_SHADOWS 1u
+
+/* lucid_ctx_capture_begin with flags. LUCID_CAPTURE_KEEP_SHADOWS: conv
+ * weight shadows that are fresh now stay fresh inside the capture, so no
+ * cast of them is recorded. If the capture then queues no shadow cast at
+ * all, the graph keeps the shadows (lucid_graph_keeps_shadows): it reads
+ * them and writes neither them nor any weight, and its launches leave them
+ * fresh. The protocol (lua/lucid/recorded_step.lua follows it):
+ *   lucid_ctx_shadows_stale(ctx); cast the shadows the graph will read
+ *   (lucid_nn_conv_cast_weights); lucid_ctx_capture_begin_ex(ctx, KEEP);
+ *   ... capture_end; then before EVERY launch of a graph that keeps the
+ *   shadows, cast the same list again (a no-op unless a weight was written
+ *   since: the casts compare storage versions).
+ * A shadow the capture reads and that list does not refresh would be read
+ * stale after a weight update; the stale-making first step ensures every
+ * shadow outside the list is cast inside the capture (and the graph then
+ * does not keep the shadows). Errors as lucid_ctx_capture_begin; ERR_ARG
+ * for an unknown flag. */
+lucid_status lucid_ctx_capture_begin_ex(lucid_ctx *ctx, unsigned flags);
+
+/* Mark every conv weight shadow of ctx stale: the next cast or read of each
+ * recasts it. LUCID_OK (nothing to do) on a context without CUDA. */
+lucid_status lucid_ctx_shadows_stale(lucid_ctx *ctx);
 
 typedef struct lucid_graph lucid_graph;
 
@@ -55,6 +82,11 @@ int lucid_ctx_capturing(lucid_ctx *ctx);
 
 /* Replay g on its context's compute stream (asynchronous). */
 lucid_status lucid_graph_launch(lucid_ctx *ctx, lucid_graph *g);
+
+/* 1 when g's capture (begun with LUCID_CAPTURE_KEEP_SHADOWS) queued no
+ * conv weight shadow cast: g reads the shadows as they are at its launch;
+ * 0 otherwise (and for NULL). */
+int lucid_graph_keeps_shadows(const lucid_graph *g);
 
 /* Destroy g (NULL is a no-op). Launches in flight complete. */
 void lucid_graph_destroy(lucid_graph *g);

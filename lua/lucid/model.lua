@@ -307,6 +307,17 @@ local function cast_weights(self, x)
   if #list > 0 then cast(list, x:dtype()) end
 end
 
+--- model:cast_weights(x): round the weights of the Conv2d layers that take
+-- a cuBLAS route to x's dtype into their shadows (lucid.nn.conv_cast_weights:
+-- one launch, only for the weights written since their last cast, compared
+-- by storage version), as Model:forward does first. x: a lucid.Tensor
+-- (its dtype and device decide; f32, CPU and table inputs: nothing to do).
+-- The recorded step calls it before each replay of an FB graph that kept
+-- the shadows (lua/lucid/recorded_step.lua, engine/train/graph.h).
+function Model:cast_weights(x)
+  cast_weights(self, x)
+end
+
 --- Forward through the layers. x: the input image batch, a lucid.Tensor
 -- [B, 3, H, W] (H and W multiples of the largest stride), or the table a
 -- custom first layer takes. Returns the head's output ({boxes, scores,

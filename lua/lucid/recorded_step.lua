@@ -68,8 +68,17 @@ local function real_recorder()
   local G = lucid.graph
   local R = {}
   function R.available(ctx) return G ~= nil and G.available(ctx) end
-  function R.record(ctx, fn)
-    G.capture_begin(ctx)
+  -- precast (optional): the conv weight casts, queued eagerly between
+  -- making every shadow stale and a capture that keeps them (graph.h's
+  -- protocol: lucid_ctx_capture_begin_ex with LUCID_CAPTURE_KEEP_SHADOWS)
+  function R.record(ctx, fn, precast)
+    if precast then
+      G.shadows_stale(ctx)
+      precast()
+      G.capture_begin(ctx, true)
+    else
+      G.capture_begin(ctx)
+    end
     local ok, err = pcall(fn)
     if not ok then
       pcall(G.capture_discard, ctx)
@@ -95,9 +104,15 @@ function M.fake_recorder()
   local G = lucid.graph
   local R = { recorded = 0, launched = 0 }
   function R.available() return true end
-  function R.record(_, fn)
+  function R.record(_, fn, precast)
+    if precast then -- before the capture, as the real recorder
+      R.precasts = (R.precasts or 0) + 1
+      precast()
+    end
     R.recorded = R.recorded + 1
-    return { launch = function() R.launched = R.launched + 1; fn() end, free = function() end }
+    local keeps = precast ~= nil
+    return { launch = function() R.launched = R.launched + 1; fn() end, free = function() end,
+      keeps_shadows = function() return keeps end }
   end
   function R.refs(set, modules) return G.Refs(set, modules) end
   function R.event()
@@ -196,14 +211,29 @@ local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 
 -- yet measured on the GPU: opt-in.
 local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 
+-- The conv weight casts of the FB segment (Model:cast_weights, read when
+-- this module loads; RS.new's graph_wcast field overrides it). By default
+-- they stay out of the FB graph: the recording casts them eagerly first
+-- and captures with the shadows kept (lucid.graph.capture_begin(ctx,
+-- true)), and each replay is preceded by Model:cast_weights, which queues
+-- the casts only when a weight was written since the last one (its
+-- storage version moved: after an optimizer step, 1 step in `accumulate`,
+-- or a user's edit). Why: inside the graph the casts (2713 + 2295 blocks)
+-- ran on every replay beside layers 0-1, which started ~14 us late and
+-- ran slower beside them (the head of the replay: the first GEMM of layer
+-- 1 at ~97 us; H200 CUPTI trace, fifteenth session). LUCID_GRAPH_WCAST=1:
+-- inside the graph, every replay, as before (A/B; the same bits).
+local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
+
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
 -- recording, default 3), input_stages (host staging sets, 1 or 2; default
 -- LUCID_INPUT_STAGES's, RS:_staging), fb_event (boolean; default
 -- LUCID_FB_EVENT=graph's: ev_fb recorded inside the FB graph after the
--- loss), recorder (tests), log (function(line): where the route is reported
--- once; default stderr).
+-- loss), graph_wcast (boolean; default LUCID_GRAPH_WCAST=1's: the conv
+-- weight casts inside the FB graph), recorder (tests), log (function(line):
+-- where the route is reported once; default stderr).
 -- The fields lucid.Step / M.new cannot do without, and what each must be.
 local REQUIRED = {
   { "ctx", "userdata", "a lucid.Context" }, { "model", "table", "the model (lucid.model)" },
@@ -230,7 +260,7 @@ function M.new(o)
     error(string.format("lucid.Step: field 'input_stages' must be 1 or 2, got %s", tostring(o.input_stages)), 2)
   end
   eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
-  eo.input_stages, eo.fb_event = nil, nil
+  eo.input_stages, eo.fb_event, eo.graph_wcast = nil, nil, nil
   self.eager = step_mod.new(eo)
   -- every step's loss items (cfg.record_losses): one list for both routes
   self.recorded_losses = self.eager.recorded_losses
@@ -241,6 +271,9 @@ function M.new(o)
   self.warmup = o.warmup or 3
   self.input_stages = o.input_stages or INPUT_STAGES
   if o.fb_event == nil then self.fb_event = FB_EVENT else self.fb_event = o.fb_event and true or false end
+  if o.graph_wcast == nil then self.graph_wcast = GRAPH_WCAST else self.graph_wcast = o.graph_wcast and true or false end
+  self.fb_keeps = false -- the FB graph kept the weight shadows (RS:run casts before each replay)
+  self.precasts = 0     -- those casts' calls (each queues work only for weights written since)
   self.log = o.log or function(line) io.stderr:write(line, "\n") end
   self.recorder = o.recorder or real_recorder()
   -- the next batch's upload on the side copy stream (file comment)
@@ -732,6 +765,7 @@ function RS:_drop()
     pcall(g.free, g)
     self.graphs[k] = nil
   end
+  self.fb_keeps = false
   if self.refs then pcall(self.refs.free, self.refs) end
   self.refs, self.contract, self.guard, self.cmods, self.buffers = nil, nil, nil, nil, nil
   if self.model._recordings then self.model._recordings[self] = nil end
@@ -777,12 +811,13 @@ function RS:_fail(err, phase)
   error(err, 0)
 end
 
--- Record segment `name` (fn queues its work) and run it once.
-function RS:_record(name, fn)
+-- Record segment `name` (fn queues its work; precast: see R.record) and
+-- run it once.
+function RS:_record(name, fn, precast)
   -- a clean parameter block: no upload (from host memory the host keeps
   -- rewriting) ends up inside a graph
   local ok, g = pcall(self.optimizer.upload, self.optimizer)
-  if ok then ok, g = pcall(self.recorder.record, self.ctx, fn) end
+  if ok then ok, g = pcall(self.recorder.record, self.ctx, fn, precast) end
   if not ok then self:_fail(g, "recording " .. name) end
   self.graphs[name] = g
   self.recorded = self.recorded + 1
@@ -853,6 +888,12 @@ function RS:run(batch, do_opt)
     self.restored = self.restored + self.refs:restore()
   end
   local b = e:_bufs(self.batch)
+  if replay and self.fb_keeps then
+    -- the FB graph reads the conv weight shadows as they are: cast the
+    -- weights written since the last cast (none between optimizer steps)
+    model:cast_weights(b.x)
+    self.precasts = self.precasts + 1
+  end
   self:_h2d(b)
   self:_prepare(b)
   if replay then
@@ -866,7 +907,10 @@ function RS:run(batch, do_opt)
     if dt > self.launch_max_s then self.launch_max_s = dt end
     self.replays = self.replays + 1
   else
-    self:_record("fb", function() self:_fb(b) end)
+    local precast = not self.graph_wcast and function() model:cast_weights(b.x) end or nil
+    self:_record("fb", function() self:_fb(b) end, precast)
+    local fb = self.graphs.fb
+    self.fb_keeps = precast ~= nil and fb.keeps_shadows ~= nil and fb:keeps_shadows() or false
     local ok, err = pcall(function()
       self:_snapshot(b)
       local refs = self.recorder.refs(model.params, self.cmods)
@@ -980,6 +1024,7 @@ function RS:stats()
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
     input_prefetch = self.prefetch, fb_event = self.fb_event,
+    fb_keeps_shadows = self.fb_keeps, precasts = self.precasts,
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
     contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,

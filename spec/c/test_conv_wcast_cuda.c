@@ -36,6 +36,13 @@
  *     also updates the weight (axpy) replayed twice: each replay's y equals
  *     the per-call route on the updated weight, and the eager forward after
  *     each replay re-casts (1 launch: a launch moves the epoch) and equals it;
+ *   - a capture that keeps the shadows (LUCID_CAPTURE_KEEP_SHADOWS, after
+ *     lucid_ctx_shadows_stale and an eager group cast): nothing cast inside,
+ *     the graph keeps the shadows, a group cast after a replay queues 0, after
+ *     an eager weight write 1, and the replay equals the per-call route on
+ *     the new weight; begun with the shadow stale it casts inside (1), the
+ *     graph does not keep, and its launch makes the shadow stale; an unknown
+ *     flag is ERR_ARG;
  *   - first use inside a capture (no shadow buffer yet, the allocation is
  *     refused): the capture succeeds, the convs cast per call (2 launches),
  *     the group cast skips the shadow, the shadow stays empty, the replay
@@ -591,6 +598,127 @@ done:
     lucid_param_set_release(set);
 }
 
+/* A capture that keeps the shadows (LUCID_CAPTURE_KEEP_SHADOWS, graph.h):
+ * stale-make, group cast, capture: the capture casts nothing and the graph
+ * keeps the shadows; its replays leave them fresh (a group cast after one
+ * queues nothing); after an eager weight write one group cast refreshes
+ * them and the next replay equals the per-call route on the new weight.
+ * A keeping capture begun with a stale shadow casts inside: that graph does
+ * not keep the shadows, and its launch makes them stale. An unknown flag is
+ * ERR_ARG. */
+static void test_capture_keep(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast capture keeping the shadows %s", lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    const int64_t N = 2, Ci = 32, Co = 24, H = 10, W = 6;
+    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, ws[4] = {Co, Ci, 1, 1};
+    lucid_param_set *set = NULL;
+    lucid_module *m = NULL;
+    lucid_graph *g = NULL, *g2 = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *r[3] = {0}, *e[3] = {0},
+                 *ry = NULL, *rdx = NULL;
+    unsigned long nc[2], c0;
+    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
+        make_conv(&set, &m, "c", Ci, Co, 1, 1, 1) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    CHECK(NAME("%s: unknown flag refused", pre),
+          lucid_ctx_capture_begin_ex(ctx, 2u) == LUCID_ERR_ARG && !lucid_ctx_capturing(ctx),
+          "%s", lucid_ctx_error(ctx));
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    rel3(e);
+    RUN(NAME("%s: shadows stale", pre), lucid_ctx_shadows_stale(ctx));
+    c0 = casts();
+    RUN(NAME("%s: group cast before the capture", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    check_casts(NAME("%s: the stale shadow is cast before the capture", pre), casts() - c0, 1);
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
+    {
+        lucid_tensor *y = NULL, *dx = NULL;
+        c0 = casts();
+        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
+        if (!s) s = lucid_param_set_zero_grad(ctx, set);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        check_casts(NAME("%s: the capture casts nothing", pre), casts() - c0, 0);
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    CHECK(NAME("%s: the graph keeps the shadows", pre), lucid_graph_keeps_shadows(g) == 1, "%d",
+          lucid_graph_keeps_shadows(g));
+    for (int rep = 0; rep < 2; rep++) {
+        if (rep == 1) { /* an eager weight write (an op: the version moves), then the refresh */
+            RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, gd));
+            c0 = casts();
+            RUN(NAME("%s: group cast after the update", pre),
+                lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+            check_casts(NAME("%s: the updated weight is cast once", pre), casts() - c0, 1);
+        }
+        RUN(NAME("%s: replay #%d", pre, rep), lucid_graph_launch(ctx, g));
+        c0 = casts();
+        RUN(NAME("%s: group cast after replay #%d", pre, rep),
+            lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+        check_casts(NAME("%s: the replay #%d left the shadow fresh", pre, rep), casts() - c0, 0);
+        ry = host(m->outputs[0]);
+        rdx = host(m->grad_inputs[0]);
+        lucid_cuda_nn_set_wcast(ctx, 1);
+        RUN(NAME("%s: per-call route #%d", pre, rep), fwd_bwd(m, gx, gdy, r, nc));
+        lucid_cuda_nn_set_wcast(ctx, 2);
+        cmp_bits(NAME("%s: replay #%d y = per-call", pre, rep), m->outputs[0], ry);
+        cmp_bits(NAME("%s: replay #%d dx = per-call", pre, rep), m->grad_inputs[0], rdx);
+        rel(ry);
+        rel(rdx);
+        ry = rdx = NULL;
+        rel3(r);
+    }
+    /* begun with the shadow stale: cast inside, the graph does not keep it */
+    RUN(NAME("%s: shadows stale 2", pre), lucid_ctx_shadows_stale(ctx));
+    RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
+    {
+        lucid_tensor *y = NULL;
+        c0 = casts();
+        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+        check_casts(NAME("%s: a stale shadow is cast inside", pre), casts() - c0, 1);
+    }
+    RUN(NAME("%s: capture 2 end", pre), lucid_ctx_capture_end(ctx, &g2));
+    CHECK(NAME("%s: that graph does not keep the shadows", pre), lucid_graph_keeps_shadows(g2) == 0,
+          "%d", lucid_graph_keeps_shadows(g2));
+    RUN(NAME("%s: group cast after capture 2", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    RUN(NAME("%s: replay of graph 2", pre), lucid_graph_launch(ctx, g2));
+    c0 = casts();
+    RUN(NAME("%s: group cast after graph 2", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    check_casts(NAME("%s: its launch made the shadow stale", pre), casts() - c0, 1);
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    if (g) lucid_graph_destroy(g);
+    if (g2) lucid_graph_destroy(g2);
+    rel3(r);
+    rel3(e);
+    rel(ry); rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
+    lucid_module_release(m);
+    lucid_param_set_release(set);
+}
+
 /* A shadow first used inside a capture (no buffer: allocation refused). */
 static void test_first_use_in_capture(lucid_dtype dt) {
     char pre[96];
@@ -1027,6 +1155,7 @@ int main(void) {
         test_flip_view(DTS[d]);
         test_group(DTS[d]);
         test_capture(DTS[d]);
+        test_capture_keep(DTS[d]);
         test_first_use_in_capture(DTS[d]);
         if (lucid_conv_igemm_set_dgrad_phase && lucid_conv_igemm_wt_cast_count) {
             test_phase(DTS[d], 64, 48, 18, 16);
