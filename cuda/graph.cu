@@ -56,18 +56,20 @@
 /* cuda/alloc.cu */
 void lucid_cuda_allocator_set_capture(lucid_cuda_allocator *a, int on);
 
-/* LUCID_GRAPH_HEAD (read once; "0" turns it off): every capture starts
- * with graph_head, one empty block on the compute stream, so the recorded
- * graph has ONE root and every lane forked during the capture hangs from
- * it. Why: the pose step's graph had two roots (layer 0's conv on the
- * compute stream, the weight casts on the cast lane), and in a CUPTI
+/* LUCID_GRAPH_HEAD (read once; "0" turns it off): a captured graph with
+ * more than one root gets a head, one empty kernel node (graph_head) that
+ * every old root hangs from, so the graph has ONE root (graph_add_head, at
+ * capture end). Why: the pose step's graph had two roots (layer 0's conv on
+ * the compute stream, the weight casts on the cast lane), and in a CUPTI
  * timeline of the recorded fit (H200, 2026-11-30, session 14) the casts
  * started 146-150 us after the replay's start in about half of the replays
  * (layer 1 waits for them), the GPU idle in between; the same with 16 or
  * 32 device connections, without the programmatic dependent launch and
  * without node priorities. With the head: 0 and 5 late starts in ~57
- * replays (DECISIONS 42). (The first replay after each validation still
- * starts 0.5-1.8 ms after its input kernel, head or not: another cause.) */
+ * replays (DECISIONS 42). A graph with one root gets none: the head's own
+ * successor started ~14 us after it in every replay (session 15, with the
+ * casts out of the FB graph), while a first kernel without a head started
+ * ~3.6 us after the replay began (DECISIONS 45). */
 static int graph_head_on(void) {
     static int off = -1;
     return !lucid_env_zero("LUCID_GRAPH_HEAD", &off);
@@ -76,6 +78,37 @@ static int graph_head_on(void) {
 static __global__ void graph_head(void) {
     lucid_pdl_wait();
     lucid_pdl_launch_dependents();
+}
+
+/* With more than one root: a graph_head kernel node above every root of
+ * graph (see graph_head_on). Errors: the CUDA error (ERR_DEVICE), or ERR_OOM
+ * for the roots' host array. */
+static lucid_status graph_add_head(lucid_ctx *ctx, cudaGraph_t graph) {
+    size_t n = 0;
+    CUDA_CHECK(ctx, cudaGraphGetRootNodes(graph, NULL, &n));
+    if (n < 2) return LUCID_OK;
+    cudaGraphNode_t *roots = (cudaGraphNode_t *)malloc(n * sizeof *roots);
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from);
+    if (!roots || !from) {
+        free(roots);
+        free(from);
+        return lucid_seterr(ctx, LUCID_ERR_OOM, "graph head: out of host memory (%zu roots)", n);
+    }
+    cudaKernelNodeParams kp = {};
+    kp.func = (void *)graph_head;
+    kp.gridDim = dim3(1);
+    kp.blockDim = dim3(32);
+    cudaGraphNode_t head = NULL;
+    cudaError_t e = cudaGraphGetRootNodes(graph, roots, &n);
+    if (e == cudaSuccess) e = cudaGraphAddKernelNode(&head, graph, NULL, 0, &kp);
+    if (e == cudaSuccess) {
+        for (size_t i = 0; i < n; i++) from[i] = head;
+        e = cudaGraphAddDependencies(graph, from, roots, NULL, n);
+    }
+    free(roots);
+    free(from);
+    if (e != cudaSuccess) return lucid_cuda_err(ctx, e, "graph head", __FILE__, __LINE__);
+    return LUCID_OK;
 }
 
 extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned flags) {
@@ -99,16 +132,6 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned 
         lucid_cuda_allocator_set_capture(st->alloc, 0);
         return lucid_cuda_err(ctx, e, "cudaStreamBeginCapture", __FILE__,
                               __LINE__);
-    }
-    if (graph_head_on()) {
-        e = lucid_launch(graph_head, dim3(1), dim3(32), 0, st->stream);
-        if (e != cudaSuccess) { /* end the capture it would have started */
-            cudaGraph_t g = NULL;
-            (void)cudaStreamEndCapture(st->stream, &g);
-            if (g) cudaGraphDestroy(g);
-            lucid_cuda_allocator_set_capture(st->alloc, 0);
-            return lucid_cuda_err(ctx, e, "launch of graph_head", __FILE__, __LINE__);
-        }
     }
     return LUCID_OK;
 }
@@ -509,6 +532,13 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
     if (!graph)
         return lucid_seterr(ctx, LUCID_ERR_DEVICE,
                             "cudaStreamEndCapture returned no graph");
+    if (graph_head_on()) {
+        lucid_status hs = graph_add_head(ctx, graph);
+        if (hs != LUCID_OK) {
+            cudaGraphDestroy(graph);
+            return hs;
+        }
+    }
     if (graph_node_priority() && graph_slack_on()) {
         lucid_status ps = graph_slack_priorities(ctx, graph, st->sm_count);
         if (ps != LUCID_OK) {

@@ -7,10 +7,11 @@
 -- of a chain of 9 adds on the compute stream beside one add on branch lane 1
 -- that joins before the last add, and prints LUCID_GRAPH_STATS's lines; the
 -- second line gives the kernel nodes by the priority read back from them.
--- Every capture starts with the graph's head (cuda/graph.cu graph_head,
--- LUCID_GRAPH_HEAD): one empty kernel that both the chain and the branch
--- hang from, so the graph has 11 kernel nodes, one root, and a longest
--- path of 10 (the head and the chain).
+-- A captured graph with several roots gets a head at capture end
+-- (cuda/graph.cu graph_add_head, LUCID_GRAPH_HEAD): one empty kernel that
+-- both the chain and the branch hang from, so the graph has 11 kernel
+-- nodes, one root, and a longest path of 10 (the head and the chain). A
+-- graph with one root (CHAIN_ONLY=1: the chain alone) gets none.
 local lucid = require "lucid"
 
 local gpu = lucid.cuda_available and lucid.cuda_available()
@@ -25,12 +26,15 @@ local ctx = lucid.Context({ device = "cuda" })
 local a = lucid.ones({ 4096 }, { ctx = ctx })
 local b = lucid.ones({ 4096 }, { ctx = ctx })
 local c = lucid.ones({ 4096 }, { ctx = ctx })
+local chain_only = os.getenv("CHAIN_ONLY") == "1"
 local function work()
-  assert(ctx:branch_fork(1), "branch lane 1 did not fork")
-  b:add_(a) -- the side branch: reads a, writes b
-  ctx:branch_return()
+  if not chain_only then
+    assert(ctx:branch_fork(1), "branch lane 1 did not fork")
+    b:add_(a) -- the side branch: reads a, writes b
+    ctx:branch_return()
+  end
   for _ = 1, 8 do c:add_(a) end -- the chain: writes c
-  ctx:branch_join(1)
+  if not chain_only then ctx:branch_join(1) end
   c:add_(b)
 end
 work() -- eager: creates the lane outside the capture
@@ -95,6 +99,14 @@ describe_gpu("recorded graph priorities #gpu", function()
     -- the compute stream and the branch lanes both have the greatest priority
     assert.are.equal(11, r.count[r.greatest])
     assert.are.equal(10, r.on)
+  end)
+
+  it("a graph of one root gets no head: 9 kernels, 1 root", function()
+    local out, ok = child("CHAIN_ONLY=1")
+    assert.is_true(ok, out)
+    assert.matches("9 kernels, 0 memcpy, 0 memset, 0 other%), %d+ edges, 1 roots;", out)
+    -- eager: c = 1 + 8 + 1 = 10; the replay: 10 + 8 + 1
+    assert.matches("c%[1%] = 19", out)
   end)
 
   it("has one root with the head, two without it (LUCID_GRAPH_HEAD=0)", function()

@@ -115,7 +115,7 @@ describe("recorded step state machine (fake recorder)", function()
       r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
       R.side_copy = function(dst, src, after, done)
         side(dst, src, after, done)
-        if done then
+        if done and done == r.step.stage.ev then -- the set's event (after the targets); not ev_img
           log[#log + 1] = "done " .. done.id
           done.uploaded = lucid.hash_tensor(r.step.stage.images)
         end
@@ -154,6 +154,53 @@ describe("recorded step state machine (fake recorder)", function()
       r.step:release(); e.step:release()
       assert.is_nil(r.step.stages)
     end
+  end)
+
+  it("the compute stream waits for the images before input_prepare and for the targets after it, before FB; identical to eager", function()
+    local R = RS.fake_recorder()
+    local log, n_ev = {}, 0
+    R.event = function()
+      n_ev = n_ev + 1
+      local ev = { id = n_ev }
+      function ev.record() end
+      function ev.synchronize() end
+      function ev.free() end
+      function ev.wait() log[#log + 1] = ev end
+      return ev
+    end
+    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
+    r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
+    local copies = {}
+    local side = R.side_copy
+    R.side_copy = function(dst, src, after, done)
+      copies[#copies + 1] = { dst = dst, after = after, done = done }
+      return side(dst, src, after, done)
+    end
+    local prep = lucid.input_prepare
+    lucid.input_prepare = function(...)
+      log[#log + 1] = "prepare"
+      return prep(...)
+    end
+    local ok, err = pcall(function()
+      for i = 1, 5 do
+        e.step:run(H.batch(B, S, i), i % 2 == 0)
+        log = {}
+        r.step:run(H.batch(B, S, i), i % 2 == 0)
+        local s = r.step.stage
+        -- images (after the previous input_prepare) then ev_img; targets (after the previous FB) then ev
+        local ci, ct = copies[#copies - 1], copies[#copies]
+        assert.are.equal(s.dev_images, ci.dst[1])
+        assert.are.equal(r.step.ev_prep, ci.after)
+        assert.are.equal(s.ev_img, ci.done)
+        assert.are.equal(r.step.ev_fb, ct.after)
+        assert.are.equal(s.ev, ct.done)
+        assert.are.same({ s.ev_img, "prepare", s.ev }, log, "step " .. i)
+      end
+    end)
+    lucid.input_prepare = prep
+    assert(ok, err)
+    H.same(e, r, "image / target waits")
+    r.step:release(); e.step:release()
   end)
 
   it("fb_event: ev_fb is recorded inside FB after the loss backward (record_node) and not again after a replay's launch; identical to eager", function()

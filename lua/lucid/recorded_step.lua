@@ -20,7 +20,8 @@ Segments of one call with n == batch images, once recorded:
            side copy stream (lucid.graph.side_copy), so the upload of batch
            k+1 overlaps step k: the images once step k's input_prepare has
            read the device copies, the targets once step k's FB (its loss)
-           is done; the compute stream waits for them before input_prepare.
+           is done; the compute stream waits for the images before
+           input_prepare and for the targets after it (RS:_h2d).
            Two host staging sets (LUCID_INPUT_STAGES=1: one) let the host
            run up to two replays ahead (RS:_staging).
            LUCID_INPUT_PREFETCH=0 (read once): on the compute stream, in
@@ -366,7 +367,7 @@ function RS:_free_stages()
   local freed = {}
   for _, st in ipairs(self.stages) do
     for k, t in pairs(st) do
-      if k == "ev" then pcall(t.free, t)
+      if k == "ev" or k == "ev_img" then pcall(t.free, t)
       elseif type(t) ~= "table" and not freed[t] then
         freed[t] = true
         pcall(t.free, t)
@@ -443,21 +444,27 @@ end
 -- eager: staging -> device buffers (async memcpys), then the set's event
 -- (stage.ev). With the prefetch (see the file comment) they go to the side
 -- copy stream: images (+ HSV gains) after the previous step's input_prepare
--- (ev_prep), targets after the previous FB (ev_fb), and stage.ev after
--- both; the compute stream waits for stage.ev. Without it, in line on the
--- compute stream.
+-- (ev_prep), then stage.ev_img; targets after the previous FB (ev_fb), then
+-- stage.ev (after both: the side stream is in order). The compute stream
+-- waits for stage.ev_img before input_prepare and for stage.ev after it
+-- (RS:_prepare), before FB: the targets' upload, which can start only when
+-- the previous FB is done, runs beside input_prepare instead of before it
+-- (the input kernel started 17-23 us after the previous replay, waiting for
+-- it: H200 CUPTI traces, fifteenth session). Without the prefetch, in line
+-- on the compute stream.
 function RS:_h2d(b)
   local s, R = self.stage, self.recorder
   s.ev = s.ev or R.event(self.ctx) -- this set's uploads done (RS:_stage waits for it)
   if self.prefetch then
     self.ev_prep = self.ev_prep or R.event(self.ctx)
     self.ev_fb = self.ev_fb or R.event(self.ctx)
+    s.ev_img = s.ev_img or R.event(self.ctx)
     local dst, src = { s.dev_images }, { s.images }
     if s.dev_hsv then dst[2], src[2] = s.dev_hsv, s.hsv end
-    R.side_copy(dst, src, self.ev_prep)
+    R.side_copy(dst, src, self.ev_prep, s.ev_img)
     R.side_copy({ b.tg.cls, b.tg.boxes, b.tg.kpts, b.tg.mask }, { s.cls, s.boxes, s.kpts, s.mask }, self.ev_fb,
       s.ev)
-    s.ev:wait()
+    s.ev_img:wait()
     return
   end
   s.dev_images:copy_(s.images)
@@ -474,7 +481,10 @@ end
 -- next upload that the device copies have been read.
 function RS:_prepare(b)
   lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
-  if self.prefetch then self.ev_prep:record() end
+  if self.prefetch then
+    self.ev_prep:record()
+    self.stage.ev:wait() -- the targets (RS:_h2d), before FB reads them
+  end
 end
 
 -- FB: the compute part of lucid.step's run after the input (keep the two
