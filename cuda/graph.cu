@@ -81,8 +81,9 @@ static __global__ void graph_head(void) {
 }
 
 /* With more than one root: a graph_head kernel node above every root of
- * graph (see graph_head_on). Errors: the CUDA error (ERR_DEVICE), or ERR_OOM
- * for the roots' host array. */
+ * graph (see graph_head_on), at the device's greatest priority (the
+ * compute stream's: the priority a captured head had). Errors: the CUDA
+ * error (ERR_DEVICE), or ERR_OOM for the roots' host array. */
 static lucid_status graph_add_head(lucid_ctx *ctx, cudaGraph_t graph) {
     size_t n = 0;
     CUDA_CHECK(ctx, cudaGraphGetRootNodes(graph, NULL, &n));
@@ -99,8 +100,15 @@ static lucid_status graph_add_head(lucid_ctx *ctx, cudaGraph_t graph) {
     kp.gridDim = dim3(1);
     kp.blockDim = dim3(32);
     cudaGraphNode_t head = NULL;
+    int least = 0, greatest = 0;
     cudaError_t e = cudaGraphGetRootNodes(graph, roots, &n);
     if (e == cudaSuccess) e = cudaGraphAddKernelNode(&head, graph, NULL, 0, &kp);
+    if (e == cudaSuccess) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess) {
+        cudaKernelNodeAttrValue v = {};
+        v.priority = greatest;
+        e = cudaGraphKernelNodeSetAttribute(head, cudaKernelNodeAttributePriority, &v);
+    }
     if (e == cudaSuccess) {
         for (size_t i = 0; i < n; i++) from[i] = head;
         e = cudaGraphAddDependencies(graph, from, roots, NULL, n);
