@@ -61,8 +61,10 @@ local nn_util = require "lucid.nn.util"
 local Trainer = {}
 Trainer.__index = Trainer
 
--- training steps between two full Lua garbage collections (see the loop)
-local GC_EVERY = 8
+-- training steps between two full Lua garbage collections (see the loop);
+-- LUCID_GC_EVERY=n (read once, a whole number >= 1) for A/B runs, default 8
+local GC_EVERY = tonumber(os.getenv("LUCID_GC_EVERY") or "")
+if not GC_EVERY or GC_EVERY < 1 or GC_EVERY % 1 ~= 0 then GC_EVERY = 8 end
 
 local EVENTS = { on_fit_start = true, on_epoch_start = true, on_batch_end = true, on_val_end = true,
                  on_epoch_end = true, on_fit_end = true, on_fit_error = true }
