@@ -232,3 +232,21 @@ describe_data("Trainer on real images (CPU, imgsz 64)", function()
     assert.are.equal(1, r2.epochs)
   end)
 end)
+
+describe("Trainer.GC_EVERY (LUCID_GC_EVERY)", function()
+  -- read once when lucid.trainer loads: a child process per value
+  local function gc_every(v)
+    local env = v and ("LUCID_GC_EVERY='" .. v .. "' ") or ""
+    local p = assert(io.popen(env .. "luajit -e 'package.path=\"lua/?.lua;lua/?/init.lua;\"..package.path;"
+      .. " package.cpath=\"./?.so;\"..package.cpath; io.write(require(\"lucid.trainer\").GC_EVERY)' 2>&1"))
+    local out = p:read("*a")
+    p:close()
+    return out
+  end
+  it("is 8 by default, a whole number >= 1 from the environment, 8 for anything else", function()
+    assert.are.equal("8", gc_every(nil))
+    assert.are.equal("64", gc_every("64"))
+    assert.are.equal("1", gc_every("1"))
+    for _, bad in ipairs({ "0", "-3", "2.5", "x", "" }) do assert.are.equal("8", gc_every(bad), bad) end
+  end)
+end)

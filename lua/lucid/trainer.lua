@@ -98,6 +98,9 @@ end
 -- (2 * imgsz)^2 <= 2^31; the largest multiple of 32 below that. Prediction
 -- and validation letterbox to imgsz x imgsz (lucid.predict.MAX_IMGSZ).
 Trainer.MAX_IMGSZ = 23168
+--- The training steps between two full Lua collections in an epoch (8;
+-- LUCID_GC_EVERY at load). Read-only: the loop uses the local.
+Trainer.GC_EVERY = GC_EVERY
 
 -- Optimizer names lucid.optim.build takes, by their lower-case spelling:
 -- any case is accepted, as Ultralytics' build_optimizer does ({x.lower(): x
