@@ -91,7 +91,13 @@ local hashes = {
 }
 local mem = trainer.ctx:memory_stats()
 local windows = {}
-for i, w in ipairs(res.step_windows or {}) do windows[i] = { w.seconds, w.steps } end
+-- the host's wait for batches in the steady windows (the epochs after the
+-- first three, as steady_step_ms), ms per step
+local lw, ln = 0, 0
+for i, w in ipairs(res.step_windows or {}) do
+  windows[i] = { w.seconds, w.steps }
+  if i > 3 or #res.step_windows <= 3 then lw, ln = lw + (w.loader_s or 0), ln + w.steps end
+end
 local overrides = {}
 for _, a in ipairs(arg) do overrides[#overrides + 1] = a end
 -- step:stats() as JSON: finite numbers, strings and booleans only
@@ -105,6 +111,7 @@ print(cjson.encode{
   fit_s = fit_s,
   steady_step_ms = res.steady_step_ms or cjson.null,
   windows = windows,
+  loader_wait_ms = ln > 0 and 1000 * lw / ln or cjson.null,
   peak_allocated_mib = (mem.peak_allocated or 0) / MIB,
   peak_reserved_mib = (mem.peak_reserved or 0) / MIB,
   hashes = hashes,

@@ -79,6 +79,10 @@ describe_data("bench/fit_pairs.lua (one tiny pair on the CPU)", function()
       assert.are.equal(1, #r.windows)
       assert.is_true(r.steps > 0)
       assert.are.equal(r.steps, r.windows[1][2]) -- every step inside the measured window
+      -- the host's wait for batches inside the window, per step: within the window's own time
+      assert.is_number(r.loader_wait_ms)
+      assert.is_true(r.loader_wait_ms >= 0 and r.loader_wait_ms <= 1000 * r.windows[1][1] / r.steps,
+        tostring(r.loader_wait_ms))
       for _, k in ipairs({ "model", "optimizer", "ema", "losses", "metrics" }) do
         assert.matches("^%x+$", r.hashes[k], k)
         assert.are.equal(16, #r.hashes[k], k)

@@ -91,6 +91,8 @@ describe("recorded step state machine (fake recorder)", function()
     for _, n in ipairs({ 2, 1 }) do
       local R = RS.fake_recorder()
       local log = {} -- "wait <event>" before a refill, "done <event>" after an upload
+      local extra, clock = 0, R.clock
+      R.clock = function() return clock() + extra end
       local n_ev = 0
       local r
       R.event = function()
@@ -100,6 +102,7 @@ describe("recorded step state machine (fake recorder)", function()
         function ev.wait() end
         function ev.free() end
         function ev.synchronize()
+          extra = extra + 0.001 -- a wait of 1 ms on the recorder's clock
           log[#log + 1] = "wait " .. ev.id
           -- the set this event guards still holds what its upload read: the
           -- host waits before it refills the set, not after
@@ -150,6 +153,9 @@ describe("recorded step state machine (fake recorder)", function()
       H.same(e, r, n .. " staging sets")
       -- the FB launches' host time: counted for the replays only
       local s2 = r.step:stats()
+      -- the staging waits, timed with the recorder's clock: each fake wait takes 1 ms of it
+      assert.is_number(s2.stage_wait_us)
+      assert.is_true(s2.stage_wait_us >= 1000 and s2.stage_wait_us < 2000, tostring(s2.stage_wait_us)) -- (+ the fake wait's own hashing)
       assert.is_true(s2.fb_launch_us > 0 and s2.fb_launch_us_max >= s2.fb_launch_us, tostring(s2.fb_launch_us))
       r.step:release(); e.step:release()
       assert.is_nil(r.step.stages)

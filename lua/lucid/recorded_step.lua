@@ -288,6 +288,7 @@ function M.new(o)
   self.full_check_s, self.full_checks = 0, 0       -- full checks
   self.restored = 0
   self.launch_s, self.launch_n, self.launch_max_s = 0, 0, 0 -- host time of the FB replays' launches (RS:run)
+  self.stage_wait_s, self.stage_waits = 0, 0 -- host time waiting for a staging set's last upload (RS:_stage)
   self.graphs = {}
   local device = o.ctx:device()
   if device:sub(1, 4) ~= "cuda" and not o.recorder then
@@ -419,7 +420,13 @@ function RS:_stage(batch)
   self.stage_i = self.stage_i % #self.stages + 1
   local s = self.stages[self.stage_i]
   self.stage = s
-  if s.ev then s.ev:synchronize() end
+  if s.ev then
+    -- timed: how long the device keeps the host waiting (stats' stage_wait_us)
+    local clock = self.recorder.clock
+    local t0 = clock()
+    s.ev:synchronize()
+    self.stage_wait_s, self.stage_waits = self.stage_wait_s + (clock() - t0), self.stage_waits + 1
+  end
   if not shapes_match(s, batch) then return nil end
   copy_in(s, batch)
   return s
@@ -1027,7 +1034,10 @@ function RS:val_losses() return self.eager:val_losses() end
 -- model's change or a mode out of place; full_checks / full_check_us: full
 -- checks; contract_us_per_replay: the mean over all three (the per-step
 -- host cost of the contract); fb_launch_us / fb_launch_us_max: the mean and
--- the largest host time of the FB graph launch call (RS:run), microseconds.
+-- the largest host time of the FB graph launch call (RS:run), microseconds;
+-- stage_wait_us: the mean host wait for a staging set's last upload (RS:_stage),
+-- microseconds per call; fb_keeps_shadows / precasts: the FB graph kept the
+-- conv weight shadows, and the casts called before its replays.
 function RS:stats()
   local e = self.eager
   local nall = self.checks + self.mode_checks + self.full_checks
@@ -1045,6 +1055,9 @@ function RS:stats()
     contract_us_per_replay = nall > 0 and 1e6 * (self.check_s + self.mode_check_s + self.full_check_s) / nall or nil,
     fb_launch_us = self.launch_n > 0 and 1e6 * self.launch_s / self.launch_n or nil,
     fb_launch_us_max = self.launch_n > 0 and 1e6 * self.launch_max_s or nil,
+    -- mean host wait for the upload that last read a staging set (the device
+    -- pacing the host: near 0 when the host is the slower side)
+    stage_wait_us = self.stage_waits > 0 and 1e6 * self.stage_wait_s / self.stage_waits or nil,
   }
 end
 

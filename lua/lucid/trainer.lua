@@ -500,9 +500,10 @@ end
 -- ------------------------------------------------------------------- fit
 
 --- trainer:fit(model, [opts]) -> results {epochs, metrics (last), best_fitness,
--- save_dir, fit_seconds, steady_step_ms, step_windows ({seconds, steps} per
--- epoch: the stream fenced before the first step and after the last one,
--- before validation), memory (ctx:memory_stats() at the end), losses (every
+-- save_dir, fit_seconds, steady_step_ms, step_windows ({seconds, steps,
+-- loader_s} per epoch: the stream fenced before the first step and after the
+-- last one, before validation; loader_s: the host's time in the loader's
+-- next() inside that window, i.e. waiting for batches), memory (ctx:memory_stats() at the end), losses (every
 -- step, when cfg.record_losses), step (step:stats(): route, recorded, replays,
 -- retirements, contract_us_per_replay and its parts when cfg.record),
 -- optimizer and ema (the fit's final lucid.Optimizer and lucid.EMA)}.
@@ -800,8 +801,11 @@ function Trainer:_fit(state, opts)
     step:reset_running()
     local t_epoch0
     local i = 0
+    local loader_s = 0 -- host time waiting in train_loader:next() inside the window
     while true do
+      local tl0 = i > 0 and lucid.wall_time() or nil
       local batch = train_loader:next()
+      if tl0 then loader_s = loader_s + (lucid.wall_time() - tl0) end
       if not batch then break end
       if batch.overflow > 0 then
         error(string.format("trainer: batch %d of epoch %d has an image with %d instances, more than max_gt = %d; "
@@ -838,7 +842,7 @@ function Trainer:_fit(state, opts)
     collectgarbage()
     ctx:synchronize()
     local t_epoch1 = lucid.wall_time()
-    step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i }
+    step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i, loader_s = loader_s }
     phase.training = phase.training + (t_epoch1 - t_train0)
     local train_losses = losses_table(step:running_losses())
     -- non-finite gradient norms and skipped (fp16 overflow) steps are counted
