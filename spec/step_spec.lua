@@ -23,6 +23,22 @@ local function pair(opts)
   return eager, rec
 end
 
+-- Fake events for recorder R: tables with ids 1, 2, ... in creation order;
+-- hooks.record / record_node / synchronize / wait, each called with the
+-- event, stand in for the real calls (default: no-ops).
+local function fake_events(R, hooks)
+  local n = 0
+  R.event = function()
+    n = n + 1
+    local ev = { id = n, free = function() end }
+    for _, k in ipairs({ "record", "record_node", "synchronize", "wait" }) do
+      local h = hooks[k]
+      ev[k] = function() if h then h(ev) end end
+    end
+    return ev
+  end
+end
+
 local function both(e, r, batch, do_opt)
   e.step:run(batch, do_opt)
   r.step:run(batch, do_opt)
@@ -93,25 +109,16 @@ describe("recorded step state machine (fake recorder)", function()
       local log = {} -- "wait <event>" before a refill, "done <event>" after an upload
       local extra, clock = 0, R.clock
       R.clock = function() return clock() + extra end
-      local n_ev = 0
       local r
-      R.event = function()
-        n_ev = n_ev + 1
-        local ev = { id = n_ev }
-        function ev.record() end
-        function ev.wait() end
-        function ev.free() end
-        function ev.synchronize()
-          extra = extra + 0.001 -- a wait of 1 ms on the recorder's clock
-          log[#log + 1] = "wait " .. ev.id
-          -- the set this event guards still holds what its upload read: the
-          -- host waits before it refills the set, not after
-          for _, st in ipairs(r.step.stages) do
-            if st.ev == ev then assert.equal(ev.uploaded, lucid.hash_tensor(st.images), "set refilled before the wait") end
-          end
+      fake_events(R, { synchronize = function(ev)
+        extra = extra + 0.001 -- a wait of 1 ms on the recorder's clock
+        log[#log + 1] = "wait " .. ev.id
+        -- the set this event guards still holds what its upload read: the
+        -- host waits before it refills the set, not after
+        for _, st in ipairs(r.step.stages) do
+          if st.ev == ev then assert.equal(ev.uploaded, lucid.hash_tensor(st.images), "set refilled before the wait") end
         end
-        return ev
-      end
+      end })
       local side = R.side_copy
       local e
       e, r = pair{ B = B, S = S, warmup = 2, recorder = R, input_stages = n }
@@ -164,16 +171,8 @@ describe("recorded step state machine (fake recorder)", function()
 
   it("the compute stream waits for the images before input_prepare and for the targets after it, before FB; identical to eager", function()
     local R = RS.fake_recorder()
-    local log, n_ev = {}, 0
-    R.event = function()
-      n_ev = n_ev + 1
-      local ev = { id = n_ev }
-      function ev.record() end
-      function ev.synchronize() end
-      function ev.free() end
-      function ev.wait() log[#log + 1] = ev end
-      return ev
-    end
+    local log = {}
+    fake_events(R, { wait = function(ev) log[#log + 1] = ev end })
     local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
     r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
     local copies = {}
@@ -212,15 +211,14 @@ describe("recorded step state machine (fake recorder)", function()
   it("fb_event: ev_fb is recorded inside FB after the loss backward (record_node) and not again after a replay's launch; identical to eager", function()
     local R = RS.fake_recorder()
     local calls = {} -- event id -> { record = n, record_node = n }
-    local n_ev = 0
-    R.event = function()
-      n_ev = n_ev + 1
-      local c = { record = 0, record_node = 0 }
-      calls[n_ev] = c
-      return { id = n_ev, record = function() c.record = c.record + 1 end,
-        record_node = function() c.record_node = c.record_node + 1 end,
-        synchronize = function() end, wait = function() end, free = function() end }
+    local function count(k)
+      return function(ev)
+        local c = calls[ev.id] or { record = 0, record_node = 0 }
+        calls[ev.id] = c
+        c[k] = c[k] + 1
+      end
     end
+    fake_events(R, { record = count("record"), record_node = count("record_node") })
     local e, r = pair{ B = B, S = S, warmup = 2, recorder = R, fb_event = true }
     r.step.prefetch = true -- whatever LUCID_INPUT_PREFETCH says
     assert.is_true(r.step:stats().fb_event)

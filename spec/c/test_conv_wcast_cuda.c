@@ -481,6 +481,67 @@ done:
     lucid_param_set_release(set);
 }
 
+/* The 1x1 conv (N2 32>24 10x6, bias) and the data of the capture tests:
+ * host and device x, dy and a weight delta d. */
+typedef struct cap_fix {
+    lucid_param_set *set;
+    lucid_module *m;
+    lucid_tensor *hx, *hdy, *hd, *gx, *gdy, *gd;
+} cap_fix;
+
+/* Builds f (zeroed first); 1 on success, else a setup failure is reported
+ * under pre and 0 returned (cap_fix_release still applies). Sets the 1x1
+ * switch to cuBLAS and the shadows on (cap_fix_release resets both). */
+static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre) {
+    memset(f, 0, sizeof *f);
+    int64_t xs[4] = {2, 32, 10, 6}, ys[4] = {2, 24, 10, 6}, ws[4] = {24, 32, 1, 1};
+    f->hx = hrand(dt, 4, xs, -1, 1);
+    f->hdy = hrand(dt, 4, ys, -1, 1);
+    f->hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    f->gx = dev(f->hx);
+    f->gdy = dev(f->hdy);
+    f->gd = dev(f->hd);
+    if (!f->hx || !f->hdy || !f->hd || !f->gx || !f->gdy || !f->gd ||
+        make_conv(&f->set, &f->m, "c", 32, 24, 1, 1, 1) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        return 0;
+    }
+    lucid_cuda_nn_set_conv1x1(ctx, 2);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    return 1;
+}
+
+static void cap_fix_release(cap_fix *f) {
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    rel(f->hx); rel(f->hdy); rel(f->hd); rel(f->gx); rel(f->gdy); rel(f->gd);
+    lucid_module_release(f->m);
+    lucid_param_set_release(f->set);
+    memset(f, 0, sizeof *f);
+}
+
+/* The module's y and dx now (a replay's) against the per-call route's
+ * (lucid_cuda_nn_set_wcast 1) on the same inputs, bitwise, under
+ * "<pre>: <what> y / dx = per-call". */
+static void cap_fix_vs_per_call(cap_fix *f, const char *pre, const char *what) {
+    lucid_tensor *ry = host(f->m->outputs[0]), *rdx = host(f->m->grad_inputs[0]), *r[3] = {0};
+    unsigned long nc[2];
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    lucid_status s = fwd_bwd(f->m, f->gx, f->gdy, r, nc);
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    if (s != LUCID_OK) {
+        TEST_FAIL(NAME("%s: %s: per-call route", pre, what), "%s: %s", lucid_status_name(s),
+                  lucid_ctx_error(ctx));
+    } else {
+        cmp_bits(NAME("%s: %s y = per-call", pre, what), f->m->outputs[0], ry);
+        cmp_bits(NAME("%s: %s dx = per-call", pre, what), f->m->grad_inputs[0], rdx);
+    }
+    rel(ry);
+    rel(rdx);
+    rel3(r);
+}
+
 /* Capture: a shadow cast before the capture is re-cast inside it; replays
  * after device-side weight updates equal the per-call route, and eager use
  * after a replay re-casts. */
@@ -488,24 +549,14 @@ static void test_capture(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "wcast capture %s", lucid_dtype_name(dt));
     if (!cuda_test_graphs(pre)) return;
-    const int64_t N = 2, Ci = 32, Co = 24, H = 10, W = 6;
-    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, ws[4] = {Co, Ci, 1, 1};
-    lucid_param_set *set = NULL;
+    cap_fix f;
     lucid_module *m = NULL;
     lucid_graph *g1 = NULL, *g2 = NULL;
-    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
-    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
-    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *r[3] = {0}, *e[3] = {0},
-                 *ry = NULL, *rdx = NULL;
+    lucid_tensor *r[3] = {0}, *e[3] = {0}, *ry = NULL, *rdx = NULL;
     unsigned long nc[2];
-    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
-        make_conv(&set, &m, "c", Ci, Co, 1, 1, 1) != LUCID_OK) {
-        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
-        goto done;
-    }
-    lucid_cuda_nn_set_conv1x1(ctx, 2);
-    lucid_cuda_nn_set_wcast(ctx, 2);
-    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    if (!cap_fix_init(&f, dt, pre)) goto done;
+    m = f.m;
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, f.gx, f.gdy, e, nc));
     rel3(e);
     RUN(NAME("%s: eager group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
@@ -516,9 +567,9 @@ static void test_capture(lucid_dtype dt) {
         lucid_tensor *y = NULL, *dx = NULL;
         lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
         unsigned long c1 = casts();
-        if (!s) s = lucid_param_set_zero_grad(ctx, set);
-        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
+        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
         unsigned long c2 = casts();
         if (s != LUCID_OK) {
             TEST_FAIL(NAME("%s: calls while capturing 1", pre), "%s: %s", lucid_status_name(s),
@@ -531,27 +582,17 @@ static void test_capture(lucid_dtype dt) {
     }
     RUN(NAME("%s: capture 1 end", pre), lucid_ctx_capture_end(ctx, &g1));
     RUN(NAME("%s: replay 1", pre), lucid_graph_launch(ctx, g1));
-    ry = host(m->outputs[0]);
-    rdx = host(m->grad_inputs[0]);
-    lucid_cuda_nn_set_wcast(ctx, 1);
-    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, r, nc));
-    cmp_bits(NAME("%s: replay 1 y = per-call", pre), m->outputs[0], ry);
-    cmp_bits(NAME("%s: replay 1 dx = per-call", pre), m->grad_inputs[0], rdx);
-    rel(ry);
-    rel(rdx);
-    ry = rdx = NULL;
-    rel3(r);
-    lucid_cuda_nn_set_wcast(ctx, 2);
+    cap_fix_vs_per_call(&f, pre, "replay 1");
     /* graph 2: the weight moves on the device (axpy) before the forward */
     RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
     RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin(ctx));
     {
         lucid_tensor *y = NULL, *dx = NULL;
-        lucid_status s = lucid_axpy(ctx, m->params[0]->data, 0.25, gd);
+        lucid_status s = lucid_axpy(ctx, m->params[0]->data, 0.25, f.gd);
         if (!s) s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_param_set_zero_grad(ctx, set);
-        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
+        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
         if (s != LUCID_OK) {
             TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
                       lucid_ctx_error(ctx));
@@ -565,11 +606,11 @@ static void test_capture(lucid_dtype dt) {
         ry = host(m->outputs[0]);
         rdx = host(m->grad_inputs[0]);
         /* eager, shadow route: the replay moved the epoch, so it re-casts */
-        RUN(NAME("%s: eager after replay #%d", pre, rep), fwd_bwd(m, gx, gdy, e, nc));
+        RUN(NAME("%s: eager after replay #%d", pre, rep), fwd_bwd(m, f.gx, f.gdy, e, nc));
         check_casts(NAME("%s: eager forward after replay #%d re-casts", pre, rep), nc[0], 1);
         check_casts(NAME("%s: eager backward-data after replay #%d reuses", pre, rep), nc[1], 0);
         lucid_cuda_nn_set_wcast(ctx, 1);
-        RUN(NAME("%s: per-call after replay #%d", pre, rep), fwd_bwd(m, gx, gdy, r, nc));
+        RUN(NAME("%s: per-call after replay #%d", pre, rep), fwd_bwd(m, f.gx, f.gdy, r, nc));
         lucid_cuda_nn_set_wcast(ctx, 2);
         cmp_bits(NAME("%s: replay 2 #%d y = per-call on the updated weight", pre, rep),
                  m->outputs[0], ry);
@@ -586,16 +627,14 @@ static void test_capture(lucid_dtype dt) {
         rel3(e);
     }
 done:
-    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
-    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
     lucid_ctx_synchronize(ctx);
     if (g1) lucid_graph_destroy(g1);
     if (g2) lucid_graph_destroy(g2);
     rel3(r);
     rel3(e);
-    rel(ry); rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
-    lucid_module_release(m);
-    lucid_param_set_release(set);
+    rel(ry);
+    rel(rdx);
+    cap_fix_release(&f);
 }
 
 /* A capture that keeps the shadows (LUCID_CAPTURE_KEEP_SHADOWS, graph.h):
@@ -610,27 +649,17 @@ static void test_capture_keep(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "wcast capture keeping the shadows %s", lucid_dtype_name(dt));
     if (!cuda_test_graphs(pre)) return;
-    const int64_t N = 2, Ci = 32, Co = 24, H = 10, W = 6;
-    int64_t xs[4] = {N, Ci, H, W}, ys[4] = {N, Co, H, W}, ws[4] = {Co, Ci, 1, 1};
-    lucid_param_set *set = NULL;
+    cap_fix f;
     lucid_module *m = NULL;
     lucid_graph *g = NULL, *g2 = NULL;
-    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
-    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
-    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *r[3] = {0}, *e[3] = {0},
-                 *ry = NULL, *rdx = NULL;
+    lucid_tensor *e[3] = {0};
     unsigned long nc[2], c0;
-    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
-        make_conv(&set, &m, "c", Ci, Co, 1, 1, 1) != LUCID_OK) {
-        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
-        goto done;
-    }
-    lucid_cuda_nn_set_conv1x1(ctx, 2);
-    lucid_cuda_nn_set_wcast(ctx, 2);
+    if (!cap_fix_init(&f, dt, pre)) goto done;
+    m = f.m;
     CHECK(NAME("%s: unknown flag refused", pre),
           lucid_ctx_capture_begin_ex(ctx, 2u) == LUCID_ERR_ARG && !lucid_ctx_capturing(ctx),
           "%s", lucid_ctx_error(ctx));
-    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, f.gx, f.gdy, e, nc));
     rel3(e);
     RUN(NAME("%s: shadows stale", pre), lucid_ctx_shadows_stale(ctx));
     c0 = casts();
@@ -642,9 +671,9 @@ static void test_capture_keep(lucid_dtype dt) {
         lucid_tensor *y = NULL, *dx = NULL;
         c0 = casts();
         lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_param_set_zero_grad(ctx, set);
-        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
+        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
         if (s != LUCID_OK) {
             TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
                       lucid_ctx_error(ctx));
@@ -658,7 +687,7 @@ static void test_capture_keep(lucid_dtype dt) {
           lucid_graph_keeps_shadows(g));
     for (int rep = 0; rep < 2; rep++) {
         if (rep == 1) { /* an eager weight write (an op: the version moves), then the refresh */
-            RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, gd));
+            RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, f.gd));
             c0 = casts();
             RUN(NAME("%s: group cast after the update", pre),
                 lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
@@ -669,17 +698,7 @@ static void test_capture_keep(lucid_dtype dt) {
         RUN(NAME("%s: group cast after replay #%d", pre, rep),
             lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
         check_casts(NAME("%s: the replay #%d left the shadow fresh", pre, rep), casts() - c0, 0);
-        ry = host(m->outputs[0]);
-        rdx = host(m->grad_inputs[0]);
-        lucid_cuda_nn_set_wcast(ctx, 1);
-        RUN(NAME("%s: per-call route #%d", pre, rep), fwd_bwd(m, gx, gdy, r, nc));
-        lucid_cuda_nn_set_wcast(ctx, 2);
-        cmp_bits(NAME("%s: replay #%d y = per-call", pre, rep), m->outputs[0], ry);
-        cmp_bits(NAME("%s: replay #%d dx = per-call", pre, rep), m->grad_inputs[0], rdx);
-        rel(ry);
-        rel(rdx);
-        ry = rdx = NULL;
-        rel3(r);
+        cap_fix_vs_per_call(&f, pre, rep ? "replay #1 (updated weight)" : "replay #0");
     }
     /* begun with the shadow stale: cast inside, the graph does not keep it */
     RUN(NAME("%s: shadows stale 2", pre), lucid_ctx_shadows_stale(ctx));
@@ -689,7 +708,7 @@ static void test_capture_keep(lucid_dtype dt) {
         lucid_tensor *y = NULL;
         c0 = casts();
         lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
         if (s != LUCID_OK) {
             TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
                       lucid_ctx_error(ctx));
@@ -707,16 +726,11 @@ static void test_capture_keep(lucid_dtype dt) {
     RUN(NAME("%s: group cast after graph 2", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     check_casts(NAME("%s: its launch made the shadow stale", pre), casts() - c0, 1);
 done:
-    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
-    if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
     lucid_ctx_synchronize(ctx);
     if (g) lucid_graph_destroy(g);
     if (g2) lucid_graph_destroy(g2);
-    rel3(r);
     rel3(e);
-    rel(ry); rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
-    lucid_module_release(m);
-    lucid_param_set_release(set);
+    cap_fix_release(&f);
 }
 
 /* A shadow first used inside a capture (no buffer: allocation refused). */
