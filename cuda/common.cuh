@@ -173,20 +173,20 @@ typedef struct lucid_cuda_state {
     const void *grad_keys[LUCID_CUDA_GRAD_KEYS];
     unsigned char grad_key_lane[LUCID_CUDA_GRAD_KEYS];
     int grad_keys_n;
-    /* Device epoch of the conv weight shadows (engine/nn/nn.h
-     * lucid_conv_wshadow): graph.cu moves it at every capture begin,
-     * capture end and graph launch, so a cast queued outside a capture is
-     * never trusted inside it, nor one from before a capture or a replay
-     * afterwards. */
+    /* Device epoch of the column caches (engine/nn/nn.h lucid_conv_wcols,
+     * nn_conv_wcols.cu): graph.cu moves it at every capture begin, capture
+     * end and graph launch, so an event recorded outside a capture is never
+     * waited on inside it, nor one from before a capture or a replay
+     * afterwards.  (Until session 15 it was the weight shadows' epoch too.) */
     uint64_t wcast_epoch;
-    /* Freshness epoch of the conv weight shadows themselves (nn_conv.cu
-     * shadow_take / conv2d_cast_shadows compare it): moved with wcast_epoch,
-     * except that a capture begun with LUCID_CAPTURE_KEEP_SHADOWS
-     * (engine/train/graph.h) keeps it, and the launch of a graph whose
-     * capture queued no shadow cast keeps it (such a replay writes neither
-     * weights nor shadows).  shadow_casts counts the shadow casts queued
-     * since the last capture begin; capture_keep: the open capture keeps
-     * the shadows. */
+    /* Freshness epoch of the conv weight shadows (engine/nn/nn.h
+     * lucid_conv_wshadow; nn_conv.cu shadow_take / conv2d_cast_shadows
+     * compare it): moved with wcast_epoch, except around a capture begun
+     * with LUCID_CAPTURE_KEEP_SHADOWS (engine/train/graph.h): its begin
+     * keeps it, and when the capture queued no shadow cast its end and its
+     * graph's launches keep it too.  shadow_casts counts the shadow casts
+     * queued since the last capture begin; capture_keep: the open capture
+     * was begun with that flag. */
     uint64_t shadow_epoch;
     uint64_t shadow_casts;
     int capture_keep;

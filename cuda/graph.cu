@@ -138,6 +138,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned 
                                            cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         lucid_cuda_allocator_set_capture(st->alloc, 0);
+        st->capture_keep = 0;
         return lucid_cuda_err(ctx, e, "cudaStreamBeginCapture", __FILE__,
                               __LINE__);
     }

@@ -976,14 +976,20 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         if (Cout < 1 ||
             !(phase || (spatial ? col_route_likely(ns, Cin, Cout) : gemm_route_likely(ns, Cin, Cout))))
             continue;
-        if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch) &&
-            (!phase || lucid_conv_wshadow_phase_off(ws[i], wi, dt, epoch) > 0))
-            continue;
         const int64_t numel = lucid_tensor_numel(wi);
         const bool flip = spatial && flips && wi->shape[2] <= INT_MAX && wi->shape[3] <= INT_MAX;
         const int kh = flip ? (int)wi->shape[2] : 0, kw = flip ? (int)wi->shape[3] : 0;
         const int64_t ci = flip ? wi->shape[1] : 0,
                       kr = flip ? lucid_conv_col_wflip_kr(Cout, kh, kw) : 0;
+        const bool flipped = flip && ci * kr <= INT_MAX && Cout <= INT_MAX;
+        /* skipped only when every copy this call would write is fresh: a
+         * forward's shadow_take recasts the plain part alone (the flipped
+         * copy then reads stale: flip_off 0), and a graph that keeps the
+         * shadows reads the flipped copy it was captured with */
+        if (lucid_conv_wshadow_fresh(ws[i], wi, dt, epoch) &&
+            (!phase || lucid_conv_wshadow_phase_off(ws[i], wi, dt, epoch) > 0) &&
+            (!flipped || lucid_conv_wshadow_flip_off(ws[i], wi, dt, epoch) > 0))
+            continue;
         bool ok = false;
         LUCID_TRY(shadow_buffer(ctx, st, ws[i], wi, shadow_elems(wi), &ok));
         if (!ok) continue; /* its conv casts per call */
@@ -993,7 +999,6 @@ extern "C" lucid_status lucid_cuda_conv2d_cast_shadows(lucid_ctx *ctx,
         items.push_back(it);
         /* numel: a multiple of 8 (col_route_likely: K % 8 == 0), so the flipped
          * weight starts 16-byte aligned */
-        const bool flipped = flip && ci * kr <= INT_MAX && Cout <= INT_MAX;
         if (flipped) {
             lucid_conv_gemm_cast_item f = {(const float *)lucid_tensor_data(wi),
                                            (char *)lucid_storage_data(ws[i]->buf) + numel * 2,

@@ -271,6 +271,32 @@ describe("recorded step state machine (fake recorder)", function()
     end
   end)
 
+  it("a capture that had to cast (the graph does not keep the shadows): no cast before the replays", function()
+    local R = RS.fake_recorder()
+    local record = R.record
+    R.record = function(ctx, fn, precast)
+      local g = record(ctx, fn, precast)
+      g.keeps_shadows = function() return false end
+      return g
+    end
+    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
+    local n = 0
+    local cast = r.model.cast_weights
+    r.model.cast_weights = function(self, x)
+      n = n + 1
+      return cast(self, x)
+    end
+    for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+    local s = r.step:stats()
+    assert.are.equal(3, s.replays)
+    assert.are.equal(1, n) -- the one before the capture
+    assert.are.equal(1, R.precasts)
+    assert.is_false(s.fb_keeps_shadows)
+    assert.are.equal(0, s.precasts)
+    H.same(e, r, "graph cast inside")
+    r.step:release(); e.step:release()
+  end)
+
   it("lucid.Step refuses input_stages other than 1 or 2, naming it", function()
     local ok, err = pcall(pair, { B = B, S = S, input_stages = 3 })
     assert.is_false(ok)

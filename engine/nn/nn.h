@@ -352,12 +352,16 @@ lucid_status lucid_nn_conv2d_backward_params(lucid_ctx *ctx,
  *     storage version (lucid_storage_version: every host-queued write, the
  *     optimizer's included, bumps it), into the same dtype, in the same
  *     device epoch;
- *   - the device epoch (backend, cuda/graph.cu) changes at every capture
- *     begin, capture end and graph launch: a cast queued outside a capture
- *     is never relied on inside it (the replay would read a stale shadow), a
- *     cast queued inside it is (it is replayed too), and after a capture or
- *     a replay (which may have changed weights on the device behind the
- *     host's versions) the next eager use casts again.
+ *   - the device epoch (backend: cuda/graph.cu, st->shadow_epoch) changes
+ *     at every capture begin, capture end and graph launch: a cast queued
+ *     outside a capture is not relied on inside it (the replay would read a
+ *     stale shadow), a cast queued inside it is (it is replayed too), and
+ *     after a capture or a replay (which may have changed weights on the
+ *     device behind the host's versions) the next eager use casts again.
+ *     Except around a capture begun with LUCID_CAPTURE_KEEP_SHADOWS
+ *     (train/graph.h): shadows fresh at its begin stay fresh inside it, and
+ *     when it cast none, neither its end nor its graph's launches change the
+ *     epoch; its caller recasts the shadows before each launch.
  * A gemm-routed forward / backward-data given a shadow uses it when fresh,
  * else casts into it (one launch, as without) and marks it fresh; a shadow
  * whose buffer does not exist yet and cannot be allocated now (stream
@@ -379,7 +383,7 @@ struct lucid_conv_wshadow {
     int64_t numel;            /* weight elements cast */
     uint64_t src_version;     /* lucid_storage_version(src) at the cast */
     lucid_dtype dtype;        /* LUCID_BF16 or LUCID_F16 */
-    uint64_t epoch;           /* device epoch at the cast */
+    uint64_t epoch;           /* device epoch (st->shadow_epoch) at the cast */
     int64_t flip_off;         /* > 0: the group cast also wrote the im2col route's flipped
                                * weight (cuda/nn_conv_col.cuh) at this element offset; 0 none */
     int64_t flip_shape[4];    /* w's [Cout, Cin, kh, kw] at that flipped cast: the flipped
@@ -561,10 +565,10 @@ lucid_status lucid_nn_conv2d_backward_input_dcols(
  * for the weight shadows: an in-place change of x between the forward and
  * the filter gradient is seen), the same shape and dtype, the same kernel
  * size, stride, padding, dilation and groups, the same rows per image (K
- * padding), in the same device epoch (the weight shadows' epoch, moved at
- * capture begin / end and graph launch: a write queued outside a capture
- * is never relied on inside it, one inside it is, and none after a
- * replay).  The record follows the LAST write: forward(x1), forward(x2),
+ * padding), in the same device epoch (the backend's column-cache epoch,
+ * st->wcast_epoch, moved at every capture begin / end and graph launch: a
+ * write queued outside a capture is never relied on inside it, one inside
+ * it is, and none after a replay).  The record follows the LAST write: forward(x1), forward(x2),
  * filter gradient of x2 reads x2's columns; that of x1 builds its own.
  * Ordering on the device (the CUDA backend; events, graph edges under
  * capture): every reader waits for the last write, wherever it ran (the

@@ -55,13 +55,21 @@ lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx);
  *   lucid_ctx_shadows_stale(ctx); cast the shadows the graph will read
  *   (lucid_nn_conv_cast_weights); lucid_ctx_capture_begin_ex(ctx, KEEP);
  *   ... capture_end; then before EVERY launch of a graph that keeps the
- *   shadows, cast the same list again (a no-op unless a weight was written
- *   since: the casts compare storage versions).
+ *   shadows, cast the same list again (see below for what it queues).
+ * The recast before a launch queues work for the weights written since
+ * their last cast, and for every shadow after anything else made them
+ * stale (another graph's launch, another capture, lucid_ctx_shadows_stale).
  * A shadow the capture reads and that list does not refresh would be read
  * stale after a weight update; the stale-making first step ensures every
  * shadow outside the list is cast inside the capture (and the graph then
- * does not keep the shadows). Errors as lucid_ctx_capture_begin; ERR_ARG
- * for an unknown flag. */
+ * does not keep the shadows).
+ * Preconditions (not checked): the captured work writes no conv weight (a
+ * graph that updates weights, an optimizer step, must be captured without
+ * the flag: its launches must make the shadows stale), and the conv route
+ * switches of the context (lucid_cuda_nn_set_conv1x1 / _conv_col / _wcast,
+ * the stride-phase backward-data switch) do not change between the capture
+ * and its launches (the list the recast writes follows them). Errors as
+ * lucid_ctx_capture_begin; ERR_ARG for an unknown flag. */
 lucid_status lucid_ctx_capture_begin_ex(lucid_ctx *ctx, unsigned flags);
 
 /* Mark every conv weight shadow of ctx stale: the next cast or read of each

@@ -309,8 +309,10 @@ end
 
 --- model:cast_weights(x): round the weights of the Conv2d layers that take
 -- a cuBLAS route to x's dtype into their shadows (lucid.nn.conv_cast_weights:
--- one launch, only for the weights written since their last cast, compared
--- by storage version), as Model:forward does first. x: a lucid.Tensor
+-- one launch, for the shadows that are not fresh: weights written since
+-- their last cast, compared by storage version, or every shadow after a
+-- CUDA graph launch or capture made them stale), as Model:forward does
+-- first. x: a lucid.Tensor
 -- (its dtype and device decide; f32, CPU and table inputs: nothing to do).
 -- The recorded step calls it before each replay of an FB graph that kept
 -- the shadows (lua/lucid/recorded_step.lua, engine/train/graph.h).

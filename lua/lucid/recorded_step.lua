@@ -21,13 +21,18 @@ Segments of one call with n == batch images, once recorded:
            k+1 overlaps step k: the images once step k's input_prepare has
            read the device copies, the targets once step k's FB (its loss)
            is done; the compute stream waits for the images before
-           input_prepare and for the targets after it (RS:_h2d).
+           input_prepare (RS:_h2d) and for the targets after it
+           (RS:_prepare).
            Two host staging sets (LUCID_INPUT_STAGES=1: one) let the host
            run up to two replays ahead (RS:_staging).
            LUCID_INPUT_PREFETCH=0 (read once): on the compute stream, in
            line, as before (A/B; the same bits either way).
   eager  : lucid.input_prepare (u8 -> HSV when device_hsv -> /255 in the
            activation dtype; one kernel)
+  eager  : Model:cast_weights when the FB graph kept the conv weight
+           shadows (the default; GRAPH_WCAST below): the casts of the
+           weights written since their last cast (none between optimizer
+           steps)
   FB     : graph  — forward, loss, loss backward
                     (seed x loss scale), model backward (+= into the flat
                     gradients), running losses += items
@@ -217,9 +222,11 @@ local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 -- they stay out of the FB graph: the recording casts them eagerly first
 -- and captures with the shadows kept (lucid.graph.capture_begin(ctx,
 -- true)), and each replay is preceded by Model:cast_weights, which queues
--- the casts only when a weight was written since the last one (its
--- storage version moved: after an optimizer step, 1 step in `accumulate`,
--- or a user's edit). Why: inside the graph the casts (2713 + 2295 blocks)
+-- casts only for the weights written since their last cast (the storage
+-- version moved: after an optimizer step, 1 step in `accumulate`, or a
+-- user's edit), or for all of them after something made the shadows stale
+-- (another graph's launch: the OPT graph of route "recorded clip" every
+-- optimizer step; another capture). Why: inside the graph the casts (2713 + 2295 blocks)
 -- ran on every replay beside layers 0-1, which started ~14 us late and
 -- ran slower beside them (the head of the replay: the first GEMM of layer
 -- 1 at ~97 us; H200 CUPTI trace, fifteenth session). LUCID_GRAPH_WCAST=1:
@@ -905,14 +912,16 @@ function RS:run(batch, do_opt)
     self.restored = self.restored + self.refs:restore()
   end
   local b = e:_bufs(self.batch)
+  self:_h2d(b)
+  self:_prepare(b)
   if replay and self.fb_keeps then
     -- the FB graph reads the conv weight shadows as they are: cast the
-    -- weights written since the last cast (none between optimizer steps)
+    -- weights written since the last cast (none between optimizer steps).
+    -- After _prepare: its ev_prep record joins the lanes, so a cast queued
+    -- before it would hold the next batch's image upload back.
     model:cast_weights(b.x)
     self.precasts = self.precasts + 1
   end
-  self:_h2d(b)
-  self:_prepare(b)
   if replay then
     -- the host time of the FB launch (the driver's cudaGraphLaunch): a
     -- diagnostic for replays that start late after their input kernel

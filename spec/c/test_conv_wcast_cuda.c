@@ -42,7 +42,10 @@
  *     an eager weight write 1, and the replay equals the per-call route on
  *     the new weight; begun with the shadow stale it casts inside (1), the
  *     graph does not keep, and its launch makes the shadow stale; an unknown
- *     flag is ERR_ARG;
+ *     flag is ERR_ARG; a keeping graph of a 3x3 im2col conv after a weight
+ *     write and an eager forward alone (the flipped copy stale): the group
+ *     cast writes the flipped copy and the replay's dx equals the per-call
+ *     route's;
  *   - first use inside a capture (no shadow buffer yet, the allocation is
  *     refused): the capture succeeds, the convs cast per call (2 launches),
  *     the group cast skips the shadow, the shadow stays empty, the replay
@@ -733,6 +736,81 @@ done:
     cap_fix_release(&f);
 }
 
+/* A keeping graph reads the flipped copy it was captured with: a 3x3
+ * stride-1 conv on the im2col route (its backward-data reads the shadow's
+ * flipped weight), captured with the shadows kept; then a weight write and an
+ * eager forward alone (its shadow_take recasts the plain part only, the
+ * flipped copy goes stale); the group cast before the replay must write the
+ * flipped copy too (1 launch or more), and the replay's dx must equal the
+ * per-call route's on the new weight (review of session 15). */
+static void test_capture_keep_flip(lucid_dtype dt) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "wcast keeping graph, flipped copy %s", lucid_dtype_name(dt));
+    if (!cuda_test_graphs(pre)) return;
+    int64_t xs[4] = {2, 16, 8, 8}, ys[4] = {2, 32, 8, 8}, ws[4] = {32, 16, 3, 3};
+    lucid_param_set *set = NULL;
+    lucid_module *m = NULL;
+    lucid_graph *g = NULL;
+    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
+    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
+    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *e[3] = {0}, *r[3] = {0},
+                 *rdx = NULL;
+    unsigned long nc[2], c0;
+    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
+        make_conv(&set, &m, "k", 16, 32, 3, 1, 0) != LUCID_OK) {
+        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
+        goto done;
+    }
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 1); /* im2col route */
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    rel3(e);
+    RUN(NAME("%s: shadows stale", pre), lucid_ctx_shadows_stale(ctx));
+    RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
+    {
+        lucid_tensor *y = NULL, *dx = NULL;
+        lucid_status s = lucid_param_set_zero_grad(ctx, set);
+        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
+        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    CHECK(NAME("%s: the graph keeps the shadows", pre), lucid_graph_keeps_shadows(g) == 1, "%d",
+          lucid_graph_keeps_shadows(g));
+    RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, gd));
+    {
+        lucid_tensor *y = NULL;
+        RUN(NAME("%s: eager forward alone", pre), lucid_module_forward1(ctx, m, gx, &y));
+    }
+    c0 = casts();
+    RUN(NAME("%s: group cast before the replay", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
+    CHECK(NAME("%s: the stale flipped copy is cast", pre), casts() - c0 >= 1, "%lu launches",
+          casts() - c0);
+    RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
+    rdx = host(m->grad_inputs[0]);
+    lucid_cuda_nn_set_wcast(ctx, 1);
+    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, r, nc));
+    lucid_cuda_nn_set_wcast(ctx, 2);
+    cmp_bits(NAME("%s: replay dx = per-call on the new weight", pre), m->grad_inputs[0], rdx);
+done:
+    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 0);
+    lucid_ctx_synchronize(ctx);
+    if (g) lucid_graph_destroy(g);
+    rel3(e);
+    rel3(r);
+    rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
+    lucid_module_release(m);
+    lucid_param_set_release(set);
+}
+
 /* A shadow first used inside a capture (no buffer: allocation refused). */
 static void test_first_use_in_capture(lucid_dtype dt) {
     char pre[96];
@@ -1170,6 +1248,7 @@ int main(void) {
         test_group(DTS[d]);
         test_capture(DTS[d]);
         test_capture_keep(DTS[d]);
+        test_capture_keep_flip(DTS[d]);
         test_first_use_in_capture(DTS[d]);
         if (lucid_conv_igemm_set_dgrad_phase && lucid_conv_igemm_wt_cast_count) {
             test_phase(DTS[d], 64, 48, 18, 16);
