@@ -205,18 +205,17 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
   export LUCID_PROGRESS=plain
   # AB_CONFIGS: ';'-separated environment settings, one A/B arm each
   IFS=';' read -r -a cfgs <<< "${AB_CONFIGS:-LUCID_PDL=1;LUCID_PDL=0;LUCID_PDL=graph}"
+  arm=0
   for cfg in "${cfgs[@]}"; do
-    tag=$(echo "$cfg" | tr ' =' '_-')
+    arm=$((arm + 1))
+    tag=$(echo "$cfg" | tr ' =' '_-')_$arm # repeated configs keep each fit's log
     # AB_MODEL=0: no bench_model per arm (the recorded fit only)
     if [ "${AB_MODEL:-1}" = 1 ]; then env $cfg timeout 100 luajit bench/bench_model.lua > "$l/model_$tag.log" 2>&1; fi
     # the first arm also lists its graph's critical path (joined with the census below)
     gs=1; [ -z "${first_tag:-}" ] && { gs=path; first_tag=$tag; }
     env $cfg LUCID_GRAPH_STATS=$gs timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
     grep '^lucid graph:' "$l/fit_$tag.log" | sort | uniq -c | sort -rn | head -3
-    echo "$cfg: $(tail -1 "$l/model_$tag.log" 2>/dev/null | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
-try:
-  d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
-except Exception as e: print("no result", e)')"
+    echo "$cfg: $(tail -1 "$l/model_$tag.log" 2>/dev/null | cut -c1-80) | fit $(tail -1 "$l/fit_$tag.log" | python3 tools/fit_line.py)"
   done
   timeout 90 luajit bench/bench_bnsilu.lua > "$l/bench_bnsilu.log" 2>&1; tail -3 "$l/bench_bnsilu.log"
   if [ -n "${AB_LAB1X1:-}" ]; then
@@ -276,10 +275,7 @@ if [ "$what" = final ]; then
     for cfg in "${cfgs[@]}"; do
       tag=$(echo "$cfg" | tr ' =' '_-')
       env $cfg LUCID_PROGRESS=plain timeout 100 luajit bench/fit_once.lua record=true > "$l/fit_$tag.log" 2>&1
-      echo "$cfg: fit $(tail -1 "$l/fit_$tag.log" | python3 -c 'import json,sys
-try:
-  d=json.loads(sys.stdin.read()); s=d["step"]; print("%.2f s, step %.3f ms, contract %.2f us, route %s, model %s" % (d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"), d["hashes"]["model"]))
-except Exception as e: print("no result", e)')"
+      echo "$cfg: fit $(tail -1 "$l/fit_$tag.log" | python3 tools/fit_line.py)"
     done
   fi
   left=$(( ${FINAL_S:-460} - ($(date +%s) - t0) ))

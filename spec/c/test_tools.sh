@@ -10,6 +10,8 @@
 #                            kernel, one starting 200 us late, one with a
 #                            100 us idle stretch inside; checks the counts
 #                            and the per-replay costs
+#   tools/fit_line.py        a fit_once JSON line: the summary fields and the
+#                            pacing diagnostics; "no result" for bad input
 #   tools/kernel_census.py   --path: a census (Nsight Compute CSV rows) and
 #                            a LUCID_GRAPH_STATS=path log; checks the path's
 #                            estimated kernel time and the per-kernel rows
@@ -138,6 +140,14 @@ check "census path total" "$out" "4 kernel nodes, estimated kernel time 0.033 ms
 check "census path missing" "$out" "not in the census (3 us each): unknown x1"
 check "census path conv row" "$out" "conv_k<__nv_bfloat16, 1>"
 check "census path cublas row" "$out" "cuBLAS (unnamed in the graph)"
+# ---- fit_line.py: the summary line of a fit_once JSON line (4 windows: the
+# steady one is the fourth, 0.070 s / 20 steps = 3.500 ms per step)
+printf '%s\n' '{"fit_s":3.5,"steady_step_ms":3.3,"hashes":{"model":"abc"},"windows":[[0.6,20],[0.07,20],[0.07,20],[0.07,20]],"loader_wait_ms":0.25,"step":{"contract_us_per_replay":1.5,"route":"eager clip","stage_wait_us":812.5}}' > "$tmp/fit.json"
+out=$(python3 tools/fit_line.py < "$tmp/fit.json" 2>&1)
+check "fit_line fields" "$out" "3.50 s, step 3.300 ms, contract 1.50 us, route eager clip, model abc"
+check "fit_line pacing" "$out" "stage wait 812.5 us, loader wait 0.250 ms/step, windows 3.500..3.500 ms/step"
+out=$(printf 'not json\n' | python3 tools/fit_line.py 2>&1)
+check "fit_line bad input" "$out" "no result"
 # ---- bad input: one clear line, never a traceback
 { cat "$tmp/trace.csv"; printf '300,4'; } > "$tmp/cut.csv" # a trace cut short mid-row
 out=$(python3 tools/ktrace_report.py "$tmp/cut.csv" --last 3 2>&1)
