@@ -484,20 +484,24 @@ done:
     lucid_param_set_release(set);
 }
 
-/* The 1x1 conv (N2 32>24 10x6, bias) and the data of the capture tests:
- * host and device x, dy and a weight delta d. */
+/* The conv and the data of the capture tests: host and device x, dy and a
+ * weight delta d. */
 typedef struct cap_fix {
     lucid_param_set *set;
     lucid_module *m;
     lucid_tensor *hx, *hdy, *hd, *gx, *gdy, *gd;
 } cap_fix;
 
-/* Builds f (zeroed first); 1 on success, else a setup failure is reported
- * under pre and 0 returned (cap_fix_release still applies). Sets the 1x1
- * switch to cuBLAS and the shadows on (cap_fix_release resets both). */
-static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre) {
+/* Builds f (zeroed first): a Conv2d Ci>Co, k x k, stride 1, autopad, with
+ * a bias when k == 1, on N=2 inputs of H x W; 1 on success, else a setup
+ * failure is reported under pre and 0 returned (cap_fix_release still
+ * applies). Sets the shadows on, the 1x1 switch to cuBLAS and (k > 1) the
+ * small-channel kernels off, i.e. the im2col route (cap_fix_release resets
+ * all three). */
+static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre, int64_t Ci, int64_t Co,
+                        int k, int64_t H, int64_t W) {
     memset(f, 0, sizeof *f);
-    int64_t xs[4] = {2, 32, 10, 6}, ys[4] = {2, 24, 10, 6}, ws[4] = {24, 32, 1, 1};
+    int64_t xs[4] = {2, Ci, H, W}, ys[4] = {2, Co, H, W}, ws[4] = {Co, Ci, k, k};
     f->hx = hrand(dt, 4, xs, -1, 1);
     f->hdy = hrand(dt, 4, ys, -1, 1);
     f->hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
@@ -505,23 +509,66 @@ static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre) {
     f->gdy = dev(f->hdy);
     f->gd = dev(f->hd);
     if (!f->hx || !f->hdy || !f->hd || !f->gx || !f->gdy || !f->gd ||
-        make_conv(&f->set, &f->m, "c", 32, 24, 1, 1, 1) != LUCID_OK) {
+        make_conv(&f->set, &f->m, "c", Ci, Co, k, 1, k == 1) != LUCID_OK) {
         TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
         return 0;
     }
     lucid_cuda_nn_set_conv1x1(ctx, 2);
     lucid_cuda_nn_set_wcast(ctx, 2);
+    if (k > 1 && lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 1);
     return 1;
 }
 
 static void cap_fix_release(cap_fix *f) {
     if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
     if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
+    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 0);
     lucid_ctx_synchronize(ctx);
     rel(f->hx); rel(f->hdy); rel(f->hd); rel(f->gx); rel(f->gdy); rel(f->gd);
     lucid_module_release(f->m);
     lucid_param_set_release(f->set);
     memset(f, 0, sizeof *f);
+}
+
+/* Captures into *g (begun with flags): the weight += 0.25 d first when
+ * axpy, the group cast when cast, zero_grad, the forward, the backward when
+ * backward. *cast_n / *fb_n (may be NULL): the cast launches queued by the
+ * group cast, and by the forward and backward. 1 on success; a failing call
+ * is reported under "<pre>: <what>" and the capture discarded (0). */
+static int cap_fix_capture(cap_fix *f, lucid_dtype dt, const char *pre, const char *what,
+                           unsigned flags, int axpy, int cast, int backward, lucid_graph **g,
+                           unsigned long *cast_n, unsigned long *fb_n) {
+    lucid_status s = lucid_ctx_capture_begin_ex(ctx, flags);
+    if (s != LUCID_OK) {
+        TEST_FAIL(NAME("%s: %s: capture begin", pre, what), "%s: %s", lucid_status_name(s),
+                  lucid_ctx_error(ctx));
+        return 0;
+    }
+    lucid_tensor *y = NULL, *dx = NULL;
+    if (axpy) s = lucid_axpy(ctx, f->m->params[0]->data, 0.25, f->gd);
+    const unsigned long c0 = casts();
+    if (!s && cast) s = lucid_nn_conv_cast_weights(ctx, &f->m, 1, dt);
+    const unsigned long c1 = casts();
+    if (!s) s = lucid_param_set_zero_grad(ctx, f->set);
+    if (!s) s = lucid_module_forward1(ctx, f->m, f->gx, &y);
+    if (!s && backward) s = lucid_module_backward1(ctx, f->m, f->gx, f->gdy, &dx);
+    const unsigned long c2 = casts();
+    if (s != LUCID_OK) {
+        TEST_FAIL(NAME("%s: %s: calls while capturing", pre, what), "%s: %s",
+                  lucid_status_name(s), lucid_ctx_error(ctx));
+        lucid_ctx_capture_end(ctx, NULL);
+        return 0;
+    }
+    if (cast_n) *cast_n = c1 - c0;
+    if (fb_n) *fb_n = c2 - c1;
+    s = lucid_ctx_capture_end(ctx, g);
+    if (s != LUCID_OK) {
+        TEST_FAIL(NAME("%s: %s: capture end", pre, what), "%s: %s", lucid_status_name(s),
+                  lucid_ctx_error(ctx));
+        return 0;
+    }
+    TEST_OK(NAME("%s: %s: captured", pre, what));
+    return 1;
 }
 
 /* The module's y and dx now (a replay's) against the per-call route's
@@ -557,53 +604,24 @@ static void test_capture(lucid_dtype dt) {
     lucid_graph *g1 = NULL, *g2 = NULL;
     lucid_tensor *r[3] = {0}, *e[3] = {0}, *ry = NULL, *rdx = NULL;
     unsigned long nc[2];
-    if (!cap_fix_init(&f, dt, pre)) goto done;
+    if (!cap_fix_init(&f, dt, pre, 32, 24, 1, 10, 6)) goto done;
     m = f.m;
     RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, f.gx, f.gdy, e, nc));
     rel3(e);
     RUN(NAME("%s: eager group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
     /* graph 1: group cast, forward, backward (weights unchanged) */
-    RUN(NAME("%s: capture 1 begin", pre), lucid_ctx_capture_begin(ctx));
     {
-        unsigned long c0 = casts();
-        lucid_tensor *y = NULL, *dx = NULL;
-        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        unsigned long c1 = casts();
-        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
-        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
-        unsigned long c2 = casts();
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: calls while capturing 1", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-        check_casts(NAME("%s: a shadow cast before the capture is re-cast inside", pre), c1 - c0, 1);
-        check_casts(NAME("%s: captured forward and backward-data cast nothing", pre), c2 - c1, 0);
+        unsigned long cn = 0, fbn = 0;
+        if (!cap_fix_capture(&f, dt, pre, "graph 1", 0u, 0, 1, 1, &g1, &cn, &fbn)) goto done;
+        check_casts(NAME("%s: a shadow cast before the capture is re-cast inside", pre), cn, 1);
+        check_casts(NAME("%s: captured forward and backward-data cast nothing", pre), fbn, 0);
     }
-    RUN(NAME("%s: capture 1 end", pre), lucid_ctx_capture_end(ctx, &g1));
     RUN(NAME("%s: replay 1", pre), lucid_graph_launch(ctx, g1));
     cap_fix_vs_per_call(&f, pre, "replay 1");
     /* graph 2: the weight moves on the device (axpy) before the forward */
     RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin(ctx));
-    {
-        lucid_tensor *y = NULL, *dx = NULL;
-        lucid_status s = lucid_axpy(ctx, m->params[0]->data, 0.25, f.gd);
-        if (!s) s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
-        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-    }
-    RUN(NAME("%s: capture 2 end", pre), lucid_ctx_capture_end(ctx, &g2));
+    if (!cap_fix_capture(&f, dt, pre, "graph 2", 0u, 1, 1, 1, &g2, NULL, NULL)) goto done;
     for (int rep = 0; rep < 2; rep++) {
         RUN(NAME("%s: replay 2 #%d", pre, rep), lucid_graph_launch(ctx, g2));
         ry = host(m->outputs[0]);
@@ -657,7 +675,7 @@ static void test_capture_keep(lucid_dtype dt) {
     lucid_graph *g = NULL, *g2 = NULL;
     lucid_tensor *e[3] = {0};
     unsigned long nc[2], c0;
-    if (!cap_fix_init(&f, dt, pre)) goto done;
+    if (!cap_fix_init(&f, dt, pre, 32, 24, 1, 10, 6)) goto done;
     m = f.m;
     CHECK(NAME("%s: unknown flag refused", pre),
           lucid_ctx_capture_begin_ex(ctx, 2u) == LUCID_ERR_ARG && !lucid_ctx_capturing(ctx),
@@ -669,23 +687,13 @@ static void test_capture_keep(lucid_dtype dt) {
     RUN(NAME("%s: group cast before the capture", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     check_casts(NAME("%s: the stale shadow is cast before the capture", pre), casts() - c0, 1);
     RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
     {
-        lucid_tensor *y = NULL, *dx = NULL;
-        c0 = casts();
-        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_param_set_zero_grad(ctx, f.set);
-        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, f.gx, f.gdy, &dx);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
+        unsigned long cn = 0, fbn = 0;
+        if (!cap_fix_capture(&f, dt, pre, "kept", LUCID_CAPTURE_KEEP_SHADOWS, 0, 1, 1, &g, &cn,
+                             &fbn))
             goto done;
-        }
-        check_casts(NAME("%s: the capture casts nothing", pre), casts() - c0, 0);
+        check_casts(NAME("%s: the capture casts nothing", pre), cn + fbn, 0);
     }
-    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
     CHECK(NAME("%s: the graph keeps the shadows", pre), lucid_graph_keeps_shadows(g) == 1, "%d",
           lucid_graph_keeps_shadows(g));
     for (int rep = 0; rep < 2; rep++) {
@@ -706,21 +714,13 @@ static void test_capture_keep(lucid_dtype dt) {
     /* begun with the shadow stale: cast inside, the graph does not keep it */
     RUN(NAME("%s: shadows stale 2", pre), lucid_ctx_shadows_stale(ctx));
     RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
     {
-        lucid_tensor *y = NULL;
-        c0 = casts();
-        lucid_status s = lucid_nn_conv_cast_weights(ctx, &m, 1, dt);
-        if (!s) s = lucid_module_forward1(ctx, m, f.gx, &y);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: calls while capturing 2", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
+        unsigned long cn = 0, fbn = 0;
+        if (!cap_fix_capture(&f, dt, pre, "kept, begun stale", LUCID_CAPTURE_KEEP_SHADOWS, 0, 1, 0,
+                             &g2, &cn, &fbn))
             goto done;
-        }
-        check_casts(NAME("%s: a stale shadow is cast inside", pre), casts() - c0, 1);
+        check_casts(NAME("%s: a stale shadow is cast inside", pre), cn + fbn, 1);
     }
-    RUN(NAME("%s: capture 2 end", pre), lucid_ctx_capture_end(ctx, &g2));
     CHECK(NAME("%s: that graph does not keep the shadows", pre), lucid_graph_keeps_shadows(g2) == 0,
           "%d", lucid_graph_keeps_shadows(g2));
     RUN(NAME("%s: group cast after capture 2", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
@@ -747,68 +747,38 @@ static void test_capture_keep_flip(lucid_dtype dt) {
     char pre[96];
     snprintf(pre, sizeof pre, "wcast keeping graph, flipped copy %s", lucid_dtype_name(dt));
     if (!cuda_test_graphs(pre)) return;
-    int64_t xs[4] = {2, 16, 8, 8}, ys[4] = {2, 32, 8, 8}, ws[4] = {32, 16, 3, 3};
-    lucid_param_set *set = NULL;
+    cap_fix f;
     lucid_module *m = NULL;
     lucid_graph *g = NULL;
-    lucid_tensor *hx = hrand(dt, 4, xs, -1, 1), *hdy = hrand(dt, 4, ys, -1, 1);
-    lucid_tensor *hd = hrand(LUCID_F32, 4, ws, -0.5, 0.5);
-    lucid_tensor *gx = dev(hx), *gdy = dev(hdy), *gd = dev(hd), *e[3] = {0}, *r[3] = {0},
-                 *rdx = NULL;
+    lucid_tensor *e[3] = {0};
     unsigned long nc[2], c0;
-    if (!hx || !hdy || !hd || !gx || !gdy || !gd ||
-        make_conv(&set, &m, "k", 16, 32, 3, 1, 0) != LUCID_OK) {
-        TEST_FAIL(NAME("%s: setup", pre), "%s", lucid_ctx_error(ctx));
-        goto done;
-    }
-    lucid_cuda_nn_set_wcast(ctx, 2);
-    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 1); /* im2col route */
-    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, gx, gdy, e, nc));
+    if (!cap_fix_init(&f, dt, pre, 16, 32, 3, 8, 8)) goto done;
+    m = f.m;
+    RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, f.gx, f.gdy, e, nc));
     rel3(e);
     RUN(NAME("%s: shadows stale", pre), lucid_ctx_shadows_stale(ctx));
     RUN(NAME("%s: group cast", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     RUN(NAME("%s: synchronize", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture begin", pre), lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_KEEP_SHADOWS));
-    {
-        lucid_tensor *y = NULL, *dx = NULL;
-        lucid_status s = lucid_param_set_zero_grad(ctx, set);
-        if (!s) s = lucid_module_forward1(ctx, m, gx, &y);
-        if (!s) s = lucid_module_backward1(ctx, m, gx, gdy, &dx);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: calls while capturing", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-    }
-    RUN(NAME("%s: capture end", pre), lucid_ctx_capture_end(ctx, &g));
+    if (!cap_fix_capture(&f, dt, pre, "kept", LUCID_CAPTURE_KEEP_SHADOWS, 0, 0, 1, &g, NULL, NULL))
+        goto done;
     CHECK(NAME("%s: the graph keeps the shadows", pre), lucid_graph_keeps_shadows(g) == 1, "%d",
           lucid_graph_keeps_shadows(g));
-    RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, gd));
+    RUN(NAME("%s: weight update", pre), lucid_axpy(ctx, m->params[0]->data, 0.25, f.gd));
     {
         lucid_tensor *y = NULL;
-        RUN(NAME("%s: eager forward alone", pre), lucid_module_forward1(ctx, m, gx, &y));
+        RUN(NAME("%s: eager forward alone", pre), lucid_module_forward1(ctx, m, f.gx, &y));
     }
     c0 = casts();
     RUN(NAME("%s: group cast before the replay", pre), lucid_nn_conv_cast_weights(ctx, &m, 1, dt));
     CHECK(NAME("%s: the stale flipped copy is cast", pre), casts() - c0 >= 1, "%lu launches",
           casts() - c0);
     RUN(NAME("%s: replay", pre), lucid_graph_launch(ctx, g));
-    rdx = host(m->grad_inputs[0]);
-    lucid_cuda_nn_set_wcast(ctx, 1);
-    RUN(NAME("%s: per-call route", pre), fwd_bwd(m, gx, gdy, r, nc));
-    lucid_cuda_nn_set_wcast(ctx, 2);
-    cmp_bits(NAME("%s: replay dx = per-call on the new weight", pre), m->grad_inputs[0], rdx);
+    cap_fix_vs_per_call(&f, pre, "replay on the new weight");
 done:
-    if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
-    if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 0);
     lucid_ctx_synchronize(ctx);
     if (g) lucid_graph_destroy(g);
     rel3(e);
-    rel3(r);
-    rel(rdx); rel(hx); rel(hdy); rel(hd); rel(gx); rel(gdy); rel(gd);
-    lucid_module_release(m);
-    lucid_param_set_release(set);
+    cap_fix_release(&f);
 }
 
 /* A shadow first used inside a capture (no buffer: allocation refused). */
