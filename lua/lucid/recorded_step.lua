@@ -493,11 +493,17 @@ end
 -- The input segment's kernel: u8 staging copy -> b.x (lucid.step's
 -- Step:_inputs does the same); with the prefetch, ev_prep then tells the
 -- next upload that the device copies have been read.
-function RS:_prepare(b)
+-- between (optional): queued after the input kernel's ev_prep and before
+-- the targets' wait (the pre-replay weight cast: it then neither holds the
+-- next image upload back nor waits for the targets).
+function RS:_prepare(b, between)
   lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
   if self.prefetch then
     self.ev_prep:record()
+    if between then between() end
     self.stage.ev:wait() -- the targets (RS:_h2d), before FB reads them
+  elseif between then
+    between()
   end
 end
 
@@ -913,15 +919,19 @@ function RS:run(batch, do_opt)
   end
   local b = e:_bufs(self.batch)
   self:_h2d(b)
-  self:_prepare(b)
+  -- the FB graph reads the conv weight shadows as they are: cast the weights
+  -- written since the last cast (none between optimizer steps), after the
+  -- input kernel's ev_prep (whose record joins the lanes: a cast queued
+  -- before it would hold the next batch's image upload back) and before the
+  -- targets' wait (RS:_prepare)
+  local precast
   if replay and self.fb_keeps then
-    -- the FB graph reads the conv weight shadows as they are: cast the
-    -- weights written since the last cast (none between optimizer steps).
-    -- After _prepare: its ev_prep record joins the lanes, so a cast queued
-    -- before it would hold the next batch's image upload back.
-    model:cast_weights(b.x)
-    self.precasts = self.precasts + 1
+    precast = function()
+      model:cast_weights(b.x)
+      self.precasts = self.precasts + 1
+    end
   end
+  self:_prepare(b, precast)
   if replay then
     -- the host time of the FB launch (the driver's cudaGraphLaunch): a
     -- diagnostic for replays that start late after their input kernel

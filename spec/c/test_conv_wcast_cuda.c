@@ -496,8 +496,9 @@ typedef struct cap_fix {
  * a bias when k == 1, on N=2 inputs of H x W; 1 on success, else a setup
  * failure is reported under pre and 0 returned (cap_fix_release still
  * applies). Sets the shadows on, the 1x1 switch to cuBLAS and (k > 1) the
- * small-channel kernels off, i.e. the im2col route (cap_fix_release resets
- * all three). */
+ * small-channel kernels off and the im2col route on for every pass (the
+ * flipped copy), whatever LUCID_CONV_COL says (cap_fix_release resets all
+ * four). */
 static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre, int64_t Ci, int64_t Co,
                         int k, int64_t H, int64_t W) {
     memset(f, 0, sizeof *f);
@@ -516,6 +517,7 @@ static int cap_fix_init(cap_fix *f, lucid_dtype dt, const char *pre, int64_t Ci,
     lucid_cuda_nn_set_conv1x1(ctx, 2);
     lucid_cuda_nn_set_wcast(ctx, 2);
     if (k > 1 && lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 1);
+    if (k > 1 && lucid_cuda_nn_set_conv_col) lucid_cuda_nn_set_conv_col(ctx, 1 + 7);
     return 1;
 }
 
@@ -523,6 +525,7 @@ static void cap_fix_release(cap_fix *f) {
     if (lucid_cuda_nn_set_wcast) lucid_cuda_nn_set_wcast(ctx, 0);
     if (lucid_cuda_nn_set_conv1x1) lucid_cuda_nn_set_conv1x1(ctx, 0);
     if (lucid_cuda_nn_set_conv_small) lucid_cuda_nn_set_conv_small(ctx, 0);
+    if (lucid_cuda_nn_set_conv_col) lucid_cuda_nn_set_conv_col(ctx, 0);
     lucid_ctx_synchronize(ctx);
     rel(f->hx); rel(f->hdy); rel(f->hd); rel(f->gx); rel(f->gdy); rel(f->gd);
     lucid_module_release(f->m);
