@@ -19,6 +19,10 @@ line on stdout:
                     last one, before validation and the EMA swap: sum of the
                     windows' seconds / sum of their steps
   windows           per epoch {seconds, steps}
+  steady_from       the first window of steady_step_ms (4, or 1 with three
+                    epochs or fewer)
+  loader_wait_ms    the host's time in the loader's next() over those
+                    windows, ms per step (the trainer's steady_loader_wait_ms)
   peak_allocated_mib, peak_reserved_mib   ctx:memory_stats() after the fit
   hashes            FNV-1a 64 of value bytes (lucid.hash_tensor), each one
                     stream over its tensors in a fixed order:
@@ -91,13 +95,7 @@ local hashes = {
 }
 local mem = trainer.ctx:memory_stats()
 local windows = {}
--- the host's wait for batches in the steady windows (the epochs after the
--- first three, as steady_step_ms), ms per step
-local lw, ln = 0, 0
-for i, w in ipairs(res.step_windows or {}) do
-  windows[i] = { w.seconds, w.steps }
-  if i > 3 or #res.step_windows <= 3 then lw, ln = lw + (w.loader_s or 0), ln + w.steps end
-end
+for i, w in ipairs(res.step_windows or {}) do windows[i] = { w.seconds, w.steps } end
 local overrides = {}
 for _, a in ipairs(arg) do overrides[#overrides + 1] = a end
 -- step:stats() as JSON: finite numbers, strings and booleans only
@@ -111,7 +109,8 @@ print(cjson.encode{
   fit_s = fit_s,
   steady_step_ms = res.steady_step_ms or cjson.null,
   windows = windows,
-  loader_wait_ms = ln > 0 and 1000 * lw / ln or cjson.null,
+  steady_from = res.steady_from or cjson.null,
+  loader_wait_ms = res.steady_loader_wait_ms or cjson.null,
   peak_allocated_mib = (mem.peak_allocated or 0) / MIB,
   peak_reserved_mib = (mem.peak_reserved or 0) / MIB,
   hashes = hashes,

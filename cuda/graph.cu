@@ -29,8 +29,8 @@
  *     capture queues no cast for them; a capture that queued no shadow cast
  *     at all (st->shadow_casts) yields a graph that keeps the shadows
  *     (*keeps = 1): it writes neither weights nor shadows, so its launch
- *     keeps st->shadow_epoch too (the caller refreshes the shadows before
- *     each launch: lucid_ctx_shadows_stale, graph.h). Every other graph's
+ *     keeps st->shadow_epoch too (the caller casts the shadows again before
+ *     each launch: the protocol of graph.h). Every other graph's
  *     launch moves it (an optimizer graph writes weights behind the host's
  *     storage versions).
  *   - Lanes (lane.cu): capture_begin refuses while a lane fork is open,

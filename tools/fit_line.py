@@ -9,8 +9,8 @@ Prints: fit s, steady step ms, contract check us per replay, route, model
 hash, then the pacing diagnostics when present: stage_wait_us (the host's
 mean wait for a staging set's last upload: near 0 when the host is the
 slower side), loader_wait_ms (the host's wait for batches per steady step)
-and the steady windows' per-step min..max in ms (each epoch after the
-first three: seconds / steps). "no result <why>" when the input is not such
+and the steady windows' per-step min..max in ms (seconds / steps of the
+windows from steady_from, the trainer's choice; all without it). "no result <why>" when the input is not such
 a JSON object.
 """
 import json
@@ -28,7 +28,7 @@ def line(d):
     if d.get("loader_wait_ms") is not None:
         extra.append("loader wait %.3f ms/step" % d["loader_wait_ms"])
     w = d.get("windows") or []
-    steady = w[3:] if len(w) > 3 else w
+    steady = w[(d.get("steady_from") or 1) - 1:]  # the trainer's steady windows (1-based)
     per = [1000.0 * sec / n for sec, n in steady if n]
     if per:
         extra.append("windows %.3f..%.3f ms/step" % (min(per), max(per)))

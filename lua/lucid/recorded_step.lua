@@ -213,8 +213,9 @@ local INPUT_STAGES = tonumber(os.getenv("LUCID_INPUT_STAGES") or "") == 1 and 1 
 -- lane join), so the next batch's targets upload while the replay's model
 -- backward runs, and the next input kernel need not wait for that upload
 -- after the replay (13-25 us per step between replays on the H200,
--- fourteenth session); anything else, after the FB launch, as before. Not
--- yet measured on the GPU: opt-in.
+-- fourteenth session); anything else, after the FB launch, as before.
+-- Opt-in: measured slower on the H200 (fifteenth session: the replay span
+-- +30 us, the launch's host time 10.7 -> 41.6 us; docs/STEP.md).
 local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 
 -- The conv weight casts of the FB segment (Model:cast_weights, read when
@@ -226,9 +227,9 @@ local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 -- version moved: after an optimizer step, 1 step in `accumulate`, or a
 -- user's edit), or for all of them after something made the shadows stale
 -- (another graph's launch: the OPT graph of route "recorded clip" every
--- optimizer step; another capture). Why: inside the graph the casts (2713 + 2295 blocks)
--- ran on every replay beside layers 0-1, which started ~14 us late and
--- ran slower beside them (the head of the replay: the first GEMM of layer
+-- optimizer step; another capture). Why: inside the graph the casts (2713
+-- + 2295 blocks) ran on every replay beside layers 0-1, which started ~14
+-- us late and ran slower beside them (the head of the replay: the first GEMM of layer
 -- 1 at ~97 us; H200 CUPTI trace, fifteenth session). LUCID_GRAPH_WCAST=1:
 -- inside the graph, every replay, as before (A/B; the same bits).
 local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
@@ -493,18 +494,20 @@ end
 -- The input segment's kernel: u8 staging copy -> b.x (lucid.step's
 -- Step:_inputs does the same); with the prefetch, ev_prep then tells the
 -- next upload that the device copies have been read.
--- between (optional): queued after the input kernel's ev_prep and before
--- the targets' wait (the pre-replay weight cast: it then neither holds the
--- next image upload back nor waits for the targets).
-function RS:_prepare(b, between)
+-- precast: a replay of an FB graph that kept the conv weight shadows
+-- follows; the weights written since their last cast (none between
+-- optimizer steps) are cast after the input kernel's ev_prep (whose record
+-- joins the lanes: a cast queued before it would hold the next batch's
+-- image upload back) and before the targets' wait (so it does not wait for
+-- that upload).
+function RS:_prepare(b, precast)
   lucid.input_prepare(b.x, self.stage.dev_images, self.stage.dev_hsv)
-  if self.prefetch then
-    self.ev_prep:record()
-    if between then between() end
-    self.stage.ev:wait() -- the targets (RS:_h2d), before FB reads them
-  elseif between then
-    between()
+  if self.prefetch then self.ev_prep:record() end
+  if precast then
+    self.model:cast_weights(b.x)
+    self.precasts = self.precasts + 1
   end
+  if self.prefetch then self.stage.ev:wait() end -- the targets (RS:_h2d), before FB reads them
 end
 
 -- FB: the compute part of lucid.step's run after the input (keep the two
@@ -919,19 +922,8 @@ function RS:run(batch, do_opt)
   end
   local b = e:_bufs(self.batch)
   self:_h2d(b)
-  -- the FB graph reads the conv weight shadows as they are: cast the weights
-  -- written since the last cast (none between optimizer steps), after the
-  -- input kernel's ev_prep (whose record joins the lanes: a cast queued
-  -- before it would hold the next batch's image upload back) and before the
-  -- targets' wait (RS:_prepare)
-  local precast
-  if replay and self.fb_keeps then
-    precast = function()
-      model:cast_weights(b.x)
-      self.precasts = self.precasts + 1
-    end
-  end
-  self:_prepare(b, precast)
+  -- the FB graph reads the conv weight shadows as they are (RS:_prepare casts)
+  self:_prepare(b, replay and self.fb_keeps)
   if replay then
     -- the host time of the FB launch (the driver's cudaGraphLaunch): a
     -- diagnostic for replays that start late after their input kernel

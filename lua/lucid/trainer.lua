@@ -503,7 +503,9 @@ end
 -- save_dir, fit_seconds, steady_step_ms, step_windows ({seconds, steps,
 -- loader_s} per epoch: the stream fenced before the first step and after the
 -- last one, before validation; loader_s: the host's time in the loader's
--- next() inside that window, i.e. waiting for batches), memory (ctx:memory_stats() at the end), losses (every
+-- next() inside that window, i.e. waiting for batches), steady_from (the
+-- first window of steady_step_ms: 4, or 1 with three epochs or fewer),
+-- steady_loader_wait_ms (loader_s over those windows, ms per step), memory (ctx:memory_stats() at the end), losses (every
 -- step, when cfg.record_losses), step (step:stats(): route, recorded, replays,
 -- retirements, contract_us_per_replay and its parts when cfg.record),
 -- optimizer and ema (the fit's final lucid.Optimizer and lucid.EMA)}.
@@ -931,13 +933,17 @@ function Trainer:_fit(state, opts)
   phase.ckpt_parts.background = checkpoint.writer_stats().seconds - writer0.seconds
   ctx:synchronize()
   local fit_seconds = lucid.wall_time() - t_fit0
-  -- steady step: epochs after the first three (all of them when fewer)
-  local st, sn = 0, 0
-  for k, w in ipairs(step_times) do
-    if k > 3 or #step_times <= 3 then st, sn = st + w.seconds, sn + w.steps end
+  -- steady step: epochs after the first three (all of them when fewer);
+  -- the host's wait for batches over the same windows
+  local steady_from = #step_times > 3 and 4 or 1
+  local st, sn, sl = 0, 0, 0
+  for k = steady_from, #step_times do
+    local w = step_times[k]
+    st, sn, sl = st + w.seconds, sn + w.steps, sl + w.loader_s
   end
   local res = { epochs = E, metrics = last_metrics, best_fitness = best_fitness, save_dir = save_dir,
     fit_seconds = fit_seconds, steady_step_ms = sn > 0 and 1000 * st / sn or nil, step_windows = step_times,
+    steady_from = steady_from, steady_loader_wait_ms = sn > 0 and 1000 * sl / sn or nil,
     memory = ctx:memory_stats(), step = step:stats(), losses = step.recorded_losses, optimizer = opt, ema = ema,
     phases = phase, nonfinite_norms = state.nonfinite or 0, skipped_steps = state.skipped or 0 }
   local vp = phase.val_parts

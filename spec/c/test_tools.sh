@@ -142,7 +142,7 @@ check "census path conv row" "$out" "conv_k<__nv_bfloat16, 1>"
 check "census path cublas row" "$out" "cuBLAS (unnamed in the graph)"
 # ---- fit_line.py: the summary line of a fit_once JSON line (4 windows: the
 # steady one is the fourth, 0.070 s / 20 steps = 3.500 ms per step)
-printf '%s\n' '{"fit_s":3.5,"steady_step_ms":3.3,"hashes":{"model":"abc"},"windows":[[0.6,20],[0.07,20],[0.07,20],[0.07,20]],"loader_wait_ms":0.25,"step":{"contract_us_per_replay":1.5,"route":"eager clip","stage_wait_us":812.5}}' > "$tmp/fit.json"
+printf '%s\n' '{"fit_s":3.5,"steady_step_ms":3.3,"hashes":{"model":"abc"},"windows":[[0.6,20],[0.07,20],[0.07,20],[0.07,20]],"steady_from":4,"loader_wait_ms":0.25,"step":{"contract_us_per_replay":1.5,"route":"eager clip","stage_wait_us":812.5}}' > "$tmp/fit.json"
 out=$(python3 tools/fit_line.py < "$tmp/fit.json" 2>&1)
 check "fit_line fields" "$out" "3.50 s, step 3.300 ms, contract 1.50 us, route eager clip, model abc"
 check "fit_line pacing" "$out" "stage wait 812.5 us, loader wait 0.250 ms/step, windows 3.500..3.500 ms/step"
