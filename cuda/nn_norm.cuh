@@ -293,6 +293,27 @@
 #define BN_WAVE 4      /* element-wise grids: at most this many blocks per SM */
 #define BN_COOP_LEAN 4 /* blocks per SM the lean cooperative backward asks for */
 
+#define BN_UNROLL_2L 2 /* bn_unroll's default (DECISIONS 46) */
+
+/* Host: how many vectors a thread of the two-launch route's kernels (the
+ * partial sums bn_stats_partial / bn_grad_partial and the element-wise
+ * bn_apply / bn_dx, vector path) loads before it uses them: LUCID_BN_UNROLL
+ * = 1, 2 or 4 (read once; default BN_UNROLL_2L; another value keeps the
+ * default). The one-pass, cooperative and cluster kernels keep BN_UNROLL
+ * (their held registers are sized by it). The bits do not depend on it: a
+ * thread's vectors are the walk positions j, j + BN_THREADS, ... whatever
+ * the unroll, summed in that order, and the element-wise kernels compute
+ * each element alone (spec/bn_unroll_gpu_spec.lua). What it changes is
+ * registers, hence blocks per SM (nvcc 13.0, sm_90, bf16 with SiLU):
+ * bn_grad_partial 79 / 64 / 48 registers at 4 / 2 / 1, bn_dx 107 / 64 / 48
+ * (at 4: 3 and 2 blocks of 256 threads per SM; layer 0's 832-block partial
+ * grid ran in 3 waves on 132 SMs). */
+static inline int bn_unroll(void) {
+    static int u = -1;
+    int v = lucid_env_int("LUCID_BN_UNROLL", 1, 4, BN_UNROLL_2L, &u);
+    return v == 3 ? BN_UNROLL_2L : v;
+}
+
 // ----------------------------------------------------------------------------
 // vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
 

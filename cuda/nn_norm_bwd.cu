@@ -230,7 +230,7 @@ template <typename T> struct bn_dy_mem {
  * z = fmaf(x, zs, zh).  dy: where dy is read (bn_dy_mem from the part's
  * first element in channel c, or a description's sources); xp: the part's
  * first element of x in channel c. */
-template <typename T, int V, bool WITH_X, bool SILU, class DY>
+template <typename T, int V, bool WITH_X, bool SILU, class DY, int U = BN_UNROLL>
 static __device__ __forceinline__ void bn_grad_part_by(
     const DY &dy, const T *__restrict__ xp, const bn_part &pt, int64_t CS, float mu, float is,
     float zs, float zh, float *sa, float *sb, typename bn_vec<T, V>::R *keep_dy,
@@ -240,10 +240,10 @@ static __device__ __forceinline__ void bn_grad_part_by(
     float a = 0.0f, bsum = 0.0f;
     bn_walk wk = bn_walk_first(pt);
     while (wk.j < pt.total) {
-        R rg[BN_UNROLL], rx[BN_UNROLL];
-        bool ok[BN_UNROLL];
+        R rg[U], rx[U];
+        bool ok[U];
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             ok[u] = wk.j < pt.total;
             rg[u] = R();
             rx[u] = R();
@@ -257,7 +257,7 @@ static __device__ __forceinline__ void bn_grad_part_by(
             bn_walk_next(wk, pt);
         }
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             if (!ok[u]) break;
             float gv[V], xv[V];
             Vt::unpack(rg[u], gv);
@@ -280,13 +280,13 @@ static __device__ __forceinline__ void bn_grad_part_by(
 
 /* bn_grad_part_by with dy read from memory: dyp, the part's first element
  * of dy in channel c. */
-template <typename T, int V, bool WITH_X, bool SILU>
+template <typename T, int V, bool WITH_X, bool SILU, int U = BN_UNROLL>
 static __device__ __forceinline__ void bn_grad_part(
     const T *__restrict__ dyp, const T *__restrict__ xp, const bn_part &pt, int64_t CS,
     float mu, float is, float zs, float zh, float *sa, float *sb,
     typename bn_vec<T, V>::R *keep_dy = nullptr, typename bn_vec<T, V>::R *keep_x = nullptr) {
-    bn_grad_part_by<T, V, WITH_X, SILU>(bn_dy_mem<T>{dyp}, xp, pt, CS, mu, is, zs, zh, sa, sb,
-                                        keep_dy, keep_x);
+    bn_grad_part_by<T, V, WITH_X, SILU, bn_dy_mem<T>, U>(bn_dy_mem<T>{dyp}, xp, pt, CS, mu, is, zs,
+                                                         zh, sa, sb, keep_dy, keep_x);
 }
 
 /* One block per (part, channel): (sum g, sum g*xhat) of the part (the
@@ -296,7 +296,7 @@ static __device__ __forceinline__ void bn_grad_part(
  * partial[(c*parts + part)] = the sums; with count (the nn state's zeroed
  * arrival counters) the last block of channel c folds its partials
  * (bn_grad_fold); count NULL: bn_grad_final does, in a launch of its own. */
-template <typename T, int V, bool WITH_X, bool SILU>
+template <typename T, int V, bool WITH_X, bool SILU, int U = BN_UNROLL>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *mean,
                 const float *invstd, const float *w, const float *b, bn_geom g,
@@ -316,7 +316,7 @@ bn_grad_partial(const T *__restrict__ dy, const T *__restrict__ x, const float *
         float zs = 0.0f, zh = 0.0f;
         if (SILU) bn_affine(c, mean, invstd, w, b, &zs, &zh);
         float a, bsum;
-        bn_grad_part<T, V, WITH_X, SILU>(dyp, xp, pt, g.CS, mu, is, zs, zh, &a, &bsum);
+        bn_grad_part<T, V, WITH_X, SILU, U>(dyp, xp, pt, g.CS, mu, is, zs, zh, &a, &bsum);
         bn_block_sum2(a, bsum, sh);
         if (!WITH_X) bsum = 0.0f;
         if (g.parts == 1) {
@@ -377,7 +377,7 @@ static __device__ __forceinline__ typename bn_vec<T, V>::R bn_dx1_vec(
  * dx = beta*dx + w*invstd*g                (eval)
  * g = dy, or SILU: dy * silu'(z), z recomputed from x (b: the forward's
  * bias, nullable).  Flat over the N*C*S/V vectors (bn_flat). */
-template <typename T, int V, typename I, bool TRAIN, bool SILU>
+template <typename T, int V, typename I, bool TRAIN, bool SILU, int U = BN_UNROLL>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
       const float *mean, const float *invstd, const float *w, const float *b,
@@ -389,12 +389,12 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
     const bool NX = TRAIN || SILU; /* x is read */
     bn_at<I> a = bn_at_first(f);
     while (a.j < f.nv) {
-        R rg[BN_UNROLL], rx[BN_UNROLL], rd[BN_UNROLL];
-        I at[BN_UNROLL];
-        float k[BN_UNROLL], mdy[BN_UNROLL], mdyx[BN_UNROLL], mu[BN_UNROLL], is[BN_UNROLL];
-        float zs[BN_UNROLL], zh[BN_UNROLL];
+        R rg[U], rx[U], rd[U];
+        I at[U];
+        float k[U], mdy[U], mdyx[U], mu[U], is[U];
+        float zs[U], zh[U];
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             at[u] = a.j;
             rg[u] = R();
             rx[u] = R();
@@ -421,7 +421,7 @@ bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *dx, bn_flat<I> f,
             bn_at_next(a, f);
         }
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             if (at[u] >= f.nv) break;
             float gv[V], xv[V], dv[V];
             Vt::unpack(rg[u], gv);
@@ -805,11 +805,14 @@ static void bn_launch_dx(int route, unsigned grid, int64_t N, int64_t C, int64_t
                          const float *b, const float4 *coef, float beta) {
     const int VV = bn_width<T>::V;
     int64_t NCS = N * C * S;
-    if (route == BN_ROUTE_VEC)
-        lucid_launch(bn_dx<T, VV, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
-                     stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean,
-                     invstd, w, b, coef, beta);
-    else if (route == BN_ROUTE_SCALAR)
+    if (route == BN_ROUTE_VEC) {
+        const int u = bn_unroll();
+        lucid_launch(u == 1 ? bn_dx<T, VV, uint32_t, TRAIN, SILU, 1>
+                     : u == 2 ? bn_dx<T, VV, uint32_t, TRAIN, SILU, 2>
+                              : bn_dx<T, VV, uint32_t, TRAIN, SILU, 4>,
+                     dim3(grid), dim3(BN_THREADS), 0, stream, x, dy, dx,
+                     bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b, coef, beta);
+    } else if (route == BN_ROUTE_SCALAR)
         lucid_launch(bn_dx<T, 1, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
                      stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean,
                      invstd, w, b, coef, beta);
@@ -826,9 +829,13 @@ static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy
                            const T *x, const float *mean, const float *invstd,
                            const float *w, const float *b, const bn_geom &g,
                            float2 *partial, unsigned int *count, const bn_grad_out &go) {
+    const int V = bn_width<T>::V, u = bn_unroll();
     if (vec)
-        lucid_launch(bn_grad_partial<T, bn_width<T>::V, WITH_X, SILU>, grid, dim3(BN_THREADS),
-                     0, stream, dy, x, mean, invstd, w, b, g, partial, count, go);
+        lucid_launch(u == 1 ? bn_grad_partial<T, V, WITH_X, SILU, 1>
+                     : u == 2 ? bn_grad_partial<T, V, WITH_X, SILU, 2>
+                              : bn_grad_partial<T, V, WITH_X, SILU, 4>,
+                     grid, dim3(BN_THREADS), 0, stream, dy, x, mean, invstd, w, b, g, partial,
+                     count, go);
     else
         lucid_launch(bn_grad_partial<T, 1, WITH_X, SILU>, grid, dim3(BN_THREADS), 0, stream,
                      dy, x, mean, invstd, w, b, g, partial, count, go);

@@ -242,21 +242,24 @@ static __device__ void bn_stats_fold(const float3 *pp, int64_t parts, int64_t c,
 /* One part of channel c: (count, mean, M2), thread 0 of the block holding
  * it.  K: the channel's shift (its first element).  keep (nullable): the
  * vectors this thread loaded in the walk's last round (all of them when
- * the part is one round, pt.total <= BN_THREADS*BN_UNROLL). */
-template <typename T, int V>
+ * the part is one round, pt.total <= BN_THREADS*BN_UNROLL; only with U ==
+ * BN_UNROLL).  U: vectors loaded per round before they are summed (the
+ * sums' order does not depend on it, bn_unroll). */
+template <typename T, int V, int U = BN_UNROLL>
 static __device__ __forceinline__ bn_mv bn_stats_part(
     const T *__restrict__ xp, const bn_part &pt, int64_t CS, float K, bn_mv *sh,
     typename bn_vec<T, V>::R *keep = nullptr) {
+    static_assert(U == BN_UNROLL || U < BN_UNROLL, "U: 1..BN_UNROLL");
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a1 = 0.0f, a2 = 0.0f;
     unsigned nvec = 0;
     bn_walk w = bn_walk_first(pt);
     while (w.j < pt.total) {
-        R r[BN_UNROLL];
-        bool ok[BN_UNROLL];
+        R r[U];
+        bool ok[U];
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             ok[u] = w.j < pt.total;
             r[u] = R();
             if (ok[u]) r[u] = Vt::load(xp + bn_walk_elem<V>(w, CS));
@@ -264,7 +267,7 @@ static __device__ __forceinline__ bn_mv bn_stats_part(
             bn_walk_next(w, pt);
         }
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             if (!ok[u]) break;
             float f[V];
             Vt::unpack(r[u], f);
@@ -303,7 +306,7 @@ static __device__ __forceinline__ bn_mv bn_stats_part(
  * the part; with count (the nn state's zeroed arrival counters), the last
  * block of channel c folds the channel's partials (bn_stats_fold); count
  * NULL: bn_stats_final does, in a launch of its own. */
-template <typename T, int V>
+template <typename T, int V, int U = BN_UNROLL>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_stats_partial(const T *__restrict__ x, bn_geom g, float3 *partial, unsigned int *count,
                  bn_stats_out out) {
@@ -315,7 +318,7 @@ bn_stats_partial(const T *__restrict__ x, bn_geom g, float3 *partial, unsigned i
     const bn_part pt = bn_part_of<V>(g, part);
     for (int64_t c = blockIdx.y; c < g.C; c += gridDim.y) {
         float K = lucid_elem<T>::load(x + c * g.S, 0); /* channel shift */
-        bn_mv r = bn_stats_part<T, V>(x + pt.base + c * g.S, pt, g.CS, K, sh);
+        bn_mv r = bn_stats_part<T, V, U>(x + pt.base + c * g.S, pt, g.CS, K, sh);
         if (g.parts == 1) {
             if (threadIdx.x == 0)
                 bn_stats_finish((double)r.n, (double)r.mean, (double)r.m2, c, out);
@@ -353,7 +356,7 @@ static __global__ void bn_stats_eval(int64_t C, const float *running_mean,
 /* y = x * scale + shift, scale = w*invstd, shift = b - mean*scale;
  * SILU: y = z * sigmoid(z) of that z (kept in f32).  Flat over the
  * N*C*S/V vectors (bn_flat). */
-template <typename T, int V, typename I, bool SILU>
+template <typename T, int V, typename I, bool SILU, int U = BN_UNROLL>
 static __global__ void __launch_bounds__(BN_THREADS)
 bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *mean,
          const float *invstd, const float *w, const float *b) {
@@ -363,11 +366,11 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
     typedef typename Vt::R R;
     bn_at<I> a = bn_at_first(f);
     while (a.j < f.nv) {
-        R r[BN_UNROLL];
-        I at[BN_UNROLL];
-        float sc[BN_UNROLL], sh[BN_UNROLL];
+        R r[U];
+        I at[U];
+        float sc[U], sh[U];
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             at[u] = a.j;
             r[u] = R();
             sc[u] = sh[u] = 0.0f;
@@ -378,7 +381,7 @@ bn_apply(const T *__restrict__ x, T *__restrict__ y, bn_flat<I> f, const float *
             bn_at_next(a, f);
         }
 #pragma unroll
-        for (int u = 0; u < BN_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             if (at[u] >= f.nv) break;
             Vt::store(y + (size_t)at[u] * V, bn_out_vec<T, V, SILU>(r[u], sc[u], sh[u]));
         }
@@ -634,10 +637,14 @@ static void bn_launch_apply(int route, unsigned grid, int64_t N, int64_t C, int6
                             const float *invstd, const float *w, const float *b) {
     const int VV = bn_width<T>::V;
     int64_t NCS = N * C * S;
-    if (route == BN_ROUTE_VEC)
-        lucid_launch(bn_apply<T, VV, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
-                     x, y, bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b);
-    else if (route == BN_ROUTE_SCALAR)
+    if (route == BN_ROUTE_VEC) {
+        const int u = bn_unroll();
+        lucid_launch(u == 1 ? bn_apply<T, VV, uint32_t, SILU, 1>
+                     : u == 2 ? bn_apply<T, VV, uint32_t, SILU, 2>
+                              : bn_apply<T, VV, uint32_t, SILU, 4>,
+                     dim3(grid), dim3(BN_THREADS), 0, stream, x, y,
+                     bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b);
+    } else if (route == BN_ROUTE_SCALAR)
         lucid_launch(bn_apply<T, 1, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
                      x, y, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
     else
@@ -649,9 +656,12 @@ template <typename T>
 static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x,
                             const bn_geom &g, float3 *partial, unsigned int *count,
                             const bn_stats_out &so) {
+    const int V = bn_width<T>::V, u = bn_unroll();
     if (vec)
-        lucid_launch(bn_stats_partial<T, bn_width<T>::V>, grid, dim3(BN_THREADS), 0, stream, x,
-                     g, partial, count, so);
+        lucid_launch(u == 1 ? bn_stats_partial<T, V, 1>
+                     : u == 2 ? bn_stats_partial<T, V, 2>
+                              : bn_stats_partial<T, V, 4>,
+                     grid, dim3(BN_THREADS), 0, stream, x, g, partial, count, so);
     else
         lucid_launch(bn_stats_partial<T, 1>, grid, dim3(BN_THREADS), 0, stream, x, g, partial,
                      count, so);

@@ -19,6 +19,8 @@
 #              per arm, and the kernel census of the default; logs packed
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
 #              (busted arguments, e.g. --filter=lanes) runs those gpu specs
+#              AB_EXTRA="cmd": one more command after the tests (its log
+#              extra.log, last lines shown)
 #              AB_KTRACE=1: also a CUPTI kernel timeline of one recorded fit
 #              of the first arm (tools/ktrace.c, tools/ktrace_report.py);
 #              AB_KTRACE=all: one traced fit per arm, in the arms' order
@@ -201,6 +203,9 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     timeout 240 busted --lua=luajit -o TAP --tags=gpu $AB_BUSTED > "$l/busted_sel.log" 2>&1
     echo "busted $AB_BUSTED: rc $?, $(grep -c '^ok' "$l/busted_sel.log") ok, $(grep -c '^not ok' "$l/busted_sel.log") not ok"
     grep -A8 '^not ok' "$l/busted_sel.log" | head -30
+  fi
+  if [ -n "${AB_EXTRA:-}" ]; then # AB_EXTRA="cmd": one more command (a benchmark), its last lines shown
+    timeout 200 bash -c "$AB_EXTRA" > "$l/extra.log" 2>&1; echo "extra: rc $?"; tail -4 "$l/extra.log"
   fi
   export LUCID_PROGRESS=plain
   # AB_CONFIGS: ';'-separated environment settings, one A/B arm each

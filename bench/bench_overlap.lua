@@ -1,0 +1,67 @@
+--[[
+bench/bench_overlap.lua — how much faster recorded training steps go when
+two of them run on the GPU at the same time (the question behind
+pipelining step k+1's forward with step k's backward, docs/PERF.md).
+
+  luajit bench/bench_overlap.lua [steps=60] [imgsz=640] [batch=4] [device=cuda|cpu]
+
+(device=cpu: a dry run of the script's logic, nothing worth timing.)
+
+Builds K = 1, then K = 2 independent stacks (YOLO11n-pose, bf16, SGD, the
+recorded step `lucid.Step`), each on its own context (its own compute
+stream, lanes, scratch and buffers), warms them up and records their FB
+graphs, then times `steps` training steps (no optimizer step: accumulation)
+per stack with the host issuing the stacks' steps in turn, so that with
+K = 2 the two stacks' replays run side by side. Synthetic batches
+(spec/support/step_harness.lua H.batch), the same two alternated.
+
+Prints one line per K: ms per step (wall time of all steps of all stacks,
+stream-fenced before and after, divided by their number), and the ratio.
+A CUDA device is required (exits 0 with a line saying so otherwise).
+]]
+package.path = "spec/support/?.lua;" .. package.path
+local lucid = require "lucid"
+local H = require "step_harness"
+
+local o = { steps = 60, imgsz = 640, batch = 4, device = "cuda" }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^(%w+)=(%w+)$")
+  if not k or o[k] == nil then error("bench_overlap: unknown argument '" .. a .. "' (steps=, imgsz=, batch=, device=)") end
+  o[k] = tonumber(v) or v
+end
+if o.device == "cuda" and not (lucid.cuda_available and lucid.cuda_available()) then
+  print("bench_overlap: no CUDA device, nothing measured")
+  return
+end
+
+local S, B = o.imgsz, o.batch
+local batches = { H.batch(B, S, 1, B, 16), H.batch(B, S, 2, B, 16) }
+
+local function stack()
+  local ctx = lucid.Context{ device = o.device, seed = 7 }
+  local st = H.stack{ ctx = ctx, recorded = true, precision = "bf16", B = B, S = S, G = 16, warmup = 2,
+    trainer = {} }
+  for i = 1, 4 do st.step:run(batches[i % 2 + 1], false) end -- 2 warm-ups, the recording, a replay
+  ctx:synchronize()
+  return st
+end
+
+local stacks = {}
+local res = {}
+for K = 1, 2 do
+  while #stacks < K do stacks[#stacks + 1] = stack() end
+  for _, st in ipairs(stacks) do st.ctx:synchronize() end
+  collectgarbage("collect")
+  local t0 = lucid.wall_time()
+  for i = 1, o.steps do
+    for k = 1, K do stacks[k].step:run(batches[i % 2 + 1], false) end
+  end
+  for k = 1, K do stacks[k].ctx:synchronize() end
+  local dt = lucid.wall_time() - t0
+  res[K] = dt * 1000 / (o.steps * K)
+  local s = stacks[1].step:stats()
+  print(string.format("K=%d stacks: %.3f ms per step over %d steps each (replays of stack 1: %d, route %s)", K,
+    res[K], o.steps, s.replays, s.route))
+end
+print(string.format("bench_overlap: %d px batch %d: one stack %.3f ms/step, two side by side %.3f ms/step (%.2fx)",
+  S, B, res[1], res[2], res[1] / res[2]))
