@@ -17,6 +17,9 @@ K = 2 the two stacks' replays run side by side. Synthetic batches
 
 Prints one line per K: ms per step (wall time of all steps of all stacks,
 stream-fenced before and after, divided by their number), and the ratio.
+Then a last line: stack 2's model forward alone, captured as a graph on its
+context, timed alone, and beside stack 1's steps (one forward per step):
+what a forward costs when it runs under a whole recorded step.
 A CUDA device is required (exits 0 with a line saying so otherwise).
 ]]
 package.path = "spec/support/?.lua;" .. package.path
@@ -65,3 +68,40 @@ for K = 1, 2 do
 end
 print(string.format("bench_overlap: %d px batch %d: one stack %.3f ms/step, two side by side %.3f ms/step (%.2fx)",
   S, B, res[1], res[2], res[1] / res[2]))
+
+-- A forward alone beside the steps: stack 2's model forward (training
+-- mode) captured as a graph on its own context, one launch per step of
+-- stack 1. What extra forward work costs when it runs under a whole
+-- recorded step (the question of overlapping step k+1's forward with step
+-- k's backward): the period against stack 1 alone and the forward alone.
+if o.device ~= "cuda" then return end -- graphs need CUDA (the dry run stops here)
+local st2 = stacks[2]
+local x2 = lucid.rand({ B, 3, S, S }, { ctx = st2.ctx, dtype = "bf16" })
+st2.model:train()
+st2.model:forward(x2) -- allocates every buffer before the capture
+st2.ctx:synchronize()
+lucid.graph.capture_begin(st2.ctx)
+local okc, errc = pcall(function() st2.model:forward(x2) end)
+if not okc then
+  pcall(lucid.graph.capture_discard, st2.ctx)
+  error(errc, 0)
+end
+local fwd = lucid.graph.capture_end(st2.ctx)
+local function timed(fn)
+  for _, st in ipairs(stacks) do st.ctx:synchronize() end
+  collectgarbage("collect")
+  local t0 = lucid.wall_time()
+  for i = 1, o.steps do fn(i) end
+  for _, st in ipairs(stacks) do st.ctx:synchronize() end
+  return (lucid.wall_time() - t0) * 1000 / o.steps
+end
+local f_alone = timed(function() fwd:launch() end)
+local one = timed(function(i) stacks[1].step:run(batches[i % 2 + 1], false) end)
+local with_f = timed(function(i)
+  stacks[1].step:run(batches[i % 2 + 1], false)
+  fwd:launch()
+end)
+print(string.format("bench_overlap: forward graph alone %.3f ms; a step alone %.3f ms; a step with a forward beside it "
+  .. "%.3f ms (the forward's cost under the step %.3f ms, %.0f%% of its time alone)", f_alone, one, with_f,
+  with_f - one, 100 * (with_f - one) / f_alone))
+fwd:free()
