@@ -43,7 +43,8 @@
  *   - bn_clu_fits with preset caches (no CUDA call): cached answers, no
  *     question asked while capturing, non-portable sizes only with the
  *     attribute set;
- *   - bn_cluster_parse, the rule of LUCID_BN_CLUSTER.
+ *   - bn_cluster_parse, the rule of LUCID_BN_CLUSTER;
+ *   - bn_unroll, the rule of LUCID_BN_UNROLL (3 keeps the default, read once).
  */
 #include "nn_norm.cuh"
 
@@ -428,7 +429,22 @@ static void check_clu_parse(void) {
            bn_cluster_parse("2")));
 }
 
+/* bn_unroll (LUCID_BN_UNROLL, read once per process): here "3", which is
+ * in lucid_env_int's range but not a supported unroll, keeps the default
+ * (2, DECISIONS 46). The other values' effect on the kernels (none on the
+ * bits) is checked on the GPU by spec/bn_unroll_gpu_spec.lua. */
+static void check_unroll(void) {
+    setenv("LUCID_BN_UNROLL", "3", 1);
+    const int u = bn_unroll();
+    ok(u == BN_UNROLL_2L && BN_UNROLL_2L == 2, "LUCID_BN_UNROLL=3 keeps the default unroll 2",
+       WHY("bn_unroll() %d, BN_UNROLL_2L %d", u, BN_UNROLL_2L));
+    setenv("LUCID_BN_UNROLL", "1", 1);
+    ok(bn_unroll() == u, "bn_unroll is read once per process",
+       WHY("after setting 1: %d", bn_unroll()));
+}
+
 int main(void) {
+    check_unroll();
     check_rounds();
     check_loop();
     check_parts();
