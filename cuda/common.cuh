@@ -115,7 +115,7 @@ void lucid_cuda_host_free(lucid_cuda_allocator *a, void *ptr,
 /* ------------------------------------------------------------ state */
 
 /* Side streams of a context (lane.cu). */
-#define LUCID_CUDA_BRANCHES 9 /* LUCID_BRANCHES (engine/lucid.h) */
+#define LUCID_CUDA_BRANCHES 3
 /* parameter-gradient lanes: lane 0 and lanes LUCID_CUDA_BRANCHES + 1 .. */
 #define LUCID_CUDA_GRAD_LANES 3
 /* the conv weight casts' side lane (lucid_cuda_cast_lane_fork), never

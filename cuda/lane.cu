@@ -83,8 +83,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static_assert(LUCID_CUDA_BRANCHES == LUCID_BRANCHES, "the branch lanes of engine/lucid.h");
-
 /* Lane 0 and the lanes after the branch lanes carry parameter gradients
  * (all but the last, the cast lane). */
 static int lane_is_grad(int lane) {

@@ -167,10 +167,8 @@ int lucid_ctx_grad_lane(const lucid_ctx *ctx);
  * gradient lane nests inside branches. Errors: ERR_ARG for a branch out of
  * range, ERR_STATE for joining an open lane, ERR_DEVICE for a CUDA error.
  * Used by the pose head's box / class / keypoint branches
- * (lua/lucid/nn/head.lua): lanes 1..3, one a branch, or with
- * LUCID_HEAD_LANES=level one a branch and level (lane b + 3*(level - 1)),
- * hence 9. */
-#define LUCID_BRANCHES 9
+ * (lua/lucid/nn/head.lua). */
+#define LUCID_BRANCHES 3
 lucid_status lucid_ctx_branch_fork(lucid_ctx *ctx, int branch, int *forked);
 void lucid_ctx_branch_return(lucid_ctx *ctx);
 lucid_status lucid_ctx_branch_join(lucid_ctx *ctx, int branch);

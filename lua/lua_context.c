@@ -145,7 +145,7 @@ static int l_ctx_grad_lane(lua_State *L) {
 }
 
 /* ctx:branch_fork(b) -> boolean: the ops that follow, until
- * ctx:branch_return(), queue on branch lane b (an integer 1..LUCID_BRANCHES) of the
+ * ctx:branch_return(), queue on branch lane b (an integer 1..3) of the
  * context's device; false when they stay where they were (CPU context,
  * LUCID_BRANCH_LANES=0, lane b already open, or first use inside a graph
  * capture). ctx:branch_join([b]) makes the current stream wait for lane b
@@ -192,7 +192,7 @@ static int l_ctx_branch_join(lua_State *L) {
 
 /* ctx:branch_mark(b, m) / ctx:branch_wait(b, m): a join in two halves
  * (lucid_ctx_branch_mark / _wait, engine/lucid.h): mark slot m (1..4) of
- * branch b (1..LUCID_BRANCHES) records b's position (inside b's open fork; else a
+ * branch b (1..3) records b's position (inside b's open fork; else a
  * no-op); wait makes the current stream wait for it once. */
 static int branch_mark_or_wait(lua_State *L, int wait) {
     lucid_ctx *ctx = check_ctx(L, 1);

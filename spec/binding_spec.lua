@@ -94,16 +94,15 @@ describe("lucid contexts", function()
     c:branch_join()
     c:branch_join(3)
     assert.has_error(function() c:branch_fork(0) end,
-      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..9, got 0")
+      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3, got 0")
     assert.has_error(function() c:branch_fork(1.5) end,
-      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..9, got 1.5")
+      "lucid.Context:branch_fork: bad argument #1: expected a branch 1..3, got 1.5")
     assert.has_error(function() c:branch_mark(1, 5) end,
       "lucid.Context:branch_mark: bad argument #2: expected a mark 1..4, got 5")
     c:branch_mark(1, 1) -- outside a fork: a no-op
     c:branch_wait(1, 1) -- nothing marked: a no-op
-    assert.is_false(c:branch_fork(9)) -- LUCID_BRANCHES lanes (the pose head's level lanes)
-    assert.has_error(function() c:branch_fork(10) end)
-    assert.has_error(function() c:branch_join(10) end)
+    assert.has_error(function() c:branch_fork(4) end)
+    assert.has_error(function() c:branch_join(7) end)
     local lanes = require("lucid.nn.lanes")
     local t = lucid.zeros({2}, {ctx = c})
     assert.is_nil(lanes.ctx_for(c, t)) -- CPU tensors: plain calls
@@ -122,23 +121,6 @@ describe("lucid contexts", function()
       "lanes.run: bad argument #2 (n): expected a branch count 1..3, got 2.5")
     assert.has_error(function() lanes.queue(c, 2, nil) end,
       "lanes.queue: bad argument #3 (fn): expected a function, got nil")
-    -- a lane offset: lanes first+1 .. first+n of the LANES (9)
-    assert.are.equal(9, lanes.LANES)
-    local on = {}
-    lanes.run(c, 3, function(b) on[#on + 1] = b end, 6)
-    assert.are.same({1, 2, 3}, on) -- fn gets the branch index, not the lane
-    local calls = 0
-    local tick = function() calls = calls + 1 end
-    assert.are.same({}, lanes.queue(c, 2, tick, 7)) -- CPU: no lane forked, both branches ran
-    assert.are.equal(2, calls)
-    assert.has_error(function() lanes.run(c, 3, count, 7) end,
-      "lanes.run: bad argument #4 (first): expected a lane offset 0..6 for 3 branches, got 7")
-    assert.has_error(function() lanes.queue(c, 1, count, 1.5) end,
-      "lanes.queue: bad argument #4 (first): expected a lane offset 0..8 for 1 branches, got 1.5")
-    -- lanes.on: fn's work on one lane; its error joins the listed lanes and is raised again
-    assert.is_false(lanes.on(c, 5, tick, {}))
-    assert.are.equal(3, calls)
-    assert.has_error(function() lanes.on(c, 5, function() error("on5", 0) end, {}) end, "on5")
     assert.has_error(function() lanes.run("ctx", 2, count) end,
       "lanes.run: bad argument #1 (ctx): expected a lucid.Context or nil, got string")
     assert.has_error(function() lanes.ctx_for(c, nil) end,

@@ -18,25 +18,6 @@ local acc = containers.accumulate
 local H = {}
 local sig = util.signature
 
---- Lanes of the branches on a GPU (read once, when this file loads):
--- LUCID_HEAD_LANES=level gives each branch of each level its own branch
--- lane (lane b + 3*(level - 1), heads of at most 3 levels), so that a
--- level's chains start as soon as its input exists, and in the backward the
--- early levels' (the largest) run beside the deep ones instead of after
--- them; unset or anything else: one lane a branch, its levels in turn. The
--- same kernels with the same per-lane scratch either way: the same bits.
-H.LEVEL_LANES = os.getenv("LUCID_HEAD_LANES") == "level"
-
--- Whether this head runs one lane a branch and level.
-local function level_lanes(self) return H.LEVEL_LANES and self.nl <= 3 end
-
--- The branch lane of branch j at level i.
-local function lane_of(self, j, i)
-  if level_lanes(self) then return j + 3 * (i - 1) end
-  return j
-end
-
-
 ---------------------------------------------------------------------- DFL
 local DFL = util.class("DFL", P.Leaf)
 H.DFL = DFL
@@ -165,8 +146,7 @@ function Detect:forward_level(i, xi)
     self._pre = pre
   end
   local brs = branches(self)
-  local first = lane_of(self, 1, i) - 1
-  local forked = lanes.queue(ctx, #brs, function(j) chain_forward(self, pre, brs[j], i, xi) end, first)
+  local forked = lanes.queue(ctx, #brs, function(j) chain_forward(self, pre, brs[j], i, xi) end)
   for _, b in ipairs(forked) do pre.lanes[b] = true end
   pre.done[i] = xi
 end
@@ -190,14 +170,6 @@ function Detect:forward(x)
     for i = 1, self.nl do
       if not rawequal(done[i], x[i]) then chain_forward(self, st, br, i, x[i]) end
     end
-    -- level lanes: this branch's other levels ran on their own lanes; the
-    -- concatenation (on lane j) waits for them
-    if pre and level_lanes(self) then
-      for i = 2, self.nl do
-        local b = lane_of(self, j, i)
-        if pre.lanes[b] then pre.ctx:branch_join(b) end
-      end
-    end
     local name, c = br[1], br[3]
     local flat = st.flat[name]
     local cat = self.nl < 2 and flat[1] or self._cat[name]:forward(flat)
@@ -205,7 +177,7 @@ function Detect:forward(x)
   end)
   -- the lanes the early levels used (run joined those it forked itself)
   if pre then
-    for b = 1, lanes.LANES do
+    for b = 1, 3 do
       if pre.lanes[b] then pre.ctx:branch_join(b) end
     end
   end
@@ -213,49 +185,6 @@ function Detect:forward(x)
   self._st = st
   self.output = out
   return out
-end
-
--- backward_start with one lane a branch and level (level_lanes): for
--- each branch, its output gradient is split by level on the branch's level-1
--- lane; then each level's backward runs on its own lane (deepest first, as
--- in the host order of the other mode), after a join on the split, and
--- marks its end in slot `level` of its lane (backward_level waits there).
--- The lanes forked are joined by backward_finish (on an error here: joined,
--- then the error raised again).
-local function backward_start_levels(self, ctx, x, gy, st, brs)
-  local rows, forked = {}, {}
-  local function on(lane, fn)
-    if lanes.on(ctx, lane, fn, forked) then
-      for _, b in ipairs(forked) do if b == lane then return end end
-      forked[#forked + 1] = lane
-    end
-  end
-  for j = 1, #brs do
-    local name, list, c = brs[j][1], brs[j][2], brs[j][3]
-    local g = gy[name]
-    if g ~= nil then
-      local gs
-      local l1 = lane_of(self, j, 1)
-      on(l1, function()
-        local g2 = g:view({ st.B * c, g:shape()[3] })
-        gs = self.nl < 2 and { g2 } or self._cat[name]:backward(st.flat[name], g2)
-      end)
-      local row = {}
-      for i = self.nl, 1, -1 do
-        local li = lane_of(self, j, i)
-        on(li, function()
-          -- (a join from inside a fork: lane li waits for the split queued
-          -- on l1 so far; l1 stays pending until backward_finish)
-          if li ~= l1 then ctx:branch_join(l1) end
-          local hw = st.hw[i]
-          row[i] = list:get(i):backward(x[i], gs[i]:view({ st.B, c, hw[1], hw[2] }))
-          ctx:branch_mark(li, i)
-        end)
-      end
-      rows[j] = row
-    end
-  end
-  self._bq = { rows = rows, ctx = ctx, n = #brs, forked = forked, lane = function(j, i) return lane_of(self, j, i) end }
 end
 
 --- First half of backward: checks gy (as backward) and queues every
@@ -275,7 +204,6 @@ function Detect:backward_start(x, gy)
   local brs = branches(self)
   -- one mark slot per level: a head of more levels than slots runs in order
   local ctx = self.nl <= MARK_SLOTS and lanes.ctx_for(self._lane_ctx, x[1]) or nil
-  if ctx and level_lanes(self) then return backward_start_levels(self, ctx, x, gy, st, brs) end
   local rows = {}
   local forked = lanes.queue(ctx, #brs, function(j)
     local name, list, c = brs[j][1], brs[j][2], brs[j][3]
@@ -307,7 +235,7 @@ function Detect:backward_level(i)
   for j = 1, q.n do
     local row = q.rows[j]
     if row then
-      if q.ctx then q.ctx:branch_wait(q.lane and q.lane(j, i) or j, i) end
+      if q.ctx then q.ctx:branch_wait(j, i) end
       g = acc(g, row[i])
     end
   end
@@ -325,7 +253,7 @@ function Detect:backward_level_terms(i)
   for j = 1, q.n do
     local row = q.rows[j]
     if row then
-      if q.ctx then q.ctx:branch_wait(q.lane and q.lane(j, i) or j, i) end
+      if q.ctx then q.ctx:branch_wait(j, i) end
       if row[i] ~= nil then terms[#terms + 1] = row[i] end
     end
   end

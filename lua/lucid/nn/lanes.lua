@@ -24,14 +24,9 @@ function M.ctx_for(ctx, t)
   return ctx
 end
 
--- Branch lanes of a context (LUCID_BRANCHES, engine/lucid.h).
-M.LANES = 9
-
 -- The checks of run and queue (raised at their caller).
-local function check(who, ctx, n, fn, first)
-  -- (a table with the context's branch methods passes too: the specs' fake
-  -- context, spec/head_lanes_spec.lua)
-  if ctx ~= nil and ((type(ctx) ~= "userdata" and type(ctx) ~= "table") or type(ctx.branch_fork) ~= "function") then
+local function check(who, ctx, n, fn)
+  if ctx ~= nil and (type(ctx) ~= "userdata" or type(ctx.branch_fork) ~= "function") then
     error(string.format("lanes.%s: bad argument #1 (ctx): expected a lucid.Context or nil, got %s", who,
       type(ctx)), 3)
   end
@@ -41,10 +36,6 @@ local function check(who, ctx, n, fn, first)
   end
   if type(fn) ~= "function" then
     error(string.format("lanes.%s: bad argument #3 (fn): expected a function, got %s", who, type(fn)), 3)
-  end
-  if first ~= nil and (type(first) ~= "number" or first ~= math.floor(first) or first < 0 or first + n > M.LANES) then
-    error(string.format("lanes.%s: bad argument #4 (first): expected a lane offset 0..%d for %d branches, got %s",
-      who, M.LANES - n, n, tostring(first)), 3)
   end
 end
 
@@ -58,8 +49,7 @@ local function join(ctx, forked, quiet)
 end
 
 --- Call fn(1), ..., fn(n) in order, the device work of fn(b) on branch
--- lane first + b of ctx (n <= 3; first: 0 by default, at most LANES - n;
--- ctx nil: plain calls); then the current stream
+-- lane b of ctx (n <= 3; ctx nil: plain calls); then the current stream
 -- waits for the lanes this call forked (only those: a run nested in a
 -- branch of another run leaves the outer branch's lane, which is open, to
 -- the outer run; a fork of an open lane runs inline). An error in fn(b) or
@@ -69,10 +59,9 @@ end
 -- @param ctx Context|nil
 -- @param n integer: number of branches, 1..3
 -- @param fn function(b)
--- @param first integer|nil: lane offset (0)
-function M.run(ctx, n, fn, first)
-  check("run", ctx, n, fn, first)
-  local forked = M.queue(ctx, n, fn, first)
+function M.run(ctx, n, fn)
+  check("run", ctx, n, fn)
+  local forked = M.queue(ctx, n, fn)
   if forked then join(ctx, forked, false) end
 end
 
@@ -81,46 +70,29 @@ end
 -- lane of the returned list), or waits for marks recorded inside fn
 -- (ctx:branch_mark(b, m) / ctx:branch_wait(b, m)). Returns the list of the
 -- lanes forked (nil when ctx is nil). On an error the lanes forked so far
--- are joined before it is raised again. The list holds lane numbers
--- (first + b).
-function M.queue(ctx, n, fn, first)
-  check("queue", ctx, n, fn, first)
+-- are joined before it is raised again.
+function M.queue(ctx, n, fn)
+  check("queue", ctx, n, fn)
   if ctx == nil then
     for b = 1, n do fn(b) end
     return nil
   end
-  first = first or 0
   local forked = {}
   for b = 1, n do
-    local f = M.on(ctx, first + b, function() fn(b) end, forked)
-    if f then forked[#forked + 1] = first + b end
+    local okf, f = pcall(ctx.branch_fork, ctx, b)
+    if not okf then
+      join(ctx, forked, true)
+      error(f, 0)
+    end
+    if f then forked[#forked + 1] = b end
+    local ok, err = pcall(fn, b)
+    if f then ctx:branch_return() end
+    if not ok then
+      join(ctx, forked, true)
+      error(err, 0)
+    end
   end
   return forked
-end
-
---- fn() with its device work on branch lane `lane` of ctx (a CUDA context:
--- see ctx_for): forks the lane, calls fn, returns from the fork (also when
--- fn raises). Returns whether the lane was forked (false: the work stayed on
--- the current stream, as ctx:branch_fork says). On an error (of the fork or
--- of fn) the lanes listed in `joined` (lane numbers, nullable) are joined,
--- their own errors ignored, then the error is raised again (level 0).
-function M.on(ctx, lane, fn, joined)
-  local okf, f = pcall(ctx.branch_fork, ctx, lane)
-  if not okf then
-    if joined then join(ctx, joined, true) end
-    error(f, 0)
-  end
-  local ok, err = pcall(fn)
-  if f then ctx:branch_return() end
-  if not ok then
-    if joined then
-      local all = { unpack(joined) }
-      if f then all[#all + 1] = lane end
-      join(ctx, all, true)
-    end
-    error(err, 0)
-  end
-  return f
 end
 
 return M
