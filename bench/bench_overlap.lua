@@ -63,7 +63,7 @@ for K = 1, 2 do
   local dt = lucid.wall_time() - t0
   res[K] = dt * 1000 / (o.steps * K)
   local s = stacks[1].step:stats()
-  print(string.format("K=%d stacks: %.3f ms per step over %d steps each (replays of stack 1: %d, route %s)", K,
+  print(string.format("K=%d stacks: %.3f ms per step over %d steps each (stack 1's replays so far: %d, route %s)", K,
     res[K], o.steps, s.replays, s.route))
 end
 print(string.format("bench_overlap: %d px batch %d: one stack %.3f ms/step, two side by side %.3f ms/step (%.2fx)",

@@ -307,8 +307,9 @@
  * registers, hence blocks per SM (nvcc 13.0, sm_90, bf16 with SiLU):
  * bn_grad_partial 79 / 64 / 48 registers at 4 / 2 / 1, bn_dx 107 / 64 / 48
  * (at 4: 3 and 2 blocks of 256 threads per SM; layer 0's 832-block partial
- * grid ran in 3 waves on 132 SMs). */
-static inline int bn_unroll(void) {
+ * grid ran in 3 waves on 132 SMs). bn_grad_partial without x (the conv bias
+ * gradient's per-channel sum, lucid_cuda_nn_channel_sum) follows it too. */
+inline int bn_unroll(void) { /* inline, not static: one cache per process */
     static int u = -1;
     int v = lucid_env_int("LUCID_BN_UNROLL", 1, 4, BN_UNROLL_2L, &u);
     return v == 3 ? BN_UNROLL_2L : v;

@@ -235,6 +235,9 @@ static __device__ __forceinline__ void bn_grad_part_by(
     const DY &dy, const T *__restrict__ xp, const bn_part &pt, int64_t CS, float mu, float is,
     float zs, float zh, float *sa, float *sb, typename bn_vec<T, V>::R *keep_dy,
     typename bn_vec<T, V>::R *keep_x) {
+    static_assert(U >= 1 && U <= BN_UNROLL, "U: 1..BN_UNROLL");
+    /* the kept vectors are one round of BN_UNROLL (the held callers) */
+    if (U != BN_UNROLL && (keep_dy != nullptr || keep_x != nullptr)) __trap();
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a = 0.0f, bsum = 0.0f;

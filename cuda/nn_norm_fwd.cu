@@ -249,7 +249,10 @@ template <typename T, int V, int U = BN_UNROLL>
 static __device__ __forceinline__ bn_mv bn_stats_part(
     const T *__restrict__ xp, const bn_part &pt, int64_t CS, float K, bn_mv *sh,
     typename bn_vec<T, V>::R *keep = nullptr) {
-    static_assert(U == BN_UNROLL || U < BN_UNROLL, "U: 1..BN_UNROLL");
+    static_assert(U >= 1 && U <= BN_UNROLL, "U: 1..BN_UNROLL");
+    /* keep holds one round of BN_UNROLL vectors: with fewer a round, the
+     * walk would take several rounds and keep only the last one's */
+    if (U != BN_UNROLL && keep != nullptr) __trap();
     typedef bn_vec<T, V> Vt;
     typedef typename Vt::R R;
     float a1 = 0.0f, a2 = 0.0f;

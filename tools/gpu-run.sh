@@ -20,7 +20,8 @@
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
 #              (busted arguments, e.g. --filter=lanes) runs those gpu specs
 #              AB_EXTRA="cmd": one more command after the tests (its log
-#              extra.log, last lines shown)
+#              extra.log, last lines shown; at most 200 s, within the
+#              device call's own limit)
 #              AB_KTRACE=1: also a CUPTI kernel timeline of one recorded fit
 #              of the first arm (tools/ktrace.c, tools/ktrace_report.py);
 #              AB_KTRACE=all: one traced fit per arm, in the arms' order
