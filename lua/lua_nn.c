@@ -16,6 +16,8 @@
  *          with kind "zeros"|"ones"|"constant"|"uniform"|"fan_in"|"arange"
  *     set:materialize([opts])          opts.device ("cpu"), opts.dtype ("f32"
  *                                      or "f64" on the cpu)
+ *     set:alias(src)                   instead of materialize: views of src's
+ *                                      flat buffers (lucid_param_set_alias)
  *     set:count(), set:get(i), set:find(name) (nil when absent), set:list()
  *     set:numel([kind], [trainable_only]), set:zero_grad(), set:reset(),
  *     set:version(), set:is_materialized(), set:flat_params(),
@@ -287,6 +289,18 @@ static int l_set_materialize(lua_State *L) {
         dt = lucid_lua_opt_dtype(L, 2, "dtype", LUCID_F32);
     }
     lucid_status st = lucid_param_set_materialize(b->ctx, b->s, dev, dt);
+    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* set:alias(src) — materialize as views of src's flat buffers
+ * (lucid_param_set_alias: the same declarations required; no init). */
+static int l_set_alias(lua_State *L) {
+    set_box *b = check_set(L, 1);
+    set_box *src = check_set(L, 2);
+    lucid_lua_check_nargs(L, 2);
+    lucid_status st = lucid_param_set_alias(b->ctx, b->s, src->s);
     if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
     lua_settop(L, 1);
     return 1;
@@ -1145,6 +1159,7 @@ static int l_module_index(lua_State *L) {
 
 static const luaL_Reg set_methods[] = {
     {"declare", l_set_declare},     {"materialize", l_set_materialize},
+    {"alias", l_set_alias},
     {"count", l_set_count},         {"get", l_set_get},
     {"find", l_set_find},           {"list", l_set_list},
     {"numel", l_set_numel},         {"zero_grad", l_set_zero_grad},

@@ -33,7 +33,7 @@ describe("options tables refuse unknown keys", function()
 
   it("nn.materialize: unknown keys, a non-table and a non-module", function()
     local m = nn.Conv(3, 4, 1)
-    assert.equal("nn.materialize: opts: unknown option 'typo' (expected one of ctx, device, dtype, prefix)",
+    assert.equal("nn.materialize: opts: unknown option 'typo' (expected one of ctx, device, dtype, prefix, alias)",
       err(function() local s = nn.materialize(m, { typo = 1 }); return s end))
     assert.equal("nn.materialize: opts: expected a table, got string 'f64'",
       err(function() local s = nn.materialize(m, "f64"); return s end))
@@ -46,7 +46,7 @@ describe("options tables refuse unknown keys", function()
   it("model:materialize, model:load and predict.load_weights", function()
     local build = require("lucid.models.yolo11_pose")
     local m = build({ scale = { 0.25, 0.125, 1024 }, nc = 1, materialize = false })
-    assert.equal("model:materialize: opts: unknown option 'dtpye' (expected one of device, dtype, ctx)",
+    assert.equal("model:materialize: opts: unknown option 'dtpye' (expected one of device, dtype, ctx, alias)",
       err(function() local s = m:materialize({ dtpye = "f64" }); return s end))
     local io_ = require("lucid.model_io")
     assert.equal("model:load: opts: unknown option 'strickt' (expected strict)",

@@ -1029,6 +1029,21 @@ lucid_status lucid_param_set_declare(lucid_ctx *ctx, lucid_param_set *s,
  * ERR_STATE on a second call. */
 lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
                                          lucid_device dev, lucid_dtype dt);
+/* Phase 2 for a twin: instead of allocating, point every entry of s at the
+ * same place in src's flat buffers (parameters, gradients, buffers: src's
+ * offsets, shapes and dtypes), retaining them, so a second module tree
+ * declared exactly like src's (same names, kinds, dtypes and shapes, in the
+ * same order) computes with src's parameters and buffers and accumulates
+ * into src's gradients. Nothing is initialised; each entry's trainable flag
+ * is copied from src's. s then reports src's device and dtype. For two
+ * copies of a network whose activations must not be shared (docs/
+ * PIPELINE.md: two steps in flight on two contexts). Errors: ERR_STATE when
+ * s is already materialized or src is not; ERR_ARG when s is src, or the
+ * declarations differ (the first entry that differs, by position and name,
+ * and what differs). The views stay valid while s lives (the flat buffers
+ * are retained). */
+lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
+                                   const lucid_param_set *src);
 int lucid_param_set_is_materialized(const lucid_param_set *s);
 /* Re-run the init rules (params and buffers; counters to 0). */
 lucid_status lucid_param_set_reset(lucid_ctx *ctx, lucid_param_set *s);

@@ -286,6 +286,77 @@ lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
     return LUCID_OK;
 }
 
+/* The first way entry q (of src) and p (of s) are declared differently, or
+ * NULL. */
+static const char *decl_diff(const lucid_param *p, const lucid_param *q) {
+    if (strcmp(p->name, q->name) != 0) return "name";
+    if (p->kind != q->kind) return "kind";
+    if (p->dtype != q->dtype) return "dtype";
+    if (p->ndim != q->ndim) return "rank";
+    for (int d = 0; d < p->ndim; d++)
+        if (p->shape[d] != q->shape[d]) return "shape";
+    return NULL;
+}
+
+lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
+                                   const lucid_param_set *src) {
+    if (!s || !src) return lucid_seterr(ctx, LUCID_ERR_ARG, "param set alias: set is NULL");
+    if (s == src)
+        return lucid_seterr(ctx, LUCID_ERR_ARG, "param set alias: a set cannot alias itself");
+    if (s->materialized)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "param set alias: already materialized (views must stay "
+                            "valid; never re-flatten)");
+    if (!src->materialized)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "param set alias: the source set is not materialized");
+    if (s->count != src->count)
+        return lucid_seterr(ctx, LUCID_ERR_ARG,
+                            "param set alias: %d entries, the source has %d", s->count,
+                            src->count);
+    for (int i = 0; i < s->count; i++) {
+        const char *why = decl_diff(s->items[i], src->items[i]);
+        if (why)
+            return lucid_seterr(ctx, LUCID_ERR_ARG,
+                                "param set alias: entry %d ('%s') differs from the source's "
+                                "('%s') in %s",
+                                i, s->items[i]->name, src->items[i]->name, why);
+    }
+    lucid_status st = LUCID_OK;
+    for (int i = 0; st == LUCID_OK && i < s->count; i++) {
+        lucid_param *p = s->items[i];
+        const lucid_param *q = src->items[i];
+        p->offset = q->offset;
+        p->trainable = q->trainable;
+        st = lucid_tensor_from_storage(ctx, q->data->storage, q->data->dtype, p->ndim, p->shape,
+                                       NULL, q->offset, &p->data);
+        if (st == LUCID_OK && q->grad)
+            st = lucid_tensor_from_storage(ctx, q->grad->storage, q->grad->dtype, p->ndim,
+                                           p->shape, NULL, q->offset, &p->grad);
+    }
+    if (st != LUCID_OK) {
+        for (int i = 0; i < s->count; i++) {
+            lucid_tensor_release(s->items[i]->data);
+            lucid_tensor_release(s->items[i]->grad);
+            s->items[i]->data = s->items[i]->grad = NULL;
+            s->items[i]->offset = -1;
+        }
+        return st;
+    }
+    lucid_tensor_retain(src->flat_params);
+    lucid_tensor_retain(src->flat_grads);
+    lucid_tensor_retain(src->flat_buffers);
+    s->flat_params = src->flat_params;
+    s->flat_grads = src->flat_grads;
+    s->flat_buffers = src->flat_buffers;
+    s->device = src->device;
+    s->dtype = src->dtype;
+    s->materialized = 1;
+    s->version++;
+    lucid_contract_bump();
+    return LUCID_OK;
+}
+
 int lucid_param_set_is_materialized(const lucid_param_set *s) {
     return s->materialized;
 }

@@ -226,18 +226,52 @@ function Model.__init(self, cfg, opts)
   self.class_name = (last.type == "Pose") and "PoseModel" or "DetectionModel"
   self.input_grad = opts.input_grad and true or false
   if opts.materialize ~= false then self:materialize({ device = opts.device, dtype = opts.dtype, ctx = opts.ctx }) end
+  self._opts = { scale = opts.scale, nc = opts.nc, kpt_shape = opts.kpt_shape, ch = opts.ch,
+    input_grad = opts.input_grad }
 end
 
 --- Allocate the flat parameter/gradient buffers and create the C modules
 -- (done by Model.new unless opts.materialize == false).
--- @param opts table|nil: device, dtype, ctx (another key is an error)
+-- @param opts table|nil: device, dtype, ctx, alias (a materialised Model
+--   built from the same table and options: this model's parameters,
+--   buffers and gradients become views of its flat buffers, nn.materialize's
+--   alias; device and dtype then absent); another key is an error
 -- @return lucid.ParamSet
 function Model:materialize(opts)
-  opts = util.check_options("model:materialize", opts, { "device", "dtype", "ctx" })
-  local set = nn.materialize(self, { device = opts.device, dtype = opts.dtype, ctx = opts.ctx })
+  opts = util.check_options("model:materialize", opts, { "device", "dtype", "ctx", "alias" })
+  local src = opts.alias
+  if src ~= nil and not (type(src) == "table" and getmetatable(src) == Model and src.params) then
+    error("model:materialize: opts.alias: expected a materialised lucid.model, got " .. util.describe(src), 2)
+  end
+  local set = nn.materialize(self, { device = opts.device, dtype = opts.dtype, ctx = opts.ctx,
+    alias = src and src.params or nil })
   self.params = set
   if not self.input_grad then self.layers[1].module.conv:need_grad_input(false) end
   return set
+end
+
+--- A twin of this model on ctx (a context of the same device, or this
+-- model's own): the same layer table and options, new module state (outputs,
+-- saved statistics, weight shadows, column caches) and the SAME parameters,
+-- buffers and gradients (views of this model's flat buffers: a write to
+-- one is seen by the other; backwards of both accumulate into the same
+-- gradients; forwards of both in training mode update the same BatchNorm
+-- running statistics). The modules' modes are this model's. For two
+-- training steps in flight at once (docs/PIPELINE.md). Errors: the
+-- options' or the alias's (nn.materialize, lucid_param_set_alias).
+-- @param ctx Context|nil (default: a new context is not made: nil means the
+--   C modules' default context, as Model.new)
+-- @return Model
+function Model:twin(ctx)
+  if not self.params then error("model:twin: the model is not materialised", 2) end
+  local o = {}
+  for k, v in pairs(self._opts or {}) do o[k] = v end
+  o.ctx, o.materialize = ctx, false
+  local t = Model.new(self.cfg, o)
+  t:materialize({ ctx = ctx, alias = self })
+  -- the modes: training / eval and the frozen input gradient as this model's
+  if not self.training then t:eval() end
+  return t
 end
 
 function Model:repr()

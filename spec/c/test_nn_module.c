@@ -3,7 +3,8 @@
  *
  * Parameter set: layout (16-element alignment, no overlap, gradient views
  * at the same offsets), names, counts, optimizer groups, i64 counters,
- * deterministic PyTorch-default init, frozen parameters, version counters.
+ * deterministic PyTorch-default init, frozen parameters, version counters;
+ * a second set aliasing the first's flat buffers (lucid_param_set_alias).
  * Modules: persistent outputs (same data pointer for the same shape, a new
  * buffer on a shape change), BN running statistics through the module, and
  * float64 finite-difference checks of composite blocks assembled from the
@@ -558,6 +559,121 @@ static void test_param_size_overflow(void) {
     lucid_param_set_release(s);
 }
 
+/* lucid_param_set_alias: a second set declared like the first becomes views
+ * of its flat buffers (the same addresses, offsets and trainable flags; a
+ * write through one is read through the other; a backward of the twin module
+ * accumulates into the first set's gradients; nothing initialised), and
+ * refuses itself, a source not materialized, an alias twice, and
+ * declarations that differ (named). */
+static void test_param_alias(void) {
+    lucid_param_set *a = NULL, *b = NULL, *c = NULL;
+    lucid_module *ma[4] = {0}, *mb[4] = {0}, *mc[1] = {0};
+    lucid_status st = lucid_param_set_create(ctx, &a);
+    if (!st) st = build_small(a, ma);
+    if (!st) st = lucid_param_set_create(ctx, &b);
+    if (!st) st = build_small(b, mb);
+    CHECK_STATUS("param alias: two sets declared alike", ctx, st);
+    if (st) return;
+    st = lucid_param_set_alias(ctx, b, a);
+    CHECK("param alias: a source not materialized is ERR_STATE",
+          st == LUCID_ERR_STATE && strstr(lucid_ctx_error(ctx), "not materialized"), "status %s: %s",
+          lucid_status_name(st), lucid_ctx_error(ctx));
+    lucid_ctx_rng_set(ctx, 7, 0);
+    st = lucid_param_set_materialize(ctx, a, CPU, LUCID_F32);
+    if (!st) lucid_param_set_get(a, 6)->trainable = 0; /* model.1.cv.weight frozen */
+    if (!st) st = lucid_param_set_alias(ctx, b, a);
+    CHECK_STATUS("param alias: materialize, then alias", ctx, st);
+    if (st) return;
+    int same = lucid_param_set_count(b) == lucid_param_set_count(a);
+    for (int i = 0; same && i < lucid_param_set_count(a); i++) {
+        const lucid_param *p = lucid_param_set_get(b, i), *q = lucid_param_set_get(a, i);
+        same = p->offset == q->offset && lucid_tensor_data(p->data) == lucid_tensor_data(q->data) &&
+               (q->grad ? p->grad && lucid_tensor_data(p->grad) == lucid_tensor_data(q->grad)
+                        : !p->grad) &&
+               p->trainable == q->trainable;
+    }
+    CHECK("param alias: every entry at the source's address, offset and trainable flag", same,
+          "entry mismatch");
+    CHECK("param alias: the same flat buffers",
+          lucid_tensor_data(lucid_param_set_flat_params(b)) ==
+                  lucid_tensor_data(lucid_param_set_flat_params(a)) &&
+              lucid_tensor_data(lucid_param_set_flat_grads(b)) ==
+                  lucid_tensor_data(lucid_param_set_flat_grads(a)),
+          "flat buffers differ");
+    /* the twin conv's backward accumulates into a's gradient */
+    lucid_tensor *x = mk4(LUCID_F32, 2, 3, 8, 8), *y = NULL, *gy = NULL;
+    fill_rand(x, -1, 1);
+    st = lucid_module_forward1(ctx, ma[0], x, &y);
+    if (!st) {
+        gy = mk4(LUCID_F32, 2, 16, 4, 4);
+        fill_rand(gy, -1, 1);
+        lucid_tensor *dx = NULL;
+        st = lucid_module_backward1(ctx, ma[0], x, gy, &dx);
+    }
+    lucid_tensor *g1 = NULL;
+    if (!st) st = lucid_tensor_clone(ctx, lucid_param_set_get(a, 0)->grad, &g1);
+    lucid_tensor *yb = NULL;
+    if (!st) st = lucid_module_forward1(ctx, mb[0], x, &yb);
+    lucid_tensor *dxb = NULL;
+    if (!st) st = lucid_module_backward1(ctx, mb[0], x, gy, &dxb);
+    CHECK_STATUS("param alias: forward and backward through both trees", ctx, st);
+    if (!st) {
+        CHECK("param alias: the twin's output is its own buffer, equal to the first's",
+              yb != y && lucid_tensor_data(yb) != lucid_tensor_data(y) && max_abs_diff(y, yb) == 0.0,
+              "diff %g", max_abs_diff(y, yb));
+        const float *g = lucid_tensor_data(lucid_param_set_get(a, 0)->grad);
+        const float *h = lucid_tensor_data(g1);
+        int doubled = 1;
+        for (int64_t i = 0; i < numel(g1); i++) doubled &= g[i] == h[i] + h[i];
+        CHECK("param alias: the twin's backward accumulates into the first set's gradient",
+              doubled, "not 2x");
+        float *w = (float *)lucid_tensor_data(lucid_param_set_get(a, 1)->data);
+        w[0] = 42.0f;
+        CHECK("param alias: a write through one set is read through the other",
+              ((const float *)lucid_tensor_data(lucid_param_set_get(b, 1)->data))[0] == 42.0f,
+              "not shared");
+    }
+    st = lucid_param_set_alias(ctx, b, a);
+    CHECK("param alias: twice is ERR_STATE", st == LUCID_ERR_STATE, "status %s",
+          lucid_status_name(st));
+    st = lucid_param_set_alias(ctx, a, a);
+    CHECK("param alias: itself is ERR_ARG", st == LUCID_ERR_ARG, "status %s",
+          lucid_status_name(st));
+    /* declarations that differ: one conv of other channels */
+    st = lucid_param_set_create(ctx, &c);
+    if (!st) st = lucid_module_conv2d_create(ctx, c, "model.0.conv", 3, 8, 3, 2, -1, 1, 1, 0, &mc[0]);
+    if (!st) st = lucid_param_set_alias(ctx, c, a);
+    CHECK("param alias: another count of entries is ERR_ARG, both counts named",
+          st == LUCID_ERR_ARG && strstr(lucid_ctx_error(ctx), "1 entries, the source has 9"),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    lucid_param_set *d = NULL;
+    lucid_module *md[4] = {0};
+    st = lucid_param_set_create(ctx, &d);
+    if (!st) st = lucid_module_conv2d_create(ctx, d, "model.0.conv", 3, 8, 3, 2, -1, 1, 1, 0, &md[0]);
+    if (!st) st = lucid_module_batchnorm2d_create(ctx, d, "model.0.bn", 8, 1e-3, 0.03, &md[1]);
+    if (!st) st = lucid_module_conv2d_create(ctx, d, "model.1.cv", 8, 8, 1, 1, -1, 1, 1, 1, &md[2]);
+    if (!st) st = lucid_module_dfl_create(ctx, d, "model.23.dfl", 16, &md[3]);
+    if (!st) st = lucid_param_set_alias(ctx, d, a);
+    CHECK("param alias: another shape is ERR_ARG naming the first entry that differs",
+          st == LUCID_ERR_ARG &&
+              strstr(lucid_ctx_error(ctx), "entry 0 ('model.0.conv.weight')") &&
+              strstr(lucid_ctx_error(ctx), "in shape"),
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    lucid_tensor_release(x);
+    lucid_tensor_release(gy);
+    lucid_tensor_release(g1);
+    for (int i = 0; i < 4; i++) {
+        lucid_module_release(ma[i]);
+        lucid_module_release(mb[i]);
+        lucid_module_release(md[i]);
+    }
+    lucid_module_release(mc[0]);
+    lucid_param_set_release(a);
+    lucid_param_set_release(b);
+    lucid_param_set_release(c);
+    lucid_param_set_release(d);
+}
+
 int main(void) {
     lucid_ctx_options o = lucid_ctx_options_default();
     char err[256];
@@ -570,6 +686,7 @@ int main(void) {
     test_attention();
     test_dfl_split();
     test_param_size_overflow();
+    test_param_alias();
     lucid_ctx_release(ctx);
     return test_exit();
 }

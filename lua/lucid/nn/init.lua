@@ -58,13 +58,19 @@ end
 -- first difference.
 -- @param module Module
 -- @param opts table|nil: ctx (Context), device ("cpu"), dtype ("f32" |
---   "f64"), prefix (""); another key is an error
+--   "f64"), prefix (""), alias (a materialised lucid.ParamSet: the new set's
+--   entries become views of its flat buffers instead of new ones,
+--   set:alias; no init rule and no _post_init runs; device and dtype must
+--   then be absent); another key is an error
 -- @return lucid.ParamSet
 function nn.materialize(module, opts)
   if not (type(module) == "table" and getmetatable(module) and type(module._modules) == "table") then
     error("nn.materialize: bad argument module: expected an nn module, got " .. util.describe(module), 2)
   end
-  opts = util.check_options("nn.materialize", opts, { "ctx", "device", "dtype", "prefix" })
+  opts = util.check_options("nn.materialize", opts, { "ctx", "device", "dtype", "prefix", "alias" })
+  if opts.alias ~= nil and (opts.device ~= nil or opts.dtype ~= nil) then
+    error("nn.materialize: opts.alias takes the source set's device and dtype: give neither", 2)
+  end
   if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
     error("nn.materialize: opts.prefix: expected a string, got " .. util.describe(opts.prefix), 2)
   end
@@ -72,7 +78,11 @@ function nn.materialize(module, opts)
   if module._set then error("materialize: module tree is already materialised", 2) end
   local set = C.ParamSet({ ctx = opts.ctx })
   module:_create(C, set, opts.prefix or "", opts.ctx)
-  set:materialize({ device = opts.device, dtype = opts.dtype, ctx = opts.ctx })
+  if opts.alias ~= nil then
+    set:alias(opts.alias)
+  else
+    set:materialize({ device = opts.device, dtype = opts.dtype, ctx = opts.ctx })
+  end
   local decls = module:state_decls(opts.prefix)
   if #decls ~= set:count() then
     error(string.format("materialize: %d Lua declarations but %d in the C set", #decls, set:count()))
@@ -84,7 +94,7 @@ function nn.materialize(module, opts)
         util.shape_str(p.shape), d.name, util.shape_str(d.decl.shape)))
     end
   end
-  module:apply(function(m) m:_post_init() end)
+  if opts.alias == nil then module:apply(function(m) m:_post_init() end) end -- (an alias: src's values)
   module._set = set
   return set
 end
