@@ -76,12 +76,38 @@ describe("model:twin", function()
     os.remove(init)
   end)
 
-  it("keeps the first model's mode; an alias of another table or with a device is refused", function()
+  it("outlives its source: the flat buffers stay while the twin lives", function()
+    local c1 = lucid.Context{ device = "cpu", seed = 7 }
+    local m = H.model(c1)
+    local c2 = lucid.Context{ device = "cpu", seed = 9 }
+    local t = m:twin(c2)
+    local h = lucid.hash_tensor(t.params:flat_params())
+    m, c1 = nil, nil
+    for _ = 1, 6 do collectgarbage("collect") end
+    local x = lucid.rand({ 1, 3, S, S }, { ctx = c2 })
+    local out = t:forward(x)
+    t:backward(x, { boxes = out.boxes:clone():fill_(0.01), scores = out.scores:clone():fill_(0.01),
+      kpts = out.kpts:clone():fill_(0.01) })
+    assert.are.equal(h, lucid.hash_tensor(t.params:flat_params()))
+    assert.has_error(function() t.params:reset() end)
+  end)
+
+  it("copies every module's mode; an alias of another table or with a device is refused", function()
     local c1 = lucid.Context{ device = "cpu", seed = 7 }
     local m = H.model(c1)
     m:eval()
     local t = m:twin(c1)
     assert.is_false(t.training)
+    -- a frozen BatchNorm inside a training model stays frozen in the twin
+    m:train()
+    m.layers[2].module:eval()
+    local t2 = m:twin(c1)
+    assert.is_true(t2.training)
+    assert.is_false(t2.layers[2].module.training)
+    assert.is_false(t2.layers[2].module.bn.training)
+    assert.is_true(t2.layers[3].module.training)
+    assert.has_error(function() require("lucid.nn").materialize(require("lucid.nn").Conv(3, 4, 1), { alias = m }) end,
+      "nn.materialize: opts.alias: expected a lucid.ParamSet, got " .. require("lucid.nn.util").describe(m))
     local other = require("lucid.models.yolo11_pose"){ scale = "s", nc = 1, kpt_shape = { H.K, 3 }, ctx = c1,
       materialize = false }
     assert.has_error(function() other:materialize({ alias = m }) end)

@@ -1041,7 +1041,12 @@ lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
  * s is already materialized or src is not; ERR_ARG when s is src, or the
  * declarations differ (the first entry that differs, by position and name,
  * and what differs). The views stay valid while s lives (the flat buffers
- * are retained). */
+ * are retained; src may be released first). What is NOT shared: the entries
+ * themselves — each set keeps its own trainable flags (copied once, here)
+ * and versions, so a later structural change of src (a frozen or unfrozen
+ * parameter, a replaced tensor) is not seen through s: make a new alias
+ * after one. Two optimizers or EMAs over src and s would update the same
+ * values twice. lucid_param_set_reset refuses an alias (ERR_STATE). */
 lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
                                    const lucid_param_set *src);
 int lucid_param_set_is_materialized(const lucid_param_set *s);

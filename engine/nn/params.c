@@ -35,6 +35,7 @@ struct lucid_param_set {
     lucid_tensor *flat_grads;   /* [param_len] */
     lucid_tensor *flat_buffers; /* [buffer_bytes] u8 */
     uint64_t version;
+    int alias;                  /* views of another set's buffers (lucid_param_set_alias) */
 };
 
 lucid_status lucid_param_set_create(lucid_ctx *ctx, lucid_param_set **out) {
@@ -179,6 +180,10 @@ lucid_status lucid_param_set_reset(lucid_ctx *ctx, lucid_param_set *s) {
     if (!s->materialized)
         return lucid_seterr(ctx, LUCID_ERR_STATE,
                             "param set: reset before materialize");
+    if (s->alias)
+        return lucid_seterr(ctx, LUCID_ERR_STATE,
+                            "param set: reset of an alias (its values are another set's: "
+                            "reset that set)");
     for (int i = 0; i < s->count; i++) {
         LUCID_TRY(init_one(ctx, s->items[i]));
         s->items[i]->version++;
@@ -327,7 +332,6 @@ lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
         lucid_param *p = s->items[i];
         const lucid_param *q = src->items[i];
         p->offset = q->offset;
-        p->trainable = q->trainable;
         st = lucid_tensor_from_storage(ctx, q->data->storage, q->data->dtype, p->ndim, p->shape,
                                        NULL, q->offset, &p->data);
         if (st == LUCID_OK && q->grad)
@@ -343,9 +347,11 @@ lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
         }
         return st;
     }
+    for (int i = 0; i < s->count; i++) s->items[i]->trainable = src->items[i]->trainable;
     lucid_tensor_retain(src->flat_params);
     lucid_tensor_retain(src->flat_grads);
     lucid_tensor_retain(src->flat_buffers);
+    s->alias = 1;
     s->flat_params = src->flat_params;
     s->flat_grads = src->flat_grads;
     s->flat_buffers = src->flat_buffers;

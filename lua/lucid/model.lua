@@ -256,8 +256,12 @@ end
 -- buffers and gradients (views of this model's flat buffers: a write to
 -- one is seen by the other; backwards of both accumulate into the same
 -- gradients; forwards of both in training mode update the same BatchNorm
--- running statistics). The modules' modes are this model's. For two
--- training steps in flight at once (docs/PIPELINE.md). Errors: the
+-- running statistics). Every module's mode (train / eval, a frozen input
+-- gradient) is copied from this model's now; later changes of either
+-- model's modes or trainable flags are not followed (each parameter set
+-- keeps its own entries: make a new twin after one). Never give both to
+-- one optimizer / EMA each: they would update the same values twice. For
+-- two training steps in flight at once (docs/PIPELINE.md). Errors: the
 -- options' or the alias's (nn.materialize, lucid_param_set_alias).
 -- @param ctx Context|nil (default: a new context is not made: nil means the
 --   C modules' default context, as Model.new)
@@ -269,8 +273,16 @@ function Model:twin(ctx)
   o.ctx, o.materialize = ctx, false
   local t = Model.new(self.cfg, o)
   t:materialize({ ctx = ctx, alias = self })
-  -- the modes: training / eval and the frozen input gradient as this model's
-  if not self.training then t:eval() end
+  -- every module's mode (train / eval, a frozen input gradient) as this
+  -- model's, module by module (the two trees have the same shape)
+  local function copy_modes(a, b)
+    b.training = a.training
+    if b._c then b._c:train(a.training) end
+    if a._no_grad_input ~= nil and b.need_grad_input then b:need_grad_input(not a._no_grad_input) end
+    for i, e in ipairs(a._modules) do copy_modes(e.module, b._modules[i].module) end
+    for i, h in ipairs(a._hidden) do copy_modes(h, b._hidden[i]) end
+  end
+  copy_modes(self, t)
   return t
 end
 

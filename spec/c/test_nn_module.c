@@ -636,6 +636,10 @@ static void test_param_alias(void) {
     st = lucid_param_set_alias(ctx, b, a);
     CHECK("param alias: twice is ERR_STATE", st == LUCID_ERR_STATE, "status %s",
           lucid_status_name(st));
+    st = lucid_param_set_reset(ctx, b);
+    CHECK("param alias: reset of an alias is ERR_STATE (its values are the source's)",
+          st == LUCID_ERR_STATE && strstr(lucid_ctx_error(ctx), "reset of an alias"), "status %s: %s",
+          lucid_status_name(st), lucid_ctx_error(ctx));
     st = lucid_param_set_alias(ctx, a, a);
     CHECK("param alias: itself is ERR_ARG", st == LUCID_ERR_ARG, "status %s",
           lucid_status_name(st));
@@ -659,6 +663,22 @@ static void test_param_alias(void) {
               strstr(lucid_ctx_error(ctx), "entry 0 ('model.0.conv.weight')") &&
               strstr(lucid_ctx_error(ctx), "in shape"),
           "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    /* the source released first: the alias keeps the flat buffers alive */
+    lucid_tensor *w1 = NULL;
+    st = lucid_tensor_clone(ctx, lucid_param_set_get(b, 0)->data, &w1);
+    for (int i = 0; i < 4; i++) {
+        lucid_module_release(ma[i]);
+        ma[i] = NULL;
+    }
+    lucid_param_set_release(a);
+    a = NULL;
+    lucid_tensor *yb2 = NULL, *dxb2 = NULL;
+    if (!st) st = lucid_module_forward1(ctx, mb[0], x, &yb2);
+    if (!st) st = lucid_module_backward1(ctx, mb[0], x, gy, &dxb2);
+    CHECK("param alias: the source set released first, the alias still computes on the same values",
+          st == LUCID_OK && max_abs_diff(w1, lucid_param_set_get(b, 0)->data) == 0.0,
+          "status %s: %s", lucid_status_name(st), lucid_ctx_error(ctx));
+    lucid_tensor_release(w1);
     lucid_tensor_release(x);
     lucid_tensor_release(gy);
     lucid_tensor_release(g1);

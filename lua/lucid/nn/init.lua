@@ -71,6 +71,9 @@ function nn.materialize(module, opts)
   if opts.alias ~= nil and (opts.device ~= nil or opts.dtype ~= nil) then
     error("nn.materialize: opts.alias takes the source set's device and dtype: give neither", 2)
   end
+  if opts.alias ~= nil and not (type(opts.alias) == "userdata" and type(opts.alias.alias) == "function") then
+    error("nn.materialize: opts.alias: expected a lucid.ParamSet, got " .. util.describe(opts.alias), 2)
+  end
   if opts.prefix ~= nil and type(opts.prefix) ~= "string" then
     error("nn.materialize: opts.prefix: expected a string, got " .. util.describe(opts.prefix), 2)
   end
