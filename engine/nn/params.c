@@ -193,6 +193,17 @@ lucid_status lucid_param_set_reset(lucid_ctx *ctx, lucid_param_set *s) {
     return LUCID_OK;
 }
 
+/* The failure path of materialize and alias: every entry's views released,
+ * its offset back to -1 (the set stays un-materialised). */
+static void unbind_entries(lucid_param_set *s) {
+    for (int i = 0; i < s->count; i++) {
+        lucid_tensor_release(s->items[i]->data);
+        lucid_tensor_release(s->items[i]->grad);
+        s->items[i]->data = s->items[i]->grad = NULL;
+        s->items[i]->offset = -1;
+    }
+}
+
 lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
                                          lucid_device dev, lucid_dtype dt) {
     if (s->materialized)
@@ -266,12 +277,7 @@ lucid_status lucid_param_set_materialize(lucid_ctx *ctx, lucid_param_set *s,
         }
     }
     if (st != LUCID_OK) {
-        for (int i = 0; i < s->count; i++) {
-            lucid_tensor_release(s->items[i]->data);
-            lucid_tensor_release(s->items[i]->grad);
-            s->items[i]->data = s->items[i]->grad = NULL;
-            s->items[i]->offset = -1;
-        }
+        unbind_entries(s);
         lucid_tensor_release(fp);
         lucid_tensor_release(fg);
         lucid_tensor_release(fb);
@@ -339,12 +345,7 @@ lucid_status lucid_param_set_alias(lucid_ctx *ctx, lucid_param_set *s,
                                            p->shape, NULL, q->offset, &p->grad);
     }
     if (st != LUCID_OK) {
-        for (int i = 0; i < s->count; i++) {
-            lucid_tensor_release(s->items[i]->data);
-            lucid_tensor_release(s->items[i]->grad);
-            s->items[i]->data = s->items[i]->grad = NULL;
-            s->items[i]->offset = -1;
-        }
+        unbind_entries(s);
         return st;
     }
     for (int i = 0; i < s->count; i++) s->items[i]->trainable = src->items[i]->trainable;
