@@ -315,6 +315,13 @@ inline int bn_unroll(void) { /* inline, not static: one cache per process */
     return v == 3 ? BN_UNROLL_2L : v;
 }
 
+/* Host: of a kernel's instances for unroll 1, 2 and 4, the one bn_unroll
+ * picks (the launch sites of the four two-launch kernels). */
+template <typename K> static inline K bn_by_unroll(K k1, K k2, K k4) {
+    const int u = bn_unroll();
+    return u == 1 ? k1 : u == 2 ? k2 : k4;
+}
+
 // ----------------------------------------------------------------------------
 // vectors of V elements (one 16-byte access when V*sizeof(T) == 16)
 

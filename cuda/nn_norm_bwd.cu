@@ -808,14 +808,13 @@ static void bn_launch_dx(int route, unsigned grid, int64_t N, int64_t C, int64_t
                          const float *b, const float4 *coef, float beta) {
     const int VV = bn_width<T>::V;
     int64_t NCS = N * C * S;
-    if (route == BN_ROUTE_VEC) {
-        const int u = bn_unroll();
-        lucid_launch(u == 1 ? bn_dx<T, VV, uint32_t, TRAIN, SILU, 1>
-                     : u == 2 ? bn_dx<T, VV, uint32_t, TRAIN, SILU, 2>
-                              : bn_dx<T, VV, uint32_t, TRAIN, SILU, 4>,
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_by_unroll(bn_dx<T, VV, uint32_t, TRAIN, SILU, 1>,
+                                  bn_dx<T, VV, uint32_t, TRAIN, SILU, 2>,
+                                  bn_dx<T, VV, uint32_t, TRAIN, SILU, 4>),
                      dim3(grid), dim3(BN_THREADS), 0, stream, x, dy, dx,
                      bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b, coef, beta);
-    } else if (route == BN_ROUTE_SCALAR)
+    else if (route == BN_ROUTE_SCALAR)
         lucid_launch(bn_dx<T, 1, uint32_t, TRAIN, SILU>, dim3(grid), dim3(BN_THREADS), 0,
                      stream, x, dy, dx, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean,
                      invstd, w, b, coef, beta);
@@ -832,11 +831,11 @@ static void bn_launch_grad(bool vec, dim3 grid, cudaStream_t stream, const T *dy
                            const T *x, const float *mean, const float *invstd,
                            const float *w, const float *b, const bn_geom &g,
                            float2 *partial, unsigned int *count, const bn_grad_out &go) {
-    const int V = bn_width<T>::V, u = bn_unroll();
+    const int V = bn_width<T>::V;
     if (vec)
-        lucid_launch(u == 1 ? bn_grad_partial<T, V, WITH_X, SILU, 1>
-                     : u == 2 ? bn_grad_partial<T, V, WITH_X, SILU, 2>
-                              : bn_grad_partial<T, V, WITH_X, SILU, 4>,
+        lucid_launch(bn_by_unroll(bn_grad_partial<T, V, WITH_X, SILU, 1>,
+                                  bn_grad_partial<T, V, WITH_X, SILU, 2>,
+                                  bn_grad_partial<T, V, WITH_X, SILU, 4>),
                      grid, dim3(BN_THREADS), 0, stream, dy, x, mean, invstd, w, b, g, partial,
                      count, go);
     else

@@ -640,14 +640,13 @@ static void bn_launch_apply(int route, unsigned grid, int64_t N, int64_t C, int6
                             const float *invstd, const float *w, const float *b) {
     const int VV = bn_width<T>::V;
     int64_t NCS = N * C * S;
-    if (route == BN_ROUTE_VEC) {
-        const int u = bn_unroll();
-        lucid_launch(u == 1 ? bn_apply<T, VV, uint32_t, SILU, 1>
-                     : u == 2 ? bn_apply<T, VV, uint32_t, SILU, 2>
-                              : bn_apply<T, VV, uint32_t, SILU, 4>,
+    if (route == BN_ROUTE_VEC)
+        lucid_launch(bn_by_unroll(bn_apply<T, VV, uint32_t, SILU, 1>,
+                                  bn_apply<T, VV, uint32_t, SILU, 2>,
+                                  bn_apply<T, VV, uint32_t, SILU, 4>),
                      dim3(grid), dim3(BN_THREADS), 0, stream, x, y,
                      bn_flat_of<uint32_t>(NCS, C, S, VV, grid), mean, invstd, w, b);
-    } else if (route == BN_ROUTE_SCALAR)
+    else if (route == BN_ROUTE_SCALAR)
         lucid_launch(bn_apply<T, 1, uint32_t, SILU>, dim3(grid), dim3(BN_THREADS), 0, stream,
                      x, y, bn_flat_of<uint32_t>(NCS, C, S, 1, grid), mean, invstd, w, b);
     else
@@ -659,11 +658,10 @@ template <typename T>
 static void bn_launch_stats(bool vec, dim3 grid, cudaStream_t stream, const T *x,
                             const bn_geom &g, float3 *partial, unsigned int *count,
                             const bn_stats_out &so) {
-    const int V = bn_width<T>::V, u = bn_unroll();
+    const int V = bn_width<T>::V;
     if (vec)
-        lucid_launch(u == 1 ? bn_stats_partial<T, V, 1>
-                     : u == 2 ? bn_stats_partial<T, V, 2>
-                              : bn_stats_partial<T, V, 4>,
+        lucid_launch(bn_by_unroll(bn_stats_partial<T, V, 1>, bn_stats_partial<T, V, 2>,
+                                  bn_stats_partial<T, V, 4>),
                      grid, dim3(BN_THREADS), 0, stream, x, g, partial, count, so);
     else
         lucid_launch(bn_stats_partial<T, 1>, grid, dim3(BN_THREADS), 0, stream, x, g, partial,
