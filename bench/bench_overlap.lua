@@ -50,18 +50,23 @@ local function stack()
 end
 
 local stacks = {}
-local res = {}
-for K = 1, 2 do
-  while #stacks < K do stacks[#stacks + 1] = stack() end
+-- ms per call of fn(i), i = 1..steps, every stack's stream fenced before
+-- and after (a collection first)
+local function timed(fn)
   for _, st in ipairs(stacks) do st.ctx:synchronize() end
   collectgarbage("collect")
   local t0 = lucid.wall_time()
-  for i = 1, o.steps do
+  for i = 1, o.steps do fn(i) end
+  for _, st in ipairs(stacks) do st.ctx:synchronize() end
+  return (lucid.wall_time() - t0) * 1000 / o.steps
+end
+
+local res = {}
+for K = 1, 2 do
+  while #stacks < K do stacks[#stacks + 1] = stack() end
+  res[K] = timed(function(i)
     for k = 1, K do stacks[k].step:run(batches[i % 2 + 1], false) end
-  end
-  for k = 1, K do stacks[k].ctx:synchronize() end
-  local dt = lucid.wall_time() - t0
-  res[K] = dt * 1000 / (o.steps * K)
+  end) / K
   local s = stacks[1].step:stats()
   print(string.format("K=%d stacks: %.3f ms per step over %d steps each (stack 1's replays so far: %d, route %s)", K,
     res[K], o.steps, s.replays, s.route))
@@ -87,14 +92,6 @@ if not okc then
   error(errc, 0)
 end
 local fwd = lucid.graph.capture_end(st2.ctx)
-local function timed(fn)
-  for _, st in ipairs(stacks) do st.ctx:synchronize() end
-  collectgarbage("collect")
-  local t0 = lucid.wall_time()
-  for i = 1, o.steps do fn(i) end
-  for _, st in ipairs(stacks) do st.ctx:synchronize() end
-  return (lucid.wall_time() - t0) * 1000 / o.steps
-end
 local f_alone = timed(function() fwd:launch() end)
 local one = timed(function(i) stacks[1].step:run(batches[i % 2 + 1], false) end)
 local with_f = timed(function(i)
