@@ -263,8 +263,8 @@ end
 -- one optimizer / EMA each: they would update the same values twice. For
 -- two training steps in flight at once (docs/PIPELINE.md). Errors: the
 -- options' or the alias's (nn.materialize, lucid_param_set_alias).
--- @param ctx Context|nil (default: a new context is not made: nil means the
---   C modules' default context, as Model.new)
+-- @param ctx Context|nil: the twin's context (nil: the default one, as for
+--   Model.new without ctx)
 -- @return Model
 function Model:twin(ctx)
   if not self.params then error("model:twin: the model is not materialised", 2) end
