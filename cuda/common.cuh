@@ -190,6 +190,13 @@ typedef struct lucid_cuda_state {
     uint64_t shadow_epoch;
     uint64_t shadow_casts;
     int capture_keep;
+    /* LUCID_CAPTURE_CONTINUE (engine/train/graph.h): capture_epoch is the
+     * wcast_epoch inside the last capture begun on this context; wcast_alias
+     * (0: none), while a continuing capture is open, the previous capture's
+     * epoch: column caches marked in it read as fresh there, and their
+     * events (of that capture) are not waited on (nn_conv_wcols.cu). */
+    uint64_t capture_epoch;
+    uint64_t wcast_alias;
     /* The SM partition of the low-priority lanes (green.cu, LUCID_SIDE_SMS):
      * a CUgreenCtx (NULL: none) and its SM count (-1: none needed) */
     void *side_green;

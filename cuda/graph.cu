@@ -131,6 +131,10 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned 
                             st->device);
     lucid_cuda_allocator_set_capture(st->alloc, 1);
     st->wcast_epoch++; /* no column-cache event of before is waited on inside */
+    /* a continuing capture reads the previous capture's column caches as
+     * fresh (its graph runs right before this one on the stream) */
+    st->wcast_alias = (flags & LUCID_CAPTURE_CONTINUE) ? st->capture_epoch : 0;
+    st->capture_epoch = st->wcast_epoch;
     st->capture_keep = (flags & LUCID_CAPTURE_KEEP_SHADOWS) != 0;
     if (!st->capture_keep) st->shadow_epoch++; /* shadows cast before are not trusted inside */
     st->shadow_casts = 0;
@@ -139,6 +143,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_begin(lucid_ctx *ctx, unsigned 
     if (e != cudaSuccess) {
         lucid_cuda_allocator_set_capture(st->alloc, 0);
         st->capture_keep = 0;
+        st->wcast_alias = 0;
         return lucid_cuda_err(ctx, e, "cudaStreamBeginCapture", __FILE__,
                               __LINE__);
     }
@@ -494,6 +499,7 @@ extern "C" lucid_status lucid_cuda_graph_capture_end(lucid_ctx *ctx, void **grap
     if (keeps) *keeps = 0;
     CUDA_ENTER(ctx, st);
     st->wcast_epoch++;
+    st->wcast_alias = 0;
     /* shadow casts queued in the capture never ran; a keeping capture that
      * queued none leaves the shadows as they were */
     const int keep = st->capture_keep && st->shadow_casts == 0;

@@ -158,7 +158,12 @@ lucid_status lucid_conv_wcols_read_begin(lucid_ctx *ctx, lucid_cuda_state *st,
                                          size_t bytes, const void **cols) {
     *cols = NULL;
     const uint64_t ep = st->wcast_epoch;
-    if (!wc || !wcols_have_events(wc) || !lucid_conv_wcols_fresh(wc, x, kh, kw, p, rows, ep) ||
+    /* fresh in this epoch, or (in a continuing capture) in the previous
+     * capture's: its writes are in the graph launched right before this
+     * one's, and its events (write_epoch, read_epoch != ep) are not waited on */
+    if (!wc || !wcols_have_events(wc) ||
+        !(lucid_conv_wcols_fresh(wc, x, kh, kw, p, rows, ep) ||
+          (st->wcast_alias && lucid_conv_wcols_fresh(wc, x, kh, kw, p, rows, st->wcast_alias))) ||
         lucid_storage_nbytes(wc->buf) < bytes)
         return LUCID_OK;
     if (wc->write_pending && wc->write_epoch == ep)

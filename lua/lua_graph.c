@@ -4,9 +4,11 @@
  * training step built on it is lua/lucid/recorded_step.lua (docs/STEP.md).
  *
  *   lucid.graph.available([ctx]) -> boolean (a CUDA context that can capture)
- *   lucid.graph.capture_begin([ctx], [keep_shadows])  (keep_shadows true:
- *     LUCID_CAPTURE_KEEP_SHADOWS, engine/train/graph.h: conv weight shadows
- *     fresh now are not cast inside; see the protocol there)
+ *   lucid.graph.capture_begin([ctx], [keep_shadows], [continue])
+ *     (keep_shadows true: LUCID_CAPTURE_KEEP_SHADOWS, engine/train/graph.h:
+ *     conv weight shadows fresh now are not cast inside; see the protocol
+ *     there; continue true: LUCID_CAPTURE_CONTINUE, the graph always runs
+ *     right after the last capture's: its conv column caches stay fresh)
  *   lucid.graph.shadows_stale([ctx])  (every conv weight shadow stale:
  *     lucid_ctx_shadows_stale)
  *   lucid.graph.capture_end([ctx]) -> Graph        (instantiate)
@@ -15,8 +17,10 @@
  *   Graph: g:launch(), g:keeps_shadows() -> boolean (the capture kept the
  *     conv weight shadows and cast none: lucid_graph_keeps_shadows; the
  *     caller casts them before each launch), g:free() (also __gc)
- *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(), e:wait()
- *     (the compute stream waits for e's last record), e:record_node() (the
+ *   lucid.graph.Event([ctx]) -> Event: e:record(), e:synchronize(),
+ *     e:wait([ctx]) (the compute stream of ctx, default e's own context,
+ *     waits for e's last record: lucid_event_wait_on; another context of
+ *     the same device orders two contexts' streams), e:record_node() (the
  *     compute stream only, no lane join; inside a capture an external event
  *     node: lucid_event_record_node), e:free()
  *   lucid.graph.side_copy({dst...}, {src...}, [after], [done])  (copies on
@@ -99,7 +103,8 @@ static int l_available(lua_State *L) {
 
 static int l_capture_begin(lua_State *L) {
     lucid_ctx *ctx = opt_ctx(L, 1);
-    const unsigned flags = lua_toboolean(L, 2) ? LUCID_CAPTURE_KEEP_SHADOWS : 0u;
+    const unsigned flags = (lua_toboolean(L, 2) ? LUCID_CAPTURE_KEEP_SHADOWS : 0u) |
+                           (lua_toboolean(L, 3) ? LUCID_CAPTURE_CONTINUE : 0u);
     lucid_status st = lucid_ctx_capture_begin_ex(ctx, flags);
     if (st != LUCID_OK) return lucid_lua_raise(L, ctx, st);
     return 0;
@@ -229,10 +234,12 @@ static int l_event_synchronize(lua_State *L) {
     return 0;
 }
 
+/* e:wait([ctx]): ctx's compute stream (default e's own) waits for e. */
 static int l_event_wait(lua_State *L) {
     event_box *b = check_event(L, 1);
-    lucid_status st = lucid_event_wait(b->e);
-    if (st != LUCID_OK) return lucid_lua_raise(L, b->ctx, st);
+    lucid_ctx *waiter = lua_isnoneornil(L, 2) ? b->ctx : lucid_lua_ctx(L, 2);
+    lucid_status st = lucid_event_wait_on(b->e, waiter);
+    if (st != LUCID_OK) return lucid_lua_raise(L, waiter, st);
     return 0;
 }
 

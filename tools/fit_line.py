@@ -23,6 +23,10 @@ def line(d):
         d["fit_s"], d["steady_step_ms"], s.get("contract_us_per_replay", -1), s.get("route"),
         d["hashes"]["model"])
     extra = []
+    if s.get("pipelined"):
+        extra.append("pipelined, lane B replays %s" % s.get("lane_b_replays"))
+    elif s.get("pipeline_refused"):
+        extra.append("pipeline refused: %s" % s["pipeline_refused"])
     if s.get("stage_wait_us") is not None:
         extra.append("stage wait %.1f us" % s["stage_wait_us"])
     if d.get("loader_wait_ms") is not None:

@@ -34,9 +34,10 @@ int lucid_ctx_graphs_available(const lucid_ctx *ctx) {
 lucid_status lucid_ctx_capture_begin_ex(lucid_ctx *ctx, unsigned flags) {
     const lucid_backend *b = graph_backend(ctx, "capture_begin");
     if (!b) return ctx->last_status;
-    if (flags & ~LUCID_CAPTURE_KEEP_SHADOWS)
+    const unsigned known = LUCID_CAPTURE_KEEP_SHADOWS | LUCID_CAPTURE_CONTINUE;
+    if (flags & ~known)
         return lucid_seterr(ctx, LUCID_ERR_ARG, "capture_begin: unknown flags 0x%x",
-                            flags & ~LUCID_CAPTURE_KEEP_SHADOWS);
+                            flags & ~known);
     return b->capture_begin(ctx, flags);
 }
 
@@ -149,6 +150,20 @@ lucid_status lucid_event_wait(lucid_event *e) {
         return lucid_seterr(e->ctx, LUCID_ERR_UNSUPPORTED, "event wait: not supported by this "
                             "build's CUDA backend");
     return e->ctx->accel->event_wait(e->ctx, e->ev);
+}
+
+lucid_status lucid_event_wait_on(lucid_event *e, lucid_ctx *waiter) {
+    if (!waiter) return lucid_seterr(e->ctx, LUCID_ERR_ARG, "event wait: no waiting context");
+    if (waiter == e->ctx) return lucid_event_wait(e);
+    lucid_device a = lucid_ctx_device(e->ctx), b = lucid_ctx_device(waiter);
+    if (waiter->accel != e->ctx->accel || a.type != b.type || a.index != b.index)
+        return lucid_seterr(waiter, LUCID_ERR_ARG, "event wait: the event is of a context on "
+                            "device %d, the waiting context on device %d (one device only)",
+                            a.index, b.index);
+    if (!waiter->accel->event_wait)
+        return lucid_seterr(waiter, LUCID_ERR_UNSUPPORTED, "event wait: not supported by this "
+                            "build's CUDA backend");
+    return waiter->accel->event_wait(waiter, e->ev);
 }
 
 lucid_status lucid_side_copy(lucid_ctx *ctx, int n, lucid_tensor *const *dst,

@@ -45,6 +45,16 @@ lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx);
 
 /* Flags of lucid_ctx_capture_begin_ex. */
 #define LUCID_CAPTURE_KEEP_SHADOWS 1u
+/* LUCID_CAPTURE_CONTINUE: this capture continues the last capture begun on
+ * ctx, and the caller promises that every launch of its graph directly
+ * follows a launch of that capture's graph on ctx's stream (the pipelined
+ * route's B graph after its F graph, lua/lucid/recorded_step.lua). Conv
+ * column caches (nn.h lucid_conv_wcols) written in that capture from an
+ * input that did not change since read as fresh inside this one, so the
+ * filter gradients reuse the forward's im2col columns across the two
+ * graphs; none of that capture's events is waited on (its graph is done
+ * when this one starts). */
+#define LUCID_CAPTURE_CONTINUE 2u
 
 /* lucid_ctx_capture_begin with flags. LUCID_CAPTURE_KEEP_SHADOWS: conv
  * weight shadows that are fresh now stay fresh inside the capture, so no
@@ -124,6 +134,13 @@ void lucid_event_destroy(lucid_event *e);
  * record on the compute stream, or the `done` of lucid_side_copy); returns
  * at once when e was never recorded. Errors: ERR_DEVICE. */
 lucid_status lucid_event_wait(lucid_event *e);
+/* Make the compute stream of `waiter` (a context of the same device as e's,
+ * or e's own) wait for the work before e's last record, as
+ * lucid_event_wait does for e's own context: two contexts' streams ordered
+ * (the pipelined recorded step, docs/PIPELINE.md). The wait takes the
+ * record at the time of this call (cudaStreamWaitEvent). Errors: ERR_ARG
+ * (no waiter, another device or backend), ERR_UNSUPPORTED, ERR_DEVICE. */
+lucid_status lucid_event_wait_on(lucid_event *e, lucid_ctx *waiter);
 
 /* Side copies: dst[i] = src[i] for i < n, queued on the context's side copy
  * stream so that they overlap the compute stream's work (the recorded

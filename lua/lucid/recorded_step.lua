@@ -58,6 +58,7 @@ local lucid = require "lucid"
 local step_mod = require "lucid.step"
 local Model = require "lucid.model"
 local Module = require "lucid.nn.module"
+local pipeline = require "lucid.step_pipeline"
 
 local M = {}
 local RS = {}
@@ -76,12 +77,18 @@ local function real_recorder()
   function R.available(ctx) return G ~= nil and G.available(ctx) end
   -- precast (optional): the conv weight casts, queued eagerly between
   -- making every shadow stale and a capture that keeps them (graph.h's
-  -- protocol: lucid_ctx_capture_begin_ex with LUCID_CAPTURE_KEEP_SHADOWS)
-  function R.record(ctx, fn, precast)
+  -- protocol: lucid_ctx_capture_begin_ex with LUCID_CAPTURE_KEEP_SHADOWS).
+  -- continue (optional): the graph will always run right after the last
+  -- one recorded on ctx (the pipelined route's B after its F): the shadows
+  -- as they are and that capture's conv column caches stay fresh
+  -- (LUCID_CAPTURE_KEEP_SHADOWS | LUCID_CAPTURE_CONTINUE).
+  function R.record(ctx, fn, precast, continue)
     if precast then
       G.shadows_stale(ctx)
       precast()
-      G.capture_begin(ctx, true)
+      G.capture_begin(ctx, true, continue)
+    elseif continue then
+      G.capture_begin(ctx, true, true)
     else
       G.capture_begin(ctx)
     end
@@ -110,13 +117,13 @@ function M.fake_recorder()
   local G = lucid.graph
   local R = { recorded = 0, launched = 0 }
   function R.available() return true end
-  function R.record(_, fn, precast)
+  function R.record(_, fn, precast, continue)
     if precast then -- before the capture, as the real recorder
       R.precasts = (R.precasts or 0) + 1
       precast()
     end
     R.recorded = R.recorded + 1
-    local keeps = precast ~= nil
+    local keeps = precast ~= nil or continue == true
     return { launch = function() R.launched = R.launched + 1; fn() end, free = function() end,
       keeps_shadows = function() return keeps end }
   end
@@ -234,6 +241,12 @@ local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 -- inside the graph, every replay, as before (A/B; the same bits).
 local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
 
+-- The pipelined route (lua/lucid/step_pipeline.lua, docs/PIPELINE.md):
+-- LUCID_PIPELINE=1 (read when this module loads; RS.new's pipeline field
+-- overrides it) runs micro-step k+1's forward beside micro-step k's
+-- backward on a second context with a twin of the model. Off by default.
+local PIPELINE = os.getenv("LUCID_PIPELINE") == "1"
+
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
 -- accumulate, record_losses, trainer) plus warmup (eager calls before
@@ -241,8 +254,10 @@ local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
 -- LUCID_INPUT_STAGES's, RS:_staging), fb_event (boolean; default
 -- LUCID_FB_EVENT=graph's: ev_fb recorded inside the FB graph after the
 -- loss), graph_wcast (boolean; default LUCID_GRAPH_WCAST=1's: the conv
--- weight casts inside the FB graph), recorder (tests), log (function(line):
--- where the route is reported once; default stderr).
+-- weight casts inside the FB graph), pipeline (boolean; default
+-- LUCID_PIPELINE=1's: the pipelined route, lua/lucid/step_pipeline.lua),
+-- recorder (tests), log (function(line): where the route is reported once;
+-- default stderr).
 -- The fields lucid.Step / M.new cannot do without, and what each must be.
 local REQUIRED = {
   { "ctx", "userdata", "a lucid.Context" }, { "model", "table", "the model (lucid.model)" },
@@ -269,7 +284,8 @@ function M.new(o)
     error(string.format("lucid.Step: field 'input_stages' must be 1 or 2, got %s", tostring(o.input_stages)), 2)
   end
   eo.record, eo.warmup, eo.recorder, eo.log, eo.record_losses = o.record_losses, nil, nil, nil, nil
-  eo.input_stages, eo.fb_event, eo.graph_wcast = nil, nil, nil
+  eo.input_stages, eo.fb_event, eo.graph_wcast, eo.pipeline = nil, nil, nil, nil
+  self.eager_opts = eo -- lane B's eager step is made from them (step_pipeline.lua)
   self.eager = step_mod.new(eo)
   -- every step's loss items (cfg.record_losses): one list for both routes
   self.recorded_losses = self.eager.recorded_losses
@@ -306,6 +322,12 @@ function M.new(o)
   else
     self.route = self:_clip_route()
   end
+  local want = o.pipeline
+  if want == nil then want = PIPELINE end
+  if want and self.route ~= "eager" then
+    self.pipeline_refused = pipeline.refused(self)
+    if not self.pipeline_refused then self:_pipe_init() end
+  end
   self:_say()
   return self
 end
@@ -332,6 +354,10 @@ function RS:_say()
   local msg = "recorded step: route " .. self.route
   if self.eager_reason then msg = msg .. " (" .. self.eager_reason .. ")" end
   if self.capture_refused then msg = msg .. "; " .. self.capture_refused end
+  if self.route ~= "eager" and self.pipe then msg = msg .. "; pipelined (two contexts)" end
+  if self.route ~= "eager" and self.pipeline_refused then
+    msg = msg .. "; pipeline refused: " .. self.pipeline_refused
+  end
   self.log(msg)
 end
 
@@ -794,6 +820,7 @@ end
 -- Drop the graphs and references of the current recording (not a
 -- retirement: release_recording / release / failure paths use it too).
 function RS:_drop()
+  self:_pipe_drop()
   for k, g in pairs(self.graphs) do
     pcall(g.free, g)
     self.graphs[k] = nil
@@ -836,12 +863,32 @@ end
 -- A failure while warming up or recording: eager route, nothing recorded
 -- kept, the original error re-raised unchanged.
 function RS:_fail(err, phase)
-  pcall(self._drop, self)
+  -- the open captures end first: the drop queues work (RS:join)
+  self:_pipe_discard()
   pcall(function() lucid.graph.capture_discard(self.ctx) end)
+  pcall(self._drop, self)
   self.route = "eager"
   self.eager_reason = phase .. " failed: " .. tostring(err)
   pcall(self._say, self)
   error(err, 0)
+end
+
+-- After the first recording of a model's step: what it baked in (the
+-- snapshot, the C reference set, the cheap path's guard), and the model's
+-- list of live recordings (Model:release_recordings). b: the eager step's
+-- buffers for n == batch; phase: for the failure's message.
+function RS:_contract(b, phase)
+  local model = self.model
+  local ok, err = pcall(function()
+    self:_snapshot(b)
+    local refs = self.recorder.refs(model.params, self.cmods)
+    self.refs = refs
+    refs:watch(self.ema.block, "ema") -- EMA decay/tau: compared in C
+    self:_guard()
+  end)
+  if not ok then self:_fail(err, phase) end
+  model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
+  model._recordings[self] = true
 end
 
 -- Record segment `name` (fn queues its work; precast: see R.record) and
@@ -861,6 +908,8 @@ function RS:_launch(name)
   self.graphs[name]:launch()
 end
 
+pipeline.install(RS)
+
 -- ------------------------------------------------------------------ run
 
 --- step:run(batch, do_opt): one training step (see the file comment).
@@ -870,13 +919,16 @@ function RS:run(batch, do_opt)
   e.clip = clip -- the eager calls (short batch, eager route) follow step.clip too
   if self.route == "eager" or batch.n ~= self.batch then
     -- eager route, or a short last batch (its own buffers and loss plan)
-    return e:run(batch, do_opt)
+    if not self.pipe or self.route == "eager" then return e:run(batch, do_opt) end
+    self:join() -- after lane B's last step, and lane B's next after it
+    e:run(batch, do_opt)
+    return self:_pipe_mark()
   end
   self.calls = self.calls + 1
   if self.calls <= self.warmup then
     return self:_run_warm(batch, do_opt)
   end
-  local replay = self.graphs.fb ~= nil
+  local replay = self.graphs.fb ~= nil or self.graphs.b ~= nil
   if replay then
     local clock = self.recorder.clock
     local t0 = clock()
@@ -909,6 +961,7 @@ function RS:run(batch, do_opt)
     end
     if why then return self:_retire_run(why, batch, do_opt) end
   end
+  if self.pipe then return self:_pipe_run(batch, do_opt, replay) end
   if not self:_stage(batch) then
     if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
     self.calls = 1 -- not recorded yet: warm up again with the new shapes
@@ -939,16 +992,7 @@ function RS:run(batch, do_opt)
     self:_record("fb", function() self:_fb(b) end, precast)
     local fb = self.graphs.fb
     self.fb_keeps = precast ~= nil and fb.keeps_shadows ~= nil and fb:keeps_shadows() or false
-    local ok, err = pcall(function()
-      self:_snapshot(b)
-      local refs = self.recorder.refs(model.params, self.cmods)
-      self.refs = refs
-      refs:watch(self.ema.block, "ema") -- EMA decay/tau: compared in C
-      self:_guard()
-    end)
-    if not ok then self:_fail(err, "recording fb") end
-    model._recordings = model._recordings or setmetatable({}, { __mode = "k" })
-    model._recordings[self] = true
+    self:_contract(b, "recording fb")
   end
   -- the targets may be replaced now (a replay with fb_event recorded
   -- ev_fb itself, after its loss)
@@ -981,6 +1025,7 @@ end
 -- A warm-up call: the recorded route's segments, eagerly.
 function RS:_run_warm(batch, do_opt)
   local b
+  self:join()
   local ok, err = pcall(function()
     if not self:_stage(batch) then -- new input shapes before anything was recorded
       self:_reshape(batch)
@@ -994,6 +1039,7 @@ function RS:_run_warm(batch, do_opt)
     if do_opt then self:_opt(false) end
   end)
   if not ok then self:_fail(err, "warm-up") end
+  self:_pipe_mark()
   self:_count(b, do_opt)
 end
 
@@ -1031,9 +1077,18 @@ end
 
 -- ---------------------------------------------------- eager-step interface
 
-function RS:reset_running() self.eager:reset_running() end
-function RS:running_losses() return self.eager:running_losses() end
-function RS:predict(vb) return self.eager:predict(vb) end
+function RS:reset_running()
+  self:join()
+  self.eager:reset_running()
+end
+function RS:running_losses()
+  self:join()
+  return self.eager:running_losses()
+end
+function RS:predict(vb)
+  self:join()
+  return self.eager:predict(vb)
+end
 function RS:val_loss(o, vb, n) return self.eager:val_loss(o, vb, n) end
 function RS:val_losses() return self.eager:val_losses() end
 
@@ -1055,6 +1110,9 @@ function RS:stats()
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
     input_prefetch = self.prefetch, fb_event = self.fb_event,
+    -- the pipelined route (step_pipeline.lua): on, why refused, lane B's replays
+    pipelined = self.pipe ~= nil and self.route ~= "eager", pipeline_refused = self.pipeline_refused,
+    lane_b_replays = self.pipe and self.pipe.replays_b or nil,
     fb_keeps_shadows = self.fb_keeps, precasts = self.precasts,
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
@@ -1076,7 +1134,7 @@ end
 -- step's buffers. Safe to call twice.
 function RS:release()
   self:_drop()
-  for _, k in ipairs({ "ev_up", "ev_prep", "ev_fb" }) do
+  for _, k in ipairs({ "ev_up", "ev_prep", "ev_fb", "evF", "evB" }) do
     if self[k] then pcall(self[k].free, self[k]); self[k] = nil end
   end
   if self.stage then self:_free_stages() end

@@ -50,7 +50,9 @@ function M.new(o)
   self.nrun = 0
   self.steps, self.opt_steps = 0, 0
   self.recorded_losses = o.record and {} or nil
-  self.optimizer:zero_grad()
+  -- keep_grads: a second step object over the same gradients (the
+  -- pipelined route's lane on a twin model) must not clear them
+  if not o.keep_grads then self.optimizer:zero_grad() end
   return self
 end
 

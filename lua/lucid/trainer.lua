@@ -691,6 +691,7 @@ function Trainer:_fit(state, opts)
     -- the recorded step (CUDA graphs; on the CPU it reports route "eager")
     step_opts.record_losses = cfg.record_losses
     step_opts.warmup = cfg.record_warmup
+    step_opts.pipeline = cfg.pipeline -- nil: LUCID_PIPELINE's default (docs/PIPELINE.md)
     step_opts.log = function(line) out:write(line, "\n") end
     step = recorded_step.new(step_opts)
   else
@@ -833,6 +834,9 @@ function Trainer:_fit(state, opts)
         bar.last_t = lucid.wall_time()
         bar:update(i, losses_table(step:running_losses()), self:mem_gb(), batch.max_count, S)
       end
+      -- a callback sees the step's work as the eager route leaves it (the
+      -- pipelined route's second lane joined; a no-op otherwise)
+      if step.join and self.callbacks.on_batch_end then step:join() end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
       Trainer.check_stop() -- SIGTERM: stop after this step
       -- device memory held by tensors that are already garbage is invisible
@@ -842,6 +846,7 @@ function Trainer:_fit(state, opts)
       if i % GC_EVERY == 0 then collectgarbage() end
     end
     collectgarbage()
+    if step.join then step:join() end -- the fence covers both lanes of a pipelined step
     ctx:synchronize()
     local t_epoch1 = lucid.wall_time()
     step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i, loader_s = loader_s }

@@ -86,7 +86,7 @@ end
 -- the model (the way stacks sharing one context start from the same
 -- weights). o.recorded (use the recorded step), o.recorder (fake recorder),
 -- o.precision ("fp32" | "bf16" | "fp16"), o.clip, o.B, o.S, o.G (max_gt),
--- o.warmup, o.input_stages, o.fb_event, o.graph_wcast, o.trainer (non-nil: Trainer-driven).
+-- o.warmup, o.input_stages, o.fb_event, o.graph_wcast, o.pipeline, o.trainer (non-nil: Trainer-driven).
 function H.stack(o)
   local ctx = o.ctx or (o.model and o.model._h_ctx) or lucid.Context{ device = o.device or "cpu", seed = 7 }
   local model = o.model
@@ -112,6 +112,7 @@ function H.stack(o)
     so.input_stages = o.input_stages
     so.fb_event = o.fb_event
     so.graph_wcast = o.graph_wcast
+    so.pipeline = o.pipeline
     so.recorder = o.recorder
     so.log = o.log or function() end
     step = RS.new(so)

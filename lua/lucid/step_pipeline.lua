@@ -1,0 +1,286 @@
+--[[
+lucid.step_pipeline — the pipelined recorded route of lucid.Step
+(docs/PIPELINE.md; lucid.Step{pipeline = true} or LUCID_PIPELINE=1): micro-
+step k+1's forward runs beside micro-step k's backward.
+
+Within an accumulation window the weights do not move, so the forward of
+step k+1 depends on step k only through the BatchNorm running statistics
+(the forwards stay in order), not on its backward. Two lanes run the steps
+in turn, each on its own lucid context (its own stream, scratch, arenas,
+branch lanes, cuBLAS/cuDNN handles):
+  lane A  the step object itself: the model, self.ctx, the eager step's
+          buffers, staging and events (the even recorded steps);
+  lane B  a table whose reads fall back to the step object, with its own
+          ctx (a second context of the same device), the model's twin
+          (Model:twin: its own activations, saved statistics, weight
+          shadows and column caches; the SAME parameters, BatchNorm buffers
+          and gradients), an eager step for its buffers and loss plan,
+          staging and events (the odd recorded steps).
+Each lane records two graphs: F (model forward) and B (loss forward and
+backward, model backward, running losses on lane A), the latter with
+LUCID_CAPTURE_CONTINUE so the filter gradients reuse F's im2col columns.
+One step on lane X (the other lane Y):
+  X: staging -> device (side copies, as the one-lane route), input kernel
+  X waits for Y's evF   (F_k+1 after F_k: the running statistics; after an
+                         optimizer step, lane A re-records evF after it)
+  X: weight shadows cast (the ones written since), F, record X.evF
+  X waits for the targets' upload, and for Y's evB (B_k+1 after B_k: the
+     gradients accumulate in order; after an optimizer step: zero_grad)
+  lane A only: running losses += lane B's last items (the sum in step order)
+  X: B, record X.evB and X.ev_fb (the targets may be replaced)
+  at an optimizer step: lane A waits for lane B (join), the optimizer
+  segment on lane A, then A.evF and A.evB recorded after it.
+Every wait is a stream wait queued between graph launches (its record is
+the one before the call: cudaStreamWaitEvent), so the host may run ahead.
+Each buffer sees the same kernels in the same order as on the eager route:
+the same bits (spec/step_pipeline_spec.lua on the CPU with the fake
+recorder; spec/step_gpu_spec.lua's pipelined fit on the GPU).
+
+Lane A's stream does not wait for lane B's last step by itself: RS:join()
+does (before the eager short batch, a warm-up, an optimizer step, reading
+the running losses, validation, a retirement and release; the Trainer calls
+it before its epoch fence and before on_batch_end callbacks).
+]]
+local lucid = require "lucid"
+local step_mod = require "lucid.step"
+
+local M = {}
+
+-- Eager calls of lane B before it records (its twin's first forward
+-- allocates the module outputs, column caches and the loss plan's scratch).
+local LANE_B_WARMUP = 2
+
+--- Whether the pipelined route can run for step object rs, and why not.
+function M.refused(rs)
+  if not rs.prefetch then return "the input prefetch is off (LUCID_INPUT_PREFETCH=0)" end
+  if rs.fb_event then return "LUCID_FB_EVENT=graph" end
+  if rs.graph_wcast then return "LUCID_GRAPH_WCAST=1" end
+  if type(rs.model.twin) ~= "function" then return "the model has no twin (Model:twin)" end
+  return nil
+end
+
+--- Install the pipelined route's methods on the step class RS.
+function M.install(RS)
+  -- Lane A's events (created once; a wait on a never-recorded event is a no-op).
+  function RS:_pipe_init()
+    local R = self.recorder
+    self.pipe = { parity = 0, lane_b = nil, b_unjoined = false, items_pending = false, items_b = nil,
+      replays_b = 0 }
+    self.evF, self.evB = R.event(self.ctx), R.event(self.ctx)
+    self.f_keeps, self.pcalls = false, 0
+  end
+
+  -- Lane B, made on its first turn (again after a retirement).
+  function RS:_lane_b()
+    local p = self.pipe
+    if p.lane_b then return p.lane_b end
+    local R = self.recorder
+    local ctx = lucid.Context{ device = self.ctx:device() }
+    local twin = self.model:twin(ctx)
+    local eo = {}
+    for k, v in pairs(self.eager_opts) do eo[k] = v end
+    eo.ctx, eo.model, eo.keep_grads, eo.record = ctx, twin, true, nil
+    local L = setmetatable({
+      ctx = ctx, model = twin, eager = step_mod.new(eo), graphs = {},
+      -- per-lane fields the shared segment functions (RS:_stage, _h2d)
+      -- write: false, not nil, so that reads do not fall back to lane A's
+      stage = false, stages = false, stage_i = 1, ev_prep = false, ev_fb = false,
+      stage_wait_s = 0, stage_waits = 0, precasts = 0, f_keeps = false, pcalls = 0,
+      evF = R.event(ctx), evB = R.event(ctx),
+    }, { __index = self })
+    p.lane_b = L
+    return L
+  end
+
+  --- step:join(): lane A's stream waits for lane B's last step, and lane
+  -- B's last loss items join the running losses (in step order). A no-op
+  -- off the pipelined route. Queued on the device; the host does not wait.
+  function RS:join()
+    local p = self.pipe
+    if not p or not p.lane_b then return end
+    if p.b_unjoined then
+      p.lane_b.evB:wait(self.ctx)
+      p.b_unjoined = false
+    end
+    if p.items_pending then
+      self.eager.running:add_(p.items_b)
+      p.items_pending = false
+      self.evB:record()
+    end
+  end
+
+  -- After eager work of lane A (the short batch, a warm-up call): lane B's
+  -- next forward and backward come after it.
+  function RS:_pipe_mark()
+    if not self.pipe then return end
+    self.evF:record()
+    self.evB:record()
+  end
+
+  -- Lane B's captures left open by a failure are discarded (before the
+  -- drop synchronises its context).
+  function RS:_pipe_discard()
+    local L = self.pipe and self.pipe.lane_b
+    if L and self.recorder.available(L.ctx) and lucid.graph then
+      pcall(lucid.graph.capture_discard, L.ctx)
+    end
+  end
+
+  -- Drop lane B (graphs, twin, buffers, staging, events) and lane A's
+  -- pipelined recording state. Lane A's F/B graphs are in self.graphs
+  -- (freed by RS:_drop).
+  function RS:_pipe_drop()
+    local p = self.pipe
+    if not p then return end
+    pcall(self.join, self)
+    local L = p.lane_b
+    if L then
+      -- its graphs and buffers may still be in use on the device
+      pcall(function() L.ctx:synchronize() end)
+      for k, g in pairs(L.graphs) do
+        pcall(g.free, g)
+        L.graphs[k] = nil
+      end
+      if L.stages then pcall(RS._free_stages, L) end
+      for _, k in ipairs({ "ev_prep", "ev_fb", "evF", "evB" }) do
+        local e = rawget(L, k)
+        if e then pcall(e.free, e) end
+      end
+      pcall(L.eager.release, L.eager)
+    end
+    p.lane_b, p.parity, p.b_unjoined, p.items_pending, p.items_b = nil, 0, false, false, nil
+    self.f_keeps, self.pcalls = false, 0
+  end
+
+  -- F of lane X: the model's forward of its input buffer.
+  local function seg_f(X, b)
+    b.out = X.model:forward(b.x)
+  end
+
+  -- B of lane X (the rest of RS:_fb): loss forward and backward, model
+  -- backward (+= into the shared gradients); lane A adds the items to the
+  -- running losses here, lane B's are added by lane A later (RS:join).
+  local function seg_b(X, b, lane_a)
+    local out = b.out
+    local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
+    local gs
+    local scaler = X.eager.scaler
+    if scaler then
+      b.scale:fill_(1)
+      scaler:scale(b.scale)
+      gs = b.scale
+    end
+    local gb, gc, gk = b.crit:backward(gs)
+    step_mod.lane_backward(X.ctx, X.model, b.x, { boxes = gb, scores = gc, kpts = gk })
+    if lane_a then X.eager.running:add_(items) end
+    b.items = items
+  end
+
+  -- One segment of lane X: replayed, run eagerly (warm-up) or recorded
+  -- (and run once). name: "f" | "b".
+  local function segment(self, X, name, fn, precast, continue)
+    local g = X.graphs[name]
+    if g then
+      g:launch()
+      if name == "b" then
+        self.replays = self.replays + 1
+        if X ~= self then self.pipe.replays_b = self.pipe.replays_b + 1 end
+      end
+      return
+    end
+    if X.pcalls <= (X == self and 0 or LANE_B_WARMUP) then
+      fn()
+      return
+    end
+    local ok, gr
+    if X == self then
+      -- lane A: a clean parameter block first (RS:_record)
+      ok, gr = pcall(self.optimizer.upload, self.optimizer)
+    else
+      ok = true
+    end
+    if ok then ok, gr = pcall(self.recorder.record, X.ctx, fn, precast, continue) end
+    if not ok then self:_fail(gr, "recording " .. name .. (X == self and "" or " (lane B)")) end
+    X.graphs[name] = gr
+    self.recorded = self.recorded + 1
+    gr:launch()
+  end
+
+  --- One recorded-route call on the pipelined route (RS:run, after the
+  -- contract check; `replay`: lane A's graphs exist).
+  function RS:_pipe_run(batch, do_opt, replay)
+    local p = self.pipe
+    if not self.prefetch then
+      error("lucid.Step: the pipelined route needs the input prefetch (step.prefetch was switched off "
+        .. "after the step was made; LUCID_INPUT_PREFETCH=0 or pipeline=false at construction)", 2)
+    end
+    -- lane B (the twin) is made in lane A's recording call, before the
+    -- contract's snapshot: the twin's construction moves the module edit
+    -- count and the contract epoch, which would cost the first replay a full check
+    if not replay then self:_lane_b() end
+    local X = (replay and p.parity == 1) and p.lane_b or self
+    local Y = (X == self) and p.lane_b or self
+    local lane_a = X == self
+    if not RS._stage(X, batch) then
+      if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
+      self.calls = 1 -- not recorded yet: warm up again with the new shapes
+      return self:_run_warm(batch, do_opt)
+    end
+    local model = self.model
+    if lane_a and replay and model.output ~= self.out_seen then
+      -- an eager forward ran since the last replay (see RS:run)
+      self.restored = self.restored + self.refs:restore()
+    end
+    local b = X.eager:_bufs(self.batch)
+    RS._h2d(X, b)
+    lucid.input_prepare(b.x, X.stage.dev_images, X.stage.dev_hsv)
+    X.ev_prep:record()
+    if Y then Y.evF:wait(X.ctx) end
+    X.pcalls = X.pcalls + 1
+    local live = X.graphs.f ~= nil
+    if live and X.f_keeps then
+      X.model:cast_weights(b.x)
+      X.precasts = X.precasts + 1
+    end
+    local precast = function() X.model:cast_weights(b.x) end
+    segment(self, X, "f", function() seg_f(X, b) end, precast)
+    if not live and X.graphs.f then
+      local g = X.graphs.f
+      X.f_keeps = g.keeps_shadows ~= nil and g:keeps_shadows() or false
+    end
+    X.evF:record()
+    X.stage.ev:wait() -- the targets (RS:_h2d), before the loss reads them
+    if Y then Y.evB:wait(X.ctx) end
+    if lane_a then
+      p.b_unjoined = false
+      if p.items_pending then
+        self.eager.running:add_(p.items_b)
+        p.items_pending = false
+      end
+    end
+    segment(self, X, "b", function() seg_b(X, b, lane_a) end, nil, true)
+    X.evB:record()
+    X.ev_fb:record()
+    if lane_a then
+      if not replay and self.graphs.b then self:_contract(b, "recording fb") end
+      self.out_seen = model.output
+    else
+      p.b_unjoined, p.items_pending, p.items_b = true, true, b.items
+    end
+    if do_opt then
+      self:join()
+      self:_opt(self.graphs.b ~= nil)
+      self:_pipe_mark()
+      -- an OPT graph wrote the weights behind the storage versions: lane
+      -- B's shadows are recast before its next forward
+      if self.route == "recorded clip" and p.lane_b and lucid.graph and lucid.graph.shadows_stale
+        and self.recorder.available(p.lane_b.ctx) and self.graphs.opt then
+        lucid.graph.shadows_stale(p.lane_b.ctx)
+      end
+    end
+    if self.graphs.b then p.parity = 1 - p.parity end
+    self:_count(b, do_opt)
+  end
+end
+
+return M

@@ -1,0 +1,148 @@
+-- step_pipeline_spec.lua — the pipelined recorded route
+-- (lua/lucid/step_pipeline.lua, docs/PIPELINE.md) on the CPU with the fake
+-- recorder (graphs are Lua closures, events record their calls): the lanes
+-- take the steps in turn, each waits for the other lane's forward before
+-- its forward and for the other lane's backward before its backward, and
+-- the results are bitwise the eager step's (parameters, gradients, buffers,
+-- optimizer state, EMA, every loss, the running losses). The real graphs
+-- on two CUDA contexts: spec/step_pipeline_gpu_spec.lua (#gpu).
+package.path = "spec/support/?.lua;" .. package.path
+local lucid = require "lucid"
+local H = require "step_harness"
+local RS = require "lucid.recorded_step"
+
+local S, B = 64, 2
+
+local function pair(o)
+  local a = {}
+  for k, v in pairs(o or {}) do a[k] = v end
+  local e = H.stack(a)
+  a.recorded, a.trainer = true, {}
+  if a.pipeline == nil then a.pipeline = true end
+  a.recorder = a.recorder or RS.fake_recorder()
+  local logs = {}
+  a.log = function(l) logs[#logs + 1] = l end
+  local r = H.stack(a)
+  r.logs = logs
+  return e, r
+end
+
+local function both(e, r, bt, do_opt)
+  e.step:run(bt, do_opt)
+  r.step:run(bt, do_opt)
+end
+
+describe("pipelined recorded step (fake recorder)", function()
+  it("alternates the lanes after recording, windows closing on either lane and a short batch; bitwise eager", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    assert.matches("pipelined %(two contexts%)", table.concat(r.logs, "\n"))
+    for i = 1, 9 do both(e, r, H.batch(B, S, i), i % 4 == 0 or i == 7) end
+    both(e, r, H.batch(B, S, 50, 1), true) -- n = 1: eager on lane A, after a join
+    for i = 10, 14 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    local s = r.step:stats()
+    assert.is_true(s.pipelined)
+    assert.are.equal(4, s.recorded)
+    -- lane B: calls 4, 6 eager (its warm-up), 8 recorded, then replays
+    assert.is_true(s.lane_b_replays >= 3, tostring(s.lane_b_replays))
+    assert.are.equal(15, s.steps)
+    assert.is_true(r.step.pipe.lane_b.ctx ~= r.ctx, "lane B has its own context")
+    H.same(e, r, "pipelined")
+    local a, b = e.step:running_losses(), r.step:running_losses()
+    for i = 1, 5 do assert.are.equal(a[i], b[i]) end
+    r.step:release(); e.step:release()
+    assert.is_nil(r.step.pipe.lane_b, "release drops lane B")
+  end)
+
+  it("each lane waits for the other's forward before its forward and for the other's backward before its backward", function()
+    local R = RS.fake_recorder()
+    local log = {}
+    local mk = R.event
+    R.event = function(ctx)
+      local ev = mk(ctx)
+      ev.owner = ctx
+      ev.record = function(self) log[#log + 1] = { "record", self } end
+      ev.wait = function(self, waiter) log[#log + 1] = { "wait", self, waiter or self.owner } end
+      return ev
+    end
+    local record = R.record
+    R.record = function(ctx, fn, precast, continue)
+      local g = record(ctx, fn, precast, continue)
+      local kind = continue and "b" or "f"
+      local launch = g.launch
+      g.launch = function() log[#log + 1] = { "launch", kind, ctx }; launch() end
+      return g
+    end
+    local e, r = pair{ B = B, S = S, warmup = 2, recorder = R }
+    for i = 1, 12 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    local st = r.step
+    local A, L = st, st.pipe.lane_b
+    local lane = { [A.ctx] = A, [L.ctx] = L }
+    local checked, launches = 0, 0
+    -- for every launch: since that lane's previous launch, a wait of its
+    -- context on the other lane's evF (F) or evB (B)
+    local since = { [A.ctx] = {}, [L.ctx] = {} }
+    for _, x in ipairs(log) do
+      if x[1] == "wait" then
+        local w = since[x[3]]
+        if w then w[x[2]] = true end
+      elseif x[1] == "launch" then
+        local ctx, kind = x[3], x[2]
+        local other = lane[ctx] == A and L or A
+        local need = kind == "f" and other.evF or other.evB
+        -- lane A's recording call (its F and B) ran before lane B existed
+        launches = launches + 1
+        if launches > 2 then
+          assert.is_true(since[ctx][need] == true, string.format("launch %s on lane %s without the wait", kind,
+            lane[ctx] == A and "A" or "B"))
+          checked = checked + 1
+        end
+        since[ctx] = {}
+      end
+    end
+    assert.is_true(checked >= 10, "launches checked: " .. checked)
+    H.same(e, r, "ordering")
+    r.step:release(); e.step:release()
+  end)
+
+  it("a contract change retires once and rebuilds lane B's twin with the model's modes; identical", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    for i = 1, 8 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    local twin0 = r.step.pipe.lane_b.model
+    for _, st in ipairs({ e, r }) do st.model.layers[2].module.bn:train(false) end
+    for i = 9, 18 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    assert.are.equal(1, r.step.retirements)
+    local twin1 = r.step.pipe.lane_b.model
+    assert.are_not.equal(twin0, twin1)
+    assert.is_false(twin1.layers[2].module.bn.training)
+    H.same(e, r, "retired")
+    r.step:release(); e.step:release()
+  end)
+
+  it("is refused, visibly, where it cannot run; off by default", function()
+    local _, r = pair{ B = B, S = S, fb_event = true }
+    assert.matches("pipeline refused: LUCID_FB_EVENT=graph", table.concat(r.logs, "\n"))
+    assert.is_nil(r.step.pipe)
+    assert.are.equal("LUCID_FB_EVENT=graph", r.step:stats().pipeline_refused)
+    r.step:release()
+    local _, r2 = pair{ B = B, S = S, graph_wcast = true }
+    assert.matches("LUCID_GRAPH_WCAST=1", r2.step:stats().pipeline_refused)
+    r2.step:release()
+    if os.getenv("LUCID_PIPELINE") ~= "1" then
+      local _, r3 = pair{ B = B, S = S, pipeline = false }
+      assert.is_nil(r3.step.pipe)
+      assert.is_false(r3.step:stats().pipelined)
+      r3.step:release()
+    end
+  end)
+
+  it("the join adds lane B's last losses to the running losses in step order (running_losses joins)", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    for i = 1, 8 do both(e, r, H.batch(B, S, i), false) end
+    -- call 8 ran on lane B: its items wait for a join
+    assert.is_true(r.step.pipe.items_pending)
+    local a, b = e.step:running_losses(), r.step:running_losses()
+    assert.is_false(r.step.pipe.items_pending)
+    for i = 1, 5 do assert.are.equal(a[i], b[i]) end
+    r.step:release(); e.step:release()
+  end)
+end)
