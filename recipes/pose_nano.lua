@@ -62,6 +62,9 @@ local defaults = {
   val_period = 1, save_period = 1,
   -- the recorded (CUDA-graph) training step on a GPU
   record = false,
+  -- with record = true: micro-step k+1's forward beside micro-step k's
+  -- backward (a second context and a twin of the model; docs/PIPELINE.md)
+  pipeline = true,
   -- RandomHSV on the GPU (lucid.input_prepare in the step) instead of in the
   -- loader threads; ignored on the CPU. The batches are byte-identical.
   device_hsv = true,
@@ -125,6 +128,8 @@ local descriptions = {
   save_period = "write weights/last.safetensors every N epochs (and at the end; 0: only at the end and "
     .. "whenever best.safetensors improves)",
   record = "the recorded (CUDA-graph) training step on a GPU",
+  pipeline = "with record=true: the next step's forward beside this step's backward (a second context and "
+    .. "a twin of the model; same bits; LUCID_PIPELINE=0|1 overrides it)",
   device_hsv = "RandomHSV on the GPU instead of in the loader threads (ignored on the CPU)",
 }
 

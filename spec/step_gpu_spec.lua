@@ -466,7 +466,10 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
       optimizer = "SGD", lr0 = 0.01, lrf = 0.01, momentum = 0.937, weight_decay = 5e-4, nbs = 16,
       warmup_epochs = 1, warmup_momentum = 0.8, warmup_bias_lr = 0.1, precision = "bf16", clip = { max_norm = 10.0 },
       loss = { box = 7.5, cls = 0.5, dfl = 1.5, pose = 12.0, kobj = 1.0 }, augment = { mosaic = 1.0 },
-      conf = 0.001, iou = 0.7, max_det = 300, record_losses = true }
+      conf = 0.001, iou = 0.7, max_det = 300, record_losses = true,
+      -- the recorded fits take the pipelined route, as the main job does
+      -- (recipes/pose_nano.lua; the one-lane route: the step tests above)
+      pipeline = true }
     for k, v in pairs(over or {}) do c[k] = v end
     return c
   end
@@ -529,6 +532,8 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
     local rr = fit(tr, mb)
     assert.are.equal(n1, stale.batch)
     assert.are.equal("eager clip", rr.step.route)
+    assert.is_true(rr.step.pipelined, "the pipelined route")
+    assert.is_true(rr.step.lane_b_replays > 0)
     assert.are.equal(0, rr.step.retirements)
     assert.is_true(rr.step.recorded >= 1 and rr.step.replays > 0)
     same_fit(re, ma, rr, mb, "bf16 fit")
@@ -587,6 +592,9 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
     local rr = fit(tr, mb)
     assert.are.equal(0, rr.step.retirements)
     assert.is_true(rr.step.replays > 0)
+    -- the injection (a callback's eager fill on the trainer's context) is
+    -- handed off to lane B's next backward
+    assert.is_true(rr.step.pipelined and rr.step.lane_b_replays > 0)
     local se, sr = re.optimizer.block:state().skipped_steps, rr.optimizer.block:state().skipped_steps
     assert.is_true(se >= 1, "no step was skipped")
     assert.are.equal(se, sr)

@@ -100,6 +100,20 @@ describe("pipelined recorded step (fake recorder)", function()
       end
     end
     assert.is_true(checked >= 10, "launches checked: " .. checked)
+    -- a caller's edit between steps (a Trainer callback): join before it
+    -- (lane A waits for lane B's last backward), handoff after it (lane A's
+    -- evF and evB recorded after the edit: lane B's next waits take them)
+    local n0 = #log
+    st:join()
+    local g = st.model.params:find("model.0.conv.weight"):grad()
+    g:mul_(0.5); e.model.params:find("model.0.conv.weight"):grad():mul_(0.5)
+    st:handoff()
+    local recs = {}
+    for j = n0 + 1, #log do
+      if log[j][1] == "record" then recs[log[j][2]] = j end
+    end
+    assert.is_truthy(recs[A.evF] and recs[A.evB], "handoff records lane A's evF and evB")
+    both(e, r, H.batch(B, S, 13), false)
     H.same(e, r, "ordering")
     r.step:release(); e.step:release()
   end)

@@ -242,10 +242,13 @@ local FB_EVENT = os.getenv("LUCID_FB_EVENT") == "graph"
 local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
 
 -- The pipelined route (lua/lucid/step_pipeline.lua, docs/PIPELINE.md):
--- LUCID_PIPELINE=1 (read when this module loads; RS.new's pipeline field
--- overrides it) runs micro-step k+1's forward beside micro-step k's
--- backward on a second context with a twin of the model. Off by default.
-local PIPELINE = os.getenv("LUCID_PIPELINE") == "1"
+-- micro-step k+1's forward beside micro-step k's backward, on a second
+-- context with a twin of the model. RS.new's pipeline field (the recipe's
+-- `pipeline`, default true in recipes/pose_nano.lua); off when nil.
+-- LUCID_PIPELINE=0|1 (read when this module loads), when set, wins over
+-- the field: A/B measurements of one recipe.
+local PIPELINE_ENV = os.getenv("LUCID_PIPELINE")
+PIPELINE_ENV = (PIPELINE_ENV == "1" and true) or (PIPELINE_ENV == "0" and false) or nil
 
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
@@ -254,8 +257,8 @@ local PIPELINE = os.getenv("LUCID_PIPELINE") == "1"
 -- LUCID_INPUT_STAGES's, RS:_staging), fb_event (boolean; default
 -- LUCID_FB_EVENT=graph's: ev_fb recorded inside the FB graph after the
 -- loss), graph_wcast (boolean; default LUCID_GRAPH_WCAST=1's: the conv
--- weight casts inside the FB graph), pipeline (boolean; default
--- LUCID_PIPELINE=1's: the pipelined route, lua/lucid/step_pipeline.lua),
+-- weight casts inside the FB graph), pipeline (boolean, default false: the
+-- pipelined route, lua/lucid/step_pipeline.lua; LUCID_PIPELINE=0|1 wins),
 -- recorder (tests), log (function(line): where the route is reported once;
 -- default stderr).
 -- The fields lucid.Step / M.new cannot do without, and what each must be.
@@ -323,7 +326,7 @@ function M.new(o)
     self.route = self:_clip_route()
   end
   local want = o.pipeline
-  if want == nil then want = PIPELINE end
+  if PIPELINE_ENV ~= nil then want = PIPELINE_ENV end
   if want and self.route ~= "eager" then
     self.pipeline_refused = pipeline.refused(self)
     if not self.pipeline_refused then self:_pipe_init() end
@@ -922,7 +925,7 @@ function RS:run(batch, do_opt)
     if not self.pipe or self.route == "eager" then return e:run(batch, do_opt) end
     self:join() -- after lane B's last step, and lane B's next after it
     e:run(batch, do_opt)
-    return self:_pipe_mark()
+    return self:handoff()
   end
   self.calls = self.calls + 1
   if self.calls <= self.warmup then
@@ -1039,7 +1042,7 @@ function RS:_run_warm(batch, do_opt)
     if do_opt then self:_opt(false) end
   end)
   if not ok then self:_fail(err, "warm-up") end
-  self:_pipe_mark()
+  self:handoff()
   self:_count(b, do_opt)
 end
 

@@ -239,6 +239,11 @@ function Step:val_losses()
   return { t[1] / n, t[2] / n, t[3] / n, t[4] / n, t[5] / n }
 end
 
+--- join() / handoff(): no-ops on the eager route (the recorded step's
+-- pipelined route orders its two contexts with them; step_pipeline.lua).
+function Step:join() end
+function Step:handoff() end
+
 function Step:stats()
   return { steps = self.steps, opt_steps = self.opt_steps, route = "eager" }
 end

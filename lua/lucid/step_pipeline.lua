@@ -39,7 +39,11 @@ recorder; spec/step_gpu_spec.lua's pipelined fit on the GPU).
 Lane A's stream does not wait for lane B's last step by itself: RS:join()
 does (before the eager short batch, a warm-up, an optimizer step, reading
 the running losses, validation, a retirement and release; the Trainer calls
-it before its epoch fence and before on_batch_end callbacks).
+it before its epoch fence and before on_batch_end callbacks). Nor does lane
+B wait for work queued on lane A between steps: RS:handoff() makes it (after
+the short batch, a warm-up, an optimizer step; the Trainer calls it after
+on_batch_end callbacks). A caller driving the step itself and touching the
+model between steps calls step:join() before and step:handoff() after.
 ]]
 local lucid = require "lucid"
 local step_mod = require "lucid.step"
@@ -109,9 +113,14 @@ function M.install(RS)
     end
   end
 
-  -- After eager work of lane A (the short batch, a warm-up call): lane B's
-  -- next forward and backward come after it.
-  function RS:_pipe_mark()
+  --- step:handoff(): lane B's next forward and backward wait for
+  -- everything queued on lane A's stream so far: eager work of lane A (the
+  -- short batch, a warm-up call, the optimizer segment) and a caller's own
+  -- work on the model between steps (a callback that edits a gradient or a
+  -- weight on the step's context: the Trainer calls step:join() before its
+  -- on_batch_end callbacks and step:handoff() after them). A no-op off the
+  -- pipelined route.
+  function RS:handoff()
     if not self.pipe then return end
     self.evF:record()
     self.evB:record()
@@ -270,7 +279,7 @@ function M.install(RS)
     if do_opt then
       self:join()
       self:_opt(self.graphs.b ~= nil)
-      self:_pipe_mark()
+      self:handoff()
       -- an OPT graph wrote the weights behind the storage versions: lane
       -- B's shadows are recast before its next forward
       if self.route == "recorded clip" and p.lane_b and lucid.graph and lucid.graph.shadows_stale

@@ -691,7 +691,7 @@ function Trainer:_fit(state, opts)
     -- the recorded step (CUDA graphs; on the CPU it reports route "eager")
     step_opts.record_losses = cfg.record_losses
     step_opts.warmup = cfg.record_warmup
-    step_opts.pipeline = cfg.pipeline -- nil: LUCID_PIPELINE's default (docs/PIPELINE.md)
+    step_opts.pipeline = cfg.pipeline -- the recipe's (docs/PIPELINE.md); LUCID_PIPELINE=0|1 wins
     step_opts.log = function(line) out:write(line, "\n") end
     step = recorded_step.new(step_opts)
   else
@@ -834,10 +834,13 @@ function Trainer:_fit(state, opts)
         bar.last_t = lucid.wall_time()
         bar:update(i, losses_table(step:running_losses()), self:mem_gb(), batch.max_count, S)
       end
-      -- a callback sees the step's work as the eager route leaves it (the
-      -- pipelined route's second lane joined; a no-op otherwise)
-      if step.join and self.callbacks.on_batch_end then step:join() end
+      -- a callback sees the step's work as the eager route leaves it, and
+      -- the next step sees the callback's (the pipelined route's second
+      -- lane joined before, handed off after; no-ops otherwise)
+      local cbs = step.join and self.callbacks.on_batch_end
+      if cbs then step:join() end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
+      if cbs then step:handoff() end
       Trainer.check_stop() -- SIGTERM: stop after this step
       -- device memory held by tensors that are already garbage is invisible
       -- to Lua's collector (it sees only the small userdata), so without a
