@@ -19,6 +19,7 @@
 #              per arm, and the kernel census of the default; logs packed
 #              into $out/logs.tgz. AB_TESTS=0 skips the tests; AB_BUSTED
 #              (busted arguments, e.g. --filter=lanes) runs those gpu specs
+#              (AB_BUSTED_TIMEOUT seconds, default 240)
 #              AB_EXTRA="cmd": one more command after the tests (its log
 #              extra.log, last lines shown; at most 200 s, within the
 #              device call's own limit)
@@ -201,7 +202,7 @@ if [ "$what" = ab ] || [ "$what" = testab ]; then
     done
   fi
   if [ -n "${AB_BUSTED:-}" ]; then
-    timeout 240 busted --lua=luajit -o TAP --tags=gpu $AB_BUSTED > "$l/busted_sel.log" 2>&1
+    timeout "${AB_BUSTED_TIMEOUT:-240}" busted --lua=luajit -o TAP --tags=gpu $AB_BUSTED > "$l/busted_sel.log" 2>&1
     echo "busted $AB_BUSTED: rc $?, $(grep -c '^ok' "$l/busted_sel.log") ok, $(grep -c '^not ok' "$l/busted_sel.log") not ok"
     grep -A8 '^not ok' "$l/busted_sel.log" | head -30
   fi

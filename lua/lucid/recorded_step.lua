@@ -82,26 +82,41 @@ local function real_recorder()
   -- one recorded on ctx (the pipelined route's B after its F): the shadows
   -- as they are and that capture's conv column caches stay fresh
   -- (LUCID_CAPTURE_KEEP_SHADOWS | LUCID_CAPTURE_CONTINUE).
+  -- The Lua collector is stopped while a capture is open: a finalizer run
+  -- inside it (a tensor or a context that became garbage, e.g. the second
+  -- context of a retired pipelined recording) makes CUDA calls that a
+  -- capture in progress forbids (a stream synchronisation, cudaFree), and
+  -- the capture is invalidated (seen on the H200: cudaErrorStreamCapture-
+  -- Invalidated at the next lane fork). Restarted after, also on errors.
   function R.record(ctx, fn, precast, continue)
     if precast then
       G.shadows_stale(ctx)
       precast()
-      G.capture_begin(ctx, true, continue)
-    elseif continue then
-      G.capture_begin(ctx, true, true)
-    else
-      G.capture_begin(ctx)
     end
-    local ok, err = pcall(fn)
-    if not ok then
-      pcall(G.capture_discard, ctx)
-      error(err, 0)
-    end
-    local ok2, g = pcall(G.capture_end, ctx)
-    if not ok2 then
-      pcall(G.capture_discard, ctx)
-      error(g, 0)
-    end
+    local gc_on = collectgarbage("isrunning")
+    collectgarbage("stop")
+    local ok, g = pcall(function()
+      if precast then
+        G.capture_begin(ctx, true, continue)
+      elseif continue then
+        G.capture_begin(ctx, true, true)
+      else
+        G.capture_begin(ctx)
+      end
+      local ok1, err = pcall(fn)
+      if not ok1 then
+        pcall(G.capture_discard, ctx)
+        error(err, 0)
+      end
+      local ok2, gr = pcall(G.capture_end, ctx)
+      if not ok2 then
+        pcall(G.capture_discard, ctx)
+        error(gr, 0)
+      end
+      return gr
+    end)
+    if gc_on then collectgarbage("restart") end
+    if not ok then error(g, 0) end
     return g
   end
   function R.refs(set, modules) return G.Refs(set, modules) end

@@ -681,7 +681,7 @@ static void test_capture_keep(lucid_dtype dt) {
     if (!cap_fix_init(&f, dt, pre, 32, 24, 1, 10, 6)) goto done;
     m = f.m;
     CHECK(NAME("%s: unknown flag refused", pre),
-          lucid_ctx_capture_begin_ex(ctx, 2u) == LUCID_ERR_ARG && !lucid_ctx_capturing(ctx),
+          lucid_ctx_capture_begin_ex(ctx, 4u) == LUCID_ERR_ARG && !lucid_ctx_capturing(ctx),
           "%s", lucid_ctx_error(ctx));
     RUN(NAME("%s: eager warm-up", pre), fwd_bwd(m, f.gx, f.gdy, e, nc));
     rel3(e);

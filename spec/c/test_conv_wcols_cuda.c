@@ -735,7 +735,7 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
     memset(&r2, 0, sizeof r2);
     lucid_conv_wcols wc;
     lucid_conv_wcols_init(&wc);
-    lucid_graph *gr = NULL, *gr2 = NULL;
+    lucid_graph *gr = NULL, *gr2 = NULL, *gf = NULL, *gb = NULL;
     lucid_tensor *hx2 = NULL, *gx2 = NULL, *y = NULL, *dw = NULL;
     routes_set(cc);
     if (!io_make(&io, cc, dt)) {
@@ -809,9 +809,70 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
     RUN(NAME("%s: poison dw 2", pre), lucid_fill(ctx, dw, NAN));
     RUN(NAME("%s: replay capture 2", pre), lucid_graph_launch(ctx, gr2));
     cmp_bits(NAME("%s: capture 2 replay filter gradient = reference", pre), dw, r2.dw0);
+    /* LUCID_CAPTURE_CONTINUE (graph.h): the forward in one capture (F), the
+     * filter gradient in the next, begun with the flag (B), reads F's
+     * columns; the graphs replayed F then B on the stream give the
+     * references, also after new input values (the pipelined route's F and
+     * B graphs, lua/lucid/step_pipeline.lua) */
+    RUN(NAME("%s: synchronize 3", pre), lucid_ctx_synchronize(ctx));
+    RUN(NAME("%s: capture F begin", pre), lucid_ctx_capture_begin(ctx));
+    c = counts_now();
+    {
+        lucid_status s =
+            lucid_nn_conv2d_forward_cols(ctx, io.gx, y, io.gw, NULL, &io.p, NULL, &wc, 1);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: forward while capturing F", pre), "%s: %s", lucid_status_name(s),
+                      lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    RUN(NAME("%s: capture F end", pre), lucid_ctx_capture_end(ctx, &gf));
+    RUN(NAME("%s: capture B begin (continue)", pre),
+        lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_CONTINUE));
+    c = counts_now();
+    {
+        lucid_status s = wgrad_at(ON_BRANCH, 1, io.gx, &io, dw, 0.0, &wc);
+        if (s != LUCID_OK) {
+            TEST_FAIL(NAME("%s: filter gradient while capturing B", pre), "%s: %s",
+                      lucid_status_name(s), lucid_ctx_error(ctx));
+            lucid_ctx_capture_end(ctx, NULL);
+            goto done;
+        }
+    }
+    CHECK(NAME("%s: a continuing capture reads the previous capture's columns", pre),
+          DCOL(c) == 0 && DHIT(c) == 1, "%ld im2col, %ld hits", DCOL(c), DHIT(c));
+    RUN(NAME("%s: capture B end", pre), lucid_ctx_capture_end(ctx, &gb));
+    RUN(NAME("%s: poison y 3", pre), lucid_fill(ctx, y, NAN));
+    RUN(NAME("%s: poison dw 3", pre), lucid_fill(ctx, dw, NAN));
+    RUN(NAME("%s: replay F", pre), lucid_graph_launch(ctx, gf));
+    RUN(NAME("%s: replay B", pre), lucid_graph_launch(ctx, gb));
+    cmp_bits(NAME("%s: F then B: forward = reference", pre), y, r2.y);
+    cmp_bits(NAME("%s: F then B: filter gradient = reference", pre), dw, r2.dw0);
+    RUN(NAME("%s: the first input again", pre), lucid_copy(ctx, io.gx, io.hx));
+    RUN(NAME("%s: poison dw 4", pre), lucid_fill(ctx, dw, NAN));
+    RUN(NAME("%s: replay F 2", pre), lucid_graph_launch(ctx, gf));
+    RUN(NAME("%s: replay B 2", pre), lucid_graph_launch(ctx, gb));
+    cmp_bits(NAME("%s: F then B on the first input: forward = its reference", pre), y, r1.y);
+    cmp_bits(NAME("%s: F then B on the first input: filter gradient = its reference", pre), dw,
+             r1.dw0);
+    /* the flag lasts one capture: the next plain capture trusts nothing */
+    RUN(NAME("%s: capture 4 begin", pre), lucid_ctx_capture_begin(ctx));
+    c = counts_now();
+    {
+        lucid_status s = wgrad_at(ON_BRANCH, 1, io.gx, &io, dw, 0.0, &wc);
+        lucid_graph *g4 = NULL;
+        lucid_status e = lucid_ctx_capture_end(ctx, &g4);
+        if (g4) lucid_graph_destroy(g4);
+        CHECK(NAME("%s: a plain capture after the continuing one builds its columns", pre),
+              s == LUCID_OK && e == LUCID_OK && DCOL(c) == 1 && DHIT(c) == 0,
+              "%ld im2col, %ld hits (%s)", DCOL(c), DHIT(c), lucid_ctx_error(ctx));
+    }
 done:
     if (gr) lucid_graph_destroy(gr);
     if (gr2) lucid_graph_destroy(gr2);
+    if (gf) lucid_graph_destroy(gf);
+    if (gb) lucid_graph_destroy(gb);
     lucid_cuda_nn_set_wcols(ctx, 0);
     routes_reset();
     if (lucid_ctx_synchronize(ctx) != LUCID_OK)
