@@ -68,10 +68,7 @@ local function pair(o)
   return e, r
 end
 
-local function both(e, r, bt, do_opt)
-  e.step:run(bt, do_opt)
-  r.step:run(bt, do_opt)
-end
+local both = H.both
 
 local function release(...)
   for _, st in ipairs({ ... }) do st.step:release() end

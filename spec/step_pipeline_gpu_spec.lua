@@ -33,19 +33,9 @@ local function pair(o)
   local a = {}
   for k, v in pairs(o or {}) do a[k] = v end
   a.ctx, a.init, a.B, a.S = shared.ctx, shared.init, B, S
-  local e = H.stack(a)
-  a.recorded, a.trainer, a.pipeline = true, a.trainer or {}, true
-  local logs = {}
-  a.log = function(l) logs[#logs + 1] = l end
-  local r = H.stack(a)
-  r.logs = logs
-  return e, r
+  return H.pair(a, { trainer = a.trainer or {}, pipeline = true })
 end
-
-local function both(e, r, bt, do_opt)
-  e.step:run(bt, do_opt)
-  r.step:run(bt, do_opt)
-end
+local both = H.both
 
 local function running_same(e, r)
   local a, b = e.step:running_losses(), r.step:running_losses()

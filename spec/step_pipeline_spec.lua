@@ -14,23 +14,10 @@ local RS = require "lucid.recorded_step"
 local S, B = 64, 2
 
 local function pair(o)
-  local a = {}
-  for k, v in pairs(o or {}) do a[k] = v end
-  local e = H.stack(a)
-  a.recorded, a.trainer = true, {}
-  if a.pipeline == nil then a.pipeline = true end
-  a.recorder = a.recorder or RS.fake_recorder()
-  local logs = {}
-  a.log = function(l) logs[#logs + 1] = l end
-  local r = H.stack(a)
-  r.logs = logs
-  return e, r
+  return H.pair(o, { trainer = {}, pipeline = (o.pipeline == nil) and true or o.pipeline,
+    recorder = o.recorder or RS.fake_recorder() })
 end
-
-local function both(e, r, bt, do_opt)
-  e.step:run(bt, do_opt)
-  r.step:run(bt, do_opt)
-end
+local both = H.both
 
 describe("pipelined recorded step (fake recorder)", function()
   it("alternates the lanes after recording, windows closing on either lane and a short batch; bitwise eager", function()

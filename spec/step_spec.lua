@@ -39,10 +39,7 @@ local function fake_events(R, hooks)
   end
 end
 
-local function both(e, r, batch, do_opt)
-  e.step:run(batch, do_opt)
-  r.step:run(batch, do_opt)
-end
+local both = H.both
 
 describe("recorded step on the CPU", function()
   it("falls back to the eager route visibly: route eager, reason 'no CUDA'", function()

@@ -720,6 +720,30 @@ done:
 
 /* ------------------------------------------------------------ capture */
 
+/* One call recorded alone: a capture begun with `flags`, the forward
+ * (fwd != 0, into y) or the filter gradient on branch lane 1 (beta 0, into
+ * dw), the capture ended into *g. *d: the counters' moves during the call.
+ * Returns 0 after a failure (reported as "<pre>: <what>"). */
+static int captured(const char *pre, const char *what, unsigned flags, int fwd, wc_io *io,
+                    lucid_tensor *y, lucid_tensor *dw, lucid_conv_wcols *wc, lucid_graph **g,
+                    counts *d) {
+    lucid_status s = lucid_ctx_capture_begin_ex(ctx, flags);
+    counts c = counts_now();
+    if (!s)
+        s = fwd ? lucid_nn_conv2d_forward_cols(ctx, io->gx, y, io->gw, NULL, &io->p, NULL, wc, 1)
+                : wgrad_at(ON_BRANCH, 1, io->gx, io, dw, 0.0, wc);
+    d->col = (unsigned long)DCOL(c);
+    d->hit = (unsigned long)DHIT(c);
+    d->side = (unsigned long)DSIDE(c);
+    lucid_status e = lucid_ctx_capture_end(ctx, s ? NULL : g);
+    if (s || e) {
+        TEST_FAIL(NAME("%s: %s", pre, what), "%s: %s", lucid_status_name(s ? s : e),
+                  lucid_ctx_error(ctx));
+        return 0;
+    }
+    return 1;
+}
+
 static void test_capture(const wc_case *cc, lucid_dtype dt) {
     char pre[200];
     snprintf(pre, sizeof pre, "wcols capture %s %s", cc->tag, lucid_dtype_name(dt));
@@ -735,7 +759,8 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
     memset(&r2, 0, sizeof r2);
     lucid_conv_wcols wc;
     lucid_conv_wcols_init(&wc);
-    lucid_graph *gr = NULL, *gr2 = NULL, *gf = NULL, *gb = NULL;
+    lucid_graph *gr = NULL, *gr2 = NULL, *gf = NULL, *gb = NULL, *g4 = NULL;
+    counts d;
     lucid_tensor *hx2 = NULL, *gx2 = NULL, *y = NULL, *dw = NULL;
     routes_set(cc);
     if (!io_make(&io, cc, dt)) {
@@ -791,21 +816,10 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
     RUN(NAME("%s: eager forward after the replays", pre),
         lucid_nn_conv2d_forward_cols(ctx, io.gx, y, io.gw, NULL, &io.p, NULL, &wc, 1));
     RUN(NAME("%s: synchronize 2", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture 2 begin", pre), lucid_ctx_capture_begin(ctx));
-    c = counts_now();
-    {
-        lucid_status s = wgrad_at(ON_BRANCH, 1, io.gx, &io, dw, 0.0, &wc);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: filter gradient while capturing", pre), "%s: %s",
-                      lucid_status_name(s), lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-    }
+    if (!captured(pre, "capture 2 (filter gradient)", 0, 0, &io, y, dw, &wc, &gr2, &d)) goto done;
     CHECK(NAME("%s: eager columns not trusted inside a capture: the filter gradient records "
                "its im2col", pre),
-          DCOL(c) == 1 && DHIT(c) == 0, "%ld im2col, %ld hits", DCOL(c), DHIT(c));
-    RUN(NAME("%s: capture 2 end", pre), lucid_ctx_capture_end(ctx, &gr2));
+          d.col == 1 && d.hit == 0, "%lu im2col, %lu hits", d.col, d.hit);
     RUN(NAME("%s: poison dw 2", pre), lucid_fill(ctx, dw, NAN));
     RUN(NAME("%s: replay capture 2", pre), lucid_graph_launch(ctx, gr2));
     cmp_bits(NAME("%s: capture 2 replay filter gradient = reference", pre), dw, r2.dw0);
@@ -815,34 +829,12 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
      * references, also after new input values (the pipelined route's F and
      * B graphs, lua/lucid/step_pipeline.lua) */
     RUN(NAME("%s: synchronize 3", pre), lucid_ctx_synchronize(ctx));
-    RUN(NAME("%s: capture F begin", pre), lucid_ctx_capture_begin(ctx));
-    c = counts_now();
-    {
-        lucid_status s =
-            lucid_nn_conv2d_forward_cols(ctx, io.gx, y, io.gw, NULL, &io.p, NULL, &wc, 1);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: forward while capturing F", pre), "%s: %s", lucid_status_name(s),
-                      lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-    }
-    RUN(NAME("%s: capture F end", pre), lucid_ctx_capture_end(ctx, &gf));
-    RUN(NAME("%s: capture B begin (continue)", pre),
-        lucid_ctx_capture_begin_ex(ctx, LUCID_CAPTURE_CONTINUE));
-    c = counts_now();
-    {
-        lucid_status s = wgrad_at(ON_BRANCH, 1, io.gx, &io, dw, 0.0, &wc);
-        if (s != LUCID_OK) {
-            TEST_FAIL(NAME("%s: filter gradient while capturing B", pre), "%s: %s",
-                      lucid_status_name(s), lucid_ctx_error(ctx));
-            lucid_ctx_capture_end(ctx, NULL);
-            goto done;
-        }
-    }
+    if (!captured(pre, "capture F (forward)", 0, 1, &io, y, dw, &wc, &gf, &d)) goto done;
+    if (!captured(pre, "capture B (filter gradient, continuing)", LUCID_CAPTURE_CONTINUE, 0, &io,
+                  y, dw, &wc, &gb, &d))
+        goto done;
     CHECK(NAME("%s: a continuing capture reads the previous capture's columns", pre),
-          DCOL(c) == 0 && DHIT(c) == 1, "%ld im2col, %ld hits", DCOL(c), DHIT(c));
-    RUN(NAME("%s: capture B end", pre), lucid_ctx_capture_end(ctx, &gb));
+          d.col == 0 && d.hit == 1, "%lu im2col, %lu hits", d.col, d.hit);
     RUN(NAME("%s: poison y 3", pre), lucid_fill(ctx, y, NAN));
     RUN(NAME("%s: poison dw 3", pre), lucid_fill(ctx, dw, NAN));
     RUN(NAME("%s: replay F", pre), lucid_graph_launch(ctx, gf));
@@ -857,22 +849,15 @@ static void test_capture(const wc_case *cc, lucid_dtype dt) {
     cmp_bits(NAME("%s: F then B on the first input: filter gradient = its reference", pre), dw,
              r1.dw0);
     /* the flag lasts one capture: the next plain capture trusts nothing */
-    RUN(NAME("%s: capture 4 begin", pre), lucid_ctx_capture_begin(ctx));
-    c = counts_now();
-    {
-        lucid_status s = wgrad_at(ON_BRANCH, 1, io.gx, &io, dw, 0.0, &wc);
-        lucid_graph *g4 = NULL;
-        lucid_status e = lucid_ctx_capture_end(ctx, &g4);
-        if (g4) lucid_graph_destroy(g4);
-        CHECK(NAME("%s: a plain capture after the continuing one builds its columns", pre),
-              s == LUCID_OK && e == LUCID_OK && DCOL(c) == 1 && DHIT(c) == 0,
-              "%ld im2col, %ld hits (%s)", DCOL(c), DHIT(c), lucid_ctx_error(ctx));
-    }
+    if (!captured(pre, "capture 4 (filter gradient)", 0, 0, &io, y, dw, &wc, &g4, &d)) goto done;
+    CHECK(NAME("%s: a plain capture after the continuing one builds its columns", pre),
+          d.col == 1 && d.hit == 0, "%lu im2col, %lu hits", d.col, d.hit);
 done:
     if (gr) lucid_graph_destroy(gr);
     if (gr2) lucid_graph_destroy(gr2);
     if (gf) lucid_graph_destroy(gf);
     if (gb) lucid_graph_destroy(gb);
+    if (g4) lucid_graph_destroy(g4);
     lucid_cuda_nn_set_wcols(ctx, 0);
     routes_reset();
     if (lucid_ctx_synchronize(ctx) != LUCID_OK)

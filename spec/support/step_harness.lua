@@ -124,6 +124,28 @@ function H.stack(o)
   return { ctx = ctx, model = model, opt = opt, ema = ema, scaler = scaler, step = step }
 end
 
+--- An eager stack and a recorded one from the same options o (the
+-- recorded one also takes the fields of `rec`; its log lines are collected
+-- in r.logs). Returns e, r.
+function H.pair(o, rec)
+  local a = {}
+  for k, v in pairs(o or {}) do a[k] = v end
+  local e = H.stack(a)
+  for k, v in pairs(rec or {}) do a[k] = v end
+  a.recorded = true
+  local logs = {}
+  a.log = a.log or function(l) logs[#logs + 1] = l end
+  local r = H.stack(a)
+  r.logs = logs
+  return e, r
+end
+
+--- The same batch through both stacks of a pair.
+function H.both(e, r, bt, do_opt)
+  e.step:run(bt, do_opt)
+  r.step:run(bt, do_opt)
+end
+
 --- A plain eager stack follows new input shapes the way the recorded step
 -- does after an "input shapes changed" retirement.
 function H.reshape(st, S, G)
