@@ -119,6 +119,48 @@ describe("pipelined recorded step (fake recorder)", function()
     r.step:release(); e.step:release()
   end)
 
+  it("input shapes changed after recording or on the recording call: lane B follows the new shapes; identical", function()
+    for _, at in ipairs({ 7, 3 }) do -- a retirement after recording; the recording call itself
+      local e, r = pair{ B = B, S = S, warmup = 2 }
+      for i = 1, at - 1 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+      H.reshape(e, S, 16) -- the eager stack follows, as the recorded step does
+      for i = at, at + 13 do both(e, r, H.batch(B, S, i, nil, 16), i % 3 == 0) end
+      assert.are.equal(16, r.step.pipe.lane_b.eager.max_gt)
+      assert.is_true(r.step:stats().lane_b_replays >= 2)
+      H.same(e, r, "new max_gt at call " .. at)
+      r.step:release(); e.step:release()
+    end
+  end)
+
+  it("a failure in lane B's warm-up leaves the eager route and re-raises the original error", function()
+    local _, r = pair{ B = B, S = S, warmup = 2 }
+    for i = 1, 3 do r.step:run(H.batch(B, S, i), false) end -- call 3: lane A records, lane B made
+    local sentinel = setmetatable({}, { __tostring = function() return "boom" end })
+    r.step.pipe.lane_b.model.forward = function() error(sentinel) end
+    local ok, err = pcall(r.step.run, r.step, H.batch(B, S, 4), false)
+    assert.is_false(ok)
+    assert.are.equal(sentinel, err)
+    assert.are.equal("eager", r.step.route)
+    assert.matches("lane B warm%-up failed", r.step:stats().eager_reason)
+    assert.is_nil(r.step.pipe.lane_b)
+    r.step:run(H.batch(B, S, 5), false) -- carries on eagerly
+    r.step:release()
+  end)
+
+  it("a model whose twin would run other code (an instance override) keeps the one-lane route; identical", function()
+    local Leaf = require("lucid.nn.prim").Leaf
+    local function plain(self, x) return Leaf.forward(self, x) end
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    for _, st in ipairs({ e, r }) do st.model:replace_forward(st.model.layers[1].module.act, plain) end
+    for i = 1, 8 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    assert.is_nil(r.step.pipe)
+    assert.matches("instance override", r.step:stats().pipeline_refused)
+    assert.matches("pipeline refused: the twin would not run the model's code", table.concat(r.logs, "\n"))
+    assert.is_truthy(r.step.graphs.fb) -- the one-lane recording
+    H.same(e, r, "override")
+    r.step:release(); e.step:release()
+  end)
+
   it("is refused, visibly, where it cannot run; off by default", function()
     local _, r = pair{ B = B, S = S, fb_event = true }
     assert.matches("pipeline refused: LUCID_FB_EVENT=graph", table.concat(r.logs, "\n"))

@@ -980,6 +980,12 @@ function RS:run(batch, do_opt)
     if why then return self:_retire_run(why, batch, do_opt) end
   end
   if self.pipe then return self:_pipe_run(batch, do_opt, replay) end
+  return self:_run_one(batch, do_opt, replay)
+end
+
+-- The one-lane recorded route's call after the contract check (RS:run).
+function RS:_run_one(batch, do_opt, replay)
+  local e = self.eager
   if not self:_stage(batch) then
     if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
     self.calls = 1 -- not recorded yet: warm up again with the new shapes
@@ -1125,13 +1131,17 @@ function RS:val_losses() return self.eager:val_losses() end
 function RS:stats()
   local e = self.eager
   local nall = self.checks + self.mode_checks + self.full_checks
+  -- the staging waits and the casts of both lanes of a pipelined step
+  local L = self.pipe and self.pipe.lane_b
+  local sw_s = self.stage_wait_s + (L and L.stage_wait_s or 0)
+  local sw_n = self.stage_waits + (L and L.stage_waits or 0)
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
     input_prefetch = self.prefetch, fb_event = self.fb_event,
     -- the pipelined route (step_pipeline.lua): on, why refused, lane B's replays
     pipelined = self.pipe ~= nil and self.route ~= "eager", pipeline_refused = self.pipeline_refused,
     lane_b_replays = self.pipe and self.pipe.replays_b or nil,
-    fb_keeps_shadows = self.fb_keeps, precasts = self.precasts,
+    fb_keeps_shadows = self.fb_keeps, precasts = self.precasts + (L and L.precasts or 0),
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
     contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,
@@ -1144,7 +1154,7 @@ function RS:stats()
     fb_launch_us_max = self.launch_n > 0 and 1e6 * self.launch_max_s or nil,
     -- mean host wait for the upload that last read a staging set (the device
     -- pacing the host: near 0 when the host is the slower side)
-    stage_wait_us = self.stage_waits > 0 and 1e6 * self.stage_wait_s / self.stage_waits or nil,
+    stage_wait_us = sw_n > 0 and 1e6 * sw_s / sw_n or nil,
   }
 end
 

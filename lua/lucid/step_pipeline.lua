@@ -63,6 +63,33 @@ function M.refused(rs)
   return nil
 end
 
+-- nil when the twin's module tree runs the model's code: the same classes
+-- and children everywhere, the same C module presence, and no instance
+-- override of forward/backward on the model's side (a twin is built from
+-- the model's configuration: Model:twin; an override, replace_forward or a
+-- module added to the model after construction would not be in it, and
+-- lane B would run other kernels than lane A). Else the first difference.
+local function twin_differs(a, b, path)
+  if getmetatable(a) ~= getmetatable(b) then return path .. ": another class" end
+  if rawget(a, "forward") ~= nil or rawget(a, "backward") ~= nil then
+    return path .. ": an instance override of forward/backward"
+  end
+  if (a._c == nil) ~= (b._c == nil) then return path .. ": another C module" end
+  local ma, mb = a._modules or {}, b._modules or {}
+  local ha, hb = a._hidden or {}, b._hidden or {}
+  if #ma ~= #mb or #ha ~= #hb then return path .. ": other children" end
+  for i, e in ipairs(ma) do
+    local why = twin_differs(e.module, mb[i].module, path .. "." .. tostring(e.name or i))
+    if why then return why end
+  end
+  for i, h in ipairs(ha) do
+    local why = twin_differs(h, hb[i], path .. ".<hidden " .. i .. ">")
+    if why then return why end
+  end
+  return nil
+end
+M.twin_differs = twin_differs
+
 --- Install the pipelined route's methods on the step class RS.
 function M.install(RS)
   -- Lane A's events (created once; a wait on a never-recorded event is a no-op).
@@ -84,6 +111,8 @@ function M.install(RS)
     local eo = {}
     for k, v in pairs(self.eager_opts) do eo[k] = v end
     eo.ctx, eo.model, eo.keep_grads, eo.record = ctx, twin, true, nil
+    -- the input shapes lane A follows now (RS:_reshape after a retirement)
+    eo.imgsz, eo.max_gt = self.eager.imgsz, self.eager.max_gt
     local L = setmetatable({
       ctx = ctx, model = twin, eager = step_mod.new(eo), graphs = {},
       -- per-lane fields the shared segment functions (RS:_stage, _h2d)
@@ -94,6 +123,21 @@ function M.install(RS)
     }, { __index = self })
     p.lane_b = L
     return L
+  end
+
+  -- Lane A's recording call: make lane B and check that its twin runs the
+  -- model's code; if not, the pipeline is dropped for the rest of this
+  -- step's life (logged) and the call goes on on the one-lane route.
+  -- Returns true when the pipeline stays.
+  function RS:_pipe_prepare()
+    local L = self:_lane_b()
+    local why = twin_differs(self.model, L.model, "model")
+    if not why then return true end
+    self:_pipe_drop()
+    self.pipe = nil
+    self.pipeline_refused = "the twin would not run the model's code (" .. why .. ")"
+    self.log("recorded step: pipeline refused: " .. self.pipeline_refused)
+    return false
   end
 
   --- step:join(): lane A's stream waits for lane B's last step, and lane
@@ -215,26 +259,11 @@ function M.install(RS)
     gr:launch()
   end
 
-  --- One recorded-route call on the pipelined route (RS:run, after the
-  -- contract check; `replay`: lane A's graphs exist).
-  function RS:_pipe_run(batch, do_opt, replay)
+  -- One step on lane X (the other lane Y) after the staging took the batch
+  -- (see the file comment for the order of the waits).
+  local function lane_step(self, X, Y, replay, do_opt)
     local p = self.pipe
-    if not self.prefetch then
-      error("lucid.Step: the pipelined route needs the input prefetch (step.prefetch was switched off "
-        .. "after the step was made; LUCID_INPUT_PREFETCH=0 or pipeline=false at construction)", 2)
-    end
-    -- lane B (the twin) is made in lane A's recording call, before the
-    -- contract's snapshot: the twin's construction moves the module edit
-    -- count and the contract epoch, which would cost the first replay a full check
-    if not replay then self:_lane_b() end
-    local X = (replay and p.parity == 1) and p.lane_b or self
-    local Y = (X == self) and p.lane_b or self
     local lane_a = X == self
-    if not RS._stage(X, batch) then
-      if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
-      self.calls = 1 -- not recorded yet: warm up again with the new shapes
-      return self:_run_warm(batch, do_opt)
-    end
     local model = self.model
     if lane_a and replay and model.output ~= self.out_seen then
       -- an eager forward ran since the last replay (see RS:run)
@@ -244,7 +273,7 @@ function M.install(RS)
     RS._h2d(X, b)
     lucid.input_prepare(b.x, X.stage.dev_images, X.stage.dev_hsv)
     X.ev_prep:record()
-    if Y then Y.evF:wait(X.ctx) end
+    Y.evF:wait(X.ctx)
     X.pcalls = X.pcalls + 1
     local live = X.graphs.f ~= nil
     if live and X.f_keeps then
@@ -259,7 +288,7 @@ function M.install(RS)
     end
     X.evF:record()
     X.stage.ev:wait() -- the targets (RS:_h2d), before the loss reads them
-    if Y then Y.evB:wait(X.ctx) end
+    Y.evB:wait(X.ctx)
     if lane_a then
       p.b_unjoined = false
       if p.items_pending then
@@ -289,6 +318,47 @@ function M.install(RS)
     end
     if self.graphs.b then p.parity = 1 - p.parity end
     self:_count(b, do_opt)
+  end
+
+  --- One recorded-route call on the pipelined route (RS:run, after the
+  -- contract check; `replay`: lane A's graphs exist).
+  function RS:_pipe_run(batch, do_opt, replay)
+    local p = self.pipe
+    if not self.prefetch then
+      error("lucid.Step: the pipelined route needs the input prefetch (step.prefetch was switched off "
+        .. "after the step was made; LUCID_INPUT_PREFETCH=0 or pipeline=false at construction)", 2)
+    end
+    local X = (replay and p.parity == 1) and p.lane_b or self
+    local Y = (X == self) and p.lane_b or self
+    local lane_a = X == self
+    if not RS._stage(X, batch) then
+      if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
+      self:_pipe_drop() -- a lane B of the old shapes (none normally)
+      self.calls = 1 -- not recorded yet: warm up again with the new shapes
+      return self:_run_warm(batch, do_opt)
+    end
+    -- lane A's recording call: lane B (the twin) is made here, after the
+    -- staging took the batch and before the contract's snapshot (the twin's
+    -- construction moves the module edit count and the contract epoch,
+    -- which would cost the first replay a full check)
+    if not replay then
+      -- a twin that would not run the model's code: the one-lane route
+      -- (it stages the batch again, into the next set)
+      if not self:_pipe_prepare() then return self:_run_one(batch, do_opt, replay) end
+      Y = p.lane_b
+    end
+    -- a failure while lane A records or lane B warms up or records: the
+    -- eager route, nothing recorded kept, the original error raised
+    -- (RS:_fail, as the one-lane route's warm-up and recording); a failing
+    -- replay raises as on the one-lane route
+    local phase = (not replay and "recording (pipelined)") or (not lane_a and not X.graphs.b and "lane B warm-up")
+      or nil
+    if not phase then return lane_step(self, X, Y, replay, do_opt) end
+    local ok, err = pcall(lane_step, self, X, Y, replay, do_opt)
+    if not ok then
+      if self.route == "eager" then error(err, 0) end -- a recording failed: RS:_fail ran
+      self:_fail(err, phase)
+    end
   end
 end
 

@@ -417,6 +417,15 @@ function Trainer:add_callback(event, fn, opts)
   self.callbacks[event] = list
 end
 
+--- Whether a callback for `event` would run in the current fit (one added
+-- during or for this fit, or a persistent one).
+function Trainer:has_callbacks(event)
+  for _, cb in ipairs(self.callbacks[event] or {}) do
+    if cb.fit == "all" or cb.fit == self.fit_id then return true end
+  end
+  return false
+end
+
 function Trainer:run_callbacks(event, ev)
   for _, cb in ipairs(self.callbacks[event] or {}) do
     if cb.fit == "all" or cb.fit == self.fit_id then cb.fn(self, ev) end
@@ -837,7 +846,7 @@ function Trainer:_fit(state, opts)
       -- a callback sees the step's work as the eager route leaves it, and
       -- the next step sees the callback's (the pipelined route's second
       -- lane joined before, handed off after; no-ops otherwise)
-      local cbs = step.join and self.callbacks.on_batch_end
+      local cbs = step.join and self:has_callbacks("on_batch_end")
       if cbs then step:join() end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
       if cbs then step:handoff() end
