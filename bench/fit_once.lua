@@ -23,7 +23,9 @@ line on stdout:
                     epochs or fewer)
   loader_wait_ms    the host's time in the loader's next() over those
                     windows, ms per step (the trainer's steady_loader_wait_ms)
-  peak_allocated_mib, peak_reserved_mib   ctx:memory_stats() after the fit
+  peak_allocated_mib, peak_reserved_mib   ctx:memory_stats() after the fit;
+                    with the pipelined route plus its second context's
+                    (step stats' lane_b_memory): the sum of the two peaks
   hashes            FNV-1a 64 of value bytes (lucid.hash_tensor), each one
                     stream over its tensors in a fixed order:
                       model      every parameter and buffer (model.params:list())
@@ -94,6 +96,7 @@ local hashes = {
   metrics = metrics_h,
 }
 local mem = trainer.ctx:memory_stats()
+local mem_b = (res.step or {}).lane_b_memory or {} -- the pipelined route's second context
 local windows = {}
 for i, w in ipairs(res.step_windows or {}) do windows[i] = { w.seconds, w.steps } end
 local overrides = {}
@@ -111,8 +114,8 @@ print(cjson.encode{
   windows = windows,
   steady_from = res.steady_from or cjson.null,
   loader_wait_ms = res.steady_loader_wait_ms or cjson.null,
-  peak_allocated_mib = (mem.peak_allocated or 0) / MIB,
-  peak_reserved_mib = (mem.peak_reserved or 0) / MIB,
+  peak_allocated_mib = ((mem.peak_allocated or 0) + (mem_b.peak_allocated or 0)) / MIB,
+  peak_reserved_mib = ((mem.peak_reserved or 0) + (mem_b.peak_reserved or 0)) / MIB,
   hashes = hashes,
   steps = #(res.losses or {}),
   epochs = res.epochs,

@@ -262,8 +262,10 @@ local GRAPH_WCAST = os.getenv("LUCID_GRAPH_WCAST") == "1"
 -- `pipeline`, default true in recipes/pose_nano.lua); off when nil.
 -- LUCID_PIPELINE=0|1 (read when this module loads), when set, wins over
 -- the field: A/B measurements of one recipe.
-local PIPELINE_ENV = os.getenv("LUCID_PIPELINE")
-PIPELINE_ENV = (PIPELINE_ENV == "1" and true) or (PIPELINE_ENV == "0" and false) or nil
+local PIPELINE_ENV
+if os.getenv("LUCID_PIPELINE") == "1" then PIPELINE_ENV = true
+elseif os.getenv("LUCID_PIPELINE") == "0" then PIPELINE_ENV = false
+end
 
 --- RS.new(o): o holds the fields of lucid.step.new (model, optimizer, ema,
 -- scaler, ctx, batch, imgsz, max_gt, nc, nkpt, act_dtype, gains, clip,
@@ -1141,6 +1143,8 @@ function RS:stats()
     -- the pipelined route (step_pipeline.lua): on, why refused, lane B's replays
     pipelined = self.pipe ~= nil and self.route ~= "eager", pipeline_refused = self.pipeline_refused,
     lane_b_replays = self.pipe and self.pipe.replays_b or nil,
+    -- lane B's context's allocator statistics (memory_stats), while it exists
+    lane_b_memory = L and L.ctx.memory_stats and L.ctx:memory_stats() or nil,
     fb_keeps_shadows = self.fb_keeps, precasts = self.precasts + (L and L.precasts or 0),
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
