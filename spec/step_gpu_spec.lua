@@ -529,8 +529,10 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
     local rr = fit(tr, mb)
     assert.are.equal(n1, stale.batch)
     assert.are.equal("eager clip", rr.step.route)
-    assert.is_true(rr.step.pipelined, "the pipelined route")
-    assert.is_true(rr.step.lane_b_replays > 0)
+    if os.getenv("LUCID_PIPELINE") ~= "0" then -- (an A/B setting switches it off)
+      assert.is_true(rr.step.pipelined, "the pipelined route")
+      assert.is_true(rr.step.lane_b_replays > 0)
+    end
     assert.are.equal(0, rr.step.retirements)
     assert.is_true(rr.step.recorded >= 1 and rr.step.replays > 0)
     same_fit(re, ma, rr, mb, "bf16 fit")
@@ -591,7 +593,7 @@ describe_fit("Trainer fit, recorded vs eager #gpu", function()
     assert.is_true(rr.step.replays > 0)
     -- the injection (a callback's eager fill on the trainer's context) is
     -- handed off to lane B's next backward
-    assert.is_true(rr.step.pipelined and rr.step.lane_b_replays > 0)
+    assert.is_true(os.getenv("LUCID_PIPELINE") == "0" or (rr.step.pipelined and rr.step.lane_b_replays > 0))
     local se, sr = re.optimizer.block:state().skipped_steps, rr.optimizer.block:state().skipped_steps
     assert.is_true(se >= 1, "no step was skipped")
     assert.are.equal(se, sr)

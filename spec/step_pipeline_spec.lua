@@ -19,7 +19,11 @@ local function pair(o)
 end
 local both = H.both
 
-describe("pipelined recorded step (fake recorder)", function()
+-- LUCID_PIPELINE=0 (an A/B setting) switches the route off whatever the
+-- step's field says: these cases are then not run
+local describe_p = os.getenv("LUCID_PIPELINE") == "0" and pending or describe
+
+describe_p("pipelined recorded step (fake recorder)", function()
   it("alternates the lanes after recording, windows closing on either lane and a short batch; bitwise eager", function()
     local e, r = pair{ B = B, S = S, warmup = 2 }
     assert.matches("pipelined %(two contexts%)", table.concat(r.logs, "\n"))
@@ -158,6 +162,55 @@ describe("pipelined recorded step (fake recorder)", function()
     assert.matches("pipeline refused: the twin would not run the model's code", table.concat(r.logs, "\n"))
     assert.is_truthy(r.step.graphs.fb) -- the one-lane recording
     H.same(e, r, "override")
+    r.step:release(); e.step:release()
+  end)
+
+  it("lane B that cannot be made (the twin raises) keeps the one-lane route, logged; identical", function()
+    local Model = require "lucid.model"
+    local twin = Model.twin
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    Model.twin = function() error("cannot build the twin") end
+    local ok, err = pcall(function()
+      for i = 1, 6 do both(e, r, H.batch(B, S, i), i % 3 == 0) end
+    end)
+    Model.twin = twin
+    assert(ok, err)
+    assert.is_nil(r.step.pipe)
+    assert.matches("lane B could not be made: .*cannot build the twin", r.step:stats().pipeline_refused)
+    assert.are.equal("eager clip", r.step.route)
+    assert.is_truthy(r.step.graphs.fb)
+    H.same(e, r, "twin refused")
+    r.step:release(); e.step:release()
+  end)
+
+  it("a failure in lane B's first staging (its warm-up) leaves the eager route with the original error", function()
+    local _, r = pair{ B = B, S = S, warmup = 2 }
+    for i = 1, 3 do r.step:run(H.batch(B, S, i), false) end
+    local P = lucid.graph.pinned
+    lucid.graph.pinned = function(shape, dt, ctx)
+      if ctx ~= r.ctx then error("pinned alloc failed") end
+      return P(shape, dt, ctx)
+    end
+    local ok, err = pcall(r.step.run, r.step, H.batch(B, S, 4), false)
+    lucid.graph.pinned = P
+    assert.is_false(ok)
+    assert.matches("pinned alloc failed", tostring(err))
+    assert.are.equal("eager", r.step.route)
+    assert.matches("lane B warm%-up failed", r.step:stats().eager_reason)
+    r.step:release()
+  end)
+
+  it("a dropped lane B leaves nothing on its context: the loss items of its steps are copied to lane A's", function()
+    local e, r = pair{ B = B, S = S, warmup = 2 }
+    for i = 1, 10 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    local old = r.step.pipe.lane_b.ctx
+    assert.is_true(old:memory_stats().allocated > 0)
+    r.step:retire("test")
+    collectgarbage(); collectgarbage()
+    assert.are.equal(0, old:memory_stats().allocated, "bytes left on the dropped lane B's context")
+    assert.are.equal(10, #r.step.recorded_losses)
+    for i = 11, 18 do both(e, r, H.batch(B, S, i), i % 4 == 0) end
+    H.same(e, r, "after a dropped lane B") -- the losses of both lane Bs included
     r.step:release(); e.step:release()
   end)
 

@@ -1134,18 +1134,23 @@ function RS:stats()
   local e = self.eager
   local nall = self.checks + self.mode_checks + self.full_checks
   -- the staging waits and the casts of both lanes of a pipelined step
-  local L = self.pipe and self.pipe.lane_b
-  local sw_s = self.stage_wait_s + (L and L.stage_wait_s or 0)
-  local sw_n = self.stage_waits + (L and L.stage_waits or 0)
+  -- (lane B's: the lanes dropped so far and the current one)
+  local p = self.pipe
+  local L = p and p.lane_b
+  local h = p and p.hist or { stage_wait_s = 0, stage_waits = 0, precasts = 0 }
+  local sw_s = self.stage_wait_s + h.stage_wait_s + (L and L.stage_wait_s or 0)
+  local sw_n = self.stage_waits + h.stage_waits + (L and L.stage_waits or 0)
   return {
     steps = e.steps, opt_steps = e.opt_steps, route = self.route, eager_reason = self.eager_reason,
     input_prefetch = self.prefetch, fb_event = self.fb_event,
     -- the pipelined route (step_pipeline.lua): on, why refused, lane B's replays
     pipelined = self.pipe ~= nil and self.route ~= "eager", pipeline_refused = self.pipeline_refused,
     lane_b_replays = self.pipe and self.pipe.replays_b or nil,
-    -- lane B's context's allocator statistics (memory_stats), while it exists
-    lane_b_memory = L and L.ctx.memory_stats and L.ctx:memory_stats() or nil,
-    fb_keeps_shadows = self.fb_keeps, precasts = self.precasts + (L and L.precasts or 0),
+    -- the peaks of lane B's contexts (memory_stats; the largest over the
+    -- lanes made so far: a dropped lane's context is collected first)
+    lane_b_memory = p and self:_lane_b_memory() or nil,
+    fb_keeps_shadows = (p and self.f_keeps) or self.fb_keeps,
+    precasts = self.precasts + h.precasts + (L and L.precasts or 0),
     recorded = self.recorded, replays = self.replays, retirements = self.retirements,
     last_retire_reason = self.last_retire_reason, capture_refused = self.capture_refused,
     contract_checks = self.checks, mode_checks = self.mode_checks, full_checks = self.full_checks,

@@ -96,7 +96,9 @@ function M.install(RS)
   function RS:_pipe_init()
     local R = self.recorder
     self.pipe = { parity = 0, lane_b = nil, b_unjoined = false, items_pending = false, items_b = nil,
-      replays_b = 0 }
+      items_idx = nil, replays_b = 0,
+      -- lane B's counters and memory peaks over the lanes dropped so far
+      hist = { stage_wait_s = 0, stage_waits = 0, precasts = 0, peak_allocated = 0, peak_reserved = 0 } }
     self.evF, self.evB = R.event(self.ctx), R.event(self.ctx)
     self.f_keeps, self.pcalls = false, 0
   end
@@ -130,12 +132,20 @@ function M.install(RS)
   -- step's life (logged) and the call goes on on the one-lane route.
   -- Returns true when the pipeline stays.
   function RS:_pipe_prepare()
-    local L = self:_lane_b()
-    local why = twin_differs(self.model, L.model, "model")
+    local ok, L = pcall(self._lane_b, self)
+    local why
+    if not ok then
+      -- a second context, the twin or its buffers could not be made (device
+      -- memory, say): the one-lane route needs none of them
+      why = "lane B could not be made: " .. tostring(L)
+    else
+      why = twin_differs(self.model, L.model, "model")
+      if why then why = "the twin would not run the model's code (" .. why .. ")" end
+    end
     if not why then return true end
     self:_pipe_drop()
     self.pipe = nil
-    self.pipeline_refused = "the twin would not run the model's code (" .. why .. ")"
+    self.pipeline_refused = why
     self.log("recorded step: pipeline refused: " .. self.pipeline_refused)
     return false
   end
@@ -150,11 +160,40 @@ function M.install(RS)
       p.lane_b.evB:wait(self.ctx)
       p.b_unjoined = false
     end
+    if p.items_pending or p.items_idx then
+      self:_take_items()
+      self.evB:record()
+    end
+  end
+
+  -- Lane A's stream, after its wait for lane B's last backward: lane B's
+  -- loss items join the running losses (in step order), and its entry in
+  -- recorded_losses (a clone on lane B's context, RS:_count) is replaced by
+  -- a copy on lane A's context, so that nothing the fit keeps holds lane B's
+  -- context alive once it is dropped. Both read lane B's items buffer,
+  -- which its next backward (after lane A's evB) overwrites.
+  function RS:_take_items()
+    local p = self.pipe
     if p.items_pending then
       self.eager.running:add_(p.items_b)
       p.items_pending = false
-      self.evB:record()
     end
+    local l, i = self.recorded_losses, p.items_idx
+    if l and i then
+      local t = lucid.empty(p.items_b:shape(), { ctx = self.ctx, dtype = p.items_b:dtype() })
+      t:copy_(p.items_b)
+      l[i] = t
+    end
+    p.items_idx = nil
+  end
+
+  -- The largest allocator peaks of lane B's contexts (memory_stats).
+  function RS:_lane_b_memory()
+    local p = self.pipe
+    local h, L = p.hist, p.lane_b
+    local m = L and L.ctx.memory_stats and L.ctx:memory_stats() or {}
+    return { peak_allocated = math.max(h.peak_allocated, m.peak_allocated or 0),
+      peak_reserved = math.max(h.peak_reserved, m.peak_reserved or 0) }
   end
 
   --- step:handoff(): lane B's next forward and backward wait for
@@ -190,6 +229,11 @@ function M.install(RS)
     if L then
       -- its graphs and buffers may still be in use on the device
       pcall(function() L.ctx:synchronize() end)
+      local h = p.hist
+      local ok, m = pcall(self._lane_b_memory, self)
+      if ok then h.peak_allocated, h.peak_reserved = m.peak_allocated, m.peak_reserved end
+      h.stage_wait_s, h.stage_waits = h.stage_wait_s + L.stage_wait_s, h.stage_waits + L.stage_waits
+      h.precasts = h.precasts + L.precasts
       for k, g in pairs(L.graphs) do
         pcall(g.free, g)
         L.graphs[k] = nil
@@ -201,8 +245,14 @@ function M.install(RS)
       end
       pcall(L.eager.release, L.eager)
     end
-    p.lane_b, p.parity, p.b_unjoined, p.items_pending, p.items_b = nil, 0, false, false, nil
+    p.lane_b, p.parity, p.b_unjoined, p.items_pending, p.items_b, p.items_idx = nil, 0, false, false, nil, nil
     self.f_keeps, self.pcalls = false, 0
+    -- the twin, its buffers and its context go now, not at some later
+    -- collection (its memory back before a new lane B is made)
+    if L then
+      L = nil
+      collectgarbage()
+    end
   end
 
   -- F of lane X: the model's forward of its input buffer.
@@ -291,10 +341,7 @@ function M.install(RS)
     Y.evB:wait(X.ctx)
     if lane_a then
       p.b_unjoined = false
-      if p.items_pending then
-        self.eager.running:add_(p.items_b)
-        p.items_pending = false
-      end
+      if p.items_pending or p.items_idx then self:_take_items() end
     end
     segment(self, X, "b", function() seg_b(X, b, lane_a) end, nil, true)
     X.evB:record()
@@ -318,6 +365,8 @@ function M.install(RS)
     end
     if self.graphs.b then p.parity = 1 - p.parity end
     self:_count(b, do_opt)
+    -- lane B's entry of recorded_losses: replaced at lane A's next wait for it
+    if not lane_a and self.recorded_losses then p.items_idx = #self.recorded_losses end
   end
 
   --- One recorded-route call on the pipelined route (RS:run, after the
@@ -331,7 +380,17 @@ function M.install(RS)
     local X = (replay and p.parity == 1) and p.lane_b or self
     local Y = (X == self) and p.lane_b or self
     local lane_a = X == self
-    if not RS._stage(X, batch) then
+    -- lane B's first staging (its pinned sets, its device image buffer) is
+    -- part of its warm-up: a failure there takes the failure path below
+    local staged
+    if not lane_a and not X.graphs.b then
+      local ok, r = pcall(RS._stage, X, batch)
+      if not ok then return self:_fail(r, "lane B warm-up") end
+      staged = r
+    else
+      staged = RS._stage(X, batch)
+    end
+    if not staged then
       if replay then return self:_retire_run("input shapes changed", batch, do_opt) end
       self:_pipe_drop() -- a lane B of the old shapes (none normally)
       self.calls = 1 -- not recorded yet: warm up again with the new shapes
