@@ -11,16 +11,11 @@ local RS = require "lucid.recorded_step"
 local S, B = 64, 2
 
 local function pair(opts)
-  local o = {}
-  for k, v in pairs(opts or {}) do o[k] = v end
-  local eager = H.stack(o)
-  o.recorded, o.recorder = true, o.recorder or RS.fake_recorder()
-  o.trainer = o.trainer or {}
-  local logs = {}
-  o.log = function(l) logs[#logs + 1] = l end
-  local rec = H.stack(o)
-  rec.logs, rec.recorder = logs, o.recorder
-  return eager, rec
+  opts = opts or {}
+  local R = opts.recorder or RS.fake_recorder()
+  local e, r = H.pair(opts, { recorder = R, trainer = opts.trainer or {} })
+  r.recorder = R
+  return e, r
 end
 
 -- Fake events for recorder R: tables with ids 1, 2, ... in creation order;

@@ -48,7 +48,7 @@ lucid_status lucid_ctx_capture_begin(lucid_ctx *ctx);
 /* LUCID_CAPTURE_CONTINUE: this capture continues the last capture begun on
  * ctx, and the caller promises that every launch of its graph directly
  * follows a launch of that capture's graph on ctx's stream (the pipelined
- * route's B graph after its F graph, lua/lucid/recorded_step.lua). Conv
+ * route's B graph after its F graph, lua/lucid/step_pipeline.lua). Conv
  * column caches (nn.h lucid_conv_wcols) written in that capture from an
  * input that did not change since read as fresh inside this one, so the
  * filter gradients reuse the forward's im2col columns across the two

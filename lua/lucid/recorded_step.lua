@@ -559,9 +559,23 @@ end
 -- FB: the compute part of lucid.step's run after the input (keep the two
 -- in step).
 function RS:_fb(b)
+  self:_f(b)
+  self:_b(b, true)
+end
+
+-- F: the model's forward of the input buffer (b.out). The pipelined
+-- route's F segment (step_pipeline.lua; self may be its lane B).
+function RS:_f(b)
+  b.out = self.model:forward(b.x)
+end
+
+-- B: loss forward and backward, model backward (+= into the flat
+-- gradients), with add_running the running losses += items; b.items. The
+-- pipelined route's B segment (its lane B adds nothing: lane A adds lane
+-- B's items later, in step order).
+function RS:_b(b, add_running)
   local e = self.eager
-  local model = self.model
-  local out = model:forward(b.x)
+  local out = b.out
   local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
   local gs
   if e.scaler then
@@ -573,8 +587,8 @@ function RS:_fb(b)
   -- the loss has read the targets: with fb_event they may be replaced from
   -- here on (inside the graph when recording, eagerly in a warm-up call)
   if self.fb_event and self.prefetch and self.ev_fb then self.ev_fb:record_node() end
-  step_mod.lane_backward(self.ctx, model, b.x, { boxes = gb, scores = gc, kpts = gk })
-  e.running:add_(items)
+  step_mod.lane_backward(self.ctx, self.model, b.x, { boxes = gb, scores = gc, kpts = gk })
+  if add_running then e.running:add_(items) end
   b.items = items
 end
 
@@ -911,15 +925,17 @@ function RS:_contract(b, phase)
   model._recordings[self] = true
 end
 
--- Record segment `name` (fn queues its work; precast: see R.record) and
--- run it once.
-function RS:_record(name, fn, precast)
+-- Record segment `name` (fn queues its work; precast, continue: see
+-- R.record) on `lane` (default the step itself; the pipelined route's lane
+-- B records on its own context into its own graphs) and run it once.
+function RS:_record(name, fn, precast, lane, continue)
+  lane = lane or self
   -- a clean parameter block: no upload (from host memory the host keeps
   -- rewriting) ends up inside a graph
   local ok, g = pcall(self.optimizer.upload, self.optimizer)
-  if ok then ok, g = pcall(self.recorder.record, self.ctx, fn, precast) end
-  if not ok then self:_fail(g, "recording " .. name) end
-  self.graphs[name] = g
+  if ok then ok, g = pcall(self.recorder.record, lane.ctx, fn, precast, continue) end
+  if not ok then self:_fail(g, "recording " .. name .. (lane == self and "" or " (lane B)")) end
+  lane.graphs[name] = g
   self.recorded = self.recorded + 1
   g:launch()
 end

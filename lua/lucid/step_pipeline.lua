@@ -255,58 +255,29 @@ function M.install(RS)
     end
   end
 
-  -- F of lane X: the model's forward of its input buffer.
-  local function seg_f(X, b)
-    b.out = X.model:forward(b.x)
-  end
-
-  -- B of lane X (the rest of RS:_fb): loss forward and backward, model
-  -- backward (+= into the shared gradients); lane A adds the items to the
-  -- running losses here, lane B's are added by lane A later (RS:join).
-  local function seg_b(X, b, lane_a)
-    local out = b.out
-    local _, items = b.crit:forward(out.boxes, out.scores, out.kpts, b.tg)
-    local gs
-    local scaler = X.eager.scaler
-    if scaler then
-      b.scale:fill_(1)
-      scaler:scale(b.scale)
-      gs = b.scale
-    end
-    local gb, gc, gk = b.crit:backward(gs)
-    step_mod.lane_backward(X.ctx, X.model, b.x, { boxes = gb, scores = gc, kpts = gk })
-    if lane_a then X.eager.running:add_(items) end
-    b.items = items
-  end
-
-  -- One segment of lane X: replayed, run eagerly (warm-up) or recorded
-  -- (and run once). name: "f" | "b".
-  local function segment(self, X, name, fn, precast, continue)
+  -- One segment of lane X, "f" (RS:_f) or "b" (RS:_b): replayed, run
+  -- eagerly (lane B's warm-up) or recorded and run once (RS:_record; B as
+  -- a continuation of F's capture). The closures are made only when the
+  -- segment is not replayed.
+  local function segment(self, X, name, b, lane_a)
     local g = X.graphs[name]
     if g then
       g:launch()
       if name == "b" then
         self.replays = self.replays + 1
-        if X ~= self then self.pipe.replays_b = self.pipe.replays_b + 1 end
+        if not lane_a then self.pipe.replays_b = self.pipe.replays_b + 1 end
       end
       return
     end
-    if X.pcalls <= (X == self and 0 or LANE_B_WARMUP) then
-      fn()
-      return
-    end
-    local ok, gr
-    if X == self then
-      -- lane A: a clean parameter block first (RS:_record)
-      ok, gr = pcall(self.optimizer.upload, self.optimizer)
+    local fn
+    if name == "f" then
+      fn = function() RS._f(X, b) end
     else
-      ok = true
+      fn = function() RS._b(X, b, lane_a) end
     end
-    if ok then ok, gr = pcall(self.recorder.record, X.ctx, fn, precast, continue) end
-    if not ok then self:_fail(gr, "recording " .. name .. (X == self and "" or " (lane B)")) end
-    X.graphs[name] = gr
-    self.recorded = self.recorded + 1
-    gr:launch()
+    if X.pcalls <= (lane_a and 0 or LANE_B_WARMUP) then return fn() end
+    local precast = name == "f" and function() X.model:cast_weights(b.x) end or nil
+    self:_record(name, fn, precast, X, name == "b")
   end
 
   -- One step on lane X (the other lane Y) after the staging took the batch
@@ -330,8 +301,7 @@ function M.install(RS)
       X.model:cast_weights(b.x)
       X.precasts = X.precasts + 1
     end
-    local precast = function() X.model:cast_weights(b.x) end
-    segment(self, X, "f", function() seg_f(X, b) end, precast)
+    segment(self, X, "f", b, lane_a)
     if not live and X.graphs.f then
       local g = X.graphs.f
       X.f_keeps = g.keeps_shadows ~= nil and g:keeps_shadows() or false
@@ -343,7 +313,7 @@ function M.install(RS)
       p.b_unjoined = false
       if p.items_pending or p.items_idx then self:_take_items() end
     end
-    segment(self, X, "b", function() seg_b(X, b, lane_a) end, nil, true)
+    segment(self, X, "b", b, lane_a)
     X.evB:record()
     X.ev_fb:record()
     if lane_a then

@@ -417,18 +417,21 @@ function Trainer:add_callback(event, fn, opts)
   self.callbacks[event] = list
 end
 
---- Whether a callback for `event` would run in the current fit (one added
--- during or for this fit, or a persistent one).
+-- A callback runs in the fit it was added during or for, or in every fit
+-- when persistent.
+local function active(self, cb) return cb.fit == "all" or cb.fit == self.fit_id end
+
+--- Whether a callback for `event` would run in the current fit.
 function Trainer:has_callbacks(event)
   for _, cb in ipairs(self.callbacks[event] or {}) do
-    if cb.fit == "all" or cb.fit == self.fit_id then return true end
+    if active(self, cb) then return true end
   end
   return false
 end
 
 function Trainer:run_callbacks(event, ev)
   for _, cb in ipairs(self.callbacks[event] or {}) do
-    if cb.fit == "all" or cb.fit == self.fit_id then cb.fn(self, ev) end
+    if active(self, cb) then cb.fn(self, ev) end
   end
 end
 
@@ -846,7 +849,7 @@ function Trainer:_fit(state, opts)
       -- a callback sees the step's work as the eager route leaves it, and
       -- the next step sees the callback's (the pipelined route's second
       -- lane joined before, handed off after; no-ops otherwise)
-      local cbs = step.join and self:has_callbacks("on_batch_end")
+      local cbs = self:has_callbacks("on_batch_end")
       if cbs then step:join() end
       self:run_callbacks("on_batch_end", { epoch = epoch, i = i, ni = ni })
       if cbs then step:handoff() end
@@ -858,7 +861,7 @@ function Trainer:_fit(state, opts)
       if i % GC_EVERY == 0 then collectgarbage() end
     end
     collectgarbage()
-    if step.join then step:join() end -- the fence covers both lanes of a pipelined step
+    step:join() -- the fence covers both lanes of a pipelined step
     ctx:synchronize()
     local t_epoch1 = lucid.wall_time()
     step_times[#step_times + 1] = { seconds = t_epoch1 - (t_epoch0 or t_epoch1), steps = i, loader_s = loader_s }
